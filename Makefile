@@ -1,0 +1,44 @@
+# Every target makes its own virtualenv in .venv and installs tullax (editable) with the extras it needs.
+# A stamp file per extra set, newer than pyproject.toml, means "installed": a second run installs nothing.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+ARGS ?=
+PYTEST_WORKERS ?= 2
+# Tests never touch the user's cache directory; everything else uses the default one.
+TEST_CACHE_DIR := $(CURDIR)/.cache/tullax-test
+
+.PHONY: demo test bench lint clean-venv
+
+demo: $(VENV)/.stamp-demo
+	$(BIN)/tullax demo $(ARGS)
+
+test: $(VENV)/.stamp-test
+	$(BIN)/ruff check .
+	TULLAX_CACHE_DIR=$(TEST_CACHE_DIR) $(BIN)/pytest -q -n $(PYTEST_WORKERS) -p no:cacheprovider $(ARGS)
+
+bench: $(VENV)/.stamp-bench
+	$(BIN)/python benchmarks/run.py $(ARGS)
+
+lint: $(VENV)/.stamp-test
+	$(BIN)/ruff check .
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.stamp-demo: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.stamp-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test,lint]'
+	touch $@
+
+$(VENV)/.stamp-bench: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	touch $@
+
+clean-venv:
+	rm -rf $(VENV)

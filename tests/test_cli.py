@@ -1,0 +1,110 @@
+"""The `tullax` command's cache subcommands and its error reporting, run in-process through main()."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tullax.cli import main
+from tullax.runtime.cache import CompileCache, get_cache
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch) -> CompileCache:
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps tables to the terminal width
+    return get_cache()
+
+
+def _populate(cache: CompileCache) -> None:
+    cache.write_text("aaaa1111", "kernel.py", "def f():\n    pass\n")
+    cache.record("aaaa1111", spec="D[i,j] := (W[k,i] - X[k,j])^2", backend="numba", dtypes=["float32"],
+                 compile_ms=250.0, ttfk_cold_ms=900.0, ttfk_warm_ms=40.0)
+    cache.hit("aaaa1111")
+    cache.write_text("bbbb2222", "kernel.jl", "f() = nothing\n")
+    cache.record("bbbb2222", spec="y[i] := x[i+k]*w[k]", backend="julia", dtypes=["float64"],
+                 compile_ms=12_500.0)
+
+
+def test_cache_list_shows_every_entry(cache: CompileCache, capsys):
+    assert main(["cache", "list"]) == 0
+    assert "is empty" in capsys.readouterr().out
+    _populate(cache)
+    assert main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    for text in ("aaaa1111", "bbbb2222", "numba", "julia", "D[i,j] := (W[k,i] - X[k,j])^2", "float32",
+                 "250.0 ms", "900.0 ms / 40.0 ms", "12.50 s"):
+        assert text in out, text
+
+
+def test_cache_list_json(cache: CompileCache, capsys):
+    _populate(cache)
+    assert main(["cache", "list", "--json"]) == 0
+    rows = {row["key"]: row for row in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"aaaa1111", "bbbb2222"}
+    assert rows["aaaa1111"]["hits"] == 1 and rows["bbbb2222"]["compile_ms"] == 12_500.0
+
+
+def test_cache_stats(cache: CompileCache, capsys):
+    _populate(cache)
+    assert main(["cache", "stats"]) == 0
+    out = capsys.readouterr().out
+    assert str(cache.root) in out and "(writable)" in out and "2 entries" in out
+    assert "numba" in out and "julia" in out and "12.50 s" in out
+    assert main(["cache", "stats", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["entries"] == 2 and stats["by_backend"]["numba"]["mean_ttfk_warm_ms"] == 40.0
+
+
+def test_cache_clear_by_backend_then_all(cache: CompileCache, capsys):
+    _populate(cache)
+    assert main(["cache", "clear", "--backend", "julia"]) == 0
+    assert "removed 1 julia entries" in capsys.readouterr().out
+    assert [row["key"] for row in cache.entries()] == ["aaaa1111"]
+    assert main(["cache", "clear"]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+    assert cache.entries() == []
+
+
+def test_tullax_error_is_one_line_on_stderr_with_status_2(cache: CompileCache, monkeypatch, capsys):
+    monkeypatch.setenv("TULLAX_LOCK_TIMEOUT", "0.1")
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(cache.root / "other"))  # a fresh cache reads the timeout
+    holder = CompileCache(cache.root / "other")
+    with holder._index_lock():  # another process is busy with the index
+        assert main(["cache", "clear"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("tullax: error: waited 0.1 s for the lock on the cache index")
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_usage_errors_are_argparse_exits(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["no-such-command"])
+    assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["cache"])
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("tullax ")
+
+
+def test_cache_commands_import_no_compiler_runtime(tmp_path: Path):
+    """`tullax cache ...` must stay instant: no jax, numba or juliacall behind it."""
+    code = (
+        "import sys\nfrom tullax.cli import main\n"
+        "assert main(['cache', 'stats', '--json']) == 0\n"
+        "heavy = {'jax', 'numba', 'juliacall'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["root"] == str(tmp_path)

@@ -1,0 +1,42 @@
+"""tullax: compute kernels in index notation, with fast forward AND backward kernels, as JAX operations.
+
+    dist = tullax.einsum_kernel("D[i,j] := (W[k,i] - X[k,j])^2")
+    D = jax.jit(dist)(W, X)
+
+Importing tullax loads neither numba, nor juliacall, nor jax: each is imported when first needed.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from ._version import __version__
+from .errors import BackendUnavailableError, ShapeError, SpecError, TullaxError
+from .explain import explain
+from .kernel import Kernel
+
+__all__ = [
+    "__version__", "einsum_kernel", "explain", "generate_source", "warm", "Kernel", "TullaxError", "SpecError",
+    "ShapeError", "BackendUnavailableError",
+]
+
+
+def einsum_kernel(spec: str, *, backend: str = "auto", ranges: Mapping | None = None) -> Kernel:
+    """Compile ``spec`` (DESIGN section 1) into a Kernel running on ``backend`` ('auto', 'numba', 'julia',
+    'julia-cuda' or 'xla'); ``ranges`` gives index ranges explicitly: ``{"i": 10}`` or ``{"i": (2, 12)}``."""
+    return Kernel(spec, backend=backend, ranges=ranges)
+
+
+def generate_source(spec: str, backend: str = "numba", dtype: str = "float32",
+                    ranges: Mapping | None = None) -> str:
+    """The whole generated module (forward and every gradient kernel) of ``spec`` for ``backend``."""
+    from .codegen import generate_source as _generate
+
+    return _generate(spec, backend=backend, dtype=dtype, ranges=ranges)
+
+
+def warm(spec: str, backend: str = "auto", dtype: str = "float32", ranges: Mapping | None = None) -> dict:
+    """Compile the forward and every gradient kernel of ``spec`` ahead of time into the persistent cache;
+    returns the timings recorded."""
+    from .codegen import warm as _warm
+
+    return _warm(spec, backend=backend, dtype=dtype, ranges=ranges)

@@ -1,0 +1,375 @@
+"""Resolve names, classify indices and infer symbolic ranges: ParsedSpec -> Spec (DESIGN section 1)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping, Union
+
+from .errors import SpecError
+from .ir import (
+    Access, Affine, Agreement, Expr, Idx, IndexVal, Indirect, Input, Name, Param, ParsedSpec, Range, Spec,
+    Wrapped, accesses, idx_affine, map_expr, walk,
+)
+from .sizes import Sym, ceildiv, floordiv, smax, smin
+
+RangeArg = Union[int, tuple[int, int], Range]
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """One bracket position: ``array``'s axis ``axis`` is indexed by ``idx``."""
+
+    array: str
+    axis: int
+    idx: Idx
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """``0 <= expr < extent(array, axis)``, from a shifted or scaled access that must stay in bounds."""
+
+    expr: Affine
+    array: str
+    axis: int
+
+
+def analyze(parsed: ParsedSpec, ranges: Mapping[str, RangeArg] | None = None) -> Spec:
+    """Turn a parsed spec into an analysed, hashable Spec, or raise SpecError pointing into the source."""
+    ctx = _Context(parsed.source)
+    _check_lhs(parsed, ctx)
+    occurrences = _occurrences(parsed)
+    index_names = _index_names(parsed, occurrences)
+    inputs = _inputs(parsed, index_names, ctx)
+    body = _resolve_names(parsed.body, index_names, {i.name for i in inputs if i.kind != "scalar"}, ctx)
+    free, reduced = _free_and_reduced(parsed, body, index_names)
+    known, agreements = _infer_ranges(parsed, occurrences, free + reduced, ranges or {}, ctx)
+    spec = Spec(
+        redop=parsed.redop, out=parsed.out, lhs=parsed.lhs, assign=parsed.assign, body=body,
+        finalizer=parsed.finalizer, inputs=inputs, free=free, reduced=reduced,
+        ranges=tuple((name, known[name]) for name in free + reduced), agreements=agreements,
+    )
+    return _shift_free_to_zero(spec)
+
+
+class _Context:
+    """The source text, to point a caret into it."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def error(self, message: str, span: tuple[int, int] | None = None) -> SpecError:
+        col = span[0] if span and self.source else None
+        return SpecError(message, self.source or None, col)
+
+
+# ---------------------------------------------------------------------------------------------
+def _check_lhs(parsed: ParsedSpec, ctx: _Context) -> None:
+    if parsed.lhs is None:
+        return
+    plain = [i.plain if isinstance(i, Affine) else None for i in parsed.lhs]
+    scatter = any(p is None for p in plain)
+    if scatter and parsed.assign != "+=":
+        bad = next(i for i, p in zip(parsed.lhs, plain) if p is None)
+        raise ctx.error(
+            "the left-hand side must list plain, distinct indices; to write into computed positions "
+            "(a shift, mod/clamp/pad or ix[..]), scatter with += into an existing array", bad.span)
+    if scatter and (parsed.redop != "+" or parsed.finalizer):
+        raise ctx.error("a scatter (+= into computed positions) only sums: no reduction or |> finaliser")
+    seen: set[str] = set()
+    for idx, name in zip(parsed.lhs, plain):
+        if name is not None and name in seen:
+            raise ctx.error(f"index {name} appears twice on the left-hand side: each output axis needs "
+                            "its own index (use the diagonal on the right, as in d[i] := A[i,i])", idx.span)
+        if name is not None:
+            seen.add(name)
+
+
+def _lhs_occurrences(parsed: ParsedSpec) -> list[Occurrence]:
+    if parsed.assign == ":=" or parsed.lhs is None:
+        return []
+    return [Occurrence(parsed.out, axis, idx) for axis, idx in enumerate(parsed.lhs)]
+
+
+def _occurrences(parsed: ParsedSpec) -> list[Occurrence]:
+    """Every bracket position, in text order; an indirect ``ix[e]`` adds the occurrence of ``ix``."""
+    found: list[Occurrence] = []
+    for acc in list(_lhs_access(parsed)) + list(accesses(parsed.body)):
+        for axis, idx in enumerate(acc.idx):
+            found.append(Occurrence(acc.array, axis, idx))
+            if isinstance(idx, Indirect):
+                found.append(Occurrence(idx.array, 0, idx.inner))
+    return found
+
+
+def _lhs_access(parsed: ParsedSpec) -> list[Access]:
+    if parsed.lhs is None:
+        return []
+    if parsed.assign == ":=":  # a new result has no extents yet to bound anything
+        return []
+    return [Access(parsed.out, parsed.lhs)]
+
+
+def _index_names(parsed: ParsedSpec, occurrences: list[Occurrence]) -> list[str]:
+    names: list[str] = []
+    for idx in list(parsed.lhs or ()) + [o.idx for o in occurrences]:
+        for name in idx_affine(idx).names():
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _inputs(parsed: ParsedSpec, index_names: list[str], ctx: _Context) -> tuple[Input, ...]:
+    """Inputs in order of first appearance on the right (the given output first for = and +=)."""
+    order: list[str] = []
+    ranks: dict[str, int] = {}
+    data: set[str] = set()
+    spans: dict[str, tuple[int, int]] = {}
+
+    def note(name: str, rank: int | None, span, as_data: bool) -> None:
+        if name in index_names:
+            raise ctx.error(f"{name} is used both as an index and as an array", span)
+        if name not in order:
+            order.append(name)
+            spans[name] = span
+        if rank is not None:
+            if ranks.setdefault(name, rank) != rank:
+                raise ctx.error(f"{name} is indexed with {rank} indices here but with {ranks[name]} "
+                                "elsewhere: an array has one rank", span)
+        if as_data:
+            data.add(name)
+
+    if parsed.assign != ":=":
+        note(parsed.out, len(parsed.lhs or ()), (0, 0), True)
+    for node in walk(parsed.body):
+        if isinstance(node, Access):
+            if node.array == parsed.out and parsed.assign == ":=":
+                raise ctx.error(f"{node.array} is the result being defined with ':=', it cannot appear "
+                                "on the right (use '=' or '+=' to update an existing array)", node.span)
+            note(node.array, len(node.idx), node.span, True)
+            for idx in node.idx:
+                if isinstance(idx, Indirect):
+                    note(idx.array, 1, idx.span, False)
+        elif isinstance(node, Name) and node.name not in index_names:
+            if node.name in ranks:
+                raise ctx.error(f"{node.name} is an array: index it, as in {node.name}[i]", node.span)
+            if node.name == parsed.out:
+                raise ctx.error(f"{node.name} is the result being defined; it cannot appear on the right",
+                                node.span)
+            note(node.name, None, node.span, True)
+    for idx in parsed.lhs or ():
+        if isinstance(idx, Indirect):
+            note(idx.array, 1, idx.span, False)
+    if parsed.out in index_names:
+        raise ctx.error(f"{parsed.out} is used both as the result and as an index")
+    for name in order:  # a bare name that was also indexed somewhere
+        if name not in ranks and any(isinstance(n, Access) and n.array == name for n in walk(parsed.body)):
+            raise ctx.error(f"{name} is an array: index it, as in {name}[i]", spans[name])
+    return tuple(Input(name, _kind(name, ranks, data), ranks.get(name, 0)) for name in order)
+
+
+def _kind(name: str, ranks: dict[str, int], data: set[str]) -> str:
+    if name not in ranks:
+        return "scalar"
+    return "array" if name in data else "index"
+
+
+def _resolve_names(body: Expr, index_names: list[str], arrays: set[str], ctx: _Context) -> Expr:
+    def fix(node: Expr) -> Expr:
+        if isinstance(node, Name):
+            if node.name in index_names:
+                return IndexVal(node.name, span=node.span)
+            if node.name in arrays:
+                raise ctx.error(f"{node.name} is an array: index it, as in {node.name}[i]", node.span)
+            return Param(node.name, span=node.span)
+        return node
+    return map_expr(body, fix)
+
+
+def _free_and_reduced(parsed: ParsedSpec, body: Expr, index_names: list[str]) -> tuple[tuple, tuple]:
+    lhs = parsed.lhs or ()
+    plain = [i.plain for i in lhs if isinstance(i, Affine)]
+    if any(not (isinstance(i, Affine) and i.plain) for i in lhs):  # scatter: every index is iterated
+        free: tuple[str, ...] = ()
+    else:
+        free = tuple(p for p in plain if p)
+    reduced = tuple(n for n in index_names if n not in free)
+    body_indices = {n.name for n in walk(body) if isinstance(n, IndexVal)}
+    reduced += tuple(sorted(body_indices - set(free) - set(reduced)))
+    return free, reduced
+
+
+# ---------------------------------------------------------------------------------------------
+# Range inference
+# ---------------------------------------------------------------------------------------------
+def _explicit_range(name: str, value: RangeArg, ctx: _Context) -> Range:
+    if isinstance(value, Range):
+        return value
+    if isinstance(value, bool):
+        raise ctx.error(f"ranges[{name!r}] must be an int or a (start, stop) pair, got {value!r}")
+    if isinstance(value, int):
+        lo, hi = 0, value
+    elif isinstance(value, range) and value.step == 1:
+        lo, hi = value.start, value.stop
+    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        lo, hi = value
+    else:
+        raise ctx.error(f"ranges[{name!r}] must be an int or a (start, stop) pair, got {value!r}")
+    if hi < lo:
+        raise ctx.error(f"ranges[{name!r}] = {value!r} is empty backwards: stop must be >= start")
+    return Range(Sym(lo), Sym(hi))
+
+
+def _infer_ranges(parsed: ParsedSpec, occurrences: list[Occurrence], indices: tuple[str, ...],
+                  explicit: Mapping[str, RangeArg], ctx: _Context):
+    for name in explicit:
+        if name not in indices:
+            raise ctx.error(f"ranges names {name!r}, which is not an index of this spec "
+                            f"(indices: {', '.join(indices) or 'none'})")
+    known = {name: _explicit_range(name, value, ctx) for name, value in explicit.items()}
+    bindings: dict[str, list[tuple[str, int]]] = {}
+    constraints: list[Constraint] = []
+    for occ in occurrences:
+        if not isinstance(occ.idx, Affine):
+            continue
+        if occ.idx.plain:
+            bindings.setdefault(occ.idx.plain, []).append((occ.array, occ.axis))
+        elif occ.idx.terms:
+            if occ.idx.div != 1:
+                raise ctx.error("a divided index is only allowed inside pad(..)", occ.idx.span)
+            constraints.append(Constraint(occ.idx, occ.array, occ.axis))
+    for occ in occurrences:
+        if isinstance(occ.idx, Wrapped) and occ.idx.inner.div != 1 and occ.idx.kind != "pad":
+            raise ctx.error("a divided index is only allowed inside pad(..)", occ.idx.span)
+    agreements: list[Agreement] = []
+    for name, axes in bindings.items():
+        unique = list(dict.fromkeys(axes))
+        if name not in known:
+            known[name] = Range(Sym(0), Sym.extent(*unique[0]))
+        agreements += [Agreement(name, unique[0], other) for other in unique[1:]]
+    used = _solve_unknowns(constraints, known)
+    rest = [con for con in constraints if id(con) not in used]
+    _narrow(rest, known, set(known) - set(explicit), indices, parsed)
+    for name in indices:
+        if name not in known:
+            raise ctx.error(_unbound_message(name), _first_span(parsed, name))
+    return known, tuple(agreements)
+
+
+def _unbound_message(name: str) -> str:
+    return (f"cannot infer the range of index {name}: no array is indexed by it plainly, and no "
+            f"shifted access bounds it; give it explicitly, e.g. ranges={{{name!r}: 10}}")
+
+
+def _first_span(parsed: ParsedSpec, name: str) -> tuple[int, int] | None:
+    for idx in list(parsed.lhs or ()) + [i for a in accesses(parsed.body) for i in a.idx]:
+        if name in idx_affine(idx).names():
+            return idx.span
+    for node in walk(parsed.body):
+        if isinstance(node, Name) and node.name == name:
+            return node.span
+    return None
+
+
+def _term_bounds(expr: Affine, skip: str, known: dict[str, Range]) -> tuple[Sym, Sym]:
+    """Smallest and largest value of ``expr`` minus its ``skip`` term, over the known ranges."""
+    low, high = expr.const, expr.const
+    for name, coef in expr.terms:
+        if name == skip:
+            continue
+        rng = known[name]
+        first, last = rng.lo * coef, (rng.hi - 1) * coef
+        low, high = (low + first, high + last) if coef > 0 else (low + last, high + first)
+    return low, high
+
+
+def _bounds_for(con: Constraint, name: str, known: dict[str, Range]) -> Range:
+    """The values of ``name`` that keep ``con`` in bounds for EVERY value of the other indices."""
+    coef = con.expr.coef(name)
+    rest_lo, rest_hi = _term_bounds(con.expr, name, known)
+    top = Sym.extent(con.array, con.axis) - 1
+    if coef > 0:
+        return Range(ceildiv(-rest_lo, coef), floordiv(top - rest_hi, coef) + 1)
+    return Range(ceildiv(rest_hi - top, -coef), floordiv(rest_lo, -coef) + 1)
+
+
+def _solve_unknowns(constraints: list[Constraint], known: dict[str, Range]) -> set[int]:
+    """Give a range to every index that is the one unknown of some constraint, until nothing changes.
+    Returns the ids of the constraints used: they hold by construction and must not narrow again."""
+    used: set[int] = set()
+    progress = True
+    while progress:
+        progress = False
+        for con in constraints:
+            unknown = [n for n in con.expr.names() if n not in known]
+            if len(unknown) == 1:
+                known[unknown[0]] = _bounds_for(con, unknown[0], known)
+                used.add(id(con))
+                progress = True
+    return used
+
+
+def _narrow(constraints: list[Constraint], known: dict[str, Range], narrowable: set[str],
+            indices: tuple[str, ...], parsed: ParsedSpec) -> None:
+    """Shrink plainly bound indices so shifted accesses stay in bounds: one target per constraint, a free
+    index first (the result gets smaller rather than a sum losing terms), else the last index used."""
+    free = [i.plain for i in parsed.lhs or () if isinstance(i, Affine) and i.plain]
+    for con in constraints:
+        names = [n for n in con.expr.names() if n in known]
+        if len(names) != len(con.expr.names()):
+            continue
+        targets = [n for n in names if n in narrowable]
+        if not targets:
+            continue
+        preferred = [n for n in targets if n in free] or sorted(targets, key=indices.index)[-1:]
+        target = preferred[0]
+        bound = _bounds_for(con, target, known)
+        old = known[target]
+        known[target] = Range(smax(old.lo, bound.lo), smin(old.hi, bound.hi))
+
+
+# ---------------------------------------------------------------------------------------------
+# Shifting free indices to start at 0
+# ---------------------------------------------------------------------------------------------
+def _shift_free_to_zero(spec: Spec) -> Spec:
+    """For ':=' every free index runs from 0: substitute i -> i + lo in the body (DESIGN section 1)."""
+    rng = spec.range_of
+    if spec.assign != ":=":
+        return replace(spec, out_shape=tuple(Sym.extent(spec.out, d) for d in range(len(spec.lhs or ()))))
+    shifts = {name: rng[name].lo for name in spec.free if rng[name].lo != Sym(0)}
+    out_shape = tuple(rng[name].extent() for name in spec.free)
+    if not shifts:
+        return replace(spec, out_shape=out_shape)
+    body = shift_indices(spec.body, shifts)
+    new_ranges = tuple((n, Range(Sym(0), r.extent()) if n in shifts else r) for n, r in spec.ranges)
+    return replace(spec, body=body, ranges=new_ranges, out_shape=out_shape)
+
+
+def shift_affine(aff: Affine, shifts: Mapping[str, Sym]) -> Affine:
+    extra = Sym(0)
+    for name, coef in aff.terms:
+        if name in shifts:
+            extra = extra + shifts[name] * coef
+    return replace(aff, const=aff.const + extra) if extra != Sym(0) else aff
+
+
+def shift_idx(idx: Idx, shifts: Mapping[str, Sym]) -> Idx:
+    if isinstance(idx, Affine):
+        return shift_affine(idx, shifts)
+    return replace(idx, inner=shift_affine(idx.inner, shifts))
+
+
+def shift_indices(body: Expr, shifts: Mapping[str, Sym]) -> Expr:
+    """Substitute ``i -> i + shift`` for every index in ``shifts``."""
+    def fix(node: Expr) -> Expr:
+        if isinstance(node, Access):
+            return replace(node, idx=tuple(shift_idx(i, shifts) for i in node.idx))
+        if isinstance(node, IndexVal) and node.name in shifts:
+            return replace(node, offset=node.offset + shifts[node.name])
+        return node
+    return map_expr(body, fix)
+
+
+def input_kinds(spec: Spec) -> dict[str, str]:
+    return {i.name: i.kind for i in spec.inputs}
+
+
+__all__ = ["analyze", "shift_indices", "Occurrence", "Constraint", "Param", "input_kinds"]

@@ -1,0 +1,84 @@
+"""The backend registry: ``register`` a backend object under its name, ``get`` it back by name."""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..errors import BackendUnavailableError
+
+_REGISTRY: dict[str, Any] = {}
+# Built-in backends are imported lazily, so `import tullax` loads neither numba nor juliacall nor jax.
+_BUILTIN = {
+    "xla": "tullax.backends.xla:XlaBackend",
+    "numba": "tullax.backends.numba_cpu:NumbaBackend",
+    "julia": "tullax.backends.julia:JuliaBackend",
+    "julia-cuda": "tullax.backends.julia:JuliaCudaBackend",
+}
+# The order `auto` tries them in (DESIGN section 4): Julia when present, else Numba, else XLA.
+AUTO_ORDER = ("julia", "numba", "xla")
+
+
+def register(name: str, backend: Any) -> None:
+    """Make ``backend`` available as ``einsum_kernel(..., backend=name)``."""
+    _REGISTRY[name] = backend
+
+
+def names() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(list(_BUILTIN) + list(_REGISTRY)))
+
+
+def _load_builtin(name: str) -> Any | None:
+    target = _BUILTIN.get(name)
+    if target is None:
+        return None
+    module_name, cls = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:  # a backend module that does not exist yet in this install
+        if err.name and err.name.startswith("tullax"):
+            return None
+        raise
+    backend = getattr(module, cls)()
+    _REGISTRY[name] = backend
+    return backend
+
+
+def get(name: str) -> Any:
+    """The backend registered as ``name``; BackendUnavailableError lists the valid names otherwise."""
+    if not isinstance(name, str):
+        raise BackendUnavailableError(f"a backend name is a string, got {type(name).__name__}")
+    backend = _REGISTRY.get(name) or _load_builtin(name)
+    if backend is None:
+        raise BackendUnavailableError(
+            f"unknown backend {name!r}: valid names are {', '.join(names())} (or 'auto')")
+    return backend
+
+
+def availability() -> list[tuple[str, bool, str]]:
+    """(name, usable here, reason or how to fix) for every known backend."""
+    rows = []
+    for name in names():
+        try:
+            ok, why = get(name).availability()
+        except BackendUnavailableError as err:
+            ok, why = False, str(err)
+        rows.append((name, ok, why))
+    return rows
+
+
+def resolve(name: str) -> Any:
+    """``auto`` picks the first usable backend of AUTO_ORDER; any other name must be usable here."""
+    if name == "auto":
+        for candidate in AUTO_ORDER:
+            try:
+                backend = get(candidate)
+            except BackendUnavailableError:
+                continue
+            if backend.availability()[0]:
+                return backend
+        raise BackendUnavailableError("no backend is usable here; run `tullax doctor`")
+    backend = get(name)
+    ok, why = backend.availability()
+    if not ok:
+        raise BackendUnavailableError(f"backend {name!r} is not usable here: {why}")
+    return backend

@@ -1,0 +1,38 @@
+"""What every backend provides. Backends are stateless objects registered by name."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from ..ir import Spec
+
+
+@dataclass(frozen=True)
+class Signature:
+    """Concrete element types of one call: ``in_dtypes`` follow ``spec.inputs`` (numpy dtype names;
+    scalars too), ``out_dtype`` is the result's. Ranks are already in the Spec."""
+
+    in_dtypes: tuple[str, ...]
+    out_dtype: str
+
+
+# A host kernel writes the result into ``out`` in place: ``kernel(out, *inputs)`` with NumPy arrays (or
+# scalars) in ``spec.inputs`` order. For '=' and '+=' the caller has put the existing values into ``out``.
+HostKernel = Callable[..., None]
+
+
+class Backend(Protocol):
+    name: str
+
+    def availability(self) -> tuple[bool, str]:
+        """(usable here?, why not and how to fix it)."""
+
+    def build(self, spec: Spec, signature: Signature) -> HostKernel:
+        """Compile (or load from the cache) the kernel of ``spec`` for ``signature``."""
+
+    def generate_source(self, spec: Spec, signature: Signature) -> str:
+        """The generated source of the kernel of ``spec`` (empty for backends that generate none)."""
+
+
+def describe(backend: Any) -> str:
+    return getattr(backend, "name", type(backend).__name__)

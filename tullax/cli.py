@@ -1,0 +1,293 @@
+"""The ``tullax`` command: the compile cache, explain, doctor, demo and bench.
+
+Every TullaxError becomes ``tullax: error: <message>`` on stderr and exit status 2, without a traceback.
+Heavy modules (jax, numba, the compiler) are imported only by the subcommands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tullax._version import __version__
+from tullax.errors import TullaxError
+
+# Subcommands that own their whole argument list (their modules parse it).
+_DELEGATED = {"demo": "tullax.demo", "bench": "tullax.bench"}
+_SOURCE_LEXERS = {"numba": "python", "xla": "python", "julia": "julia"}
+_LIST_COLUMNS = ("key", "backend", "spec", "dtypes", "compile", "TTFK cold / warm", "hits", "last used")
+_SHOWN_KEY_CHARS = 12  # enough to tell entries apart; `tullax cache list --json` has the whole key
+_PIPED_WIDTH = 160
+_VERSIONED_DISTRIBUTIONS = ("numpy", "jax", "jaxlib", "numba", "llvmlite", "juliacall", "rich")
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped output has no terminal width; rich would wrap tables at 80 columns, too narrow for the cache list.
+    piped = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, highlight=False, width=_PIPED_WIDTH if piped else None)
+
+
+def _require(module_name: str, attribute: str) -> Callable[..., Any]:
+    """A function from a tullax module imported on demand; a clear error if this install lacks it."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name != module_name and not module_name.startswith(f"{err.name}."):
+            raise  # a dependency of that module is missing: a real bug, keep the traceback
+        raise TullaxError(f"this tullax {__version__} has no {module_name} module") from None
+    function = getattr(module, attribute, None)
+    if function is None:
+        raise TullaxError(f"this tullax {__version__} has no {module_name}.{attribute}()")
+    return function
+
+
+def _ms(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "-"
+    return f"{value / 1000:.2f} s" if value >= 10_000 else f"{value:.1f} ms"
+
+
+def _when(timestamp: Any) -> str:
+    if not isinstance(timestamp, int | float):
+        return "-"
+    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
+
+
+def _size(n_bytes: int) -> str:
+    size = float(n_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _dtypes(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return "-" if value is None else str(value)
+
+
+# ---------------------------------------------------------------------------------------------- cache
+
+
+def _cmd_cache_list(args: argparse.Namespace) -> int:
+    from rich.table import Table
+    from rich.text import Text
+
+    from tullax.runtime.cache import get_cache
+
+    cache = get_cache()
+    rows = cache.entries()
+    if args.json:
+        print(json.dumps(rows, indent=1, sort_keys=True))
+        return 0
+    console = _console()
+    if not rows:
+        console.print(f"the cache at {cache.root} is empty", markup=False)
+        return 0
+    table = Table(title=Text(f"tullax cache: {cache.root}"))
+    for column in _LIST_COLUMNS:
+        justify = "right" if column in ("compile", "hits") else "left"
+        table.add_column(column, justify=justify, overflow="fold", no_wrap=column == "key")
+    for row in rows:
+        cells = (
+            row["key"][:_SHOWN_KEY_CHARS], str(row.get("backend")), str(row.get("spec")),
+            _dtypes(row.get("dtypes")), _ms(row.get("compile_ms")),
+            f"{_ms(row.get('ttfk_cold_ms'))} / {_ms(row.get('ttfk_warm_ms'))}",
+            str(row.get("hits", 0)), _when(row.get("last_used")),
+        )
+        table.add_row(*(Text(cell) for cell in cells))  # Text: specs contain [brackets], not markup
+    console.print(table)
+    return 0
+
+
+def _cmd_cache_stats(args: argparse.Namespace) -> int:
+    from rich.table import Table
+    from rich.text import Text
+
+    from tullax.runtime.cache import get_cache
+
+    stats = get_cache().stats()
+    if args.json:
+        print(json.dumps(stats, indent=1, sort_keys=True))
+        return 0
+    console = _console()
+    state = "writable" if stats["writable"] else "NOT writable: a private temporary directory is used"
+    console.print(f"cache directory: {stats['root']} ({state})", markup=False)
+    console.print(f"{stats['entries']} entries, {_size(stats['size_bytes'])} on disk, {stats['hits']} hits")
+    table = Table()
+    for column in ("backend", "entries", "hits", "mean compile", "mean TTFK cold", "mean TTFK warm"):
+        table.add_column(column, justify="left" if column == "backend" else "right")
+    for name, group in [*stats["by_backend"].items(), ("all", stats)]:
+        table.add_row(
+            Text(name), str(group["entries"]), str(group["hits"]), _ms(group["mean_compile_ms"]),
+            _ms(group["mean_ttfk_cold_ms"]), _ms(group["mean_ttfk_warm_ms"]),
+        )
+    console.print(table)
+    return 0
+
+
+def _cmd_cache_clear(args: argparse.Namespace) -> int:
+    from tullax.runtime.cache import get_cache
+
+    cache = get_cache()
+    removed = cache.clear(backend=args.backend)
+    which = f" {args.backend}" if args.backend else ""
+    _console().print(f"removed {removed}{which} entries from {cache.root}", markup=False)
+    return 0
+
+
+def _cmd_cache_warm(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    warm = _require("tullax", "warm")
+    started = time.perf_counter()
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(), console=_console(stderr=True),
+    ) as progress:
+        task = progress.add_task("compiling", total=len(args.specs))
+        for spec in args.specs:
+            progress.update(task, description=escape(f"compiling {spec}"))
+            warm(spec, backend=args.backend, dtype=args.dtype)
+            progress.advance(task)
+    elapsed = time.perf_counter() - started
+    summary = f"warmed {len(args.specs)} spec(s) for {args.backend} {args.dtype} in {elapsed:.1f} s"
+    _console().print(summary, markup=False)
+    return 0
+
+
+# ------------------------------------------------------------------------------------ explain and doctor
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    explain = _require("tullax", "explain")
+    console = _console()
+    console.print(explain(args.spec), markup=False)
+    if args.backend:
+        from rich.markup import escape
+        from rich.rule import Rule
+        from rich.syntax import Syntax
+
+        generate_source = _require("tullax", "generate_source")
+        source = generate_source(args.spec, backend=args.backend, dtype=args.dtype)
+        console.print(Rule(escape(f"generated {args.backend} source ({args.dtype})")))
+        console.print(Syntax(source, _SOURCE_LEXERS.get(args.backend, "text"), line_numbers=True))
+    return 0
+
+
+def _distribution_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from rich.table import Table
+    from rich.text import Text
+
+    from tullax.runtime.cache import get_cache
+
+    console = _console()
+    console.print(f"tullax {__version__}, Python {platform.python_version()} ({sys.executable})")
+    versions = ", ".join(f"{name} {_distribution_version(name)}" for name in _VERSIONED_DISTRIBUTIONS)
+    console.print(versions, markup=False)
+    cache = get_cache()
+    if cache.writable:
+        console.print(f"cache: {cache.root} (writable)", markup=False)
+    else:
+        console.print(
+            f"cache: {cache.requested_root} is NOT writable; using {cache.root} for this process only",
+            markup=False,
+        )
+    availability = _require("tullax.backends", "availability")
+    table = Table(title="backends")
+    for column in ("backend", "usable", "details / how to fix"):
+        table.add_column(column, overflow="fold")
+    for name, available, reason in availability():
+        usable = Text("yes", style="green") if available else Text("no", style="red")
+        table.add_row(Text(name), usable, Text(reason))
+    console.print(table)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tullax", description="Index-notation kernels as fused loop nests, for JAX."
+    )
+    parser.add_argument("--version", action="version", version=f"tullax {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    cache = commands.add_parser("cache", help="inspect, warm or clear the compile cache")
+    cache_commands = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    listing = cache_commands.add_parser("list", help="one row per cached kernel")
+    listing.add_argument("--json", action="store_true", help="print the entries as JSON")
+    listing.set_defaults(handler=_cmd_cache_list)
+    stats = cache_commands.add_parser("stats", help="size, hits and mean compile times")
+    stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    stats.set_defaults(handler=_cmd_cache_stats)
+    clear = cache_commands.add_parser("clear", help="delete cached kernels")
+    clear.add_argument("--backend", help="only this backend's entries (numba, julia, ...)")
+    clear.set_defaults(handler=_cmd_cache_clear)
+    warm = cache_commands.add_parser("warm", help="compile specs ahead of time")
+    warm.add_argument("specs", nargs="+", metavar="SPEC")
+    warm.add_argument("--backend", default="auto")
+    warm.add_argument("--dtype", default="float32")
+    warm.set_defaults(handler=_cmd_cache_warm)
+
+    explain = commands.add_parser("explain", help="show what a spec means, its gradients and generated code")
+    explain.add_argument("spec", metavar="SPEC")
+    explain.add_argument("--backend", help="also print this backend's generated source, highlighted")
+    explain.add_argument("--dtype", default="float32")
+    explain.set_defaults(handler=_cmd_explain)
+
+    doctor = commands.add_parser("doctor", help="which backends work here, and how to fix those that don't")
+    doctor.set_defaults(handler=_cmd_doctor)
+
+    # Only for --help: these two are dispatched before parsing, their modules parse their arguments.
+    commands.add_parser("demo", help="run a few kernels forward and backward, checked against XLA")
+    commands.add_parser("bench", help="benchmark kernels against XLA (tullax bench --help)")
+    return parser
+
+
+def _delegate(command: str, argv: list[str]) -> int:
+    entry = _require(_DELEGATED[command], "main")
+    return int(entry(argv) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``tullax`` command; returns the exit status."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if arguments and arguments[0] in _DELEGATED:
+            return _delegate(arguments[0], arguments[1:])
+        args = _build_parser().parse_args(arguments)
+        return int(args.handler(args) or 0)
+    except TullaxError as err:
+        print(f"tullax: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

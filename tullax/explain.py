@@ -1,0 +1,42 @@
+"""``tullax.explain``: everything the compiler decided about a spec, as text."""
+from __future__ import annotations
+
+from typing import Mapping
+
+from .frontend import compile_spec, describe_range
+from .ir import Spec
+
+
+def explain_spec(canonical: str, spec: Spec) -> str:
+    from .grad import gradient_texts
+
+    lines = [f"spec:      {canonical}"]
+    if spec.redop != "+" or spec.finalizer:
+        lines.append(f"reduction: {spec.redop}" + (f", then |> {spec.finalizer}" if spec.finalizer else ""))
+    lines.append(f"inputs:    {', '.join(f'{i.name} ({i.kind}, rank {i.rank})' for i in spec.inputs) or 'none'}")
+    lines.append(f"free:      {', '.join(spec.free) or '(none: scalar or scatter result)'}")
+    lines.append(f"reduced:   {', '.join(spec.reduced) or '(none)'}")
+    lines.append("ranges:")
+    for name, rng in spec.ranges:
+        lines.append(f"  {name} in {describe_range(rng)}")
+    if spec.agreements:
+        lines.append("must agree:")
+        for agr in spec.agreements:
+            lines.append(f"  size({agr.first[0]},{agr.first[1]}) == size({agr.second[0]},{agr.second[1]})"
+                         f"  (both bind {agr.index})")
+    if spec.out_shape:
+        lines.append(f"result:    {spec.out}[{', '.join(str(s) for s in spec.out_shape)}]")
+    try:
+        grads = gradient_texts(spec)
+    except ValueError as err:  # e.g. (*) reductions: say why instead of failing the whole explanation
+        grads = (f"(no gradients: {err})",)
+    lines.append("gradients:")
+    lines += [f"  {text}" for text in grads] or ["  (no differentiable inputs)"]
+    return "\n".join(lines)
+
+
+def explain(spec: str, ranges: Mapping | None = None) -> str:
+    """The canonical spec, its free and reduced indices, every index range (symbolic in the input
+    shapes) and each gradient spec."""
+    canonical, analysed = compile_spec(spec, ranges)
+    return explain_spec(canonical, analysed)

@@ -1,0 +1,52 @@
+"""Text to Spec, memoised: the first stage every public entry point goes through."""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Mapping
+
+from .analyze import analyze
+from .errors import SpecError, TullaxError, with_spec_context
+from .ir import Range, Spec
+from .parse import parse_spec
+from .spectext import format_spec
+
+RangesKey = tuple[tuple[str, object], ...]
+
+
+def ranges_key(ranges: Mapping | None) -> RangesKey:
+    """A hashable, order-independent form of ``ranges=`` (it is part of the cache key)."""
+    if ranges is None:
+        return ()
+    if not isinstance(ranges, Mapping):
+        raise SpecError(f"ranges must be a dict like {{'i': 10}} or {{'i': (2, 12)}}, got {type(ranges).__name__}")
+    items = []
+    for name, value in ranges.items():
+        if isinstance(value, list):
+            value = tuple(value)
+        if isinstance(value, range):
+            value = (value.start, value.stop)
+        try:
+            hash(value)
+        except TypeError:
+            raise SpecError(f"ranges[{name!r}] must be an int or a (start, stop) pair, got {value!r}") from None
+        items.append((str(name), value))
+    return tuple(sorted(items, key=lambda kv: kv[0]))
+
+
+@lru_cache(maxsize=1024)
+def _compile(text: str, key: RangesKey) -> tuple[str, Spec]:
+    parsed = parse_spec(text)
+    spec = analyze(parsed, dict(key))
+    return format_spec(parsed), spec
+
+
+def compile_spec(text: str, ranges: Mapping | None = None) -> tuple[str, Spec]:
+    """(canonical text, analysed Spec) for a spec string; errors carry the spec text exactly once."""
+    try:
+        return _compile(text, ranges_key(ranges))
+    except TullaxError as err:
+        raise with_spec_context(err, text if isinstance(text, str) else repr(text)) from None
+
+
+def describe_range(rng: Range) -> str:
+    return f"{rng.lo}:{rng.hi}"

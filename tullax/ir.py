@@ -1,0 +1,274 @@
+"""The spec IR: frozen, hashable dataclasses shared by every stage.
+
+Source spans ride along for error messages but take no part in equality or hashing, so two spellings of
+the same spec give equal (and equally hashed) trees.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Iterator, Union
+
+from .sizes import Sym
+
+Span = tuple[int, int]
+
+
+def _span() -> Span:
+    return field(default=(0, 0), compare=False, hash=False, repr=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Index expressions (what stands between the brackets)
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Affine:
+    """``(sum(coef * index) + const) / div``; ``div`` > 1 only in derived gradient specs, inside ``pad``."""
+
+    terms: tuple[tuple[str, int], ...] = ()
+    const: Sym = Sym(0)
+    div: int = 1
+    span: Span = _span()
+
+    @staticmethod
+    def index(name: str) -> "Affine":
+        return Affine(((name, 1),))
+
+    @property
+    def plain(self) -> str | None:
+        """The index name when this is a bare index (``A[i]``), else None."""
+        if len(self.terms) == 1 and self.terms[0][1] == 1 and self.const == Sym(0) and self.div == 1:
+            return self.terms[0][0]
+        return None
+
+    def coef(self, name: str) -> int:
+        return dict(self.terms).get(name, 0)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.terms)
+
+
+@dataclass(frozen=True)
+class Wrapped:
+    """``mod(e)``, ``clamp(e)`` or ``pad(e)``: an access that wraps, clamps or reads zero outside the axis."""
+
+    kind: str
+    inner: Affine
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Indirect:
+    """``ix[e]``: the position is read from the integer array ``array`` at ``e``."""
+
+    array: str
+    inner: Affine
+    span: Span = _span()
+
+
+Idx = Union[Affine, Wrapped, Indirect]
+
+
+def idx_affine(idx: Idx) -> Affine:
+    """The affine part of any index expression."""
+    return idx if isinstance(idx, Affine) else idx.inner
+
+
+# ---------------------------------------------------------------------------------------------
+# Body expressions
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Num:
+    value: Union[int, float]
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Name:
+    """A bare identifier as parsed; analysis turns it into a Param or an IndexVal."""
+
+    name: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Param:
+    """A scalar input."""
+
+    name: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class IndexVal:
+    """The integer value of an index (plus ``offset``, set when a free index is shifted to start at 0)."""
+
+    name: str
+    offset: Sym = Sym(0)
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Access:
+    array: str
+    idx: tuple[Idx, ...]
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Unary:
+    op: str  # only "-"
+    arg: "Expr"
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Binary:
+    op: str  # + - * / ^ < <= > >= == !=
+    lhs: "Expr"
+    rhs: "Expr"
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Call:
+    fn: str
+    args: tuple["Expr", ...]
+    span: Span = _span()
+
+
+Expr = Union[Num, Name, Param, IndexVal, Access, Unary, Binary, Call]
+
+COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
+ARITHMETIC = ("+", "-", "*", "/", "^")
+
+# Allowed functions and their arity (None: two or more arguments).
+FUNCTIONS: dict[str, int] = {
+    "exp": 1, "log": 1, "log1p": 1, "expm1": 1, "sqrt": 1, "abs": 1, "sin": 1, "cos": 1, "tan": 1,
+    "tanh": 1, "sinh": 1, "cosh": 1, "sigmoid": 1, "softplus": 1, "relu": 1, "conj": 1, "real": 1,
+    "imag": 1, "max": 2, "min": 2, "ifelse": 3,
+}
+UNARY_FUNCTIONS = tuple(f for f, n in FUNCTIONS.items() if n == 1)
+REDUCTIONS = ("+", "*", "max", "min", "logsumexp")
+ASSIGNMENTS = (":=", "=", "+=")
+WRAPPERS = ("mod", "clamp", "pad")
+
+
+def children(expr: Expr) -> tuple[Expr, ...]:
+    if isinstance(expr, Unary):
+        return (expr.arg,)
+    if isinstance(expr, Binary):
+        return (expr.lhs, expr.rhs)
+    if isinstance(expr, Call):
+        return expr.args
+    return ()
+
+
+def walk(expr: Expr) -> Iterator[Expr]:
+    """Every node of ``expr``, parents before children, left to right."""
+    yield expr
+    for child in children(expr):
+        yield from walk(child)
+
+
+def accesses(expr: Expr) -> Iterator[Access]:
+    return (node for node in walk(expr) if isinstance(node, Access))
+
+
+def map_expr(expr: Expr, fn) -> Expr:
+    """Rebuild ``expr`` bottom-up, applying ``fn`` to every node after its children."""
+    if isinstance(expr, Unary):
+        expr = replace(expr, arg=map_expr(expr.arg, fn))
+    elif isinstance(expr, Binary):
+        expr = replace(expr, lhs=map_expr(expr.lhs, fn), rhs=map_expr(expr.rhs, fn))
+    elif isinstance(expr, Call):
+        expr = replace(expr, args=tuple(map_expr(a, fn) for a in expr.args))
+    return fn(expr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsed and analysed specs
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ParsedSpec:
+    """The syntax tree of one spec line, before any name is resolved."""
+
+    redop: str
+    out: str
+    lhs: tuple[Idx, ...] | None  # None: a scalar result (no brackets)
+    assign: str
+    body: Expr
+    finalizer: str | None
+    source: str = field(default="", compare=False, hash=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Range:
+    """``lo <= index < hi``, both symbolic in the input extents."""
+
+    lo: Sym
+    hi: Sym
+
+    def extent(self) -> Sym:
+        return self.hi - self.lo
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input of a spec. ``kind``: 'array' (data), 'scalar' (parameter), 'index' (integers for ``ix[..]``)
+    or 'shape' (only its extents are read, by the ranges of a derived gradient spec)."""
+
+    name: str
+    kind: str
+    rank: int
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Two axes that bind the same index and must have equal extents."""
+
+    index: str
+    first: tuple[str, int]
+    second: tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """An analysed spec: names resolved, free and reduced indices, symbolic ranges. Hashable: it is the
+    cache key and JAX's static argument."""
+
+    redop: str
+    out: str
+    lhs: tuple[Idx, ...] | None
+    assign: str
+    body: Expr
+    finalizer: str | None
+    inputs: tuple[Input, ...]
+    free: tuple[str, ...]
+    reduced: tuple[str, ...]
+    ranges: tuple[tuple[str, Range], ...]
+    agreements: tuple[Agreement, ...] = ()
+    out_shape: tuple[Sym, ...] = ()  # extents of a ':=' result; for '='/'+=' the given array's own shape
+
+    @property
+    def range_of(self) -> dict[str, Range]:
+        return dict(self.ranges)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.inputs)
+
+    def input(self, name: str) -> Input:
+        for item in self.inputs:
+            if item.name == name:
+                return item
+        raise KeyError(name)
+
+    @property
+    def indices(self) -> tuple[str, ...]:
+        return self.free + self.reduced
+
+    @property
+    def is_scatter(self) -> bool:
+        """True when the left-hand side is not a list of distinct plain indices (``+=`` into computed places)."""
+        return self.lhs is not None and any(
+            not (isinstance(i, Affine) and i.plain) for i in self.lhs)

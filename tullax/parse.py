@@ -1,0 +1,331 @@
+"""Parse one spec line into a ParsedSpec (DESIGN section 1). Nothing here ever executes the text."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import SpecError
+from .ir import (
+    ASSIGNMENTS, COMPARISONS, FUNCTIONS, REDUCTIONS, UNARY_FUNCTIONS, WRAPPERS, Access, Affine, Binary,
+    Call, Expr, Idx, Indirect, Name, Num, ParsedSpec, Unary, Wrapped,
+)
+from .sizes import Sym
+
+_TOKEN = re.compile(r"""
+    (?P<ws>\s+)
+  | (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
+  | (?P<name>[^\W\d]\w*)
+  | (?P<op>:=|\+=|\|>|<=|>=|==|!=|[-+*/^<>=()\[\],])
+""", re.VERBOSE | re.UNICODE)
+
+
+@dataclass(frozen=True)
+class Token:
+    kind: str  # num, name, op, end
+    text: str
+    col: int
+
+
+def tokenize(source: str) -> list[Token]:
+    tokens: list[Token] = []
+    pos = 0
+    while pos < len(source):
+        match = _TOKEN.match(source, pos)
+        if match is None:
+            raise SpecError(f"unexpected character {source[pos]!r}", source, pos)
+        if match.lastgroup != "ws":
+            tokens.append(Token(match.lastgroup, match.group(), pos))
+        pos = match.end()
+    tokens.append(Token("end", "", len(source)))
+    return tokens
+
+
+class _Parser:
+    """Recursive descent over the token list; one instance per call of ``parse_spec``."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.tokens = tokenize(source)
+        self.pos = 0
+
+    # -- helpers --------------------------------------------------------------------------------
+    @property
+    def tok(self) -> Token:
+        return self.tokens[self.pos]
+
+    def peek(self, offset: int = 1) -> Token:
+        return self.tokens[min(self.pos + offset, len(self.tokens) - 1)]
+
+    def advance(self) -> Token:
+        tok = self.tok
+        self.pos += 1
+        return tok
+
+    def at(self, text: str) -> bool:
+        return self.tok.kind in ("op", "name") and self.tok.text == text
+
+    def error(self, message: str, tok: Token | None = None) -> SpecError:
+        tok = tok or self.tok
+        return SpecError(message, self.source, tok.col)
+
+    def expect(self, text: str, what: str | None = None) -> Token:
+        if not self.at(text):
+            found = "the end of the spec" if self.tok.kind == "end" else repr(self.tok.text)
+            raise self.error(f"expected {what or repr(text)} but found {found}")
+        return self.advance()
+
+    def span(self, start: Token) -> tuple[int, int]:
+        prev = self.tokens[self.pos - 1]
+        return (start.col, prev.col + len(prev.text))
+
+    # -- spec -----------------------------------------------------------------------------------
+    def spec(self) -> ParsedSpec:
+        if self.tok.kind == "end":
+            raise self.error("empty spec: write something like  C[i,j] := A[i,k]*B[k,j]")
+        redop = self.redop()
+        out, lhs = self.lhs()
+        if not (self.tok.kind == "op" and self.tok.text in ASSIGNMENTS):
+            raise self.error("expected ':=', '=' or '+=' after the left-hand side")
+        assign = self.advance().text
+        body = self.expr()
+        finalizer = None
+        if self.at("|>"):
+            self.advance()
+            tok = self.tok
+            if tok.kind != "name" or tok.text not in UNARY_FUNCTIONS:
+                raise self.error(f"'|>' needs a one-argument function, one of: {', '.join(UNARY_FUNCTIONS)}")
+            finalizer = self.advance().text
+        if self.tok.kind != "end":
+            raise self.error(f"unexpected {self.tok.text!r} after the end of the expression")
+        return ParsedSpec(redop, out, lhs, assign, body, finalizer, source=self.source)
+
+    def redop(self) -> str:
+        if not self.at("("):
+            return "+"
+        self.advance()
+        tok = self.advance()
+        if tok.text not in REDUCTIONS:
+            raise self.error(f"unknown reduction {tok.text!r}: use one of {' '.join(REDUCTIONS)}", tok)
+        self.expect(")", "')' closing the reduction")
+        return tok.text
+
+    def lhs(self) -> tuple[str, tuple[Idx, ...] | None]:
+        tok = self.tok
+        if tok.kind != "name":
+            raise self.error("expected the name of the result, as in  C[i,j] := ...")
+        self.advance()
+        if not self.at("["):
+            return tok.text, None
+        self.advance()
+        if self.at("]"):
+            self.advance()
+            return tok.text, None
+        idx = self.index_list()
+        return tok.text, idx
+
+    # -- index expressions ----------------------------------------------------------------------
+    def index_list(self) -> tuple[Idx, ...]:
+        items = [self.index()]
+        while self.at(","):
+            self.advance()
+            items.append(self.index())
+        self.expect("]", "',' or ']'")
+        return tuple(items)
+
+    def index(self) -> Idx:
+        tok = self.tok
+        if tok.kind == "name" and tok.text in WRAPPERS and self.peek().text == "(":
+            self.advance()
+            self.advance()
+            inner = self.affine()
+            self.expect(")", f"')' closing {tok.text}(")
+            return Wrapped(tok.text, inner, span=self.span(tok))
+        if tok.kind == "name" and self.peek().text == "[":
+            self.advance()
+            self.advance()
+            inner = self.affine()
+            if inner.div != 1:
+                raise self.error("an indirect index cannot divide", tok)
+            self.expect("]", f"']' closing {tok.text}[")
+            return Indirect(tok.text, inner, span=self.span(tok))
+        return self.affine()
+
+    def affine(self) -> Affine:
+        start = self.tok
+        lin = self.lin_sum()
+        div = 1
+        if self.at("/"):
+            self.advance()
+            tok = self.tok
+            if tok.kind != "num" or not tok.text.isdigit() or int(tok.text) < 1:
+                raise self.error("an index can only be divided by a positive integer", tok)
+            div = int(self.advance().text)
+        const = lin.pop("", 0)
+        terms = tuple(sorted((k, v) for k, v in lin.items() if v != 0))
+        if div > 1 and not terms:
+            raise self.error("dividing a constant index makes no sense", start)
+        return Affine(terms, Sym(const), div, span=self.span(start))
+
+    def lin_sum(self) -> dict[str, int]:
+        sign = 1
+        if self.at("-") or self.at("+"):
+            sign = -1 if self.advance().text == "-" else 1
+        total = _scale(self.lin_product(), sign)
+        while self.at("+") or self.at("-"):
+            sign = -1 if self.advance().text == "-" else 1
+            total = _add(total, _scale(self.lin_product(), sign))
+        return total
+
+    def lin_product(self) -> dict[str, int]:
+        value = self.lin_atom()
+        while self.at("*") or (self.tokens[self.pos - 1].kind == "num"
+                               and (self.tok.kind == "name" or self.at("("))):  # implicit 2i, 2(i+1)
+            tok = self.tok
+            if self.at("*"):
+                self.advance()
+            value = _mul(value, self.lin_atom(), self, tok)
+        if self.at("^"):
+            raise self.error("an index must be affine: no powers")
+        return value
+
+    def lin_atom(self) -> dict[str, int]:
+        tok = self.tok
+        if tok.kind == "num":
+            self.advance()
+            if not tok.text.isdigit():
+                raise self.error(f"index positions are integers, not {tok.text}", tok)
+            return {"": int(tok.text)}
+        if tok.kind == "name":
+            if self.peek().text in ("(", "["):
+                raise self.error(f"{tok.text}{self.peek().text}...) cannot be nested inside an index expression"
+                                 if self.peek().text == "(" else
+                                 "an indirect index cannot be nested or combined with other terms", tok)
+            self.advance()
+            return {tok.text: 1}
+        if tok.text == "(":
+            self.advance()
+            value = self.lin_sum()
+            self.expect(")", "')'")
+            return value
+        found = "the end of the spec" if tok.kind == "end" else repr(tok.text)
+        raise self.error(f"expected an index (a name, an integer, i+1, 2i, mod(..), pad(..), ix[..]) "
+                         f"but found {found}")
+
+    # -- body expressions -----------------------------------------------------------------------
+    def expr(self) -> Expr:
+        start = self.tok
+        lhs = self.additive()
+        if self.tok.kind == "op" and self.tok.text in COMPARISONS:
+            op = self.advance().text
+            rhs = self.additive()
+            lhs = Binary(op, lhs, rhs, span=self.span(start))
+            if self.tok.kind == "op" and self.tok.text in COMPARISONS:
+                raise self.error("chained comparisons are ambiguous: add parentheses")
+        return lhs
+
+    def additive(self) -> Expr:
+        start = self.tok
+        value = self.multiplicative()
+        while self.at("+") or self.at("-"):
+            op = self.advance().text
+            value = Binary(op, value, self.multiplicative(), span=self.span(start))
+        return value
+
+    def multiplicative(self) -> Expr:
+        start = self.tok
+        value = self.unary()
+        while self.at("*") or self.at("/"):
+            op = self.advance().text
+            value = Binary(op, value, self.unary(), span=self.span(start))
+        return value
+
+    def unary(self) -> Expr:
+        start = self.tok
+        if self.at("-"):
+            self.advance()
+            return Unary("-", self.unary(), span=self.span(start))
+        if self.at("+"):
+            self.advance()
+            return self.unary()
+        return self.power()
+
+    def power(self) -> Expr:
+        start = self.tok
+        base = self.primary()
+        if self.at("^"):
+            self.advance()
+            return Binary("^", base, self.unary(), span=self.span(start))  # right-associative
+        return base
+
+    def primary(self) -> Expr:
+        tok = self.tok
+        if tok.kind == "num":
+            self.advance()
+            value = float(tok.text) if any(c in tok.text for c in ".eE") else int(tok.text)
+            return Num(value, span=self.span(tok))
+        if tok.kind == "name":
+            return self.name_expr()
+        if tok.text == "(":
+            self.advance()
+            value = self.expr()
+            self.expect(")", "')'")
+            return value
+        found = "the end of the spec" if tok.kind == "end" else repr(tok.text)
+        raise self.error(f"expected a number, a name, an array access or '(' but found {found}")
+
+    def name_expr(self) -> Expr:
+        tok = self.advance()
+        if self.at("["):
+            self.advance()
+            if self.at("]"):
+                raise self.error(f"{tok.text}[] has no indices: write {tok.text} for a scalar input")
+            idx = self.index_list()
+            return Access(tok.text, idx, span=self.span(tok))
+        if self.at("("):
+            return self.call(tok)
+        return Name(tok.text, span=self.span(tok))
+
+    def call(self, tok: Token) -> Expr:
+        if tok.text in WRAPPERS:
+            raise self.error(f"{tok.text}(...) wraps an index: use it inside brackets, as in x[{tok.text}(i+k)]",
+                             tok)
+        if tok.text not in FUNCTIONS:
+            raise self.error(f"unknown function {tok.text!r}: allowed are {', '.join(FUNCTIONS)}", tok)
+        self.advance()
+        args = [self.expr()]
+        while self.at(","):
+            self.advance()
+            args.append(self.expr())
+        self.expect(")", "',' or ')'")
+        arity = FUNCTIONS[tok.text]
+        if len(args) != arity:
+            raise self.error(f"{tok.text} takes {arity} argument{'s' * (arity > 1)}, got {len(args)}", tok)
+        return Call(tok.text, tuple(args), span=self.span(tok))
+
+
+def _scale(lin: dict[str, int], k: int) -> dict[str, int]:
+    return {name: coef * k for name, coef in lin.items()}
+
+
+def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    out = dict(a)
+    for name, coef in b.items():
+        out[name] = out.get(name, 0) + coef
+    return out
+
+
+def _mul(a: dict[str, int], b: dict[str, int], parser: _Parser, tok: Token) -> dict[str, int]:
+    if set(a) <= {""}:
+        return _scale(b, a.get("", 0))
+    if set(b) <= {""}:
+        return _scale(a, b.get("", 0))
+    raise parser.error("an index must be affine: the product of two indices is not allowed", tok)
+
+
+def parse_spec(source: str) -> ParsedSpec:
+    """Parse ``source`` into a ParsedSpec, raising SpecError with a caret under the offending column."""
+    if not isinstance(source, str):
+        raise SpecError(f"a spec is a string, got {type(source).__name__}")
+    if "\n" in source.strip():
+        raise SpecError("a spec is one line")
+    return _Parser(source.strip()).spec()

@@ -1,0 +1,1 @@
+"""Runtime support shared by the backends: the persistent compile cache (and, later, array exchange)."""

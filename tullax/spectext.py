@@ -1,0 +1,90 @@
+"""Print specs and expressions as canonical text (one operator table, no state)."""
+from __future__ import annotations
+
+from .ir import (
+    Access, Affine, Binary, Call, Expr, Idx, IndexVal, Indirect, Name, Num, Param, ParsedSpec, Spec, Unary,
+    Wrapped,
+)
+from .sizes import Sym
+
+# precedence: higher binds tighter
+PRECEDENCE = {"<": 1, "<=": 1, ">": 1, ">=": 1, "==": 1, "!=": 1, "+": 2, "-": 2, "*": 3, "/": 3,
+              "neg": 4, "^": 5}
+
+
+def format_number(value: int | float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    text = repr(float(value))
+    return text
+
+
+def format_affine(aff: Affine) -> str:
+    parts: list[str] = []
+    for name, coef in aff.terms:
+        mag = "" if abs(coef) == 1 else str(abs(coef))
+        parts.append(("-" if coef < 0 else "+") + mag + name)
+    const = aff.const
+    if const != Sym(0) or not parts:
+        if const.is_const:
+            parts.append(("-" if const.const < 0 else "+") + str(abs(const.const)))
+        else:
+            parts.append(f"+({const})")
+    text = "".join(parts)
+    text = text[1:] if text.startswith("+") else text
+    if aff.div != 1:
+        text = f"({text})/{aff.div}" if len(parts) > 1 or text.startswith("-") else f"{text}/{aff.div}"
+    return text
+
+
+def format_idx(idx: Idx) -> str:
+    if isinstance(idx, Affine):
+        return format_affine(idx)
+    if isinstance(idx, Wrapped):
+        return f"{idx.kind}({format_affine(idx.inner)})"
+    return f"{idx.array}[{format_affine(idx.inner)}]"
+
+
+def format_access(name: str, idx: tuple[Idx, ...] | None) -> str:
+    if idx is None:
+        return name
+    return f"{name}[{','.join(format_idx(i) for i in idx)}]"
+
+
+def format_expr(expr: Expr, parent: int = 0) -> str:
+    if isinstance(expr, Num):
+        text = format_number(expr.value)
+        return f"({text})" if text.startswith("-") and parent else text
+    if isinstance(expr, (Name, Param)):
+        return expr.name
+    if isinstance(expr, IndexVal):
+        if expr.offset == Sym(0):
+            return expr.name
+        return _wrap(f"{expr.name}+({expr.offset})", PRECEDENCE["+"], parent)
+    if isinstance(expr, Access):
+        return format_access(expr.array, expr.idx)
+    if isinstance(expr, Call):
+        return f"{expr.fn}({', '.join(format_expr(a) for a in expr.args)})"
+    if isinstance(expr, Unary):
+        return _wrap("-" + format_expr(expr.arg, PRECEDENCE["neg"]), PRECEDENCE["neg"], parent)
+    assert isinstance(expr, Binary)
+    prec = PRECEDENCE[expr.op]
+    if expr.op == "^":  # right-associative
+        left, right = format_expr(expr.lhs, prec + 1), format_expr(expr.rhs, prec)
+    else:
+        left, right = format_expr(expr.lhs, prec), format_expr(expr.rhs, prec + 1)
+    sep = " " if prec <= 2 else ""
+    return _wrap(f"{left}{sep}{expr.op}{sep}{right}", prec, parent)
+
+
+def _wrap(text: str, prec: int, parent: int) -> str:
+    return f"({text})" if prec < parent else text
+
+
+def format_spec(spec: ParsedSpec | Spec) -> str:
+    """The canonical text of a spec: default reduction omitted, one space around := and |>."""
+    head = "" if spec.redop == "+" else f"({spec.redop}) "
+    text = f"{head}{format_access(spec.out, spec.lhs)} {spec.assign} {format_expr(spec.body)}"
+    if spec.finalizer:
+        text += f" |> {spec.finalizer}"
+    return text
