@@ -159,6 +159,9 @@ def test_foreign_index_is_rebuilt_not_trusted(cache: CompileCache):
     cache.index_path.write_text(json.dumps({"entries": {"k9": {"spec": "x"}}}))  # no format marker
     with pytest.warns(CacheWarning, match="not a tullax cache index"):
         assert cache.entries() == []
+    cache.index_path.write_text(json.dumps({"format": 1, "entries": {"../up": {"spec": "x"}}}))
+    with pytest.warns(CacheWarning, match="entries table is malformed"):
+        assert cache.entries() == []
 
 
 def test_stats_and_clear_by_backend(cache: CompileCache):

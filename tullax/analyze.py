@@ -6,8 +6,24 @@ from typing import Mapping, Union
 
 from .errors import SpecError
 from .ir import (
-    Access, Affine, Agreement, Expr, Idx, IndexVal, Indirect, Input, Name, Param, ParsedSpec, Range, Spec,
-    Wrapped, accesses, idx_affine, map_expr, walk,
+    Access,
+    Affine,
+    Agreement,
+    Expr,
+    Idx,
+    IndexVal,
+    Indirect,
+    Input,
+    Name,
+    Param,
+    ParsedSpec,
+    Range,
+    Spec,
+    Wrapped,
+    accesses,
+    idx_affine,
+    map_expr,
+    walk,
 )
 from .sizes import Sym, ceildiv, floordiv, smax, smin
 

@@ -1,82 +1,278 @@
-"""A tullax kernel as a JAX operation: a custom_vjp whose backward runs the derived gradient specs, each
-itself such an operation (so gradients of gradients work)."""
+"""A tullax kernel as a first-class JAX operation: jit, grad (any order, reverse mode), vmap, shard_map.
+
+Two primitives, registered on first use (so ``import tullax`` stays jax-free):
+
+``tullax_kernel(*inputs; spec, backend, out_dtype, path)``
+    runs ``spec``. Lowered to a host callback (``tullax.callback``: zero-copy ``buffer_callback``, or
+    ``pure_callback``), or for the xla backend to the jnp lowering. Its batching rule rewrites the spec with a
+    batch index (``tullax.batching``) and binds ONE batched kernel, whatever ``in_axes`` are: nothing loops over
+    the batch and data arrays are not transposed. Its JVP rule binds the primal kernel and one linear op:
+
+``tullax_kernel_linear(*inputs, out, *tangents; ..., live)``
+    the tangent of the output, linear in the tangents of the ``live`` inputs. Reverse mode transposes it: the
+    transpose runs the derived gradient specs (DESIGN section 2), each again a ``tullax_kernel``, so gradients
+    of gradients work, and only the gradients JAX asks for are computed. Forward mode (``jax.jvp``,
+    ``jax.jacfwd``, ``jax.hessian``) evaluates it as the transpose of the gradient kernels (see
+    ``_linear_value``): no tangent kernels are needed.
+
+Why primitives rather than ``custom_vjp`` around ``custom_vmap``: JAX batches a ``custom_vjp`` by vmapping its
+backward pass, so ``grad(vmap(f))`` would compute one gradient per batch element and sum them in XLA (for an
+embedding lookup, a batch-times-table temporary). Here ``grad(vmap(f))`` differentiates the batched spec: the
+gradient of ``out[b,d] := W[ix[b],d]`` is the single scatter kernel ``ΔW[ix[b],d] += Δout[b,d]``.
+
+Semantics under jit worth knowing:
+
+* Shapes, ranks, dtypes and input counts are checked at trace time (TullaxError at the call site); nothing is
+  checked inside a callback.
+* The VALUES of index arrays cannot be checked at trace time. An out-of-range indirect index never reads or
+  writes out of bounds: a gather gives NaN in a float result (as ``jnp.take``'s default fill), and a scatter
+  skips the element (as ``.at[].add`` with ``mode='drop'``), so the gradient of an out-of-range lookup is 0.
+  Eager calls with concrete arrays raise a ShapeError instead.
+* Integer inputs (and index arrays) get float0 cotangents; the result dtype is ``jnp.result_type`` of the data
+  inputs (float32 or float64 with x64). Kernels write only their output buffer, never an input.
+* Forward mode costs more than reverse mode: a tangent is computed by the gradients of the gradient kernels.
+"""
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
+from types import SimpleNamespace
 from typing import Any, Sequence
 
+from .errors import TullaxError
 from .ir import Spec
 
 
 def apply(spec: Spec, backend_name: str, values: Sequence[Any]) -> Any:
-    """Run ``spec`` on jax values (arrays or tracers) through the backend ``backend_name``."""
+    """Run ``spec`` on jax values (arrays, tracers or numbers, one per input) on backend ``backend_name``.
+    Everything is checked here, at trace time."""
+    args = _same_variance(prepare_inputs(spec, values))
+    return _prims().kernel.bind(*args, **_params(spec, backend_name, values, args))
+
+
+def prepare_inputs(spec: Spec, values: Sequence[Any]) -> list[Any]:
+    """jax arrays for the inputs, checked against ``spec``. A 0-d integer given for a rank-1 index array is
+    taken as shape (1,), so ``out[d] := W[ix[0],d]`` accepts one index and vmaps over a vector of them."""
     import jax.numpy as jnp
 
     from .kernel import check_call
+    from .shapes import check_dtypes
 
     args = [jnp.asarray(v) for v in values]
-    check_call(spec, args)  # trace time, never inside a callback
-    return _op(spec, backend_name)(*args)
+    args = [a.reshape(1) if item.kind == "index" and a.ndim == 0 and item.rank == 1 else a
+            for item, a in zip(spec.inputs, args)]
+    check_call(spec, args)
+    check_dtypes(spec, {item.name: a.dtype for item, a in zip(spec.inputs, args)})
+    return args
 
 
-@lru_cache(maxsize=None)
-def _op(spec: Spec, backend_name: str):
+def _same_variance(args: list[Any]) -> list[Any]:
+    """Inside shard_map, make invariant inputs vary over the manual axes the others vary over (``pvary``, as
+    jax does for its own primitives): the transpose of that cast sums the cotangent of a replicated input
+    over the shards."""
+    from jax._src import core
+
+    insert = getattr(core, "auto_insert_reshard", None)
+    return list(insert(*args)) if insert is not None else args
+
+
+def _params(spec: Spec, backend_name: str, values: Sequence[Any], args: Sequence[Any]) -> dict:
     import jax
-
-    @jax.custom_vjp
-    def op(*args):
-        return _forward(spec, backend_name, args)
-
-    def fwd(*args):
-        out = _forward(spec, backend_name, args)
-        return out, (args, out)
-
-    def bwd(res, cotangent):
-        args, out = res
-        return _backward(spec, backend_name, args, out, cotangent)
-
-    op.defvjp(fwd, bwd)
-    return op
-
-
-def _forward(spec: Spec, backend_name: str, args: Sequence[Any]) -> Any:
-    if backend_name == "xla":
-        from .backends.xla import lower
-
-        return lower(spec)(dict(zip(spec.input_names, args)))
-    from .callback import host_call
-
-    return host_call(spec, backend_name, args)
-
-
-def _backward(spec: Spec, backend_name: str, args: Sequence[Any], out: Any, cotangent: Any) -> tuple:
-    import jax
-    import jax.numpy as jnp
     import numpy as np
 
-    from .grad import gradients, seed_name
-    from .gradrun import run_gradient
+    from .backends.xla import result_dtype
+    from .callback import callback_path
 
-    env = dict(zip(spec.input_names, args))
-    env[spec.out] = out  # the residual (for '=' and '+=' it replaces the given array: the result)
-    env[seed_name(spec)] = cotangent
-    by_input = {g.wrt: g for g in gradients(spec)} if _needs_any(spec, args) else {}
-
-    def execute(step: Spec, step_env: dict) -> Any:
-        return apply(step, backend_name, [step_env[name] for name in step.input_names])
-
-    grads = []
-    for item, arg in zip(spec.inputs, args):
-        if item.name not in by_input or not jnp.issubdtype(arg.dtype, jnp.inexact):
-            grads.append(np.zeros(arg.shape, dtype=jax.dtypes.float0))
-            continue
-        grad = run_gradient(by_input[item.name], spec, env, execute)
-        grads.append(jnp.asarray(grad, dtype=arg.dtype).reshape(arg.shape))
-    return tuple(grads)
+    dtype = result_dtype(spec, [v.dtype if hasattr(v, "dtype") else type(v) for v in values])
+    dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    path = "xla" if backend_name == "xla" else callback_path()
+    return dict(spec=spec, backend=backend_name, out_dtype=dtype.name, path=path)
 
 
-def _needs_any(spec: Spec, args: Sequence[Any]) -> bool:
+# ---------------------------------------------------------------------------------------------
+# The primitives
+# ---------------------------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def _prims() -> SimpleNamespace:
+    from jax._src import dispatch
+    from jax.extend.core import Primitive
+    from jax.interpreters import ad, batching, mlir
+
+    kernel = Primitive("tullax_kernel")
+    kernel.def_impl(partial(dispatch.apply_primitive, kernel))
+    kernel.def_abstract_eval(_kernel_abstract_eval)
+    mlir.register_lowering(kernel, _kernel_lowering)
+    batching.primitive_batchers[kernel] = _kernel_batch
+    ad.primitive_jvps[kernel] = _kernel_jvp
+
+    linear = Primitive("tullax_kernel_linear")
+    linear.def_impl(partial(dispatch.apply_primitive, linear))
+    linear.def_abstract_eval(_linear_abstract_eval)
+    mlir.register_lowering(linear, _linear_lowering)
+    batching.primitive_batchers[linear] = _linear_batch
+    ad.primitive_jvps[linear] = _linear_jvp
+    ad.primitive_transposes[linear] = _linear_transpose
+    return SimpleNamespace(kernel=kernel, linear=linear)
+
+
+def _out_aval(spec: Spec, out_dtype: str, in_avals: Sequence[Any], all_avals: Sequence[Any]):
+    """The result's abstract value; inside shard_map it varies over every manual axis any operand varies over."""
+    import jax
+    from jax._src import core
+    from jax._src import mesh as mesh_lib
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    shapes = {name: tuple(a.shape) for name, a in zip(spec.input_names, in_avals)}
+    shape = tuple(s.eval(shapes) for s in spec.out_shape)
+    varying = frozenset().union(*(getattr(getattr(a, "manual_axis_type", None), "varying", ()) for a in all_avals))
+    if not varying:
+        return jax.core.ShapedArray(shape, out_dtype)
+    sharding = NamedSharding(mesh_lib.get_abstract_mesh(), PartitionSpec())
+    mat = core.ManualAxisType(varying=varying, unreduced=frozenset(), reduced=frozenset())
+    return core.ShapedArray(shape, out_dtype, sharding=sharding, manual_axis_type=mat)
+
+
+def _kernel_abstract_eval(*avals, spec: Spec, backend: str, out_dtype: str, path: str):
+    return _out_aval(spec, out_dtype, avals, avals)
+
+
+def _kernel_lowering(ctx, *args, spec: Spec, backend: str, out_dtype: str, path: str):
+    from jax.interpreters import mlir
+
+    if path == "buffer" and ctx.module_context.platforms[0] != "cpu":
+        path = "pure"  # a host kernel cannot read device buffers: let pure_callback copy them to the host
+    return mlir.lower_fun(partial(_run, spec, backend, out_dtype, path), multiple_results=False)(ctx, *args)
+
+
+def _run(spec: Spec, backend: str, out_dtype: str, path: str, *args):
+    if path == "xla":
+        from .backends.xla import lower
+
+        return lower(spec)(dict(zip(spec.input_names, args))).astype(out_dtype)
+    from .callback import host_call
+
+    return host_call(spec, backend, args, out_dtype, path)
+
+
+def _kernel_batch(args, dims, *, spec: Spec, backend: str, out_dtype: str, path: str):
+    from .batching import batch_arguments, batch_spec
+
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    args, axes, extents = batch_arguments(spec, args, dims, size)
+    batched = batch_spec(spec, axes, extents)
+    out = _prims().kernel.bind(*args, spec=batched, backend=backend, out_dtype=out_dtype, path=path)
+    return out, 0
+
+
+def _kernel_jvp(primals, tangents, *, spec: Spec, backend: str, out_dtype: str, path: str):
+    from jax.interpreters import ad
+
+    params = dict(spec=spec, backend=backend, out_dtype=out_dtype, path=path)
+    out = _prims().kernel.bind(*primals, **params)
+    live = tuple(type(t) is not ad.Zero and _differentiable(item, p)
+                 for item, p, t in zip(spec.inputs, primals, tangents))
+    if not any(live):
+        return out, ad.Zero.from_primal_value(out)
+    live_tangents = [t for t, keep in zip(tangents, live) if keep]
+    return out, _prims().linear.bind(*primals, out, *live_tangents, live=live, **params)
+
+
+def _differentiable(item: Any, value: Any) -> bool:
     import jax.numpy as jnp
 
-    return any(i.kind in ("array", "scalar") and jnp.issubdtype(a.dtype, jnp.inexact)
-               for i, a in zip(spec.inputs, args))
+    return item.kind in ("array", "scalar") and jnp.issubdtype(value.dtype, jnp.inexact)
+
+
+# ---------------------------------------------------------------------------------------------
+# The linear op: transposed in reverse mode (the gradient kernels), evaluated in forward mode
+# ---------------------------------------------------------------------------------------------
+def _linear_abstract_eval(*avals, spec: Spec, out_dtype: str, live: tuple, **_):
+    return _out_aval(spec, out_dtype, avals[:len(spec.inputs)], avals)
+
+
+def _split(spec: Spec, operands: Sequence[Any]) -> tuple[Sequence[Any], Any, Sequence[Any]]:
+    n = len(spec.inputs)
+    return operands[:n], operands[n], operands[n + 1:]
+
+
+def _linear_transpose(ct, *operands, spec: Spec, backend: str, out_dtype: str, path: str, live: tuple):
+    from jax.interpreters import ad
+
+    args, out, tangents = _split(spec, operands)
+    if any(ad.is_undefined_primal(x) for x in (*args, out)):
+        raise TullaxError("internal: a tullax kernel's inputs must be known when its gradient runs")
+    if type(ct) is ad.Zero:
+        return [None] * len(operands)
+    positions = [i for i, keep in enumerate(live) if keep]
+    wanted = [i for i, t in zip(positions, tangents) if ad.is_undefined_primal(t)]
+    grads = input_gradients(spec, backend, args, out, ct, wanted)
+    return [None] * (len(args) + 1) + [grads.get(i) for i in positions]
+
+
+def _linear_value(spec: Spec, backend: str, live: tuple, *operands) -> Any:
+    """Forward mode: the tangent J·t of the result. The gradient kernels compute the transpose ct -> Jᵀ·ct, a
+    linear map whose own transpose is J: so J·t is the VJP of the gradient kernels (their gradient specs,
+    derived like any other) at the cotangent t. No separate tangent kernels are needed."""
+    import jax
+    import jax.numpy as jnp
+
+    args, out, tangents = _split(spec, operands)
+    positions = [i for i, keep in enumerate(live) if keep]
+
+    def pullback(cotangent):
+        grads = input_gradients(spec, backend, args, out, cotangent, positions)
+        return [grads[i] for i in positions]
+
+    _, vjp = jax.vjp(pullback, jnp.zeros(out.shape, out.dtype))
+    (value,) = vjp(list(tangents))
+    return value
+
+
+def _linear_fn(spec: Spec, backend: str, live: tuple, **_):
+    return partial(_linear_value, spec, backend, live)
+
+
+def _linear_lowering(ctx, *operands, **params):
+    from jax.interpreters import mlir
+
+    return mlir.lower_fun(_linear_fn(**params), multiple_results=False)(ctx, *operands)
+
+
+def _linear_batch(operands, dims, **params):
+    import jax
+
+    return jax.vmap(_linear_fn(**params), in_axes=tuple(dims))(*operands), 0
+
+
+def _linear_jvp(primals, tangents, **params):
+    import jax
+    from jax.interpreters import ad
+
+    return jax.jvp(_linear_fn(**params), tuple(primals), tuple(ad.instantiate_zeros(t) for t in tangents))
+
+
+def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cotangent: Any,
+                    wanted: Sequence[int]) -> dict[int, Any]:
+    """The cotangents of the inputs at positions ``wanted``, each from its derived gradient spec(s), each of
+    which runs as a tullax kernel on ``backend`` (differentiable again)."""
+    from .grad import gradients
+    from .gradrun import gradient_env, run_gradient
+
+    if not wanted:
+        return {}
+    env = gradient_env(spec, dict(zip(spec.input_names, args)), out, cotangent)
+    by_input = {g.wrt: g for g in gradients(spec)}
+
+    def execute(step: Spec, step_env: dict) -> Any:
+        return apply(step, backend, [step_env[name] for name in step.input_names])
+
+    found = {}
+    for i in wanted:
+        item, arg = spec.inputs[i], args[i]
+        if item.name not in by_input:
+            raise TullaxError(f"no gradient spec was derived for input {item.name} of {spec.out}")
+        grad = run_gradient(by_input[item.name], spec, env, execute)
+        found[i] = grad.astype(arg.dtype).reshape(arg.shape)
+    return found
+
+
+__all__ = ["apply", "prepare_inputs", "input_gradients"]

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 from .errors import ShapeError, TullaxError, with_spec_context
 from .frontend import compile_spec
-from .ir import Indirect, Spec, accesses
+from .ir import Spec
 
 
 class Kernel:
@@ -137,23 +137,6 @@ def _is_integer(value: Any) -> bool:
     return np.issubdtype(np.dtype(value.dtype), np.integer)
 
 
-def check_indirect_values(spec: Spec, env: Mapping[str, Any]) -> None:
-    """Eager calls only: every value of an index array must be a valid position of the axis it indexes."""
-    import numpy as np
-
-    targets = [(acc.array, axis, idx.array) for acc in accesses(spec.body)
-               for axis, idx in enumerate(acc.idx) if isinstance(idx, Indirect)]
-    targets += [(spec.out, axis, idx.array) for axis, idx in enumerate(spec.lhs or ())
-                if isinstance(idx, Indirect)]
-    for array, axis, ix in targets:
-        extent = np.shape(env[array])[axis]
-        vals = np.asarray(env[ix])
-        if vals.size and (vals.min() < 0 or vals.max() >= extent):
-            bad = vals[(vals < 0) | (vals >= extent)][0]
-            raise ShapeError(f"index array {ix} holds {bad}, outside axis {axis} of {array} (extent {extent}); "
-                             f"valid positions are 0..{extent - 1}")
-
-
 def result_dtype(spec: Spec, values: list[Any]):
     from .shapes import result_dtype as _result_dtype
 
@@ -165,11 +148,12 @@ def run_eager(spec: Spec, backend: Any, values: list[Any]) -> Any:
     import numpy as np
 
     from .backends.base import Signature
+    from .shapes import check_index_values
 
     arrays = as_numpy_inputs(spec, values)
     shapes = check_call(spec, arrays)
     env = dict(zip(spec.input_names, arrays))
-    check_indirect_values(spec, env)
+    check_index_values(spec, env)
     dtype = np.dtype(result_dtype(spec, arrays))
     signature = Signature(tuple(np.dtype(a.dtype).name for a in arrays), dtype.name)
     out_shape = tuple(s.eval(shapes) for s in spec.out_shape)

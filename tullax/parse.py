@@ -6,8 +6,24 @@ from dataclasses import dataclass
 
 from .errors import SpecError
 from .ir import (
-    ASSIGNMENTS, COMPARISONS, FUNCTIONS, REDUCTIONS, UNARY_FUNCTIONS, WRAPPERS, Access, Affine, Binary,
-    Call, Expr, Idx, Indirect, Name, Num, ParsedSpec, Unary, Wrapped,
+    ASSIGNMENTS,
+    COMPARISONS,
+    FUNCTIONS,
+    REDUCTIONS,
+    UNARY_FUNCTIONS,
+    WRAPPERS,
+    Access,
+    Affine,
+    Binary,
+    Call,
+    Expr,
+    Idx,
+    Indirect,
+    Name,
+    Num,
+    ParsedSpec,
+    Unary,
+    Wrapped,
 )
 from .sizes import Sym
 

@@ -2,7 +2,19 @@
 from __future__ import annotations
 
 from .ir import (
-    Access, Affine, Binary, Call, Expr, Idx, IndexVal, Indirect, Name, Num, Param, ParsedSpec, Spec, Unary,
+    Access,
+    Affine,
+    Binary,
+    Call,
+    Expr,
+    Idx,
+    IndexVal,
+    Name,
+    Num,
+    Param,
+    ParsedSpec,
+    Spec,
+    Unary,
     Wrapped,
 )
 from .sizes import Sym

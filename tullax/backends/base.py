@@ -17,7 +17,9 @@ class Signature:
 
 
 # A host kernel writes the result into ``out`` in place: ``kernel(out, *inputs)`` with NumPy arrays (or
-# scalars) in ``spec.inputs`` order. For '=' and '+=' the caller has put the existing values into ``out``.
+# scalars) for ALL of ``spec.inputs``, in order. For '=' and '+=' the caller has put the existing values into
+# ``out`` and input 0 is the original given array, a different buffer: a body that reads the output array
+# reads input 0, so every backend sees the values from before the update (as the XLA lowering does).
 HostKernel = Callable[..., None]
 
 

@@ -343,7 +343,9 @@ class CompileCache:
         if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT:
             raise ValueError("not a tullax cache index of this format")
         records = doc.get("entries")
-        if not isinstance(records, dict) or not all(isinstance(r, dict) for r in records.values()):
+        if not isinstance(records, dict) or not all(
+            _SAFE_NAME.match(key) and isinstance(record, dict) for key, record in records.items()
+        ):
             raise ValueError("the entries table is malformed")
         return records
 
@@ -405,6 +407,7 @@ class CompileCache:
         process that had to compile) and ``ttfk_warm_ms`` (in a new process that found the cache populated).
         Fields not given keep their previous values. ``kind`` says what the key holds ("module", ...).
         """
+        _checked_name(key, "key")
         _check_record_fields(fields)
         now = time.time()
         with self._index_lock():
@@ -433,6 +436,7 @@ class CompileCache:
 
     def hit(self, key: str) -> None:
         """Count one reuse of ``key`` (call it once per process and kernel, not per kernel call)."""
+        _checked_name(key, "key")
         with self._index_lock():
             records = self._read_index_locked()
             record = records.get(key)

@@ -1,0 +1,163 @@
+"""The suite's results: latest.json / latest.md / latest.png, and the targets of issue 3 checked as ratios.
+
+    python benchmarks/report.py [RESULTS.json] [--check-targets]   # re-render (and check) a saved run
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` and `tullax` importable from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tullax.benchmarking.report import (  # noqa: E402
+    fmt_err,
+    make_console,
+    plot,
+    print_table,
+    read_json,
+    to_markdown,
+    write_json,
+)
+from tullax.benchmarking.runner import REFERENCE  # noqa: E402
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target of issue 3: a ratio measured in one run (never an absolute time), per tullax backend."""
+
+    text: str
+    cases: tuple[str, ...] | None  # None: every case, the worst one counts
+    measure: Callable[[dict], float | None]
+    bound: float
+    at_least: bool
+    show: Callable[[float], str]
+
+    def passes(self, value: float) -> bool:
+        return value >= self.bound if self.at_least else value <= self.bound
+
+
+def _get(field: str) -> Callable[[dict], float | None]:
+    return lambda row: row.get(field)
+
+
+def _slowdown(row: dict) -> float | None:
+    speedup = row.get("fwd_speedup")
+    return 1 / speedup if speedup else None
+
+
+def _times(value: float) -> str:
+    return f"{value:.1f}x"
+
+
+def _percent(value: float) -> str:
+    return f"{value * 100:.0f}%"
+
+
+TARGETS = (
+    Target("Dist forward >= 30x faster than XLA", ("Dist",), _get("fwd_speedup"), 30, True, _times),
+    Target("Dist backward >= 5x faster than XLA", ("Dist",), _get("bwd_speedup"), 5, True, _times),
+    Target("Linear grad/fwd <= 2.5", ("Linear",), _get("grad_fwd_ratio"), 2.5, False, _times),
+    Target("Dist grad/fwd <= 2.5", ("Dist",), _get("grad_fwd_ratio"), 2.5, False, _times),
+    Target("Linear forward within 3x of XLA (time / XLA time)", ("Linear",), _slowdown, 3, False, _times),
+    Target("conv1d grad/fwd <= 3", ("conv1d",), _get("grad_fwd_ratio"), 3, False, _times),
+    Target("warm TTFK <= 25% of cold, every case (worst)", None, _get("ttfk_warm_over_cold"), 0.25, False, _percent),
+    Target("float32 max rel err <= 1e-4 vs float64 XLA, every case (worst)", None, _get("max_rel_err"), 1e-4,
+           False, fmt_err),
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # PASS, FAIL or MISSING
+    backend: str
+    target: Target
+    measured: str
+
+
+def check_targets(doc: dict) -> list[Verdict]:
+    """Every target for every tullax backend of the run. A missing measurement is MISSING, not a pass."""
+    verdicts = []
+    for backend in [b for b in doc["config"]["backends"] if b != REFERENCE]:
+        for target in TARGETS:
+            verdicts.append(_verdict(doc, backend, target))
+    return verdicts
+
+
+def _verdict(doc: dict, backend: str, target: Target) -> Verdict:
+    cases = [c for c in doc["cases"] if target.cases is None or c["name"] in target.cases]
+    if target.cases is not None and len(cases) < len(target.cases):
+        return Verdict("MISSING", backend, target, "case not run")
+    measured = [(case["name"], target.measure(case["results"].get(backend, {}))) for case in cases]
+    missing = [name for name, value in measured if not isinstance(value, int | float) or math.isnan(value)]
+    if missing or not measured:
+        return Verdict("MISSING", backend, target, f"no measurement for {', '.join(missing) or 'any case'}")
+    pick = min if target.at_least else max
+    worst_case, worst = pick(measured, key=lambda item: item[1])
+    where = f" ({worst_case})" if target.cases is None else ""
+    return Verdict("PASS" if target.passes(worst) else "FAIL", backend, target, target.show(worst) + where)
+
+
+def targets_markdown(verdicts: list[Verdict], quick: bool) -> str:
+    lines = ["## Targets (issue 3)", ""]
+    if quick:
+        lines += ["Measured at --quick sizes; the targets are defined at the default sizes.", ""]
+    lines += ["| result | backend | target | measured |", "|---|---|---|---|"]
+    lines += [f"| {v.status} | {v.backend} | {v.target.text} | {v.measured} |" for v in verdicts]
+    return "\n".join(lines)
+
+
+def print_targets(verdicts: list[Verdict], console: Any, quick: bool) -> None:
+    from rich.text import Text
+
+    styles = {"PASS": "green", "FAIL": "red", "MISSING": "yellow"}
+    console.print(Text("targets of issue 3" + (" (quick sizes; defined at default sizes)" if quick else ""),
+                       style="bold"))
+    if not verdicts:
+        console.print(Text("no tullax backend was measured, so no target could be checked", style="red"))
+    for verdict in verdicts:
+        line = Text(f"{verdict.status:<8}", style=styles[verdict.status])
+        line.append(f"{verdict.backend:<11}{verdict.target.text:<66}{verdict.measured}")
+        console.print(line)
+
+
+def save(doc: dict, out_dir: Path, name: str) -> list[Path]:
+    """Write NAME.json, NAME.md (with the targets) and NAME.png under out_dir; returns the paths."""
+    quick = bool(doc["config"].get("quick"))
+    paths = [out_dir / f"{name}.{ext}" for ext in ("json", "md", "png")]
+    write_json(doc, paths[0])
+    extra = targets_markdown(check_targets(doc), quick) if len(doc["config"]["backends"]) > 1 else ""
+    paths[1].write_text(to_markdown(doc, title="tullax benchmarks", extra=extra))
+    plot(doc, paths[2])
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Re-render a saved benchmark run and check the targets.")
+    parser.add_argument("results", nargs="?", default=str(RESULTS_DIR / "latest.json"))
+    parser.add_argument("--check-targets", action="store_true", help="exit 1 unless every target passes")
+    parser.add_argument("--no-write", action="store_true", help="print only; do not rewrite .md and .png")
+    args = parser.parse_args(argv)
+    path = Path(args.results)
+    doc = read_json(path)
+    console = make_console()
+    print_table(doc, console, title=f"tullax benchmarks ({path.name})")
+    if not args.no_write:
+        save(doc, path.parent, path.stem)
+    verdicts = check_targets(doc)
+    print_targets(verdicts, console, bool(doc["config"].get("quick")))
+    return 1 if args.check_targets and not all_pass(verdicts) else 0
+
+
+def all_pass(verdicts: list[Verdict]) -> bool:
+    return bool(verdicts) and all(v.status == "PASS" for v in verdicts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The benchmark suite (``make bench``): every case of cases.py on XLA and on every available tullax backend,
+each backend in a process of its own. Writes benchmarks/results/latest.{json,md,png}
+(latest-quick.* with --quick) and prints the table.
+
+    .venv/bin/python benchmarks/run.py --quick
+    .venv/bin/python benchmarks/run.py --cases Dist,Linear --backends numba --check-targets
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` and `tullax` importable from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.cases import case_names, suite  # noqa: E402
+from benchmarks.report import RESULTS_DIR, all_pass, check_targets, print_targets, save  # noqa: E402
+
+FULL_TIMEOUT_S = 900.0  # XLA's Dist materialises a K*I*J temporary: seconds per call on 2 cores
+QUICK_TIMEOUT_S = 180.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="sizes shrunk 8-30x: the whole suite in minutes")
+    parser.add_argument("--cases", metavar="LIST", help=f"comma-separated subset of: {', '.join(case_names())}")
+    parser.add_argument("--backends", metavar="LIST",
+                        help="tullax backends to compare with XLA (default: every available one of numba, "
+                             "julia, julia-cuda)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--repeat", type=int, default=3, metavar="N", help="best of at least N timed runs")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help=f"per case and backend (default {FULL_TIMEOUT_S:g} s, {QUICK_TIMEOUT_S:g} s quick)")
+    parser.add_argument("--no-ttfk", action="store_true", help="skip the time-to-first-kernel measurements")
+    parser.add_argument("--out-dir", default=str(RESULTS_DIR), help="where NAME.json/.md/.png go")
+    parser.add_argument("--name", help="file name stem (default latest, or latest-quick with --quick)")
+    parser.add_argument("--check-targets", action="store_true",
+                        help="print each target of issue 3 with PASS/FAIL; exit 1 unless all pass")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tullax.benchmarking.report import make_console, print_table
+    from tullax.benchmarking.runner import RunConfig, run_cases, select_backends
+
+    args = build_parser().parse_args(argv)
+    names = [n.strip() for n in args.cases.split(",")] if args.cases else None
+    cases = suite(quick=args.quick, names=names)
+    if not cases:
+        raise SystemExit(f"no case matches --cases {args.cases!r}; the cases are {', '.join(case_names())}")
+    requested = [b.strip() for b in args.backends.split(",") if b.strip()] if args.backends else None
+    backends, unavailable = select_backends(requested)
+    console = make_console()
+    for name, why in unavailable.items():
+        if requested is not None or name == "numba":  # absent optional Julia backends: not worth a warning
+            console.print(f"[yellow]skipping {name}:[/] {why}", highlight=False)
+    if requested is None:
+        unavailable = {name: why for name, why in unavailable.items() if name == "numba"}
+    timeout = args.timeout or (QUICK_TIMEOUT_S if args.quick else FULL_TIMEOUT_S)
+    config = RunConfig(backends=tuple(backends), dtype=args.dtype, repeat=args.repeat, timeout_s=timeout,
+                       ttfk=not args.no_ttfk)
+    doc = run_cases(cases, config, show_progress=not args.quiet, unavailable=unavailable)
+    doc["config"]["quick"] = args.quick
+    paths = save(doc, Path(args.out_dir), args.name or ("latest-quick" if args.quick else "latest"))
+    print_table(doc, console, title="tullax benchmarks" + (" (quick sizes)" if args.quick else ""))
+    console.print(f"wrote {', '.join(str(p) for p in paths)}", highlight=False)
+    verdicts = check_targets(doc)
+    if args.check_targets:
+        print_targets(verdicts, console, args.quick)
+        return 0 if all_pass(verdicts) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The public API surface: names, binding of inputs, errors at the boundary, lazy imports."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tullax
+
+
+def test_import_loads_no_heavy_module():
+    code = ("import sys, tullax; k = tullax.einsum_kernel('C[i,j] := A[i,k]*B[k,j]'); "
+            "print(k.spec, k.inputs); tullax.explain('y[i] := x[i+k]*w[k]'); "
+            "bad = [m for m in ('jax', 'numba', 'juliacall') if m in sys.modules]; "
+            "sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_kernel_attributes():
+    k = tullax.einsum_kernel("D[i,j] := (W[k,i] - X[k,j])^2")
+    assert k.inputs == ("W", "X")
+    assert k.spec == "D[i,j] := (W[k,i] - X[k,j])^2"
+    assert len(k.grad_specs) == 2
+    assert k.grad_specs[0].startswith("ΔW[") and k.grad_specs[1].startswith("ΔX[")
+
+
+def test_inputs_in_order_of_first_appearance_existing_output_first():
+    assert tullax.einsum_kernel("C[i,j] += B[k,j]*A[i,k]").inputs == ("C", "B", "A")
+    assert tullax.einsum_kernel("y[i] := a*x[i] + b").inputs == ("a", "x", "b")
+    assert tullax.einsum_kernel("out[b,d] := W[ix[b],d]").inputs == ("W", "ix")
+
+
+def test_canonical_text_normalises_spelling():
+    a = tullax.einsum_kernel("C[i,j]:=A[i,k] * B[k,j]")
+    b = tullax.einsum_kernel("  C[i, j] := A[i,k]*B[k,j]  ")
+    assert a.spec == b.spec
+    assert a.ir == b.ir and hash(a.ir) == hash(b.ir)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda k, A, B: k(A), "missing input B"),
+    (lambda k, A, B: k(A, B, A), "too many inputs"),
+    (lambda k, A, B: k(A, C=B), "unknown input 'C'"),
+    (lambda k, A, B: k(A, B, A=A), "given twice"),
+    (lambda k, A, B: k(A[0], B), "rank 1"),
+    (lambda k, A, B: k(A, B.T[:2]), "index k"),
+])
+def test_binding_errors_are_shape_errors(call, message):
+    k = tullax.einsum_kernel("C[i,j] := A[i,k]*B[k,j]", backend="xla")
+    A, B = np.ones((3, 4)), np.ones((4, 5))
+    with pytest.raises(tullax.ShapeError, match=message):
+        call(k, A, B)
+
+
+def test_keyword_inputs_and_numpy_result():
+    k = tullax.einsum_kernel("C[i,j] := A[i,k]*B[k,j]", backend="xla")
+    A, B = np.arange(6.0).reshape(2, 3), np.arange(12.0).reshape(3, 4)
+    out = k(B=B, A=A)
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_allclose(out, A @ B)
+
+
+def test_index_array_must_be_integer_and_in_range():
+    k = tullax.einsum_kernel("out[b,d] := W[ix[b],d]", backend="xla")
+    W = np.ones((5, 3))
+    with pytest.raises(tullax.ShapeError, match="must hold integers"):
+        k(W, np.array([0.0, 1.0]))
+    with pytest.raises(tullax.ShapeError, match="outside axis 0 of W"):
+        k(W, np.array([0, 7]))
+
+
+def test_unknown_backend_lists_valid_names():
+    with pytest.raises(tullax.BackendUnavailableError, match="valid names are .*numba"):
+        tullax.einsum_kernel("y[i] := x[i]", backend="cuda-magic")
+
+
+def test_explain_mentions_ranges_and_gradients():
+    text = tullax.explain("y[i] := x[i+k]*w[k]")
+    assert "i in 0:-size(w,0)+size(x,0)+1" in text
+    assert "k in 0:size(w,0)" in text
+    assert "Δx[" in text and "Δw[" in text
+
+
+def test_errors_are_value_errors_with_spec_context():
+    with pytest.raises(ValueError) as info:
+        tullax.einsum_kernel("y[i] := x[i] +")
+    assert isinstance(info.value, tullax.SpecError)
+    assert "y[i] := x[i] +" in str(info.value) and "^" in str(info.value)

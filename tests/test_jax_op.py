@@ -1,0 +1,226 @@
+"""A tullax kernel as a JAX operation on the Numba backend: jit, grad of any order (reverse and forward),
+dtypes, trace-time errors, both callback paths, out-of-range indirect indices under jit, inputs never written.
+
+Every result is compared with the same JAX composition applied to the plain XLA lowering
+(``tullax.backends.xla.lower``). Float64 throughout (x64 on inside each test), small shapes, few specs: each
+(spec, dtypes) pair compiles a Numba kernel once per session.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import tullax
+from tests.corpus import CASES_BY_ID
+from tullax.backends.xla import lower
+from tullax.frontend import compile_spec
+from tullax.runtime import stats
+from tullax.testing import random_inputs
+
+DIST = "D[i,j] := (W[k,i] - X[k,j])^2"
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+def oracle(text: str, ranges=None):
+    """The plain jnp lowering as a function of positional inputs."""
+    spec = compile_spec(text, ranges)[1]
+    return lambda *args: lower(spec)(dict(zip(spec.input_names, args)))
+
+
+def assert_trees_close(got, want, rtol=1e-10, atol=1e-12):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.dtype == w.dtype
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
+
+
+def dist_data():
+    rng = np.random.default_rng(0)
+    return jnp.asarray(rng.standard_normal((3, 4))), jnp.asarray(rng.standard_normal((3, 5)))
+
+
+def sq_loss(f):
+    return lambda *args: jnp.sum(f(*args) ** 2)
+
+
+# =============================================================================================
+# Gradients of every order, on a subset of the corpus
+# =============================================================================================
+# (case id, positions of the inputs to differentiate: index arrays stay fixed)
+CHECK_GRADS_CASES = [("dist", (0, 1)), ("conv1d", (0, 1)), ("embedding", (0,)), ("row_logsumexp", (0,)),
+                     ("scalar_params", (0, 1, 2)), ("accumulate_matmul", (0, 1, 2))]
+
+
+@pytest.mark.parametrize("case_id, wrt", CHECK_GRADS_CASES, ids=[c for c, _ in CHECK_GRADS_CASES])
+def test_check_grads_second_order_reverse(case_id, wrt, x64):
+    case = CASES_BY_ID[case_id]
+    kernel = tullax.einsum_kernel(case.spec, backend="numba", ranges=case.ranges)
+    spec = kernel.ir
+    env = random_inputs(spec, dict(case.shapes) if case.shapes else None, seed=1)
+    values = [env[name] for name in spec.input_names]
+
+    def f(*diff):
+        args = list(values)
+        for pos, value in zip(wrt, diff):
+            args[pos] = value
+        return kernel(*[jnp.asarray(a) for a in args])  # jnp: check_grads perturbs with NumPy arrays
+
+    check_grads(f, tuple(jnp.asarray(values[p]) for p in wrt), order=2, modes=["rev"], atol=1e-6, rtol=1e-6)
+
+
+# =============================================================================================
+# Compositions, each against the same composition of the XLA lowering
+# =============================================================================================
+COMPOSITIONS = {
+    "jit(grad)": lambda f: jax.jit(jax.grad(sq_loss(f), (0, 1))),
+    "grad(jit)": lambda f: jax.grad(sq_loss(jax.jit(f)), (0, 1)),
+    "jit(grad(jit))": lambda f: jax.jit(jax.grad(sq_loss(jax.jit(f)), (0, 1))),
+    "grad(grad)": lambda f: jax.grad(lambda W, X: jnp.sum(jax.grad(sq_loss(f))(W, X) ** 3), (0, 1)),
+    "hessian": lambda f: jax.hessian(sq_loss(f)),
+    "jvp": lambda f: (lambda W, X: jax.jvp(f, (W, X), (jnp.cos(W), jnp.sin(X)))),
+    "jit(jacfwd)": lambda f: jax.jit(jax.jacfwd(f, (0, 1))),
+    "hvp rev-over-rev": lambda f: jax.grad(lambda W, X: jnp.vdot(jax.grad(sq_loss(f))(W, X), jnp.cos(W))),
+    "hvp fwd-over-rev": lambda f: (lambda W, X: jax.jvp(lambda w: jax.grad(sq_loss(f))(w, X), (W,),
+                                                        (jnp.cos(W),))[1]),
+}
+
+
+@pytest.mark.parametrize("name", COMPOSITIONS)
+def test_composition_matches_the_lowering(name, x64):
+    make = COMPOSITIONS[name]
+    W, X = dist_data()
+    kernel = tullax.einsum_kernel(DIST, backend="numba")
+    assert_trees_close(make(kernel)(W, X), make(oracle(DIST))(W, X))
+
+
+def test_gradient_of_an_update_spec(x64):
+    text = "y[i] = y[i]*x[i] + 1"
+    kernel = tullax.einsum_kernel(text, backend="numba")
+    y, x = jnp.linspace(-1.0, 1.0, 5), jnp.linspace(0.5, 2.0, 5)
+    for make in (lambda f: jax.jit(jax.grad(sq_loss(f), (0, 1))), lambda f: jax.jit(f)):
+        assert_trees_close(make(kernel)(y, x), make(oracle(text))(y, x))
+
+
+def test_only_the_requested_gradient_kernels_run(x64):
+    kernel = tullax.einsum_kernel(DIST, backend="numba")
+    W, X = dist_data()
+    stats.reset()
+    jax.grad(sq_loss(kernel), argnums=0)(W, X)
+    assert sorted(text for text, _ in stats.launches) == [DIST, "ΔW[k,i] := ΔD[i,j]*(2*(W[k,i] - X[k,j]))"]
+
+
+# =============================================================================================
+# dtypes
+# =============================================================================================
+def test_float32_stays_float32():
+    kernel = tullax.einsum_kernel(DIST, backend="numba")
+    W, X = (a.astype(jnp.float32) for a in dist_data())
+    out = jax.jit(kernel)(W, X)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(out, oracle(DIST)(W, X), rtol=1e-5)
+    gW = jax.grad(sq_loss(kernel))(W, X)
+    assert gW.dtype == jnp.float32
+
+
+def test_mixed_precision_follows_result_type(x64):
+    kernel = tullax.einsum_kernel(DIST, backend="numba")
+    W, X = dist_data()
+    out = kernel(W.astype(jnp.float32), X)
+    assert out.dtype == jnp.float64
+    gW, gX = jax.grad(sq_loss(kernel), (0, 1))(W.astype(jnp.float32), X)
+    assert (gW.dtype, gX.dtype) == (jnp.float32, jnp.float64)
+
+
+def test_integer_inputs_get_float0_cotangents(x64):
+    kernel = tullax.einsum_kernel("out[b,d] := W[ix[b],d]*s[b]", backend="numba")
+    W, ix, s = jnp.ones((4, 3)), jnp.array([2, 0, 3]), jnp.array([1, 2, 3])
+    assert kernel(W, ix, s).dtype == jnp.float64
+    gW, gix, gs = jax.grad(lambda *a: jnp.sum(kernel(*a)), (0, 1, 2), allow_int=True)(W, ix, s)
+    assert gix.dtype == jax.dtypes.float0 and gs.dtype == jax.dtypes.float0
+    np.testing.assert_allclose(gW, [[2.0] * 3, [0.0] * 3, [1.0] * 3, [3.0] * 3])
+
+
+def test_python_numbers_as_scalar_parameters(x64):
+    kernel = tullax.einsum_kernel("y[i] := a*x[i] + b", backend="numba")
+    x = jnp.linspace(0.0, 1.0, 4)
+    np.testing.assert_allclose(jax.jit(kernel)(2.0, x, 1.0), 2 * x + 1)
+    np.testing.assert_allclose(jax.grad(lambda a: jnp.sum(kernel(a, x, 1.0)))(2.0), jnp.sum(x))
+
+
+# =============================================================================================
+# Errors at trace time, callback paths, indirect indices out of range, inputs never written
+# =============================================================================================
+def test_shape_errors_are_raised_at_the_call_site_under_jit(x64):
+    kernel = tullax.einsum_kernel(DIST, backend="numba")
+    W, X = dist_data()
+    with pytest.raises(tullax.ShapeError, match="index k"):
+        jax.jit(kernel)(W, X[:2])
+    with pytest.raises(tullax.ShapeError, match="rank"):
+        jax.jit(kernel)(W[0], X)
+    with pytest.raises(tullax.ShapeError, match="index k"):
+        jax.vmap(kernel, in_axes=(0, None))(jnp.ones((2, 3, 4)), jnp.ones((2, 5)))
+    with pytest.raises(tullax.ShapeError, match="must hold integers"):
+        jax.jit(tullax.einsum_kernel("out[b,d] := W[ix[b],d]", backend="numba"))(W, jnp.ones(2))
+
+
+def test_unknown_callback_path_is_an_error(monkeypatch):
+    monkeypatch.setenv("TULLAX_CALLBACK", "carrier-pigeon")
+    with pytest.raises(tullax.TullaxError, match="TULLAX_CALLBACK"):
+        tullax.einsum_kernel(DIST, backend="numba")(*dist_data())
+
+
+def test_pure_callback_path_gives_the_same_results(monkeypatch, x64):
+    kernel = tullax.einsum_kernel(DIST, backend="numba")
+    W, X = dist_data()
+    monkeypatch.setenv("TULLAX_CALLBACK", "pure")
+    stats.reset()
+    out = jax.jit(lambda W, X: kernel(W, X))(W, X)
+    grads = jax.grad(sq_loss(kernel), (0, 1))(W, X)
+    batched = jax.vmap(kernel, in_axes=(0, None))(jnp.stack([W, 2 * W]), X)
+    assert stats.paths["pure"] == stats.total() == 1 + 3 + 1 and stats.paths["buffer"] == 0
+    np.testing.assert_allclose(out, oracle(DIST)(W, X), rtol=1e-12)
+    assert_trees_close(grads, jax.grad(sq_loss(oracle(DIST)), (0, 1))(W, X))
+    np.testing.assert_allclose(batched[1], oracle(DIST)(2 * W, X), rtol=1e-12)
+
+
+def test_buffer_callback_is_the_default(monkeypatch, x64):
+    monkeypatch.delenv("TULLAX_CALLBACK", raising=False)
+    stats.reset()
+    jax.jit(lambda W, X: tullax.einsum_kernel(DIST, backend="numba")(W, X))(*dist_data())
+    assert stats.paths["buffer"] == 1 and stats.paths["pure"] == 0
+
+
+def test_out_of_range_indirect_index_under_jit_is_nan_and_skipped(x64):
+    """Values of index arrays are unknown at trace time: out-of-range positions read NaN and the scatter
+    gradient skips them; nothing outside the arrays is read or written."""
+    gather = tullax.einsum_kernel("out[b,d] := W[ix[b],d]", backend="numba")
+    W = jnp.arange(12.0).reshape(4, 3)
+    ix = jnp.array([1, 7, -1, 3, 4])
+    out, vjp = jax.vjp(lambda W: jax.jit(gather)(W, ix), W)
+    assert np.isnan(np.asarray(out)[[1, 2, 4]]).all()
+    np.testing.assert_array_equal(out[np.array([0, 3])], W[np.array([1, 3])])
+    np.testing.assert_array_equal(out[:2], jnp.take(W, ix[:2], axis=0))  # jnp.take's fill mode agrees
+    (gW,) = vjp(jnp.ones_like(out))
+    np.testing.assert_array_equal(gW, [[0.0] * 3, [1.0] * 3, [0.0] * 3, [1.0] * 3])
+    with pytest.raises(tullax.ShapeError, match="outside axis 0 of W"):
+        gather(np.asarray(W), np.asarray(ix))  # eager NumPy calls check the values
+
+
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+def test_inputs_are_never_written(x64):
+    kernel = tullax.einsum_kernel("y[i] = y[i]*x[i] + 1", backend="numba")
+    y, x = jnp.linspace(-1.0, 1.0, 5), jnp.linspace(0.5, 2.0, 5)
+    y_before, x_before = np.array(y), np.array(x)
+    for call in (kernel, jax.jit(kernel)):
+        np.testing.assert_allclose(call(y, x), y_before * x_before + 1)
+        np.testing.assert_array_equal(y, y_before)
+        np.testing.assert_array_equal(x, x_before)
+    donated = jax.jit(kernel, donate_argnums=(0, 1))(jnp.array(y_before), jnp.array(x_before))
+    np.testing.assert_allclose(donated, y_before * x_before + 1)

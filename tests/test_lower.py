@@ -1,0 +1,419 @@
+"""The loop-nest lowering: golden loop IR for canonical specs, structural properties, and EXECUTION of every
+lowered kernel (corpus forward specs, every gradient step, random specs) by a small interpreter of the loop IR
+that checks every array access against its bounds, compared with the naive evaluator.
+
+Regenerate the golden files with ``TULLAX_UPDATE_GOLDEN=1 pytest tests/test_lower.py``.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from corpus import CASES_BY_ID, CORPUS, Case
+
+from tullax.analyze import analyze
+from tullax.backends.base import Signature
+from tullax.errors import ShapeError, TullaxError
+from tullax.grad import gradients
+from tullax.gradrun import gradient_env, run_gradient
+from tullax.ir import Spec
+from tullax.loopprint import format_kernel
+from tullax.lower import (
+    Accum,
+    BinOp,
+    Call,
+    Cast,
+    Const,
+    If,
+    Kernel,
+    Let,
+    Load,
+    Loop,
+    Select,
+    Store,
+    UnOp,
+    Var,
+    lower,
+    parallel_nest,
+    walk_stmts,
+)
+from tullax.parse import parse_spec
+from tullax.testing import naive_eval, random_inputs, random_spec
+
+GOLDEN_DIR = Path(__file__).parent / "golden" / "loops"
+UPDATE = os.environ.get("TULLAX_UPDATE_GOLDEN") == "1"
+
+
+def analysed(text: str, ranges=None) -> Spec:
+    return analyze(parse_spec(text), ranges)
+
+
+def signature(spec: Spec, dtype: str = "float32", values=None) -> Signature:
+    if values is not None:
+        dtypes = tuple(np.asarray(v).dtype.name for v in values)
+    else:
+        dtypes = tuple("int64" if i.kind == "index" else dtype for i in spec.inputs)
+    return Signature(dtypes, dtype)
+
+
+# =============================================================================================
+# An interpreter of the loop IR (float64, exact integer arithmetic, every access bounds-checked)
+# =============================================================================================
+class OutOfBounds(AssertionError):
+    pass
+
+
+def run_kernel(kernel: Kernel, spec: Spec, out: np.ndarray, inputs: list) -> None:
+    """What a host kernel does: size parameters from the shapes, then the body."""
+    by_name = dict(zip(spec.input_names, inputs))
+    shapes = {name: np.shape(v) for name, v in by_name.items()}
+    shapes[spec.out] = out.shape
+    arrays = {a.name: (out if a.role != "in" else np.asarray(by_name[a.source])) for a in kernel.arrays}
+    env: dict = {s.name: by_name[s.source] for s in kernel.scalars}
+    env.update({s.name: s.size.eval(shapes) for s in kernel.sizes})
+    _Interp(arrays).run(kernel.body, env)
+
+
+class _Interp:
+    def __init__(self, arrays: dict):
+        self.arrays = arrays
+
+    def place(self, name: str, index) -> tuple:
+        values = tuple(int(self.ev(i)) for i in index)
+        shape = self.arrays[name].shape
+        if len(values) != len(shape) or any(not 0 <= v < n for v, n in zip(values, shape)):
+            raise OutOfBounds(f"{name}[{values}] outside shape {shape}")
+        return values
+
+    def ev(self, e):
+        if isinstance(e, Const):
+            return e.value
+        if isinstance(e, Var):
+            return self.env[e.name]
+        if isinstance(e, Load):
+            return self.arrays[e.array][self.place(e.array, e.index)]
+        if isinstance(e, Cast):
+            value = self.ev(e.arg)
+            return int(value) if e.dtype.startswith("int") else float(value)
+        if isinstance(e, Select):  # lazy, as printers must be
+            return self.ev(e.then) if self.ev(e.cond) else self.ev(e.orelse)
+        if isinstance(e, UnOp):
+            value = self.ev(e.arg)
+            return -value if e.op == "neg" else not value
+        if isinstance(e, Call):
+            args = [self.ev(a) for a in e.args]
+            if e.dtype.startswith("int"):
+                return abs(args[0])
+            with np.errstate(all="ignore"):
+                return float(getattr(np, e.fn)(np.float64(args[0])))
+        return self.binary(e.op, self.ev(e.lhs), self.ev(e.rhs))
+
+    @staticmethod
+    def binary(op: str, a, b):
+        if op == "^":
+            if isinstance(b, int):
+                result = 1.0
+                for _ in range(abs(b)):
+                    result *= a
+                return 1.0 / result if b < 0 else result
+            return float(np.power(np.float64(a), np.float64(b)))
+        if op in ("max", "min"):
+            if isinstance(a, float) and (math.isnan(a) or math.isnan(b)):
+                return math.nan
+            return max(a, b) if op == "max" else min(a, b)
+        if op == "/":
+            with np.errstate(all="ignore"):
+                return float(np.float64(a) / np.float64(b))
+        table = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "//": lambda: a // b,
+                 "mod": lambda: a % b, "and": lambda: a and b, "or": lambda: a or b, "<": lambda: a < b,
+                 "<=": lambda: a <= b, ">": lambda: a > b, ">=": lambda: a >= b, "==": lambda: a == b,
+                 "!=": lambda: a != b}
+        return table[op]()
+
+    def run(self, stmts, env) -> None:
+        self.env = env
+        for stmt in stmts:
+            if isinstance(stmt, Loop):
+                for value in range(self.ev(stmt.start), self.ev(stmt.stop)):
+                    env[stmt.var] = value
+                    self.run(stmt.body, env)
+            elif isinstance(stmt, If):
+                self.run(stmt.then if self.ev(stmt.cond) else stmt.orelse, env)
+            elif isinstance(stmt, Let):
+                env[stmt.var] = self.ev(stmt.value)
+            elif isinstance(stmt, Accum):
+                env[stmt.var] = self.binary(stmt.op, env[stmt.var], self.ev(stmt.value))
+            else:
+                assert isinstance(stmt, Store)
+                where = self.place(stmt.array, stmt.index)
+                value = self.ev(stmt.value)
+                if stmt.mode == "set":
+                    self.arrays[stmt.array][where] = value
+                else:
+                    self.arrays[stmt.array][where] += value
+
+
+def execute(spec: Spec, env: dict, tile: bool) -> np.ndarray:
+    """Lower ``spec`` (float64) and run it on ``env`` like a host kernel would."""
+    inputs = [env[name] for name in spec.input_names]
+    kernel = lower(spec, signature(spec, "float64", inputs), tile=tile)
+    shapes = {name: np.shape(v) for name, v in zip(spec.input_names, inputs)}
+    if spec.assign == ":=":
+        out = np.full(tuple(s.eval(shapes) for s in spec.out_shape), np.nan)
+    else:
+        out = np.array(env[spec.out], dtype=np.float64, copy=True)
+    run_kernel(kernel, spec, out, inputs)
+    return out
+
+
+def assert_close(got, expected) -> None:
+    np.testing.assert_allclose(got, np.asarray(expected), rtol=1e-10, atol=1e-12)
+
+
+# =============================================================================================
+# Execution against the naive evaluator
+# =============================================================================================
+@pytest.mark.parametrize("tile", [False, True], ids=["per-element", "tiled"])
+@pytest.mark.parametrize("case", CORPUS, ids=lambda c: c.id)
+def test_corpus_kernel_matches_naive(case: Case, tile: bool):
+    spec = analysed(case.spec, case.ranges)
+    env = random_inputs(spec, case.shapes, seed=3)
+    assert_close(execute(spec, env, tile), naive_eval(spec, env))
+
+
+def _gradient_cases():
+    for case in CORPUS:
+        try:
+            grads = gradients(analysed(case.spec, case.ranges))
+        except TullaxError:
+            continue
+        for grad in grads:
+            yield pytest.param(case, grad.wrt, id=f"{case.id}-{grad.wrt}")
+
+
+@pytest.mark.parametrize("case, wrt", list(_gradient_cases()))
+def test_gradient_steps_match_naive(case: Case, wrt: str):
+    """Every step of every gradient, lowered (tiled where it pays, as Numba does) and run, vs the oracle."""
+    spec = analysed(case.spec, case.ranges)
+    grad = next(g for g in gradients(spec) if g.wrt == wrt)
+    inputs = random_inputs(spec, case.shapes, seed=4)
+    result = naive_eval(spec, inputs)
+    cotangent = np.random.default_rng(5).standard_normal(np.shape(result))
+    env = gradient_env(spec, inputs, result, cotangent)
+    expected = run_gradient(grad, spec, env, naive_eval)
+    assert_close(run_gradient(grad, spec, env, lambda s, e: execute(s, e, tile=True)), expected)
+    assert_close(run_gradient(grad, spec, env, lambda s, e: execute(s, e, tile=False)), expected)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_random_specs_match_naive(seed: int):
+    text = random_spec(seed)
+    spec = analysed(text)
+    try:
+        env = random_inputs(spec, seed=seed)
+        expected = naive_eval(spec, env)
+    except ShapeError:
+        pytest.skip(f"no small shapes for {text}")
+    for tile in (False, True):
+        np.testing.assert_allclose(execute(spec, env, tile), expected, rtol=1e-9, atol=1e-9, equal_nan=True,
+                                   err_msg=text)
+
+
+def test_special_values_of_reductions():
+    """-inf/+inf/NaN: an all -inf row gives -inf for max and logsumexp, a +inf gives +inf, an empty range the
+    initial value; an index array pointing outside gives NaN in a gather and is skipped in a scatter."""
+    row = np.array([[-np.inf, -np.inf], [1.0, np.inf], [0.0, 1.0]])
+    for text, expected in [("(max) m[i] := x[i,j]", [-np.inf, np.inf, 1.0]),
+                           ("(logsumexp) m[i] := x[i,j]", [-np.inf, np.inf, np.logaddexp(0.0, 1.0)]),
+                           ("(min) m[i] := x[i,j]", [-np.inf, 1.0, 0.0])]:
+        spec = analysed(text)
+        np.testing.assert_allclose(execute(spec, {"x": row}, False), expected)
+    empty = analysed("(max) m[i] := x[i,j]")
+    assert np.all(execute(empty, {"x": np.zeros((2, 0))}, False) == -np.inf)
+    gather = analysed("y[b] := W[ix[b]]")
+    got = execute(gather, {"W": np.array([1.0, 2.0]), "ix": np.array([1, 5, -1, 0])}, False)
+    np.testing.assert_array_equal(got, [2.0, np.nan, np.nan, 1.0])
+    scatter = analysed("h[ix[b]] += v[b]")
+    env = {"h": np.zeros(2), "ix": np.array([1, 7, -3, 1]), "v": np.array([1.0, 10.0, 100.0, 2.0])}
+    np.testing.assert_array_equal(execute(scatter, env, False), [0.0, 3.0])
+
+
+# =============================================================================================
+# Structure
+# =============================================================================================
+def kernel_of(text: str, ranges=None, tile: bool = False) -> Kernel:
+    spec = analysed(text, ranges)
+    return lower(spec, signature(spec), tile=tile)
+
+
+def loops(kernel: Kernel) -> list[Loop]:
+    return [s for s in walk_stmts(kernel.body) if isinstance(s, Loop)]
+
+
+def stores(kernel: Kernel) -> list[Store]:
+    return [s for s in walk_stmts(kernel.body) if isinstance(s, Store)]
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=lambda c: c.id)
+def test_gradient_kernels_are_parallel_over_all_their_indices(case: Case):
+    try:
+        grads = gradients(analysed(case.spec, case.ranges))
+    except TullaxError:
+        pytest.skip("no gradient")
+    for grad in grads:
+        for step in grad.steps:
+            kernel = lower(step, signature(step))
+            nest, _ = parallel_nest(kernel)
+            if step.is_scatter:
+                assert all(s.mode in ("add", "atomic_add") for s in stores(kernel))
+            else:
+                assert len(nest) == len(step.free) == len(step.lhs or ()), format_kernel(kernel)
+                assert not any(lp.parallel for lp in loops(kernel)[len(nest):])
+
+
+def test_parallel_loops_form_a_perfect_nest_at_the_top():
+    for case in CORPUS:
+        kernel = kernel_of(case.spec, case.ranges)
+        nest, inner = parallel_nest(kernel)
+        assert all(not lp.parallel for s in inner for lp in walk_stmts((s,)) if isinstance(lp, Loop))
+
+
+def test_scatter_is_parallel_only_over_collision_free_indices():
+    embedding = kernel_of("ΔW[ix[b],d] += Δout[b,d]")
+    nest, _ = parallel_nest(embedding)
+    assert [lp.var for lp in nest] == ["i1"]  # d
+    assert [s.mode for s in stores(embedding)] == ["atomic_add"]
+    shift = kernel_of("y[i+1] += x[i]")
+    assert [lp.parallel for lp in loops(shift)] == [True]
+    assert [s.mode for s in stores(shift)] == ["add"]  # 2 i never collide: no atomics
+    colliding = kernel_of("Δx[i+k] += Δy[i]*w[k]")
+    assert not any(lp.parallel for lp in loops(colliding))
+    assert [s.mode for s in stores(colliding)] == ["atomic_add"]
+    wrapped = kernel_of("y[mod(i+2)] += x[i]")
+    assert not any(lp.parallel for lp in loops(wrapped))
+
+
+def test_equality_guard_is_solved_not_looped():
+    kernel = kernel_of("A[m] := x[k]*(m == 2*k)", {"m": 10})
+    assert [lp.var for lp in loops(kernel)] == ["i0"]  # no loop over k
+    text = format_kernel(kernel)
+    assert "i1 = i0 // 2" in text and "i0 mod 2 == 0" in text
+    diagonal = kernel_of("C[p,q] := d[i]*(p == i)*(q == i)", {"p": 4, "q": 4})
+    assert [lp.var for lp in loops(diagonal)] == ["i0", "i1"]
+
+
+def test_pad_guard_narrows_the_reduction_loop():
+    """The conv1d input gradient: no If in the loop, the bounds of k keep m-k inside Δy."""
+    kernel = kernel_of("Δx[m] := Δy[pad(m-k)]*w[k]", {"m": 10})
+    assert not any(isinstance(s, If) for s in walk_stmts(kernel.body))
+    (outer, inner) = loops(kernel)
+    assert isinstance(inner.start, BinOp) and inner.start.op == "max"
+    assert isinstance(inner.stop, BinOp) and inner.stop.op == "min"
+
+
+def test_index_comparison_becomes_a_hoisted_guard():
+    kernel = kernel_of("y[i] := x[i,k]*(i > 2)")
+    body = parallel_nest(kernel)[1]
+    guard = next(s for s in body if isinstance(s, If))
+    assert isinstance(guard.then[0], Loop)  # the If is around the k loop, not inside it
+    assert isinstance(body[-1], Store)  # the element is written whatever the guard says
+
+
+def test_loop_order_puts_the_unit_stride_reduction_innermost():
+    kernel = kernel_of("y[i] := A[i,k,j]*B[j,k]")
+    order = [lp.var for lp in loops(kernel)]
+    assert order == ["i0", "i1", "i2"]  # j (i2) is the last axis of A: innermost
+    transposed = kernel_of("y[i] := A[i,j,k]")
+    assert [lp.var for lp in loops(transposed)] == ["i0", "i1", "i2"]
+
+
+def test_loop_invariant_loads_are_hoisted():
+    kernel = kernel_of("y[i] := x[i]*w[i,k]")
+    body = parallel_nest(kernel)[1]
+    hoisted = [s for s in body if isinstance(s, Let) and isinstance(s.value, Load)]
+    assert [s.value.array for s in hoisted] == ["a1"]  # x[i] outside the k loop
+
+
+def test_tiling_makes_the_innermost_loop_contiguous():
+    dist = kernel_of("D[i,j] := (W[k,i] - X[k,j])^2", tile=True)
+    assert [lp.var for lp in loops(dist)] == ["i0", "tile", "i1", "i2", "i1"]  # init, k, j
+    assert [s.mode for s in stores(dist)] == ["set", "add"]
+    plain_rows = kernel_of("(max) m[i] := x[i,j]", tile=True)  # j already contiguous: no tiling
+    assert "tile" not in [lp.var for lp in loops(plain_rows)]
+    guarded = kernel_of("A[m] := x[k]*(m == 2*k)", {"m": 10}, tile=True)
+    assert "tile" not in [lp.var for lp in loops(guarded)]
+
+
+def test_names_are_generated_and_scalars_are_one_element_outputs():
+    kernel = kernel_of("s := x[i]*y[i]")
+    assert kernel.params == ("a0", "a1", "a2", "n0")
+    assert kernel.output.rank == 0 and stores(kernel)[0].index == ()
+    assert any(lp.reduce_parallel for lp in loops(kernel))
+    assert {a.source for a in kernel.arrays} == {"s", "x", "y"}
+    assert kernel.sizes[0].size.eval({"x": (7,), "y": (7,)}) == 7
+
+
+def test_complex_and_integer_results_are_refused():
+    spec = analysed("y[i] := x[i]")
+    with pytest.raises(TullaxError, match="float32 or float64"):
+        lower(spec, Signature(("int64",), "int64"))
+    with pytest.raises(TullaxError, match="complex"):
+        lower(spec, Signature(("complex64",), "float32"))
+
+
+# =============================================================================================
+# Golden loop IR
+# =============================================================================================
+def _forward(case_id: str, tile: bool = False) -> str:
+    case = CASES_BY_ID[case_id]
+    spec = analysed(case.spec, case.ranges)
+    return format_kernel(lower(spec, signature(spec), name="forward", tile=tile))
+
+
+def _gradient(case_id: str, wrt: str, tile: bool = False) -> str:
+    case = CASES_BY_ID[case_id]
+    grad = next(g for g in gradients(analysed(case.spec, case.ranges)) if g.wrt == wrt)
+    return "\n".join(format_kernel(lower(step, signature(step), name=f"grad_{n}", tile=tile))
+                     for n, step in enumerate(grad.steps))
+
+
+GOLDEN = {
+    "matmul": lambda: _forward("matmul"),
+    "matmul_tiled": lambda: _forward("matmul", tile=True),
+    "dist": lambda: _forward("dist"),
+    "dist_grad_X_tiled": lambda: _gradient("dist", "X", tile=True),
+    "conv1d": lambda: _forward("conv1d"),
+    "conv1d_grad_x": lambda: _gradient("conv1d", "x"),
+    "conv1d_grad_x_tiled": lambda: _gradient("conv1d", "x", tile=True),
+    "strided": lambda: _forward("strided"),
+    "strided_grad_x": lambda: _gradient("strided", "x"),
+    "embedding": lambda: _forward("embedding"),
+    "embedding_grad_W": lambda: _gradient("embedding", "W"),
+    "row_max": lambda: _forward("row_max"),
+    "row_max_grad_x": lambda: _gradient("row_max", "x"),
+    "row_logsumexp": lambda: _forward("row_logsumexp"),
+    "row_norm": lambda: _forward("row_norm"),
+    "dot": lambda: _forward("dot"),
+    "maxpool_grad_x": lambda: _gradient("maxpool", "x"),
+    "diagonal_grad_A": lambda: _gradient("diagonal", "A"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_golden_loop_ir(name: str):
+    text = GOLDEN[name]()
+    path = GOLDEN_DIR / f"{name}.txt"
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"missing golden file {path}: run with TULLAX_UPDATE_GOLDEN=1"
+    assert text == path.read_text(encoding="utf-8"), (
+        f"the loop IR of {name} changed; review it and regenerate with TULLAX_UPDATE_GOLDEN=1")
+
+
+def test_no_stale_golden_files():
+    on_disk = {p.stem for p in GOLDEN_DIR.glob("*.txt")}
+    assert on_disk <= set(GOLDEN), f"golden files without a test: {sorted(on_disk - set(GOLDEN))}"

@@ -1,0 +1,304 @@
+"""The Numba backend: every corpus spec and every gradient step compiled and run (float64) against the naive
+evaluator and the XLA lowering, float32 against float64, scatter kernels on 2 and 4 threads, the cache (a
+second build compiles nothing; a new process with a populated cache compiles nothing), and the generated source.
+
+Numba compiles are slow (about a second each here): every kernel is built once per (spec, signature) in a
+process, and the session's cache directory (conftest.py) lets xdist workers and subprocesses load each other's
+compiled kernels.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from corpus import CASES_BY_ID, CORPUS, Case
+
+pytest.importorskip("numba")
+
+from tullax.analyze import analyze  # noqa: E402
+from tullax.backends.base import Signature  # noqa: E402
+from tullax.backends.numba_cpu import NumbaBackend, compile_stats, module_source  # noqa: E402
+from tullax.errors import TullaxError  # noqa: E402
+from tullax.grad import gradients  # noqa: E402
+from tullax.gradrun import gradient_env, run_gradient  # noqa: E402
+from tullax.ir import Spec  # noqa: E402
+from tullax.parse import parse_spec  # noqa: E402
+from tullax.testing import naive_eval, random_inputs  # noqa: E402
+
+BACKEND = NumbaBackend()
+REPO = Path(__file__).resolve().parents[1]
+
+
+def analysed(text: str, ranges=None) -> Spec:
+    return analyze(parse_spec(text), ranges)
+
+
+def run_numba(spec: Spec, env: dict, dtype: str = "float64") -> np.ndarray:
+    """Build (once per process) and run the kernel of ``spec`` on ``env``, as an eager call does."""
+    inputs = [env[name] for name in spec.input_names]
+    signature = Signature(tuple(np.asarray(v).dtype.name for v in inputs), dtype)
+    shapes = {name: np.shape(v) for name, v in zip(spec.input_names, inputs)}
+    if spec.assign == ":=":
+        out = np.full(tuple(s.eval(shapes) for s in spec.out_shape), np.nan, dtype)
+        if spec.is_scatter:
+            out[...] = 0
+    else:
+        out = np.array(env[spec.out], dtype=dtype, copy=True)
+    BACKEND.build(spec, signature)(out, *inputs)
+    return out
+
+
+def xla_eval(spec: Spec, env: dict) -> np.ndarray:
+    import jax
+
+    from tullax.backends.xla import lower
+
+    with jax.enable_x64(True):
+        return np.asarray(lower(spec)(env))
+
+
+def test_available():
+    assert BACKEND.availability() == (True, "")
+    assert BACKEND.name == "numba"
+
+
+# =============================================================================================
+# Correctness: forward and gradients, float64
+# =============================================================================================
+@pytest.mark.parametrize("case", CORPUS, ids=lambda c: c.id)
+def test_corpus_forward_matches_naive_and_xla(case: Case):
+    spec = analysed(case.spec, case.ranges)
+    env = random_inputs(spec, case.shapes, seed=7)
+    got = run_numba(spec, env)
+    expected = naive_eval(spec, env)
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got, xla_eval(spec, env), rtol=1e-10, atol=1e-12)
+
+
+def _gradient_cases():
+    for case in CORPUS:
+        try:
+            grads = gradients(analysed(case.spec, case.ranges))
+        except TullaxError:
+            continue
+        for grad in grads:
+            yield pytest.param(case, grad.wrt, id=f"{case.id}-{grad.wrt}")
+
+
+@pytest.mark.parametrize("case, wrt", list(_gradient_cases()))
+def test_gradient_steps_match_xla(case: Case, wrt: str):
+    """Every step of every gradient through Numba vs the XLA lowering of the same step."""
+    spec = analysed(case.spec, case.ranges)
+    grad = next(g for g in gradients(spec) if g.wrt == wrt)
+    inputs = random_inputs(spec, case.shapes, seed=8)
+    if np.asarray(inputs[wrt]).dtype.kind != "f":
+        pytest.skip("integer inputs get no gradient")
+    result = run_numba(spec, inputs)  # the residual comes from the same backend, as in real use
+    cotangent = np.random.default_rng(9).standard_normal(np.shape(result))
+    env = gradient_env(spec, inputs, result, cotangent)
+    got = run_gradient(grad, spec, env, run_numba)
+    np.testing.assert_allclose(got, run_gradient(grad, spec, env, xla_eval), rtol=1e-9, atol=1e-10)
+
+
+FLOAT32_CASES = ("matmul", "dist", "conv1d", "row_logsumexp", "row_norm", "softplus_sum", "embedding", "dot")
+
+
+@pytest.mark.parametrize("case_id", FLOAT32_CASES)
+def test_float32_within_1e4_of_float64(case_id: str):
+    case = CASES_BY_ID[case_id]
+    spec = analysed(case.spec, case.ranges)
+    env64 = random_inputs(spec, case.shapes, seed=10)
+    env32 = {n: (v.astype(np.float32) if np.asarray(v).dtype == np.float64 else v) for n, v in env64.items()}
+    got = run_numba(spec, env32, "float32")
+    assert got.dtype == np.float32
+    reference = run_numba(spec, env64)
+    scale = max(float(np.abs(reference).max()), 1.0)
+    np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_special_values():
+    """-inf initial values and infinities survive fastmath; an index array pointing outside reads NaN in a
+    gather and is skipped in a scatter (the host kernel itself does not check: the API boundary does)."""
+    x = np.array([[-np.inf, -np.inf], [1.0, np.inf], [0.0, 1.0]])
+    np.testing.assert_array_equal(run_numba(analysed("(max) m[i] := x[i,j]"), {"x": x}), [-np.inf, np.inf, 1.0])
+    lse = run_numba(analysed("(logsumexp) m[i] := x[i,j]"), {"x": x})
+    np.testing.assert_allclose(lse, [-np.inf, np.inf, np.logaddexp(0.0, 1.0)])
+    gather = run_numba(analysed("y[b] := W[ix[b]]"), {"W": np.array([1.0, 2.0]), "ix": np.array([1, 5, -1, 0])})
+    np.testing.assert_array_equal(gather, [2.0, np.nan, np.nan, 1.0])
+    env = {"h": np.zeros(2), "ix": np.array([1, 7, -3, 1]), "v": np.array([1.0, 10.0, 100.0, 2.0])}
+    np.testing.assert_array_equal(run_numba(analysed("h[ix[b]] += v[b]"), env), [0.0, 3.0])
+
+
+def test_generated_names_never_clash_with_user_names():
+    """Array and scalar names that are Python/Numba names still work: the source only uses generated names."""
+    spec = analysed("prange[i,j] := np[i,k]*range[k,j] + njit")
+    rng = np.random.default_rng(0)
+    env = {"np": rng.standard_normal((3, 4)), "range": rng.standard_normal((4, 5)), "njit": np.float64(0.5)}
+    np.testing.assert_allclose(run_numba(spec, env), naive_eval(spec, env), rtol=1e-12)
+    source = BACKEND.generate_source(spec, Signature(("float64",) * 3, "float64"))
+    allowed = re.compile(r"(a|s|n|i|t)\d+(_lo|_)?$|acc[ms]?$|shift$|tile(_lo|_hi)?$|p_flat$|p_ext\d+$")
+    builtins = {"np", "njit", "prange", "range", "max", "min", "abs", "_FASTMATH"}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            assert node.id in builtins or allowed.match(node.id), node.id
+        if isinstance(node, ast.FunctionDef):
+            assert node.name.startswith("kernel")
+            assert all(allowed.match(a.arg) for a in node.args.args)
+
+
+def test_non_contiguous_inputs_and_output():
+    spec = analysed("C[i,j] := A[i,k]*B[k,j]")
+    rng = np.random.default_rng(1)
+    a_t = rng.standard_normal((4, 3)).T  # a transposed view: copied once, not miscomputed
+    b = rng.standard_normal((8, 5))[::2]  # every other row
+    signature = Signature(("float64", "float64"), "float64")
+    kernel = BACKEND.build(spec, signature)
+    out = np.zeros((5, 7))[:3, 1:6]  # a non-contiguous view of a bigger array
+    kernel(out, a_t, b)
+    np.testing.assert_allclose(out, a_t @ b, rtol=1e-12)
+
+
+def test_flat_and_nested_variants_agree():
+    """With a short outermost parallel loop the host runs one prange over all parallel indices; a long one
+    keeps the nest. Both compute the same thing."""
+    spec = analysed("D[i,j] := (W[k,i] - X[k,j])^2")
+    rng = np.random.default_rng(2)
+    short = {"W": rng.standard_normal((5, 3)), "X": rng.standard_normal((5, 40))}
+    long = {"W": rng.standard_normal((5, 64)), "X": rng.standard_normal((5, 6))}
+    for env in (short, long):
+        np.testing.assert_allclose(run_numba(spec, env), naive_eval(spec, env), rtol=1e-12)
+    kernel = BACKEND.build(spec, Signature(("float64", "float64"), "float64"))
+    assert len(kernel.variants_run) == 2
+
+
+# =============================================================================================
+# Scatter: race-free on any number of threads
+# =============================================================================================
+_SCATTER_SCRIPT = textwrap.dedent("""
+    import sys, numpy as np, numba
+    from tullax.analyze import analyze
+    from tullax.parse import parse_spec
+    from tullax.backends.base import Signature
+    from tullax.backends.numba_cpu import NumbaBackend
+    assert numba.get_num_threads() == int(sys.argv[1])
+    rng = np.random.default_rng(0)
+    saved = {}
+    for number, (text, shapes) in enumerate([
+            ("dW[ix[b],d] += g[b,d]", {"dW": (50, 64), "ix": (3000,), "g": (3000, 64)}),
+            ("h[ix[b]] += v[b]", {"h": (7,), "ix": (5000,), "v": (5000,)}),
+            ("y[i+1] += x[i]*w[i]", {"y": (4001,), "x": (4000,), "w": (4000,)})]):
+        spec = analyze(parse_spec(text))
+        rows = shapes[spec.out][0]
+        env = {n: rng.integers(0, rows, shapes[n]) if n == "ix" else rng.standard_normal(shapes[n])
+               for n in spec.input_names}
+        sig = Signature(tuple(np.asarray(env[n]).dtype.name for n in spec.input_names), "float64")
+        out = np.array(env[spec.out], copy=True)
+        NumbaBackend().build(spec, sig)(out, *[env[n] for n in spec.input_names])
+        saved[f"out{number}"] = out
+        saved.update({f"in{number}_{k}": env[n] for k, n in enumerate(spec.input_names)})
+    np.savez(sys.argv[2], **saved)
+""")
+
+
+def test_scatter_kernels_are_race_free_on_2_and_4_threads(tmp_path: Path):
+    outputs = []
+    for threads in (2, 4):
+        target = tmp_path / f"threads{threads}.npz"
+        env = {**os.environ, "NUMBA_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)}
+        subprocess.run([sys.executable, "-c", _SCATTER_SCRIPT, str(threads), str(target)], check=True, env=env,
+                       cwd=REPO, timeout=600)
+        outputs.append(dict(np.load(target)))
+    first = outputs[0]
+    expected = first["in0_0"].copy()  # dW, g, ix
+    np.add.at(expected, first["in0_2"], first["in0_1"])
+    histogram = first["in1_0"].copy()  # h, v, ix
+    np.add.at(histogram, first["in1_2"], first["in1_1"])
+    shifted = first["in2_0"].copy()  # y, x, w
+    shifted[1:] += first["in2_1"] * first["in2_2"]
+    for result in outputs:
+        np.testing.assert_allclose(result["out0"], expected, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(result["out1"], histogram, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(result["out2"], shifted, rtol=1e-12, atol=1e-12)
+    for key in ("out0", "out1", "out2"):
+        np.testing.assert_array_equal(outputs[0][key], outputs[1][key])  # same order of additions: identical
+
+
+# =============================================================================================
+# Caching and compile counts
+# =============================================================================================
+def test_second_build_in_process_compiles_nothing():
+    spec = analysed("y[i] := x[i,j]*w[j] |> tanh")
+    env = random_inputs(spec, seed=11)
+    signature = Signature(("float64", "float64"), "float64")
+    first = run_numba(spec, env)
+    before = compile_stats()
+    assert BACKEND.build(spec, signature) is BACKEND.build(spec, signature)
+    np.testing.assert_array_equal(run_numba(spec, env), first)
+    assert compile_stats()["compiled"] == before["compiled"]
+    assert compile_stats()["loaded"] == before["loaded"]
+
+
+_CACHE_SCRIPT = textwrap.dedent("""
+    import json, sys, numpy as np
+    from tullax.analyze import analyze
+    from tullax.parse import parse_spec
+    from tullax.backends.base import Signature
+    from tullax.backends.numba_cpu import NumbaBackend, compile_stats
+    spec = analyze(parse_spec("D[i,j] := (W[k,i] - X[k,j])^2"))
+    rng = np.random.default_rng(0)
+    W, X = rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
+    out = np.empty((3, 2))
+    NumbaBackend().build(spec, Signature(("float64", "float64"), "float64"))(out, W, X)
+    print(json.dumps({"stats": compile_stats(), "out": out.tolist()}))
+""")
+
+
+def test_new_process_with_a_populated_cache_compiles_nothing(tmp_path: Path):
+    env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _CACHE_SCRIPT], env=env, cwd=REPO, timeout=600,
+                              capture_output=True, text=True, check=True)
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["stats"]["compiled"] == 1 and cold["stats"]["loaded"] == 0
+    assert warm["stats"]["compiled"] == 0 and warm["stats"]["loaded"] == 1
+    assert cold["out"] == warm["out"]
+    index = json.loads((tmp_path / "cache" / "index.json").read_text())["entries"]
+    (record,) = index.values()
+    assert record["backend"] == "numba" and record["spec"] == "D[i,j] := (W[k,i] - X[k,j])^2"
+    assert record["compile_ms"] > 0 and record["ttfk_cold_ms"] > 0 and record["ttfk_warm_ms"] > 0
+    assert record["hits"] == 1
+    (source,) = (tmp_path / "cache" / "entries").glob("*/kernels.py")
+    assert "def kernel(" in source.read_text()
+    assert any((tmp_path / "cache" / "numba").rglob("*.nbi"))
+
+
+# =============================================================================================
+# The generated module
+# =============================================================================================
+def test_module_source_holds_forward_and_every_gradient_kernel():
+    spec = analysed("y[i] := x[i+k]*w[k]")
+    source = module_source(spec, "float32")
+    tree = ast.parse(source)
+    names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+    assert names == ["forward", "grad0_step0", "grad1_step0"]
+    assert "np.float32(0.0)" in source and "prange(" in source
+    assert "# forward: y[i] := x[i+k]*w[k]" in source
+    assert BACKEND.module_source(spec, "float64") == module_source(spec, "float64")
+
+
+def test_generate_source_is_one_kernel_and_its_flat_variant():
+    spec = analysed("C[i,j] := A[i,k]*B[k,j]")
+    source = BACKEND.generate_source(spec, Signature(("float32", "float32"), "float32"))
+    names = [n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
+    assert names == ["kernel", "kernel_flat"]
+    assert "fastmath=_FASTMATH" in source and "'nnan'" not in source

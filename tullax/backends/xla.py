@@ -1,0 +1,474 @@
+"""The XLA reference backend: a Spec lowered to plain jax.numpy (DESIGN section 4).
+
+``lower(spec)`` is the PLAIN lowering, without custom_vjp: ``jnp.einsum`` for pure contractions, otherwise an
+index grid (one broadcast axis per index), the body evaluated elementwise with slices and gathers, a reduction,
+the finaliser, and the placement into the result. ``jax.grad`` of it is the gradient oracle of the tests, and it
+is the "XLA" column of the benchmarks, so it stays plain jnp that XLA can optimise as it likes.
+
+jax is imported inside functions only: importing this module must stay cheap and jax-free.
+"""
+from __future__ import annotations
+
+import functools
+import string
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..ir import Access, Affine, Binary, Call, Expr, Idx, IndexVal, Indirect, Num, Param, Spec, Unary
+from ..shapes import check_dtypes, check_index_values, check_shapes, eval_shapes, input_shapes, result_dtype
+from .base import HostKernel, Signature
+
+__all__ = ["lower", "result_dtype", "eval_shapes", "check_shapes", "XlaBackend", "is_contraction"]
+
+Env = Mapping[str, Any]
+
+IDENTITY = {"+": 0.0, "*": 1.0, "max": -np.inf, "min": np.inf, "logsumexp": -np.inf}
+
+
+# ---------------------------------------------------------------------------------------------
+# dtypes
+# ---------------------------------------------------------------------------------------------
+def _dtype_of(value: Any) -> Any:
+    """What ``jnp.result_type`` should see for one input: its dtype, or the Python type of a weak scalar."""
+    return value.dtype if hasattr(value, "dtype") else type(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plain lowering
+# ---------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1024)  # one function object per spec: jax.jit of it reuses its compile cache
+def lower(spec: Spec, *, einsum: bool = True) -> Callable[[Env], Any]:
+    """The plain jnp lowering of ``spec``: ``fn(env) -> jax.Array``, ``env`` mapping every input name (see
+    ``spec.inputs``; 'shape' inputs are only read for their ``.shape``) to an array or a number. Differentiable
+    and jit-able: shapes are read from ``.shape`` (static under jit) and checked at trace time.
+    ``einsum=False`` forces broadcast-and-reduce even for pure contractions (to compare the two)."""
+    def run(env: Env):
+        return _evaluate(spec, env, einsum)
+    run.__name__ = "tullax_xla_" + spec.out
+    run.__doc__ = f"jnp lowering of a tullax spec with inputs {', '.join(spec.input_names)}"
+    return run
+
+
+def _evaluate(spec: Spec, env: Env, einsum: bool = True):
+    import jax
+
+    shapes = input_shapes(spec, env)
+    check_shapes(spec, shapes)
+    check_dtypes(spec, {name: _np_dtype(env[name]) for name in spec.input_names})
+    dtype = jax.dtypes.canonicalize_dtype(result_dtype(spec, {n: _dtype_of(env[n]) for n in spec.input_names}))
+    ctx = _Context(spec, env, shapes, dtype, _Grid.build(spec, shapes))
+    if spec.is_scatter:
+        return _scatter(ctx)
+    value = _contract(ctx) if einsum and is_contraction(spec) and _einsum_fits(ctx) else _reduce(ctx)
+    if spec.finalizer:
+        value = _apply(spec.finalizer, (value,))
+    return _place(ctx, value)
+
+
+def _np_dtype(value: Any) -> np.dtype:
+    return np.dtype(value.dtype) if hasattr(value, "dtype") else np.dtype(type(value))
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """One broadcast axis per index: free indices first (lhs order), then the reduced ones."""
+
+    names: tuple[str, ...]
+    lo: tuple[int, ...]
+    size: tuple[int, ...]
+
+    @staticmethod
+    def build(spec: Spec, shapes) -> "_Grid":
+        ranges = eval_shapes(spec, shapes)
+        names = spec.free + spec.reduced
+        lo = tuple(ranges[n][0] for n in names)
+        size = tuple(max(ranges[n][1] - ranges[n][0], 0) for n in names)
+        return _Grid(names, lo, size)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.size
+
+    @property
+    def empty(self) -> bool:
+        return 0 in self.size
+
+    def axis(self, name: str) -> int:
+        return self.names.index(name)
+
+    def values(self, name: str):
+        """The values of index ``name``, shaped to broadcast along its own grid axis."""
+        import jax.numpy as jnp
+
+        axis = self.axis(name)
+        shape = [1] * len(self.names)
+        shape[axis] = self.size[axis]
+        return jnp.arange(self.lo[axis], self.lo[axis] + self.size[axis]).reshape(shape)
+
+
+@dataclass(frozen=True)
+class _Context:
+    spec: Spec
+    env: Env
+    shapes: Mapping[str, tuple[int, ...]]
+    dtype: Any
+    grid: _Grid
+
+    def array(self, name: str):
+        import jax.numpy as jnp
+
+        return jnp.asarray(self.env[name])
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure contractions -> einsum
+# ---------------------------------------------------------------------------------------------
+def _factors(expr: Expr) -> list[Expr]:
+    if isinstance(expr, Binary) and expr.op == "*":
+        return _factors(expr.lhs) + _factors(expr.rhs)
+    return [expr]
+
+
+def is_contraction(spec: Spec) -> bool:
+    """A sum of products of plain accesses (distinct indices in each), a new result, no finaliser: einsum."""
+    if spec.redop != "+" or spec.assign != ":=" or spec.finalizer:
+        return False
+    for factor in _factors(spec.body):
+        if not isinstance(factor, Access):
+            return False
+        plain = [i.plain if isinstance(i, Affine) else None for i in factor.idx]
+        if None in plain or len(set(plain)) != len(plain):
+            return False
+    return True
+
+
+def _einsum_fits(ctx: _Context) -> bool:
+    used = {i.plain for f in _factors(ctx.spec.body) for i in f.idx}
+    return set(ctx.grid.names) <= used and len(ctx.grid.names) <= len(string.ascii_letters)
+
+
+def _contract(ctx: _Context):
+    import jax
+    import jax.numpy as jnp
+
+    letter = dict(zip(ctx.grid.names, string.ascii_letters))
+    operands, terms = [], []
+    for factor in _factors(ctx.spec.body):
+        names = [i.plain for i in factor.idx]
+        window = tuple(slice(ctx.grid.lo[ctx.grid.axis(n)], ctx.grid.lo[ctx.grid.axis(n)] + ctx.grid.size[
+            ctx.grid.axis(n)]) for n in names)
+        operands.append(ctx.array(factor.array)[window].astype(ctx.dtype))
+        terms.append("".join(letter[n] for n in names))
+    out = "".join(letter[n] for n in ctx.spec.free)
+    return jnp.einsum(f"{','.join(terms)}->{out}", *operands, precision=jax.lax.Precision.HIGHEST)
+
+
+# ---------------------------------------------------------------------------------------------
+# Broadcast and reduce
+# ---------------------------------------------------------------------------------------------
+def _reduce(ctx: _Context):
+    import jax
+    import jax.numpy as jnp
+
+    free_shape = ctx.grid.shape[:len(ctx.spec.free)]
+    if ctx.grid.empty:  # nothing to read: every element is the reduction's identity
+        return jnp.full(free_shape, IDENTITY[ctx.spec.redop], ctx.dtype)
+    value = jnp.broadcast_to(_as_array(_body(ctx, ctx.spec.body), ctx.dtype), ctx.grid.shape)
+    axes = tuple(range(len(ctx.spec.free), len(ctx.grid.names)))
+    if not axes:
+        return value
+    redop = ctx.spec.redop
+    if redop == "+":
+        return jnp.sum(value, axis=axes)
+    if redop == "*":
+        return jnp.prod(value, axis=axes)
+    if redop == "max":
+        return jnp.max(value, axis=axes)
+    if redop == "min":
+        return jnp.min(value, axis=axes)
+    return jax.nn.logsumexp(value, axis=axes)
+
+
+def _as_array(value, dtype):
+    import jax.numpy as jnp
+
+    return jnp.asarray(value, dtype=dtype) if not hasattr(value, "dtype") else value.astype(dtype)
+
+
+def _body(ctx: _Context, expr: Expr):
+    import jax.numpy as jnp
+
+    if isinstance(expr, Num):
+        return _as_array(expr.value, ctx.dtype)
+    if isinstance(expr, Param):
+        return _as_array(ctx.env[expr.name], ctx.dtype)
+    if isinstance(expr, IndexVal):
+        return (ctx.grid.values(expr.name) + expr.offset.eval(ctx.shapes)).astype(ctx.dtype)
+    if isinstance(expr, Access):
+        return _read(ctx, expr)
+    if isinstance(expr, Unary):
+        return -_body(ctx, expr.arg)
+    if isinstance(expr, Call):
+        return _apply(expr.fn, tuple(_body(ctx, a) for a in expr.args))
+    assert isinstance(expr, Binary), expr
+    lhs = _body(ctx, expr.lhs)
+    if expr.op == "^":
+        exponent = _integer_literal(expr.rhs)
+        if exponent is not None:
+            return jnp.power(lhs, exponent)  # integer_pow: exact, fine for negative bases
+        return jnp.power(lhs, _body(ctx, expr.rhs))
+    rhs = _body(ctx, expr.rhs)
+    return _binary(expr.op, lhs, rhs, ctx.dtype)
+
+
+def _integer_literal(expr: Expr) -> int | None:
+    if isinstance(expr, Num) and isinstance(expr.value, int):
+        return expr.value
+    if isinstance(expr, Unary) and isinstance(expr.arg, Num) and isinstance(expr.arg.value, int):
+        return -expr.arg.value
+    return None
+
+
+def _binary(op: str, lhs, rhs, dtype):
+    import jax.numpy as jnp
+
+    if op == "+":
+        return lhs + rhs
+    if op == "-":
+        return lhs - rhs
+    if op == "*":
+        return lhs * rhs
+    if op == "/":
+        return lhs / rhs
+    compare = {"<": jnp.less, "<=": jnp.less_equal, ">": jnp.greater, ">=": jnp.greater_equal,
+               "==": jnp.equal, "!=": jnp.not_equal}[op]
+    return compare(lhs, rhs).astype(dtype)
+
+
+def _apply(fn: str, args: tuple):
+    """The allow-listed functions (ir.FUNCTIONS), with jax's own derivative conventions (relu'(0) = 0,
+    max/min split ties equally)."""
+    import jax
+    import jax.numpy as jnp
+
+    if fn == "ifelse":
+        cond, then, other = args
+        return jnp.where(cond != 0, then, other)
+    if fn == "max":
+        return jnp.maximum(*args)
+    if fn == "min":
+        return jnp.minimum(*args)
+    (x,) = args
+    table = {
+        "exp": jnp.exp, "log": jnp.log, "log1p": jnp.log1p, "expm1": jnp.expm1, "sqrt": jnp.sqrt,
+        "abs": jnp.abs, "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "tanh": jnp.tanh, "sinh": jnp.sinh,
+        "cosh": jnp.cosh, "sigmoid": jax.nn.sigmoid, "softplus": jax.nn.softplus, "relu": jax.nn.relu,
+        "conj": jnp.conj, "real": jnp.real, "imag": jnp.imag,
+    }
+    out = table[fn](x)
+    return out.astype(x.dtype) if fn in ("real", "imag") else out  # stay in the result dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading one access on the grid
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Position:
+    """Where one axis of an access reads: ``pos`` (in range), ``inside`` (False: a pad reads 0) and
+    ``defined`` (False: an indirect index outside the axis, which reads NaN, as jnp.take's fill does)."""
+
+    pos: Any
+    inside: Any = None
+    defined: Any = None
+
+
+def _read(ctx: _Context, acc: Access):
+    import jax.numpy as jnp
+
+    if _sliceable(acc):
+        return _read_slices(ctx, acc)
+    array = ctx.array(acc.array)
+    positions = [_position(ctx, idx, array.shape[axis]) for axis, idx in enumerate(acc.idx)]
+    value = array[tuple(jnp.asarray(p.pos) for p in positions)].astype(ctx.dtype)
+    defined = _all([p.defined for p in positions])
+    inside = _all([p.inside for p in positions])
+    if defined is not None:
+        value = jnp.where(defined, value, jnp.nan)
+    if inside is not None:
+        value = jnp.where(inside, value, 0)
+    return value
+
+
+def _all(masks: list):
+    found = [m for m in masks if m is not None]
+    if not found:
+        return None
+    out = found[0]
+    for mask in found[1:]:
+        out = out & mask
+    return out
+
+
+def _affine(ctx: _Context, aff: Affine):
+    """``sum(coef * index) + const`` on the grid (a Python int when no index appears); ``div`` is not applied."""
+    total = None
+    for name, coef in aff.terms:
+        term = ctx.grid.values(name) if coef == 1 else coef * ctx.grid.values(name)
+        total = term if total is None else total + term
+    const = aff.const.eval(ctx.shapes)
+    if total is None:
+        return const
+    return total + const if const else total
+
+
+def _position(ctx: _Context, idx: Idx, extent: int) -> _Position:
+    import jax.numpy as jnp
+
+    if isinstance(idx, Affine):  # in bounds: check_shapes proved it
+        return _Position(_affine(ctx, idx))
+    if isinstance(idx, Indirect):
+        where = ctx.array(idx.array)[jnp.asarray(_affine(ctx, idx.inner))]
+        defined = (where >= 0) & (where < extent)
+        return _Position(jnp.clip(where, 0, max(extent - 1, 0)), defined=defined)
+    raw = _affine(ctx, idx.inner)
+    if idx.kind == "mod":
+        return _Position(jnp.mod(raw, extent))
+    if idx.kind == "clamp":
+        return _Position(jnp.clip(raw, 0, extent - 1))
+    inside = jnp.asarray(True)
+    if idx.inner.div > 1:
+        inside = jnp.mod(raw, idx.inner.div) == 0
+        raw = jnp.floor_divide(raw, idx.inner.div)
+    inside = inside & (raw >= 0) & (raw < extent)
+    return _Position(jnp.clip(raw, 0, max(extent - 1, 0)), inside=inside)
+
+
+def _sliceable(acc: Access) -> bool:
+    """Every axis a constant or one index (coefficient != 0), each index on one axis only: a strided slice."""
+    names: list[str] = []
+    for idx in acc.idx:
+        if not isinstance(idx, Affine) or idx.div != 1 or len(idx.terms) > 1:
+            return False
+        names += idx.names()
+    return len(names) == len(set(names))
+
+
+def _read_slices(ctx: _Context, acc: Access):
+    import jax.numpy as jnp
+
+    window, names, flips = [], [], []
+    for idx in acc.idx:
+        const = idx.const.eval(ctx.shapes)
+        if not idx.terms:
+            window.append(const)
+            continue
+        (name, coef), = idx.terms
+        axis = ctx.grid.axis(name)
+        lo, n = ctx.grid.lo[axis], ctx.grid.size[axis]
+        first, last = coef * lo + const, coef * (lo + n - 1) + const
+        window.append(slice(min(first, last), max(first, last) + 1, abs(coef)))
+        if coef < 0:
+            flips.append(len(names))
+        names.append(name)
+    value = ctx.array(acc.array)[tuple(window)]
+    if flips:
+        value = jnp.flip(value, axis=flips)
+    order = sorted(range(len(names)), key=lambda k: ctx.grid.axis(names[k]))
+    value = jnp.transpose(value, order)
+    shape = [ctx.grid.size[a] if n in names else 1 for a, n in enumerate(ctx.grid.names)]
+    return value.reshape(shape).astype(ctx.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Placing the result
+# ---------------------------------------------------------------------------------------------
+def _place(ctx: _Context, value):
+    spec = ctx.spec
+    if spec.assign == ":=":
+        return value
+    base = _as_array(ctx.array(spec.out), ctx.dtype)
+    if spec.lhs is None:
+        return value if spec.assign == "=" else base + value
+    window = []
+    for idx in spec.lhs:
+        axis = ctx.grid.axis(idx.plain)
+        window.append(slice(ctx.grid.lo[axis], ctx.grid.lo[axis] + ctx.grid.size[axis]))
+    target = base.at[tuple(window)]
+    return target.set(value) if spec.assign == "=" else target.add(value)
+
+
+def _scatter(ctx: _Context):
+    """``out[computed positions] += body`` over every index; positions outside the output are dropped."""
+    import jax.numpy as jnp
+
+    base = _as_array(ctx.array(ctx.spec.out), ctx.dtype)
+    if ctx.grid.empty:
+        return base
+    value = jnp.broadcast_to(_as_array(_body(ctx, ctx.spec.body), ctx.dtype), ctx.grid.shape)
+    where = []
+    for axis, idx in enumerate(ctx.spec.lhs):
+        extent = base.shape[axis]
+        pos = _position(ctx, idx, extent)
+        keep = _all([pos.inside, pos.defined])
+        place = jnp.asarray(pos.pos) if keep is None else jnp.where(keep, pos.pos, extent)
+        where.append(jnp.broadcast_to(place, ctx.grid.shape))
+    return base.at[tuple(where)].add(value, mode="drop")
+
+
+# ---------------------------------------------------------------------------------------------
+# The backend object
+# ---------------------------------------------------------------------------------------------
+class XlaBackend:
+    """Runs specs through the plain jnp lowering, jitted (the reference and comparator backend)."""
+
+    name = "xla"
+
+    def availability(self) -> tuple[bool, str]:
+        try:
+            import jax  # noqa: F401
+        except ImportError:
+            return False, "pip install jax"
+        return True, ""
+
+    def generate_source(self, spec: Spec, signature: Signature,
+                        shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
+        """The jaxpr of the lowering. XLA code depends on the shapes, so this traces with ``shapes`` (default:
+        small example shapes from ``tullax.testing.shapes_for``) and says which ones in the first line."""
+        import jax
+
+        if shapes is None:
+            from ..testing import shapes_for
+            shapes = shapes_for(spec, seed=0)
+        args = {}
+        for inp, dtype in zip(spec.inputs, signature.in_dtypes):
+            args[inp.name] = jax.ShapeDtypeStruct(tuple(shapes[inp.name]), np.dtype(dtype))
+        jaxpr = jax.make_jaxpr(lower(spec))(args)
+        listed = ", ".join(f"{n}: {tuple(shapes[n])}" for n in spec.input_names)
+        return f"# jaxpr of the jnp lowering for shapes {listed}\n{jaxpr}\n"
+
+    def build(self, spec: Spec, signature: Signature) -> HostKernel:
+        """A host kernel ``kernel(out, *inputs)`` that runs the jitted lowering on NumPy inputs (in
+        ``spec.inputs`` order; for '='/'+=' the existing values are read from ``out``) and writes ``out``."""
+        import jax
+
+        compiled = jax.jit(lower(spec))
+        wide = any(np.dtype(d).itemsize >= 8 and np.dtype(d).kind in "fc"
+                   for d in (*signature.in_dtypes, signature.out_dtype))
+
+        def kernel(out: np.ndarray, *inputs: Any) -> None:
+            if len(inputs) != len(spec.inputs):
+                raise ShapeError(f"the kernel takes {len(spec.inputs)} inputs ({', '.join(spec.input_names)}), "
+                                 f"got {len(inputs)}")
+            env = dict(zip(spec.input_names, inputs))
+            if spec.assign != ":=":
+                env[spec.out] = out
+            check_shapes(spec, input_shapes(spec, env))
+            check_index_values(spec, env)
+            with jax.enable_x64(wide or bool(jax.config.jax_enable_x64)):
+                result = compiled(env)
+                out[...] = np.asarray(result).astype(out.dtype, copy=False)
+
+        return kernel

@@ -1,0 +1,293 @@
+"""The results document: machine information, derived ratios, and its JSON, Markdown, console and PNG forms.
+
+Document layout (``format`` 1)::
+
+    {"format": 1, "machine": {...}, "config": {...}, "unavailable": {backend: why}, "elapsed_s": ...,
+     "cases": [{"name", "spec", "canonical", "shapes", "check_shapes", "ttfk_shapes", "dtype",
+                "results": {backend: {"status", "fwd_ms", "bwd_ms", "first_fwd_ms", "first_bwd_ms",
+                                      "ttfk_cold_ms", "ttfk_warm_ms", "peak_rss_mb", "rss_before_mb",
+                                      "max_rel_err", "rel_err", "errors", "cache_entries",
+                                      derived: "grad_fwd_ratio", "fwd_speedup", "bwd_speedup",
+                                      "ttfk_warm_over_cold"}}}]}
+
+Times are milliseconds; speed-ups are XLA's time over the backend's (above 1: faster than XLA).
+"""
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from .runner import REFERENCE
+
+VERSIONED = ("tullax", "numpy", "jax", "jaxlib", "numba", "llvmlite", "juliacall", "matplotlib")
+MARKDOWN_COLUMNS = ("case", "backend", "forward", "backward", "grad/fwd", "fwd vs XLA", "bwd vs XLA",
+                    "TTFK cold", "TTFK warm", "peak RSS", "max rel err")
+
+
+# ------------------------------------------------------------------------------------------ machine
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers depend on: CPU, cores, memory, versions, date, the repository's commit."""
+    return {
+        "cpu": _cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {name: _version(name) for name in VERSIONED},
+        "julia": _julia(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": _git_commit(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            kib = int(next(line for line in meminfo if line.startswith("MemTotal")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        return None
+    return round(kib / 1024**2, 1)
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _julia() -> str | None:
+    """The Julia found (never importing juliacall: without a Julia that import downloads one)."""
+    try:
+        from ..backends.julia_detect import find_julia
+    except ImportError:
+        return None
+    found = find_julia()
+    return f"{found.version_text} ({found.exe})" if found else None
+
+
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=False, cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+# ------------------------------------------------------------------------------------------ derived
+
+
+def _ratio(numerator: Any, denominator: Any) -> float | None:
+    if isinstance(numerator, int | float) and isinstance(denominator, int | float) and denominator > 0:
+        return numerator / denominator
+    return None
+
+
+def derive(doc: dict) -> dict:
+    """Add the ratios every reader wants: grad/fwd, speed-ups over XLA, warm over cold TTFK (in place)."""
+    for case in doc["cases"]:
+        reference = case["results"].get(REFERENCE, {})
+        for row in case["results"].values():
+            row["grad_fwd_ratio"] = _ratio(row.get("bwd_ms"), row.get("fwd_ms"))
+            row["fwd_speedup"] = _ratio(reference.get("fwd_ms"), row.get("fwd_ms"))
+            row["bwd_speedup"] = _ratio(reference.get("bwd_ms"), row.get("bwd_ms"))
+            row["ttfk_warm_over_cold"] = _ratio(row.get("ttfk_warm_ms"), row.get("ttfk_cold_ms"))
+    return doc
+
+
+def rows(doc: dict) -> list[tuple[dict, str, dict]]:
+    """(case, backend, result) in display order."""
+    return [(case, backend, case["results"][backend]) for case in doc["cases"]
+            for backend in doc["config"]["backends"] if backend in case["results"]]
+
+
+# ------------------------------------------------------------------------------------------ formatting
+
+
+def fmt_ms(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "—"
+    if value < 1:
+        return f"{value * 1e3:.0f} µs"
+    if value < 1000:
+        return f"{value:.3g} ms" if value < 100 else f"{value:.0f} ms"
+    return f"{value / 1e3:.2f} s"
+
+
+def fmt_x(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "—"
+    return f"{value:.2g}x" if value < 10 else f"{value:.0f}x"
+
+
+def fmt_ratio(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, int | float) else "—"
+
+
+def fmt_err(value: Any) -> str:
+    return f"{value:.1e}" if isinstance(value, int | float) else "—"
+
+
+def fmt_mb(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "—"
+    return f"{value / 1024:.2f} GiB" if value >= 1024 else f"{value:.0f} MiB"
+
+
+def cells(case: dict, backend: str, row: dict) -> list[str]:
+    reference = backend == REFERENCE
+    return [
+        case["name"], backend, fmt_ms(row.get("fwd_ms")), fmt_ms(row.get("bwd_ms")),
+        fmt_ratio(row.get("grad_fwd_ratio")),
+        "(reference)" if reference else fmt_x(row.get("fwd_speedup")),
+        "(reference)" if reference else fmt_x(row.get("bwd_speedup")),
+        fmt_ms(row.get("ttfk_cold_ms")), "n/a" if reference else fmt_ms(row.get("ttfk_warm_ms")),
+        fmt_mb(row.get("peak_rss_mb")), fmt_err(row.get("max_rel_err")),
+    ]
+
+
+def problems(doc: dict) -> list[str]:
+    """One line per failed, timed-out or crashed measurement."""
+    lines = []
+    for case, backend, row in rows(doc):
+        where = f"{case['name']} · {backend}"
+        if row.get("status", "ok") not in ("ok", "errors"):
+            lines.append(f"{where}: {row['status']}")
+        for phase, error in (row.get("errors") or {}).items():
+            lines.append(f"{where}: {phase} failed: {error.splitlines()[0] if error else error}")
+        if row.get("ttfk_warm_error"):
+            lines.append(f"{where}: warm TTFK failed: {row['ttfk_warm_error'].splitlines()[0]}")
+    lines += [f"{name}: not run ({why})" for name, why in doc.get("unavailable", {}).items()]
+    return lines
+
+
+def machine_line(doc: dict) -> str:
+    machine, config = doc["machine"], doc["config"]
+    versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items() if v and k != "matplotlib")
+    julia = f", julia {machine['julia']}" if machine.get("julia") else ""
+    return (f"{machine['cpu']}, {machine['usable_cores']} cores, {machine.get('memory_gib')} GiB; "
+            f"Python {machine['python']}, {versions}{julia}; {machine['date']}"
+            f"{', commit ' + machine['git_commit'] if machine.get('git_commit') else ''}. "
+            f"{config['dtype']}, best of {config['repeat']}+ runs after a warm-up"
+            f"{', quick sizes' if config.get('quick') else ''}.")
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def to_markdown(doc: dict, title: str = "tullax benchmarks", extra: str = "") -> str:
+    out = [f"# {title}", "", machine_line(doc), "",
+           "forward: `jax.jit` of the kernel; backward: `jax.jit` of the VJP w.r.t. every float input with a "
+           "random cotangent (it includes any forward work the gradient needs). XLA: `jax.jit` of the plain "
+           "jnp lowering, differentiated by jax. TTFK: time to first kernel, forward plus gradients on tiny "
+           "inputs in a new process, with an empty (cold) and a populated (warm) tullax cache. max rel err: "
+           "max |a - b| / max |b| of the forward result and every gradient against the float64 XLA lowering. "
+           "peak RSS: high-water resident memory of the backend's own process.", ""]
+    out += ["| " + " | ".join(MARKDOWN_COLUMNS) + " |", "|" + "|".join("---" for _ in MARKDOWN_COLUMNS) + "|"]
+    out += ["| " + " | ".join(_md_escape(c) for c in cells(case, backend, row)) + " |"
+            for case, backend, row in rows(doc)]
+    out += ["", "| case | spec | shapes |", "|---|---|---|"]
+    for case in doc["cases"]:
+        shapes = ", ".join(f"{name} {'x'.join(map(str, shape)) or 'scalar'}" for name, shape in case["shapes"].items())
+        out.append(f"| {case['name']} | `{_md_escape(case['canonical'])}` | {shapes} |")
+    issues = problems(doc)
+    if issues:
+        out += ["", "Problems:", ""] + [f"- {_md_escape(line)}" for line in issues]
+    if extra:
+        out += ["", extra.rstrip()]
+    return "\n".join(out) + "\n"
+
+
+def print_table(doc: dict, console: Any, title: str = "tullax vs XLA") -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=Text(title), caption=Text(machine_line(doc)))
+    for column in MARKDOWN_COLUMNS:
+        table.add_column(column, justify="left" if column in ("case", "backend") else "right")
+    for case, backend, row in rows(doc):
+        table.add_row(*(Text(cell) for cell in cells(case, backend, row)))
+    console.print(table)
+    for line in problems(doc):
+        console.print(Text(line, style="yellow"))
+
+
+def make_console(stderr: bool = False) -> Any:
+    """A rich console; piped output gets 160 columns instead of rich's 80, too narrow for the table."""
+    import sys
+
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, highlight=False, width=160 if piped else None)
+
+
+def write_json(doc: dict, path: str | os.PathLike[str]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: str | os.PathLike[str]) -> dict:
+    return derive(json.loads(Path(path).read_text()))
+
+
+# ------------------------------------------------------------------------------------------ the chart
+
+
+def plot(doc: dict, path: str | os.PathLike[str]) -> None:
+    """Forward and backward time per case (log scale, one bar per backend) and the grad/fwd ratio."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = [case["name"] for case in doc["cases"]]
+    backends = doc["config"]["backends"]
+    panels = (("fwd_ms", "forward (ms, log)", True), ("bwd_ms", "backward: all gradients (ms, log)", True),
+              ("grad_fwd_ratio", "backward / forward (log)", False))
+    figure, axes = plt.subplots(1, len(panels), figsize=(6 + 1.6 * len(names), 4.8), squeeze=False)
+    positions = np.arange(len(names))
+    width = 0.8 / max(len(backends), 1)
+    for axis, (field, label, timing) in zip(axes[0], panels):
+        for number, backend in enumerate(backends):
+            values = [case["results"].get(backend, {}).get(field) for case in doc["cases"]]
+            heights = [v if isinstance(v, int | float) and v > 0 else np.nan for v in values]
+            axis.bar(positions + (number - (len(backends) - 1) / 2) * width, heights, width, label=backend)
+        axis.set_yscale("log")
+        if not timing:
+            axis.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        axis.set_title(label)
+        axis.set_xticks(positions, names, rotation=30, ha="right")
+        axis.grid(axis="y", alpha=0.3, which="both")
+    axes[0][0].legend()
+    machine = doc["machine"]
+    figure.suptitle(f"tullax vs XLA, {doc['config']['dtype']}: {machine['cpu']}, {machine['usable_cores']} cores",
+                    fontsize=10)
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

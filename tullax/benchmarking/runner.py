@@ -1,0 +1,258 @@
+"""The parent side: one child process per (case, backend), timeouts, a progress bar, the results document.
+
+For every case and backend a main child runs ``ttfk`` (cold: it gets a fresh, empty ``TULLAX_CACHE_DIR``),
+``fwd``, ``bwd`` and ``check``; for tullax backends a second child then runs ``ttfk`` alone against the cache
+the first one filled (warm). XLA has no tullax cache, so it gets no warm measurement.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .case import BenchCase, check_case_shapes
+from .worker import LINE_PREFIX
+
+REFERENCE = "xla"
+MAIN_PHASES = ("ttfk", "fwd", "bwd", "check")
+STDERR_TAIL = 4000
+# Backends the suite tries by default, besides the XLA reference; each is used only where it is available.
+DEFAULT_BACKENDS = ("numba", "julia", "julia-cuda")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    backends: tuple[str, ...]  # in display order; "xla" is the reference
+    dtype: str = "float32"
+    repeat: int = 3
+    timeout_s: float = 600.0
+    ttfk_timeout_s: float = 300.0
+    ttfk: bool = True
+    check: bool = True
+    seed: int = 0
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    records: list[dict]
+    returncode: int | None  # None: killed at the timeout
+    stderr_tail: str
+    wall_s: float
+
+
+# ------------------------------------------------------------------------------------------- backends
+
+
+def select_backends(requested: Sequence[str] | None) -> tuple[list[str], dict[str, str]]:
+    """The usable backends (XLA first, always) and, for each requested one that is not usable, why.
+    ``requested=None`` means every default backend that is available here."""
+    from .. import backends as registry
+
+    status = {name: (ok, why) for name, ok, why in registry.availability()}
+    wanted = list(DEFAULT_BACKENDS) if requested is None else [b for b in requested if b != REFERENCE]
+    usable, unavailable = [REFERENCE], {}
+    for name in dict.fromkeys(wanted):
+        ok, why = status.get(name, (False, f"unknown backend {name!r}; known: {', '.join(status)}"))
+        if ok:
+            usable.append(name)
+        else:
+            unavailable[name] = why
+    return usable, unavailable
+
+
+# ------------------------------------------------------------------------------------------- children
+
+
+def run_child(job: dict, cache_dir: str, timeout_s: float, extra_env: dict[str, str],
+              on_record: Callable[[dict], None] = lambda record: None) -> ChildResult:
+    """Run one worker; its records arrive as they are printed. At the timeout the child is killed and
+    what it had reported so far is kept."""
+    env = {**os.environ, **extra_env, "TULLAX_CACHE_DIR": cache_dir, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "tullax.benchmarking.worker", json.dumps(job)]
+    started = time.perf_counter()
+    with tempfile.TemporaryFile(mode="w+") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        lines: queue.Queue[str | None] = queue.Queue()
+        reader = threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True)
+        reader.start()
+        records, finished = _collect(lines, started + timeout_s, on_record)
+        if not finished:
+            process.kill()
+        returncode = process.wait()
+        reader.join(timeout=5)
+        stderr.seek(0)
+        tail = stderr.read()[-STDERR_TAIL:]
+    return ChildResult(records, returncode if finished else None, tail, time.perf_counter() - started)
+
+
+def _pump(stream: Any, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def _collect(lines: queue.Queue, deadline: float, on_record: Callable[[dict], None]) -> tuple[list[dict], bool]:
+    records = []
+    while True:
+        try:
+            line = lines.get(timeout=max(deadline - time.perf_counter(), 0.0))
+        except queue.Empty:
+            return records, False
+        if line is None:
+            return records, True
+        if line.startswith(LINE_PREFIX):  # anything else is a library talking on stdout
+            record = json.loads(line[len(LINE_PREFIX):])
+            on_record(record)
+            if "phase" in record:
+                records.append(record)
+
+
+# ------------------------------------------------------------------------------------------- one case
+
+
+def case_document(case: BenchCase, dtype: str) -> dict:
+    """The case's description in the results, with the canonical spec; shapes checked before any child."""
+    from ..errors import ShapeError
+    from ..frontend import compile_spec
+
+    canonical, spec = compile_spec(case.spec, case.ranges)
+    fields = case.job_fields()
+    check_case_shapes(spec, case.shapes)
+    if case.check_shapes is not None:
+        check_case_shapes(spec, case.check_shapes)
+    try:
+        check_case_shapes(spec, fields["ttfk_shapes"])
+    except ShapeError:  # capping every extent broke an agreement: time the first kernel at the check shapes
+        if case.ttfk_shapes is not None:
+            raise
+        fields["ttfk_shapes"] = fields["check_shapes"]
+    return {**fields, "name": case.name, "canonical": canonical, "dtype": dtype}
+
+
+def run_backend(document: dict, backend: str, config: RunConfig,
+                progress: Callable[[str], None] = lambda what: None) -> dict:
+    """Every measurement of one case on one backend (a main child, then a warm TTFK child)."""
+    phases = [p for p in MAIN_PHASES if (p != "ttfk" or config.ttfk) and (p != "check" or config.check)]
+    job = {**{k: document[k] for k in ("spec", "ranges", "shapes", "check_shapes", "ttfk_shapes")},
+           "backend": backend, "dtype": config.dtype, "repeat": config.repeat, "seed": config.seed,
+           "phases": phases}
+    cache_dir = tempfile.mkdtemp(prefix="tullax-bench-cache-")
+    try:
+        def report(record: dict) -> None:
+            if "begin" in record:
+                progress(record["begin"])
+
+        main = run_child(job, cache_dir, config.timeout_s, config.extra_env, report)
+        row = summarise_main(main, config.timeout_s)
+        if config.ttfk and backend != REFERENCE and row.get("ttfk_cold_ms") is not None:
+            progress("ttfk warm (new process)")
+            warm = run_child({**job, "phases": ["ttfk"]}, cache_dir, config.ttfk_timeout_s, config.extra_env)
+            row.update(summarise_warm(warm, config.ttfk_timeout_s))
+        return row
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def summarise_main(child: ChildResult, timeout_s: float) -> dict:
+    row: dict[str, Any] = {"errors": {}, "wall_s": round(child.wall_s, 2)}
+    for record in child.records:
+        phase = record["phase"]
+        if "error" in record:
+            row["errors"][phase] = record["error"]
+            continue
+        if phase == "ttfk":
+            row.update(ttfk_cold_ms=record["ttfk_ms"], ttfk_cold_fwd_ms=record["ttfk_fwd_ms"],
+                       ttfk_cold_load_ms=record["ttfk_load_ms"],
+                       ttfk_shapes=record["ttfk_shapes"], cache_entries=record["cache_entries"])
+        elif phase == "start":
+            row["import_ms"] = record["import_ms"]
+        elif phase == "end":
+            row["llvm_runtimes"] = record["llvm_runtimes"]
+            if len(record["llvm_runtimes"]) > 1:
+                row["errors"]["process"] = "numba and juliacall were both loaded in one process"
+        else:
+            peak = max(row.get("peak_rss_mb") or 0.0, record.pop("peak_rss_mb", 0.0) or 0.0)
+            record.pop("check_shapes", None)
+            row.update(record, peak_rss_mb=peak or None)
+    row.pop("phase", None)
+    row["status"] = _status(child, row, timeout_s)
+    if row["status"] != "ok":
+        row["stderr_tail"] = child.stderr_tail
+    return row
+
+
+def summarise_warm(child: ChildResult, timeout_s: float) -> dict:
+    for record in child.records:
+        if record["phase"] == "ttfk":
+            if "error" in record:
+                return {"ttfk_warm_error": record["error"]}
+            return {"ttfk_warm_ms": record["ttfk_ms"], "ttfk_warm_fwd_ms": record["ttfk_fwd_ms"],
+                    "ttfk_warm_load_ms": record["ttfk_load_ms"],
+                    "cache_entries_warm": record["cache_entries"]}
+    if child.returncode is None:
+        return {"ttfk_warm_error": f"timed out after {timeout_s:g} s"}
+    return {"ttfk_warm_error": f"the child exited with status {child.returncode}: {child.stderr_tail[-500:]}"}
+
+
+def _status(child: ChildResult, row: dict, timeout_s: float) -> str:
+    if child.returncode is None:
+        return f"timeout after {timeout_s:g} s"
+    if child.returncode != 0:
+        return f"crashed (exit status {child.returncode})"
+    return "errors" if row["errors"] else "ok"
+
+
+# ------------------------------------------------------------------------------------------- the run
+
+
+def run_cases(cases: Sequence[BenchCase], config: RunConfig, *, show_progress: bool = True,
+              unavailable: dict[str, str] | None = None) -> dict:
+    """Run every case on every backend of ``config``; returns the results document (see report.py)."""
+    from rich.markup import escape
+
+    from .report import derive, machine_info
+
+    documents = [case_document(case, config.dtype) for case in cases]
+    started = time.time()
+    with _progress(show_progress) as progress:
+        task = progress.add_task("starting", total=len(documents) * len(config.backends))
+        for document in documents:
+            document["results"] = {}
+            for backend in config.backends:
+                label = f"{document['name']} · {backend}"
+
+                def show(what: str, label: str = label) -> None:
+                    progress.update(task, description=escape(f"{label} · {what}"))
+
+                show("starting")
+                document["results"][backend] = run_backend(document, backend, config, show)
+                progress.advance(task)
+        progress.update(task, description="done")
+    doc = {
+        "format": 1,
+        "machine": machine_info(),
+        "config": {"dtype": config.dtype, "repeat": config.repeat, "timeout_s": config.timeout_s,
+                   "backends": list(config.backends), "reference": REFERENCE, "ttfk": config.ttfk,
+                   "check": config.check, "seed": config.seed},
+        "unavailable": dict(unavailable or {}),
+        "elapsed_s": round(time.time() - started, 1),
+        "cases": documents,
+    }
+    return derive(doc)
+
+
+def _progress(show: bool) -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=Console(stderr=True), disable=not show, transient=False)

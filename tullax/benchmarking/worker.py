@@ -1,0 +1,280 @@
+"""The child process of a benchmark: one backend, one case, in a process of its own.
+
+    python -m tullax.benchmarking.worker '<job as JSON>'
+
+The job names the spec, the backend ('xla' means jax.jit of the plain jnp lowering, differentiated by jax
+itself; any other name is a tullax backend through ``einsum_kernel``), the shapes and the phases to run:
+
+- ``ttfk``: time to first kernel on tiny inputs, forward plus all gradients under jit (first thing in the
+  process, so it is cold or warm according to the cache directory the parent chose);
+- ``fwd`` / ``bwd``: best-of-N wall time of the jitted forward, and of the jitted VJP with a random cotangent
+  w.r.t. every float input (it includes whatever forward work the gradient needs; XLA drops the rest);
+- ``check``: the float results (forward and gradients) against the float64 XLA lowering, max relative error.
+
+Each phase prints one line ``@@tullax-bench {json}`` as soon as it ends (a parent that kills a slow child
+keeps what was already reported); a phase that fails reports its error and the next phase still runs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+from .case import differentiable_positions, make_inputs
+
+LINE_PREFIX = "@@tullax-bench "
+MIN_TIMING_S = 0.25  # fast kernels repeat until this much time was measured, to tame timer noise
+MAX_RUNS = 100
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(LINE_PREFIX + json.dumps(record), flush=True)
+
+
+# ------------------------------------------------------------------------------------------ the functions
+
+
+class Subject:
+    """The jitted forward and VJP of one spec on one backend."""
+
+    def __init__(self, spec_text: str, ranges: dict | None, backend: str):
+        import jax
+
+        import tullax
+
+        kernel = tullax.einsum_kernel(spec_text, backend=backend, ranges=ranges)
+        if backend != "xla":
+            kernel.backend  # noqa: B018 - resolve it now: importing the backend is part of the first kernel
+        self.ir = kernel.ir
+        self.forward_fn = plain_lowering(kernel.ir) if backend == "xla" else kernel
+        self.wrt = differentiable_positions(kernel.ir)
+        self.fwd = jax.jit(self.forward_fn)
+        self.bwd = jax.jit(vjp_of(self.forward_fn, self.wrt))
+
+
+def plain_lowering(spec: Any) -> Callable[..., Any]:
+    """The XLA reference: the jnp lowering as a plain function of the inputs, differentiated by jax."""
+    from tullax.backends.xla import lower
+
+    lowered = lower(spec)
+    names = spec.input_names
+
+    def forward(*values: Any) -> Any:
+        return lowered(dict(zip(names, values)))
+
+    return forward
+
+
+def vjp_of(forward: Callable[..., Any], wrt: tuple[int, ...]) -> Callable[..., Any]:
+    """``(cotangent, *inputs) -> gradients w.r.t. the inputs at positions wrt`` (index arrays stay inputs
+    of the jitted function instead of becoming baked-in constants)."""
+    import jax
+
+    def pullback(cotangent: Any, *values: Any) -> tuple[Any, ...]:
+        def partial(*diff_values: Any) -> Any:
+            full = list(values)
+            for pos, value in zip(wrt, diff_values):
+                full[pos] = value
+            return forward(*full)
+
+        _, vjp = jax.vjp(partial, *[values[pos] for pos in wrt])
+        return vjp(cotangent)
+
+    return pullback
+
+
+def device_inputs(spec: Any, shapes: dict, dtype: str, seed: int) -> tuple[list[Any], Any]:
+    """jax inputs for ``spec`` at ``shapes`` and a random cotangent for its output."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    shapes = {name: tuple(shape) for name, shape in shapes.items()}
+    host = make_inputs(spec, shapes, dtype, seed)
+    out_shape = tuple(int(extent.eval(shapes)) for extent in spec.out_shape)
+    # Every data input is made in `dtype`, so the result (jnp.result_type of the data inputs) is `dtype` too.
+    cotangent = np.random.default_rng(seed + 1).standard_normal(out_shape).astype(dtype)
+    return [jnp.asarray(value) for value in host], jnp.asarray(cotangent)
+
+
+def block(value: Any) -> Any:
+    import jax
+
+    return jax.block_until_ready(value)
+
+
+# ------------------------------------------------------------------------------------------------ phases
+
+
+def phase_ttfk(job: dict) -> dict:
+    """Kernel construction, tracing, compilation and the first forward and gradient call, on tiny inputs."""
+    from tullax.frontend import compile_spec
+
+    _, spec = compile_spec(job["spec"], job.get("ranges"))
+    shapes = job["ttfk_shapes"]
+    args, cotangent = device_inputs(spec, shapes, job["dtype"], job["seed"])
+    start = time.perf_counter()
+    subject = Subject(job["spec"], job.get("ranges"), job["backend"])
+    loaded = time.perf_counter()
+    block(subject.fwd(*args))
+    forward_done = time.perf_counter()
+    if subject.wrt:
+        block(subject.bwd(cotangent, *args))
+    end = time.perf_counter()
+    return {
+        "ttfk_ms": (end - start) * 1e3, "ttfk_fwd_ms": (forward_done - start) * 1e3,
+        "ttfk_load_ms": (loaded - start) * 1e3,
+        "ttfk_shapes": shapes, "cache_entries": cache_timings(job["backend"]),
+    }
+
+
+def cache_timings(backend: str) -> list[dict]:
+    """The compile cache's own timings (parse+codegen, compile, first run) of what this process built."""
+    if backend == "xla":
+        return []
+    from tullax.runtime.cache import get_cache
+
+    keep = ("kind", "spec", "backend")
+    return [{name: value for name, value in entry.items() if name in keep or name.endswith("_ms")}
+            for entry in get_cache().entries()]
+
+
+def _timed_phase(job: dict, state: dict, which: str) -> dict:
+    subject = state.get("subject") or state.setdefault(
+        "subject", Subject(job["spec"], job.get("ranges"), job["backend"]))
+    if "args" not in state:
+        state["rss_before_mb"] = current_rss_mb()
+        state["args"], state["cotangent"] = device_inputs(subject.ir, job["shapes"], job["dtype"], job["seed"])
+    args, cotangent = state["args"], state["cotangent"]
+    if which == "bwd" and not subject.wrt:
+        return {"skipped": "no input is differentiable"}
+    call = (lambda: block(subject.fwd(*args))) if which == "fwd" else (lambda: block(subject.bwd(cotangent, *args)))
+    start = time.perf_counter()
+    call()  # the warm-up: tracing, compiling and the first run
+    first_ms = (time.perf_counter() - start) * 1e3
+    best_ms, runs = best_of(call, job["repeat"])
+    return {f"{which}_ms": best_ms, f"first_{which}_ms": first_ms, f"{which}_runs": runs,
+            "rss_before_mb": state["rss_before_mb"], "peak_rss_mb": peak_rss_mb()}
+
+
+def best_of(call: Callable[[], Any], repeat: int) -> tuple[float, int]:
+    """Best wall time in ms over at least ``repeat`` calls; quick calls repeat until MIN_TIMING_S was spent."""
+    times: list[float] = []
+    while len(times) < repeat or (sum(times) < MIN_TIMING_S and len(times) < MAX_RUNS):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3, len(times)
+
+
+def phase_check(job: dict, state: dict) -> dict:
+    """Max relative error (max |a-b| / max |b| per result) of forward and gradients vs float64 XLA."""
+    import jax
+    import numpy as np
+
+    subject = state.get("subject") or Subject(job["spec"], job.get("ranges"), job["backend"])
+    args, cotangent = device_inputs(subject.ir, job["check_shapes"], job["dtype"], job["seed"] + 7)
+    results = [block(subject.fwd(*args))]
+    if subject.wrt:
+        results += list(block(subject.bwd(cotangent, *args)))
+    with jax.enable_x64(True):
+        wide = [_widen(a) for a in args]
+        reference_fn = plain_lowering(subject.ir)
+        references = [block(jax.jit(reference_fn)(*wide))]
+        if subject.wrt:
+            references += list(block(jax.jit(vjp_of(reference_fn, subject.wrt))(_widen(cotangent), *wide)))
+        names = ["out"] + [subject.ir.inputs[pos].name for pos in subject.wrt]
+        errors = {name: relative_error(np.asarray(got), np.asarray(ref))
+                  for name, got, ref in zip(names, results, references)}
+    return {"rel_err": errors, "max_rel_err": max(errors.values()), "check_shapes": job["check_shapes"]}
+
+
+def _widen(value: Any) -> Any:
+    import jax.numpy as jnp
+
+    return value.astype(jnp.float64) if jnp.issubdtype(value.dtype, jnp.floating) else value
+
+
+def relative_error(got: Any, ref: Any) -> float:
+    import numpy as np
+
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    if got.shape != ref.shape:
+        return math.inf
+    if got.size == 0:
+        return 0.0
+    finite = np.isfinite(ref)
+    if not np.array_equal(finite, np.isfinite(got)) or not np.array_equal(got[~finite], ref[~finite]):
+        return math.inf  # an inf or nan where the reference has none (or a different one)
+    if not finite.any():
+        return 0.0
+    scale = float(np.max(np.abs(ref[finite])))
+    diff = float(np.max(np.abs(got[finite] - ref[finite])))
+    return diff / scale if scale > 0 else diff
+
+
+# ------------------------------------------------------------------------------------------------ memory
+
+
+def peak_rss_mb() -> float:
+    """This process's high-water resident set size (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def current_rss_mb() -> float | None:
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
+
+
+# ---------------------------------------------------------------------------------------------- the driver
+
+
+def run_job(job: dict) -> None:
+    if job.get("dtype") == "float64":
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+    state: dict[str, Any] = {}
+    phases: dict[str, Callable[[], dict]] = {
+        "ttfk": lambda: phase_ttfk(job),
+        "fwd": lambda: _timed_phase(job, state, "fwd"),
+        "bwd": lambda: _timed_phase(job, state, "bwd"),
+        "check": lambda: phase_check(job, state),
+    }
+    for name in job["phases"]:
+        emit({"begin": name})
+        try:
+            record = phases[name]()
+        except Exception as err:  # noqa: BLE001 - reported to the parent, the next phase still runs
+            record = {"error": f"{type(err).__name__}: {err}".strip(), "traceback": traceback.format_exc(limit=8)}
+        emit({"phase": name, **record})
+    # Numba and Julia each bring an LLVM; one process must never hold both (numba issue 7857).
+    emit({"phase": "end", "llvm_runtimes": [name for name in ("numba", "juliacall") if name in sys.modules]})
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else argv
+    if len(arguments) != 1:
+        print("usage: python -m tullax.benchmarking.worker '<job as JSON>'", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    import jax  # noqa: F401 - imported up front so no phase is charged for it
+
+    import tullax  # noqa: F401
+
+    emit({"phase": "start", "import_ms": (time.perf_counter() - start) * 1e3, "pid": os.getpid()})
+    run_job(json.loads(arguments[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Run a derived gradient (``tullax.grad.Gradient``) on any backend, step by step.
+
+Conventions (shared with ``tullax.grad``):
+- The environment holds every forward input by name, the cotangent under ``grad.seed_name(spec)`` and, for
+  ':=' specs, the forward result under ``spec.out`` (the residual). For '=' and '+=' specs ``spec.out`` holds
+  the GIVEN array (input 0, which the body may read), never the result: ``gradient_env`` builds it right.
+- Each step reads only the names its ``inputs`` list, from that environment plus the earlier steps' outputs.
+- A '+=' step whose ``out`` is not in the environment yet starts from zeros of the shape and dtype of
+  ``grad.wrt``: that is a scatter step (``ΔW[ix[b],d] += Δout[b,d]``) coming first. A '+=' step whose ``out``
+  is there (an earlier step wrote it) adds to it.
+- The final result is cast to the float dtype of ``grad.wrt`` when its dtype differs (a gradient that is
+  identically zero has no float input to take its dtype from).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from .grad import Gradient, seed_name
+from .ir import Spec
+
+Executor = Callable[[Spec, dict], Any]
+Zeros = Callable[[tuple, Any], Any]
+
+__all__ = ["run_gradient", "gradient_env"]
+
+
+def gradient_env(spec: Spec, inputs: Mapping[str, Any], result: Any, cotangent: Any) -> dict[str, Any]:
+    """The environment the gradients of ``spec`` read: inputs by name, the residual (':=' only) and the
+    cotangent under ``seed_name(spec)``."""
+    env = dict(inputs)
+    if spec.assign == ":=":
+        env[spec.out] = result
+    env[seed_name(spec)] = cotangent
+    return env
+
+
+def run_gradient(grad: Gradient, spec: Spec, env: Mapping[str, Any], execute: Executor,
+                 zeros: Zeros | None = None) -> Any:
+    """Run ``grad``'s steps with ``execute(step_spec, step_env) -> array`` (a backend's spec executor, e.g.
+    ``lambda s, e: xla.lower(s)(e)``) and return the gradient w.r.t. ``grad.wrt``. ``zeros(shape, dtype)``
+    makes the starting array of a leading scatter step (default: NumPy or jax.numpy after ``env[grad.wrt]``).
+    ``spec`` is the forward spec the gradient was derived from (checked against ``grad.wrt``)."""
+    if grad.wrt not in spec.input_names:
+        raise ValueError(f"gradient w.r.t. {grad.wrt!r} does not belong to a spec with inputs {spec.input_names}")
+    local = dict(env)
+    target = env[grad.wrt]
+    for step in grad.steps:
+        if step.assign == "+=" and step.out not in local:
+            local[step.out] = (zeros or _zeros_like_type(target))(_shape(target), _dtype(target))
+        step_env = {name: local[name] for name in step.input_names}
+        local[step.out] = execute(step, step_env)
+    return _cast(local[grad.result], target)
+
+
+def _shape(value: Any) -> tuple:
+    return tuple(getattr(value, "shape", ()))
+
+
+def _dtype(value: Any) -> Any:
+    import numpy as np
+
+    return value.dtype if hasattr(value, "dtype") else np.result_type(type(value))
+
+
+def _is_numpy(value: Any) -> bool:
+    import numpy as np
+
+    return isinstance(value, (np.ndarray, np.generic, int, float, complex))
+
+
+def _zeros_like_type(value: Any) -> Zeros:
+    """NumPy zeros for NumPy values, jax.numpy zeros for anything else (jax arrays and tracers)."""
+    if _is_numpy(value):
+        import numpy as np
+
+        return np.zeros
+    import jax.numpy as jnp
+
+    return jnp.zeros
+
+
+def _cast(result: Any, like: Any) -> Any:
+    import numpy as np
+
+    dtype = np.dtype(_dtype(like))
+    if not hasattr(result, "dtype") or result.dtype == dtype or not np.issubdtype(dtype, np.inexact):
+        return result
+    return result.astype(dtype)

@@ -1,0 +1,136 @@
+# Choosing a backend and launching printed kernels.
+
+"""
+    backend_for(name::AbstractString) -> KernelAbstractions.Backend
+
+`"cpu"` gives `CPU()` (KernelAbstractions runs the work-groups on Julia's threads, so set
+juliacall's thread count before Julia starts); `"cuda"` gives `CUDABackend()` once CUDA.jl
+is loaded (see `TullaxBridgeCUDAExt`).
+"""
+function backend_for(name::AbstractString)
+    name == "cpu" && return CPU()
+    name == "cuda" && return cuda_backend()
+    throw(ArgumentError("unknown TullaxBridge backend \"$(name)\"; expected \"cpu\" or \"cuda\""))
+end
+
+# The CUDA extension adds the zero-argument method; this Vararg fallback is less specific.
+cuda_backend(args...) = throw(cuda_unavailable_error("backend_for(\"cuda\")"))
+
+"""
+    sync_stream(ptr::Integer)
+
+Block until the CUDA stream `ptr` (XLA's `ctx.stream`, a `CUstream` passed as an integer)
+has finished its work, so that a kernel launched on CUDA.jl's own stream sees the inputs
+XLA has just written. Implemented by `TullaxBridgeCUDAExt`.
+"""
+sync_stream(ptr) = throw(cuda_unavailable_error("sync_stream"))
+
+"""
+    launch!(mod, fname, backend, out, args...; ndrange, workgroupsize = nothing) -> Float64
+
+Launch kernel `fname` of the kernel module `mod` (from [`load_kernels`](@ref) or
+[`load_precompiled`](@ref)) on `backend` over `ndrange` and wait for it to finish. `out`
+and `args` are passed to the kernel in that order; arrays must already be Julia arrays
+(see [`wrap_cpu`](@ref), [`wrap_cuda`](@ref), or use [`launch_cpu!`](@ref)).
+
+With `workgroupsize === nothing` the kernel is instantiated as `kernel(backend)` and
+KernelAbstractions picks the work-group size; otherwise `kernel(backend, workgroupsize)`.
+Both the constructor and the kernel go through `Base.invokelatest`, because the kernels
+were defined by `eval` after this function was compiled.
+
+Returns the elapsed seconds of launch plus synchronize. The first launch of each kernel
+(which includes JIT compilation) is recorded as its first-run time; see
+[`timings`](@ref).
+
+On CUDA, call [`sync_stream`](@ref) on XLA's stream first: the kernel runs on CUDA.jl's
+stream, and `KernelAbstractions.synchronize` here waits for that stream before returning.
+"""
+function launch!(mod::Module, fname::Union{Symbol,AbstractString}, backend, out, args...;
+                 ndrange, workgroupsize = nothing)
+    name = Symbol(fname)
+    kernel = instantiate(getfield(mod, name), backend, workgroupsize)
+    dims = as_dims(ndrange)
+    elapsed = @elapsed begin
+        Base.invokelatest(kernel, out, args...; ndrange = dims)
+        KernelAbstractions.synchronize(backend)
+    end
+    record_launch!(mod, name, elapsed)
+    return elapsed
+end
+
+"""
+    launch_cpu!(mod, fname, out, args...; ndrange, workgroupsize = nothing) -> Float64
+
+[`launch!`](@ref) on `CPU()` for arguments as juliacall delivers them from Python: every
+`PyArray` (a NumPy array or CPU `jax.Array`) becomes a zero-copy view through
+[`wrap_cpu`](@ref), other arguments (integers, floats) pass through unchanged. The Python
+objects stay referenced by this call until the kernel has finished.
+"""
+function launch_cpu!(mod::Module, fname::Union{Symbol,AbstractString}, out, args...;
+                     ndrange, workgroupsize = nothing)
+    py_args = (out, args...)
+    elapsed = GC.@preserve py_args begin
+        julia_args = map(as_kernel_argument, py_args)
+        launch!(mod, fname, CPU(), julia_args...; ndrange = ndrange,
+                workgroupsize = as_workgroupsize(workgroupsize))
+    end
+    return elapsed
+end
+
+as_kernel_argument(x::PyArray) = wrap_cpu(x)
+as_kernel_argument(x) = x
+
+"""
+    run_launcher_cpu!(mod, launcher, args...) -> Float64
+
+Call the printed host launcher `launcher` of the kernel module `mod` on `CPU()`:
+`mod.launcher(CPU(), args...)`. tullax's printer emits one launcher per kernel,
+`run_<kernel>!(backend, arrays..., scalars..., sizes...)`, which launches the kernel over
+its ndrange and synchronizes. As in [`launch_cpu!`](@ref), every `PyArray` becomes a
+zero-copy view ([`wrap_cpu`](@ref)) and stays referenced until the launcher returns; other
+arguments (Float64/Int/Bool scalars and sizes) pass through unchanged.
+
+Returns the elapsed seconds, recorded under the launcher's name (see [`timings`](@ref)).
+"""
+function run_launcher_cpu!(mod::Module, launcher::Union{Symbol,AbstractString}, args...)
+    name = Symbol(launcher)
+    fn = getfield(mod, name)
+    elapsed = GC.@preserve args begin
+        julia_args = map(as_kernel_argument, args)
+        @elapsed Base.invokelatest(fn, CPU(), julia_args...)
+    end
+    record_launch!(mod, name, elapsed)
+    return elapsed
+end
+
+"""
+    run_launcher_cuda!(mod, launcher, args...) -> Float64
+
+[`run_launcher_cpu!`](@ref) on `CUDABackend()`: host arrays (`PyArray`s) are copied to the
+device, the launcher runs there, and the output, which is always the launcher's first
+array argument, is copied back into the host array. Implemented by `TullaxBridgeCUDAExt`.
+"""
+run_launcher_cuda!(mod, launcher, args...) = throw(cuda_unavailable_error("run_launcher_cuda!"))
+
+"""
+    instantiate(constructor, backend, workgroupsize)
+
+The kernel object for `backend`: `constructor(backend)` lets KernelAbstractions choose the
+work-group size, `constructor(backend, workgroupsize)` fixes it.
+"""
+instantiate(constructor, backend, ::Nothing) = Base.invokelatest(constructor, backend)
+instantiate(constructor, backend, workgroupsize) =
+    Base.invokelatest(constructor, backend, as_workgroupsize(workgroupsize))
+
+"""
+    as_dims(x) -> NTuple{N,Int}
+
+An ndrange as KernelAbstractions wants it. Python tuples and lists arrive as Julia tuples
+or `PyList`s of integers; a single integer means a 1-D range.
+"""
+as_dims(x::Integer) = (Int(x),)
+as_dims(x::Tuple) = map(Int, x)
+as_dims(x) = Tuple(Int(d) for d in x)
+
+as_workgroupsize(::Nothing) = nothing
+as_workgroupsize(x) = as_dims(x)

@@ -1,0 +1,129 @@
+# Tests of the Julia half of the bridge.
+#
+# PythonCall needs a Python. Run them inside tullax's juliacall process (the Python tests
+# marked `julia` include this file), or standalone with the project's own Python:
+#
+#   JULIA_CONDAPKG_BACKEND=Null JULIA_PYTHONCALL_EXE=$(which python) \
+#       julia --project=julia/TullaxBridge -e 'using Pkg; Pkg.test()'
+#
+# (NumPy must be importable by that Python.)
+
+using Test
+using TullaxBridge
+using KernelAbstractions
+using PythonCall
+
+const SAXPY_SOURCE = """
+module TullaxTestSaxpy
+
+using KernelAbstractions
+
+@kernel function saxpy!(y, @Const(x), a)
+    i = @index(Global, Linear)
+    y[i] = a * x[i] + y[i]
+end
+
+end
+"""
+
+const BARE_SOURCE = """
+@kernel function fill_index!(out)
+    (j, i) = @index(Global, NTuple)
+    out[j, i] = 10 * i + j
+end
+"""
+
+@testset "TullaxBridge" begin
+    @testset "load_kernels evaluates a printed module and launch! runs it" begin
+        clear_timings!()
+        mod = load_kernels(SAXPY_SOURCE, "TullaxTestSaxpy")
+        @test nameof(mod) == :TullaxTestSaxpy
+        x = collect(Float32, 1:8)
+        y = ones(Float32, 8)
+        elapsed = launch!(mod, :saxpy!, backend_for("cpu"), y, x, 2.0f0; ndrange = length(y))
+        @test elapsed >= 0
+        @test y == 2.0f0 .* x .+ 1.0f0
+        first = timings()
+        @test haskey(first, "TullaxTestSaxpy/parse_s")
+        @test haskey(first, "TullaxTestSaxpy/eval_s")
+        @test first["TullaxTestSaxpy.saxpy!/launches"] == 1.0
+        launch!(mod, "saxpy!", CPU(), y, x, 0.0f0; ndrange = (8,), workgroupsize = 4)
+        second = timings()
+        @test second["TullaxTestSaxpy.saxpy!/launches"] == 2.0
+        @test second["TullaxTestSaxpy.saxpy!/first_run_s"] == first["TullaxTestSaxpy.saxpy!/first_run_s"]
+    end
+
+    @testset "bare definitions land in the container module" begin
+        mod = load_kernels(BARE_SOURCE, "TullaxTestBare")
+        out = zeros(Int, 3, 2)
+        launch!(mod, :fill_index!, CPU(), out; ndrange = size(out))
+        @test out == [10 * i + j for j in 1:3, i in 1:2]
+    end
+
+    @testset "syntax errors name the module" begin
+        err = try
+            load_kernels("@kernel function broken(", "TullaxTestBroken")
+            nothing
+        catch e
+            e
+        end
+        @test err isa ArgumentError
+        @test occursin("TullaxTestBroken", sprint(showerror, err))
+    end
+
+    @testset "wrap_cpu is a zero-copy view with reversed dimensions" begin
+        np = pyimport("numpy")
+        a = np.arange(6; dtype = "float32").reshape(2, 3)
+        v = wrap_cpu(a)
+        @test size(v) == (3, 2)
+        @test v[3, 1] == 2.0f0          # a[0, 2]
+        v[1, 2] = 42.0f0                # a[1, 0]
+        @test pyconvert(Float32, a[1, 0]) == 42.0f0
+        @test_throws ArgumentError wrap_cpu(a.T)
+    end
+
+    @testset "launch_cpu! wraps PyArrays" begin
+        np = pyimport("numpy")
+        mod = load_kernels(SAXPY_SOURCE, "TullaxTestSaxpyPy")
+        x = np.arange(4; dtype = "float32")
+        y = np.ones(4; dtype = "float32")
+        launch_cpu!(mod, "saxpy!", PyArray(y), PyArray(x), 3.0f0; ndrange = 4)
+        @test pyconvert(Vector{Float32}, y.tolist()) == Float32[1, 4, 7, 10]
+    end
+
+    if Base.get_extension(TullaxBridge, :TullaxBridgeCUDAExt) === nothing
+        @testset "CUDA entry points explain how to get CUDA.jl" begin
+            @test_throws ErrorException backend_for("cuda")
+            @test_throws ErrorException sync_stream(0)
+            @test_throws ErrorException wrap_cuda(nothing)
+        end
+    end
+    @test_throws ArgumentError backend_for("tpu")
+
+    @testset "write_precompile_package writes a loadable package" begin
+        dir = mktempdir()
+        signature = Dict(
+            "kernel" => "TullaxTestSaxpy.saxpy!",
+            "ndrange" => [4],
+            "args" => [
+                Dict("type" => "Float32", "dims" => [4]),
+                Dict("type" => "Float32", "dims" => [4]),
+                Dict("type" => "Float32", "value" => 2.0),
+            ],
+        )
+        path = write_precompile_package(dir, "TullaxTestKernels", [SAXPY_SOURCE], [signature])
+        @test isfile(joinpath(path, "Project.toml"))
+        @test isfile(joinpath(path, "src", "kernels_1.jl"))
+        main_source = read(joinpath(path, "src", "TullaxTestKernels.jl"), String)
+        @test occursin("@compile_workload", main_source)
+        @test occursin("TullaxTestSaxpy.saxpy!(backend)(a1, a2, a3; ndrange = (4,))", main_source)
+        pkg = load_precompiled(path)
+        kernels = getfield(pkg, :TullaxTestSaxpy)
+        y = ones(Float32, 4)
+        launch!(kernels, :saxpy!, CPU(), y, ones(Float32, 4), 1.0f0; ndrange = 4)
+        @test y == fill(2.0f0, 4)
+        @test_throws ArgumentError write_precompile_package(dir, "bad name", String[], [])
+        bad_type = Dict("kernel" => "k", "ndrange" => [1], "args" => [Dict("type" => "String", "value" => 1)])
+        @test_throws ArgumentError write_precompile_package(dir, "TullaxTestBad", String[], [bad_type])
+    end
+end

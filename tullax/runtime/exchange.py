@@ -1,0 +1,52 @@
+"""Zero-copy array exchange between XLA and host kernels.
+
+Inside ``jax.experimental.buffer_callback`` the callback receives XLA's own device buffers
+(``jax.experimental.buffer_callback.Buffer``). On the CPU a Buffer exports its memory through ``__array__``
+(which refuses to copy) and ``__dlpack__`` (contiguous, row-major, no strides), so a NumPy view over it reads
+and writes XLA's memory directly: nothing is copied on the way in or out. The same functions accept the CPU
+``jax.Array``s that ``jax.pure_callback`` hands its callback (zero-copy where jax can, a copy otherwise).
+
+Input views are NOT made read-only: Numba types read-only arrays differently and would compile every kernel
+twice (once for eager NumPy calls, once under jit). Host kernels only ever write their ``out`` argument.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..ir import Spec
+
+
+def host_view(buffer: Any):
+    """A NumPy view of ``buffer``'s memory (a buffer_callback Buffer or a CPU array), without copying."""
+    import numpy as np
+
+    if hasattr(buffer, "__array__"):
+        return np.asarray(buffer)
+    return np.from_dlpack(buffer)  # read-only, still zero-copy
+
+
+def kernel_inputs(spec: Spec, buffers: Sequence[Any]) -> list[Any]:
+    """The host-kernel arguments for ``buffers`` (one per spec input): arrays as views, scalar parameters
+    as NumPy scalars (the host-kernel contract of ``tullax.backends.base``)."""
+    views = []
+    for item, buffer in zip(spec.inputs, buffers):
+        view = host_view(buffer)
+        views.append(view[()] if item.kind == "scalar" else view)
+    return views
+
+
+def prepare_out(spec: Spec, out: Any, inputs: Sequence[Any]) -> None:
+    """Put the values a kernel starts from into ``out``: for '=' and '+=' the given array (input 0); a
+    ':=' kernel writes every element itself."""
+    import numpy as np
+
+    if spec.assign != ":=":
+        np.copyto(out, inputs[0], casting="unsafe")
+
+
+def data_pointer(array: Any) -> int:
+    """The address of the first element of a NumPy array (or anything with ``__array_interface__``)."""
+    return int(array.__array_interface__["data"][0])
+
+
+__all__ = ["host_view", "kernel_inputs", "prepare_out", "data_pointer"]
