@@ -100,6 +100,24 @@ def test_composition_matches_the_lowering(name, x64):
     assert_trees_close(make(kernel)(W, X), make(oracle(DIST))(W, X))
 
 
+def test_inside_scan_and_checkpoint(x64):
+    text = "y[i] := A[i,j]*x[j] |> tanh"
+    kernel = tullax.einsum_kernel(text, backend="numba")
+    A = jnp.asarray(np.random.default_rng(3).standard_normal((4, 4))) * 0.5
+
+    def unrolled(f):
+        def run(A, x):
+            return jnp.sum(jax.lax.scan(lambda h, _: (f(A, h), None), x, None, length=5)[0])
+        return run
+
+    x = jnp.linspace(-1.0, 1.0, 4)
+    stats.reset()
+    np.testing.assert_allclose(jax.jit(unrolled(kernel))(A, x), unrolled(oracle(text))(A, x), rtol=1e-12)
+    assert stats.total() == 5
+    grad = jax.jit(jax.grad(jax.checkpoint(unrolled(kernel)), (0, 1)))
+    assert_trees_close(grad(A, x), jax.grad(unrolled(oracle(text)), (0, 1))(A, x))
+
+
 def test_gradient_of_an_update_spec(x64):
     text = "y[i] = y[i]*x[i] + 1"
     kernel = tullax.einsum_kernel(text, backend="numba")

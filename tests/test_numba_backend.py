@@ -145,7 +145,7 @@ def test_generated_names_never_clash_with_user_names():
     np.testing.assert_allclose(run_numba(spec, env), naive_eval(spec, env), rtol=1e-12)
     source = BACKEND.generate_source(spec, Signature(("float64",) * 3, "float64"))
     allowed = re.compile(r"(a|s|n|i|t)\d+(_lo|_)?$|acc[ms]?$|shift$|tile(_lo|_hi)?$|p_flat$|p_ext\d+$")
-    builtins = {"np", "njit", "prange", "range", "max", "min", "abs", "_FASTMATH"}
+    builtins = {"np", "njit", "prange", "range", "max", "min", "abs", "_FASTMATH", "_ix"}
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Name):
             assert node.id in builtins or allowed.match(node.id), node.id
@@ -280,6 +280,23 @@ def test_new_process_with_a_populated_cache_compiles_nothing(tmp_path: Path):
     (source,) = (tmp_path / "cache" / "entries").glob("*/kernels.py")
     assert "def kernel(" in source.read_text()
     assert any((tmp_path / "cache" / "numba").rglob("*.nbi"))
+
+
+def test_four_processes_building_one_spec_at_once_compile_it_once(tmp_path: Path):
+    """The entry lock is held around the first compile: one process compiles, the others load its result."""
+    env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, "-c", _CACHE_SCRIPT], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    runs = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr
+        runs.append(json.loads(stdout.strip().splitlines()[-1]))
+    assert sum(run["stats"]["compiled"] for run in runs) == 1
+    assert sum(run["stats"]["loaded"] for run in runs) == 3
+    assert all(run["out"] == runs[0]["out"] for run in runs)
+    assert len(json.loads((tmp_path / "cache" / "index.json").read_text())["entries"]) == 1
+    assert len(list((tmp_path / "cache" / "entries").glob("*/kernels.py"))) == 1
 
 
 # =============================================================================================

@@ -171,6 +171,21 @@ def _cmd_cache_warm(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     summary = f"warmed {len(args.specs)} spec(s) for {args.backend} {args.dtype} in {elapsed:.1f} s"
     _console().print(summary, markup=False)
+    if args.backend in ("julia", "julia-cuda"):
+        # CPU kernels live on in a precompiled Julia package: a new process loads them from package images.
+        from tullax import backends
+
+        package = backends.get(args.backend).warm_package()
+        _console().print(f"precompiled {package.get('modules')} kernel module(s) into {package.get('path')} "
+                         f"in {package.get('precompile_ms', 0) / 1e3:.1f} s", markup=False)
+    return 0
+
+
+def _cmd_julia_install_cuda(args: argparse.Namespace) -> int:
+    install_cuda = _require("tullax.backends.julia_install", "install_cuda")
+    install_cuda()
+    _console().print("CUDA.jl is installed in tullax's Julia environment; backend='julia-cuda' can use it",
+                     markup=False)
     return 0
 
 
@@ -226,7 +241,20 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         usable = Text("yes", style="green") if available else Text("no", style="red")
         table.add_row(Text(name), usable, Text(reason))
     console.print(table)
+    console.print(_julia_verification_layers(), markup=False)
     return 0
+
+
+def _julia_verification_layers() -> str:
+    """Which of the four verification layers of the Julia backend apply on this machine."""
+    from tullax.backends.julia_detect import find_julia
+
+    found = find_julia()
+    static = ("layers 1-3 (generated Julia parses with tree-sitter-julia, runs in the Julia-subset evaluator of "
+              "the test suite, matches the golden files)")
+    if found is None:
+        return f"julia verification here: {static}; layer 4 (real Julia, tests marked `julia`) is skipped: no Julia"
+    return f"julia verification here: {static} and layer 4 with {found.exe} (Julia {found.version})"
 
 
 # ------------------------------------------------------------------------------------------------ parsing
@@ -264,6 +292,11 @@ def _build_parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser("doctor", help="which backends work here, and how to fix those that don't")
     doctor.set_defaults(handler=_cmd_doctor)
+
+    julia = commands.add_parser("julia", help="manage the Julia side of the julia backends")
+    julia_commands = julia.add_subparsers(dest="julia_command", required=True, metavar="ACTION")
+    cuda = julia_commands.add_parser("install-cuda", help="add CUDA.jl to tullax's Julia environment (large)")
+    cuda.set_defaults(handler=_cmd_julia_install_cuda)
 
     # Only for --help: these two are dispatched before parsing, their modules parse their arguments.
     commands.add_parser("demo", help="run a few kernels forward and backward, checked against XLA")

@@ -501,9 +501,10 @@ class _Forward:
         equal = {axis: Sym.extent(*find(axis)) for axis in root}
         for axis, extent in enumerate(spec.out_shape):
             equal[(self.seed, axis)] = extent
+            self._fact_for(self.seed, axis, extent)
             if spec.assign == ":=":
                 equal[(spec.out, axis)] = extent
-            self._fact_for(self.seed, axis, extent)
+                self._fact_for(spec.out, axis, extent)
         self.sizes = _Sizes(equal)
 
     def _fact_for(self, array: str, axis: int, extent: Sym) -> None:
@@ -595,6 +596,7 @@ class _Forward:
         self.prelude.append(step)
         for axis, extent in enumerate(step.out_shape):
             self.sizes.equal[(name, axis)] = extent
+            self._fact_for(name, axis, extent)
         if not spec.free:
             return Param(name)
         return Access(name, tuple(Affine(((i, 1),), -shifts.get(i, Sym(0))) for i in spec.free))
@@ -1047,10 +1049,15 @@ def _assemble(fw: _Forward, inp: Input, result: str, contributions: list) -> tup
 
 
 def _default_outputs(fw: _Forward, inp: Input) -> tuple[str, ...]:
-    """Output index names for a gradient with no inverted term: the left-hand side's for the given output."""
+    """Output index names for a gradient with no inverted term: the left-hand side's for the given output,
+    else those of a plain occurrence (x[i,j]) when there is one."""
     spec = fw.spec
     if inp.name == spec.out and spec.lhs and not spec.is_scatter:
         return tuple(idx.plain for idx in spec.lhs)
+    for occ in _occurrences(spec.body, inp.name):
+        names = tuple(i.plain if isinstance(i, Affine) else None for i in occ.idx)
+        if None not in names and len(set(names)) == len(names):
+            return names
     return _fresh_names(fw, inp.rank)
 
 

@@ -1,24 +1,26 @@
-"""A tullax kernel as a first-class JAX operation: jit, grad (any order, reverse mode), vmap, shard_map.
+"""A tullax kernel as a first-class JAX operation: jit, grad (any order), vmap, shard_map, in any composition.
 
-Two primitives, registered on first use (so ``import tullax`` stays jax-free):
+Two primitives, registered on first use (so ``import tullax`` stays jax-free), both parameterised by a
+``KernelOp`` (spec, backend, result dtype, callback path):
 
-``tullax_kernel(*inputs; spec, backend, out_dtype, path)``
-    runs ``spec``. Lowered to a host callback (``tullax.callback``: zero-copy ``buffer_callback``, or
+``tullax_kernel(*inputs; op)``
+    runs ``op.spec``. Lowered to a host callback (``tullax.callback``: zero-copy ``buffer_callback``, or
     ``pure_callback``), or for the xla backend to the jnp lowering. Its batching rule rewrites the spec with a
     batch index (``tullax.batching``) and binds ONE batched kernel, whatever ``in_axes`` are: nothing loops over
-    the batch and data arrays are not transposed. Its JVP rule binds the primal kernel and one linear op:
+    the batch and data arrays are not transposed. Its JVP rule binds the kernel and one linear op:
 
-``tullax_kernel_linear(*inputs, out, *tangents; ..., live)``
-    the tangent of the output, linear in the tangents of the ``live`` inputs. Reverse mode transposes it: the
+``tullax_kernel_linear(*inputs, out, *tangents; op, live)``
+    the tangent of the result, linear in the tangents of the ``live`` inputs. Reverse mode transposes it: the
     transpose runs the derived gradient specs (DESIGN section 2), each again a ``tullax_kernel``, so gradients
     of gradients work, and only the gradients JAX asks for are computed. Forward mode (``jax.jvp``,
-    ``jax.jacfwd``, ``jax.hessian``) evaluates it as the transpose of the gradient kernels (see
-    ``_linear_value``): no tangent kernels are needed.
+    ``jax.jacfwd``, ``jax.hessian``) evaluates it as the transpose of the gradient kernels (``_linear_value``),
+    so no separate tangent kernels are needed.
 
 Why primitives rather than ``custom_vjp`` around ``custom_vmap``: JAX batches a ``custom_vjp`` by vmapping its
 backward pass, so ``grad(vmap(f))`` would compute one gradient per batch element and sum them in XLA (for an
 embedding lookup, a batch-times-table temporary). Here ``grad(vmap(f))`` differentiates the batched spec: the
-gradient of ``out[b,d] := W[ix[b],d]`` is the single scatter kernel ``ΔW[ix[b],d] += Δout[b,d]``.
+gradient of ``out[b,d] := W[ix[b],d]`` is the single scatter kernel ``ΔW[ix[b],d] += Δout[b,d]``. And a
+custom_vmap rule only sees batch axes moved to the front (a transpose of every batched array).
 
 Semantics under jit worth knowing:
 
@@ -26,14 +28,17 @@ Semantics under jit worth knowing:
   checked inside a callback.
 * The VALUES of index arrays cannot be checked at trace time. An out-of-range indirect index never reads or
   writes out of bounds: a gather gives NaN in a float result (as ``jnp.take``'s default fill), and a scatter
-  skips the element (as ``.at[].add`` with ``mode='drop'``), so the gradient of an out-of-range lookup is 0.
-  Eager calls with concrete arrays raise a ShapeError instead.
+  skips the element (as ``.at[].add`` with ``mode='drop'``), so an out-of-range lookup gets no gradient.
+  Eager calls with NumPy arrays raise a ShapeError instead.
 * Integer inputs (and index arrays) get float0 cotangents; the result dtype is ``jnp.result_type`` of the data
-  inputs (float32 or float64 with x64). Kernels write only their output buffer, never an input.
-* Forward mode costs more than reverse mode: a tangent is computed by the gradients of the gradient kernels.
+  inputs (float32, or float64 with x64). Kernels write only their output buffer, never an input.
+* A 0-d integer passed for a rank-1 index array is taken as shape (1,): ``out[d] := W[ix[0],d]`` is one lookup,
+  and ``jax.vmap`` of it over a vector of indices is the gather ``out[b,d] := W[ix[b],d]``.
+* Forward mode costs more than reverse mode: a tangent runs the gradients of the gradient kernels.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from types import SimpleNamespace
 from typing import Any, Sequence
@@ -42,16 +47,41 @@ from .errors import TullaxError
 from .ir import Spec
 
 
+@dataclass(frozen=True, eq=True)
+class KernelOp:
+    """The static part of one kernel call: JAX's primitive parameter (hashed on every cache lookup, so the
+    hash is computed once; printed in jaxprs as the canonical spec text)."""
+
+    spec: Spec
+    backend: str
+    out_dtype: str
+    path: str  # 'buffer' | 'pure' | 'xla'
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_hash", hash((self.spec, self.backend, self.out_dtype, self.path)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        from .spectext import format_spec
+
+        return f"'{format_spec(self.spec)}' on {self.backend} ({self.path}, {self.out_dtype})"
+
+    def with_spec(self, spec: Spec) -> "KernelOp":
+        return replace(self, spec=spec)
+
+
 def apply(spec: Spec, backend_name: str, values: Sequence[Any]) -> Any:
     """Run ``spec`` on jax values (arrays, tracers or numbers, one per input) on backend ``backend_name``.
     Everything is checked here, at trace time."""
     args = _same_variance(prepare_inputs(spec, values))
-    return _prims().kernel.bind(*args, **_params(spec, backend_name, values, args))
+    return _prims().kernel.bind(*args, op=_kernel_op(spec, backend_name, values))
 
 
 def prepare_inputs(spec: Spec, values: Sequence[Any]) -> list[Any]:
-    """jax arrays for the inputs, checked against ``spec``. A 0-d integer given for a rank-1 index array is
-    taken as shape (1,), so ``out[d] := W[ix[0],d]`` accepts one index and vmaps over a vector of them."""
+    """jax arrays for the inputs, checked against ``spec`` (a 0-d index for a rank-1 index array: shape (1,))."""
     import jax.numpy as jnp
 
     from .kernel import check_call
@@ -75,17 +105,17 @@ def _same_variance(args: list[Any]) -> list[Any]:
     return list(insert(*args)) if insert is not None else args
 
 
-def _params(spec: Spec, backend_name: str, values: Sequence[Any], args: Sequence[Any]) -> dict:
+def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any]) -> KernelOp:
     import jax
     import numpy as np
 
     from .backends.xla import result_dtype
     from .callback import callback_path
 
-    dtype = result_dtype(spec, [v.dtype if hasattr(v, "dtype") else type(v) for v in values])
+    dtype = result_dtype(spec, [v.dtype if hasattr(v, "dtype") else type(v) for v in values])  # weak floats
     dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
     path = "xla" if backend_name == "xla" else callback_path()
-    return dict(spec=spec, backend=backend_name, out_dtype=dtype.name, path=path)
+    return KernelOp(spec, backend_name, dtype.name, path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,66 +144,62 @@ def _prims() -> SimpleNamespace:
     return SimpleNamespace(kernel=kernel, linear=linear)
 
 
-def _out_aval(spec: Spec, out_dtype: str, in_avals: Sequence[Any], all_avals: Sequence[Any]):
-    """The result's abstract value; inside shard_map it varies over every manual axis any operand varies over."""
-    import jax
+def _out_aval(op: KernelOp, in_avals: Sequence[Any], all_avals: Sequence[Any]):
+    """The result's abstract value; inside shard_map it varies over every manual axis an operand varies over."""
     from jax._src import core
     from jax._src import mesh as mesh_lib
     from jax.sharding import NamedSharding, PartitionSpec
 
-    shapes = {name: tuple(a.shape) for name, a in zip(spec.input_names, in_avals)}
-    shape = tuple(s.eval(shapes) for s in spec.out_shape)
+    shapes = {name: tuple(a.shape) for name, a in zip(op.spec.input_names, in_avals)}
+    shape = tuple(s.eval(shapes) for s in op.spec.out_shape)
     varying = frozenset().union(*(getattr(getattr(a, "manual_axis_type", None), "varying", ()) for a in all_avals))
     if not varying:
-        return jax.core.ShapedArray(shape, out_dtype)
+        return core.ShapedArray(shape, op.out_dtype)
     sharding = NamedSharding(mesh_lib.get_abstract_mesh(), PartitionSpec())
     mat = core.ManualAxisType(varying=varying, unreduced=frozenset(), reduced=frozenset())
-    return core.ShapedArray(shape, out_dtype, sharding=sharding, manual_axis_type=mat)
+    return core.ShapedArray(shape, op.out_dtype, sharding=sharding, manual_axis_type=mat)
 
 
-def _kernel_abstract_eval(*avals, spec: Spec, backend: str, out_dtype: str, path: str):
-    return _out_aval(spec, out_dtype, avals, avals)
+def _kernel_abstract_eval(*avals, op: KernelOp):
+    return _out_aval(op, avals, avals)
 
 
-def _kernel_lowering(ctx, *args, spec: Spec, backend: str, out_dtype: str, path: str):
+def _kernel_lowering(ctx, *args, op: KernelOp):
     from jax.interpreters import mlir
 
-    if path == "buffer" and ctx.module_context.platforms[0] != "cpu":
-        path = "pure"  # a host kernel cannot read device buffers: let pure_callback copy them to the host
-    return mlir.lower_fun(partial(_run, spec, backend, out_dtype, path), multiple_results=False)(ctx, *args)
+    if op.path == "buffer" and ctx.module_context.platforms[0] != "cpu":
+        op = replace(op, path="pure")  # a host kernel cannot read device buffers: pure_callback copies them
+    return mlir.lower_fun(partial(_run, op), multiple_results=False)(ctx, *args)
 
 
-def _run(spec: Spec, backend: str, out_dtype: str, path: str, *args):
-    if path == "xla":
+def _run(op: KernelOp, *args):
+    if op.path == "xla":
         from .backends.xla import lower
 
-        return lower(spec)(dict(zip(spec.input_names, args))).astype(out_dtype)
+        return lower(op.spec)(dict(zip(op.spec.input_names, args))).astype(op.out_dtype)
     from .callback import host_call
 
-    return host_call(spec, backend, args, out_dtype, path)
+    return host_call(op.spec, op.backend, args, op.out_dtype, op.path)
 
 
-def _kernel_batch(args, dims, *, spec: Spec, backend: str, out_dtype: str, path: str):
+def _kernel_batch(args, dims, *, op: KernelOp):
     from .batching import batch_arguments, batch_spec
 
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    args, axes, extents = batch_arguments(spec, args, dims, size)
-    batched = batch_spec(spec, axes, extents)
-    out = _prims().kernel.bind(*args, spec=batched, backend=backend, out_dtype=out_dtype, path=path)
-    return out, 0
+    args, axes, extents = batch_arguments(op.spec, args, dims, size)
+    return _prims().kernel.bind(*args, op=op.with_spec(batch_spec(op.spec, axes, extents))), 0
 
 
-def _kernel_jvp(primals, tangents, *, spec: Spec, backend: str, out_dtype: str, path: str):
+def _kernel_jvp(primals, tangents, *, op: KernelOp):
     from jax.interpreters import ad
 
-    params = dict(spec=spec, backend=backend, out_dtype=out_dtype, path=path)
-    out = _prims().kernel.bind(*primals, **params)
+    out = _prims().kernel.bind(*primals, op=op)
     live = tuple(type(t) is not ad.Zero and _differentiable(item, p)
-                 for item, p, t in zip(spec.inputs, primals, tangents))
+                 for item, p, t in zip(op.spec.inputs, primals, tangents))
     if not any(live):
         return out, ad.Zero.from_primal_value(out)
     live_tangents = [t for t, keep in zip(tangents, live) if keep]
-    return out, _prims().linear.bind(*primals, out, *live_tangents, live=live, **params)
+    return out, _prims().linear.bind(*primals, out, *live_tangents, op=op, live=live)
 
 
 def _differentiable(item: Any, value: Any) -> bool:
@@ -185,41 +211,42 @@ def _differentiable(item: Any, value: Any) -> bool:
 # ---------------------------------------------------------------------------------------------
 # The linear op: transposed in reverse mode (the gradient kernels), evaluated in forward mode
 # ---------------------------------------------------------------------------------------------
-def _linear_abstract_eval(*avals, spec: Spec, out_dtype: str, live: tuple, **_):
-    return _out_aval(spec, out_dtype, avals[:len(spec.inputs)], avals)
-
-
-def _split(spec: Spec, operands: Sequence[Any]) -> tuple[Sequence[Any], Any, Sequence[Any]]:
-    n = len(spec.inputs)
+def _split(op: KernelOp, operands: Sequence[Any]) -> tuple[Sequence[Any], Any, Sequence[Any]]:
+    """(kernel inputs, kernel result, tangents of the live inputs)."""
+    n = len(op.spec.inputs)
     return operands[:n], operands[n], operands[n + 1:]
 
 
-def _linear_transpose(ct, *operands, spec: Spec, backend: str, out_dtype: str, path: str, live: tuple):
+def _linear_abstract_eval(*avals, op: KernelOp, live: tuple):
+    return _out_aval(op, avals[:len(op.spec.inputs)], avals)
+
+
+def _linear_transpose(ct, *operands, op: KernelOp, live: tuple):
     from jax.interpreters import ad
 
-    args, out, tangents = _split(spec, operands)
+    args, out, tangents = _split(op, operands)
     if any(ad.is_undefined_primal(x) for x in (*args, out)):
         raise TullaxError("internal: a tullax kernel's inputs must be known when its gradient runs")
     if type(ct) is ad.Zero:
         return [None] * len(operands)
     positions = [i for i, keep in enumerate(live) if keep]
     wanted = [i for i, t in zip(positions, tangents) if ad.is_undefined_primal(t)]
-    grads = input_gradients(spec, backend, args, out, ct, wanted)
+    grads = input_gradients(op.spec, op.backend, args, out, ct, wanted)
     return [None] * (len(args) + 1) + [grads.get(i) for i in positions]
 
 
-def _linear_value(spec: Spec, backend: str, live: tuple, *operands) -> Any:
-    """Forward mode: the tangent J·t of the result. The gradient kernels compute the transpose ct -> Jᵀ·ct, a
-    linear map whose own transpose is J: so J·t is the VJP of the gradient kernels (their gradient specs,
-    derived like any other) at the cotangent t. No separate tangent kernels are needed."""
+def _linear_value(op: KernelOp, live: tuple, *operands) -> Any:
+    """Forward mode: the tangent J·t of the result. The gradient kernels compute ct -> Jᵀ·ct, a linear map whose
+    transpose is J: so J·t is the VJP of the gradient kernels (their own gradient specs, derived like any
+    other) at the cotangent t."""
     import jax
     import jax.numpy as jnp
 
-    args, out, tangents = _split(spec, operands)
+    args, out, tangents = _split(op, operands)
     positions = [i for i, keep in enumerate(live) if keep]
 
     def pullback(cotangent):
-        grads = input_gradients(spec, backend, args, out, cotangent, positions)
+        grads = input_gradients(op.spec, op.backend, args, out, cotangent, positions)
         return [grads[i] for i in positions]
 
     _, vjp = jax.vjp(pullback, jnp.zeros(out.shape, out.dtype))
@@ -227,33 +254,30 @@ def _linear_value(spec: Spec, backend: str, live: tuple, *operands) -> Any:
     return value
 
 
-def _linear_fn(spec: Spec, backend: str, live: tuple, **_):
-    return partial(_linear_value, spec, backend, live)
-
-
-def _linear_lowering(ctx, *operands, **params):
+def _linear_lowering(ctx, *operands, op: KernelOp, live: tuple):
     from jax.interpreters import mlir
 
-    return mlir.lower_fun(_linear_fn(**params), multiple_results=False)(ctx, *operands)
+    return mlir.lower_fun(partial(_linear_value, op, live), multiple_results=False)(ctx, *operands)
 
 
-def _linear_batch(operands, dims, **params):
+def _linear_batch(operands, dims, *, op: KernelOp, live: tuple):
     import jax
 
-    return jax.vmap(_linear_fn(**params), in_axes=tuple(dims))(*operands), 0
+    return jax.vmap(partial(_linear_value, op, live), in_axes=tuple(dims))(*operands), 0
 
 
-def _linear_jvp(primals, tangents, **params):
+def _linear_jvp(primals, tangents, *, op: KernelOp, live: tuple):
     import jax
     from jax.interpreters import ad
 
-    return jax.jvp(_linear_fn(**params), tuple(primals), tuple(ad.instantiate_zeros(t) for t in tangents))
+    tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
+    return jax.jvp(partial(_linear_value, op, live), tuple(primals), tangents)
 
 
 def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cotangent: Any,
                     wanted: Sequence[int]) -> dict[int, Any]:
     """The cotangents of the inputs at positions ``wanted``, each from its derived gradient spec(s), each of
-    which runs as a tullax kernel on ``backend`` (differentiable again)."""
+    which runs as a tullax kernel on ``backend`` (and is differentiable again)."""
     from .grad import gradients
     from .gradrun import gradient_env, run_gradient
 
@@ -275,4 +299,4 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
     return found
 
 
-__all__ = ["apply", "prepare_inputs", "input_gradients"]
+__all__ = ["apply", "prepare_inputs", "input_gradients", "KernelOp"]

@@ -56,6 +56,10 @@ Decisions taken here (printer-neutral):
   NaN and a scatter skips the element.
 * Loads and calls that do not depend on an inner loop are hoisted into ``Let``s at the loop level where
   their indices are known (never out of a ``Select`` branch or above a guard that protects them).
+* ``lower(..., tile=True)`` (CPU printers only, see ``lower``): strip-mine the last parallel index and make it
+  the innermost loop, accumulating into the output elements of the tile, when that reads more arrays
+  contiguously than the innermost reduction does (a matmul, Dist, the conv1d input gradient). The tile loop is
+  the last parallel loop; the output is then also read (``Load`` of the output array).
 """
 from __future__ import annotations
 
@@ -739,7 +743,17 @@ class _Lowering:
         if j in guarded:
             return False
         reads = [a.idx for a in ir.accesses(spec.body)]
-        return inner_loop_score(reads + [spec.lhs], j) > inner_loop_score(reads, serial[-1])
+        tiled, untiled = inner_loop_score(reads + [spec.lhs], j), inner_loop_score(reads, serial[-1])
+        return tiled > untiled or (tiled == untiled and tiled > 0 and self._sliding_window(j, serial[-1]))
+
+    def _sliding_window(self, j: str, k: str) -> bool:
+        """``x[j+k]`` with j's range shrunk by k's extent (a valid convolution): the reduction is a short
+        filter and neighbouring j reuse the same inputs, so a tie goes to tiling."""
+        together = any(ir.idx_affine(i).coef(j) and ir.idx_affine(i).coef(k)
+                       for a in ir.accesses(self.spec.body) for i in a.idx)
+        filter_atoms = {atom for atom, _ in self.ranges[k].extent().terms}
+        shrunk = any(atom in filter_atoms and coef < 0 for atom, coef in self.ranges[j].extent().terms)
+        return together and shrunk
 
         # -- guards ----------------------------------------------------------------------------------
     def _extract_guards(self, body: ir.Expr):

@@ -66,10 +66,22 @@ def availability() -> list[tuple[str, bool, str]]:
     return rows
 
 
+def _auto_candidates() -> tuple[str, ...]:
+    """AUTO_ORDER, minus the one LLVM-carrying backend that would join another already loaded here."""
+    import sys
+
+    skip = set()
+    if "numba" in sys.modules:
+        skip.add("julia")
+    if "juliacall" in sys.modules:
+        skip.add("numba")
+    return tuple(c for c in AUTO_ORDER if c not in skip)
+
+
 def resolve(name: str) -> Any:
     """``auto`` picks the first usable backend of AUTO_ORDER; any other name must be usable here."""
     if name == "auto":
-        for candidate in AUTO_ORDER:
+        for candidate in _auto_candidates():
             try:
                 backend = get(candidate)
             except BackendUnavailableError:

@@ -45,7 +45,6 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import BackendUnavailableError, ShapeError, TullaxError

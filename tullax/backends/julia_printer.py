@@ -34,9 +34,12 @@ Pure functions over the IR, no state. The mapping:
   (Julia's exact ``literal_pow``). Julia's real ``log``, ``log1p``, ``sqrt``, ``sin``, ``cos``, ``tan`` and ``^``
   throw DomainError outside their domain where NumPy/XLA give NaN; they print as small ``@inline`` helpers
   (``log_nan_f32``...) defined at the top of the module that return NaN there instead.
-* Syntax kept inside what tree-sitter-julia 0.23 parses unambiguously (see ``tests/julia_subset.py``): a ``^``
-  operand that is itself a power is parenthesised, a numeric literal before ``^`` gets spaces (``2.0f0 ^ x``),
-  comparisons never chain, negative literals are parenthesised as operands.
+* Syntax kept inside what both Julia and tree-sitter-julia 0.23 read the same way (``tests/julia_subset.py``
+  executes what tree-sitter parses): ``if`` conditions are parenthesised (tree-sitter reads ``if n + 1 > 0`` as
+  ``if n`` followed by ``+1 > 0``); a negated compound operand is wrapped whole, ``-(x - y)`` and ``-(x^2)``
+  (Julia reads ``-(x)^2`` as the call ``-(x)`` squared); the base of ``^`` is atomic and a numeric base gets spaces
+  (``2.0f0 ^ 3``: ``2.0f0^(...)`` is a juxtaposition); comparisons never chain; negative operands are
+  parenthesised.
 """
 from __future__ import annotations
 
@@ -144,7 +147,7 @@ _BINARY = {"+": ("+", _SUM), "-": ("-", _SUM), "*": ("*", _PRODUCT), "/": ("/", 
            "and": ("&&", _AND), "or": ("||", _OR), "<": ("<", _CMP), "<=": ("<=", _CMP), ">": (">", _CMP),
            ">=": (">=", _CMP), "==": ("==", _CMP), "!=": ("!=", _CMP)}
 _CALLED = {"//": "fld", "mod": "mod", "max": "max", "min": "min"}  # binary IR ops printed as calls
-# Real functions that throw DomainError in Julia where NumPy/XLA give NaN: (argument name, NaN condition).
+# Real functions that throw DomainError in Julia where NumPy/XLA give NaN, and the condition on x for NaN.
 _DOMAIN = {"log": "x < {zero}", "log1p": "x < -{one}", "sqrt": "x < {zero}",
            "sin": "isinf(x)", "cos": "isinf(x)", "tan": "isinf(x)"}
 _SUFFIX = {"float32": "f32", "float64": "f64"}

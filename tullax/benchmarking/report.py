@@ -23,11 +23,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from .runner import REFERENCE
+from .runner import COMPARATORS, NAIVE_XLA, REFERENCE
 
 VERSIONED = ("tullax", "numpy", "jax", "jaxlib", "numba", "llvmlite", "juliacall", "matplotlib")
 MARKDOWN_COLUMNS = ("case", "backend", "forward", "backward", "grad/fwd", "fwd vs XLA", "bwd vs XLA",
-                    "TTFK cold", "TTFK warm", "peak RSS", "max rel err")
+                    "fwd vs naive XLA", "bwd vs naive XLA", "TTFK cold", "TTFK warm", "peak RSS", "max rel err")
 
 
 # ------------------------------------------------------------------------------------------ machine
@@ -108,7 +108,10 @@ def derive(doc: dict) -> dict:
     """Add the ratios every reader wants: grad/fwd, speed-ups over XLA, warm over cold TTFK (in place)."""
     for case in doc["cases"]:
         reference = case["results"].get(REFERENCE, {})
+        naive = case["results"].get(NAIVE_XLA, {})
         for row in case["results"].values():
+            row["fwd_speedup_naive"] = _ratio(naive.get("fwd_ms"), row.get("fwd_ms"))
+            row["bwd_speedup_naive"] = _ratio(naive.get("bwd_ms"), row.get("bwd_ms"))
             row["grad_fwd_ratio"] = _ratio(row.get("bwd_ms"), row.get("fwd_ms"))
             row["fwd_speedup"] = _ratio(reference.get("fwd_ms"), row.get("fwd_ms"))
             row["bwd_speedup"] = _ratio(reference.get("bwd_ms"), row.get("bwd_ms"))
@@ -157,12 +160,15 @@ def fmt_mb(value: Any) -> str:
 
 def cells(case: dict, backend: str, row: dict) -> list[str]:
     reference = backend == REFERENCE
+    naive = backend == NAIVE_XLA
     return [
         case["name"], backend, fmt_ms(row.get("fwd_ms")), fmt_ms(row.get("bwd_ms")),
         fmt_ratio(row.get("grad_fwd_ratio")),
         "(reference)" if reference else fmt_x(row.get("fwd_speedup")),
         "(reference)" if reference else fmt_x(row.get("bwd_speedup")),
-        fmt_ms(row.get("ttfk_cold_ms")), "n/a" if reference else fmt_ms(row.get("ttfk_warm_ms")),
+        "(reference)" if naive else fmt_x(row.get("fwd_speedup_naive")),
+        "(reference)" if naive else fmt_x(row.get("bwd_speedup_naive")),
+        fmt_ms(row.get("ttfk_cold_ms")), "n/a" if backend in COMPARATORS else fmt_ms(row.get("ttfk_warm_ms")),
         fmt_mb(row.get("peak_rss_mb")), fmt_err(row.get("max_rel_err")),
     ]
 
@@ -201,7 +207,10 @@ def to_markdown(doc: dict, title: str = "tullax benchmarks", extra: str = "") ->
     out = [f"# {title}", "", machine_line(doc), "",
            "forward: `jax.jit` of the kernel; backward: `jax.jit` of the VJP w.r.t. every float input with a "
            "random cotangent (it includes any forward work the gradient needs). XLA: `jax.jit` of the plain "
-           "jnp lowering, differentiated by jax. TTFK: time to first kernel, forward plus gradients on tiny "
+           "jnp lowering, differentiated by jax (free indices first, einsum for contractions: XLA fuses it well). "
+           "naive XLA: the same broadcast-and-reduce with the axes in the order the indices appear, as it is "
+           "usually written by hand (`((W[:,:,None]-X[:,None,:])**2).sum(0)` for Dist). "
+           "TTFK: time to first kernel, forward plus gradients on tiny "
            "inputs in a new process, with an empty (cold) and a populated (warm) tullax cache. max rel err: "
            "max |a - b| / max |b| of the forward result and every gradient against the float64 XLA lowering. "
            "peak RSS: high-water resident memory of the backend's own process.", ""]

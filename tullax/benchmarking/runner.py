@@ -22,6 +22,10 @@ from .case import BenchCase, check_case_shapes
 from .worker import LINE_PREFIX
 
 REFERENCE = "xla"
+# The same jnp lowering with the broadcast axes in the order the indices appear, as the expression is usually
+# written by hand (``((W[:,:,None]-X[:,None,:])**2).sum(0)``); XLA then materialises the broadcast.
+NAIVE_XLA = "xla-naive"
+COMPARATORS = (REFERENCE, NAIVE_XLA)
 MAIN_PHASES = ("ttfk", "fwd", "bwd", "check")
 STDERR_TAIL = 4000
 # Backends the suite tries by default, besides the XLA reference; each is used only where it is available.
@@ -58,8 +62,10 @@ def select_backends(requested: Sequence[str] | None) -> tuple[list[str], dict[st
     from .. import backends as registry
 
     status = {name: (ok, why) for name, ok, why in registry.availability()}
-    wanted = list(DEFAULT_BACKENDS) if requested is None else [b for b in requested if b != REFERENCE]
+    wanted = list(DEFAULT_BACKENDS) if requested is None else [b for b in requested if b not in COMPARATORS]
     usable, unavailable = [REFERENCE], {}
+    if requested is None or NAIVE_XLA in requested:
+        usable.append(NAIVE_XLA)
     for name in dict.fromkeys(wanted):
         ok, why = status.get(name, (False, f"unknown backend {name!r}; known: {', '.join(status)}"))
         if ok:
@@ -153,7 +159,7 @@ def run_backend(document: dict, backend: str, config: RunConfig,
 
         main = run_child(job, cache_dir, config.timeout_s, config.extra_env, report)
         row = summarise_main(main, config.timeout_s)
-        if config.ttfk and backend != REFERENCE and row.get("ttfk_cold_ms") is not None:
+        if config.ttfk and backend not in COMPARATORS and row.get("ttfk_cold_ms") is not None:
             progress("ttfk warm (new process)")
             warm = run_child({**job, "phases": ["ttfk"]}, cache_dir, config.ttfk_timeout_s, config.extra_env)
             row.update(summarise_warm(warm, config.ttfk_timeout_s))

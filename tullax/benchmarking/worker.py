@@ -47,21 +47,24 @@ class Subject:
 
         import tullax
 
-        kernel = tullax.einsum_kernel(spec_text, backend=backend, ranges=ranges)
-        if backend != "xla":
+        kernel = tullax.einsum_kernel(spec_text, backend="xla" if backend == "xla-naive" else backend,
+                                      ranges=ranges)
+        comparator = backend in ("xla", "xla-naive")
+        if not comparator:
             kernel.backend  # noqa: B018 - resolve it now: importing the backend is part of the first kernel
         self.ir = kernel.ir
-        self.forward_fn = plain_lowering(kernel.ir) if backend == "xla" else kernel
+        self.forward_fn = plain_lowering(kernel.ir, naive=backend == "xla-naive") if comparator else kernel
         self.wrt = differentiable_positions(kernel.ir)
         self.fwd = jax.jit(self.forward_fn)
         self.bwd = jax.jit(vjp_of(self.forward_fn, self.wrt))
 
 
-def plain_lowering(spec: Any) -> Callable[..., Any]:
-    """The XLA reference: the jnp lowering as a plain function of the inputs, differentiated by jax."""
+def plain_lowering(spec: Any, naive: bool = False) -> Callable[..., Any]:
+    """The XLA reference: the jnp lowering as a plain function of the inputs, differentiated by jax.
+    ``naive``: broadcast in order of appearance, no einsum (the "xla-naive" comparator)."""
     from tullax.backends.xla import lower
 
-    lowered = lower(spec)
+    lowered = lower(spec, einsum=False, grid="appearance") if naive else lower(spec)
     names = spec.input_names
 
     def forward(*values: Any) -> Any:
@@ -134,7 +137,7 @@ def phase_ttfk(job: dict) -> dict:
 
 def cache_timings(backend: str) -> list[dict]:
     """The compile cache's own timings (parse+codegen, compile, first run) of what this process built."""
-    if backend == "xla":
+    if backend in ("xla", "xla-naive"):
         return []
     from tullax.runtime.cache import get_cache
 

@@ -33,6 +33,33 @@ const BARE_SOURCE = """
 end
 """
 
+# What tullax's printer emits: a kernel over a reversed, 1-based view and its host launcher.
+const LAUNCHER_SOURCE = """
+module TullaxTestLauncher
+
+using KernelAbstractions
+using Atomix
+
+@kernel function kernel!(a0, @Const(a1), s0::Float64, n0::Int, n1::Int)
+    (g1, g0) = @index(Global, NTuple)
+    i0 = g0 - 1
+    i1 = g1 - 1
+    @inbounds begin
+        a0[i0 + 1, i1 + 1] = Float32(s0) * a1[i1 + 1, i0 + 1]
+    end
+end
+
+function run_kernel!(backend, a0, a1, s0, n0, n1)
+    if (n1 > 0 && n0 > 0)
+        kernel!(backend)(a0, a1, s0, n0, n1; ndrange = (n1, n0))
+    end
+    KernelAbstractions.synchronize(backend)
+    return nothing
+end
+
+end
+"""
+
 @testset "TullaxBridge" begin
     @testset "load_kernels evaluates a printed module and launch! runs it" begin
         clear_timings!()
@@ -91,11 +118,23 @@ end
         @test pyconvert(Vector{Float32}, y.tolist()) == Float32[1, 4, 7, 10]
     end
 
+    @testset "run_launcher_cpu! calls a printed launcher on zero-copy views" begin
+        np = pyimport("numpy")
+        mod = load_kernels(LAUNCHER_SOURCE, "TullaxTestLauncher")
+        a = np.arange(6; dtype = "float32").reshape(2, 3)   # T[j,i] := s*A[i,j]
+        t = np.zeros((3, 2); dtype = "float32")
+        elapsed = run_launcher_cpu!(mod, "run_kernel!", PyArray(t), PyArray(a), 2.0, 2, 3)
+        @test elapsed >= 0
+        @test pyconvert(Vector{Float32}, t.ravel().tolist()) == Float32[0, 6, 2, 8, 4, 10]
+        @test timings()["TullaxTestLauncher.run_kernel!/launches"] == 1.0
+    end
+
     if Base.get_extension(TullaxBridge, :TullaxBridgeCUDAExt) === nothing
         @testset "CUDA entry points explain how to get CUDA.jl" begin
             @test_throws ErrorException backend_for("cuda")
             @test_throws ErrorException sync_stream(0)
             @test_throws ErrorException wrap_cuda(nothing)
+            @test_throws ErrorException run_launcher_cuda!(nothing, "run_kernel!")
         end
     end
     @test_throws ArgumentError backend_for("tpu")
@@ -122,6 +161,27 @@ end
         y = ones(Float32, 4)
         launch!(kernels, :saxpy!, CPU(), y, ones(Float32, 4), 1.0f0; ndrange = 4)
         @test y == fill(2.0f0, 4)
+        launcher_call = Dict(
+            "kernel" => "TullaxTestLauncher.run_kernel!",
+            "launcher" => true,
+            "ndrange" => Int[],
+            "args" => [
+                Dict("type" => "Float32", "dims" => [2, 3]),
+                Dict("type" => "Float32", "dims" => [3, 2]),
+                Dict("type" => "Float64", "value" => 1),
+                Dict("type" => "Int64", "value" => 2),
+                Dict("type" => "Int64", "value" => 3),
+            ],
+        )
+        launcher_path = write_precompile_package(dir, "TullaxTestLauncherKernels", [LAUNCHER_SOURCE], [launcher_call])
+        launcher_main = read(joinpath(launcher_path, "src", "TullaxTestLauncherKernels.jl"), String)
+        @test occursin("TullaxTestLauncher.run_kernel!(backend, a1, a2, a3, a4, a5)", launcher_main)
+        @test precompile_package(launcher_path) >= 0
+        launcher_pkg = load_precompiled(launcher_path)
+        out = zeros(Float32, 2, 3)
+        launch!(getfield(launcher_pkg, :TullaxTestLauncher), :kernel!, CPU(), out, ones(Float32, 3, 2), 3.0, 2, 3;
+                ndrange = (3, 2))
+        @test out == fill(3.0f0, 2, 3)
         @test_throws ArgumentError write_precompile_package(dir, "bad name", String[], [])
         bad_type = Dict("kernel" => "k", "ndrange" => [1], "args" => [Dict("type" => "String", "value" => 1)])
         @test_throws ArgumentError write_precompile_package(dir, "TullaxTestBad", String[], [bad_type])
