@@ -30,6 +30,7 @@ from typing import Callable, Iterable, Mapping
 from .analyze import shift_indices
 from .errors import SpecError
 from .ir import (
+    ARITHMETIC,
     COMPARISONS,
     Access,
     Affine,
@@ -618,19 +619,16 @@ def _winner(body: Expr, extreme: Expr) -> Expr:
 
 
 def _reproducible(expr: Expr) -> bool:
-    """Rounds the same in every kernel: products and quotients of inputs, sums of inputs (no multiply-add
-    for a compiler to contract, no approximated function)."""
+    """Rounds the same in every kernel, even under fast-math (contraction into multiply-adds, reassociation):
+    an input, or one operation on inputs (x[i,j]*w[j], a + x[i], max(x[i], y[i]))."""
     leaves = (Access, Param, Num, IndexVal)
+    expr = _strip_sign(expr)
     if isinstance(expr, leaves):
         return True
-    if isinstance(expr, Unary):
-        return _reproducible(expr.arg)
-    if isinstance(expr, Binary) and expr.op in ("*", "/"):
-        return _reproducible(expr.lhs) and _reproducible(expr.rhs)
-    if isinstance(expr, Binary) and expr.op in ("+", "-"):
+    if isinstance(expr, Binary) and expr.op in ARITHMETIC and expr.op != "^":
         return all(isinstance(_strip_sign(x), leaves) for x in (expr.lhs, expr.rhs))
     if isinstance(expr, Call) and expr.fn in ("abs", "relu", "max", "min", "conj", "real"):
-        return all(_reproducible(a) for a in expr.args)
+        return all(isinstance(_strip_sign(x), leaves) for x in expr.args)
     return False
 
 
