@@ -17,6 +17,7 @@ from typing import Callable
 import pytest
 
 from tullax.analyze import analyze
+from tullax.errors import TullaxError
 from tullax.ir import ParsedSpec, Spec
 from tullax.parse import parse_spec
 from tullax.spectext import format_idx, format_spec
@@ -74,7 +75,18 @@ ASPECTS: dict[str, Callable[[Golden], str]] = {
     "agreements": lambda g: render_agreements(g.spec),
     "out_shape": lambda g: render_out_shape(g.spec),
     "lhs": lambda g: render_lhs(g.spec),
+    "gradients": lambda g: render_gradients(g.spec),
 }
+
+
+def render_gradients(spec) -> str:
+    """One line per gradient (its steps joined by '; '), or why there are none."""
+    from tullax.grad import gradient_texts
+
+    try:
+        return "\n".join(gradient_texts(spec)) or "(no differentiable inputs)"
+    except TullaxError as err:
+        return f"(no gradients: {err})"
 
 
 def read_golden(path: Path) -> dict[str, str]:
