@@ -120,12 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         first_kernel_child(args.child, args.backend)
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import track
     from rich.table import Table
 
     import tullax.backends as registry
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 150, highlight=False)
     backend = registry.resolve(args.backend).name
     console.print(f"[bold]tullax demo[/] on backend [cyan]{backend}[/] (XLA is the reference)")
     rows = [run_case(case, backend) for case in track(CASES, description="forward + gradients", console=console)]
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 "TTFK cold", "TTFK warm"):
         table.add_column(col, justify="left" if col in ("kernel", "spec") else "right")
     for row, (cold, warm) in zip(rows, ttfk):
-        table.add_row(row["case"], row["spec"], f"{row['fwd_ms']:.2f}", f"{row['xla_fwd_ms']:.2f}",
+        table.add_row(row["case"], escape(row["spec"]), f"{row['fwd_ms']:.2f}", f"{row['xla_fwd_ms']:.2f}",
                       f"{row['bwd_ms']:.2f}", f"{row['xla_bwd_ms']:.2f}", f"{row['bwd_ms'] / row['fwd_ms']:.1f}",
                       f"{row['max_rel_err']:.1e}", f"{cold / 1e3:.2f} s", f"{warm / 1e3:.2f} s")
     console.print(table)
