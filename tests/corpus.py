@@ -106,3 +106,27 @@ CORPUS: tuple[Case, ...] = (
 
 CASES_BY_ID: dict[str, Case] = {case.id: case for case in CORPUS}
 assert len(CASES_BY_ID) == len(CORPUS), "corpus ids must be unique"
+
+
+def analysed(text: str, ranges=None):
+    """The analysed Spec of a corpus text."""
+    from tullax.analyze import analyze
+    from tullax.parse import parse_spec
+
+    return analyze(parse_spec(text), ranges)
+
+
+def gradient_cases():
+    """One pytest param (case, wrt) per gradient of every corpus case that has gradients."""
+    import pytest
+
+    from tullax.errors import TullaxError
+    from tullax.grad import gradients
+
+    for case in CORPUS:
+        try:
+            grads = gradients(analysed(case.spec, case.ranges))
+        except TullaxError:
+            continue
+        for grad in grads:
+            yield pytest.param(case, grad.wrt, id=f"{case.id}-{grad.wrt}")

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from corpus import CASES_BY_ID, CORPUS, Case
+from corpus import CASES_BY_ID, CORPUS, Case, analysed, gradient_cases
 
-from tullax.analyze import analyze
 from tullax.backends.base import Signature
 from tullax.errors import ShapeError, TullaxError
 from tullax.grad import gradients
@@ -40,15 +39,10 @@ from tullax.lower import (
     parallel_nest,
     walk_stmts,
 )
-from tullax.parse import parse_spec
 from tullax.testing import naive_eval, random_inputs, random_spec
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "loops"
 UPDATE = os.environ.get("TULLAX_UPDATE_GOLDEN") == "1"
-
-
-def analysed(text: str, ranges=None) -> Spec:
-    return analyze(parse_spec(text), ranges)
 
 
 def signature(spec: Spec, dtype: str = "float32", values=None) -> Signature:
@@ -184,17 +178,7 @@ def test_corpus_kernel_matches_naive(case: Case, tile: bool):
     assert_close(execute(spec, env, tile), naive_eval(spec, env))
 
 
-def _gradient_cases():
-    for case in CORPUS:
-        try:
-            grads = gradients(analysed(case.spec, case.ranges))
-        except TullaxError:
-            continue
-        for grad in grads:
-            yield pytest.param(case, grad.wrt, id=f"{case.id}-{grad.wrt}")
-
-
-@pytest.mark.parametrize("case, wrt", list(_gradient_cases()))
+@pytest.mark.parametrize("case, wrt", list(gradient_cases()))
 def test_gradient_steps_match_naive(case: Case, wrt: str):
     """Every step of every gradient, lowered (tiled where it pays, as Numba does) and run, vs the oracle."""
     spec = analysed(case.spec, case.ranges)

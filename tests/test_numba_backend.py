@@ -19,26 +19,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from corpus import CASES_BY_ID, CORPUS, Case
+from corpus import CASES_BY_ID, CORPUS, Case, analysed, gradient_cases
 
 pytest.importorskip("numba")
 
-from tullax.analyze import analyze  # noqa: E402
 from tullax.backends.base import Signature  # noqa: E402
 from tullax.backends.numba_cpu import NumbaBackend, compile_stats, module_source  # noqa: E402
-from tullax.errors import TullaxError  # noqa: E402
 from tullax.grad import gradients  # noqa: E402
 from tullax.gradrun import gradient_env, run_gradient  # noqa: E402
 from tullax.ir import Spec  # noqa: E402
-from tullax.parse import parse_spec  # noqa: E402
 from tullax.testing import naive_eval, random_inputs  # noqa: E402
 
 BACKEND = NumbaBackend()
 REPO = Path(__file__).resolve().parents[1]
-
-
-def analysed(text: str, ranges=None) -> Spec:
-    return analyze(parse_spec(text), ranges)
 
 
 def run_numba(spec: Spec, env: dict, dtype: str = "float64") -> np.ndarray:
@@ -83,17 +76,7 @@ def test_corpus_forward_matches_naive_and_xla(case: Case):
     np.testing.assert_allclose(got, xla_eval(spec, env), rtol=1e-10, atol=1e-12)
 
 
-def _gradient_cases():
-    for case in CORPUS:
-        try:
-            grads = gradients(analysed(case.spec, case.ranges))
-        except TullaxError:
-            continue
-        for grad in grads:
-            yield pytest.param(case, grad.wrt, id=f"{case.id}-{grad.wrt}")
-
-
-@pytest.mark.parametrize("case, wrt", list(_gradient_cases()))
+@pytest.mark.parametrize("case, wrt", list(gradient_cases()))
 def test_gradient_steps_match_xla(case: Case, wrt: str):
     """Every step of every gradient through Numba vs the XLA lowering of the same step."""
     spec = analysed(case.spec, case.ranges)
