@@ -384,8 +384,4 @@ def shift_indices(body: Expr, shifts: Mapping[str, Sym]) -> Expr:
     return map_expr(body, fix)
 
 
-def input_kinds(spec: Spec) -> dict[str, str]:
-    return {i.name: i.kind for i in spec.inputs}
-
-
-__all__ = ["analyze", "shift_indices", "Occurrence", "Constraint", "Param", "input_kinds"]
+__all__ = ["analyze", "shift_indices", "Occurrence", "Constraint"]

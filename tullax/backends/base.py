@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from ..ir import Spec
 
@@ -34,7 +34,3 @@ class Backend(Protocol):
 
     def generate_source(self, spec: Spec, signature: Signature) -> str:
         """The generated source of the kernel of ``spec`` (empty for backends that generate none)."""
-
-
-def describe(backend: Any) -> str:
-    return getattr(backend, "name", type(backend).__name__)
