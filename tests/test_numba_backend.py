@@ -240,7 +240,9 @@ _CACHE_SCRIPT = textwrap.dedent("""
     W, X = rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
     out = np.empty((3, 2))
     NumbaBackend().build(spec, Signature(("float64", "float64"), "float64"))(out, W, X)
-    print(json.dumps({"stats": compile_stats(), "out": out.tolist()}))
+    from tullax.backends.numba_fastload import fast_load_problem
+    print(json.dumps({"stats": compile_stats(), "out": out.tolist(), "fast_load_problem": fast_load_problem(),
+                      "numba_target_loaded": "numba.np.arraymath" in sys.modules}))
 """)
 
 
@@ -255,6 +257,9 @@ def test_new_process_with_a_populated_cache_compiles_nothing(tmp_path: Path):
     assert cold["stats"]["compiled"] == 1 and cold["stats"]["loaded"] == 0
     assert warm["stats"]["compiled"] == 0 and warm["stats"]["loaded"] == 1
     assert cold["out"] == warm["out"]
+    # The warm process loaded the kernel without initialising Numba's whole CPU target (numba_fastload).
+    assert cold["numba_target_loaded"] and not warm["numba_target_loaded"]
+    assert warm["fast_load_problem"] is None
     index = json.loads((tmp_path / "cache" / "index.json").read_text())["entries"]
     (record,) = index.values()
     assert record["backend"] == "numba" and record["spec"] == "D[i,j] := (W[k,i] - X[k,j])^2"
@@ -262,7 +267,25 @@ def test_new_process_with_a_populated_cache_compiles_nothing(tmp_path: Path):
     assert record["hits"] == 1
     (source,) = (tmp_path / "cache" / "entries").glob("*/kernels.py")
     assert "def kernel(" in source.read_text()
+    assert list(source.parent.glob("__pycache__/kernels.*.pyc")), "the generated module's bytecode is cached"
     assert any((tmp_path / "cache" / "numba").rglob("*.nbi"))
+
+
+def test_jit_lowering_compiles_the_kernel_at_trace_time():
+    """The JAX path prepares the host kernel while lowering, so a compile error would surface at trace time,
+    not inside the callback: lowering alone (no execution) already compiled or loaded the kernel."""
+    import jax
+
+    import tullax
+
+    kernel = tullax.einsum_kernel("t[i] := x[i,j]*w[j] + 3", backend="numba")
+    x, w = np.ones((5, 4), np.float32), np.ones(4, np.float32)
+    before = compile_stats()
+    jax.jit(kernel).lower(x, w)
+    after = compile_stats()
+    assert after["compiled"] + after["loaded"] == before["compiled"] + before["loaded"] + 1
+    np.testing.assert_allclose(np.asarray(jax.jit(kernel)(x, w)), np.full(5, 16.0))  # sum over j of (1*1 + 3)
+    assert compile_stats()["compiled"] + compile_stats()["loaded"] == after["compiled"] + after["loaded"]
 
 
 def test_four_processes_building_one_spec_at_once_compile_it_once(tmp_path: Path):

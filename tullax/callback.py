@@ -56,6 +56,9 @@ def host_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
     result = jax.ShapeDtypeStruct(tuple(s.eval(shapes) for s in spec.out_shape), np.dtype(out_dtype))
     signature = Signature(tuple(np.dtype(a.dtype).name for a in args), result.dtype.name)
     kernel = build_kernel(spec, backend_name, signature)
+    prepare = getattr(kernel, "prepare", None)
+    if prepare is not None:  # compile now, while tracing: a compile error must not surface inside a callback
+        prepare({**shapes, spec.out: result.shape})
     text = format_spec(spec)
     if path == "buffer":
         from jax.experimental.buffer_callback import buffer_callback

@@ -59,7 +59,10 @@ Decisions taken here (printer-neutral):
 * ``lower(..., tile=True)`` (CPU printers only, see ``lower``): strip-mine the last parallel index and make it
   the innermost loop, accumulating into the output elements of the tile, when that reads more arrays
   contiguously than the innermost reduction does (a matmul, Dist, the conv1d input gradient). The tile loop is
-  the last parallel loop; the output is then also read (``Load`` of the output array).
+  the last parallel loop; the output is then also read (``Load`` of the output array). A scatter whose last
+  collision-free index is unit-stride in the output (``ΔW[ix[b],d] += Δout[b,d]``) is tiled the same way: tiles
+  of d in parallel, the colliding loops serially inside, d innermost, so each thread owns whole cache lines of
+  every output row and reads the index array once per row of a tile.
 """
 from __future__ import annotations
 
@@ -566,13 +569,22 @@ def lower(spec: Spec, signature, name: str = "kernel", *, tile: bool = False) ->
     loop over tiles of j, the reductions inside it, and j innermost over the tile, accumulating straight into
     the output elements of the tile (initialised first, finalised after), so the inner loop is contiguous and
     vectorises. Only without guards on j and for + * max min reductions (and '+=' only with + and no
-    finaliser). A GPU printer keeps the default: one element per work item."""
+    finaliser). A scatter is tiled when its last parallel (collision-free) index is the last output axis and
+    colliding loops run inside it: tiles own disjoint output columns, so it stays race-free. A GPU printer
+    keeps the default: one element per work item."""
     return _Lowering(spec, signature, name, tile).kernel()
 
 
-def tile_size(parallel_count: int, dtype: str) -> int:
+SCATTER_TILE_BYTES = 128  # 64 B pays more per-row overhead; 256 B leaves too few tiles on many cores
+
+
+def tile_size(parallel_count: int, dtype: str, scatter: bool = False) -> int:
     """Elements of j per tile: 2 KiB of output (L1-resident with its input rows); smaller with a single
-    parallel loop, whose tiles are then the only parallelism."""
+    parallel loop, whose tiles are then the only parallelism. A scatter's tile is one row segment per colliding
+    iteration, streamed rather than kept: 128 bytes (two cache lines, so tiles never share one when the row
+    starts on a line) leaves 4 tiles per thread on 2 threads for a 256-wide embedding."""
+    if scatter:
+        return SCATTER_TILE_BYTES // (4 if dtype == "float32" else 8)
     size = 512 if dtype == "float32" else 256
     return size if parallel_count > 1 else 64
 
@@ -590,7 +602,7 @@ class _Lowering:
             raise TullaxError(f"signature has {len(signature.in_dtypes)} input dtypes, the spec "
                               f"{len(spec.inputs)} inputs")
         self.in_dtype = {inp.name: str(dt) for inp, dt in zip(spec.inputs, signature.in_dtypes)}
-        self.tile_elems = tile_size(len(spec.free), self.compute)
+        self.tile_elems = tile_size(len(spec.free), self.compute, spec.is_scatter)
         for inp in spec.inputs:
             if inp.kind in ("array", "scalar") and self.in_dtype[inp.name].startswith("complex"):
                 raise TullaxError("complex inputs are not supported by the loop backends; use backend='xla'")
@@ -729,7 +741,7 @@ class _Lowering:
         """Tile the last parallel index j when that makes the innermost loop read more arrays contiguously
         than the innermost reduction loop does (and nothing but inequalities, which narrow j, guards j)."""
         spec = self.spec
-        if spec.is_scatter or not self.parallel or spec.redop == "logsumexp":
+        if not self.parallel or spec.redop == "logsumexp":
             return False
         if spec.assign == "+=" and (spec.redop != "+" or spec.finalizer):
             return False
@@ -743,8 +755,23 @@ class _Lowering:
         if j in guarded:
             return False
         reads = [a.idx for a in ir.accesses(spec.body)]
+        if spec.is_scatter:
+            return self._scatter_tiling_pays(j, reads, serial[-1])
         tiled, untiled = inner_loop_score(reads + [spec.lhs], j), inner_loop_score(reads, serial[-1])
         return tiled > untiled or (tiled == untiled and tiled > 0 and self._sliding_window(j, serial[-1]))
+
+    def _scatter_tiling_pays(self, j: str, reads: list[tuple], k: str) -> bool:
+        """A scatter tiles j only when j alone is the last output axis: then tiles of j write disjoint output
+        elements (race-free whatever the colliding loops do) and contiguous row segments (no shared cache
+        lines between threads); and only when j innermost reads better than the colliding k innermost."""
+        last = self.spec.lhs[-1]
+        aff = last.inner if isinstance(last, Wrapped) and last.kind == "pad" else last
+        if not (isinstance(aff, Affine) and aff.div == 1 and aff.terms == ((j, 1),)):
+            return False
+        if any(ir.idx_affine(i).coef(j) for i in self.spec.lhs[:-1]):
+            return False
+        accesses = reads + [self.spec.lhs]
+        return inner_loop_score(accesses, j) > inner_loop_score(accesses, k)
 
     def _sliding_window(self, j: str, k: str) -> bool:
         """``x[j+k]`` with j's range shrunk by k's extent (a valid convolution): the reduction is a short
@@ -1148,22 +1175,26 @@ class _Lowering:
             block = [_mark_reduce_parallel(s) for s in block]
         return self._parallel_wrap(block)
 
-    def _tiled_body(self, body: ir.Expr, bounds) -> list[Stmt]:
-        """Tiles of j in parallel; inside, the output elements of the tile are the accumulators."""
-        spec = self.spec
-        top = len(self.parallel) - 1
-        self.state.levels.update(tile_lo=top, tile_hi=top)
-        value = self.hoist(self.to_compute(self.translate(body)), len(self.loops()) - 1)
-        out_index = tuple(self.index_var(n) for n in spec.free)
-        here = Load(self.out.name, out_index, self.compute)
+    def _tile_bounds(self) -> list[Stmt]:
+        """``tile_lo``/``tile_hi``: the range of j in this tile (Lets at the top of the per-element block)."""
+        self.state.levels.update(tile_lo=len(self.parallel) - 1, tile_hi=len(self.parallel) - 1)
         rng = self.ranges[self.tile]
-        jvar = self.var_of[self.tile]
         tile_lo = binop("+", self.size(rng.lo), binop("*", Var("tile", INDEX), const(self.tile_elems)))
-        block: list[Stmt] = [
+        return [
             Let("tile_lo", tile_lo),
             Let("tile_hi", binop("min", binop("+", Var("tile_lo", INDEX), const(self.tile_elems)),
                                  self.size(rng.hi))),
         ]
+
+    def _tiled_body(self, body: ir.Expr, bounds) -> list[Stmt]:
+        """Tiles of j in parallel; inside, the output elements of the tile are the accumulators."""
+        spec = self.spec
+        top = len(self.parallel) - 1
+        block = self._tile_bounds()
+        value = self.hoist(self.to_compute(self.translate(body)), len(self.loops()) - 1)
+        out_index = tuple(self.index_var(n) for n in spec.free)
+        here = Load(self.out.name, out_index, self.compute)
+        jvar = self.var_of[self.tile]
 
         def over_tile(stmt: Stmt) -> Stmt:
             return Loop(jvar, Var("tile_lo", INDEX), Var("tile_hi", INDEX), False, (stmt,))
@@ -1199,6 +1230,7 @@ class _Lowering:
     def _scatter_body(self, body: ir.Expr, bounds) -> list[Stmt]:
         spec = self.spec
         innermost = len(self.loops()) - 1
+        block = self._tile_bounds() if self.tile else []
         checks: list[Expr] = []
         index: list[Expr] = []
         for axis, idx in enumerate(spec.lhs):
@@ -1214,9 +1246,9 @@ class _Lowering:
             check = conjunction(checks)
             self.add_item(_Item(self.expr_level(check), 3, guard=check))
         value = self.hoist(self.to_compute(self.translate(body)), innermost)
-        colliding = len(self.loops()) > len(self.parallel)
+        colliding = any(n not in self.solved for n in self.serial)  # the tile loop over j never collides
         store = Store(self.out.name, tuple(index), value, "atomic_add" if colliding else "add")
-        block = self.nest(len(self.parallel) - 1, [store], bounds)
+        block += self.nest(len(self.parallel) - 1, [store], bounds)
         return self._parallel_wrap(block)
 
 

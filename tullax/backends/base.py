@@ -20,6 +20,8 @@ class Signature:
 # scalars) for ALL of ``spec.inputs``, in order. For '=' and '+=' the caller has put the existing values into
 # ``out`` and input 0 is the original given array, a different buffer: a body that reads the output array
 # reads input 0, so every backend sees the values from before the update (as the XLA lowering does).
+# A host kernel may also have ``prepare(shapes)`` (the input and output shapes of a coming call by name): the
+# JAX path calls it while tracing, so compiling happens, and fails, at trace time, not inside a callback.
 HostKernel = Callable[..., None]
 
 

@@ -60,6 +60,7 @@ from ..lower import (
 )
 from ..spectext import format_spec
 from .base import Signature
+from .numba_fastload import load_cached
 
 NAME = "numba"
 FASTMATH = "{'nsz', 'arcp', 'contract', 'afn', 'reassoc'}"
@@ -294,9 +295,11 @@ def _numba():
 
 
 def _warn_if_julia_loaded() -> None:
-    from .julia import ALLOW_BOTH_ENV
+    if "juliacall" not in sys.modules:
+        return
+    from .julia import ALLOW_BOTH_ENV  # only now: the Julia backend's modules are not needed otherwise
 
-    if "juliacall" in sys.modules and os.environ.get(ALLOW_BOTH_ENV) != "1":
+    if os.environ.get(ALLOW_BOTH_ENV) != "1":
         import warnings
 
         warnings.warn(
@@ -332,6 +335,18 @@ def _import_module(path, key: str):
     return module
 
 
+def _write_bytecode(path) -> None:
+    """Compile the module's bytecode next to it once, so a new process does not recompile the source (this
+    matters where PYTHONDONTWRITEBYTECODE is set). Checked by source hash, not mtime: a rewritten source with
+    the same size and second never runs stale code. Best effort: without it Python compiles in memory."""
+    import py_compile
+
+    try:
+        py_compile.compile(str(path), doraise=True, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    except (OSError, py_compile.PyCompileError):
+        pass
+
+
 class HostKernel:
     """``kernel(out, *inputs)``: computes the size parameters from the shapes and calls the njit function on
     the NumPy arrays without copies (only a non C-contiguous or unaligned array is copied)."""
@@ -349,6 +364,7 @@ class HostKernel:
         loops, _ = parallel_nest(kernel)
         self._outer = loops[0] if loops else None
         self._warm: set[int] = set()
+        self._ready: dict[int, tuple[float, bool]] = {}  # id(fn) -> (load or compile ms, compiled)
         self._numba = _numba()
         for fn in fns:
             _DISPATCHERS.append(fn)
@@ -400,30 +416,54 @@ class HostKernel:
         if copy_back is not None:
             out[...] = copy_back.reshape(out.shape)
 
-    def _first_call(self, fn, args) -> None:
-        """Compile (or load) under the entry's lock, so concurrent processes compile a kernel once; record the
-        timings in the cache index."""
+    def prepare(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        """Load or compile now the variant that a call with these input and output shapes will run. The JAX
+        path calls it while tracing, so a compile error surfaces at trace time and never inside a callback."""
+        import numpy as np
+
+        # Stand-ins with the call's types (C-contiguous, writable, aligned: what _args hands Numba).
+        args: list[Any] = [np.empty((1,) * max(a.rank, 1 if a.role != "in" else 0), a.dtype)
+                           for a in self.kernel.arrays]
+        args += [np.dtype(s.dtype).type(0) for s in self.kernel.scalars]
+        args += [int(s.eval(shapes)) for s in self._sizes]
+        fn = self._pick(args)
+        self._load_or_compile(fn, args)
+
+    def _load_or_compile(self, fn, args) -> None:
+        """Make ``fn``'s specialisation for ``args`` ready, under the entry's lock so concurrent processes
+        compile a kernel once; remember how long it took and whether it compiled, for the cache index."""
         from ..runtime.cache import get_cache
 
         numba = self._numba
-        cache = get_cache()
         types = tuple(numba.typeof(a) for a in args)
+        if types in fn.overloads:
+            return
         before = sum(fn.stats.cache_misses.values())
         start = time.perf_counter()
         try:
-            with cache.lock(self.key):
-                fn.compile(types)
+            with get_cache().lock(self.key):
+                if not load_cached(fn, types):
+                    fn.compile(types)
         except numba.core.errors.NumbaError as err:  # a printer bug, not a user error: say where to look
             path = getattr(sys.modules.get(fn.__module__), "__file__", "?")
             raise TullaxError(f"Numba could not compile the kernel generated for {self.kernel.spec_text} "
                               f"({path}); please report it. Numba said:\n{err}") from None
-        compile_ms = (time.perf_counter() - start) * 1e3
+        compiled = sum(fn.stats.cache_misses.values()) > before
+        with _lock:
+            self._ready[id(fn)] = ((time.perf_counter() - start) * 1e3, compiled)
+
+    def _first_call(self, fn, args) -> None:
+        """Load or compile (unless prepare() did), run, and record the timings in the cache index."""
+        from ..runtime.cache import get_cache
+
+        self._load_or_compile(fn, args)
         start = time.perf_counter()
         fn(*args)
         run_ms = (time.perf_counter() - start) * 1e3
         with _lock:
             self._warm.add(id(fn))
-        compiled = sum(fn.stats.cache_misses.values()) > before
+            compile_ms, compiled = self._ready.get(id(fn), (0.0, False))
+        cache = get_cache()
         ttfk = self.codegen_ms + compile_ms + run_ms
         timings = {"compile_ms": compile_ms, "ttfk_cold_ms": ttfk} if compiled else {
             "load_ms": compile_ms, "ttfk_warm_ms": ttfk}
@@ -470,6 +510,7 @@ def build(spec: Spec, signature: Signature) -> Callable[..., None]:
                 cache.hit(key)
             else:
                 path = cache.write_text(key, SOURCE_FILE, source)
+                _write_bytecode(path)
         module = _import_module(path, key)
         host = HostKernel(kernel, spec, module, key, codegen_ms)
         _BUILT[(spec, signature)] = host
