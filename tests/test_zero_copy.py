@@ -80,3 +80,39 @@ def test_pure_callback_path_copies_the_output(recording, monkeypatch):
     (call,) = recording.calls
     assert call["out"] != out.unsafe_buffer_pointer()
     np.testing.assert_array_equal(out, np.ones(1024, np.float32))
+
+
+def test_scatter_gradient_adds_into_its_zeros_in_place(recording):
+    """The embedding gradient's scatter step ``ΔW[ix[b],d] += Δout[b,d]`` gets its buffer of zeros AS its
+    output (input_output_aliases): nothing copies 50 MB of zeros into a fresh output first."""
+    kernel = tullax.einsum_kernel("out[b,d] := W[ix[b],d]", backend=recording.name)
+    rng = np.random.default_rng(1)
+    W = jnp.asarray(rng.standard_normal((300, 64), dtype=np.float32))
+    ix = jnp.asarray(rng.integers(0, 300, 200))
+    cotangent = jnp.asarray(rng.standard_normal((200, 64), dtype=np.float32))
+    grad = jax.jit(lambda c, W: jax.vjp(lambda W: kernel(W, ix), W)[1](c)[0])(cotangent, W)
+    scatter = recording.calls[-1]
+    assert scatter["out"] == scatter["inputs"][0]  # the zeros and the result are one buffer
+    expected = np.zeros((300, 64), np.float32)
+    np.add.at(expected, np.asarray(ix), np.asarray(cotangent))
+    np.testing.assert_allclose(np.asarray(grad), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_aliased_given_array_stays_untouched(recording):
+    """'+=' into a given array that is still used afterwards: XLA copies it before the kernel writes."""
+    kernel = tullax.einsum_kernel("y[ix[b]] += x[b]", backend=recording.name)
+    y, x, ix = jnp.arange(6.0, dtype=jnp.float32), jnp.ones(4, jnp.float32), jnp.asarray([0, 2, 2, 5])
+    new, old = jax.jit(lambda y, x, ix: (kernel(y, x, ix), y * 1))(y, x, ix)
+    np.testing.assert_array_equal(np.asarray(new), [1.0, 1.0, 4.0, 3.0, 4.0, 6.0])
+    np.testing.assert_array_equal(np.asarray(old), np.arange(6.0))
+    np.testing.assert_array_equal(np.asarray(y), np.arange(6.0))
+
+
+def test_a_body_that_reads_the_given_array_is_never_aliased(recording):
+    """``y[i] += y[i]*x[i]`` reads the values from before the update: the output must be another buffer."""
+    kernel = tullax.einsum_kernel("y[i] += y[i]*x[i]", backend=recording.name)
+    y, x = jnp.arange(5.0, dtype=jnp.float32), jnp.full(5, 2.0, jnp.float32)
+    out = jax.jit(kernel)(y, x)
+    (call,) = recording.calls
+    assert call["out"] != call["inputs"][0]
+    np.testing.assert_array_equal(np.asarray(out), np.arange(5.0) * 3)

@@ -63,9 +63,33 @@ def host_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
     if path == "buffer":
         from jax.experimental.buffer_callback import buffer_callback
 
-        return buffer_callback(_buffer_runner(spec, kernel, text, backend_name), result)(*args)
+        aliases = {0: 0} if updates_in_place(spec, args, result) else None
+        return buffer_callback(_buffer_runner(spec, kernel, text, backend_name), result,
+                               input_output_aliases=aliases)(*args)
     return jax.pure_callback(_pure_runner(spec, kernel, text, backend_name, result), result, *args,
                              vmap_method="sequential")
+
+
+def updates_in_place(spec: Spec, args: Sequence[Any], result: Any) -> bool:
+    """Whether XLA may hand the given array (input 0 of '=' and '+=') to the kernel AS its output buffer.
+
+    Then nothing copies the starting values into a fresh output: a gradient's scatter step
+    (``ΔW[ix[b],d] += Δout[b,d]``) adds straight into its buffer of zeros. XLA keeps it functional (it copies
+    input 0 first when anything else still reads it). Only when the body never reads the given array: the
+    kernel must see the values from before the update, which an aliased buffer no longer holds."""
+    from .ir import Indirect, accesses
+
+    if spec.assign == ":=" or not args:
+        return False
+    given = args[0]
+    if tuple(given.shape) != tuple(result.shape) or given.dtype != result.dtype:
+        return False
+    read = set()
+    for access in accesses(spec.body):
+        read.add(access.array)
+        read.update(idx.array for idx in access.idx if isinstance(idx, Indirect))
+    read.update(idx.array for idx in spec.lhs or () if isinstance(idx, Indirect))
+    return spec.out not in read
 
 
 def build_kernel(spec: Spec, backend_name: str, signature: Any) -> Callable[..., None]:
