@@ -55,6 +55,7 @@ from ..lower import (
     UnOp,
     Var,
     binop,
+    const,
     lower,
     parallel_nest,
 )
@@ -145,23 +146,28 @@ class _Printer:
         return f"{self.expr(expr.lhs, prec)} {op} {self.expr(expr.rhs, prec + 1)}", prec
 
     # -- statements --------------------------------------------------------------------------
-    def stmts(self, stmts: Sequence[Stmt], indent: int, prange_depth: int | None) -> list[str]:
-        """``prange_depth``: print the parallel loop at this nesting depth (0 = these statements) as prange."""
+    def stmts(self, stmts: Sequence[Stmt], indent: int, prange_depth: int | None, lanes: bool = True) -> list[str]:
+        """``prange_depth``: print the parallel loop at this nesting depth (0 = these statements) as prange.
+        ``lanes``: print max/min reduction loops as lanes (not inside a prange reduction: Numba's parfor pass
+        only recognises a reduction variable updated by one plain statement)."""
         pad = "    " * indent
         lines: list[str] = []
         for stmt in stmts:
-            if isinstance(stmt, Loop):
+            if isinstance(stmt, Loop) and lanes and _lane_reduction(stmt):
+                lines += self._lanes(stmt, indent)
+            elif isinstance(stmt, Loop):
                 use_prange = (stmt.parallel and prange_depth == 0) or stmt.reduce_parallel
                 depth = None if prange_depth in (None, 0) else prange_depth - 1
                 fn = "prange" if use_prange else "range"
                 lines.append(f"{pad}for {stmt.var} in {fn}({self.expr(stmt.start)}, {self.expr(stmt.stop)}):")
-                lines += self.stmts(stmt.body, indent + 1, depth) or [f"{pad}    pass"]
+                inner = lanes and not stmt.reduce_parallel
+                lines += self.stmts(stmt.body, indent + 1, depth, inner) or [f"{pad}    pass"]
             elif isinstance(stmt, If):
                 lines.append(f"{pad}if {self.expr(stmt.cond)}:")
-                lines += self.stmts(stmt.then, indent + 1, None) or [f"{pad}    pass"]
+                lines += self.stmts(stmt.then, indent + 1, None, lanes) or [f"{pad}    pass"]
                 if stmt.orelse:
                     lines.append(f"{pad}else:")
-                    lines += self.stmts(stmt.orelse, indent + 1, None)
+                    lines += self.stmts(stmt.orelse, indent + 1, None, lanes)
             elif isinstance(stmt, Let):
                 lines.append(f"{pad}{stmt.var} = {self.expr(stmt.value)}")
             elif isinstance(stmt, Accum):
@@ -175,6 +181,31 @@ class _Printer:
                 index = self.index(stmt.array, stmt.index)
                 op = "=" if stmt.mode == "set" else "+="  # atomic_add: serial in this nest (see lowering)
                 lines.append(f"{pad}{stmt.array}[{index}] {op} {self.expr(stmt.value)}")
+        return lines
+
+    def _lanes(self, loop: Loop, indent: int) -> list[str]:
+        """A max/min reduction loop as LANES independent accumulators over blocks of LANES iterations, then
+        the remainder. LLVM vectorises neither a max/min reduction (without the nnan flag, which -inf initial
+        values forbid) nor Numba's builtin max; it does pack LANES independent compare-selects over consecutive
+        elements into one vector max (measured: row max over 4096x4096, 4.8 ms -> 1.6 ms on 2 cores). Each lane
+        starts from the accumulator's current value, so an enclosing loop that accumulates too stays right."""
+        pad, var = "    " * indent, loop.var
+        *lets, accum = loop.body
+        cmp = ">" if accum.op == "max" else "<"
+        lanes = [f"{accum.var}_l{k}" for k in range(LANES)]
+        start, stop = self.expr(loop.start), self.expr(loop.stop)
+        blocks = binop("*", binop("//", binop("-", loop.stop, loop.start), const(LANES)), const(LANES))
+        lines = [f"{pad}{lane} = {accum.var}" for lane in lanes]
+        lines.append(f"{pad}{var}_top = {self.expr(binop('+', loop.start, blocks))}")
+        lines.append(f"{pad}for {var}_blk in range({start}, {var}_top, {LANES}):")
+        for k, lane in enumerate(lanes):
+            lines.append(f"{pad}    {var} = {var}_blk + {k}")
+            lines += self.stmts(lets, indent + 1, None)
+            lines.append(f"{pad}    {var}_v = {self.expr(accum.value)}")
+            lines.append(f"{pad}    {lane} = {var}_v if {var}_v {cmp} {lane} else {lane}")
+        lines += [f"{pad}{accum.var} = {accum.op}({accum.var}, {lane})" for lane in lanes]
+        lines.append(f"{pad}for {var} in range({var}_top, {stop}):")
+        lines += self.stmts(loop.body, indent + 1, None)
         return lines
 
     def function(self, name: str, flat: bool) -> str:
@@ -206,6 +237,17 @@ class _Printer:
             lines.append(f"        {loop.var} = {position}" + ("" if start == "0" else f" + {start}"))
         lines += self.stmts(inner, 2, None)
         return lines
+
+
+LANES = 8  # independent accumulators of a max/min reduction loop: one 256-bit vector of float32
+
+
+def _lane_reduction(loop: Loop) -> bool:
+    """A serial loop whose body is Lets and then one max/min Accum: printed as lanes (``_lanes``)."""
+    if loop.parallel or loop.reduce_parallel or not loop.body:
+        return False
+    *lets, last = loop.body
+    return isinstance(last, Accum) and last.op in ("max", "min") and all(isinstance(s, Let) for s in lets)
 
 
 def variants(kernel: Kernel) -> tuple[str, ...]:
