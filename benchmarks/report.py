@@ -133,7 +133,7 @@ def print_targets(verdicts: list[Verdict], console: Any, quick: bool) -> None:
         console.print(Text("no tullax backend was measured, so no target could be checked", style="red"))
     for verdict in verdicts:
         line = Text(f"{verdict.status:<8}", style=styles[verdict.status])
-        line.append(f"{verdict.backend:<11}{verdict.target.text:<66}{verdict.measured}")
+        line.append(f"{verdict.backend:<11}{verdict.target.text:<72}{verdict.measured}")
         console.print(line)
 
 
