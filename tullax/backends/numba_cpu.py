@@ -124,6 +124,8 @@ class _Printer:
             return f"np.{expr.dtype}({self.expr(expr.arg)})", _ATOM
         if isinstance(expr, Call):
             fn = "abs" if expr.fn == "abs" and expr.dtype.startswith("int") else f"np.{expr.fn}"
+            if expr.fn == "exp" and expr.dtype == "float32":
+                fn = "_exp_f32"
             return f"{fn}({', '.join(self.expr(a) for a in expr.args)})", _ATOM
         if isinstance(expr, Select):
             text = (f"{self.expr(expr.then, 1)} if {self.expr(expr.cond, 1)} else "
@@ -276,9 +278,17 @@ _ix = np.uint64
 '''
 
 
+_EXP_IMPORT = '''# float32 exp as vectorisable arithmetic, Numba's np.exp is scalar expf (tullax.backends.numba_math)
+from tullax.backends.numba_math import exp_f32 as _exp_f32
+'''
+
+
 def print_module(kernels: Sequence[Kernel]) -> str:
     header = _HEADER.format(version=__version__, fastmath=FASTMATH)
-    return header + "\n\n" + "\n\n".join(print_kernel(k) for k in kernels)
+    body = "\n\n".join(print_kernel(k) for k in kernels)
+    if "_exp_f32(" in body:
+        header += _EXP_IMPORT
+    return header + "\n\n" + body
 
 
 def generate_source(spec: Spec, signature: Signature) -> str:
