@@ -11,6 +11,9 @@
 * fastmath: ``{'nsz', 'arcp', 'contract', 'afn', 'reassoc'}``, i.e. ``fastmath=True`` WITHOUT ``nnan`` and
   ``ninf``: those would let LLVM assume no -inf/+inf/NaN, which breaks the -inf/+inf initial values of max/min,
   logsumexp's infinity test and NaN reads of out-of-range indirect indices.
+* max/min reduction loops are printed as 8 independent lanes (``_lanes``), which LLVM vectorises; a float32
+  ``exp`` is printed as ``_exp_f32`` (``tullax.backends.numba_math``: arithmetic LLVM vectorises, where
+  ``np.exp`` is a scalar libm call without SVML).
 * The kernels are lowered with ``tile=True`` (see ``tullax.lower.lower``). Array positions are printed as
   ``_ix(e)`` = ``np.uint64(e)``: never negative by construction, and unsigned positions skip Numba's
   negative-index wraparound, a select per access that keeps LLVM from vectorising ``x[i-k]`` (measured: the

@@ -211,7 +211,7 @@ def to_markdown(doc: dict, title: str = "tullax benchmarks", extra: str = "") ->
            "naive XLA: the same broadcast-and-reduce with the axes in the order the indices appear, as it is "
            "usually written by hand (`((W[:,:,None]-X[:,None,:])**2).sum(0)` for Dist). "
            "TTFK: time to first kernel, forward plus gradients on tiny "
-           "inputs in a new process, with an empty (cold, best of 2 processes) and a populated (warm, best of 3) "
+           "inputs in a new process, with an empty (cold, best of 3 processes) and a populated (warm, best of 5) "
            "tullax cache. max rel err: "
            "max |a - b| / max |b| of the forward result and every gradient against the float64 XLA lowering. "
            "peak RSS: high-water resident memory of the backend's own process.", ""]

@@ -1,9 +1,9 @@
 """The parent side: one child process per (case, backend), timeouts, a progress bar, the results document.
 
 For every case and backend a main child runs ``ttfk`` (cold: it gets a fresh, empty ``TULLAX_CACHE_DIR``),
-``fwd``, ``bwd`` and ``check``; for tullax backends more children then run ``ttfk`` alone: one more on another
-empty cache (cold is the best of the two) and three against the cache the main child filled (warm: best of
-three). XLA has no tullax cache, so it gets no warm measurement.
+``fwd``, ``bwd`` and ``check``; for tullax backends more children then run ``ttfk`` alone: two more, each on
+another empty cache (cold is the best of the three), and five against the cache the main child filled (warm:
+best of five). XLA has no tullax cache, so it gets no warm measurement.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ REFERENCE = "xla"
 NAIVE_XLA = "xla-naive"
 COMPARATORS = (REFERENCE, NAIVE_XLA)
 MAIN_PHASES = ("ttfk", "fwd", "bwd", "check")
-TTFK_COLD_RUNS = 2  # cold time to first kernel: best of this many processes, each on an empty cache
-TTFK_WARM_RUNS = 3  # warm: best of this many processes on the populated cache
+TTFK_COLD_RUNS = 3  # cold time to first kernel: best of this many processes, each on an empty cache
+TTFK_WARM_RUNS = 5  # warm: best of this many processes on the populated cache
 STDERR_TAIL = 4000
 # Backends the suite tries by default, besides the XLA reference; each is used only where it is available.
 DEFAULT_BACKENDS = ("numba", "julia", "julia-cuda")
