@@ -77,19 +77,14 @@ def updates_in_place(spec: Spec, args: Sequence[Any], result: Any) -> bool:
     (``ΔW[ix[b],d] += Δout[b,d]``) adds straight into its buffer of zeros. XLA keeps it functional (it copies
     input 0 first when anything else still reads it). Only when the body never reads the given array: the
     kernel must see the values from before the update, which an aliased buffer no longer holds."""
-    from .ir import Indirect, accesses
+    from .ir import arrays_read
 
     if spec.assign == ":=" or not args:
         return False
     given = args[0]
     if tuple(given.shape) != tuple(result.shape) or given.dtype != result.dtype:
         return False
-    read = set()
-    for access in accesses(spec.body):
-        read.add(access.array)
-        read.update(idx.array for idx in access.idx if isinstance(idx, Indirect))
-    read.update(idx.array for idx in spec.lhs or () if isinstance(idx, Indirect))
-    return spec.out not in read
+    return spec.out not in arrays_read(spec.body, spec.lhs)
 
 
 def build_kernel(spec: Spec, backend_name: str, signature: Any) -> Callable[..., None]:

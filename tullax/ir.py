@@ -174,6 +174,17 @@ def accesses(expr: Expr) -> Iterator[Access]:
     return (node for node in walk(expr) if isinstance(node, Access))
 
 
+def arrays_read(body: Expr, lhs: tuple[Idx, ...] | None = None) -> set[str]:
+    """Every array a spec reads: those ``body`` accesses, the index arrays inside their positions and the
+    index arrays of ``lhs`` (a scatter's positions)."""
+    read = set()
+    for access in accesses(body):
+        read.add(access.array)
+        read.update(idx.array for idx in access.idx if isinstance(idx, Indirect))
+    read.update(idx.array for idx in lhs or () if isinstance(idx, Indirect))
+    return read
+
+
 def map_expr(expr: Expr, fn) -> Expr:
     """Rebuild ``expr`` bottom-up, applying ``fn`` to every node after its children."""
     if isinstance(expr, Unary):

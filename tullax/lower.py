@@ -619,14 +619,8 @@ class _Lowering:
     # -- names and parameters ------------------------------------------------------------------
     def _name_arrays(self) -> None:
         spec = self.spec
-        used_arrays, used_scalars = set(), set()
-        for node in ir.walk(spec.body):
-            if isinstance(node, ir.Access):
-                used_arrays.add(node.array)
-                used_arrays |= {i.array for i in node.idx if isinstance(i, Indirect)}
-            elif isinstance(node, ir.Param):
-                used_scalars.add(node.name)
-        used_arrays |= {i.array for i in spec.lhs or () if isinstance(i, Indirect)}
+        used_arrays = ir.arrays_read(spec.body, spec.lhs)
+        used_scalars = {node.name for node in ir.walk(spec.body) if isinstance(node, ir.Param)}
         role = "out" if spec.assign in (":=", "=") and not spec.is_scatter else "inout"
         self.out = ArrayArg("a0", spec.out, len(spec.lhs or ()), self.compute, role)
         arrays, scalars = [self.out], []
