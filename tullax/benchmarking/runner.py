@@ -178,12 +178,11 @@ def repeat_cold_ttfk(job: dict, config: RunConfig, first_ms: float, progress: Ca
         progress(f"ttfk cold {run}/{TTFK_COLD_RUNS} (new process, empty cache)")
         empty = tempfile.mkdtemp(prefix="tullax-bench-cache-")
         try:
-            child = run_child({**job, "phases": ["ttfk"]}, empty, config.ttfk_timeout_s, config.extra_env)
+            child = ttfk_child(job, empty, config)
         finally:
             shutil.rmtree(empty, ignore_errors=True)
-        measured = summarise_warm(child, config.ttfk_timeout_s).get("ttfk_warm_ms")
-        if measured is not None:  # a failed repeat leaves the first measurement standing
-            samples.append(measured)
+        measured = [r["ttfk_ms"] for r in child.records if r["phase"] == "ttfk" and "error" not in r]
+        samples += measured  # a failed repeat leaves the first measurement standing
     return {"ttfk_cold_ms": min(samples), "ttfk_cold_samples_ms": samples}
 
 
@@ -192,13 +191,17 @@ def warm_ttfk(job: dict, cache_dir: str, config: RunConfig, progress: Callable[[
     runs = []
     for run in range(1, TTFK_WARM_RUNS + 1):
         progress(f"ttfk warm {run}/{TTFK_WARM_RUNS} (new process, populated cache)")
-        child = run_child({**job, "phases": ["ttfk"]}, cache_dir, config.ttfk_timeout_s, config.extra_env)
-        summary = summarise_warm(child, config.ttfk_timeout_s)
+        summary = summarise_warm(ttfk_child(job, cache_dir, config), config.ttfk_timeout_s)
         if "ttfk_warm_error" in summary:
             return summary
         runs.append(summary)
     best = min(runs, key=lambda summary: summary["ttfk_warm_ms"])
     return {**best, "ttfk_warm_samples_ms": [summary["ttfk_warm_ms"] for summary in runs]}
+
+
+def ttfk_child(job: dict, cache_dir: str, config: RunConfig) -> ChildResult:
+    """A new process that only measures the time to first kernel, against the cache in ``cache_dir``."""
+    return run_child({**job, "phases": ["ttfk"]}, cache_dir, config.ttfk_timeout_s, config.extra_env)
 
 
 def summarise_main(child: ChildResult, timeout_s: float) -> dict:
