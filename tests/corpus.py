@@ -110,8 +110,8 @@ assert len(CASES_BY_ID) == len(CORPUS), "corpus ids must be unique"
 
 def analysed(text: str, ranges=None):
     """The analysed Spec of a corpus text."""
-    from tullax.analyze import analyze
-    from tullax.parse import parse_spec
+    from tullax.spec.analyze import analyze
+    from tullax.spec.parse import parse_spec
 
     return analyze(parse_spec(text), ranges)
 

@@ -16,7 +16,12 @@ import pytest
 
 from tullax._version import __version__
 from tullax.errors import TullaxError
-from tullax.runtime.cache import CacheWarning, CompileCache, cache_key, get_cache
+from tullax.runtime.cache import (
+    CacheWarning,
+    CompileCache,
+    cache_key,
+    get_cache,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = "def kernel(x):\n    return x + 1\n"

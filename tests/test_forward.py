@@ -8,12 +8,17 @@ import numpy as np
 import pytest
 from corpus import CORPUS, Case
 
-from tullax.analyze import analyze
 from tullax.backends.base import Signature
-from tullax.backends.xla import XlaBackend, is_contraction, lower, result_dtype
+from tullax.backends.xla import (
+    XlaBackend,
+    is_contraction,
+    lower,
+    result_dtype,
+)
 from tullax.errors import ShapeError
-from tullax.parse import parse_spec
-from tullax.shapes import check_shapes, eval_shapes
+from tullax.spec.analyze import analyze
+from tullax.spec.parse import parse_spec
+from tullax.spec.shapes import check_shapes, eval_shapes
 from tullax.testing import naive_eval, random_inputs
 
 RTOL, ATOL = 1e-10, 1e-12

@@ -16,11 +16,11 @@ from typing import Callable
 
 import pytest
 
-from tullax.analyze import analyze
 from tullax.errors import TullaxError
-from tullax.ir import ParsedSpec, Spec
-from tullax.parse import parse_spec
-from tullax.spectext import format_idx, format_spec
+from tullax.spec.analyze import analyze
+from tullax.spec.ir import ParsedSpec, Spec
+from tullax.spec.parse import parse_spec
+from tullax.spec.text import format_idx, format_spec
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "spec"
 UPDATE = os.environ.get("TULLAX_UPDATE_GOLDEN") == "1"

@@ -11,10 +11,21 @@ import pytest
 
 from tests.corpus import CORPUS
 from tullax.errors import SpecError
-from tullax.frontend import compile_spec
-from tullax.grad import Gradient, gradient_texts, gradients, seed_name
-from tullax.ir import Affine, Indirect, Spec, Wrapped, accesses
-from tullax.sizes import Sym
+from tullax.grad import (
+    Gradient,
+    gradient_texts,
+    gradients,
+    seed_name,
+)
+from tullax.spec.frontend import compile_spec
+from tullax.spec.ir import (
+    Affine,
+    Indirect,
+    Spec,
+    Wrapped,
+    accesses,
+)
+from tullax.spec.sizes import Sym
 
 
 def _spec(text: str, ranges=None) -> Spec:

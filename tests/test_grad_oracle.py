@@ -2,7 +2,7 @@
 
 Every corpus case (float64, rtol 1e-6): for each differentiable input, ``run_gradient`` of the derived
 Gradient equals the gradient jax computes by differentiating ``lower(spec)`` itself. Second derivatives: the
-gradient steps are differentiated again by the same derivation (a small custom_vjp, as tullax.jax_op does) and
+gradient steps are differentiated again by the same derivation (a small custom_vjp, as tullax.jaxop.primitives does) and
 compared with jax's reverse-over-reverse of the plain lowering.
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 from tests.corpus import CASES_BY_ID, CORPUS, Case
 from tullax.backends.xla import lower
 from tullax.errors import SpecError
-from tullax.frontend import compile_spec
 from tullax.grad import gradients
-from tullax.gradrun import gradient_env, run_gradient
+from tullax.grad.run import gradient_env, run_gradient
+from tullax.spec.frontend import compile_spec
 from tullax.testing import random_inputs, shapes_for
 
 RTOL, ATOL = 1e-6, 1e-9

@@ -16,8 +16,8 @@ from jax.test_util import check_grads
 import tullax
 from tests.corpus import CASES_BY_ID
 from tullax.backends.xla import lower
-from tullax.frontend import compile_spec
 from tullax.runtime import stats
+from tullax.spec.frontend import compile_spec
 from tullax.testing import random_inputs
 
 DIST = "D[i,j] := (W[k,i] - X[k,j])^2"

@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent("""
     from jax.sharding import NamedSharding, PartitionSpec as P
     import tullax
     from tullax.backends.xla import lower
-    from tullax.frontend import compile_spec
+    from tullax.spec.frontend import compile_spec
     from tullax.runtime import stats
 
     jax.config.update("jax_enable_x64", True)

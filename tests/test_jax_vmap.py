@@ -1,4 +1,4 @@
-"""vmap of a kernel = ONE kernel of the batched spec (tullax.batching), for any in_axes.
+"""vmap of a kernel = ONE kernel of the batched spec (tullax.jaxop.batching), for any in_axes.
 
 Three layers: the spec transform alone against the naive evaluator (no jax), the batching rule on the xla
 backend against vmap of the plain lowering (every in_axes, cheap), and the Numba backend with launch counts
@@ -16,14 +16,14 @@ import pytest
 import tullax
 from tests.corpus import CASES_BY_ID, CORPUS, Case
 from tullax.backends.xla import lower
-from tullax.batching import batch_spec, fresh_index
 from tullax.errors import ShapeError
-from tullax.frontend import compile_spec
 from tullax.grad import gradients
-from tullax.gradrun import gradient_env
+from tullax.grad.run import gradient_env
+from tullax.jaxop.batching import batch_spec, fresh_index
 from tullax.runtime import stats
-from tullax.shapes import check_shapes
-from tullax.spectext import format_spec
+from tullax.spec.frontend import compile_spec
+from tullax.spec.shapes import check_shapes
+from tullax.spec.text import format_spec
 from tullax.testing import naive_eval, random_inputs, shapes_for
 
 BATCH = 3

@@ -29,7 +29,7 @@ from tullax.backends.julia import (
     workload_call,
 )
 from tullax.errors import TullaxError
-from tullax.frontend import compile_spec
+from tullax.spec.frontend import compile_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 E2E = Path(__file__).resolve().parent / "julia_e2e.py"

@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from tullax.backends import julia_detect
-from tullax.backends.julia_detect import JuliaInstall, availability, find_julia, julia_env_vars
+from tullax.backends.julia_detect import (
+    JuliaInstall,
+    availability,
+    find_julia,
+    julia_env_vars,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -25,14 +25,21 @@ from corpus import CASES_BY_ID, CORPUS, Case
 from julia_subset import CPU_BACKEND, JuliaRuntimeError, load_module, parse_errors
 
 import tullax
+from tullax.api.kernel import as_numpy_inputs, check_call, result_dtype
 from tullax.backends.base import Signature
-from tullax.backends.julia import CPU, CUDA, Target, kernel_module, launch_arguments, module_source
-from tullax.backends.julia_printer import format_float, launch_nest, launcher_name
+from tullax.backends.julia import (
+    CPU,
+    CUDA,
+    Target,
+    kernel_module,
+    launch_arguments,
+    module_source,
+)
 from tullax.errors import TullaxError
-from tullax.frontend import compile_spec
 from tullax.grad import gradients
-from tullax.gradrun import gradient_env, run_gradient
-from tullax.kernel import as_numpy_inputs, check_call, result_dtype
+from tullax.grad.run import gradient_env, run_gradient
+from tullax.printers.julia import format_float, launch_nest, launcher_name
+from tullax.spec.frontend import compile_spec
 from tullax.testing import naive_eval, random_inputs, shapes_for
 
 GOLDEN = Path(__file__).parent / "golden" / "julia"
@@ -89,7 +96,7 @@ def run_julia(step, env, target: Target = CPU) -> np.ndarray:
 
 
 def run_numba(step, env) -> np.ndarray:
-    from tullax.backends.numba_cpu import NumbaBackend
+    from tullax.backends.numba import NumbaBackend
 
     arrays, signature, out = prepared(step, env)
     NumbaBackend().build(step, signature)(out, *arrays)

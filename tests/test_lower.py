@@ -15,30 +15,30 @@ import pytest
 from corpus import CASES_BY_ID, CORPUS, Case, analysed, gradient_cases
 
 from tullax.backends.base import Signature
-from tullax.errors import ShapeError, TullaxError
-from tullax.grad import gradients
-from tullax.gradrun import gradient_env, run_gradient
-from tullax.ir import Spec
-from tullax.loopprint import format_kernel
-from tullax.lower import (
+from tullax.compiler.loops import (
     Accum,
     BinOp,
     Call,
     Cast,
     Const,
     If,
-    Kernel,
     Let,
     Load,
     Loop,
+    LoopKernel,
     Select,
     Store,
     UnOp,
     Var,
-    lower,
     parallel_nest,
     walk_stmts,
 )
+from tullax.compiler.lower import lower
+from tullax.errors import ShapeError, TullaxError
+from tullax.grad import gradients
+from tullax.grad.run import gradient_env, run_gradient
+from tullax.printers.pseudo import format_kernel
+from tullax.spec.ir import Spec
 from tullax.testing import naive_eval, random_inputs, random_spec
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "loops"
@@ -60,7 +60,7 @@ class OutOfBounds(AssertionError):
     pass
 
 
-def run_kernel(kernel: Kernel, spec: Spec, out: np.ndarray, inputs: list) -> None:
+def run_kernel(kernel: LoopKernel, spec: Spec, out: np.ndarray, inputs: list) -> None:
     """What a host kernel does: size parameters from the shapes, then the body."""
     by_name = dict(zip(spec.input_names, inputs))
     shapes = {name: np.shape(v) for name, v in by_name.items()}
@@ -228,16 +228,16 @@ def test_special_values_of_reductions():
 # =============================================================================================
 # Structure
 # =============================================================================================
-def kernel_of(text: str, ranges=None, tile: bool = False) -> Kernel:
+def kernel_of(text: str, ranges=None, tile: bool = False) -> LoopKernel:
     spec = analysed(text, ranges)
     return lower(spec, signature(spec), tile=tile)
 
 
-def loops(kernel: Kernel) -> list[Loop]:
+def loops(kernel: LoopKernel) -> list[Loop]:
     return [s for s in walk_stmts(kernel.body) if isinstance(s, Loop)]
 
 
-def stores(kernel: Kernel) -> list[Store]:
+def stores(kernel: LoopKernel) -> list[Store]:
     return [s for s in walk_stmts(kernel.body) if isinstance(s, Store)]
 
 

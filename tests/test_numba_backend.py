@@ -24,10 +24,10 @@ from corpus import CASES_BY_ID, CORPUS, Case, analysed, gradient_cases
 pytest.importorskip("numba")
 
 from tullax.backends.base import Signature  # noqa: E402
-from tullax.backends.numba_cpu import NumbaBackend, compile_stats, module_source  # noqa: E402
+from tullax.backends.numba import NumbaBackend, compile_stats, module_source  # noqa: E402
 from tullax.grad import gradients  # noqa: E402
-from tullax.gradrun import gradient_env, run_gradient  # noqa: E402
-from tullax.ir import Spec  # noqa: E402
+from tullax.grad.run import gradient_env, run_gradient  # noqa: E402
+from tullax.spec.ir import Spec  # noqa: E402
 from tullax.testing import naive_eval, random_inputs  # noqa: E402
 
 BACKEND = NumbaBackend()
@@ -167,10 +167,10 @@ def test_flat_and_nested_variants_agree():
 # =============================================================================================
 _SCATTER_SCRIPT = textwrap.dedent("""
     import sys, numpy as np, numba
-    from tullax.analyze import analyze
-    from tullax.parse import parse_spec
+    from tullax.spec.analyze import analyze
+    from tullax.spec.parse import parse_spec
     from tullax.backends.base import Signature
-    from tullax.backends.numba_cpu import NumbaBackend
+    from tullax.backends.numba import NumbaBackend
     assert numba.get_num_threads() == int(sys.argv[1])
     rng = np.random.default_rng(0)
     saved = {}
@@ -231,10 +231,10 @@ def test_second_build_in_process_compiles_nothing():
 
 _CACHE_SCRIPT = textwrap.dedent("""
     import json, sys, numpy as np
-    from tullax.analyze import analyze
-    from tullax.parse import parse_spec
+    from tullax.spec.analyze import analyze
+    from tullax.spec.parse import parse_spec
     from tullax.backends.base import Signature
-    from tullax.backends.numba_cpu import NumbaBackend, compile_stats
+    from tullax.backends.numba import NumbaBackend, compile_stats
     spec = analyze(parse_spec("D[i,j] := (W[k,i] - X[k,j])^2"))
     rng = np.random.default_rng(0)
     W, X = rng.standard_normal((4, 3)), rng.standard_normal((4, 2))

@@ -7,12 +7,17 @@ import numpy as np
 import pytest
 
 from tullax import backends
-from tullax.analyze import analyze
 from tullax.backends.base import Signature
 from tullax.backends.xla import XlaBackend, lower
-from tullax.errors import BackendUnavailableError, ShapeError, SpecError, TullaxError
-from tullax.parse import parse_spec
-from tullax.shapes import check_dtypes, check_index_values, check_shapes
+from tullax.errors import (
+    BackendUnavailableError,
+    ShapeError,
+    SpecError,
+    TullaxError,
+)
+from tullax.spec.analyze import analyze
+from tullax.spec.parse import parse_spec
+from tullax.spec.shapes import check_dtypes, check_index_values, check_shapes
 from tullax.testing import naive_eval
 
 # (spec, message pattern, the text the caret must point at; "" means the end of the spec)

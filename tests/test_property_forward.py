@@ -14,11 +14,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tullax.analyze import analyze
 from tullax.backends.xla import lower
 from tullax.errors import TullaxError
-from tullax.parse import parse_spec
-from tullax.testing import naive_eval, random_garbage, random_inputs, random_spec
+from tullax.spec.analyze import analyze
+from tullax.spec.parse import parse_spec
+from tullax.testing import (
+    naive_eval,
+    random_garbage,
+    random_inputs,
+    random_spec,
+)
 
 VALID_SHARDS = 2  # separate tests, so pytest-xdist can run them side by side
 VALID_PER_SHARD = 250  # 500 random valid specs per run in all

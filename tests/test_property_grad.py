@@ -12,12 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tullax.analyze import analyze
 from tullax.backends.xla import lower
 from tullax.errors import TullaxError
 from tullax.grad import gradients
-from tullax.gradrun import gradient_env, run_gradient
-from tullax.parse import parse_spec
+from tullax.grad.run import gradient_env, run_gradient
+from tullax.spec.analyze import analyze
+from tullax.spec.parse import parse_spec
 from tullax.testing import random_inputs, random_spec
 
 SHARDS = 2

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ._version import __version__
-from .errors import BackendUnavailableError, ShapeError, SpecError, TullaxError
-from .explain import explain
-from .kernel import Kernel
+from tullax._version import __version__
+from tullax.api.explain import explain
+from tullax.api.kernel import Kernel
+from tullax.errors import (
+    BackendUnavailableError,
+    ShapeError,
+    SpecError,
+    TullaxError,
+)
 
 __all__ = [
     "__version__", "einsum_kernel", "explain", "generate_source", "warm", "Kernel", "TullaxError", "SpecError",
@@ -29,7 +34,7 @@ def einsum_kernel(spec: str, *, backend: str = "auto", ranges: Mapping | None = 
 def generate_source(spec: str, backend: str = "numba", dtype: str = "float32",
                     ranges: Mapping | None = None) -> str:
     """The whole generated module (forward and every gradient kernel) of ``spec`` for ``backend``."""
-    from .codegen import generate_source as _generate
+    from tullax.api.source import generate_source as _generate
 
     return _generate(spec, backend=backend, dtype=dtype, ranges=ranges)
 
@@ -37,6 +42,6 @@ def generate_source(spec: str, backend: str = "numba", dtype: str = "float32",
 def warm(spec: str, backend: str = "auto", dtype: str = "float32", ranges: Mapping | None = None) -> dict:
     """Compile the forward and every gradient kernel of ``spec`` ahead of time into the persistent cache;
     returns the timings recorded."""
-    from .codegen import warm as _warm
+    from tullax.api.source import warm as _warm
 
     return _warm(spec, backend=backend, dtype=dtype, ranges=ranges)

@@ -14,8 +14,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .errors import ShapeError
-from .ir import (
+from tullax.errors import ShapeError
+from tullax.spec.ir import (
     Access,
     Affine,
     Binary,
@@ -286,7 +286,7 @@ def _occurrences(spec: Spec):
 def shapes_for(spec: Spec, seed: int = 0, low: int = 2, high: int = 5) -> dict[str, tuple[int, ...]]:
     """Small shapes that fit ``spec``: agreeing axes share one extent in ``low..high``; axes read with shifts or
     constant positions grow until every range is non-empty and every access is in bounds."""
-    from .shapes import check_shapes, eval_shapes
+    from tullax.spec.shapes import check_shapes, eval_shapes
 
     rng = np.random.default_rng(seed)
     classes = _Classes()

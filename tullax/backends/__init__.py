@@ -4,13 +4,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..errors import BackendUnavailableError
+from tullax.errors import BackendUnavailableError
 
 _REGISTRY: dict[str, Any] = {}
 # Built-in backends are imported lazily, so `import tullax` loads neither numba nor juliacall nor jax.
 _BUILTIN = {
     "xla": "tullax.backends.xla:XlaBackend",
-    "numba": "tullax.backends.numba_cpu:NumbaBackend",
+    "numba": "tullax.backends.numba:NumbaBackend",
     "julia": "tullax.backends.julia:JuliaBackend",
     "julia-cuda": "tullax.backends.julia:JuliaCudaBackend",
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from ..ir import Spec
+from tullax.spec.ir import Spec
 
 
 @dataclass(frozen=True)

@@ -47,19 +47,20 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..errors import BackendUnavailableError, ShapeError, TullaxError
-from ..ir import Spec
-from ..lower import Kernel, lower
-from ..spectext import format_spec
-from . import julia_detect
-from .base import Signature
-from .julia_printer import (
+from tullax.backends import julia_detect
+from tullax.backends.base import Signature
+from tullax.compiler.loops import LoopKernel
+from tullax.compiler.lower import lower
+from tullax.errors import BackendUnavailableError, ShapeError, TullaxError
+from tullax.printers.julia import (
     arrival_dtype,
     julia_type,
     launcher_name,
     name_of_module,
     print_module,
 )
+from tullax.spec.ir import Spec
+from tullax.spec.text import format_spec
 
 NAME = "julia"
 CUDA_NAME = "julia-cuda"
@@ -110,7 +111,7 @@ def module_source(spec: Spec, signature: Signature | str = "float32", gradients:
     kernels = [lower(spec, sig, name="forward", tile=target.tile)]
     if gradients is None:
         try:
-            from ..grad import gradients as derive
+            from tullax.grad import gradients as derive
 
             gradients = derive(spec)
         except TullaxError:
@@ -123,7 +124,7 @@ def module_source(spec: Spec, signature: Signature | str = "float32", gradients:
     return print_module(kernels)
 
 
-def kernel_module(spec: Spec, signature: Signature, target: Target = CPU) -> tuple[Kernel, str]:
+def kernel_module(spec: Spec, signature: Signature, target: Target = CPU) -> tuple[LoopKernel, str]:
     """The kernel of ``spec`` (named ``kernel``) and the module that holds it with its launcher."""
     kernel = lower(spec, signature, name=KERNEL_NAME, tile=target.tile)
     return kernel, print_module([kernel])
@@ -136,7 +137,7 @@ def generate_source(spec: Spec, signature: Signature, target: Target = CPU) -> s
 # =============================================================================================
 # Host-side arguments
 # =============================================================================================
-def launch_arguments(kernel: Kernel, spec: Spec, out: Any, inputs: Sequence[Any]) -> tuple[list[Any], Any]:
+def launch_arguments(kernel: LoopKernel, spec: Spec, out: Any, inputs: Sequence[Any]) -> tuple[list[Any], Any]:
     """The launcher's arguments after ``backend``, in the kernel's parameter order: arrays (``out`` first) as
     C-contiguous NumPy arrays, scalars as Python numbers of the kind juliacall turns into the type the kernel
     declares (float -> Float64, int -> Int64, bool -> Bool), sizes as ints evaluated from the shapes.
@@ -170,11 +171,11 @@ def _python_number(value: Any, dtype: str) -> Any:
     return float(value) if kind == "float64" else int(value)
 
 
-def workload_call(kernel: Kernel, spec: Spec, signature: Signature, modname: str) -> dict | None:
+def workload_call(kernel: LoopKernel, spec: Spec, signature: Signature, modname: str) -> dict | None:
     """A precompile workload entry for ``TullaxBridge.write_precompile_package``: the launcher called once with
     arrays of tiny valid shapes (filled with ones by the bridge) and the matching scalars and sizes; None when no
     small shapes fit the spec (the kernel then compiles at first use)."""
-    from ..testing import shapes_for
+    from tullax.testing import shapes_for
 
     try:
         shapes = dict(shapes_for(spec))
@@ -477,7 +478,7 @@ _BUILT: dict[tuple[str, Spec, Signature], "HostKernel"] = {}
 
 
 def module_key(spec: Spec, signature: Signature, target: Target) -> str:
-    from ..runtime.cache import cache_key
+    from tullax.runtime.cache import cache_key
 
     return cache_key(spec=format_spec(spec), ranges=[(n, str(r.lo), str(r.hi)) for n, r in spec.ranges],
                      inputs=[(i.name, i.kind, i.rank) for i in spec.inputs], in_dtypes=list(signature.in_dtypes),
@@ -486,7 +487,7 @@ def module_key(spec: Spec, signature: Signature, target: Target) -> str:
 
 def package_key() -> str:
     """The cache entry holding the precompiled kernel package (one per cache directory and tullax version)."""
-    from ..runtime.cache import cache_key
+    from tullax.runtime.cache import cache_key
 
     return cache_key(kind="julia-precompiled-package", backend=NAME, printer=PRINTER_VERSION)
 
@@ -495,7 +496,7 @@ class HostKernel:
     """``kernel(out, *inputs)``: computes sizes from the shapes and calls the launcher in Julia on the NumPy
     arrays without copies (only a non-contiguous or unaligned array is copied)."""
 
-    def __init__(self, kernel: Kernel, spec: Spec, modname: str, key: str, target: Target, timings: dict):
+    def __init__(self, kernel: LoopKernel, spec: Spec, modname: str, key: str, target: Target, timings: dict):
         self.kernel, self.spec, self.modname, self.key, self.target = kernel, spec, modname, key, target
         self.launcher = launcher_name(kernel)
         self._timings = timings  # codegen_ms, load_ms, precompiled
@@ -512,7 +513,7 @@ class HostKernel:
             out[...] = copy_back
 
     def _record(self, first_run_ms: float) -> None:
-        from ..runtime.cache import get_cache
+        from tullax.runtime.cache import get_cache
 
         t = self._timings
         ttfk = t["codegen_ms"] + t["load_ms"] + first_run_ms
@@ -528,7 +529,7 @@ class HostKernel:
 def build(spec: Spec, signature: Signature, target: Target = CPU) -> HostKernel:
     """The host kernel of ``spec`` for ``signature``: from this process's table, else the module from the
     precompiled package or the cache (written when missing), loaded into Julia."""
-    from ..runtime.cache import get_cache
+    from tullax.runtime.cache import get_cache
 
     with _build_lock:
         found = _BUILT.get((target.name, spec, signature))
@@ -560,7 +561,7 @@ def build(spec: Spec, signature: Signature, target: Target = CPU) -> HostKernel:
 
 def _package_with(modname: str) -> str | None:
     """The precompiled package directory when it holds ``modname``, else None."""
-    from ..runtime.cache import get_cache
+    from tullax.runtime.cache import get_cache
 
     cache = get_cache()
     key = package_key()
@@ -573,7 +574,7 @@ def _package_with(modname: str) -> str | None:
 
 def cached_modules() -> list[tuple[str, str, dict | None]]:
     """(module name, source, workload) of every CPU Julia module in the compile cache."""
-    from ..runtime.cache import get_cache
+    from tullax.runtime.cache import get_cache
 
     cache = get_cache()
     found: dict[str, tuple[str, str, dict | None]] = {}
@@ -593,7 +594,7 @@ def cached_modules() -> list[tuple[str, str, dict | None]]:
 def warm_package() -> dict[str, Any]:
     """Write every cached CPU module into the precompiled package and precompile it (``tullax cache warm
     --backend julia`` calls this after warming the specs). Returns {"path", "modules", "precompile_ms"}."""
-    from ..runtime.cache import get_cache
+    from tullax.runtime.cache import get_cache
 
     modules = cached_modules()
     runtime().start(cpu_availability)

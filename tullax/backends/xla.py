@@ -16,8 +16,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import ShapeError
-from ..ir import (
+from tullax.backends.base import HostKernel, Signature
+from tullax.errors import ShapeError
+from tullax.spec.ir import (
     Access,
     Affine,
     Binary,
@@ -33,8 +34,14 @@ from ..ir import (
     idx_affine,
     walk,
 )
-from ..shapes import check_dtypes, check_index_values, check_shapes, eval_shapes, input_shapes, result_dtype
-from .base import HostKernel, Signature
+from tullax.spec.shapes import (
+    check_dtypes,
+    check_index_values,
+    check_shapes,
+    eval_shapes,
+    input_shapes,
+    result_dtype,
+)
 
 __all__ = ["lower", "result_dtype", "eval_shapes", "check_shapes", "XlaBackend", "is_contraction"]
 
@@ -485,7 +492,7 @@ class XlaBackend:
         import jax
 
         if shapes is None:
-            from ..testing import shapes_for
+            from tullax.testing import shapes_for
             shapes = shapes_for(spec, seed=0)
         args = {}
         for inp, dtype in zip(spec.inputs, signature.in_dtypes):

@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..errors import ShapeError, TullaxError
+from tullax.errors import ShapeError, TullaxError
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -76,7 +76,7 @@ def check_case_shapes(spec: Any, shapes: Shapes) -> None:
     (agreements, ranges). Runs in the parent, without jax, so a mistake fails before any child starts."""
     import numpy as np
 
-    from ..kernel import check_call
+    from tullax.api.kernel import check_call
 
     needed = [item for item in spec.inputs if item.kind != "scalar"]
     missing = [item for item in needed if item.name not in shapes]
@@ -99,7 +99,7 @@ def _dummy(item: Any, shape: tuple[int, ...], np: Any) -> Any:
 
 def index_extents(spec: Any, shapes: Shapes) -> dict[str, int]:
     """For every index array: the extent of the smallest axis it indexes (its values must stay below it)."""
-    from ..ir import Indirect, accesses
+    from tullax.spec.ir import Indirect, accesses
 
     targets = [(acc.array, axis, idx.array) for acc in accesses(spec.body)
                for axis, idx in enumerate(acc.idx) if isinstance(idx, Indirect)]

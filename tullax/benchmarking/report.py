@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from .runner import COMPARATORS, NAIVE_XLA, REFERENCE
+from tullax.benchmarking.runner import COMPARATORS, NAIVE_XLA, REFERENCE
 
 VERSIONED = ("tullax", "numpy", "jax", "jaxlib", "numba", "llvmlite", "juliacall", "matplotlib")
 MARKDOWN_COLUMNS = ("case", "backend", "forward", "backward", "grad/fwd", "fwd vs XLA", "bwd vs XLA",
@@ -79,7 +79,7 @@ def _version(name: str) -> str | None:
 def _julia() -> str | None:
     """The Julia found (never importing juliacall: without a Julia that import downloads one)."""
     try:
-        from ..backends.julia_detect import find_julia
+        from tullax.backends.julia_detect import find_julia
     except ImportError:
         return None
     found = find_julia()

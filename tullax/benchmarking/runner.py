@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .case import BenchCase, check_case_shapes
-from .worker import LINE_PREFIX
+from tullax.benchmarking.case import BenchCase, check_case_shapes
+from tullax.benchmarking.worker import LINE_PREFIX
 
 REFERENCE = "xla"
 # The same jnp lowering with the broadcast axes in the order the indices appear, as the expression is usually
@@ -62,7 +62,7 @@ class ChildResult:
 def select_backends(requested: Sequence[str] | None) -> tuple[list[str], dict[str, str]]:
     """The usable backends (XLA first, always) and, for each requested one that is not usable, why.
     ``requested=None`` means every default backend that is available here."""
-    from .. import backends as registry
+    from tullax import backends as registry
 
     status = {name: (ok, why) for name, ok, why in registry.availability()}
     wanted = list(DEFAULT_BACKENDS) if requested is None else [b for b in requested if b not in COMPARATORS]
@@ -130,8 +130,8 @@ def _collect(lines: queue.Queue, deadline: float, on_record: Callable[[dict], No
 
 def case_document(case: BenchCase, dtype: str) -> dict:
     """The case's description in the results, with the canonical spec; shapes checked before any child."""
-    from ..errors import ShapeError
-    from ..frontend import compile_spec
+    from tullax.errors import ShapeError
+    from tullax.spec.frontend import compile_spec
 
     canonical, spec = compile_spec(case.spec, case.ranges)
     fields = case.job_fields()
@@ -261,7 +261,7 @@ def run_cases(cases: Sequence[BenchCase], config: RunConfig, *, show_progress: b
     """Run every case on every backend of ``config``; returns the results document (see report.py)."""
     from rich.markup import escape
 
-    from .report import derive, machine_info
+    from tullax.benchmarking.report import derive, machine_info
 
     documents = [case_document(case, config.dtype) for case in cases]
     started = time.time()

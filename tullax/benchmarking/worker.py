@@ -25,7 +25,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from .case import differentiable_positions, make_inputs
+from tullax.benchmarking.case import differentiable_positions, make_inputs
 
 LINE_PREFIX = "@@tullax-bench "
 MIN_TIMING_S = 0.25  # fast kernels repeat until this much time was measured, to tame timer noise
@@ -115,7 +115,7 @@ def block(value: Any) -> Any:
 
 def phase_ttfk(job: dict) -> dict:
     """Kernel construction, tracing, compilation and the first forward and gradient call, on tiny inputs."""
-    from tullax.frontend import compile_spec
+    from tullax.spec.frontend import compile_spec
 
     _, spec = compile_spec(job["spec"], job.get("ranges"))
     shapes = job["ttfk_shapes"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..ir import Spec
+from tullax.spec.ir import Spec
 
 
 def host_view(buffer: Any):

@@ -4,11 +4,11 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Mapping
 
-from .analyze import analyze
-from .errors import SpecError, TullaxError, with_spec_context
-from .ir import Range, Spec
-from .parse import parse_spec
-from .spectext import format_spec
+from tullax.errors import SpecError, TullaxError, with_spec_context
+from tullax.spec.analyze import analyze
+from tullax.spec.ir import Range, Spec
+from tullax.spec.parse import parse_spec
+from tullax.spec.text import format_spec
 
 RangesKey = tuple[tuple[str, object], ...]
 

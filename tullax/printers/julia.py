@@ -50,9 +50,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .._version import __version__
-from ..errors import TullaxError
-from ..lower import (
+from tullax._version import __version__
+from tullax.compiler.loops import (
     COMPARE,
     INDEX,
     Accum,
@@ -62,10 +61,10 @@ from ..lower import (
     Const,
     Expr,
     If,
-    Kernel,
     Let,
     Load,
     Loop,
+    LoopKernel,
     Select,
     Stmt,
     Store,
@@ -78,6 +77,7 @@ from ..lower import (
     walk_expr,
     walk_stmts,
 )
+from tullax.errors import TullaxError
 
 # =============================================================================================
 # Types and literals
@@ -160,7 +160,7 @@ class _Context:
     arrivals: Mapping[str, str]
 
 
-def _context(kernel: Kernel) -> _Context:
+def _context(kernel: LoopKernel) -> _Context:
     return _Context({s.name: arrival_dtype(s.dtype) for s in kernel.scalars})
 
 
@@ -292,7 +292,7 @@ def _store(stmt: Store, ctx: _Context) -> str:
 # =============================================================================================
 # The launch geometry
 # =============================================================================================
-def launch_nest(kernel: Kernel) -> tuple[tuple[Loop, ...], tuple[Stmt, ...]]:
+def launch_nest(kernel: LoopKernel) -> tuple[tuple[Loop, ...], tuple[Stmt, ...]]:
     """(the loops that become the ndrange, outermost first; the per-work-item statements).
 
     The parallel nest, plus for a scatter kernel the colliding serial loops that chain below it (their
@@ -331,7 +331,7 @@ def _promote(block: tuple[Stmt, ...], sizes: set[str]) -> tuple[Loop, tuple[Stmt
     return None
 
 
-def ndrange_extents(kernel: Kernel) -> tuple[Expr, ...]:
+def ndrange_extents(kernel: LoopKernel) -> tuple[Expr, ...]:
     """The extent of each ndrange loop in IR order (outermost first; Julia's ndrange is the reverse), or () for a
     single-work-item kernel. Integer expressions over the size parameters."""
     loops, _ = launch_nest(kernel)
@@ -341,7 +341,7 @@ def ndrange_extents(kernel: Kernel) -> tuple[Expr, ...]:
 # =============================================================================================
 # Kernels, launchers, modules
 # =============================================================================================
-def kernel_function(kernel: Kernel) -> str:
+def kernel_function(kernel: LoopKernel) -> str:
     """The ``@kernel`` function."""
     ctx = _context(kernel)
     loops, body = launch_nest(kernel)
@@ -361,18 +361,18 @@ def kernel_function(kernel: Kernel) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _kernel_params(kernel: Kernel) -> list[str]:
+def _kernel_params(kernel: LoopKernel) -> list[str]:
     params = [a.name if a.role != "in" else f"@Const({a.name})" for a in kernel.arrays]
     params += [f"{s.name}::{julia_type(arrival_dtype(s.dtype))}" for s in kernel.scalars]
     params += [f"{s.name}::Int" for s in kernel.sizes]
     return params
 
 
-def launcher_name(kernel: Kernel) -> str:
+def launcher_name(kernel: LoopKernel) -> str:
     return f"run_{kernel.name}!"
 
 
-def launcher_function(kernel: Kernel) -> str:
+def launcher_function(kernel: LoopKernel) -> str:
     """``run_<name>!(backend, params...)``: launch over the ndrange (Julia order) and synchronize."""
     ctx = _context(kernel)
     params = ", ".join(kernel.params)
@@ -391,7 +391,7 @@ def launcher_function(kernel: Kernel) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _helpers(kernels: Sequence[Kernel]) -> list[str]:
+def _helpers(kernels: Sequence[LoopKernel]) -> list[str]:
     """Definitions of the NaN-returning helpers the kernels call, in a fixed order."""
     needed: set[tuple[str, str]] = set()
     for kernel in kernels:
@@ -435,7 +435,7 @@ _HEADER = """\
 """
 
 
-def module_body(kernels: Sequence[Kernel]) -> str:
+def module_body(kernels: Sequence[LoopKernel]) -> str:
     """Everything inside ``module ... end``."""
     parts = ["using KernelAbstractions\nusing Atomix\n"]
     helpers = _helpers(kernels)
@@ -454,7 +454,7 @@ def module_name(body: str) -> str:
     return "TullaxKernels_" + hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
 
 
-def print_module(kernels: Sequence[Kernel]) -> str:
+def print_module(kernels: Sequence[LoopKernel]) -> str:
     """The whole Julia module for ``kernels``: header comment, ``module TullaxKernels_<hash>``, helpers, one
     ``@kernel`` and one launcher per kernel, ``end``."""
     names = [k.name for k in kernels]

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping, Union
 
-from .errors import SpecError
-from .ir import (
+from tullax.errors import SpecError
+from tullax.spec.ir import (
     Access,
     Affine,
     Agreement,
@@ -25,7 +25,13 @@ from .ir import (
     map_expr,
     walk,
 )
-from .sizes import Sym, ceildiv, floordiv, smax, smin
+from tullax.spec.sizes import (
+    Sym,
+    ceildiv,
+    floordiv,
+    smax,
+    smin,
+)
 
 RangeArg = Union[int, tuple[int, int], Range]
 

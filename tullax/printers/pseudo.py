@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from .lower import (
+from tullax.compiler.loops import (
     Accum,
     BinOp,
     Call,
@@ -15,10 +15,10 @@ from .lower import (
     Const,
     Expr,
     If,
-    Kernel,
     Let,
     Load,
     Loop,
+    LoopKernel,
     Select,
     Stmt,
     Store,
@@ -111,7 +111,7 @@ def _stmts(stmts: tuple[Stmt, ...], indent: int) -> list[str]:
     return lines
 
 
-def format_kernel(kernel: Kernel) -> str:
+def format_kernel(kernel: LoopKernel) -> str:
     """The kernel as indented pseudo-code: a header with its parameters, then the loop nest."""
     lines = [f"kernel {kernel.name}  # {kernel.spec_text}"]
     for arr in kernel.arrays:

@@ -104,7 +104,7 @@ def first_kernel_child(spec: str, backend: str) -> None:
 
 def time_to_first_kernel(spec: str, backend: str, cache_dir: str) -> float:
     env = dict(os.environ, TULLAX_CACHE_DIR=cache_dir)
-    proc = subprocess.run([sys.executable, "-m", "tullax.demo", "--child", spec, "--backend", backend],
+    proc = subprocess.run([sys.executable, "-m", "tullax.cli.demo", "--child", spec, "--backend", backend],
                           capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"time-to-first-kernel child failed:\n{proc.stderr[-2000:]}")

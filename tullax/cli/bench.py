@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from .errors import TullaxError
+from tullax.errors import TullaxError
 
 EPILOG = """\
 Every backend runs in a child process of its own (Numba and Julia each load an LLVM). XLA is the reference:
@@ -43,9 +43,20 @@ def build_parser(prog: str = "tullax bench") -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .benchmarking.case import BenchCase, parse_range_arg, parse_shape_arg
-    from .benchmarking.report import make_console, plot, print_table, to_markdown, write_json
-    from .benchmarking.runner import RunConfig, case_document, run_cases, select_backends
+    from tullax.benchmarking.case import BenchCase, parse_range_arg, parse_shape_arg
+    from tullax.benchmarking.report import (
+        make_console,
+        plot,
+        print_table,
+        to_markdown,
+        write_json,
+    )
+    from tullax.benchmarking.runner import (
+        RunConfig,
+        case_document,
+        run_cases,
+        select_backends,
+    )
 
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.repeat < 1:

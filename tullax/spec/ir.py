@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Union
 
-from .sizes import Sym
+from tullax.spec.sizes import Sym
 
 Span = tuple[int, int]
 

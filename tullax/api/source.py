@@ -4,16 +4,16 @@ from __future__ import annotations
 import time
 from typing import Mapping
 
-from .errors import TullaxError, with_spec_context
-from .frontend import compile_spec
-from .ir import Spec
+from tullax.errors import TullaxError, with_spec_context
+from tullax.spec.frontend import compile_spec
+from tullax.spec.ir import Spec
 
 
 def signature_for(spec: Spec, dtype: str):
     """The signature used when only a float dtype is named: data and scalars in ``dtype``, indices int64."""
     import numpy as np
 
-    from .backends.base import Signature
+    from tullax.backends.base import Signature
 
     name = np.dtype(dtype).name
     return Signature(tuple("int64" if i.kind == "index" else name for i in spec.inputs), name)
@@ -21,7 +21,7 @@ def signature_for(spec: Spec, dtype: str):
 
 def all_kernels(spec: Spec) -> list[tuple[str, Spec]]:
     """The forward spec and every gradient step, labelled (gradients that cannot be derived are left out)."""
-    from .grad import gradients
+    from tullax.grad import gradients
 
     kernels = [("forward", spec)]
     try:
@@ -37,7 +37,7 @@ def all_kernels(spec: Spec) -> list[tuple[str, Spec]]:
 
 def generate_source(spec: str, backend: str = "numba", dtype: str = "float32",
                     ranges: Mapping | None = None) -> str:
-    from . import backends
+    from tullax import backends
 
     try:
         _, analysed = compile_spec(spec, ranges)
@@ -55,9 +55,9 @@ def generate_source(spec: str, backend: str = "numba", dtype: str = "float32",
 
 def warm(spec: str, backend: str = "auto", dtype: str = "float32", ranges: Mapping | None = None) -> dict:
     """Compile and run once every kernel of ``spec`` on tiny inputs so the persistent cache holds them."""
-    from . import backends
-    from .kernel import run_eager
-    from .testing import random_inputs
+    from tullax import backends
+    from tullax.api.kernel import run_eager
+    from tullax.testing import random_inputs
 
     try:
         _, analysed = compile_spec(spec, ranges)

@@ -1,37 +1,4 @@
-"""Lower an analysed Spec to loop nests: the printer-neutral IR that every loop backend prints.
-
-The IR is small and explicit, so the Numba and the Julia printers compute the same thing by construction:
-
-* A ``Kernel`` has array, scalar and size parameters and a body of statements. Every name in it is generated
-  here (``a0`` arrays, ``s0`` scalars, ``n0`` sizes, ``i0`` indices, ``t0`` temporaries, ``acc`` ...): user
-  text never reaches an identifier. ``SizeArg.size`` is the symbolic size the HOST evaluates from the input
-  shapes at call time (``size.eval(shapes)``) and passes as an integer.
-* Statements: ``Loop``, ``If``, ``Let`` (bind a new local), ``Accum`` (update an accumulator), ``Store``.
-* Expressions are typed (``dtype``: a numpy name, ``bool`` or ``int64`` for index arithmetic): ``Const``,
-  ``Var``, ``Load``, ``BinOp``, ``UnOp``, ``Call``, ``Select``, ``Cast``.
-* Everything is 0-based and row-major; loop bounds are half-open ``[start, stop)``. Printers translate (the
-  Julia printer reverses dimensions and adds 1).
-
-Semantics printers must respect:
-
-* ``BinOp`` ops: ``+ - * /`` (``/`` only on floats), ``^`` (float power; when ``rhs`` is an integer
-  ``Const`` it is an exact integer power, safe for negative bases), ``//`` and ``mod`` (FLOOR division and
-  FLOOR modulo, the sign of the divisor, as Python and Julia's ``fld``/``mod``; C's ``/`` and ``%`` are NOT),
-  ``max min``, comparisons ``< <= > >= == !=`` (dtype bool), ``and or`` on bools.
-* ``Select(cond, then, orelse)`` evaluates ONLY the chosen branch: branches may hold loads that are in range
-  only when the condition holds (print a ternary, never an eager ``ifelse``/``where``).
-* ``Call`` functions: exp log log1p expm1 sqrt abs sin cos tan tanh sinh cosh (sigmoid, softplus, relu are
-  expanded here into these).
-* ``Loop.parallel``: iterations write disjoint output elements; a printer may run them on different threads.
-  Parallel loops always form a perfect nest at the top of the kernel body (``parallel_nest``), so a GPU
-  printer can map them to its ndrange and the rest of the body is the per-element work.
-* ``Loop.reduce_parallel``: set only on the outermost loop of a kernel with NO parallel loops (a scalar
-  result); its iterations only combine into accumulators declared outside it with ``Accum`` (+ * max min), so
-  a printer may split it across threads with per-thread partials and a final combine (Numba's prange
-  reduction) or run it serially.
-* ``Store.mode``: ``set``, ``add`` (read-modify-write; no other iteration of a parallel loop touches the
-  element) or ``atomic_add`` (a scatter whose serial loops may hit the same element twice: serial printing is
-  race-free, a printer that parallelises those loops too must make the addition atomic).
+"""Lower an analysed Spec to loop nests (the loop IR of ``tullax.compiler.loops``).
 
 Decisions taken here (printer-neutral):
 
@@ -68,310 +35,52 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Iterator, Union
-
-from . import ir
-from .errors import TullaxError
-from .ir import Affine, Indirect, Spec, Wrapped
-from .sizes import Sym
-from .spectext import format_spec
-
-INDEX = "int64"
-BOOL = "bool"
-FLOATS = ("float32", "float64")
-NAN = float("nan")  # one object: Const(NAN) compares and hashes equal to itself
-
-
-# =============================================================================================
-# Expressions
-# =============================================================================================
-@dataclass(frozen=True)
-class Const:
-    value: Union[int, float, bool]
-    dtype: str
-
-
-@dataclass(frozen=True)
-class Var:
-    name: str
-    dtype: str
-
-
-@dataclass(frozen=True)
-class Load:
-    array: str
-    index: tuple["Expr", ...]
-    dtype: str
-
-
-@dataclass(frozen=True)
-class BinOp:
-    op: str
-    lhs: "Expr"
-    rhs: "Expr"
-    dtype: str
-
-
-@dataclass(frozen=True)
-class UnOp:
-    op: str  # "neg" | "not"
-    arg: "Expr"
-    dtype: str
-
-
-@dataclass(frozen=True)
-class Call:
-    fn: str
-    args: tuple["Expr", ...]
-    dtype: str
-
-
-@dataclass(frozen=True)
-class Select:
-    cond: "Expr"
-    then: "Expr"
-    orelse: "Expr"
-    dtype: str
-
-
-@dataclass(frozen=True)
-class Cast:
-    arg: "Expr"
-    dtype: str
-
-
-Expr = Union[Const, Var, Load, BinOp, UnOp, Call, Select, Cast]
-MATH_FUNCTIONS = ("exp", "log", "log1p", "expm1", "sqrt", "abs", "sin", "cos", "tan", "tanh", "sinh", "cosh")
-COMPARE = ("<", "<=", ">", ">=", "==", "!=")
-
-
-# =============================================================================================
-# Statements and kernels
-# =============================================================================================
-@dataclass(frozen=True)
-class Let:
-    var: str
-    value: Expr
-
-
-@dataclass(frozen=True)
-class Accum:
-    var: str
-    op: str  # + * max min
-    value: Expr
-
-
-@dataclass(frozen=True)
-class Store:
-    array: str
-    index: tuple[Expr, ...]
-    value: Expr
-    mode: str = "set"  # set | add | atomic_add
-
-
-@dataclass(frozen=True)
-class If:
-    cond: Expr
-    then: tuple["Stmt", ...]
-    orelse: tuple["Stmt", ...] = ()
-
-
-@dataclass(frozen=True)
-class Loop:
-    var: str
-    start: Expr
-    stop: Expr
-    parallel: bool
-    body: tuple["Stmt", ...]
-    reduce_parallel: bool = False
-
-
-Stmt = Union[Let, Accum, Store, If, Loop]
-
-
-@dataclass(frozen=True)
-class ArrayArg:
-    """An array parameter. ``source``: the spec input it comes from (for role ``out``/``inout`` the result,
-    which the host passes as ``out``). ``role``: ``in`` (read only), ``out`` (written), ``inout`` (added to)."""
-
-    name: str
-    source: str
-    rank: int
-    dtype: str
-    role: str
-
-
-@dataclass(frozen=True)
-class ScalarArg:
-    name: str
-    source: str
-    dtype: str
-
-
-@dataclass(frozen=True)
-class SizeArg:
-    """An integer the host computes at call time: ``size.eval(shapes)`` over the input (and output) shapes."""
-
-    name: str
-    size: Sym
-
-
-@dataclass(frozen=True)
-class Kernel:
-    name: str
-    spec_text: str
-    arrays: tuple[ArrayArg, ...]
-    scalars: tuple[ScalarArg, ...]
-    sizes: tuple[SizeArg, ...]
-    body: tuple[Stmt, ...]
-    compute_dtype: str
-    is_scatter: bool = False
-
-    @property
-    def params(self) -> tuple[str, ...]:
-        """Parameter names in call order: arrays (output first), scalars, sizes."""
-        return tuple(a.name for a in self.arrays) + tuple(s.name for s in self.scalars) + tuple(
-            s.name for s in self.sizes)
-
-    @property
-    def output(self) -> ArrayArg:
-        return next(a for a in self.arrays if a.role != "in")
-
-
-def parallel_nest(kernel: Kernel) -> tuple[tuple[Loop, ...], tuple[Stmt, ...]]:
-    """The perfect nest of parallel loops at the top of the body, and the per-element statements inside it."""
-    loops: list[Loop] = []
-    body = kernel.body
-    while len(body) == 1 and isinstance(body[0], Loop) and body[0].parallel:
-        loops.append(body[0])
-        body = body[0].body
-    return tuple(loops), body
-
-
-# =============================================================================================
-# Expression helpers (light constant folding keeps the printed code readable)
-# =============================================================================================
-def const(value, dtype: str = INDEX) -> Const:
-    return Const(value, dtype)
-
-
-def is_float(dtype: str) -> bool:
-    return dtype.startswith("float")
-
-
-def _fold_int(op: str, a: int, b: int) -> int | None:
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if op == "//" and b:
-        return a // b
-    if op == "mod" and b:
-        return a % b
-    if op == "max":
-        return max(a, b)
-    if op == "min":
-        return min(a, b)
-    return None
-
-
-def binop(op: str, lhs: Expr, rhs: Expr, dtype: str | None = None) -> Expr:
-    """A typed binary operation, folding integer constants and neutral elements."""
-    dtype = dtype or (BOOL if op in COMPARE or op in ("and", "or") else lhs.dtype)
-    if isinstance(lhs, Const) and isinstance(rhs, Const) and dtype == INDEX:
-        folded = _fold_int(op, lhs.value, rhs.value)
-        if folded is not None:
-            return Const(folded, INDEX)
-    if dtype == INDEX:
-        if op in ("+", "-") and isinstance(rhs, Const) and rhs.value == 0:
-            return lhs
-        if op == "+" and isinstance(lhs, Const) and lhs.value == 0:
-            return rhs
-        if op == "-" and isinstance(lhs, Const) and lhs.value == 0:
-            return UnOp("neg", rhs, INDEX)
-        if op == "*" and isinstance(rhs, Const) and rhs.value == 1:
-            return lhs
-        if op == "*" and isinstance(lhs, Const) and lhs.value == 1:
-            return rhs
-        if op == "+" and isinstance(rhs, Const) and rhs.value < 0:
-            return binop("-", lhs, Const(-rhs.value, INDEX))
-        if op in ("+", "-") and isinstance(rhs, Const) and isinstance(lhs, BinOp) and lhs.op in ("+", "-") \
-                and isinstance(lhs.rhs, Const):  # (x ± a) ± b  ->  x ± c
-            total = (lhs.rhs.value if lhs.op == "+" else -lhs.rhs.value) + (
-                rhs.value if op == "+" else -rhs.value)
-            return binop("+", lhs.lhs, Const(total, INDEX))
-        if op == "+" and isinstance(rhs, UnOp) and rhs.op == "neg":
-            return binop("-", lhs, rhs.arg)
-    if op == "*" and is_float(dtype) and lhs.dtype == rhs.dtype == dtype:
-        if isinstance(rhs, Const) and rhs.value == 1:
-            return lhs
-        if isinstance(lhs, Const) and lhs.value == 1:
-            return rhs
-    if op == "and":
-        if isinstance(lhs, Const) and lhs.value is True:
-            return rhs
-        if isinstance(rhs, Const) and rhs.value is True:
-            return lhs
-    return BinOp(op, lhs, rhs, dtype)
-
-
-def negate(expr: Expr) -> Expr:
-    if isinstance(expr, Const) and not isinstance(expr.value, bool):
-        return Const(-expr.value, expr.dtype)
-    if isinstance(expr, UnOp) and expr.op == "neg":
-        return expr.arg
-    return UnOp("neg", expr, expr.dtype)
-
-
-def conjunction(conds: list[Expr]) -> Expr:
-    out: Expr = Const(True, BOOL)
-    for cond in conds:
-        out = binop("and", out, cond)
-    return out
-
-
-def cast(expr: Expr, dtype: str) -> Expr:
-    if expr.dtype == dtype:
-        return expr
-    if isinstance(expr, Const) and is_float(dtype) and not isinstance(expr.value, bool):
-        return Const(float(expr.value), dtype)
-    return Cast(expr, dtype)
-
-
-def children(expr: Expr) -> tuple[Expr, ...]:
-    if isinstance(expr, Load):
-        return expr.index
-    if isinstance(expr, BinOp):
-        return (expr.lhs, expr.rhs)
-    if isinstance(expr, (UnOp, Cast)):
-        return (expr.arg,)
-    if isinstance(expr, Call):
-        return expr.args
-    if isinstance(expr, Select):
-        return (expr.cond, expr.then, expr.orelse)
-    return ()
-
-
-def walk_expr(expr: Expr) -> Iterator[Expr]:
-    yield expr
-    for child in children(expr):
-        yield from walk_expr(child)
-
-
-def expr_vars(expr: Expr) -> set[str]:
-    return {node.name for node in walk_expr(expr) if isinstance(node, Var)}
-
-
-def walk_stmts(stmts: tuple[Stmt, ...]) -> Iterator[Stmt]:
-    for stmt in stmts:
-        yield stmt
-        if isinstance(stmt, Loop):
-            yield from walk_stmts(stmt.body)
-        elif isinstance(stmt, If):
-            yield from walk_stmts(stmt.then)
-            yield from walk_stmts(stmt.orelse)
+from typing import Iterator
+
+from tullax.compiler.loops import (
+    BOOL,
+    FLOATS,
+    INDEX,
+    MATH_FUNCTIONS,
+    NAN,
+    Accum,
+    ArrayArg,
+    BinOp,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    If,
+    Let,
+    Load,
+    Loop,
+    LoopKernel,
+    ScalarArg,
+    Select,
+    SizeArg,
+    Stmt,
+    Store,
+    UnOp,
+    Var,
+    binop,
+    cast,
+    conjunction,
+    const,
+    expr_vars,
+    negate,
+    walk_expr,
+    walk_stmts,
+)
+from tullax.errors import TullaxError
+from tullax.spec import ir
+from tullax.spec.ir import (
+    Affine,
+    Indirect,
+    Spec,
+    Wrapped,
+)
+from tullax.spec.sizes import Sym
+from tullax.spec.text import format_spec
 
 
 # =============================================================================================
@@ -561,7 +270,7 @@ class _State:
 TILE = "<tile>"  # the pseudo index of the tile loop of a tiled kernel
 
 
-def lower(spec: Spec, signature, name: str = "kernel", *, tile: bool = False) -> Kernel:
+def lower(spec: Spec, signature, name: str = "kernel", *, tile: bool = False) -> LoopKernel:
     """The loop-nest kernel of ``spec`` for ``signature`` (a ``backends.base.Signature``).
 
     ``tile=True`` (CPU printers): when the innermost reduction index is strided but the last parallel index j
@@ -698,7 +407,7 @@ class _Lowering:
         self.state.items.append(item)
 
     # -- the kernel ----------------------------------------------------------------------------
-    def kernel(self) -> Kernel:
+    def kernel(self) -> LoopKernel:
         spec = self.spec
         self.state = _State()
         body = spec.body
@@ -725,7 +434,7 @@ class _Lowering:
         else:
             stmts = self._reduction_body(body, bounds)
         used = _stmt_vars(stmts)
-        return Kernel(
+        return LoopKernel(
             name=self.name, spec_text=format_spec(spec).replace("\n", " "), arrays=self.arrays,
             scalars=tuple(self.scalars), sizes=tuple(s for s in self.sizes.values() if s.name in used),
             body=tuple(stmts),
@@ -1336,7 +1045,4 @@ def _replace_nodes(expr: ir.Expr, mapping: dict[int, ir.Expr]) -> ir.Expr:
     return expr
 
 
-__all__ = [
-    "Kernel", "ArrayArg", "ScalarArg", "SizeArg", "Loop", "If", "Let", "Accum", "Store", "Const", "Var", "Load",
-    "BinOp", "UnOp", "Call", "Select", "Cast", "lower", "parallel_nest", "walk_stmts", "walk_expr", "loop_order",
-]
+__all__ = ["lower", "loop_order", "tile_size"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import SpecError
-from .ir import (
+from tullax.errors import SpecError
+from tullax.spec.ir import (
     ASSIGNMENTS,
     COMPARISONS,
     FUNCTIONS,
@@ -25,7 +25,7 @@ from .ir import (
     Unary,
     Wrapped,
 )
-from .sizes import Sym
+from tullax.spec.sizes import Sym
 
 _TOKEN = re.compile(r"""
     (?P<ws>\s+)

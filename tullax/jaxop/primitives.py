@@ -4,9 +4,9 @@ Two primitives, registered on first use (so ``import tullax`` stays jax-free), b
 ``KernelOp`` (spec, backend, result dtype, callback path):
 
 ``tullax_kernel(*inputs; op)``
-    runs ``op.spec``. Lowered to a host callback (``tullax.callback``: zero-copy ``buffer_callback``, or
+    runs ``op.spec``. Lowered to a host callback (``tullax.jaxop.callback``: zero-copy ``buffer_callback``, or
     ``pure_callback``), or for the xla backend to the jnp lowering. Its batching rule rewrites the spec with a
-    batch index (``tullax.batching``) and binds ONE batched kernel, whatever ``in_axes`` are: nothing loops over
+    batch index (``tullax.jaxop.batching``) and binds ONE batched kernel, whatever ``in_axes`` are: nothing loops over
     the batch and data arrays are not transposed. Its JVP rule binds the kernel and one linear op:
 
 ``tullax_kernel_linear(*inputs, out, *tangents; op, live)``
@@ -43,8 +43,8 @@ from functools import lru_cache, partial
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-from .errors import TullaxError
-from .ir import Spec
+from tullax.errors import TullaxError
+from tullax.spec.ir import Spec
 
 
 @dataclass(frozen=True, eq=True)
@@ -65,7 +65,7 @@ class KernelOp:
         return self._hash
 
     def __repr__(self) -> str:
-        from .spectext import format_spec
+        from tullax.spec.text import format_spec
 
         return f"'{format_spec(self.spec)}' on {self.backend} ({self.path}, {self.out_dtype})"
 
@@ -84,8 +84,8 @@ def prepare_inputs(spec: Spec, values: Sequence[Any]) -> list[Any]:
     """jax arrays for the inputs, checked against ``spec`` (a 0-d index for a rank-1 index array: shape (1,))."""
     import jax.numpy as jnp
 
-    from .kernel import check_call
-    from .shapes import check_dtypes
+    from tullax.api.kernel import check_call
+    from tullax.spec.shapes import check_dtypes
 
     args = [jnp.asarray(v) for v in values]
     args = [a.reshape(1) if item.kind == "index" and a.ndim == 0 and item.rank == 1 else a
@@ -109,8 +109,8 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any]) -> KernelOp
     import jax
     import numpy as np
 
-    from .backends.xla import result_dtype
-    from .callback import callback_path
+    from tullax.backends.xla import result_dtype
+    from tullax.jaxop.callback import callback_path
 
     dtype = result_dtype(spec, [v.dtype if hasattr(v, "dtype") else type(v) for v in values])  # weak floats
     dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
@@ -174,16 +174,16 @@ def _kernel_lowering(ctx, *args, op: KernelOp):
 
 def _run(op: KernelOp, *args):
     if op.path == "xla":
-        from .backends.xla import lower
+        from tullax.backends.xla import lower
 
         return lower(op.spec)(dict(zip(op.spec.input_names, args))).astype(op.out_dtype)
-    from .callback import host_call
+    from tullax.jaxop.callback import host_call
 
     return host_call(op.spec, op.backend, args, op.out_dtype, op.path)
 
 
 def _kernel_batch(args, dims, *, op: KernelOp):
-    from .batching import batch_arguments, batch_spec
+    from tullax.jaxop.batching import batch_arguments, batch_spec
 
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     args, axes, extents = batch_arguments(op.spec, args, dims, size)
@@ -278,8 +278,8 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
                     wanted: Sequence[int]) -> dict[int, Any]:
     """The cotangents of the inputs at positions ``wanted``, each from its derived gradient spec(s), each of
     which runs as a tullax kernel on ``backend`` (and is differentiable again)."""
-    from .grad import gradients
-    from .gradrun import gradient_env, run_gradient
+    from tullax.grad import gradients
+    from tullax.grad.run import gradient_env, run_gradient
 
     if not wanted:
         return {}

@@ -12,7 +12,7 @@ substitution read through ``pad``. Only ``mod``/``clamp``/indirect occurrences c
 scatter step (``ΔA[e] += ...``, the one kind of step that needs atomics). The results are ordinary Specs, so they
 are printed, lowered and differentiated again like any other.
 
-The environment a gradient's steps read (see ``Gradient``; ``tullax.gradrun`` runs them):
+The environment a gradient's steps read (see ``Gradient``; ``tullax.grad.run`` runs them):
 - every forward input by its name; for ':=' specs the forward result under ``spec.out`` (the residual);
   for '=' and '+=' specs ``spec.out`` is the GIVEN array (input 0, which the body may read): their gradient
   steps never read the forward result;
@@ -27,9 +27,9 @@ from functools import lru_cache
 from itertools import count
 from typing import Callable, Iterable, Mapping
 
-from .analyze import shift_indices
-from .errors import SpecError
-from .ir import (
+from tullax.errors import SpecError
+from tullax.spec.analyze import shift_indices
+from tullax.spec.ir import (
     ARITHMETIC,
     COMPARISONS,
     Access,
@@ -51,8 +51,15 @@ from .ir import (
     map_expr,
     walk,
 )
-from .sizes import Extent, Extremum, FloorDiv, Sym, extremum, floordiv
-from .spectext import format_spec
+from tullax.spec.sizes import (
+    Extent,
+    Extremum,
+    FloorDiv,
+    Sym,
+    extremum,
+    floordiv,
+)
+from tullax.spec.text import format_spec
 
 __all__ = ["Gradient", "gradients", "gradient_texts", "seed_name"]
 

@@ -18,8 +18,8 @@ import os
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
-from .errors import TullaxError
-from .ir import Spec
+from tullax.errors import TullaxError
+from tullax.spec.ir import Spec
 
 PATHS = ("buffer", "pure")
 
@@ -49,8 +49,8 @@ def host_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
     import jax
     import numpy as np
 
-    from .backends.base import Signature
-    from .spectext import format_spec
+    from tullax.backends.base import Signature
+    from tullax.spec.text import format_spec
 
     shapes = {name: tuple(a.shape) for name, a in zip(spec.input_names, args)}
     result = jax.ShapeDtypeStruct(tuple(s.eval(shapes) for s in spec.out_shape), np.dtype(out_dtype))
@@ -77,7 +77,7 @@ def updates_in_place(spec: Spec, args: Sequence[Any], result: Any) -> bool:
     (``ΔW[ix[b],d] += Δout[b,d]``) adds straight into its buffer of zeros. XLA keeps it functional (it copies
     input 0 first when anything else still reads it). Only when the body never reads the given array: the
     kernel must see the values from before the update, which an aliased buffer no longer holds."""
-    from .ir import arrays_read
+    from tullax.spec.ir import arrays_read
 
     if spec.assign == ":=" or not args:
         return False
@@ -90,14 +90,14 @@ def updates_in_place(spec: Spec, args: Sequence[Any], result: Any) -> bool:
 def build_kernel(spec: Spec, backend_name: str, signature: Any) -> Callable[..., None]:
     """The backend's compiled host kernel for this spec and signature (backends keep their own table of built
     kernels, so tracing the same spec again builds nothing)."""
-    from . import backends
+    from tullax import backends
 
     return backends.resolve(backend_name).build(spec, signature)
 
 
 def _buffer_runner(spec: Spec, kernel: Callable[..., None], text: str, backend_name: str):
-    from .runtime import stats
-    from .runtime.exchange import host_view, kernel_inputs, prepare_out
+    from tullax.runtime import stats
+    from tullax.runtime.exchange import host_view, kernel_inputs, prepare_out
 
     def run(_ctx, out, *buffers):
         inputs = kernel_inputs(spec, buffers)
@@ -112,8 +112,8 @@ def _buffer_runner(spec: Spec, kernel: Callable[..., None], text: str, backend_n
 def _pure_runner(spec: Spec, kernel: Callable[..., None], text: str, backend_name: str, result: Any):
     import numpy as np
 
-    from .runtime import stats
-    from .runtime.exchange import kernel_inputs, prepare_out
+    from tullax.runtime import stats
+    from tullax.runtime.exchange import kernel_inputs, prepare_out
 
     def run(*arrays):
         inputs = kernel_inputs(spec, arrays)

@@ -1,7 +1,7 @@
 """Print specs and expressions as canonical text (one operator table, no state)."""
 from __future__ import annotations
 
-from .ir import (
+from tullax.spec.ir import (
     Access,
     Affine,
     Binary,
@@ -17,7 +17,7 @@ from .ir import (
     Unary,
     Wrapped,
 )
-from .sizes import Sym
+from tullax.spec.sizes import Sym
 
 # precedence: higher binds tighter
 PRECEDENCE = {"<": 1, "<=": 1, ">": 1, ">=": 1, "==": 1, "!=": 1, "+": 2, "-": 2, "*": 3, "/": 3,

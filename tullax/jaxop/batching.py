@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
-from .errors import ShapeError
-from .ir import (
+from tullax.errors import ShapeError
+from tullax.spec.ir import (
     Access,
     Affine,
     Agreement,
@@ -41,7 +41,14 @@ from .ir import (
     idx_affine,
     map_expr,
 )
-from .sizes import Extent, Extremum, FloorDiv, Sym, extremum, floordiv
+from tullax.spec.sizes import (
+    Extent,
+    Extremum,
+    FloorDiv,
+    Sym,
+    extremum,
+    floordiv,
+)
 
 
 def batch_spec(spec: Spec, batched_axes: Sequence[int | None],

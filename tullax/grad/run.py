@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from .grad import Gradient, seed_name
-from .ir import Spec
+from tullax.grad import Gradient, seed_name
+from tullax.spec.ir import Spec
 
 Executor = Callable[[Spec, dict], Any]
 Zeros = Callable[[tuple, Any], Any]

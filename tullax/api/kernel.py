@@ -6,9 +6,9 @@ import sys
 from functools import cached_property
 from typing import Any, Mapping
 
-from .errors import ShapeError, TullaxError, with_spec_context
-from .frontend import compile_spec
-from .ir import Spec
+from tullax.errors import ShapeError, TullaxError, with_spec_context
+from tullax.spec.frontend import compile_spec
+from tullax.spec.ir import Spec
 
 
 class Kernel:
@@ -16,7 +16,7 @@ class Kernel:
     on the right-hand side; for '=' and '+=' the existing output first) or by name."""
 
     def __init__(self, spec: str, *, backend: str = "auto", ranges: Mapping | None = None):
-        from . import backends
+        from tullax import backends
 
         self.source = spec
         self.canonical, self.ir = compile_spec(spec, ranges)
@@ -38,7 +38,7 @@ class Kernel:
     @cached_property
     def grad_specs(self) -> tuple[str, ...]:
         """One gradient spec (as text) per differentiable input; multi-step gradients joined by '; '."""
-        from .grad import gradient_texts
+        from tullax.grad import gradient_texts
 
         try:
             return gradient_texts(self.ir)
@@ -48,7 +48,7 @@ class Kernel:
     @cached_property
     def backend(self) -> Any:
         """The backend object this kernel runs on (``auto`` is resolved on first use)."""
-        from . import backends
+        from tullax import backends
 
         return backends.resolve(self.backend_name)
 
@@ -60,7 +60,7 @@ class Kernel:
         try:
             values = bind_inputs(self.ir, args, named)
             if _any_jax(values):
-                from .jax_op import apply
+                from tullax.jaxop.primitives import apply
 
                 return apply(self.ir, self.backend.name, values)
             return run_eager(self.ir, self.backend, values)
@@ -111,7 +111,7 @@ def as_numpy_inputs(spec: Spec, values: list[Any]) -> list[Any]:
 
 def check_call(spec: Spec, values: list[Any]) -> dict[str, tuple[int, ...]]:
     """Ranks, kinds and extents of the inputs against the spec; returns the shapes. Trace-time safe."""
-    from .shapes import check_shapes
+    from tullax.spec.shapes import check_shapes
 
     shapes: dict[str, tuple[int, ...]] = {}
     for item, value in zip(spec.inputs, values):
@@ -138,7 +138,7 @@ def _is_integer(value: Any) -> bool:
 
 
 def result_dtype(spec: Spec, values: list[Any]):
-    from .shapes import result_dtype as _result_dtype
+    from tullax.spec.shapes import result_dtype as _result_dtype
 
     return _result_dtype(spec, [getattr(v, "dtype", None) for v in values])
 
@@ -147,8 +147,8 @@ def run_eager(spec: Spec, backend: Any, values: list[Any]) -> Any:
     """Run on NumPy inputs, return a NumPy array (a new one: '=' and '+=' do not mutate their input)."""
     import numpy as np
 
-    from .backends.base import Signature
-    from .shapes import check_index_values
+    from tullax.backends.base import Signature
+    from tullax.spec.shapes import check_index_values
 
     arrays = as_numpy_inputs(spec, values)
     shapes = check_call(spec, arrays)

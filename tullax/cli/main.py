@@ -22,7 +22,7 @@ from tullax._version import __version__
 from tullax.errors import TullaxError
 
 # Subcommands that own their whole argument list (their modules parse it).
-_DELEGATED = {"demo": "tullax.demo", "bench": "tullax.bench"}
+_DELEGATED = {"demo": "tullax.cli.demo", "bench": "tullax.cli.bench"}
 _SOURCE_LEXERS = {"numba": "python", "xla": "python", "julia": "julia"}
 _LIST_COLUMNS = ("key", "backend", "spec", "dtypes", "compile", "TTFK cold / warm", "hits", "last used")
 _SHOWN_KEY_CHARS = 12  # enough to tell entries apart; `tullax cache list --json` has the whole key

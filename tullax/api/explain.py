@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .frontend import compile_spec, describe_range
-from .ir import Spec
+from tullax.spec.frontend import compile_spec, describe_range
+from tullax.spec.ir import Spec
 
 
 def explain_spec(canonical: str, spec: Spec) -> str:
-    from .grad import gradient_texts
+    from tullax.grad import gradient_texts
 
     lines = [f"spec:      {canonical}"]
     if spec.redop != "+" or spec.finalizer:

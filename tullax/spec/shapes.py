@@ -9,9 +9,16 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping, Sequence
 
-from .errors import ShapeError
-from .ir import Affine, Idx, Indirect, Spec, Wrapped, accesses
-from .sizes import Shapes, Sym
+from tullax.errors import ShapeError
+from tullax.spec.ir import (
+    Affine,
+    Idx,
+    Indirect,
+    Spec,
+    Wrapped,
+    accesses,
+)
+from tullax.spec.sizes import Shapes, Sym
 
 Ranges = dict[str, tuple[int, int]]
 
@@ -151,7 +158,7 @@ def _check_affine(array: str, axis: int, aff: Affine, extent: int, shapes: Shape
     low, high = _affine_extremes(aff, shapes, ranges)
     if 0 <= low and high < extent:
         return
-    from .spectext import format_affine
+    from tullax.spec.text import format_affine
     bad = low if low < 0 else high
     spans = ", ".join(f"{n} in [{ranges[n][0]}, {ranges[n][1]})" for n in aff.names())
     raise ShapeError(
