@@ -141,13 +141,6 @@ Expr = Union[Num, Name, Param, IndexVal, Access, Unary, Binary, Call]
 COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
 ARITHMETIC = ("+", "-", "*", "/", "^")
 
-# Allowed functions and their arity (None: two or more arguments).
-FUNCTIONS: dict[str, int] = {
-    "exp": 1, "log": 1, "log1p": 1, "expm1": 1, "sqrt": 1, "abs": 1, "sin": 1, "cos": 1, "tan": 1,
-    "tanh": 1, "sinh": 1, "cosh": 1, "sigmoid": 1, "softplus": 1, "relu": 1, "conj": 1, "real": 1,
-    "imag": 1, "max": 2, "min": 2, "ifelse": 3,
-}
-UNARY_FUNCTIONS = tuple(f for f, n in FUNCTIONS.items() if n == 1)
 REDUCTIONS = ("+", "*", "max", "min", "logsumexp")
 ASSIGNMENTS = (":=", "=", "+=")
 WRAPPERS = ("mod", "clamp", "pad")

@@ -5,12 +5,11 @@ import re
 from dataclasses import dataclass
 
 from tullax.errors import SpecError
+from tullax.spec.functions import FUNCTIONS, UNARY
 from tullax.spec.ir import (
     ASSIGNMENTS,
     COMPARISONS,
-    FUNCTIONS,
     REDUCTIONS,
-    UNARY_FUNCTIONS,
     WRAPPERS,
     Access,
     Affine,
@@ -108,8 +107,8 @@ class _Parser:
         if self.at("|>"):
             self.advance()
             tok = self.tok
-            if tok.kind != "name" or tok.text not in UNARY_FUNCTIONS:
-                raise self.error(f"'|>' needs a one-argument function, one of: {', '.join(UNARY_FUNCTIONS)}")
+            if tok.kind != "name" or tok.text not in UNARY:
+                raise self.error(f"'|>' needs a one-argument function, one of: {', '.join(UNARY)}")
             finalizer = self.advance().text
         if self.tok.kind != "end":
             raise self.error(f"unexpected {self.tok.text!r} after the end of the expression")
@@ -313,7 +312,7 @@ class _Parser:
             self.advance()
             args.append(self.expr())
         self.expect(")", "',' or ')'")
-        arity = FUNCTIONS[tok.text]
+        arity = FUNCTIONS[tok.text].arity
         if len(args) != arity:
             raise self.error(f"{tok.text} takes {arity} argument{'s' * (arity > 1)}, got {len(args)}", tok)
         return Call(tok.text, tuple(args), span=self.span(tok))
