@@ -1,11 +1,13 @@
 """Resolve names, classify indices and infer symbolic ranges: ParsedSpec -> Spec (DESIGN section 1)."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, replace
 from typing import Mapping, Union
 
 from tullax.errors import SpecError
 from tullax.spec.ir import (
+    INDEX_LIMIT,
     Access,
     Affine,
     Agreement,
@@ -225,19 +227,28 @@ def _free_and_reduced(parsed: ParsedSpec, body: Expr, index_names: list[str]) ->
 def _explicit_range(name: str, value: RangeArg, ctx: _Context) -> Range:
     if isinstance(value, Range):
         return value
-    if isinstance(value, bool):
-        raise ctx.error(f"ranges[{name!r}] must be an int or a (start, stop) pair, got {value!r}")
-    if isinstance(value, int):
-        lo, hi = 0, value
-    elif isinstance(value, range) and value.step == 1:
+    if isinstance(value, range) and value.step != 1:
+        raise ctx.error(f"ranges[{name!r}] = {value!r} has a step: ranges are contiguous; write the stride into "
+                        f"the spec instead (x[{value.step}{name}] with ranges={{{name!r}: {len(value)}}})")
+    if isinstance(value, range):
         lo, hi = value.start, value.stop
-    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
-        lo, hi = value
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        lo, hi = _range_int(name, value[0], value, ctx), _range_int(name, value[1], value, ctx)
     else:
-        raise ctx.error(f"ranges[{name!r}] must be an int or a (start, stop) pair, got {value!r}")
+        lo, hi = 0, _range_int(name, value, value, ctx)
     if hi < lo:
         raise ctx.error(f"ranges[{name!r}] = {value!r} is empty backwards: stop must be >= start")
+    if max(abs(lo), abs(hi)) > INDEX_LIMIT:
+        raise ctx.error(f"ranges[{name!r}] = {value!r} is beyond the 2^62 that tullax's int64 index arithmetic "
+                        f"allows")
     return Range(Sym(lo), Sym(hi))
+
+
+def _range_int(name: str, bound: object, value: object, ctx: _Context) -> int:
+    """An integer bound of an explicit range: Python and NumPy integers, never bools or floats."""
+    if isinstance(bound, bool) or not hasattr(bound, "__index__"):
+        raise ctx.error(f"ranges[{name!r}] must be an int or a (start, stop) pair, got {value!r}")
+    return operator.index(bound)
 
 
 def _infer_ranges(parsed: ParsedSpec, occurrences: list[Occurrence], indices: tuple[str, ...],
@@ -269,7 +280,7 @@ def _infer_ranges(parsed: ParsedSpec, occurrences: list[Occurrence], indices: tu
         agreements += [Agreement(name, unique[0], other) for other in unique[1:]]
     used = _solve_unknowns(constraints, known)
     rest = [con for con in constraints if id(con) not in used]
-    _narrow(rest, known, set(known) - set(explicit), indices, parsed)
+    _narrow(rest, known, set(known) - set(explicit), set(explicit), indices, parsed)
     for name in indices:
         if name not in known:
             raise ctx.error(_unbound_message(name), _first_span(parsed, name))
@@ -329,16 +340,21 @@ def _solve_unknowns(constraints: list[Constraint], known: dict[str, Range]) -> s
     return used
 
 
-def _narrow(constraints: list[Constraint], known: dict[str, Range], narrowable: set[str],
+def _narrow(constraints: list[Constraint], known: dict[str, Range], narrowable: set[str], explicit: set[str],
             indices: tuple[str, ...], parsed: ParsedSpec) -> None:
     """Shrink plainly bound indices so shifted accesses stay in bounds: one target per constraint, a free
-    index first (the result gets smaller rather than a sum losing terms), else the last index used."""
+    index first (the result gets smaller rather than a sum losing terms), else the last index used.
+
+    A constraint on an explicitly ranged index never shrinks a reduction: the user fixed that range, and a sum
+    silently losing terms for it would be a wrong result; the shape check then reports the access instead."""
     free = [i.plain for i in parsed.lhs or () if isinstance(i, Affine) and i.plain]
     for con in constraints:
         names = [n for n in con.expr.names() if n in known]
         if len(names) != len(con.expr.names()):
             continue
         targets = [n for n in names if n in narrowable]
+        if explicit & set(names):
+            targets = [n for n in targets if n in free]
         if not targets:
             continue
         preferred = [n for n in targets if n in free] or sorted(targets, key=indices.index)[-1:]

@@ -23,7 +23,7 @@ def ranges_key(ranges: Mapping | None) -> RangesKey:
     for name, value in ranges.items():
         if isinstance(value, list):
             value = tuple(value)
-        if isinstance(value, range):
+        if isinstance(value, range) and value.step == 1:  # a stepped range reaches analyze, which rejects it
             value = (value.start, value.stop)
         try:
             hash(value)

@@ -141,6 +141,9 @@ Expr = Union[Num, Name, Param, IndexVal, Access, Unary, Binary, Call]
 COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
 ARITHMETIC = ("+", "-", "*", "/", "^")
 
+# Generated code computes positions, guards and loop bounds in int64: every range bound and every position is
+# kept within +-INDEX_LIMIT (checked for the actual shapes), so each of those plus or minus an extent still fits.
+INDEX_LIMIT = 2**62
 REDUCTIONS = ("+", "*", "max", "min", "logsumexp")
 ASSIGNMENTS = (":=", "=", "+=")
 WRAPPERS = ("mod", "clamp", "pad")

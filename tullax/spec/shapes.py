@@ -11,12 +11,15 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from tullax.errors import ShapeError
 from tullax.spec.ir import (
+    INDEX_LIMIT,
     Affine,
     Idx,
+    IndexVal,
     Indirect,
     Spec,
     Wrapped,
     accesses,
+    walk,
 )
 from tullax.spec.sizes import Shapes, Sym
 
@@ -54,6 +57,7 @@ def check_shapes(spec: Spec, shapes: Shapes) -> None:
     _check_agreements(spec, shapes)
     ranges = eval_shapes(spec, shapes)
     _check_free_ranges(spec, shapes, ranges)
+    _check_index_arithmetic(spec, shapes, ranges)
     _check_bounds(spec, shapes, ranges)
 
 
@@ -119,15 +123,25 @@ def _check_free_ranges(spec: Spec, shapes: Shapes, ranges: Ranges) -> None:
 # Bounds of plain and affine accesses (explicit ranges can push them outside)
 # ---------------------------------------------------------------------------------------------
 def _positioned(spec: Spec) -> Iterator[tuple[str, int, Idx, tuple[str, ...]]]:
-    """(array, axis, index expression, indices that must all be non-empty for the access to happen)."""
+    """(array, axis, index expression, indices that must all be non-empty for the access to happen).
+
+    A read happens whenever the loops over ITS OWN indices run: the lowering hoists a load out of every loop
+    it does not depend on, so an empty range of an unrelated index does not keep it from being executed."""
     every = spec.indices
     if spec.assign != ":=" and spec.lhs is not None:
         when = every if spec.is_scatter else spec.free
         for axis, idx in enumerate(spec.lhs):
             yield spec.out, axis, idx, when
     for acc in accesses(spec.body):
+        own = tuple(dict.fromkeys(name for idx in acc.idx for name in _idx_names(idx)))
         for axis, idx in enumerate(acc.idx):
-            yield acc.array, axis, idx, every
+            yield acc.array, axis, idx, own
+
+
+def _idx_names(idx: Idx) -> tuple[str, ...]:
+    if isinstance(idx, Affine):
+        return idx.names()
+    return idx.inner.names()  # Wrapped and Indirect both wrap an affine position
 
 
 def _affine_extremes(aff: Affine, shapes: Shapes, ranges: Ranges) -> tuple[int, int]:
@@ -165,6 +179,42 @@ def _check_affine(array: str, axis: int, aff: Affine, extent: int, shapes: Shape
         f"axis {axis} of {array} is indexed by {format_affine(aff)}, which reaches {bad} but the axis has "
         f"extent {extent} (shape {tuple(shapes[array])}; {spans or 'a constant position'}): "
         f"shrink the explicit ranges or pass a larger array")
+
+
+# ---------------------------------------------------------------------------------------------
+# Index arithmetic must fit in int64
+# ---------------------------------------------------------------------------------------------
+def _magnitude(aff: Affine, shapes: Shapes, ranges: Ranges) -> int:
+    """The largest absolute value any partial sum of ``aff`` can take over the ranges (Python integers)."""
+    total = abs(aff.const.eval(shapes))
+    for name, coef in aff.terms:
+        lo, hi = ranges[name]
+        total += abs(coef) * max(abs(lo), abs(hi))
+    return total
+
+
+def _check_index_arithmetic(spec: Spec, shapes: Shapes, ranges: Ranges) -> None:
+    for name, (lo, hi) in ranges.items():
+        if max(abs(lo), abs(hi)) > INDEX_LIMIT:
+            raise ShapeError(f"index {name} runs over [{lo}, {hi}), beyond the 2^62 that tullax's int64 index "
+                             f"arithmetic allows; shrink the range or the constants of the spec")
+    for array, axis, idx, _ in _positioned(spec):
+        aff = idx if isinstance(idx, Affine) else idx.inner
+        where = array if not isinstance(idx, Indirect) else idx.array
+        if _magnitude(aff, shapes, ranges) > INDEX_LIMIT:
+            from tullax.spec.text import format_affine
+            spans = ", ".join(f"{n} in [{ranges[n][0]}, {ranges[n][1]})" for n in aff.names())
+            raise ShapeError(
+                f"a position on axis {axis} of {where}, {format_affine(aff)}, can reach magnitude "
+                f"{_magnitude(aff, shapes, ranges)} ({spans or 'a constant'}), beyond the 2^62 that tullax's int64 "
+                f"index arithmetic allows: it would overflow; use smaller coefficients or constants")
+    for node in walk(spec.body):
+        if isinstance(node, IndexVal):
+            lo, hi = ranges[node.name]
+            offset = node.offset.eval(shapes)
+            if max(abs(lo), abs(hi)) + abs(offset) > INDEX_LIMIT:
+                raise ShapeError(f"the value of index {node.name} (plus {offset}) can exceed the 2^62 that "
+                                 f"tullax's int64 index arithmetic allows")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,167 @@
+"""No position the generated code computes is out of range or overflows int64 (issue 15, memory safety), and an
+explicit range never silently truncates a reduction.
+
+Each case either raises a TullaxError naming the problem or computes exactly what an exact (Python integer)
+reference computes. The property test runs the Numba kernels in a child process with ``NUMBA_BOUNDSCHECK=1``, so
+a read outside an array is an IndexError there instead of a silent read of foreign memory."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tullax
+from tullax.errors import ShapeError, SpecError
+
+BACKENDS = ("numba", "xla")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("extent", [17, 100])
+def test_explicit_range_never_truncates_a_reduction(backend, extent):
+    x, w = np.arange(20, dtype=np.float32), np.ones(5, np.float32)
+    kernel = tullax.einsum_kernel("y[i] := x[i+k]*w[k]", ranges={"i": extent}, backend=backend)
+    with pytest.raises(ShapeError, match="axis 0 of x is indexed by i\\+k"):
+        kernel(x, w)
+
+
+def test_explicit_range_that_fits_still_narrows_nothing():
+    x, w = np.arange(20, dtype=np.float64), np.ones(5)
+    y = tullax.einsum_kernel("y[i] := x[i+k]*w[k]", ranges={"i": 16}, backend="numba")(x, w)
+    np.testing.assert_allclose(y, [x[i:i + 5].sum() for i in range(16)])
+
+
+@pytest.mark.parametrize("spec, ranges, inputs, match", [
+    ("s := x[k - 9223372036854775800]", None, {"x": np.ones(10)}, "index k runs over"),
+    ("y[i] := x[clamp(i + 9223372036854775807)] * z[i]", None, {"x": np.arange(10.), "z": np.ones(10)},
+     "can reach magnitude"),
+    ("y[i] := x[mod(i + 9223372036854775807)] * z[i]", None, {"x": np.arange(10.), "z": np.ones(10)},
+     "can reach magnitude"),
+    ("y[i] := x[pad(1000000000000000*i)] * z[i]", None, {"x": np.ones(10), "z": np.ones(10_000)},
+     "can reach magnitude"),
+    ("s := x[1000000*i] * w[j]", {"i": 1000}, {"x": np.ones(10), "w": np.ones(0)}, "reaches 999000000"),
+])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_positions_that_could_overflow_or_escape_are_shape_errors(spec, ranges, inputs, match, backend):
+    kernel = tullax.einsum_kernel(spec, ranges=ranges, backend=backend)
+    with pytest.raises(ShapeError, match=match):
+        kernel(**inputs)
+
+
+def test_overflow_is_caught_at_trace_time_under_jit():
+    import jax
+
+    kernel = tullax.einsum_kernel("y[i] := x[pad(1000000000000000*i)] * z[i]", backend="numba")
+    with pytest.raises(ShapeError, match="can reach magnitude"):
+        jax.jit(kernel).lower(np.ones(10, np.float32), np.ones(10_000, np.float32))
+
+
+@pytest.mark.parametrize("ranges, error, match", [
+    ({"i": range(0, 6, 2)}, SpecError, "has a step"),
+    ({"i": 2**70}, SpecError, "beyond the 2\\^62"),
+    ({"i": (0, 2**70)}, SpecError, "beyond the 2\\^62"),
+    ({"i": 2.0}, SpecError, "must be an int"),
+    ({"i": True}, SpecError, "must be an int"),
+])
+def test_bad_explicit_ranges_are_spec_errors(ranges, error, match):
+    with pytest.raises(error, match=match):
+        tullax.einsum_kernel("y[i] := x[i]", ranges=ranges, backend="xla")(np.ones(8))
+
+
+@pytest.mark.parametrize("value", [np.int64(3), np.int32(3), range(0, 3), (np.int64(0), 3)])
+def test_numpy_integers_and_unit_ranges_are_accepted(value):
+    y = tullax.einsum_kernel("y[i] := x[i]", ranges={"i": value}, backend="xla")(np.arange(8.0))
+    np.testing.assert_array_equal(np.asarray(y), [0.0, 1.0, 2.0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Property test: affine positions with coefficients and constants near the int64 limits, tiny and empty ranges,
+# run by Numba with bounds checking on
+# ---------------------------------------------------------------------------------------------
+_EDGES = [0, 1, -1, 2, -3, 7, 2**31, -(2**31), 2**40 + 3, 2**61, 2**62 - 1, 2**62, 2**62 + 1, 2**63 - 1,
+          -(2**63) + 1, 2**64]
+_KINDS = ("pad", "clamp", "mod", "plain")
+
+
+def property_cases(count: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    cases = []
+    for _ in range(count):
+        kind = _KINDS[int(rng.integers(len(_KINDS)))]
+        coef = int(rng.choice([1, 2, -1, 3]) if rng.random() < 0.5 else _EDGES[int(rng.integers(len(_EDGES)))])
+        const = int(_EDGES[int(rng.integers(len(_EDGES)))] * (1 if rng.random() < 0.5 else -1))
+        n_x = int(rng.choice([0, 1, 3, 10]))
+        n_i = int(rng.choice([0, 1, 2, 5, 1000]))
+        cases.append({"kind": kind, "coef": coef, "const": const, "n_x": n_x, "n_i": n_i})
+    return cases
+
+
+def expected(case: dict) -> list[float] | None:
+    """The exact result with Python integers (None: the access leaves the array, an error is expected)."""
+    x = np.arange(1, case["n_x"] + 1, dtype=np.float64)
+    out = []
+    for i in range(case["n_i"]):
+        pos = case["coef"] * i + case["const"]
+        if case["kind"] == "pad":
+            out.append(x[pos] if 0 <= pos < len(x) else 0.0)
+        elif len(x) == 0:
+            return None
+        elif case["kind"] == "clamp":
+            out.append(x[min(max(pos, 0), len(x) - 1)])
+        elif case["kind"] == "mod":
+            out.append(x[pos % len(x)])
+        elif 0 <= pos < len(x):
+            out.append(x[pos])
+        else:
+            return None
+    return out
+
+
+_CHILD = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tullax
+    from tullax.errors import TullaxError
+    results = []
+    for case in json.loads(sys.argv[1]):
+        pos = f"{case['coef']}*i + {case['const']}" if case["const"] >= 0 else f"{case['coef']}*i - {-case['const']}"
+        index = pos if case["kind"] == "plain" else f"{case['kind']}({pos})"
+        spec = f"y[i] := x[{index}] * z[i]"
+        x = np.arange(1, case["n_x"] + 1, dtype=np.float64)
+        z = np.ones(case["n_i"])
+        try:
+            y = tullax.einsum_kernel(spec, backend="numba")(x, z)
+            results.append({"spec": spec, "value": [float(v) for v in y]})
+        except TullaxError as err:
+            results.append({"spec": spec, "error": type(err).__name__ + ": " + str(err).splitlines()[0]})
+        except BaseException as err:  # an IndexError from the bounds check is a memory-safety bug
+            results.append({"spec": spec, "crash": type(err).__name__ + ": " + str(err)})
+    print("RESULTS" + json.dumps(results))
+""")
+
+
+@pytest.mark.slow
+def test_affine_positions_near_int64_limits_under_numba_boundscheck(tmp_path):
+    cases = property_cases(40)
+    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", TULLAX_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cases)], capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS"))
+    results = json.loads(line[len("RESULTS"):])
+    for case, result in zip(cases, results):
+        assert "crash" not in result, (case, result)
+        want = expected(case)
+        if "value" in result:
+            assert want is not None, f"{result['spec']} read outside x yet returned {result['value']}"
+            np.testing.assert_array_equal(result["value"], want, err_msg=result["spec"])
+        else:  # refused: only when the exact answer is an error or the arithmetic would leave +-2^62
+            magnitude = abs(case["const"]) + abs(case["coef"]) * case["n_i"]
+            assert want is None or magnitude > 2**62 or case["n_i"] == 0 and "empty" in result["error"], \
+                (case, result)
+
