@@ -56,6 +56,11 @@ class Constraint:
     axis: int
 
 
+# Every index is a nested loop in the generated code, and guards add blocks too: Python (the Numba printer's
+# target) refuses more than 20 statically nested blocks.
+MAX_INDICES = 16
+
+
 def analyze(parsed: ParsedSpec, ranges: Mapping[str, RangeArg] | None = None) -> Spec:
     """Turn a parsed spec into an analysed, hashable Spec, or raise SpecError pointing into the source."""
     ctx = _Context(parsed.source)
@@ -65,6 +70,10 @@ def analyze(parsed: ParsedSpec, ranges: Mapping[str, RangeArg] | None = None) ->
     inputs = _inputs(parsed, index_names, ctx)
     body = _resolve_names(parsed.body, index_names, {i.name for i in inputs if i.kind != "scalar"}, ctx)
     free, reduced = _free_and_reduced(parsed, body, index_names)
+    if len(free) + len(reduced) > MAX_INDICES:
+        raise ctx.error(f"the spec has {len(free) + len(reduced)} indices ({', '.join(free + reduced)}); tullax "
+                        f"allows {MAX_INDICES}, one nested loop each (Python compiles at most 20 nested blocks): "
+                        f"reshape the arrays to merge axes")
     known, agreements = _infer_ranges(parsed, occurrences, free + reduced, ranges or {}, ctx)
     spec = Spec(
         redop=parsed.redop, out=parsed.out, lhs=parsed.lhs, assign=parsed.assign, body=body,

@@ -23,8 +23,13 @@ from tullax.spec.ir import (
     ParsedSpec,
     Unary,
     Wrapped,
+    children,
 )
 from tullax.spec.sizes import Sym
+
+# Deepest expression tree accepted: every later stage (analysis, gradients, lowering, printers, Python's and
+# Numba's compilers) recurses over the tree, and a deeper one would end in a RecursionError.
+MAX_DEPTH = 64
 
 _TOKEN = re.compile(r"""
     (?P<ws>\s+)
@@ -62,6 +67,7 @@ class _Parser:
         self.source = source
         self.tokens = tokenize(source)
         self.pos = 0
+        self.nesting = 0  # how deep unary() is nested right now
 
     # -- helpers --------------------------------------------------------------------------------
     @property
@@ -103,6 +109,10 @@ class _Parser:
             raise self.error("expected ':=', '=' or '+=' after the left-hand side")
         assign = self.advance().text
         body = self.expr()
+        if expr_depth(body) > MAX_DEPTH:
+            raise SpecError(f"the expression is {expr_depth(body)} operations deep, more than tullax's limit of "
+                            f"{MAX_DEPTH} (every stage after the parser recurses over it): split it into several "
+                            f"kernels, or sum over an index instead of writing the terms out")
         finalizer = None
         if self.at("|>"):
             self.advance()
@@ -172,9 +182,9 @@ class _Parser:
         if self.at("/"):
             self.advance()
             tok = self.tok
-            if tok.kind != "num" or not tok.text.isdigit() or int(tok.text) < 1:
+            if tok.kind != "num" or not tok.text.isdigit() or self.integer(tok) < 1:
                 raise self.error("an index can only be divided by a positive integer", tok)
-            div = int(self.advance().text)
+            div = self.integer(self.advance())
         const = lin.pop("", 0)
         terms = tuple(sorted((k, v) for k, v in lin.items() if v != 0))
         if div > 1 and not terms:
@@ -209,7 +219,7 @@ class _Parser:
             self.advance()
             if not tok.text.isdigit():
                 raise self.error(f"index positions are integers, not {tok.text}", tok)
-            return {"": int(tok.text)}
+            return {"": self.integer(tok)}
         if tok.kind == "name":
             if self.peek().text in ("(", "["):
                 raise self.error(f"{tok.text}{self.peek().text}...) cannot be nested inside an index expression"
@@ -225,6 +235,14 @@ class _Parser:
         found = "the end of the spec" if tok.kind == "end" else repr(tok.text)
         raise self.error(f"expected an index (a name, an integer, i+1, 2i, mod(..), pad(..), ix[..]) "
                          f"but found {found}")
+
+    def integer(self, tok: Token) -> int:
+        """An integer literal; generated code holds it in int64, so a larger one is the literal's fault."""
+        if len(tok.text) > 19 or int(tok.text) >= 2**63:
+            shown = tok.text if len(tok.text) <= 24 else tok.text[:20] + "..."
+            raise self.error(f"the integer {shown} does not fit in int64: write it as a float (e.g. 1e30) "
+                             f"or make it smaller", tok)
+        return int(tok.text)
 
     # -- body expressions -----------------------------------------------------------------------
     def expr(self) -> Expr:
@@ -255,6 +273,17 @@ class _Parser:
         return value
 
     def unary(self) -> Expr:
+        # every nesting (parentheses, calls, signs, powers) passes through here: bound it before Python's stack
+        self.nesting += 1
+        if self.nesting > MAX_DEPTH:
+            raise self.error(f"the expression nests more than {MAX_DEPTH} levels deep, tullax's limit: split it "
+                             f"into several kernels")
+        try:
+            return self.signed()
+        finally:
+            self.nesting -= 1
+
+    def signed(self) -> Expr:
         start = self.tok
         if self.at("-"):
             self.advance()
@@ -276,7 +305,7 @@ class _Parser:
         tok = self.tok
         if tok.kind == "num":
             self.advance()
-            value = float(tok.text) if any(c in tok.text for c in ".eE") else int(tok.text)
+            value = float(tok.text) if any(c in tok.text for c in ".eE") else self.integer(tok)
             return Num(value, span=self.span(tok))
         if tok.kind == "name":
             return self.name_expr()
@@ -335,6 +364,16 @@ def _mul(a: dict[str, int], b: dict[str, int], parser: _Parser, tok: Token) -> d
     if set(b) <= {""}:
         return _scale(a, b.get("", 0))
     raise parser.error("an index must be affine: the product of two indices is not allowed", tok)
+
+
+def expr_depth(expr: Expr) -> int:
+    """The depth of an expression tree, computed without recursion (the tree may be deeper than the stack)."""
+    deepest, stack = 0, [(expr, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children(node))
+    return deepest
 
 
 def parse_spec(source: str) -> ParsedSpec:
