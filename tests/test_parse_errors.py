@@ -63,7 +63,7 @@ SPEC_MISTAKES = [
     ("y[i+1] := x[i]", r"the left-hand side must list plain, distinct indices; .* scatter with \+=", "i+1]"),
     ("y[ix[i]] := x[i]", r"the left-hand side must list plain, distinct indices", "ix[i]"),
     # an index nothing bounds
-    ("y[i] := x[j]", r"cannot infer the range of index i: .* ranges=\{'i': 10\}", "i] :="),
+    ("y[i] := x[j]", r"index i is on the left but nowhere on the right .* ranges=\{'i': 10\}", "i] :="),
     ("y[k] := x[i]", r"cannot infer the range of index k", "k] :="),
     ("y[i] := x[mod(i+1)]", r"cannot infer the range of index i", "i] :="),
     # names used inconsistently

@@ -288,15 +288,40 @@ def _infer_ranges(parsed: ParsedSpec, occurrences: list[Occurrence], indices: tu
             known[name] = Range(Sym(0), Sym.extent(*unique[0]))
         agreements += [Agreement(name, unique[0], other) for other in unique[1:]]
     used = _solve_unknowns(constraints, known)
+    _bind_wrapped_only(occurrences, known)
+    used |= _solve_unknowns(constraints, known)
     rest = [con for con in constraints if id(con) not in used]
     _narrow(rest, known, set(known) - set(explicit), set(explicit), indices, parsed)
     for name in indices:
         if name not in known:
-            raise ctx.error(_unbound_message(name), _first_span(parsed, name))
+            raise ctx.error(_unbound_message(name, parsed), _first_span(parsed, name))
     return known, tuple(agreements)
 
 
-def _unbound_message(name: str) -> str:
+def _bind_wrapped_only(occurrences: list[Occurrence], known: dict[str, Range]) -> None:
+    """An index still unbound that appears only inside mod/clamp/pad, all on ONE axis, runs over that axis:
+    ``y[i] := x[mod(i+1)]`` is as long as x (as the README promises); on several axes it stays ambiguous."""
+    axes: dict[str, set[tuple[str, int]]] = {}
+    for occ in occurrences:
+        if isinstance(occ.idx, Wrapped):
+            for name in occ.idx.inner.names():
+                axes.setdefault(name, set()).add((occ.array, occ.axis))
+    for name, where in axes.items():
+        if name not in known and len(where) == 1:
+            (array, axis), = where
+            known[name] = Range(Sym(0), Sym.extent(array, axis))
+
+
+def _unbound_message(name: str, parsed: ParsedSpec) -> str:
+    on_left = {n for idx in parsed.lhs or () for n in idx_affine(idx).names()}
+    on_right = list(dict.fromkeys(n for acc in accesses(parsed.body) for idx in acc.idx
+                                  for n in idx_affine(idx).names()))
+    as_value = {node.name for node in walk(parsed.body) if isinstance(node, Name)}
+    if name in on_left and name not in on_right and name not in as_value:
+        only_right = [n for n in on_right if n not in on_left]
+        hint = f" (is {' or '.join(only_right)} a typo for {name}?)" if only_right else ""
+        return (f"index {name} is on the left but nowhere on the right{hint}: every index of the result must "
+                f"index an input, or be given a range explicitly, e.g. ranges={{{name!r}: 10}}")
     return (f"cannot infer the range of index {name}: no array is indexed by it plainly, and no "
             f"shifted access bounds it; give it explicitly, e.g. ranges={{{name!r}: 10}}")
 
