@@ -64,8 +64,8 @@ SPEC_MISTAKES = [
     ("y[ix[i]] := x[i]", r"the left-hand side must list plain, distinct indices", "ix[i]"),
     # an index nothing bounds
     ("y[i] := x[j]", r"index i is on the left but nowhere on the right .* ranges=\{'i': 10\}", "i] :="),
-    ("y[k] := x[i]", r"cannot infer the range of index k", "k] :="),
-    ("y[i] := x[mod(i+1)]", r"cannot infer the range of index i", "i] :="),
+    ("y[k] := x[i]", r"index k is on the left but nowhere on the right", "k] :="),
+    ("y[i] := x[mod(i+1)]*w[pad(i)]", r"cannot infer the range of index i", "i] :="),
     # names used inconsistently
     ("y[i] := x[i]*x[i,j]", r"x is indexed with 2 indices here but with 1 elsewhere", "x[i,j]"),
     ("y[i] := x[i] + x", r"x is an array: index it, as in x\[i\]", "x"),
