@@ -5,7 +5,7 @@ A target is TABLES plus a few hooks on ``LoopPrinter``:
 * ``infix`` / ``prefix`` / ``called``: how each ``BinOp`` and ``UnOp`` is spelled and how tightly it binds, on
   the shared ``Precedence`` scale; ``ternary``: how a ``Select`` is written.
 * capability flags: ``one_based`` and ``reversed_index`` (a column-major target reverses every index list),
-  ``wrap_negative_operands`` (a target whose parser misreads ``a * -b``), the block syntax (``if_head``,
+  ``wrap_negative_operands`` (``a * (-b)``: no bare minus after an operator), the block syntax (``if_head``,
   ``else_line``, ``block_end``, ``empty_block``, ``statement_end``, ``indent``) and ``store_forms``: one template
   per ``Store.mode``, which is where an atomic addition (``atomic_add``) gets its spelling.
 * hooks for what no table can say: ``constant`` (literals), ``type_name`` (casts), ``call_name`` (a function's
@@ -18,6 +18,7 @@ ones in ``inside_loop`` / ``inside_branch``.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from enum import IntEnum
 from typing import Callable, ClassVar, Iterator, Mapping, Sequence
@@ -150,8 +151,9 @@ def expressions(stmts: Sequence[Stmt]) -> Iterator[Expr]:
 # =============================================================================================
 # The printer
 # =============================================================================================
-class LoopPrinter:
-    """Prints loop-IR expressions and statements from the class tables below; subclasses fill them in."""
+class LoopPrinter(ABC):
+    """Prints loop-IR expressions and statements from the class tables below; a target fills them in and
+    implements the abstract hooks. Nothing here knows a target: no spelling, no layout, no library."""
 
     infix: ClassVar[Mapping[str, Infix]]
     prefix: ClassVar[Mapping[str, Prefix]]
@@ -169,18 +171,21 @@ class LoopPrinter:
     store_forms: ClassVar[Mapping[str, str]]  # Store.mode -> template over {target} and {value}
 
     # -- hooks -----------------------------------------------------------------------------------
+    @abstractmethod
     def constant(self, node: Const) -> str:
-        raise NotImplementedError
+        """A literal of ``node.dtype``."""
 
+    @abstractmethod
     def type_name(self, dtype: str) -> str:
-        raise NotImplementedError
+        """The type of ``dtype`` as a cast spells it (``type_name(dtype)(x)``)."""
 
+    @abstractmethod
     def call_name(self, fn: Function, dtype: str) -> str:
         """The target's spelling of ``fn`` on ``dtype`` arguments (its registry field)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def loop_header(self, loop: Loop, place: Place) -> str:
-        raise NotImplementedError
+        """The line opening ``loop`` (its body follows one level deeper)."""
 
     def variable(self, var: Var) -> str:
         return var.name

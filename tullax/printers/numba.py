@@ -62,6 +62,8 @@ class NumbaPlace(Place):
 
 
 class NumbaPrinter(LoopPrinter):
+    """Python under ``@njit`` for one kernel (which of its arrays are 0-d), with its nested and flat variants."""
+
     infix: ClassVar[Mapping[str, Infix]] = {
         **arithmetic_operators(non_chaining),  # Python chains comparisons
         "//": left_associative("//", Precedence.PRODUCT), "mod": left_associative("%", Precedence.PRODUCT),

@@ -23,6 +23,8 @@ from tullax.spec.functions import Function
 
 
 class PseudoPrinter(LoopPrinter):
+    """Pseudo-code: the IR's own names and 0-based row-major indices, C-like operators, indentation only."""
+
     infix: ClassVar[Mapping[str, Infix]] = {
         **arithmetic_operators(left_associative),
         "//": left_associative("//", Precedence.PRODUCT), "mod": left_associative("mod", Precedence.PRODUCT),
