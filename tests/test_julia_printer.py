@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from corpus import CASES_BY_ID, CORPUS, Case
-from julia_subset import CPU_BACKEND, JuliaRuntimeError, load_module, parse_errors
+from julia_subset import CPU_BACKEND, SUPPORTED_FUNCTIONS, JuliaRuntimeError, load_module, parse_errors
 
 import tullax
 from tullax.api.kernel import as_numpy_inputs, check_call, result_dtype
@@ -38,7 +38,9 @@ from tullax.backends.julia import (
 from tullax.errors import TullaxError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
-from tullax.printers.julia import format_float, launch_nest, launcher_name
+from tullax.printers.julia import format_float, launcher_name
+from tullax.printers.launch import launch_nest
+from tullax.spec import functions
 from tullax.spec.frontend import compile_spec
 from tullax.testing import naive_eval, random_inputs, shapes_for
 
@@ -281,6 +283,28 @@ def test_real_functions_give_nan_outside_their_domain_instead_of_throwing(text, 
     with np.errstate(all="ignore"):
         expected = naive_eval(spec, env)
     np.testing.assert_allclose(run_julia(spec, env), expected, rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", functions.CALLS)
+def test_registry_julia_domains_are_where_julia_throws(name: str, dtype: str):
+    """The registry's ``julia_domain`` (which calls the printer wraps in a NaN helper) against the evaluator's own
+    model of Julia: the function throws DomainError exactly where the condition holds. A new registry function
+    needs its Julia semantics in tests/julia_subset.py first: that model must not be read from the registry."""
+    fn = functions.get(name)
+    assert fn.julia in SUPPORTED_FUNCTIONS, f"add Julia's {fn.julia} to tests/julia_subset.py"
+    zero, one = format_float(0.0, dtype), format_float(1.0, dtype)
+    condition = "false" if fn.julia_domain is None else fn.julia_domain.format(zero=zero, one=one)
+    module = load_module(f"module M\nf(x) = {fn.julia}(x)\noutside(x) = {condition}\nend\n")
+    for value in (-math.inf, -2.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, math.inf, math.nan):
+        x = np.dtype(dtype).type(value)
+        try:
+            module.call("f", x)
+            throws = False
+        except JuliaRuntimeError as err:
+            assert "DomainError" in str(err)
+            throws = True
+        assert throws == module.call("outside", x), (name, dtype, value)
 
 
 def test_integer_powers_are_exact_for_negative_bases():

@@ -12,54 +12,82 @@ by construction, and unsigned positions skip Numba's negative-index wraparound.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Mapping, Sequence
 
 from tullax._version import __version__
 from tullax.compiler.loops import (
-    COMPARE,
     Accum,
-    BinOp,
-    Call,
-    Cast,
     Const,
     Expr,
-    If,
     Let,
-    Load,
     Loop,
     LoopKernel,
-    Select,
     Stmt,
-    Store,
-    UnOp,
-    Var,
     binop,
     const,
     parallel_nest,
 )
+from tullax.printers.base import (
+    Infix,
+    LoopPrinter,
+    Place,
+    Precedence,
+    Prefix,
+    Ternary,
+    arithmetic_operators,
+    left_associative,
+    non_chaining,
+)
+from tullax.spec.functions import Function
 
 # fastmath without nnan/ninf: those would let LLVM assume no -inf/+inf/NaN, which breaks the -inf/+inf initial
 # values of max/min, logsumexp's infinity test and NaN reads of out-of-range indirect indices.
 FASTMATH = "{'nsz', 'arcp', 'contract', 'afn', 'reassoc'}"
 
-# Python precedence, higher binds tighter.
-_PREC = {"if": 0, "or": 1, "and": 2, "not": 3, "cmp": 4, "+": 5, "-": 5, "*": 6, "/": 6, "//": 6, "%": 6,
-         "neg": 7, "**": 8}
-_ATOM = 10
-_PY_OP = {"^": "**", "mod": "%"}
+# Calls printed as tullax.backends.numba_math's vectorisable versions instead of the registry's NumPy spelling,
+# by (function, dtype): Numba's np.exp on float32 is a scalar expf call per element.
+REPLACEMENTS = {("exp", "float32"): "_exp_f32"}
+LANES = 8  # independent accumulators of a max/min reduction loop: one 256-bit vector of float32
 
 
-class _Printer:
+@dataclass(frozen=True)
+class NumbaPlace(Place):
+    """``prange``: a parallel loop here is the outermost one (it gets ``prange``). ``lanes``: max/min reduction
+    loops here print as lanes (not inside a prange reduction: Numba's parfor pass only recognises a reduction
+    variable updated by one plain statement)."""
+
+    prange: bool
+    lanes: bool
+
+
+class NumbaPrinter(LoopPrinter):
+    """Python under ``@njit`` for one kernel (which of its arrays are 0-d), with its nested and flat variants."""
+
+    infix: ClassVar[Mapping[str, Infix]] = {
+        **arithmetic_operators(non_chaining),  # Python chains comparisons
+        "//": left_associative("//", Precedence.PRODUCT), "mod": left_associative("%", Precedence.PRODUCT),
+        "and": left_associative("and", Precedence.AND), "or": left_associative("or", Precedence.OR),
+        # right-associative, and `-x ** 2` is `-(x ** 2)`: the base is atomic
+        "^": Infix("**", Precedence.POWER, Precedence.ATOM, Precedence.UNARY),
+    }
+    prefix: ClassVar[Mapping[str, Prefix]] = {"neg": Prefix("-", Precedence.UNARY, Precedence.UNARY),
+                                              "not": Prefix("not ", Precedence.NOT, Precedence.NOT)}
+    called: ClassVar[Mapping[str, str]] = {"max": "max", "min": "min"}
+    ternary = Ternary("{then} if {cond} else {orelse}", Precedence.OR, Precedence.OR, Precedence.TERNARY)
+    if_head = "if {cond}:"
+    else_line = "else:"
+    empty_block = "pass"
+    # atomic_add: the lowering leaves the colliding loops serial in this nest, so a plain += is race-free
+    store_forms: ClassVar[Mapping[str, str]] = {"set": "{target} = {value}", "add": "{target} += {value}",
+                                                "atomic_add": "{target} += {value}"}
+
     def __init__(self, kernel: LoopKernel):
         self.kernel = kernel
-        self.rank0 = {a.name for a in kernel.arrays if a.rank == 0}
+        self.rank0 = frozenset(a.name for a in kernel.arrays if a.rank == 0)
 
-    # -- expressions -------------------------------------------------------------------------
-    def expr(self, expr: Expr, parent: int = 0) -> str:
-        text, prec = self._expr(expr)
-        return f"({text})" if prec < parent else text
-
-    def const(self, node: Const) -> str:
+    # -- tables' hooks ---------------------------------------------------------------------------
+    def constant(self, node: Const) -> str:
         value = node.value
         if isinstance(value, bool):
             return "True" if value else "False"
@@ -73,94 +101,52 @@ class _Printer:
             text = repr(float(value))
         return f"np.{node.dtype}({text})" if node.dtype != "float64" or "np." in text else text
 
-    def index(self, array: str, index: tuple[Expr, ...]) -> str:
+    def type_name(self, dtype: str) -> str:
+        return f"np.{dtype}"
+
+    def call_name(self, fn: Function, dtype: str) -> str:
+        if fn.name == "abs" and dtype.startswith("int"):  # an index value: integer arithmetic, not a ufunc
+            return "abs"
+        return REPLACEMENTS.get((fn.name, dtype), fn.numba)
+
+    def index(self, array: str, index: Sequence[Expr]) -> str:
+        return "0" if array in self.rank0 else super().index(array, index)
+
+    def position(self, expr: Expr) -> str:
         """Positions as unsigned integers: they are never negative (the lowering proves every access in
         range), and an unsigned index skips Numba's negative-index wraparound, a select per access that
         stops LLVM from vectorising loops whose positions it cannot prove non-negative (x[i-k])."""
-        if array in self.rank0:
-            return "0"
-        return ", ".join(self.expr(i) if isinstance(i, Const) else f"_ix({self.expr(i)})" for i in index)
+        return self.expr(expr) if isinstance(expr, Const) else f"_ix({self.expr(expr)})"
 
-    def _expr(self, expr: Expr) -> tuple[str, int]:
-        if isinstance(expr, Const):
-            text = self.const(expr)
-            return text, (_PREC["neg"] if text.startswith("-") else _ATOM)
-        if isinstance(expr, Var):
-            return expr.name, _ATOM
-        if isinstance(expr, Load):
-            return f"{expr.array}[{self.index(expr.array, expr.index)}]", _ATOM
-        if isinstance(expr, Cast):
-            return f"np.{expr.dtype}({self.expr(expr.arg)})", _ATOM
-        if isinstance(expr, Call):
-            fn = "abs" if expr.fn == "abs" and expr.dtype.startswith("int") else f"np.{expr.fn}"
-            if expr.fn == "exp" and expr.dtype == "float32":
-                fn = "_exp_f32"
-            return f"{fn}({', '.join(self.expr(a) for a in expr.args)})", _ATOM
-        if isinstance(expr, Select):
-            text = (f"{self.expr(expr.then, 1)} if {self.expr(expr.cond, 1)} else "
-                    f"{self.expr(expr.orelse, 0)}")
-            return text, _PREC["if"]
-        if isinstance(expr, UnOp):
-            if expr.op == "neg":
-                return "-" + self.expr(expr.arg, _PREC["neg"]), _PREC["neg"]
-            return "not " + self.expr(expr.arg, _PREC["not"]), _PREC["not"]
-        assert isinstance(expr, BinOp)
-        if expr.op in ("max", "min"):
-            return f"{expr.op}({self.expr(expr.lhs)}, {self.expr(expr.rhs)})", _ATOM
-        op = _PY_OP.get(expr.op, expr.op)
-        if expr.op in COMPARE:  # never chain comparisons
-            return f"{self.expr(expr.lhs, _PREC['cmp'] + 1)} {op} {self.expr(expr.rhs, _PREC['cmp'] + 1)}", \
-                _PREC["cmp"]
-        prec = _PREC[op] if op in _PREC else _PREC[expr.op]
-        if op == "**":  # right-associative; a negative base needs parentheses
-            return f"{self.expr(expr.lhs, _ATOM)} ** {self.expr(expr.rhs, _PREC['neg'])}", prec
-        return f"{self.expr(expr.lhs, prec)} {op} {self.expr(expr.rhs, prec + 1)}", prec
+    def loop_header(self, loop: Loop, place: Place) -> str:
+        assert isinstance(place, NumbaPlace)
+        use_prange = (loop.parallel and place.prange) or loop.reduce_parallel
+        return f"for {loop.var} in {'prange' if use_prange else 'range'}({self.expr(loop.start)}, " \
+               f"{self.expr(loop.stop)}):"
 
-    # -- statements --------------------------------------------------------------------------
-    def stmts(self, stmts: Sequence[Stmt], indent: int, prange_depth: int | None, lanes: bool = True) -> list[str]:
-        """``prange_depth``: print the parallel loop at this nesting depth (0 = these statements) as prange.
-        ``lanes``: print max/min reduction loops as lanes (not inside a prange reduction: Numba's parfor pass
-        only recognises a reduction variable updated by one plain statement)."""
-        pad = "    " * indent
-        lines: list[str] = []
-        for stmt in stmts:
-            if isinstance(stmt, Loop) and lanes and _lane_reduction(stmt):
-                lines += self._lanes(stmt, indent)
-            elif isinstance(stmt, Loop):
-                use_prange = (stmt.parallel and prange_depth == 0) or stmt.reduce_parallel
-                depth = None if prange_depth in (None, 0) else prange_depth - 1
-                fn = "prange" if use_prange else "range"
-                lines.append(f"{pad}for {stmt.var} in {fn}({self.expr(stmt.start)}, {self.expr(stmt.stop)}):")
-                inner = lanes and not stmt.reduce_parallel
-                lines += self.stmts(stmt.body, indent + 1, depth, inner) or [f"{pad}    pass"]
-            elif isinstance(stmt, If):
-                lines.append(f"{pad}if {self.expr(stmt.cond)}:")
-                lines += self.stmts(stmt.then, indent + 1, None, lanes) or [f"{pad}    pass"]
-                if stmt.orelse:
-                    lines.append(f"{pad}else:")
-                    lines += self.stmts(stmt.orelse, indent + 1, None, lanes)
-            elif isinstance(stmt, Let):
-                lines.append(f"{pad}{stmt.var} = {self.expr(stmt.value)}")
-            elif isinstance(stmt, Accum):
-                value = self.expr(stmt.value)
-                if stmt.op in ("max", "min"):
-                    lines.append(f"{pad}{stmt.var} = {stmt.op}({stmt.var}, {value})")
-                else:
-                    lines.append(f"{pad}{stmt.var} {stmt.op}= {value}")
-            else:
-                assert isinstance(stmt, Store)
-                index = self.index(stmt.array, stmt.index)
-                op = "=" if stmt.mode == "set" else "+="  # atomic_add: serial in this nest (see lowering)
-                lines.append(f"{pad}{stmt.array}[{index}] {op} {self.expr(stmt.value)}")
-        return lines
+    def inside_loop(self, loop: Loop, place: Place) -> Place:
+        assert isinstance(place, NumbaPlace)
+        return NumbaPlace(place.depth + 1, prange=False, lanes=place.lanes and not loop.reduce_parallel)
 
-    def _lanes(self, loop: Loop, indent: int) -> list[str]:
+    def inside_branch(self, place: Place) -> Place:
+        assert isinstance(place, NumbaPlace)
+        return NumbaPlace(place.depth + 1, prange=False, lanes=place.lanes)
+
+    # -- max/min reductions as lanes -------------------------------------------------------------
+    def loop(self, loop: Loop, place: Place) -> list[str]:
+        assert isinstance(place, NumbaPlace)
+        if place.lanes and _lane_reduction(loop):
+            return self._lanes(loop, place.depth)
+        return super().loop(loop, place)
+
+    def _lanes(self, loop: Loop, depth: int) -> list[str]:
         """A max/min reduction loop as LANES independent accumulators over blocks of LANES iterations, then
         the remainder. LLVM vectorises neither a max/min reduction (without the nnan flag, which -inf initial
         values forbid) nor Numba's builtin max; it does pack LANES independent compare-selects over consecutive
         elements into one vector max (measured: row max over 4096x4096, 4.8 ms -> 1.6 ms on 2 cores). Each lane
         starts from the accumulator's current value, so an enclosing loop that accumulates too stays right."""
-        pad, var = "    " * indent, loop.var
+        pad, var = self.indent * depth, loop.var
+        inner = NumbaPlace(depth + 1, prange=False, lanes=True)
         *lets, accum = loop.body
         cmp = ">" if accum.op == "max" else "<"
         lanes = [f"{accum.var}_l{k}" for k in range(LANES)]
@@ -171,21 +157,21 @@ class _Printer:
         lines.append(f"{pad}for {var}_blk in range({start}, {var}_top, {LANES}):")
         for k, lane in enumerate(lanes):
             lines.append(f"{pad}    {var} = {var}_blk + {k}")
-            lines += self.stmts(lets, indent + 1, None)
+            lines += self.block(lets, inner)
             lines.append(f"{pad}    {var}_v = {self.expr(accum.value)}")
             lines.append(f"{pad}    {lane} = {var}_v if {var}_v {cmp} {lane} else {lane}")
         lines += [f"{pad}{accum.var} = {accum.op}({accum.var}, {lane})" for lane in lanes]
         lines.append(f"{pad}for {var} in range({var}_top, {stop}):")
-        lines += self.stmts(loop.body, indent + 1, None)
+        lines += self.block(loop.body, inner)
         return lines
 
+    # -- functions -------------------------------------------------------------------------------
     def function(self, name: str, flat: bool) -> str:
         kernel = self.kernel
-        loops, inner = parallel_nest(kernel)
         if flat:
-            body = self._flat(loops, inner)
+            body = self._flat(*parallel_nest(kernel))
         else:
-            body = self.stmts(kernel.body, 1, 0)
+            body = self.block(kernel.body, NumbaPlace(1, prange=True, lanes=True))
         parallel = any("prange(" in line for line in body)
         head = f"@njit(parallel={parallel}, fastmath=_FASTMATH, cache=True, nogil=True)"
         return "\n".join([head, f"def {name}({', '.join(kernel.params)}):", *(body or ["    pass"])]) + "\n"
@@ -204,13 +190,10 @@ class _Printer:
             position = f"p_flat // ({inner_extents})" if inner_extents else "p_flat"
             if k:
                 position = f"({position}) % p_ext{k}" if inner_extents else f"{position} % p_ext{k}"
-            start = self.expr(loop.start, _PREC["+"])
+            start = self.expr(loop.start, Precedence.SUM)
             lines.append(f"        {loop.var} = {position}" + ("" if start == "0" else f" + {start}"))
-        lines += self.stmts(inner, 2, None)
+        lines += self.block(inner, NumbaPlace(2, prange=False, lanes=True))
         return lines
-
-
-LANES = 8  # independent accumulators of a max/min reduction loop: one 256-bit vector of float32
 
 
 def _lane_reduction(loop: Loop) -> bool:
@@ -228,7 +211,7 @@ def variants(kernel: LoopKernel) -> tuple[str, ...]:
 
 
 def print_kernel(kernel: LoopKernel) -> str:
-    printer = _Printer(kernel)
+    printer = NumbaPrinter(kernel)
     names = variants(kernel)
     parts = [f"# {kernel.name}: {kernel.spec_text}\n" + printer.function(names[0], flat=False)]
     if len(names) > 1:
@@ -258,3 +241,6 @@ def print_module(kernels: Sequence[LoopKernel]) -> str:
     if "_exp_f32(" in body:
         header += _EXP_IMPORT
     return header + "\n\n" + body
+
+
+__all__ = ["FASTMATH", "LANES", "REPLACEMENTS", "NumbaPrinter", "print_kernel", "print_module", "variants"]

@@ -1,114 +1,71 @@
 """Readable pseudo-code for loop-nest kernels (golden files, ``tullax explain``, debugging).
 
 Loops print as ``for i0 in start:stop`` (half-open, 0-based), parallel ones prefixed with ``parallel``;
-``//`` and ``mod`` are floor division and floor modulo; ``c ? a : b`` evaluates one branch only.
+``//`` and ``mod`` are floor division and floor modulo; ``c ? a : b`` evaluates one branch only. Calls keep the
+spec language's names, and comparisons are plain left-associative operators (nothing executes this text).
 """
 from __future__ import annotations
 
 import math
+from typing import ClassVar, Mapping
 
-from tullax.compiler.loops import (
-    Accum,
-    BinOp,
-    Call,
-    Cast,
-    Const,
-    Expr,
-    If,
-    Let,
-    Load,
-    Loop,
-    LoopKernel,
-    Select,
-    Stmt,
-    Store,
-    UnOp,
-    Var,
+from tullax.compiler.loops import Const, Expr, Loop, LoopKernel
+from tullax.printers.base import (
+    Infix,
+    LoopPrinter,
+    Place,
+    Precedence,
+    Prefix,
+    arithmetic_operators,
+    left_associative,
 )
-
-# precedence: higher binds tighter
-_PREC = {"?": 0, "or": 1, "and": 2, "<": 3, "<=": 3, ">": 3, ">=": 3, "==": 3, "!=": 3, "+": 4, "-": 4,
-         "*": 5, "/": 5, "//": 5, "mod": 5, "neg": 6, "not": 6, "^": 7}
-_ATOM = 9
+from tullax.spec.functions import Function
 
 
-def format_const(node: Const) -> str:
-    value = node.value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    return str(value)
+class PseudoPrinter(LoopPrinter):
+    """Pseudo-code: the IR's own names and 0-based row-major indices, C-like operators, indentation only."""
+
+    infix: ClassVar[Mapping[str, Infix]] = {
+        **arithmetic_operators(left_associative),
+        "//": left_associative("//", Precedence.PRODUCT), "mod": left_associative("mod", Precedence.PRODUCT),
+        "and": left_associative("&&", Precedence.AND), "or": left_associative("||", Precedence.OR),
+        "^": Infix("^", Precedence.POWER, Precedence.ATOM, Precedence.POWER),  # right-associative
+    }
+    prefix: ClassVar[Mapping[str, Prefix]] = {"neg": Prefix("-", Precedence.UNARY, Precedence.POWER),
+                                              "not": Prefix("!", Precedence.UNARY, Precedence.POWER)}
+    called: ClassVar[Mapping[str, str]] = {"max": "max", "min": "min"}
+    indent = "  "
+    if_head = "if {cond}"
+    else_line = "else"
+    store_forms: ClassVar[Mapping[str, str]] = {"set": "{target} = {value}", "add": "{target} += {value}",
+                                                "atomic_add": "{target} += (atomic) {value}"}
+
+    def constant(self, node: Const) -> str:
+        value = node.value
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float):
+            if math.isnan(value):
+                return "nan"
+            if math.isinf(value):
+                return "inf" if value > 0 else "-inf"
+            return repr(value)
+        return str(value)
+
+    def type_name(self, dtype: str) -> str:
+        return dtype
+
+    def call_name(self, fn: Function, dtype: str) -> str:
+        return fn.name
+
+    def loop_header(self, loop: Loop, place: Place) -> str:
+        head = "parallel for" if loop.parallel else ("reduce-parallel for" if loop.reduce_parallel else "for")
+        return f"{head} {loop.var} in {self.expr(loop.start)}:{self.expr(loop.stop)}"
 
 
-def format_expr(expr: Expr, parent: int = 0) -> str:
-    text, prec = _expr(expr)
-    return f"({text})" if prec < parent else text
-
-
-def _expr(expr: Expr) -> tuple[str, int]:
-    if isinstance(expr, Const):
-        text = format_const(expr)
-        return text, (_PREC["neg"] if text.startswith("-") else _ATOM)
-    if isinstance(expr, Var):
-        return expr.name, _ATOM
-    if isinstance(expr, Load):
-        return f"{expr.array}[{', '.join(format_expr(i) for i in expr.index)}]", _ATOM
-    if isinstance(expr, Cast):
-        return f"{expr.dtype}({format_expr(expr.arg)})", _ATOM
-    if isinstance(expr, Call):
-        return f"{expr.fn}({', '.join(format_expr(a) for a in expr.args)})", _ATOM
-    if isinstance(expr, UnOp):
-        sym = "-" if expr.op == "neg" else "!"
-        return sym + format_expr(expr.arg, _PREC["neg"] + 1), _PREC["neg"]
-    if isinstance(expr, Select):
-        text = (f"{format_expr(expr.cond, 1)} ? {format_expr(expr.then, 1)} : "
-                f"{format_expr(expr.orelse, 1)}")
-        return text, _PREC["?"]
-    assert isinstance(expr, BinOp)
-    if expr.op in ("max", "min"):
-        return f"{expr.op}({format_expr(expr.lhs)}, {format_expr(expr.rhs)})", _ATOM
-    prec = _PREC[expr.op]
-    if expr.op == "^":
-        left, right = format_expr(expr.lhs, prec + 1), format_expr(expr.rhs, prec)
-    else:
-        left, right = format_expr(expr.lhs, prec), format_expr(expr.rhs, prec + 1)
-    op = {"and": "&&", "or": "||"}.get(expr.op, expr.op)
-    return f"{left} {op} {right}", prec
-
-
-def _stmts(stmts: tuple[Stmt, ...], indent: int) -> list[str]:
-    pad = "  " * indent
-    lines: list[str] = []
-    for stmt in stmts:
-        if isinstance(stmt, Loop):
-            head = "parallel for" if stmt.parallel else (
-                "reduce-parallel for" if stmt.reduce_parallel else "for")
-            lines.append(f"{pad}{head} {stmt.var} in {format_expr(stmt.start)}:{format_expr(stmt.stop)}")
-            lines += _stmts(stmt.body, indent + 1)
-        elif isinstance(stmt, If):
-            lines.append(f"{pad}if {format_expr(stmt.cond)}")
-            lines += _stmts(stmt.then, indent + 1)
-            if stmt.orelse:
-                lines.append(f"{pad}else")
-                lines += _stmts(stmt.orelse, indent + 1)
-        elif isinstance(stmt, Let):
-            lines.append(f"{pad}{stmt.var} = {format_expr(stmt.value)}")
-        elif isinstance(stmt, Accum):
-            if stmt.op in ("max", "min"):
-                lines.append(f"{pad}{stmt.var} = {stmt.op}({stmt.var}, {format_expr(stmt.value)})")
-            else:
-                lines.append(f"{pad}{stmt.var} {stmt.op}= {format_expr(stmt.value)}")
-        else:
-            assert isinstance(stmt, Store)
-            target = f"{stmt.array}[{', '.join(format_expr(i) for i in stmt.index)}]"
-            op = {"set": "=", "add": "+=", "atomic_add": "+= (atomic)"}[stmt.mode]
-            lines.append(f"{pad}{target} {op} {format_expr(stmt.value)}")
-    return lines
+def format_expr(expr: Expr) -> str:
+    """One expression as pseudo-code."""
+    return PseudoPrinter().expr(expr)
 
 
 def format_kernel(kernel: LoopKernel) -> str:
@@ -121,8 +78,8 @@ def format_kernel(kernel: LoopKernel) -> str:
     for size in kernel.sizes:
         lines.append(f"  size   {size.name} = {size.size}")
     lines.append("body")
-    lines += _stmts(kernel.body, 1)
+    lines += PseudoPrinter().block(kernel.body, Place(1))
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["format_kernel", "format_expr"]
+__all__ = ["PseudoPrinter", "format_kernel", "format_expr"]
