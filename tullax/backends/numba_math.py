@@ -62,3 +62,16 @@ def exp_f32(x):
 
 
 __all__ = ["exp_f32"]
+
+
+# NaN-propagating max and min, as jnp.maximum/minimum and Julia's max/min: Python's max(a, b) (what Numba's
+# builtin compiles to) returns whichever operand a comparison with NaN happens to pick. Selects, so LLVM still
+# vectorises independent ones.
+@njit(inline="always", fastmath={"nsz", "contract"})
+def max_nan(a, b):
+    return a if (a != a or a >= b) else b
+
+
+@njit(inline="always", fastmath={"nsz", "contract"})
+def min_nan(a, b):
+    return a if (a != a or a <= b) else b

@@ -18,6 +18,7 @@ from typing import ClassVar, Mapping, Sequence
 from tullax._version import __version__
 from tullax.compiler.loops import (
     Accum,
+    BinOp,
     Const,
     Expr,
     Let,
@@ -26,7 +27,9 @@ from tullax.compiler.loops import (
     Stmt,
     binop,
     const,
+    is_float,
     parallel_nest,
+    walk_stmts,
 )
 from tullax.printers.base import (
     Infix,
@@ -59,6 +62,7 @@ class NumbaPlace(Place):
 
     prange: bool
     lanes: bool
+    reduction: bool = False  # inside a prange reduction loop: max/min there also count NaNs (``accumulate``)
 
 
 class NumbaPrinter(LoopPrinter):
@@ -126,18 +130,45 @@ class NumbaPrinter(LoopPrinter):
 
     def inside_loop(self, loop: Loop, place: Place) -> Place:
         assert isinstance(place, NumbaPlace)
-        return NumbaPlace(place.depth + 1, prange=False, lanes=place.lanes and not loop.reduce_parallel)
+        return NumbaPlace(place.depth + 1, prange=False, lanes=place.lanes and not loop.reduce_parallel,
+                          reduction=place.reduction or loop.reduce_parallel)
 
     def inside_branch(self, place: Place) -> Place:
         assert isinstance(place, NumbaPlace)
-        return NumbaPlace(place.depth + 1, prange=False, lanes=place.lanes)
+        return NumbaPlace(place.depth + 1, prange=False, lanes=place.lanes, reduction=place.reduction)
 
     # -- max/min reductions as lanes -------------------------------------------------------------
     def loop(self, loop: Loop, place: Place) -> list[str]:
         assert isinstance(place, NumbaPlace)
         if place.lanes and _lane_reduction(loop):
             return self._lanes(loop, place.depth)
-        return super().loop(loop, place)
+        counted = _nan_counted(loop) if loop.reduce_parallel else ()
+        if not counted:
+            return super().loop(loop, place)
+        pad = self.indent * place.depth
+        nan = {v: self.constant(Const(math.nan, dtype)) for v, dtype in counted}
+        return ([f"{pad}{var}_nan = 0" for var, _ in counted] + super().loop(loop, place)
+                + [f"{pad}if {var}_nan:\n{pad}{self.indent}{var} = {nan[var]}" for var, _ in counted])
+
+    def statement(self, stmt: Stmt, place: Place) -> list[str]:
+        assert isinstance(place, NumbaPlace)
+        if isinstance(stmt, Accum) and place.reduction and _propagates_nan(stmt):
+            # Numba's parfor pass recognises only `acc = max(acc, v)`, which may drop a NaN: count NaNs in a sum
+            # reduction beside it, and the loop's epilogue (``loop``) makes the result NaN when there were any
+            pad, var = self.indent * place.depth, stmt.var
+            return [f"{pad}{var}_v = {self.expr(stmt.value)}", f"{pad}{var} = {stmt.op}({var}, {var}_v)",
+                    f"{pad}{var}_nan += {var}_v != {var}_v"]
+        return super().statement(stmt, place)
+
+    def accumulate(self, stmt: Accum) -> str:
+        if _propagates_nan(stmt):
+            return f"{stmt.var} = {NAN_PROPAGATING[stmt.op]}({stmt.var}, {self.expr(stmt.value)})"
+        return super().accumulate(stmt)
+
+    def binary(self, expr: BinOp) -> tuple[str, int]:
+        if expr.op in NAN_PROPAGATING and is_float(expr.dtype):
+            return self.call(NAN_PROPAGATING[expr.op], (expr.lhs, expr.rhs)), Precedence.ATOM
+        return super().binary(expr)
 
     def _lanes(self, loop: Loop, depth: int) -> list[str]:
         """A max/min reduction loop as LANES independent accumulators over blocks of LANES iterations, then
@@ -149,6 +180,7 @@ class NumbaPrinter(LoopPrinter):
         inner = NumbaPlace(depth + 1, prange=False, lanes=True)
         *lets, accum = loop.body
         cmp = ">" if accum.op == "max" else "<"
+        keep = "<=" if accum.op == "max" else ">="  # the lane keeps its value
         lanes = [f"{accum.var}_l{k}" for k in range(LANES)]
         start, stop = self.expr(loop.start), self.expr(loop.stop)
         blocks = binop("*", binop("//", binop("-", loop.stop, loop.start), const(LANES)), const(LANES))
@@ -159,8 +191,13 @@ class NumbaPrinter(LoopPrinter):
             lines.append(f"{pad}    {var} = {var}_blk + {k}")
             lines += self.block(lets, inner)
             lines.append(f"{pad}    {var}_v = {self.expr(accum.value)}")
-            lines.append(f"{pad}    {lane} = {var}_v if {var}_v {cmp} {lane} else {lane}")
-        lines += [f"{pad}{accum.var} = {accum.op}({accum.var}, {lane})" for lane in lanes]
+            if _propagates_nan(accum):  # a NaN lane stays NaN, a NaN value replaces the lane
+                lines.append(f"{pad}    {lane} = {lane} if ({lane} != {lane} or {var}_v {keep} {lane}) "
+                             f"else {var}_v")
+            else:
+                lines.append(f"{pad}    {lane} = {var}_v if {var}_v {cmp} {lane} else {lane}")
+        combine = NAN_PROPAGATING[accum.op] if _propagates_nan(accum) else accum.op
+        lines += [f"{pad}{accum.var} = {combine}({accum.var}, {lane})" for lane in lanes]
         lines.append(f"{pad}for {var} in range({var}_top, {stop}):")
         lines += self.block(loop.body, inner)
         return lines
@@ -194,6 +231,17 @@ class NumbaPrinter(LoopPrinter):
             lines.append(f"        {loop.var} = {position}" + ("" if start == "0" else f" + {start}"))
         lines += self.block(inner, NumbaPlace(2, prange=False, lanes=True))
         return lines
+
+
+def _propagates_nan(stmt: Accum) -> bool:
+    """A float max/min accumulation: printed so a NaN operand makes the result NaN."""
+    return stmt.op in NAN_PROPAGATING and is_float(stmt.value.dtype)
+
+
+def _nan_counted(loop: Loop) -> tuple[tuple[str, str], ...]:
+    """(accumulator, dtype) of every NaN-propagating max/min inside ``loop``."""
+    found = {s.var: s.value.dtype for s in walk_stmts(loop.body) if isinstance(s, Accum) and _propagates_nan(s)}
+    return tuple(found.items())
 
 
 def _lane_reduction(loop: Loop) -> bool:
@@ -230,6 +278,13 @@ _ix = np.uint64
 '''
 
 
+# NaN-propagating max/min (Python's max(a, b) may drop a NaN), from tullax.backends.numba_math
+NAN_PROPAGATING = {"max": "_max_nan", "min": "_min_nan"}
+_NAN_IMPORT = '''# NaN-propagating max and min, as jnp.maximum/minimum (tullax.backends.numba_math)
+from tullax.backends.numba_math import max_nan as _max_nan, min_nan as _min_nan
+'''
+
+
 _EXP_IMPORT = '''# float32 exp as vectorisable arithmetic, Numba's np.exp is scalar expf (tullax.backends.numba_math)
 from tullax.backends.numba_math import exp_f32 as _exp_f32
 '''
@@ -240,6 +295,8 @@ def print_module(kernels: Sequence[LoopKernel]) -> str:
     body = "\n\n".join(print_kernel(k) for k in kernels)
     if "_exp_f32(" in body:
         header += _EXP_IMPORT
+    if any(f"{name}(" in body for name in NAN_PROPAGATING.values()):
+        header += _NAN_IMPORT
     return header + "\n\n" + body
 
 

@@ -1,0 +1,59 @@
+"""NaN propagates through max and min on every backend, as in jnp, NumPy and Julia (issue 13).
+
+The cases put NaNs where each printed form can lose them: in a vectorised lane and in the remainder loop of a
+max/min reduction, in every row, in a scalar (prange) reduction, in a tiled reduction and in the max()/min()
+functions. The reference is NumPy (np.max / np.maximum propagate NaN)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_julia_printer import run_julia
+
+import tullax
+from tullax.spec.frontend import compile_spec
+
+nan = np.nan
+
+
+def _inputs() -> list[np.ndarray]:
+    small = np.array([[nan, 1, 2], [1, nan, 2], [1, 2, nan], [nan, nan, nan], [1, 2, 3]])
+    wide = np.random.default_rng(0).random((6, 37))  # 4 blocks of 8 lanes and a remainder of 5
+    wide[1, 3] = nan    # in a lane
+    wide[2, 35] = nan   # in the remainder
+    wide[3, :] = nan
+    wide[4, 0] = -np.inf
+    return [small, wide]
+
+
+CASES = [
+    ("(max) m[i] := x[i,j]", lambda x: x.max(1)),
+    ("(min) m[i] := x[i,j]", lambda x: x.min(1)),
+    ("(max) m := x[i,j]", lambda x: x.max()),
+    ("(min) m := x[i,j]", lambda x: x.min()),
+    ("(max) m[j] := x[i,j]", lambda x: x.max(0)),  # the reduction over the strided index: a tiled kernel
+    ("y[i,j] := max(x[i,j], 0)", lambda x: np.maximum(x, 0)),
+    ("y[i,j] := min(0.5, x[i,j])", lambda x: np.minimum(0.5, x)),
+    ("(logsumexp) l[i] := x[i,j]", lambda x: np.log(np.exp(x).sum(1))),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("spec, reference", CASES, ids=[c[0] for c in CASES])
+def test_nan_propagates(spec, reference, backend, dtype):
+    kernel = tullax.einsum_kernel(spec, backend=backend)
+    for x in _inputs():
+        x = x.astype(dtype)
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = reference(x.astype(np.float64)).astype(dtype)
+        got = np.asarray(kernel(x))
+        np.testing.assert_allclose(got, want, rtol=1e-5, equal_nan=True, err_msg=f"{spec} on {x.shape}")
+
+
+@pytest.mark.parametrize("spec, reference", CASES, ids=[c[0] for c in CASES])
+def test_nan_propagates_in_the_printed_julia(spec, reference):
+    step = compile_spec(spec)[1]
+    for x in _inputs():
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = reference(x)
+        np.testing.assert_allclose(run_julia(step, {"x": x}), want, rtol=1e-12, equal_nan=True, err_msg=spec)
