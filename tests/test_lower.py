@@ -30,6 +30,7 @@ from tullax.compiler.loops import (
     Store,
     UnOp,
     Var,
+    eval_int,
     parallel_nest,
     walk_stmts,
 )
@@ -369,6 +370,21 @@ def test_names_are_generated_and_scalars_are_one_element_outputs():
     assert any(lp.reduce_parallel for lp in loops(kernel))
     assert {a.source for a in kernel.arrays} == {"s", "x", "y"}
     assert kernel.sizes[0].size.eval({"x": (7,), "y": (7,)}) == 7
+
+
+def test_eval_int_evaluates_loop_bounds():
+    """The tile count of a tiled kernel's parallel loop, evaluated as a host would before the call."""
+    kernel = kernel_of("D[i,j] := (W[k,i] - X[k,j])^2", tile=True)
+    tiles = loops(kernel)[1]
+    assert tiles.var == "tile"
+    env = {s.name: s.size.eval({"W": (3, 5), "X": (3, 600)}) for s in kernel.sizes}
+    assert (eval_int(tiles.start, env), eval_int(tiles.stop, env)) == (0, 2)  # 600 in tiles of 512
+    n = Var("n", "int64")
+    expr = BinOp("mod", BinOp("-", UnOp("neg", n, "int64"), Const(7, "int64"), "int64"), Const(4, "int64"),
+                 "int64")
+    assert eval_int(expr, {"n": 2}) == (-2 - 7) % 4  # floor semantics
+    with pytest.raises(TullaxError, match="integer index expression"):
+        eval_int(BinOp("//", n, Const(0, "int64"), "int64"), {"n": 2})
 
 
 def test_complex_and_integer_results_are_refused():

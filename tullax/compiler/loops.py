@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Union
 
+from tullax.errors import TullaxError
 from tullax.spec.sizes import Sym
 
 INDEX = "int64"
@@ -239,6 +240,22 @@ def fold_int(op: str, a: int, b: int) -> int | None:
     if op == "min":
         return min(a, b)
     return None
+
+
+def eval_int(expr: Expr, env: dict[str, int]) -> int:
+    """The value of an integer index expression (constants, variables from ``env``, negation and the
+    operations of ``fold_int``): what a host needs to know the extents of a kernel's loops before calling it."""
+    if isinstance(expr, Const):
+        return int(expr.value)
+    if isinstance(expr, Var):
+        return int(env[expr.name])
+    if isinstance(expr, UnOp) and expr.op == "neg":
+        return -eval_int(expr.arg, env)
+    if isinstance(expr, BinOp):
+        value = fold_int(expr.op, eval_int(expr.lhs, env), eval_int(expr.rhs, env))
+        if value is not None:
+            return value
+    raise TullaxError(f"internal error: not an integer index expression with a value: {expr}")
 
 
 def binop(op: str, lhs: Expr, rhs: Expr, dtype: str | None = None) -> Expr:
