@@ -20,8 +20,9 @@ Semantics printers must respect:
   ``max min``, comparisons ``< <= > >= == !=`` (dtype bool), ``and or`` on bools.
 * ``Select(cond, then, orelse)`` evaluates ONLY the chosen branch: branches may hold loads that are in range
   only when the condition holds (print a ternary, never an eager ``ifelse``/``where``).
-* ``Call`` functions: exp log log1p expm1 sqrt abs sin cos tan tanh sinh cosh (sigmoid, softplus, relu are
-  expanded here into these).
+* ``Call`` functions: the registry's ``CALLS`` (``tullax.spec.functions``: exp log log1p expm1 sqrt abs sin
+  cos tan tanh sinh cosh; its "expand" functions, sigmoid softplus relu, are rewritten into these by the
+  lowering). ``abs`` of an ``int64`` is integer.
 * ``Loop.parallel``: iterations write disjoint output elements; a printer may run them on different threads.
   Parallel loops always form a perfect nest at the top of the kernel body (``parallel_nest``), so a GPU
   printer can map them to its ndrange and the rest of the body is the per-element work.
@@ -106,7 +107,6 @@ class Cast:
 
 
 Expr = Union[Const, Var, Load, BinOp, UnOp, Call, Select, Cast]
-MATH_FUNCTIONS = ("exp", "log", "log1p", "expm1", "sqrt", "abs", "sin", "cos", "tan", "tanh", "sinh", "cosh")
 COMPARE = ("<", "<=", ">", ">=", "==", "!=")
 
 
