@@ -130,9 +130,9 @@ class Emitter:
             return const(const_part.const)
         return binop("+", out, const(const_part.const))
 
-    def size_args(self, used: set[str]) -> tuple[SizeArg, ...]:
-        """The size parameters a kernel body reading the variables ``used`` needs, in creation order."""
-        return tuple(s for s in self._sizes.values() if s.name in used)
+    def size_args(self) -> tuple[SizeArg, ...]:
+        """The size parameters asked for so far, in the order they were numbered."""
+        return tuple(self._sizes.values())
 
     # -- placing statements --------------------------------------------------------------------
     def expr_level(self, expr: Expr) -> int:

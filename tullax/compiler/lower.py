@@ -32,7 +32,6 @@ from tullax.compiler.loops import (
     Call,
     Const,
     Expr,
-    If,
     Let,
     Load,
     Loop,
@@ -44,8 +43,6 @@ from tullax.compiler.loops import (
     binop,
     conjunction,
     const,
-    expr_vars,
-    walk_stmts,
 )
 from tullax.compiler.params import parameters
 from tullax.compiler.schedule import TILE, Schedule, loop_order, schedule
@@ -92,7 +89,7 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
     kernel_body = tuple(stmts)
     return LoopKernel(
         name=name, spec_text=format_spec(spec).replace("\n", " "), arrays=params.arrays, scalars=params.scalars,
-        sizes=emit.size_args(_stmt_vars(kernel_body)), body=kernel_body, compute_dtype=params.compute,
+        sizes=emit.size_args(), body=kernel_body, compute_dtype=params.compute,
         is_scatter=spec.is_scatter)
 
 
@@ -229,23 +226,6 @@ def _scatter(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr,
     nest = _nest(spec, plan, emit, narrowing)
     block += nest.block([store])
     return nest.parallel(block)
-
-
-def _stmt_vars(stmts: tuple[Stmt, ...]) -> set[str]:
-    """Every variable name an expression of ``stmts`` reads."""
-    found: set[str] = set()
-    for stmt in walk_stmts(stmts):
-        if isinstance(stmt, Loop):
-            exprs = [stmt.start, stmt.stop]
-        elif isinstance(stmt, If):
-            exprs = [stmt.cond]
-        elif isinstance(stmt, Store):
-            exprs = [stmt.value, *stmt.index]
-        else:
-            exprs = [stmt.value]
-        for expr in exprs:
-            found |= expr_vars(expr)
-    return found
 
 
 __all__ = ["lower"]
