@@ -15,6 +15,8 @@ from tullax.compiler.schedule import Schedule
 
 @dataclass(frozen=True)
 class Nest:
+    """Everything the loop nest is made of, once the emitter has placed every statement."""
+
     schedule: Schedule
     placements: Placements
     bounds: tuple[tuple[str, Expr, Expr], ...]  # loop index -> start, stop

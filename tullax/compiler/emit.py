@@ -74,6 +74,9 @@ class Placements:
 
 
 class Emitter:
+    """Numbers names in the order they are asked for and records placed statements. Its state is set up
+    here whole: any method may be called at any time, and reads only what earlier calls recorded."""
+
     def __init__(self, schedule: Schedule):
         self._schedule = schedule
         self._var_of = dict(schedule.variables)

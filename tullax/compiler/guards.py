@@ -308,7 +308,7 @@ def narrow(conds: tuple[Cond, ...], schedule: Schedule, emit: Emitter) -> tuple[
     return tuple(bounds)
 
 
-def _bound(index: str, coef: int, others, const_part: Sym, emit: Emitter) -> Bound:
+def _bound(index: str, coef: int, others: tuple[tuple[str, int], ...], const_part: Sym, emit: Emitter) -> Bound:
     """``coef*v + rest >= 0`` as a bound on v: ``v >= ceil(-rest/coef)`` or ``v < floor(rest/-coef) + 1``."""
     if coef == 1:
         return Bound(index, Side.START, emit.linear(tuple((n, -c) for n, c in others), -const_part))

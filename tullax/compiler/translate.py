@@ -48,6 +48,8 @@ class Position:
 
 @dataclass(frozen=True)
 class Translator:
+    """Translates with the kernel's parameters; size parameters and index temporaries come from ``emit``."""
+
     params: Params
     emit: Emitter
 
