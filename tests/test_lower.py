@@ -6,8 +6,10 @@ Regenerate the golden files with ``TULLAX_UPDATE_GOLDEN=1 pytest tests/test_lowe
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,9 @@ import pytest
 from corpus import CASES_BY_ID, CORPUS, Case, analysed, gradient_cases
 
 from tullax.backends.base import Signature
+from tullax.compiler.assemble import Nest
+from tullax.compiler.emit import Emitter, Phase
+from tullax.compiler.guards import find_guards, narrow
 from tullax.compiler.loops import (
     Accum,
     BinOp,
@@ -30,14 +35,19 @@ from tullax.compiler.loops import (
     Store,
     UnOp,
     Var,
+    eval_int,
     parallel_nest,
     walk_stmts,
 )
 from tullax.compiler.lower import lower
+from tullax.compiler.params import parameters
+from tullax.compiler.schedule import loop_order, schedule
+from tullax.compiler.translate import Translator
 from tullax.errors import ShapeError, TullaxError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
 from tullax.printers.pseudo import format_kernel
+from tullax.spec import ir
 from tullax.spec.ir import Spec
 from tullax.testing import naive_eval, random_inputs, random_spec
 
@@ -371,12 +381,74 @@ def test_names_are_generated_and_scalars_are_one_element_outputs():
     assert kernel.sizes[0].size.eval({"x": (7,), "y": (7,)}) == 7
 
 
+def test_eval_int_evaluates_loop_bounds():
+    """The tile count of a tiled kernel's parallel loop, evaluated as a host would before the call."""
+    kernel = kernel_of("D[i,j] := (W[k,i] - X[k,j])^2", tile=True)
+    tiles = loops(kernel)[1]
+    assert tiles.var == "tile"
+    env = {s.name: s.size.eval({"W": (3, 5), "X": (3, 600)}) for s in kernel.sizes}
+    assert (eval_int(tiles.start, env), eval_int(tiles.stop, env)) == (0, 2)  # 600 in tiles of 512
+    n = Var("n", "int64")
+    expr = BinOp("mod", BinOp("-", UnOp("neg", n, "int64"), Const(7, "int64"), "int64"), Const(4, "int64"),
+                 "int64")
+    assert eval_int(expr, {"n": 2}) == (-2 - 7) % 4  # floor semantics
+    with pytest.raises(TullaxError, match="integer index expression"):
+        eval_int(BinOp("//", n, Const(0, "int64"), "int64"), {"n": 2})
+
+
 def test_complex_and_integer_results_are_refused():
     spec = analysed("y[i] := x[i]")
     with pytest.raises(TullaxError, match="float32 or float64"):
         lower(spec, Signature(("int64",), "int64"))
     with pytest.raises(TullaxError, match="complex"):
         lower(spec, Signature(("complex64",), "float32"))
+
+
+# =============================================================================================
+# The stages
+# =============================================================================================
+def _deeply_frozen(value) -> bool:
+    """A frozen dataclass, an enum, a number, a string or a tuple of such, all the way down."""
+    if value is None or isinstance(value, (bool, int, float, str, Enum)):
+        return True
+    if isinstance(value, tuple):
+        return all(_deeply_frozen(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value).__dataclass_params__.frozen and all(
+            _deeply_frozen(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return False
+
+
+@pytest.mark.parametrize("tile", [False, True], ids=["per-element", "tiled"])
+def test_stage_results_are_frozen_and_lower_is_deterministic(tile: bool):
+    """Every stage hands the next an immutable value (only the Emitter accumulates), and lowering the same
+    spec twice, or an equal spec analysed again, gives equal kernels."""
+    steps = [analysed(case.spec, case.ranges) for case in CORPUS]
+    for spec in list(steps):
+        try:
+            steps += [step for grad in gradients(spec) for step in grad.steps]
+        except TullaxError:
+            pass  # no gradient
+    for spec in steps:
+        params = parameters(spec, signature(spec))
+        guards = find_guards(spec, loop_order(spec)[1])
+        plan = schedule(spec, params.compute, guards, tile)
+        emit = Emitter(plan)
+        translator = Translator(params, emit)
+        narrowing = narrow(guards.conds, plan, emit)
+        for expr in guards.generic:
+            emit.guard(translator.translate(expr), Phase.DATA_GUARD)
+        positions = tuple(translator.position(idx, access.array, axis) for access in ir.accesses(guards.body)
+                          for axis, idx in enumerate(access.idx))
+        value = emit.hoist(translator.value(guards.body))
+        for stage in (params, guards, plan, narrowing, positions, value, emit.placements(),
+                      Nest(plan, emit.placements(), ())):
+            assert _deeply_frozen(stage), (spec, stage)
+        kernel = lower(spec, signature(spec), tile=tile)
+        assert _deeply_frozen(kernel)
+        assert lower(spec, signature(spec), tile=tile) == kernel
+        again = dataclasses.replace(spec, body=ir.map_expr(spec.body, lambda node: dataclasses.replace(node)))
+        assert again.body is not spec.body and lower(again, signature(again), tile=tile) == kernel
 
 
 # =============================================================================================

@@ -20,8 +20,9 @@ Semantics printers must respect:
   ``max min``, comparisons ``< <= > >= == !=`` (dtype bool), ``and or`` on bools.
 * ``Select(cond, then, orelse)`` evaluates ONLY the chosen branch: branches may hold loads that are in range
   only when the condition holds (print a ternary, never an eager ``ifelse``/``where``).
-* ``Call`` functions: exp log log1p expm1 sqrt abs sin cos tan tanh sinh cosh (sigmoid, softplus, relu are
-  expanded here into these).
+* ``Call`` functions: the registry's ``CALLS`` (``tullax.spec.functions``: exp log log1p expm1 sqrt abs sin
+  cos tan tanh sinh cosh; its "expand" functions, sigmoid softplus relu, are rewritten into these by the
+  lowering). ``abs`` of an ``int64`` is integer.
 * ``Loop.parallel``: iterations write disjoint output elements; a printer may run them on different threads.
   Parallel loops always form a perfect nest at the top of the kernel body (``parallel_nest``), so a GPU
   printer can map them to its ndrange and the rest of the body is the per-element work.
@@ -38,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Union
 
+from tullax.errors import TullaxError
 from tullax.spec.sizes import Sym
 
 INDEX = "int64"
@@ -105,7 +107,6 @@ class Cast:
 
 
 Expr = Union[Const, Var, Load, BinOp, UnOp, Call, Select, Cast]
-MATH_FUNCTIONS = ("exp", "log", "log1p", "expm1", "sqrt", "abs", "sin", "cos", "tan", "tanh", "sinh", "cosh")
 COMPARE = ("<", "<=", ">", ">=", "==", "!=")
 
 
@@ -239,6 +240,22 @@ def fold_int(op: str, a: int, b: int) -> int | None:
     if op == "min":
         return min(a, b)
     return None
+
+
+def eval_int(expr: Expr, env: dict[str, int]) -> int:
+    """The value of an integer index expression (constants, variables from ``env``, negation and the
+    operations of ``fold_int``): what a host needs to know the extents of a kernel's loops before calling it."""
+    if isinstance(expr, Const):
+        return int(expr.value)
+    if isinstance(expr, Var):
+        return int(env[expr.name])
+    if isinstance(expr, UnOp) and expr.op == "neg":
+        return -eval_int(expr.arg, env)
+    if isinstance(expr, BinOp):
+        value = fold_int(expr.op, eval_int(expr.lhs, env), eval_int(expr.rhs, env))
+        if value is not None:
+            return value
+    raise TullaxError(f"internal error: not an integer index expression with a value: {expr}")
 
 
 def binop(op: str, lhs: Expr, rhs: Expr, dtype: str | None = None) -> Expr:

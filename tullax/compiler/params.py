@@ -1,0 +1,58 @@
+"""The parameters of a loop kernel: the compute dtype, and the arrays and scalars named from the spec and the
+call's signature (``a0`` the output, ``a1``... the arrays the body reads, ``s0``... its scalars)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tullax.compiler.loops import FLOATS, ArrayArg, ScalarArg
+from tullax.errors import TullaxError
+from tullax.spec import ir
+from tullax.spec.ir import Spec
+
+if TYPE_CHECKING:
+    from tullax.backends.base import Signature
+
+
+@dataclass(frozen=True)
+class Params:
+    compute: str  # the dtype every value is computed in (the result's)
+    out: ArrayArg
+    arrays: tuple[ArrayArg, ...]  # output first, then the arrays read, in spec input order
+    scalars: tuple[ScalarArg, ...]
+
+    def array(self, source: str) -> ArrayArg:
+        """The parameter of the input array (or index array) ``source``."""
+        return next(a for a in self.arrays if a.source == source and a.role == "in")
+
+    def scalar(self, source: str) -> ScalarArg:
+        return next(s for s in self.scalars if s.source == source)
+
+
+def parameters(spec: Spec, signature: Signature) -> Params:
+    """Check that the loop backends can run ``signature`` and name the parameters: only inputs the spec reads
+    become parameters (a derived gradient spec lists inputs it only takes shapes from)."""
+    compute = str(signature.out_dtype)
+    if compute not in FLOATS:
+        raise TullaxError(
+            f"the loop backends compute in float32 or float64, not {compute}: pass float arrays "
+            "(or use backend='xla')")
+    if len(signature.in_dtypes) != len(spec.inputs):
+        raise TullaxError(f"signature has {len(signature.in_dtypes)} input dtypes, the spec "
+                          f"{len(spec.inputs)} inputs")
+    in_dtype = {inp.name: str(dt) for inp, dt in zip(spec.inputs, signature.in_dtypes)}
+    for inp in spec.inputs:
+        if inp.kind in ("array", "scalar") and in_dtype[inp.name].startswith("complex"):
+            raise TullaxError("complex inputs are not supported by the loop backends; use backend='xla'")
+    used_arrays = ir.arrays_read(spec.body, spec.lhs)
+    used_scalars = {node.name for node in ir.walk(spec.body) if isinstance(node, ir.Param)}
+    # '+=' and a scatter add to what is there: the host passes the existing values in the output
+    role = "out" if spec.assign in (":=", "=") and not spec.is_scatter else "inout"
+    out = ArrayArg("a0", spec.out, len(spec.lhs or ()), compute, role)
+    arrays, scalars = [out], []
+    for inp in spec.inputs:
+        if inp.kind in ("array", "index") and inp.name in used_arrays:
+            arrays.append(ArrayArg(f"a{len(arrays)}", inp.name, inp.rank, in_dtype[inp.name], "in"))
+        elif inp.kind == "scalar" and inp.name in used_scalars:
+            scalars.append(ScalarArg(f"s{len(scalars)}", inp.name, in_dtype[inp.name]))
+    return Params(compute, out, tuple(arrays), tuple(scalars))

@@ -1,0 +1,206 @@
+"""The loop structure of a kernel: which loops run in parallel, their order, which indices need no loop
+(solved from an equality), and whether the last parallel index is strip-mined into tiles.
+
+* Parallel loops are the output's free indices (a gradient kernel is an ordinary ``:=`` spec, so it is
+  parallel over all of its input's indices). For a scatter (``+=`` into computed positions) only indices that
+  cannot collide are parallel: one that appears alone (``d``, ``2d+1``, ``pad(d)``) in some left-hand
+  position; the others run serially inside each parallel iteration.
+* Loop order: parallel loops outermost in left-hand order; then the reductions, ordered so the innermost is
+  the index that is unit-stride (last axis, row-major) in the most accesses.
+* Tiling (``lower(..., tile=True)``, CPU printers only): strip-mine the last parallel index and make it the
+  innermost loop, accumulating into the output elements of the tile, when that reads more arrays
+  contiguously than the innermost reduction does (a matmul, Dist, the conv1d input gradient). The tile loop
+  is the last parallel loop. A scatter whose last collision-free index is unit-stride in the output
+  (``ΔW[ix[b],d] += Δout[b,d]``) is tiled the same way: tiles of d in parallel, the colliding loops serially
+  inside, d innermost, so each thread owns whole cache lines of every output row.
+
+A loop's LEVEL is its position in ``Schedule.loops``, outermost 0; the per-element block of a kernel is the
+level of its innermost parallel loop, ``top`` (-1 without parallel loops).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tullax.compiler.guards import Guards, Rel
+from tullax.spec import ir
+from tullax.spec.ir import Affine, Indirect, Spec, Wrapped
+
+TILE = "<tile>"  # the pseudo index of the loop over tiles (no spec index can be spelled with '<')
+TILE_VAR = "tile"
+STRIDE_DEPTH = 8  # axes counted from the last one by stride_scores; deeper ones never decide an order
+TILE_BYTES = 2048  # output elements of a tile: L1-resident together with the input rows they read
+SINGLE_LOOP_TILE_ELEMS = 64  # with one parallel loop its tiles are all the parallelism: keep many
+SCATTER_TILE_BYTES = 128  # 64 B pays more per-row overhead; 256 B leaves too few tiles on many cores
+
+
+@dataclass(frozen=True)
+class Tiling:
+    index: str  # the strip-mined spec index (the last parallel one)
+    elems: int  # its elements per tile
+
+
+@dataclass(frozen=True)
+class Schedule:
+    parallel: tuple[str, ...]  # outermost first; a tiled kernel's last one is TILE
+    serial: tuple[str, ...]  # every other spec index, innermost last, solved ones included
+    loops: tuple[str, ...]  # every loop, outermost first: parallel, unsolved serial, then the tiled index
+    solved: tuple[tuple[str, int], ...]  # index solved from an equality -> level of its Let (dependency order)
+    variables: tuple[tuple[str, str], ...]  # spec index (or TILE) -> its generated variable
+    tiling: Tiling | None
+
+    @property
+    def top(self) -> int:
+        """The level of the per-element block: the innermost parallel loop."""
+        return len(self.parallel) - 1
+
+    @property
+    def innermost(self) -> int:
+        return len(self.loops) - 1
+
+    def var(self, index: str) -> str:
+        return dict(self.variables)[index]
+
+    def level(self, index: str) -> int:
+        """Where the value of ``index`` is known: its loop, or the Let of its solution."""
+        if index in self.loops:
+            return self.loops.index(index)
+        return dict(self.solved)[index]
+
+    @property
+    def colliding(self) -> bool:
+        """A scatter with serial loops may add twice to one element (the tile loop over j never collides)."""
+        solved = dict(self.solved)
+        return any(n not in solved for n in self.serial)
+
+
+def schedule(spec: Spec, compute: str, guards: Guards, tile: bool) -> Schedule:
+    """The schedule of ``spec`` computing in dtype ``compute``, once ``guards`` solved what it could."""
+    parallel, serial = loop_order(spec)
+    solved_names = {s.index for s in guards.solutions}
+    reductions = tuple(n for n in serial if n not in solved_names)
+    tiling = None
+    if tile and _tiling_pays(spec, parallel, reductions, guards):
+        tiling = Tiling(parallel[-1], tile_size(len(spec.free), compute, spec.is_scatter))
+        parallel = parallel[:-1] + (TILE,)
+    loops = parallel + reductions + ((tiling.index,) if tiling else ())
+    top = len(parallel) - 1
+    levels = {name: level for level, name in enumerate(loops)}
+    for solution in guards.solutions:  # dependency order: what a solution reads has its level already
+        others = [n for n in solution.cond.names() if n != solution.index]
+        levels[solution.index] = max([top] + [levels[n] for n in others])
+    variables = tuple((index, f"i{n}") for n, index in enumerate(spec.indices)) + ((TILE, TILE_VAR),)
+    return Schedule(parallel, serial, loops, tuple((s.index, levels[s.index]) for s in guards.solutions),
+                    variables, tiling)
+
+
+def tile_size(parallel_count: int, dtype: str, scatter: bool = False) -> int:
+    """Elements of j per tile: 2 KiB of output (L1-resident with its input rows); smaller with a single
+    parallel loop, whose tiles are then the only parallelism. A scatter's tile is one row segment per colliding
+    iteration, streamed rather than kept: 128 bytes (two cache lines, so tiles never share one when the row
+    starts on a line) leaves 4 tiles per thread on 2 threads for a 256-wide embedding."""
+    itemsize = 4 if dtype == "float32" else 8
+    if scatter:
+        return SCATTER_TILE_BYTES // itemsize
+    return TILE_BYTES // itemsize if parallel_count > 1 else SINGLE_LOOP_TILE_ELEMS
+
+
+# =============================================================================================
+# Loop order
+# =============================================================================================
+def stride_scores(spec: Spec) -> dict[str, tuple[int, ...]]:
+    """Per index, how many accesses use it on the last axis, the one before, ... (higher: more unit-stride)."""
+    found: dict[str, list[int]] = {name: [0] * STRIDE_DEPTH for name in spec.indices}
+    items = [a.idx for a in ir.accesses(spec.body)]
+    if spec.lhs is not None:
+        items.append(spec.lhs)
+    for idx in items:
+        for depth, one in enumerate(reversed(idx)):
+            for name, _ in ir.idx_affine(one).terms:
+                if name in found and depth < STRIDE_DEPTH:
+                    found[name][depth] += 1
+    return {name: tuple(v) for name, v in found.items()}
+
+
+def collision_free(spec: Spec) -> tuple[str, ...]:
+    """Indices of a scatter that alone determine some left-hand position (distinct values never collide)."""
+    names: list[str] = []
+    for idx in spec.lhs or ():
+        aff = idx.inner if isinstance(idx, Wrapped) and idx.kind == "pad" else idx
+        if isinstance(aff, Affine) and aff.div == 1 and len(aff.terms) == 1 and aff.terms[0][0] not in names:
+            names.append(aff.terms[0][0])
+    return tuple(names)
+
+
+def loop_order(spec: Spec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(parallel indices, serial indices innermost last)."""
+    parallel = collision_free(spec) if spec.is_scatter else spec.free
+    scores = stride_scores(spec)
+    serial = [n for n in spec.indices if n not in parallel]
+    serial.sort(key=lambda n: scores[n])  # stable: ties keep spec order
+    return tuple(parallel), tuple(serial)
+
+
+# =============================================================================================
+# Whether tiling pays
+# =============================================================================================
+def inner_loop_score(accesses: list[tuple], name: str) -> int:
+    """How well an innermost loop over ``name`` reads: +1 per access contiguous in it (``name`` with
+    coefficient 1 on the last axis only), -1 per access strided in it, 0 for accesses it does not move."""
+    score = 0
+    for idx in accesses:
+        axes = [ir.idx_affine(i).coef(name) for i in idx]
+        if not any(axes):
+            continue
+        last = idx[-1]
+        contiguous = axes[-1] == 1 and not any(axes[:-1]) and not isinstance(last, Indirect) and (
+            ir.idx_affine(last).div == 1)
+        score += 1 if contiguous else -1
+    return score
+
+
+def _tiling_pays(spec: Spec, parallel: tuple[str, ...], reductions: tuple[str, ...], guards: Guards) -> bool:
+    """Tile the last parallel index j when that makes the innermost loop read more arrays contiguously than
+    the innermost reduction loop does, and nothing but inequalities (which narrow j's loop) guards j. Only
+    for + * max min reductions (they accumulate into the output), and '+=' only with + and no finaliser."""
+    if not parallel or spec.redop == "logsumexp":
+        return False
+    if spec.assign == "+=" and (spec.redop != "+" or spec.finalizer):
+        return False
+    if not reductions:
+        return False
+    j = parallel[-1]
+    guarded = {n for c in guards.conds if c.rel != Rel.NONNEGATIVE for n in c.names()}
+    guarded |= {n for s in guards.solutions for n in s.cond.names()}
+    guarded |= {n.name for g in guards.generic for n in ir.walk(g) if isinstance(n, ir.IndexVal)}
+    if j in guarded:
+        return False
+    reads = [a.idx for a in ir.accesses(spec.body)]
+    if spec.is_scatter:
+        return _scatter_tiling_pays(spec, j, reads, reductions[-1])
+    tiled, untiled = inner_loop_score(reads + [spec.lhs], j), inner_loop_score(reads, reductions[-1])
+    return tiled > untiled or (tiled == untiled and tiled > 0 and _sliding_window(spec, j, reductions[-1]))
+
+
+def _scatter_tiling_pays(spec: Spec, j: str, reads: list[tuple], k: str) -> bool:
+    """A scatter tiles j only when j alone is the last output axis: then tiles of j write disjoint output
+    elements (race-free whatever the colliding loops do) and contiguous row segments (no shared cache
+    lines between threads); and only when j innermost reads better than the colliding k innermost."""
+    last = spec.lhs[-1]
+    aff = last.inner if isinstance(last, Wrapped) and last.kind == "pad" else last
+    if not (isinstance(aff, Affine) and aff.div == 1 and aff.terms == ((j, 1),)):
+        return False
+    if any(ir.idx_affine(i).coef(j) for i in spec.lhs[:-1]):
+        return False
+    accesses = reads + [spec.lhs]
+    return inner_loop_score(accesses, j) > inner_loop_score(accesses, k)
+
+
+def _sliding_window(spec: Spec, j: str, k: str) -> bool:
+    """``x[j+k]`` with j's range shrunk by k's extent (a valid convolution): the reduction is a short
+    filter and neighbouring j reuse the same inputs, so a tie goes to tiling."""
+    ranges = spec.range_of
+    together = any(ir.idx_affine(i).coef(j) and ir.idx_affine(i).coef(k)
+                   for a in ir.accesses(spec.body) for i in a.idx)
+    filter_atoms = {atom for atom, _ in ranges[k].extent().terms}
+    shrunk = any(atom in filter_atoms and coef < 0 for atom, coef in ranges[j].extent().terms)
+    return together and shrunk

@@ -1,0 +1,240 @@
+"""Spec expressions (``tullax.spec.ir``) as loop-IR expressions.
+
+* Values are computed in the kernel's compute dtype; index arithmetic stays integer (``int64``) and
+  comparisons are bools until an arithmetic operation makes them 0/1.
+* Function calls follow the registry (``tullax.spec.functions``): a ``call`` function is a ``Call`` of its
+  name, an ``expand`` one is rewritten into calls and selects here, a ``structural`` one has its own rule.
+* Accesses: plain/affine ones are in range by the inferred ranges; ``mod`` wraps with floor semantics,
+  ``clamp`` clamps, a ``pad`` read outside is 0 (a lazy ``Select``), an indirect ``ix[e]`` is read into a
+  temporary and checked: outside the axis a gather reads NaN (a scatter skips the element, see ``lower``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from tullax.compiler.emit import Emitter
+from tullax.compiler.loops import (
+    BOOL,
+    INDEX,
+    NAN,
+    BinOp,
+    Call,
+    Const,
+    Expr,
+    Load,
+    Select,
+    UnOp,
+    Var,
+    binop,
+    cast,
+    conjunction,
+    const,
+)
+from tullax.compiler.params import Params
+from tullax.errors import TullaxError
+from tullax.spec import functions, ir
+from tullax.spec.ir import Affine, Idx, Indirect, Wrapped
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where an access reads or writes on one axis, and the conditions for that to be inside the axis."""
+
+    index: Expr
+    checks: tuple[Expr, ...] = ()
+    pads: bool = False  # the checks are pad conditions (outside reads 0) rather than an index array's
+
+
+@dataclass(frozen=True)
+class Translator:
+    """Translates with the kernel's parameters; size parameters and index temporaries come from ``emit``."""
+
+    params: Params
+    emit: Emitter
+
+    @property
+    def compute(self) -> str:
+        return self.params.compute
+
+    def value(self, expr: ir.Expr) -> Expr:
+        """``expr`` in the compute dtype."""
+        return cast(self.translate(expr), self.compute)
+
+    def translate(self, expr: ir.Expr) -> Expr:
+        if isinstance(expr, ir.Num):
+            if isinstance(expr.value, bool) or not isinstance(expr.value, int):
+                return Const(float(expr.value), self.compute)
+            return const(expr.value)
+        if isinstance(expr, ir.Param):
+            arg = self.params.scalar(expr.name)
+            return cast(Var(arg.name, arg.dtype), self.compute)
+        if isinstance(expr, ir.IndexVal):
+            return binop("+", self.emit.index_var(expr.name), self.emit.size(expr.offset))
+        if isinstance(expr, ir.Access):
+            return self.access(expr)
+        if isinstance(expr, ir.Unary):
+            arg = self.translate(expr.arg)
+            if arg.dtype == BOOL:
+                arg = cast(arg, self.compute)
+            if isinstance(arg, Const):
+                return Const(-arg.value, arg.dtype)
+            return UnOp("neg", arg, arg.dtype)
+        if isinstance(expr, ir.Binary):
+            return self.binary(expr)
+        assert isinstance(expr, ir.Call)
+        return lower_call(expr.fn, [self.translate(a) for a in expr.args], self.compute)
+
+    def binary(self, expr: ir.Binary) -> Expr:
+        lhs, rhs = self.translate(expr.lhs), self.translate(expr.rhs)
+        if expr.op in ir.COMPARISONS:
+            lhs, rhs = unify(lhs, rhs, self.compute)
+            return binop(expr.op, lhs, rhs)
+        if expr.op == "^":
+            if isinstance(rhs, Const) and rhs.dtype == INDEX:  # an exact integer power
+                return BinOp("^", cast(lhs, self.compute), rhs, self.compute)
+            return BinOp("^", cast(lhs, self.compute), cast(rhs, self.compute), self.compute)
+        if expr.op == "/":
+            return BinOp("/", cast(lhs, self.compute), cast(rhs, self.compute), self.compute)
+        lhs, rhs = unify(lhs, rhs, self.compute)
+        return binop(expr.op, lhs, rhs)
+
+    def access(self, acc: ir.Access) -> Expr:
+        """A read: position per axis, with pad and indirect checks folded into a lazy Select."""
+        arg = self.params.array(acc.array)
+        pad_checks: list[Expr] = []
+        ind_checks: list[Expr] = []
+        index: list[Expr] = []
+        for axis, idx in enumerate(acc.idx):
+            pos = self.position(idx, acc.array, axis)
+            (pad_checks if pos.pads else ind_checks).extend(pos.checks)
+            index.append(pos.index)
+        value: Expr = cast(Load(arg.name, tuple(index), arg.dtype), self.compute)
+        if ind_checks:  # an index array pointing outside the axis: the gather reads NaN
+            value = Select(conjunction(ind_checks), value, Const(NAN, self.compute), self.compute)
+        if pad_checks:
+            value = Select(conjunction(pad_checks), value, Const(0.0, self.compute), self.compute)
+        return value
+
+    def affine(self, aff: Affine) -> Expr:
+        """An affine position; with div > 1 only under a guard that checked divisibility: exact."""
+        pos = self.emit.linear(aff.terms, aff.const)
+        if aff.div != 1:
+            pos = binop("//", pos, const(aff.div))
+        return pos
+
+    def position(self, idx: Idx, array: str, axis: int) -> Position:
+        """The position of ``idx`` on ``array``'s ``axis``. The extent becomes a size parameter only where a
+        check or a wrap needs it."""
+        if isinstance(idx, Affine):
+            return Position(self.affine(idx))
+        if isinstance(idx, Wrapped):
+            inner = self.emit.linear(idx.inner.terms, idx.inner.const)
+            extent = self.emit.extent(array, axis)
+            if idx.kind == "mod":
+                return Position(binop("mod", inner, extent))
+            if idx.kind == "clamp":
+                return Position(binop("min", binop("max", inner, const(0)), binop("-", extent, const(1))))
+            checks = []
+            if idx.inner.div != 1:
+                checks.append(binop("==", binop("mod", inner, const(idx.inner.div)), const(0)))
+                inner = binop("//", inner, const(idx.inner.div))
+            checks += [binop(">=", inner, const(0)), binop("<", inner, extent)]
+            return Position(inner, tuple(checks), pads=True)
+        assert isinstance(idx, Indirect)
+        temp = self.index_temp(idx)
+        extent = self.emit.extent(array, axis)
+        return Position(temp, (binop(">=", temp, const(0)), binop("<", temp, extent)))
+
+    def index_temp(self, idx: Indirect) -> Var:
+        """``ix[e]`` read once into a temporary where e is known (ix[e] itself is in range by e's range)."""
+        arg = self.params.array(idx.array)
+        pos = self.emit.linear(idx.inner.terms, idx.inner.const)
+        return self.emit.index_temp(idx, cast(Load(arg.name, (pos,), arg.dtype), INDEX))
+
+
+# =============================================================================================
+# Function calls
+# =============================================================================================
+def as_bool(expr: Expr) -> Expr:
+    if expr.dtype == BOOL:
+        return expr
+    return binop("!=", expr, cast(const(0), expr.dtype) if expr.dtype != INDEX else const(0))
+
+
+def unify(a: Expr, b: Expr, compute: str) -> tuple[Expr, Expr]:
+    """Both integer: stay integer; otherwise both in the compute dtype (bools become 0/1)."""
+    if a.dtype == INDEX and b.dtype == INDEX:
+        return a, b
+    return cast(a, compute), cast(b, compute)
+
+
+def lower_call(fn: str, args: list[Expr], compute: str) -> Expr:
+    """The call of registry function ``fn`` on translated ``args``."""
+    entry = functions.FUNCTIONS.get(fn)
+    if entry is not None and entry.lowering in _RULES:
+        rule = _RULES[entry.lowering].get(fn)
+        if rule is not None:
+            return rule(args, compute)
+    if entry is None or entry.lowering != "call":
+        raise TullaxError(f"function {fn} is not supported by the loop backends")
+    (x,) = args
+    if fn == "abs" and x.dtype == INDEX:  # |i - j| stays index arithmetic
+        return Call("abs", (x,), INDEX)
+    return Call(fn, (cast(x, compute),), compute)
+
+
+def _ifelse(args: list[Expr], compute: str) -> Expr:
+    cond, then, other = args
+    then, other = unify(then, other, compute)
+    return Select(as_bool(cond), then, other, then.dtype)
+
+
+def _extremum(fn: str) -> Callable[[list[Expr], str], Expr]:
+    def rule(args: list[Expr], compute: str) -> Expr:
+        a, b = unify(*args, compute)
+        return binop(fn, a, b)
+    return rule
+
+
+def _real(args: list[Expr], compute: str) -> Expr:
+    """Values are real here: ``conj`` and ``real`` are the value itself."""
+    (x,) = args
+    return x if x.dtype != BOOL else cast(x, compute)
+
+
+def _imag(args: list[Expr], compute: str) -> Expr:
+    return Const(0.0, compute)
+
+
+def _relu(args: list[Expr], compute: str) -> Expr:
+    x, zero = cast(args[0], compute), Const(0.0, compute)
+    return Select(binop(">", x, zero), x, zero, compute)
+
+
+def _exp_minus_abs(x: Expr, compute: str) -> Expr:
+    """exp(-|x|): never overflows."""
+    return Call("exp", (UnOp("neg", Call("abs", (x,), compute), compute),), compute)
+
+
+def _sigmoid(args: list[Expr], compute: str) -> Expr:
+    """1/(1+exp(-x)) for x >= 0, exp(x)/(1+exp(x)) below: through exp(-|x|)."""
+    x, zero, one = cast(args[0], compute), Const(0.0, compute), Const(1.0, compute)
+    e = _exp_minus_abs(x, compute)
+    pos = BinOp("/", one, BinOp("+", one, e, compute), compute)
+    neg = BinOp("/", e, BinOp("+", one, e, compute), compute)
+    return Select(binop(">=", x, zero), pos, neg, compute)
+
+
+def _softplus(args: list[Expr], compute: str) -> Expr:
+    """log(1+exp(x)) = max(x,0) + log1p(exp(-|x|))."""
+    x, zero = cast(args[0], compute), Const(0.0, compute)
+    return BinOp("+", binop("max", x, zero), Call("log1p", (_exp_minus_abs(x, compute),), compute), compute)
+
+
+Rule = Callable[[list[Expr], str], Expr]
+# the rules of the registry's "structural" and "expand" functions (a "call" function needs none)
+_STRUCTURAL: dict[str, Rule] = {"ifelse": _ifelse, "max": _extremum("max"), "min": _extremum("min"),
+                                "conj": _real, "real": _real, "imag": _imag}
+_EXPANSIONS: dict[str, Rule] = {"relu": _relu, "sigmoid": _sigmoid, "softplus": _softplus}
+_RULES = {"structural": _STRUCTURAL, "expand": _EXPANSIONS}
