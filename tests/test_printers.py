@@ -26,6 +26,7 @@ from tullax.compiler.loops import (
     Store,
     UnOp,
     Var,
+    statement_expressions,
 )
 from tullax.printers.base import (
     LoopPrinter,
@@ -35,7 +36,6 @@ from tullax.printers.base import (
     arithmetic_operators,
     left_associative,
     non_chaining,
-    statement_expressions,
 )
 from tullax.printers.julia import JuliaPrinter, helper_name, print_module
 from tullax.printers.numba import REPLACEMENTS, NumbaPrinter

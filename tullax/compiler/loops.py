@@ -37,7 +37,7 @@ Semantics printers must respect:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Union
+from typing import Iterator, Sequence, Union
 
 from tullax.errors import TullaxError
 from tullax.spec.sizes import Sym
@@ -353,3 +353,21 @@ def walk_stmts(stmts: tuple[Stmt, ...]) -> Iterator[Stmt]:
         elif isinstance(stmt, If):
             yield from walk_stmts(stmt.then)
             yield from walk_stmts(stmt.orelse)
+
+
+def statement_expressions(stmt: Stmt) -> tuple[Expr, ...]:
+    """The expressions ``stmt`` itself holds (not those of nested statements)."""
+    if isinstance(stmt, Loop):
+        return (stmt.start, stmt.stop)
+    if isinstance(stmt, If):
+        return (stmt.cond,)
+    if isinstance(stmt, (Let, Accum)):
+        return (stmt.value,)
+    assert isinstance(stmt, Store), stmt
+    return stmt.index + (stmt.value,)
+
+
+def expressions(stmts: Sequence[Stmt]) -> Iterator[Expr]:
+    """Every top-level expression of ``stmts`` and of the statements nested in them."""
+    for stmt in walk_stmts(tuple(stmts)):
+        yield from statement_expressions(stmt)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from enum import IntEnum
-from typing import Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import Callable, ClassVar, Mapping, Sequence
 
 from tullax.compiler.loops import (
     COMPARE,
@@ -42,7 +42,6 @@ from tullax.compiler.loops import (
     Var,
     binop,
     const,
-    walk_stmts,
 )
 from tullax.errors import TullaxError
 from tullax.spec import functions
@@ -125,27 +124,6 @@ class Place:
     """Where statements are printed: their nesting depth. A target adds the fields its loops need."""
 
     depth: int
-
-
-# =============================================================================================
-# Walkers shared by printers
-# =============================================================================================
-def statement_expressions(stmt: Stmt) -> tuple[Expr, ...]:
-    """The expressions ``stmt`` itself holds (not those of nested statements)."""
-    if isinstance(stmt, Loop):
-        return (stmt.start, stmt.stop)
-    if isinstance(stmt, If):
-        return (stmt.cond,)
-    if isinstance(stmt, (Let, Accum)):
-        return (stmt.value,)
-    assert isinstance(stmt, Store), stmt
-    return stmt.index + (stmt.value,)
-
-
-def expressions(stmts: Sequence[Stmt]) -> Iterator[Expr]:
-    """Every top-level expression of ``stmts`` and of the statements nested in them."""
-    for stmt in walk_stmts(tuple(stmts)):
-        yield from statement_expressions(stmt)
 
 
 # =============================================================================================

@@ -58,6 +58,7 @@ from tullax.compiler.loops import (
     Var,
     binop,
     const,
+    expressions,
     walk_expr,
 )
 from tullax.errors import TullaxError
@@ -68,7 +69,6 @@ from tullax.printers.base import (
     Precedence,
     Prefix,
     arithmetic_operators,
-    expressions,
     left_associative,
     non_chaining,
 )
