@@ -18,8 +18,9 @@ from corpus import CASES_BY_ID, CORPUS, Case, analysed, gradient_cases
 
 from tullax.backends.base import Signature
 from tullax.compiler.assemble import Nest
+from tullax.compiler.bounds import narrow
 from tullax.compiler.emit import Emitter, Phase
-from tullax.compiler.guards import find_guards, narrow
+from tullax.compiler.guards import find_guards
 from tullax.compiler.loops import (
     Accum,
     BinOp,

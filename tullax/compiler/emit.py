@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import IntEnum
-from typing import TYPE_CHECKING
 
 from tullax.compiler.loops import (
     INDEX,
@@ -29,11 +28,9 @@ from tullax.compiler.loops import (
     expr_vars,
     walk_expr,
 )
+from tullax.compiler.schedule import Schedule
 from tullax.spec.ir import Indirect
 from tullax.spec.sizes import Sym
-
-if TYPE_CHECKING:
-    from tullax.compiler.schedule import Schedule
 
 
 class Phase(IntEnum):

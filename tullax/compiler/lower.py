@@ -23,8 +23,9 @@ import math
 from typing import TYPE_CHECKING
 
 from tullax.compiler.assemble import Nest, mark_reduce_parallel
+from tullax.compiler.bounds import Bound, Side, narrow
 from tullax.compiler.emit import Emitter, Phase
-from tullax.compiler.guards import Bound, Side, Solution, find_guards, narrow
+from tullax.compiler.guards import Solution, find_guards
 from tullax.compiler.loops import (
     INDEX,
     Accum,
