@@ -1,4 +1,5 @@
-"""The public API surface: names, binding of inputs, errors at the boundary, lazy imports."""
+"""The public API surface: names, binding of inputs, errors at the boundary, lazy imports, and the contract
+every backend keeps (signatures, every registry function on the XLA reference)."""
 from __future__ import annotations
 
 import subprocess
@@ -8,6 +9,8 @@ import numpy as np
 import pytest
 
 import tullax
+from tullax.spec import functions
+from tullax.spec.functions import UNARY
 
 
 def test_import_loads_no_heavy_module():
@@ -89,3 +92,25 @@ def test_errors_are_value_errors_with_spec_context():
         tullax.einsum_kernel("y[i] := x[i] +")
     assert isinstance(info.value, tullax.SpecError)
     assert "y[i] := x[i] +" in str(info.value) and "^" in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The backend contract: signatures, the function registry on the XLA reference
+# ---------------------------------------------------------------------------------------------
+def test_a_signature_from_a_dtype_keeps_index_arrays_int64():
+    from tullax.backends.base import Signature
+    from tullax.spec.frontend import compile_spec
+
+    spec = compile_spec("out[b,d] := W[ix[b],d]*s", None)[1]
+    assert Signature.for_dtype(spec, np.float32) == Signature(("float32", "int64", "float32"), "float32")
+    values = [np.ones((2, 3)), np.zeros(4, np.int32), np.float64(2.0)]
+    assert Signature.of_values(values, "float64") == Signature(("float64", "int32", "float64"), "float64")
+
+
+@pytest.mark.parametrize("name", UNARY)
+def test_every_registry_function_runs_on_the_xla_backend(name):
+    """The XLA lowering takes each function's jax implementation from the registry (``Function.jnp``)."""
+    x = np.array([0.25, 0.5, 2.0])
+    got = tullax.einsum_kernel(f"y[i] := {name}(x[i])", backend="xla")(x)
+    expected = np.array([np.real(functions.get(name).numpy(v)) for v in x])
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
