@@ -1,5 +1,5 @@
 """The public API surface: names, binding of inputs, errors at the boundary, lazy imports, and the contract
-every backend keeps (signatures, every registry function on the XLA reference)."""
+every backend keeps (signatures, declared capabilities, every registry function on the XLA reference)."""
 from __future__ import annotations
 
 import subprocess
@@ -95,7 +95,7 @@ def test_errors_are_value_errors_with_spec_context():
 
 
 # ---------------------------------------------------------------------------------------------
-# The backend contract: signatures, the function registry on the XLA reference
+# The backend contract: signatures, declared capabilities, the function registry on every backend
 # ---------------------------------------------------------------------------------------------
 def test_a_signature_from_a_dtype_keeps_index_arrays_int64():
     from tullax.backends.base import Signature
@@ -107,6 +107,25 @@ def test_a_signature_from_a_dtype_keeps_index_arrays_int64():
     assert Signature.of_values(values, "float64") == Signature(("float64", "int32", "float64"), "float64")
 
 
+def test_backends_declare_what_they_can_do():
+    from tullax import backends
+
+    class PlainBackend:  # the three methods only, as a backend written outside tullax may be
+        name = "plain"
+
+        def availability(self):
+            return True, ""
+
+    plain = backends.capabilities(PlainBackend())
+    assert not (plain.module_source or plain.prepare or plain.shaped_run or plain.host_buffers)
+    xla = backends.capabilities(backends.get("xla"))
+    assert not (xla.module_source or xla.host_buffers)
+    for name in ("numba", "julia", "julia-cuda"):
+        declared = backends.capabilities(backends.get(name))
+        assert declared.module_source and declared.host_buffers and declared.shaped_run
+    assert backends.capabilities(backends.get("numba")).prepare
+
+
 @pytest.mark.parametrize("name", UNARY)
 def test_every_registry_function_runs_on_the_xla_backend(name):
     """The XLA lowering takes each function's jax implementation from the registry (``Function.jnp``)."""
@@ -114,3 +133,16 @@ def test_every_registry_function_runs_on_the_xla_backend(name):
     got = tullax.einsum_kernel(f"y[i] := {name}(x[i])", backend="xla")(x)
     expected = np.array([np.real(functions.get(name).numpy(v)) for v in x])
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_generate_source_titles_each_kernel_for_a_backend_without_a_whole_module():
+    source = tullax.generate_source("y[i] := x[i+k]*w[k]", backend="xla", dtype="float64")
+    titles = [line for line in source.splitlines() if line.startswith("# ---- ")]
+    assert titles == ["# ---- forward", "# ---- gradient wrt x", "# ---- gradient wrt w"]
+    assert source.count("# jaxpr of the jnp lowering") == 3
+
+
+def test_warm_runs_the_forward_kernel_and_every_gradient_step():
+    timings = tullax.warm("s := x[i]*y[i] |> sqrt", backend="xla", dtype="float64")
+    assert list(timings)[0] == "forward" and {"gradient wrt x", "gradient wrt y"} <= set(timings)
+    assert all(ms > 0 for ms in timings.values())
