@@ -1,4 +1,5 @@
-"""The public API surface: names, binding of inputs, errors at the boundary, lazy imports."""
+"""The public API surface: names, binding of inputs, errors at the boundary, lazy imports, and the contract
+every backend keeps (signatures, declared capabilities, every registry function on the XLA reference)."""
 from __future__ import annotations
 
 import subprocess
@@ -8,6 +9,8 @@ import numpy as np
 import pytest
 
 import tullax
+from tullax.spec import functions
+from tullax.spec.functions import UNARY
 
 
 def test_import_loads_no_heavy_module():
@@ -89,3 +92,57 @@ def test_errors_are_value_errors_with_spec_context():
         tullax.einsum_kernel("y[i] := x[i] +")
     assert isinstance(info.value, tullax.SpecError)
     assert "y[i] := x[i] +" in str(info.value) and "^" in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The backend contract: signatures, declared capabilities, the function registry on every backend
+# ---------------------------------------------------------------------------------------------
+def test_a_signature_from_a_dtype_keeps_index_arrays_int64():
+    from tullax.backends.base import Signature
+    from tullax.spec.frontend import compile_spec
+
+    spec = compile_spec("out[b,d] := W[ix[b],d]*s", None)[1]
+    assert Signature.for_dtype(spec, np.float32) == Signature(("float32", "int64", "float32"), "float32")
+    values = [np.ones((2, 3)), np.zeros(4, np.int32), np.float64(2.0)]
+    assert Signature.of_values(values, "float64") == Signature(("float64", "int32", "float64"), "float64")
+
+
+def test_backends_declare_what_they_can_do():
+    from tullax import backends
+
+    class PlainBackend:  # the three methods only, as a backend written outside tullax may be
+        name = "plain"
+
+        def availability(self):
+            return True, ""
+
+    plain = backends.capabilities(PlainBackend())
+    assert not (plain.module_source or plain.prepare or plain.shaped_run or plain.host_buffers)
+    xla = backends.capabilities(backends.get("xla"))
+    assert not (xla.module_source or xla.host_buffers)
+    for name in ("numba", "julia", "julia-cuda"):
+        declared = backends.capabilities(backends.get(name))
+        assert declared.module_source and declared.host_buffers and declared.shaped_run
+    assert backends.capabilities(backends.get("numba")).prepare
+
+
+@pytest.mark.parametrize("name", UNARY)
+def test_every_registry_function_runs_on_the_xla_backend(name):
+    """The XLA lowering takes each function's jax implementation from the registry (``Function.jnp``)."""
+    x = np.array([0.25, 0.5, 2.0])
+    got = tullax.einsum_kernel(f"y[i] := {name}(x[i])", backend="xla")(x)
+    expected = np.array([np.real(functions.get(name).numpy(v)) for v in x])
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_generate_source_titles_each_kernel_for_a_backend_without_a_whole_module():
+    source = tullax.generate_source("y[i] := x[i+k]*w[k]", backend="xla", dtype="float64")
+    titles = [line for line in source.splitlines() if line.startswith("# ---- ")]
+    assert titles == ["# ---- forward", "# ---- gradient wrt x", "# ---- gradient wrt w"]
+    assert source.count("# jaxpr of the jnp lowering") == 3
+
+
+def test_warm_runs_the_forward_kernel_and_every_gradient_step():
+    timings = tullax.warm("s := x[i]*y[i] |> sqrt", backend="xla", dtype="float64")
+    assert list(timings)[0] == "forward" and {"gradient wrt x", "gradient wrt y"} <= set(timings)
+    assert all(ms > 0 for ms in timings.values())

@@ -20,12 +20,11 @@ import pytest
 
 from tullax.backends import julia_detect
 from tullax.backends.base import Signature
+from tullax.backends.host import ALLOW_BOTH_ENV, warn_if_other_llvm_loaded
 from tullax.backends.julia import (
-    ALLOW_BOTH_ENV,
     JuliaThread,
     cuda_availability,
     kernel_module,
-    warn_if_numba_loaded,
     workload_call,
 )
 from tullax.errors import TullaxError
@@ -206,11 +205,22 @@ def test_starting_julia_next_to_numba_warns_unless_allowed(monkeypatch):
     monkeypatch.setitem(sys.modules, "numba", sys.modules.get("numba") or object())
     monkeypatch.delenv(ALLOW_BOTH_ENV, raising=False)
     with pytest.warns(RuntimeWarning, match="numba issue 7857"):
-        warn_if_numba_loaded()
+        warn_if_other_llvm_loaded("Julia")
     monkeypatch.setenv(ALLOW_BOTH_ENV, "1")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        warn_if_numba_loaded()
+        warn_if_other_llvm_loaded("Julia")
+
+
+def test_loading_numba_next_to_julia_warns_unless_allowed(monkeypatch):
+    monkeypatch.setitem(sys.modules, "juliacall", sys.modules.get("juliacall") or object())
+    monkeypatch.delenv(ALLOW_BOTH_ENV, raising=False)
+    with pytest.warns(RuntimeWarning, match="starting numba .* already loaded Julia.*numba issue 7857"):
+        warn_if_other_llvm_loaded("numba")
+    monkeypatch.setenv(ALLOW_BOTH_ENV, "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_other_llvm_loaded("numba")
 
 
 def test_precompile_workload_calls_the_launcher_with_tiny_valid_arguments():

@@ -1,12 +1,13 @@
-"""The backend registry: ``register`` a backend object under its name, ``get`` it back by name."""
+"""The backend registry: ``register`` a backend object under its name, ``get`` it back by name, and read what
+it declares it can do with ``capabilities``."""
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
+from tullax.backends.base import NO_CAPABILITIES, Backend, Capabilities
 from tullax.errors import BackendUnavailableError
 
-_REGISTRY: dict[str, Any] = {}
+_REGISTRY: dict[str, Backend] = {}
 # Built-in backends are imported lazily, so `import tullax` loads neither numba nor juliacall nor jax.
 _BUILTIN = {
     "xla": "tullax.backends.xla:XlaBackend",
@@ -18,7 +19,7 @@ _BUILTIN = {
 AUTO_ORDER = ("julia", "numba", "xla")
 
 
-def register(name: str, backend: Any) -> None:
+def register(name: str, backend: Backend) -> None:
     """Make ``backend`` available as ``einsum_kernel(..., backend=name)``."""
     _REGISTRY[name] = backend
 
@@ -27,7 +28,7 @@ def names() -> tuple[str, ...]:
     return tuple(dict.fromkeys(list(_BUILTIN) + list(_REGISTRY)))
 
 
-def _load_builtin(name: str) -> Any | None:
+def _load_builtin(name: str) -> Backend | None:
     target = _BUILTIN.get(name)
     if target is None:
         return None
@@ -43,7 +44,7 @@ def _load_builtin(name: str) -> Any | None:
     return backend
 
 
-def get(name: str) -> Any:
+def get(name: str) -> Backend:
     """The backend registered as ``name``; BackendUnavailableError lists the valid names otherwise."""
     if not isinstance(name, str):
         raise BackendUnavailableError(f"a backend name is a string, got {type(name).__name__}")
@@ -52,6 +53,13 @@ def get(name: str) -> Any:
         raise BackendUnavailableError(
             f"unknown backend {name!r}: valid names are {', '.join(names())} (or 'auto')")
     return backend
+
+
+def capabilities(backend: Backend) -> Capabilities:
+    """What ``backend`` declares it can do beyond the Backend protocol's three methods. The built-in backends
+    all declare it; a backend registered from outside tullax without a ``capabilities`` attribute (a plain
+    host backend: availability, build, generate_source) declares nothing."""
+    return getattr(backend, "capabilities", NO_CAPABILITIES)
 
 
 def availability() -> list[tuple[str, bool, str]]:
@@ -78,7 +86,7 @@ def _auto_candidates() -> tuple[str, ...]:
     return tuple(c for c in AUTO_ORDER if c not in skip)
 
 
-def resolve(name: str) -> Any:
+def resolve(name: str) -> Backend:
     """``auto`` picks the first usable backend of AUTO_ORDER; any other name must be usable here."""
     if name == "auto":
         for candidate in _auto_candidates():

@@ -2,9 +2,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
 
 from tullax.spec.ir import Spec
+
+# The element type of index arrays whenever only a data dtype is named (generated sources, warming).
+INDEX_DTYPE = "int64"
+
+# The input and output shapes of one call, by name (the output under ``spec.out``).
+Shapes = Mapping[str, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -15,18 +23,59 @@ class Signature:
     in_dtypes: tuple[str, ...]
     out_dtype: str
 
+    @classmethod
+    def for_dtype(cls, spec: Spec, dtype: Any) -> "Signature":
+        """The signature used when only a data dtype is named: data and scalars in ``dtype``, index arrays
+        int64, the result in ``dtype``."""
+        name = np.dtype(dtype).name
+        return cls(tuple(INDEX_DTYPE if i.kind == "index" else name for i in spec.inputs), name)
 
-# A host kernel writes the result into ``out`` in place: ``kernel(out, *inputs)`` with NumPy arrays (or
-# scalars) for ALL of ``spec.inputs``, in order. For '=' and '+=' the caller has put the existing values into
-# ``out`` and input 0 is the original given array, a different buffer: a body that reads the output array
-# reads input 0, so every backend sees the values from before the update (as the XLA lowering does).
-# A host kernel may also have ``prepare(shapes)`` (the input and output shapes of a coming call by name): the
-# JAX path calls it while tracing, so compiling happens, and fails, at trace time, not inside a callback.
-HostKernel = Callable[..., None]
+    @classmethod
+    def of_values(cls, values: Sequence[Any], out_dtype: Any) -> "Signature":
+        """The signature of a call on ``values`` (NumPy or jax arrays, NumPy scalars, tracers: anything with a
+        ``dtype``), one per spec input, with a result of ``out_dtype``."""
+        return cls(tuple(np.dtype(v.dtype).name for v in values), np.dtype(out_dtype).name)
+
+
+class HostKernel(Protocol):
+    """A compiled kernel that writes the result into ``out`` in place: ``kernel(out, *inputs)`` with NumPy
+    arrays (or scalars) for ALL of ``spec.inputs``, in order. For '=' and '+=' the caller has put the existing
+    values into ``out`` and input 0 is the original given array, a different buffer: a body that reads the
+    output array reads input 0, so every backend sees the values from before the update (as the XLA lowering
+    does).
+
+    Two optional methods, present when the backend declares them in its ``Capabilities``:
+    ``prepare(shapes)`` compiles now what a call with these shapes will run (the JAX path calls it while
+    tracing, so compiling happens, and fails, at trace time, not inside a callback), and
+    ``run(out, inputs, shapes)`` is the call itself for a caller that already knows the shapes."""
+
+    def __call__(self, out: Any, *inputs: Any) -> None:
+        ...
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do beyond ``availability``, ``build`` and ``generate_source``: declared, so callers
+    read a flag instead of probing the backend or its kernels for methods."""
+
+    # Inside a JAX computation it runs as a host callback on NumPy views of XLA's buffers (False: the backend
+    # is lowered into the computation itself, as the XLA reference is).
+    host_buffers: bool = False
+    # ``module_source(spec, dtype)``: one module with the forward kernel and every gradient step kernel.
+    module_source: bool = False
+    # Its host kernels have ``prepare(shapes)``.
+    prepare: bool = False
+    # Its host kernels have ``run(out, inputs, shapes)``.
+    shaped_run: bool = False
+
+
+# What a backend that declares nothing can do: what every backend can.
+NO_CAPABILITIES = Capabilities()
 
 
 class Backend(Protocol):
     name: str
+    capabilities: Capabilities
 
     def availability(self) -> tuple[bool, str]:
         """(usable here?, why not and how to fix it)."""

@@ -20,18 +20,18 @@
   exit hook runs Julia's on the main thread (best effort). If juliacall was imported by someone else before tullax
   starts Julia, tullax calls it from the calling thread instead, with a warning.
 * Numba and Julia each load an LLVM and have crashed together in one process (numba issue 7857): starting Julia
-  when numba is already imported warns (``TULLAX_ALLOW_NUMBA_AND_JULIA=1`` silences it). tullax itself never
-  imports both unless asked (the numba backend checks the reverse).
+  when numba is already imported warns (``host.warn_if_other_llvm_loaded``).
 * Zero copy: the host kernel passes the NumPy arrays (views of XLA's buffers under jit) to
   ``TullaxBridge.run_launcher_cpu!``, which wraps each as ``unsafe_wrap(Array, pointer, reverse(size))`` (the
   printed kernels index reversed) and calls the printed launcher ``run_kernel!`` (ndrange, synchronize). Python
   keeps the arrays alive for the call. ``julia-cuda`` copies them to the device and the output back (the host
   kernel contract is NumPy memory); the zero-copy device path (DLPack) needs device buffers from the JAX op.
-* Caching: the module text goes to the compile cache (``kernels.jl`` per key, plus ``workload.json``: tiny
-  arguments for precompiling it). ``JuliaBackend.warm_package()`` (``tullax cache warm --backend julia``) writes
-  every cached CPU module into one precompiled package (``TullaxBridge.write_precompile_package``, a
-  PrecompileTools workload per kernel) and precompiles it; a later process loads those kernels from Julia's
-  package image instead of compiling them (``ttfk_warm_ms`` in the cache index, ``ttfk_cold_ms`` otherwise).
+* Caching: the build sequence is ``tullax.backends.host``'s; the module text is ``kernels.jl`` in its cache entry,
+  plus ``workload.json``: tiny arguments for precompiling it. ``JuliaBackend.warm_package()`` (``tullax cache
+  warm --backend julia``) writes every cached CPU module into one precompiled package
+  (``TullaxBridge.write_precompile_package``, a PrecompileTools workload per kernel) and precompiles it; a later
+  process loads those kernels from Julia's package image instead of compiling them (``ttfk_warm_ms`` in the cache
+  index, ``ttfk_cold_ms`` otherwise).
 """
 from __future__ import annotations
 
@@ -45,10 +45,11 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Sequence
 
-from tullax.backends import julia_detect
-from tullax.backends.base import Signature
+from tullax.backends import host, julia_detect
+from tullax.backends.base import Capabilities, Shapes, Signature
 from tullax.compiler.loops import LoopKernel
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError, ShapeError, TullaxError
@@ -59,8 +60,8 @@ from tullax.printers.julia import (
     name_of_module,
     print_module,
 )
+from tullax.runtime.cache import CompileCache, cache_key, get_cache
 from tullax.spec.ir import Spec
-from tullax.spec.text import format_spec
 
 NAME = "julia"
 CUDA_NAME = "julia-cuda"
@@ -70,7 +71,6 @@ WORKLOAD_FILE = "workload.json"
 PACKAGE_NAME = "TullaxPrecompiledKernels"
 PACKAGE_MODULES_FILE = "modules.json"
 THREADS_ENV = "TULLAX_JULIA_THREADS"
-ALLOW_BOTH_ENV = "TULLAX_ALLOW_NUMBA_AND_JULIA"
 KERNEL_NAME = "kernel"
 
 
@@ -94,34 +94,11 @@ CUDA = Target(CUDA_NAME, tile=False, device="cuda")
 # =============================================================================================
 # Source
 # =============================================================================================
-def signature_for(spec: Spec, dtype: str) -> Signature:
-    """Data and scalars in ``dtype``, index arrays int64 (what ``generate_source`` shows)."""
-    import numpy as np
-
-    name = np.dtype(dtype).name
-    return Signature(tuple("int64" if i.kind == "index" else name for i in spec.inputs), name)
-
-
-def module_source(spec: Spec, signature: Signature | str = "float32", gradients: tuple | None = None, *,
-                  target: Target = CPU) -> str:
+def module_source(spec: Spec, dtype: str = "float32", *, target: Target = CPU) -> str:
     """The whole module: the forward kernel and every gradient step kernel (``forward!``, ``grad<k>_step<n>!``
-    where k is the input's position), each with its ``run_...!`` launcher. Gradients that cannot be derived
-    are left out."""
-    sig = signature_for(spec, signature) if isinstance(signature, str) else signature
-    kernels = [lower(spec, sig, name="forward", tile=target.tile)]
-    if gradients is None:
-        try:
-            from tullax.grad import gradients as derive
-
-            gradients = derive(spec)
-        except TullaxError:
-            gradients = ()
-    for position, grad in enumerate(gradients):
-        wrt = spec.input_names.index(grad.wrt) if grad.wrt in spec.input_names else position
-        for number, step in enumerate(grad.steps):  # names from positions: never user text
-            step_sig = signature_for(step, sig.out_dtype)
-            kernels.append(lower(step, step_sig, name=f"grad{wrt}_step{number}", tile=target.tile))
-    return print_module(kernels)
+    where k is the input's position), each with its ``run_...!`` launcher; data and scalars in ``dtype``, index
+    arrays int64. Gradients that cannot be derived are left out."""
+    return host.module_source(spec, Signature.for_dtype(spec, dtype), partial(lower, tile=target.tile), print_module)
 
 
 def kernel_module(spec: Spec, signature: Signature, target: Target = CPU) -> tuple[LoopKernel, str]:
@@ -130,38 +107,20 @@ def kernel_module(spec: Spec, signature: Signature, target: Target = CPU) -> tup
     return kernel, print_module([kernel])
 
 
-def generate_source(spec: Spec, signature: Signature, target: Target = CPU) -> str:
-    return kernel_module(spec, signature, target)[1]
-
-
 # =============================================================================================
 # Host-side arguments
 # =============================================================================================
 def launch_arguments(kernel: LoopKernel, spec: Spec, out: Any, inputs: Sequence[Any]) -> tuple[list[Any], Any]:
-    """The launcher's arguments after ``backend``, in the kernel's parameter order: arrays (``out`` first) as
-    C-contiguous NumPy arrays, scalars as Python numbers of the kind juliacall turns into the type the kernel
-    declares (float -> Float64, int -> Int64, bool -> Bool), sizes as ints evaluated from the shapes.
+    """The launcher's arguments after ``backend``, in the kernel's parameter order, for a call of ``kernel``
+    (``host.marshal``): arrays (``out`` first) as C-contiguous NumPy arrays, scalars as Python numbers of the
+    kind juliacall turns into the type the kernel declares (float -> Float64, int -> Int64, bool -> Bool), sizes
+    as ints evaluated from the shapes. Returns (arguments, the contiguous copy of ``out`` to copy back after the
+    call, or None when ``out`` itself is passed)."""
+    return host.marshal(_argument_plan(kernel, spec), out, inputs, host.call_shapes(spec, out, inputs))
 
-    Returns (arguments, the contiguous copy of ``out`` to copy back after the call, or None when ``out`` itself is
-    passed). Only a non-contiguous, unaligned or read-only array is copied."""
-    import numpy as np
 
-    names = spec.input_names
-    shapes = {name: np.shape(value) for name, value in zip(names, inputs)}
-    shapes[spec.out] = out.shape
-    target = out
-    if not (out.flags.c_contiguous and out.flags.aligned and out.flags.writeable):
-        target = np.ascontiguousarray(out).copy()
-    args: list[Any] = [target]
-    for array in kernel.arrays[1:]:
-        value = inputs[names.index(array.source)]
-        if not (isinstance(value, np.ndarray) and value.flags.c_contiguous and value.flags.aligned):
-            value = np.ascontiguousarray(value)
-        args.append(value)
-    for scalar in kernel.scalars:
-        args.append(_python_number(inputs[names.index(scalar.source)], scalar.dtype))
-    args += [int(size.size.eval(shapes)) for size in kernel.sizes]
-    return args, (None if target is out else target)
+def _argument_plan(kernel: LoopKernel, spec: Spec) -> host.ArgumentPlan:
+    return host.ArgumentPlan.of(kernel, spec, scalar=_python_number, rank0_as_vector=False)
 
 
 def _python_number(value: Any, dtype: str) -> Any:
@@ -316,7 +275,7 @@ class JuliaRuntime:
             ok, why = availability()
             if not ok:
                 raise BackendUnavailableError(why)
-            warn_if_numba_loaded()
+            host.warn_if_other_llvm_loaded("Julia")
             os.environ.update(julia_env_vars())
             if "juliacall" in sys.modules:
                 self._direct_lock = threading.RLock()
@@ -454,15 +413,6 @@ def julia_env_vars() -> dict[str, str]:
     return julia_detect.julia_env_vars(threads)
 
 
-def warn_if_numba_loaded() -> None:
-    if "numba" in sys.modules and os.environ.get(ALLOW_BOTH_ENV) != "1":
-        warnings.warn(
-            "starting Julia in a process that has already imported numba: both load their own LLVM, and the two "
-            "have crashed together in one process (numba issue 7857). Prefer one backend per process (run "
-            f"comparisons in separate processes); set {ALLOW_BOTH_ENV}=1 to silence this warning.",
-            RuntimeWarning, stacklevel=4)
-
-
 _RUNTIME = JuliaRuntime()
 
 
@@ -473,96 +423,71 @@ def runtime() -> JuliaRuntime:
 # =============================================================================================
 # Host kernels, the cache and the precompiled package
 # =============================================================================================
-_build_lock = threading.RLock()
-_BUILT: dict[tuple[str, Spec, Signature], "HostKernel"] = {}
-
-
-def module_key(spec: Spec, signature: Signature, target: Target) -> str:
-    from tullax.runtime.cache import cache_key
-
-    return cache_key(spec=format_spec(spec), ranges=[(n, str(r.lo), str(r.hi)) for n, r in spec.ranges],
-                     inputs=[(i.name, i.kind, i.rank) for i in spec.inputs], in_dtypes=list(signature.in_dtypes),
-                     out_dtype=signature.out_dtype, backend=target.name, options=target.options)
-
-
 def package_key() -> str:
     """The cache entry holding the precompiled kernel package (one per cache directory and tullax version)."""
-    from tullax.runtime.cache import cache_key
-
     return cache_key(kind="julia-precompiled-package", backend=NAME, printer=PRINTER_VERSION)
 
 
-class HostKernel:
+class JuliaHostKernel:
     """``kernel(out, *inputs)``: computes sizes from the shapes and calls the launcher in Julia on the NumPy
-    arrays without copies (only a non-contiguous or unaligned array is copied)."""
+    arrays without copies (``host.marshal``)."""
 
-    def __init__(self, kernel: LoopKernel, spec: Spec, modname: str, key: str, target: Target, timings: dict):
-        self.kernel, self.spec, self.modname, self.key, self.target = kernel, spec, modname, key, target
-        self.launcher = launcher_name(kernel)
-        self._timings = timings  # codegen_ms, load_ms, precompiled
+    def __init__(self, generated: host.GeneratedModule, modname: str, target: Target, load_ms: float,
+                 precompiled: bool):
+        self.generated, self.modname, self.target = generated, modname, target
+        self.launcher = launcher_name(generated.kernel)
+        self._plan = _argument_plan(generated.kernel, generated.spec)
+        self._load_ms = load_ms
+        self._precompiled = precompiled  # loaded from the precompiled package's image, not compiled here
         self._ran = False
 
     def __call__(self, out, *inputs) -> None:
-        args, copy_back = launch_arguments(self.kernel, self.spec, out, inputs)
+        self.run(out, inputs, host.call_shapes(self.generated.spec, out, inputs))
+
+    def run(self, out, inputs: Sequence[Any], shapes: Shapes) -> None:
+        """The call, for a caller that knows the input and output ``shapes`` already."""
+        args, copy_back = host.marshal(self._plan, out, inputs, shapes)
         start = time.perf_counter()
         runtime().launch(self.modname, self.launcher, args, self.target.device)
         if not self._ran:
             self._ran = True
-            self._record((time.perf_counter() - start) * 1e3)
+            host.record_first_run(self.generated, "module", ready_ms=self._load_ms,
+                                  run_ms=(time.perf_counter() - start) * 1e3, warm=self._precompiled,
+                                  ready_field="compile_ms")
         if copy_back is not None:
             out[...] = copy_back
 
-    def _record(self, first_run_ms: float) -> None:
-        from tullax.runtime.cache import get_cache
 
-        t = self._timings
-        ttfk = t["codegen_ms"] + t["load_ms"] + first_run_ms
-        which = "ttfk_warm_ms" if t["precompiled"] else "ttfk_cold_ms"
-        try:
-            get_cache().record(self.key, spec=self.kernel.spec_text, backend=self.target.name, kind="module",
-                               dtypes=[a.dtype for a in self.kernel.arrays], parse_codegen_ms=t["codegen_ms"],
-                               compile_ms=t["load_ms"], first_run_ms=first_run_ms, **{which: ttfk})
-        except OSError:  # a read-only cache already warned; timings are a nicety
-            pass
+def _store_workload(target: Target, cache: CompileCache, generated: host.GeneratedModule) -> None:
+    """Next to a newly written CPU module: the arguments that precompile it (``workload_call``)."""
+    workload = None
+    if target.device == "cpu":
+        workload = workload_call(generated.kernel, generated.spec, generated.signature,
+                                 name_of_module(generated.source))
+    cache.write_text(generated.key, WORKLOAD_FILE, json.dumps(workload))
 
 
-def build(spec: Spec, signature: Signature, target: Target = CPU) -> HostKernel:
-    """The host kernel of ``spec`` for ``signature``: from this process's table, else the module from the
-    precompiled package or the cache (written when missing), loaded into Julia."""
-    from tullax.runtime.cache import get_cache
+def _load(target: Target, generated: host.GeneratedModule) -> JuliaHostKernel:
+    """Load the module into Julia: from the precompiled package when it holds it, else from its source."""
+    modname = name_of_module(generated.source)
+    pkgdir = _package_with(modname) if target.device == "cpu" else None
+    if pkgdir is not None:
+        load_ms = runtime().load_from_package(modname, pkgdir)
+    else:
+        load_ms = runtime().load_source(modname, generated.source)
+    return JuliaHostKernel(generated, modname, target, load_ms, precompiled=pkgdir is not None)
 
-    with _build_lock:
-        found = _BUILT.get((target.name, spec, signature))
-        if found is not None:
-            return found
-        start = time.perf_counter()
-        kernel, source = kernel_module(spec, signature, target)
-        modname = name_of_module(source)
-        codegen_ms = (time.perf_counter() - start) * 1e3
-        key = module_key(spec, signature, target)
-        cache = get_cache()
-        with cache.lock(key):
-            if cache.read_text(key, SOURCE_FILE) == source:
-                cache.hit(key)
-            else:
-                cache.write_text(key, SOURCE_FILE, source)
-                workload = workload_call(kernel, spec, signature, modname) if target.device == "cpu" else None
-                cache.write_text(key, WORKLOAD_FILE, json.dumps(workload))
-            pkgdir = _package_with(modname) if target.device == "cpu" else None
-            if pkgdir is not None:
-                load_ms = runtime().load_from_package(modname, pkgdir)
-            else:
-                load_ms = runtime().load_source(modname, source)
-        host = HostKernel(kernel, spec, modname, key, target,
-                          {"codegen_ms": codegen_ms, "load_ms": load_ms, "precompiled": pkgdir is not None})
-        _BUILT[(target.name, spec, signature)] = host
-        return host
+
+def _recipe(target: Target) -> host.ModuleRecipe:
+    return host.ModuleRecipe(target.name, SOURCE_FILE, target.options, partial(kernel_module, target=target),
+                             partial(_store_workload, target), partial(_load, target))
+
+
+_BUILDER = host.HostBuilder()
 
 
 def _package_with(modname: str) -> str | None:
     """The precompiled package directory when it holds ``modname``, else None."""
-    from tullax.runtime.cache import get_cache
-
     cache = get_cache()
     key = package_key()
     listed = cache.read_text(key, PACKAGE_MODULES_FILE)
@@ -574,8 +499,6 @@ def _package_with(modname: str) -> str | None:
 
 def cached_modules() -> list[tuple[str, str, dict | None]]:
     """(module name, source, workload) of every CPU Julia module in the compile cache."""
-    from tullax.runtime.cache import get_cache
-
     cache = get_cache()
     found: dict[str, tuple[str, str, dict | None]] = {}
     for entry in cache.entries():
@@ -594,8 +517,6 @@ def cached_modules() -> list[tuple[str, str, dict | None]]:
 def warm_package() -> dict[str, Any]:
     """Write every cached CPU module into the precompiled package and precompile it (``tullax cache warm
     --backend julia`` calls this after warming the specs). Returns {"path", "modules", "precompile_ms"}."""
-    from tullax.runtime.cache import get_cache
-
     modules = cached_modules()
     runtime().start(cpu_availability)
     cache = get_cache()
@@ -620,6 +541,7 @@ class JuliaBackend:
 
     name = NAME
     target = CPU
+    capabilities = Capabilities(host_buffers=True, module_source=True, shaped_run=True)
 
     def availability(self) -> tuple[bool, str]:
         return cpu_availability()
@@ -627,15 +549,17 @@ class JuliaBackend:
     def _start(self) -> None:
         runtime().start(cpu_availability)
 
-    def build(self, spec: Spec, signature: Signature) -> HostKernel:
+    def build(self, spec: Spec, signature: Signature) -> JuliaHostKernel:
+        """The host kernel of ``spec`` for ``signature``: from this process's table, else the module from the
+        precompiled package or the cache (written when missing), loaded into Julia."""
         self._start()
-        return build(spec, signature, self.target)
+        return _BUILDER.build(_recipe(self.target), spec, signature)
 
     def generate_source(self, spec: Spec, signature: Signature) -> str:
-        return generate_source(spec, signature, self.target)
+        return kernel_module(spec, signature, self.target)[1]
 
-    def module_source(self, spec: Spec, dtype: Signature | str = "float32", gradients: tuple | None = None) -> str:
-        return module_source(spec, dtype, gradients, target=self.target)
+    def module_source(self, spec: Spec, dtype: str = "float32") -> str:
+        return module_source(spec, dtype, target=self.target)
 
     def warm_package(self) -> dict[str, Any]:
         """See ``warm_package``: precompile every cached CPU kernel into Julia's package images."""
@@ -659,5 +583,5 @@ class JuliaCudaBackend(JuliaBackend):
                           "(use `tullax cache warm --backend julia`)")
 
 
-__all__ = ["JuliaBackend", "JuliaCudaBackend", "module_source", "generate_source", "launch_arguments",
+__all__ = ["JuliaBackend", "JuliaCudaBackend", "module_source", "kernel_module", "launch_arguments",
            "workload_call", "warm_package", "runtime", "JuliaThread", "Target", "CPU", "CUDA"]

@@ -10,14 +10,16 @@ jax is imported inside functions only: importing this module must stay cheap and
 from __future__ import annotations
 
 import functools
+import importlib
 import string
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from tullax.backends.base import HostKernel, Signature
+from tullax.backends.base import Capabilities, Signature
 from tullax.errors import ShapeError
+from tullax.spec import functions
 from tullax.spec.ir import (
     Access,
     Affine,
@@ -301,27 +303,23 @@ def _binary(op: str, lhs, rhs, dtype):
 
 
 def _apply(fn: str, args: tuple):
-    """The allow-listed functions (ir.FUNCTIONS), with jax's own derivative conventions (relu'(0) = 0,
-    max/min split ties equally)."""
-    import jax
-    import jax.numpy as jnp
-
-    if fn == "ifelse":
+    """A function of the registry (``tullax.spec.functions``) through its jax implementation, with jax's own
+    derivative conventions (relu'(0) = 0, max/min split ties equally)."""
+    impl = _jax_function(fn)
+    if fn == "ifelse":  # the condition is a number of the result dtype: nonzero is true
         cond, then, other = args
-        return jnp.where(cond != 0, then, other)
-    if fn == "max":
-        return jnp.maximum(*args)
-    if fn == "min":
-        return jnp.minimum(*args)
-    (x,) = args
-    table = {
-        "exp": jnp.exp, "log": jnp.log, "log1p": jnp.log1p, "expm1": jnp.expm1, "sqrt": jnp.sqrt,
-        "abs": jnp.abs, "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "tanh": jnp.tanh, "sinh": jnp.sinh,
-        "cosh": jnp.cosh, "sigmoid": jax.nn.sigmoid, "softplus": jax.nn.softplus, "relu": jax.nn.relu,
-        "conj": jnp.conj, "real": jnp.real, "imag": jnp.imag,
-    }
-    out = table[fn](x)
-    return out.astype(x.dtype) if fn in ("real", "imag") else out  # stay in the result dtype
+        return impl(cond != 0, then, other)
+    out = impl(*args)
+    if fn in ("real", "imag"):  # the real-valued part of a value stays in the result dtype
+        return out.astype(args[0].dtype)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _jax_function(fn: str) -> Callable:
+    """The jax implementation named by the registry's dotted path (imported on first use: jax stays lazy)."""
+    module, _, name = functions.get(fn).jnp.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,10 +471,42 @@ def _scatter(ctx: _Context):
 # ---------------------------------------------------------------------------------------------
 # The backend object
 # ---------------------------------------------------------------------------------------------
+class XlaHostKernel:
+    """``kernel(out, *inputs)``: the jitted lowering run on NumPy inputs (in ``spec.inputs`` order; for '='/'+='
+    the existing values are read from ``out``), written into ``out``. It checks the input count, the shapes and
+    the index values itself."""
+
+    def __init__(self, spec: Spec, signature: Signature):
+        import jax
+
+        self.spec = spec
+        self._compiled = jax.jit(lower(spec))
+        # float64 or complex128 anywhere: run with x64 on, whatever the process-wide setting.
+        self._wide = any(np.dtype(d).itemsize >= 8 and np.dtype(d).kind in "fc"
+                         for d in (*signature.in_dtypes, signature.out_dtype))
+
+    def __call__(self, out: np.ndarray, *inputs: Any) -> None:
+        import jax
+
+        spec = self.spec
+        if len(inputs) != len(spec.inputs):
+            raise ShapeError(f"the kernel takes {len(spec.inputs)} inputs ({', '.join(spec.input_names)}), "
+                             f"got {len(inputs)}")
+        env = dict(zip(spec.input_names, inputs))
+        if spec.assign != ":=":
+            env[spec.out] = out
+        check_shapes(spec, input_shapes(spec, env))
+        check_index_values(spec, env)
+        with jax.enable_x64(self._wide or bool(jax.config.jax_enable_x64)):
+            result = self._compiled(env)
+            out[...] = np.asarray(result).astype(out.dtype, copy=False)
+
+
 class XlaBackend:
     """Runs specs through the plain jnp lowering, jitted (the reference and comparator backend)."""
 
     name = "xla"
+    capabilities = Capabilities()  # inside JAX it is the lowering itself, not a host callback
 
     def availability(self) -> tuple[bool, str]:
         try:
@@ -501,26 +531,5 @@ class XlaBackend:
         listed = ", ".join(f"{n}: {tuple(shapes[n])}" for n in spec.input_names)
         return f"# jaxpr of the jnp lowering for shapes {listed}\n{jaxpr}\n"
 
-    def build(self, spec: Spec, signature: Signature) -> HostKernel:
-        """A host kernel ``kernel(out, *inputs)`` that runs the jitted lowering on NumPy inputs (in
-        ``spec.inputs`` order; for '='/'+=' the existing values are read from ``out``) and writes ``out``."""
-        import jax
-
-        compiled = jax.jit(lower(spec))
-        wide = any(np.dtype(d).itemsize >= 8 and np.dtype(d).kind in "fc"
-                   for d in (*signature.in_dtypes, signature.out_dtype))
-
-        def kernel(out: np.ndarray, *inputs: Any) -> None:
-            if len(inputs) != len(spec.inputs):
-                raise ShapeError(f"the kernel takes {len(spec.inputs)} inputs ({', '.join(spec.input_names)}), "
-                                 f"got {len(inputs)}")
-            env = dict(zip(spec.input_names, inputs))
-            if spec.assign != ":=":
-                env[spec.out] = out
-            check_shapes(spec, input_shapes(spec, env))
-            check_index_values(spec, env)
-            with jax.enable_x64(wide or bool(jax.config.jax_enable_x64)):
-                result = compiled(env)
-                out[...] = np.asarray(result).astype(out.dtype, copy=False)
-
-        return kernel
+    def build(self, spec: Spec, signature: Signature) -> XlaHostKernel:
+        return XlaHostKernel(spec, signature)

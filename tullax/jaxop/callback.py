@@ -49,25 +49,47 @@ def host_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
     import jax
     import numpy as np
 
+    from tullax import backends
     from tullax.backends.base import Signature
     from tullax.spec.text import format_spec
 
     shapes = {name: tuple(a.shape) for name, a in zip(spec.input_names, args)}
     result = jax.ShapeDtypeStruct(tuple(s.eval(shapes) for s in spec.out_shape), np.dtype(out_dtype))
-    signature = Signature(tuple(np.dtype(a.dtype).name for a in args), result.dtype.name)
-    kernel = build_kernel(spec, backend_name, signature)
-    prepare = getattr(kernel, "prepare", None)
-    if prepare is not None:  # compile now, while tracing: a compile error must not surface inside a callback
-        prepare({**shapes, spec.out: result.shape})
+    shapes[spec.out] = result.shape  # static under jit: every call of this callback has these shapes
+    backend = backends.resolve(backend_name)  # backends keep a table of built kernels: tracing again builds nothing
+    kernel = backend.build(spec, Signature.of_values(args, result.dtype))
+    declared = backends.capabilities(backend)
+    if declared.prepare:  # compile now, while tracing: a compile error must not surface inside a callback
+        kernel.prepare(shapes)
+    run_kernel = _with_shapes(kernel, shapes) if declared.shaped_run else _plain(kernel)
     text = format_spec(spec)
     if path == "buffer":
         from jax.experimental.buffer_callback import buffer_callback
 
         aliases = {0: 0} if updates_in_place(spec, args, result) else None
-        return buffer_callback(_buffer_runner(spec, kernel, text, backend_name), result,
+        return buffer_callback(_buffer_runner(spec, run_kernel, text, backend_name), result,
                                input_output_aliases=aliases)(*args)
-    return jax.pure_callback(_pure_runner(spec, kernel, text, backend_name, result), result, *args,
+    return jax.pure_callback(_pure_runner(spec, run_kernel, text, backend_name, result), result, *args,
                              vmap_method="sequential")
+
+
+# A host kernel as the callbacks call it: run_kernel(out, inputs).
+Runner = Callable[[Any, Sequence[Any]], None]
+
+
+def _with_shapes(kernel: Any, shapes: dict[str, tuple[int, ...]]) -> Runner:
+    """The kernel handed the shapes known at trace time, so a call does not work them out again."""
+    def run_kernel(out: Any, inputs: Sequence[Any]) -> None:
+        kernel.run(out, inputs, shapes)
+
+    return run_kernel
+
+
+def _plain(kernel: Callable[..., None]) -> Runner:
+    def run_kernel(out: Any, inputs: Sequence[Any]) -> None:
+        kernel(out, *inputs)
+
+    return run_kernel
 
 
 def updates_in_place(spec: Spec, args: Sequence[Any], result: Any) -> bool:
@@ -87,15 +109,7 @@ def updates_in_place(spec: Spec, args: Sequence[Any], result: Any) -> bool:
     return spec.out not in arrays_read(spec.body, spec.lhs)
 
 
-def build_kernel(spec: Spec, backend_name: str, signature: Any) -> Callable[..., None]:
-    """The backend's compiled host kernel for this spec and signature (backends keep their own table of built
-    kernels, so tracing the same spec again builds nothing)."""
-    from tullax import backends
-
-    return backends.resolve(backend_name).build(spec, signature)
-
-
-def _buffer_runner(spec: Spec, kernel: Callable[..., None], text: str, backend_name: str):
+def _buffer_runner(spec: Spec, run_kernel: Runner, text: str, backend_name: str):
     from tullax.runtime import stats
     from tullax.runtime.exchange import host_view, kernel_inputs, prepare_out
 
@@ -103,13 +117,13 @@ def _buffer_runner(spec: Spec, kernel: Callable[..., None], text: str, backend_n
         inputs = kernel_inputs(spec, buffers)
         target = host_view(out)
         prepare_out(spec, target, inputs)
-        kernel(target, *inputs)
+        run_kernel(target, inputs)
         stats.record_launch(text, backend_name, "buffer")
 
     return run
 
 
-def _pure_runner(spec: Spec, kernel: Callable[..., None], text: str, backend_name: str, result: Any):
+def _pure_runner(spec: Spec, run_kernel: Runner, text: str, backend_name: str, result: Any):
     import numpy as np
 
     from tullax.runtime import stats
@@ -119,11 +133,11 @@ def _pure_runner(spec: Spec, kernel: Callable[..., None], text: str, backend_nam
         inputs = kernel_inputs(spec, arrays)
         out = np.empty(result.shape, result.dtype)
         prepare_out(spec, out, inputs)
-        kernel(out, *inputs)
+        run_kernel(out, inputs)
         stats.record_launch(text, backend_name, "pure")
         return out
 
     return run
 
 
-__all__ = ["callback_path", "has_buffer_callback", "host_call", "build_kernel", "PATHS"]
+__all__ = ["callback_path", "has_buffer_callback", "host_call", "PATHS"]
