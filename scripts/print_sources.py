@@ -21,10 +21,6 @@ from tullax.grad import gradients  # noqa: E402
 from tullax.printers.pseudo import format_kernel  # noqa: E402
 
 
-def _signature(spec, dtype: str) -> Signature:
-    return Signature(tuple("int64" if i.kind == "index" else dtype for i in spec.inputs), dtype)
-
-
 def _attempt(fn) -> str:
     try:
         return fn()
@@ -51,8 +47,9 @@ def case_text(case) -> str:
     for label, step in steps:
         for dtype in ("float32", "float64"):
             for tile in (False, True):
+                signature = Signature.for_dtype(step, dtype)
                 parts.append(f"== loops {label} {dtype} tile={tile}\n"
-                             + _attempt(lambda: format_kernel(lower(step, _signature(step, dtype), tile=tile))))
+                             + _attempt(lambda: format_kernel(lower(step, signature, tile=tile))))
     for backend in ("numba", "julia", "julia-cuda"):
         for dtype in ("float32", "float64"):
             parts.append(f"== source {backend} {dtype}\n" + _attempt(

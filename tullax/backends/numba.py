@@ -42,7 +42,7 @@ import numpy as np
 from tullax.backends import host
 from tullax.backends.base import Capabilities, Shapes, Signature
 from tullax.backends.numba_fastload import load_cached
-from tullax.compiler.loops import BinOp, Const, Expr, LoopKernel, UnOp, Var, parallel_nest
+from tullax.compiler.loops import LoopKernel, eval_int, parallel_nest
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.printers.numba import FASTMATH, print_module, variants
@@ -192,7 +192,7 @@ class NumbaHostKernel:
             return self._nested
         loop = self._outer
         env = dict(zip(self._size_names, sizes))
-        extent = _eval_int(loop.stop, env) - _eval_int(loop.start, env)
+        extent = eval_int(loop.stop, env) - eval_int(loop.start, env)
         return self._flat if extent < SHORT_FACTOR * self._numba.get_num_threads() else self._nested
 
     def _load_or_compile(self, fn, args) -> None:
@@ -226,20 +226,6 @@ class NumbaHostKernel:
             ready_ms, compiled = self._ready.get(fn.__name__, (0.0, False))
         host.record_first_run(self.generated, fn.__name__, ready_ms=ready_ms, run_ms=run_ms, warm=not compiled,
                               ready_field="compile_ms" if compiled else "load_ms")
-
-
-def _eval_int(expr: Expr, env: dict[str, int]) -> int:
-    """Integer loop bounds of the parallel nest (constants, size parameters, + - * // max min)."""
-    if isinstance(expr, Const):
-        return int(expr.value)
-    if isinstance(expr, Var):
-        return int(env[expr.name])
-    if isinstance(expr, UnOp):
-        return -_eval_int(expr.arg, env)
-    assert isinstance(expr, BinOp)
-    a, b = _eval_int(expr.lhs, env), _eval_int(expr.rhs, env)
-    return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0, "max": max(a, b),
-            "min": min(a, b)}[expr.op]
 
 
 # =============================================================================================
