@@ -25,13 +25,21 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import count
-from typing import Callable, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from tullax.errors import SpecError
+from tullax.grad.algebra import Maybe, call, cmp, div, literal, mul, neg, product, sub, total
+from tullax.grad.derivative import (
+    derivative,
+    derivative_from_output,
+    has_output_form,
+    has_zero_derivative,
+    unary_derivative,
+)
+from tullax.spec import functions
 from tullax.spec.analyze import shift_indices
 from tullax.spec.ir import (
     ARITHMETIC,
-    COMPARISONS,
     Access,
     Affine,
     Agreement,
@@ -125,201 +133,6 @@ def _fresh_index(taken: Iterable[str]) -> str:
 
 
 # =============================================================================================
-# Expressions with trivial simplification (None stands for an exact zero)
-# =============================================================================================
-Maybe = Expr | None
-
-
-def _is_num(expr: Maybe, value: float) -> bool:
-    return isinstance(expr, Num) and expr.value == value
-
-
-def _neg(a: Maybe) -> Maybe:
-    if a is None:
-        return None
-    if isinstance(a, Num):
-        return Num(-a.value)
-    if isinstance(a, Unary):
-        return a.arg
-    return Unary("-", a)
-
-
-def _negative(a: Expr) -> bool:
-    return isinstance(a, Unary) or (isinstance(a, Num) and a.value < 0)
-
-
-def _add(a: Maybe, b: Maybe) -> Maybe:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    if isinstance(b, Unary):
-        return Binary("-", a, b.arg)
-    if isinstance(b, Num) and b.value < 0:
-        return Binary("-", a, Num(-b.value))
-    return Binary("+", a, b)
-
-
-def _sub(a: Maybe, b: Maybe) -> Maybe:
-    return _add(a, _neg(b))
-
-
-def _mul(a: Maybe, b: Maybe) -> Maybe:
-    if a is None or b is None:
-        return None
-    if isinstance(a, Num) and isinstance(b, Num):
-        return Num(a.value * b.value)
-    if _is_num(a, 1):
-        return b
-    if _is_num(b, 1):
-        return a
-    if _is_num(a, -1):
-        return _neg(b)
-    if _is_num(b, -1):
-        return _neg(a)
-    if _negative(a) or _negative(b):  # pull signs out: -(2*a*b), not a*(-2)*b
-        inner = _mul(_neg(a) if _negative(a) else a, _neg(b) if _negative(b) else b)
-        return inner if _negative(a) and _negative(b) else _neg(inner)
-    if isinstance(b, Num):  # constants first: 2*x
-        return Binary("*", b, a)
-    if isinstance(b, Binary) and b.op == "/" and _is_num(b.lhs, 1):
-        return Binary("/", a, b.rhs)
-    return Binary("*", a, b)
-
-
-def _div(a: Maybe, b: Expr) -> Maybe:
-    if a is None:
-        return None
-    return a if _is_num(b, 1) else Binary("/", a, b)
-
-
-def _pow(a: Expr, n: int | float) -> Maybe:
-    if n == 0:
-        return Num(1)
-    return a if n == 1 else Binary("^", a, Num(n))
-
-
-def _call(fn: str, *args: Expr) -> Expr:
-    return Call(fn, tuple(args))
-
-
-def _cmp(op: str, a: Expr, b: Expr) -> Expr:
-    return Binary(op, a, b)
-
-
-def _product(factors: Iterable[Maybe]) -> Maybe:
-    out: Maybe = Num(1)
-    for factor in factors:
-        out = _mul(out, factor)
-    return out
-
-
-def _total(terms: Iterable[Maybe]) -> Maybe:
-    out: Maybe = None
-    for term in terms:
-        out = _add(out, term)
-    return out
-
-
-# =============================================================================================
-# Symbolic differentiation (jax's conventions at the kinks: |x|' = 1 at 0, relu'(0) = 0, max/min split ties)
-# =============================================================================================
-def _derivative(expr: Expr, is_var: Callable[[Expr], bool]) -> Maybe:
-    """∂expr/∂v where ``is_var`` picks the nodes that are the variable v (None: zero)."""
-    if is_var(expr):
-        return Num(1)
-    if isinstance(expr, Unary):
-        return _neg(_derivative(expr.arg, is_var))
-    if isinstance(expr, Binary):
-        return _binary_derivative(expr, is_var)
-    if isinstance(expr, Call):
-        return _call_derivative(expr, is_var)
-    return None  # numbers, other inputs, index values
-
-
-def _binary_derivative(expr: Binary, is_var) -> Maybe:
-    a, b, op = expr.lhs, expr.rhs, expr.op
-    da, db = _derivative(a, is_var), _derivative(b, is_var)
-    if op in ("+", "-"):
-        return _add(da, db) if op == "+" else _sub(da, db)
-    if op == "*":
-        return _add(_mul(da, b), _mul(a, db))
-    if op == "/":
-        return _sub(_div(da, b), _mul(db, Binary("/", a, _pow(b, 2))))
-    if op == "^":
-        return _power_derivative(expr, da, db)
-    return None  # comparisons are piecewise constant
-
-
-def _power_derivative(expr: Binary, da: Maybe, db: Maybe) -> Maybe:
-    a, b = expr.lhs, expr.rhs
-    exponent = _literal(b)
-    if exponent is not None:
-        return _mul(_mul(Num(exponent), _pow(a, exponent - 1)), da)
-    d_base = _mul(_mul(b, Binary("^", a, _sub(b, Num(1)))), da)
-    return _add(d_base, _mul(_mul(_call("log", a), expr), db))
-
-
-def _literal(expr: Expr) -> int | float | None:
-    if isinstance(expr, Num):
-        return expr.value
-    if isinstance(expr, Unary) and isinstance(expr.arg, Num):
-        return -expr.arg.value
-    return None
-
-
-def _call_derivative(expr: Call, is_var) -> Maybe:
-    if expr.fn == "ifelse":
-        cond, then, other = expr.args
-        d_then, d_other = _derivative(then, is_var), _derivative(other, is_var)
-        if d_then is None and d_other is None:
-            return None
-        if isinstance(cond, Binary) and cond.op in COMPARISONS and d_other is None and _is_num(d_then, 1):
-            return cond  # a comparison is already 0/1
-        return _call("ifelse", cond, d_then or Num(0), d_other or Num(0))
-    if expr.fn in ("max", "min"):
-        a, b = expr.args
-        wins = ">" if expr.fn == "max" else "<"
-        tie = _mul(Num(0.5), _cmp("==", a, b))
-        d_a = _mul(_add(_cmp(wins, a, b), tie), _derivative(a, is_var))
-        d_b = _mul(_add(_cmp(wins, b, a), tie), _derivative(b, is_var))
-        return _add(d_a, d_b)
-    (arg,) = expr.args
-    inner = _derivative(arg, is_var)
-    if inner is None:
-        return None
-    return _mul(_unary_derivative(expr.fn, arg, expr), inner)
-
-
-def _unary_derivative(fn: str, u: Expr, node: Expr | None = None) -> Maybe:
-    """f'(u) for a one-argument function; ``node`` is f(u) itself where the derivative reuses it."""
-    node = node if node is not None else _call(fn, u)
-    table: dict[str, Callable[[], Maybe]] = {
-        "exp": lambda: node, "log": lambda: _div(Num(1), u), "log1p": lambda: _div(Num(1), _add(Num(1), u)),
-        "expm1": lambda: _call("exp", u), "sqrt": lambda: _div(Num(0.5), node),
-        "abs": lambda: _sub(_cmp(">=", u, Num(0)), _cmp("<", u, Num(0))),
-        "sin": lambda: _call("cos", u), "cos": lambda: _neg(_call("sin", u)),
-        "tan": lambda: _add(Num(1), _pow(node, 2)), "tanh": lambda: _sub(Num(1), _pow(node, 2)),
-        "sinh": lambda: _call("cosh", u), "cosh": lambda: _call("sinh", u),
-        "sigmoid": lambda: _mul(node, _sub(Num(1), node)), "softplus": lambda: _call("sigmoid", u),
-        "relu": lambda: _cmp(">", u, Num(0)), "conj": lambda: Num(1), "real": lambda: Num(1),
-        "imag": lambda: None,
-    }
-    return table[fn]()
-
-
-# f'(pre) written with the finalised output o = f(pre) only, so the forward result is the residual.
-_FROM_OUTPUT: dict[str, Callable[[Expr], Maybe]] = {
-    "exp": lambda o: o, "expm1": lambda o: _add(o, Num(1)), "sqrt": lambda o: _div(Num(0.5), o),
-    "log": lambda o: _call("exp", _neg(o)), "log1p": lambda o: _call("exp", _neg(o)),
-    "tanh": lambda o: _sub(Num(1), _pow(o, 2)), "tan": lambda o: _add(Num(1), _pow(o, 2)),
-    "sigmoid": lambda o: _mul(o, _sub(Num(1), o)), "softplus": lambda o: _neg(_call("expm1", _neg(o))),
-    "relu": lambda o: _cmp(">", o, Num(0)), "sinh": lambda o: _call("sqrt", _add(Num(1), _pow(o, 2))),
-    "conj": lambda o: Num(1), "real": lambda o: Num(1), "imag": lambda o: None,
-}
-
-
-# =============================================================================================
 # Affine arithmetic: Σ coef*index + const, divided by div
 # =============================================================================================
 @dataclass(frozen=True)
@@ -380,20 +193,20 @@ def _affine_expr(lin: _Lin, extra: Sym = Sym(0)) -> Expr:
             terms.append(IndexVal(name, const))
             placed = True
         else:
-            terms.append(_mul(Num(coef), IndexVal(name)))
+            terms.append(mul(Num(coef), IndexVal(name)))
     if not placed:  # no unit term to carry a symbolic constant: add (n + const) - n
         name = lin.coefs[0][0]
-        terms += [IndexVal(name, const), _neg(IndexVal(name))]
+        terms += [IndexVal(name, const), neg(IndexVal(name))]
     elif const.is_const and const.const:
         terms.append(Num(const.const))
-    return _total(terms) or Num(0)
+    return total(terms) or Num(0)
 
 
 def _compare(op: str, lin: _Lin, bound: Sym) -> Expr:
     """``lin <op> bound``; a constant bound stays on the right (i >= 1), a symbolic one moves left."""
     if (bound - lin.const).is_const:
-        return _cmp(op, _affine_expr(replace(lin, const=Sym(0))), Num((bound - lin.const).const))
-    return _cmp(op, _affine_expr(lin, -bound), Num(0))
+        return cmp(op, _affine_expr(replace(lin, const=Sym(0))), Num((bound - lin.const).const))
+    return cmp(op, _affine_expr(lin, -bound), Num(0))
 
 
 # =============================================================================================
@@ -620,9 +433,9 @@ def _winner(body: Expr, extreme: Expr) -> Expr:
     """1 where ``body`` attains the reduction's ``extreme``: exact equality when every kernel computes the
     body bitwise alike, otherwise equality up to TIE_TOLERANCE (relative)."""
     if _reproducible(body):
-        return _cmp("==", body, extreme)
-    gap = _call("abs", _sub(body, extreme))
-    return _cmp("<=", gap, _mul(Num(TIE_TOLERANCE), _call("abs", extreme)))
+        return cmp("==", body, extreme)
+    gap = call("abs", sub(body, extreme))
+    return cmp("<=", gap, mul(Num(TIE_TOLERANCE), call("abs", extreme)))
 
 
 def _reproducible(expr: Expr) -> bool:
@@ -669,20 +482,22 @@ def _seed_factor(fw: _Forward) -> Maybe:
         return pre[0]
 
     grad: Maybe = seed
-    if spec.finalizer:
-        if residual is not None and spec.finalizer in _FROM_OUTPUT:
-            grad = _mul(seed, _FROM_OUTPUT[spec.finalizer](residual))
-        else:
-            grad = _mul(seed, _unary_derivative(spec.finalizer, pre_value()))
+    finalizer = spec.finalizer
+    if finalizer and has_zero_derivative(finalizer):
+        grad = None
+    elif finalizer and residual is not None and has_output_form(finalizer):
+        grad = mul(seed, derivative_from_output(finalizer, residual))
+    elif finalizer:
+        grad = mul(seed, unary_derivative(finalizer, pre_value()))
     if grad is None or spec.redop == "+":
         return grad
     if spec.redop in ("max", "min"):  # ties share the gradient equally, as jax does
         hit = _winner(spec.body, pre_value())
         ties = fw.free_step("count", hit, "+")
         if not _reproducible(spec.body):  # a near-miss may find no winner at all: no 0/0
-            ties = _call("max", ties, Num(1))
-        return _div(_mul(grad, hit), ties)
-    return _mul(grad, _call("exp", _sub(spec.body, pre_value())))  # logsumexp
+            ties = call("max", ties, Num(1))
+        return div(mul(grad, hit), ties)
+    return mul(grad, call("exp", sub(spec.body, pre_value())))  # logsumexp
 
 
 # =============================================================================================
@@ -713,8 +528,8 @@ def _gradient(fw: _Forward, inp: Input) -> Gradient:
     if inp.name == fw.spec.out and fw.spec.assign != ":=":
         contributions += _given_output_terms(fw)
     for occ in _occurrences(fw.spec.body, inp.name):
-        d_body = _derivative(fw.spec.body, lambda node, occ=occ: node == occ)
-        term = _mul(fw.factor, d_body)
+        d_body = derivative(fw.spec.body, lambda node, occ=occ: node == occ)
+        term = mul(fw.factor, d_body)
         if term is not None:
             contributions.append(_invert(fw, occ, term))
     steps = _assemble(fw, inp, result, contributions)
@@ -744,8 +559,8 @@ def _occurrences(body: Expr, array: str) -> list[Access]:
 def _scalar_gradient(fw: _Forward, name: str) -> Gradient:
     """Δa := Σ over every forward index of the seed factor times ∂body/∂a."""
     result = fw.fresh("Δ" + name)
-    d_body = _derivative(fw.spec.body, lambda node: isinstance(node, Param) and node.name == name)
-    body = _mul(fw.factor, d_body)
+    d_body = derivative(fw.spec.body, lambda node: isinstance(node, Param) and node.name == name)
+    body = mul(fw.factor, d_body)
     ranges = fw.ranges if body is not None else {}
     step = fw.make_spec(result, body, ranges, rank=0)
     return Gradient(name, _with_prelude(fw, (step,)), result)
@@ -767,7 +582,7 @@ def _given_output_terms(fw: _Forward) -> list[_Term]:
         inside += _range_conditions(fw, lin, rng, {name: full})
     if not inside:
         return []  # the spec wrote every element: nothing of the given array survives
-    return [_Term(outs, _mul(seed, _sub(Num(1), _product(inside))), ())]
+    return [_Term(outs, mul(seed, sub(Num(1), product(inside))), ())]
 
 
 def _fresh_names(fw: _Forward, n: int) -> tuple[str, ...]:
@@ -920,10 +735,10 @@ class _Inversion:
             if divided:
                 return frozenset(divided)
             conds = [c for n in sorted(self.unsure) for c in self._conditions(n)] + equalities
-            body = _call("ifelse", _product(conds), body, Num(0)) if conds else body
+            body = call("ifelse", product(conds), body, Num(0)) if conds else body
         else:
             uncovered = [c for n in sorted(self.unsure) if not self.fw.covered(n) for c in self._conditions(n)]
-            body = _product([body, *equalities, *uncovered])
+            body = product([body, *equalities, *uncovered])
         return _Term(tuple(self.outs), body, tuple(remaining.items()))
 
     def _holds(self, name: str) -> bool:
@@ -937,8 +752,8 @@ class _Inversion:
 
     def _equality(self, axis: int) -> Expr:
         lin = self.eqs[axis].substitute(self.solutions)
-        left = _mul(Num(lin.div), IndexVal(self.outs[axis]))
-        return _cmp("==", left, _affine_expr(replace(lin, div=1)))
+        left = mul(Num(lin.div), IndexVal(self.outs[axis]))
+        return cmp("==", left, _affine_expr(replace(lin, div=1)))
 
     def _substitute_node(self, node: Expr) -> Expr:
         if isinstance(node, IndexVal) and node.name in self.solutions:
@@ -1001,26 +816,20 @@ def _idx_names(node: Expr) -> set[str]:
     return set()
 
 
-# Where a zero read through a new pad (or an index value outside its old range) can make a term infinite or
-# NaN instead of zero: under a division, a log, a root or a negative or fractional power.
-_SAFE_CALLS = {"exp", "expm1", "sin", "cos", "tanh", "sinh", "cosh", "sigmoid", "softplus", "relu", "abs",
-               "max", "min", "ifelse", "conj", "real", "imag"}
-
-
 def _unsafe(expr: Expr, tainted: set[int], safe: bool = True) -> bool:
     if id(expr) in tainted and not safe:
         return True
     if isinstance(expr, Unary):
         return _unsafe(expr.arg, tainted, safe)
     if isinstance(expr, Call):
-        inner = safe and expr.fn in _SAFE_CALLS
+        inner = safe and functions.get(expr.fn).safe_at_pad
         return any(_unsafe(a, tainted, inner) for a in expr.args)
     if isinstance(expr, Binary):
         lhs_safe, rhs_safe = safe, safe
         if expr.op == "/":
             rhs_safe = False
         elif expr.op == "^":
-            exponent = _literal(expr.rhs)
+            exponent = literal(expr.rhs)
             lhs_safe = safe and isinstance(exponent, int) and exponent >= 0
             rhs_safe = False
         return _unsafe(expr.lhs, tainted, lhs_safe) or _unsafe(expr.rhs, tainted, rhs_safe)
@@ -1044,7 +853,7 @@ def _assemble(fw: _Forward, inp: Input, result: str, contributions: list) -> tup
     steps: list[Spec] = []
     for number, (remaining, bodies) in enumerate(groups):
         assign = ":=" if number == 0 else "+="
-        steps.append(fw.make_spec(result, _total(bodies), {**out_ranges, **remaining}, free=outs, assign=assign,
+        steps.append(fw.make_spec(result, total(bodies), {**out_ranges, **remaining}, free=outs, assign=assign,
                                   rank=inp.rank))
     for scatter in scatters:
         steps.append(fw.make_spec(result, scatter.body, fw.ranges, assign="+=", lhs=scatter.idx, rank=inp.rank))
