@@ -6,9 +6,12 @@ dropped): they must never change a value, only its spelling.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Iterable
 
-from tullax.spec.ir import COMPARISONS, Binary, Call, Expr, Name, Num, Unary
+from tullax.spec.affine import AffineForm
+from tullax.spec.ir import COMPARISONS, Binary, Call, Expr, IndexVal, Name, Num, Unary
+from tullax.spec.sizes import Sym
 
 Maybe = Expr | None
 
@@ -138,3 +141,33 @@ def rebuild(expr: Expr, leaf: Callable[[str], Expr]) -> Maybe:
     if expr.op == "^":
         return Binary("^", lhs, rhs)
     return _BINARY[expr.op](lhs, rhs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Affine forms as body expressions
+# ---------------------------------------------------------------------------------------------
+def affine_expr(form: AffineForm, extra: Sym = Sym(0)) -> Expr:
+    """``Σ coef*index + const + extra`` (``form.div`` ignored) as a body expression: a symbolic constant
+    rides on an IndexVal, since a body has no other way to read a size."""
+    const = form.const + extra
+    terms: list[Expr] = []
+    placed = const.is_const
+    for name, coef in form.terms:
+        if coef == 1 and not placed:
+            terms.append(IndexVal(name, const))
+            placed = True
+        else:
+            terms.append(mul(Num(coef), IndexVal(name)))
+    if not placed:  # no unit term to carry a symbolic constant: add (n + const) - n
+        name = form.terms[0][0]
+        terms += [IndexVal(name, const), neg(IndexVal(name))]
+    elif const.is_const and const.const:
+        terms.append(Num(const.const))
+    return total(terms) or Num(0)
+
+
+def compare(op: str, form: AffineForm, bound: Sym) -> Expr:
+    """``form <op> bound``; a constant bound stays on the right (i >= 1), a symbolic one moves left."""
+    if (bound - form.const).is_const:
+        return cmp(op, affine_expr(replace(form, const=Sym(0))), Num((bound - form.const).const))
+    return cmp(op, affine_expr(form, -bound), Num(0))

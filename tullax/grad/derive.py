@@ -21,14 +21,13 @@ The environment a gradient's steps read (see ``Gradient``; ``tullax.grad.run`` r
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import count
 from typing import Iterable, Mapping
 
 from tullax.errors import SpecError
-from tullax.grad.algebra import Maybe, call, cmp, div, literal, mul, neg, product, sub, total
+from tullax.grad.algebra import Maybe, affine_expr, call, cmp, compare, div, literal, mul, product, sub, total
 from tullax.grad.derivative import (
     derivative,
     derivative_from_output,
@@ -37,6 +36,7 @@ from tullax.grad.derivative import (
     unary_derivative,
 )
 from tullax.spec import functions
+from tullax.spec.affine import AffineForm
 from tullax.spec.analyze import shift_indices
 from tullax.spec.ir import (
     ARITHMETIC,
@@ -56,6 +56,7 @@ from tullax.spec.ir import (
     Spec,
     Unary,
     Wrapped,
+    idx_affine,
     map_expr,
     walk,
 )
@@ -133,83 +134,6 @@ def _fresh_index(taken: Iterable[str]) -> str:
 
 
 # =============================================================================================
-# Affine arithmetic: Σ coef*index + const, divided by div
-# =============================================================================================
-@dataclass(frozen=True)
-class _Lin:
-    coefs: tuple[tuple[str, int], ...]
-    const: Sym = Sym(0)
-    div: int = 1
-
-    @staticmethod
-    def of(aff: Affine) -> "_Lin":
-        return _Lin.make(dict(aff.terms), aff.const, aff.div)
-
-    @staticmethod
-    def make(coefs: Mapping[str, int], const: Sym, div: int = 1) -> "_Lin":
-        if div < 0:
-            coefs, const, div = {n: -c for n, c in coefs.items()}, -const, -div
-        kept = {n: c for n, c in coefs.items() if c}
-        g = math.gcd(div, *kept.values(), const.const, *(c for _, c in const.terms))
-        if g > 1:
-            kept = {n: c // g for n, c in kept.items()}
-            const = Sym(const.const // g, tuple((a, c // g) for a, c in const.terms))
-            div //= g
-        order = sorted(kept.items(), key=lambda kv: (kv[1] < 0, kv[0]))  # positive terms first: m-k
-        return _Lin(tuple(order), const, div)
-
-    @property
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.coefs)
-
-    def names(self) -> set[str]:
-        return {n for n, _ in self.coefs}
-
-    def affine(self) -> Affine:
-        return Affine(self.coefs, self.const, self.div)
-
-    def substitute(self, solutions: Mapping[str, "_Lin"]) -> "_Lin":
-        """Replace each solved index t by its solution N/q: (Σ c_j j + const)/div becomes
-        (q*(rest) + c_t*N) / (q*div)."""
-        coefs, const, div = self.as_dict, self.const, self.div
-        for name in [n for n in coefs if n in solutions]:
-            sol = solutions[name]
-            c_t = coefs.pop(name)
-            coefs = {n: c * sol.div for n, c in coefs.items()}
-            const, div = const * sol.div, div * sol.div
-            for n, c in sol.coefs:
-                coefs[n] = coefs.get(n, 0) + c_t * c
-            const = const + sol.const * c_t
-        return _Lin.make(coefs, const, div)
-
-
-def _affine_expr(lin: _Lin, extra: Sym = Sym(0)) -> Expr:
-    """``Σ coef*index + const + extra`` as a body expression (a symbolic constant rides on an IndexVal)."""
-    const = lin.const + extra
-    terms: list[Expr] = []
-    placed = const.is_const
-    for name, coef in lin.coefs:
-        if coef == 1 and not placed:
-            terms.append(IndexVal(name, const))
-            placed = True
-        else:
-            terms.append(mul(Num(coef), IndexVal(name)))
-    if not placed:  # no unit term to carry a symbolic constant: add (n + const) - n
-        name = lin.coefs[0][0]
-        terms += [IndexVal(name, const), neg(IndexVal(name))]
-    elif const.is_const and const.const:
-        terms.append(Num(const.const))
-    return total(terms) or Num(0)
-
-
-def _compare(op: str, lin: _Lin, bound: Sym) -> Expr:
-    """``lin <op> bound``; a constant bound stays on the right (i >= 1), a symbolic one moves left."""
-    if (bound - lin.const).is_const:
-        return cmp(op, _affine_expr(replace(lin, const=Sym(0))), Num((bound - lin.const).const))
-    return cmp(op, _affine_expr(lin, -bound), Num(0))
-
-
-# =============================================================================================
 # Symbolic size reasoning (what is provably in bounds)
 # =============================================================================================
 class _Sizes:
@@ -236,16 +160,16 @@ class _Sizes:
         """a >= b provably."""
         return _ge(self.canon(a), self.canon(b))
 
-    def bounds(self, lin: _Lin, ranges: Mapping[str, Range]) -> tuple[Sym, Sym]:
+    def bounds(self, lin: AffineForm, ranges: Mapping[str, Range]) -> tuple[Sym, Sym]:
         """Smallest and largest value of an undivided affine expression over ``ranges``."""
         low = high = lin.const
-        for name, coef in lin.coefs:
+        for name, coef in lin.terms:
             rng = ranges[name]
             first, last = rng.lo * coef, (rng.hi - 1) * coef
             low, high = (low + first, high + last) if coef > 0 else (low + last, high + first)
         return low, high
 
-    def within(self, lin: _Lin, lo: Sym, hi: Sym, ranges: Mapping[str, Range]) -> tuple[bool, bool]:
+    def within(self, lin: AffineForm, lo: Sym, hi: Sym, ranges: Mapping[str, Range]) -> tuple[bool, bool]:
         """(lo <= lin provably, lin < hi provably)."""
         if lin.div != 1:
             return False, False
@@ -578,7 +502,7 @@ def _given_output_terms(fw: _Forward) -> list[_Term]:
     inside = []
     for axis, name in enumerate(outs):
         rng, full = fw.ranges[name], Range(Sym(0), Sym.extent(spec.out, axis))
-        lin = _Lin.make({name: 1}, Sym(0))
+        lin = AffineForm.index(name)
         inside += _range_conditions(fw, lin, rng, {name: full})
     if not inside:
         return []  # the spec wrote every element: nothing of the given array survives
@@ -592,14 +516,14 @@ def _fresh_names(fw: _Forward, n: int) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _range_conditions(fw: _Forward, lin: _Lin, rng: Range, ranges: Mapping[str, Range]) -> list[Expr]:
+def _range_conditions(fw: _Forward, lin: AffineForm, rng: Range, ranges: Mapping[str, Range]) -> list[Expr]:
     """Comparisons saying lo <= lin < hi, leaving out the sides that hold for every value in ``ranges``."""
     low_ok, high_ok = fw.sizes.within(lin, rng.lo, rng.hi, ranges)
     conds = []
     if not low_ok:
-        conds.append(_compare(">=", lin, rng.lo))
+        conds.append(compare(">=", lin, rng.lo))
     if not high_ok:
-        conds.append(_compare("<", lin, rng.hi))
+        conds.append(compare("<", lin, rng.hi))
     return conds
 
 
@@ -625,8 +549,8 @@ class _Inversion:
 
     def __init__(self, fw: _Forward, occ: Access, term: Expr, banned: frozenset[str]):
         self.fw, self.occ, self.term, self.banned = fw, occ, term, banned
-        self.eqs = [_Lin.of(i if isinstance(i, Affine) else i.inner) for i in occ.idx]
-        self.solutions: dict[str, _Lin] = {}
+        self.eqs = [AffineForm.of(idx_affine(i)).normalized() for i in occ.idx]
+        self.solutions: dict[str, AffineForm] = {}
         self.outs: list[str] = [""] * len(occ.idx)
         self.guards: list[int] = []
 
@@ -642,10 +566,10 @@ class _Inversion:
     def _solve_plain_axes(self) -> None:
         """A[i] with i not yet solved: the output index is i itself."""
         for axis, lin in enumerate(self.eqs):
-            name = _plain(lin)
+            name = lin.plain
             if name and name not in self.solutions and name not in self.banned:
                 self.outs[axis] = name
-                self.solutions[name] = _Lin.make({name: 1}, Sym(0))
+                self.solutions[name] = AffineForm.index(name)
 
     def _name_outputs(self) -> None:
         for axis, name in enumerate(self.outs):
@@ -654,8 +578,8 @@ class _Inversion:
         self.out_ranges = {name: Range(Sym(0), Sym.extent(self.occ.array, axis))
                            for axis, name in enumerate(self.outs)}
 
-    def _unknowns(self, lin: _Lin) -> dict[str, int]:
-        return {n: c for n, c in lin.coefs if n in self.fw.ranges and n not in self.solutions
+    def _unknowns(self, lin: AffineForm) -> dict[str, int]:
+        return {n: c for n, c in lin.terms if n in self.fw.ranges and n not in self.solutions
                 and n not in self.banned and n not in self.out_ranges}
 
     def _solve_unit_axes(self, pending: list[int]) -> list[int]:
@@ -664,15 +588,12 @@ class _Inversion:
         while progress:
             progress = False
             for axis in list(pending):
-                lin = self.eqs[axis].substitute(self.solutions)
+                lin = self.eqs[axis].substitute(self.solutions).normalized()
                 units = [n for n, c in self._unknowns(lin).items() if abs(c) == 1]
                 if not units:
                     continue
                 name = min(units, key=self._preference)
-                c = lin.as_dict[name]
-                coefs = {n: -c * k for n, k in lin.coefs if n != name}
-                coefs[self.outs[axis]] = coefs.get(self.outs[axis], 0) + c * lin.div
-                self._record(name, _Lin.make(coefs, -lin.const * c))
+                self._record(name, lin.solve_for(name, AffineForm.index(self.outs[axis])).normalized())
                 pending.remove(axis)
                 progress = True
         return pending
@@ -683,8 +604,8 @@ class _Inversion:
         uses = sum(name in _idx_names(node) for node in walk(self.term))
         return (not self.fw.covered(name), uses, self.fw.indices.index(name))
 
-    def _record(self, name: str, solution: _Lin) -> None:
-        self.solutions = {n: s.substitute({name: solution}) for n, s in self.solutions.items()}
+    def _record(self, name: str, solution: AffineForm) -> None:
+        self.solutions = {n: s.substitute({name: solution}).normalized() for n, s in self.solutions.items()}
         self.solutions[name] = solution
 
     def _solve_scaled_axes(self, pending: list[int]) -> None:
@@ -692,19 +613,16 @@ class _Inversion:
         when i is a free index the seed guards and i appears nowhere but in plain or padded accesses.
         Otherwise the axis stays an equality guard."""
         for axis in pending:
-            lin = self.eqs[axis].substitute(self.solutions)
+            lin = self.eqs[axis].substitute(self.solutions).normalized()
             others = [self.eqs[a] for a in pending if a != axis]
             name = next((n for n, c in self._unknowns(lin).items()
                          if abs(c) > 1 and self._divisible_ok(n, others)), None)
             if name is None:
                 self.guards.append(axis)
                 continue
-            c = lin.as_dict[name]
-            coefs = {n: -k for n, k in lin.coefs if n != name}
-            coefs[self.outs[axis]] = coefs.get(self.outs[axis], 0) + lin.div
-            self._record(name, _Lin.make(coefs, -lin.const, c))
+            self._record(name, lin.solve_for(name, AffineForm.index(self.outs[axis])).normalized())
 
-    def _divisible_ok(self, name: str, other_eqs: list[_Lin]) -> bool:
+    def _divisible_ok(self, name: str, other_eqs: list[AffineForm]) -> bool:
         if not self.fw.covered(name) or any(name in e.names() for e in other_eqs):
             return False
         if any(name in s.names() for s in self.solutions.values()):
@@ -714,7 +632,7 @@ class _Inversion:
                 return False
             if isinstance(node, Access):
                 for idx in node.idx:
-                    if name in _lin_names(idx) and not (isinstance(idx, Affine)
+                    if name in idx_affine(idx).names() and not (isinstance(idx, Affine)
                                                         or (isinstance(idx, Wrapped) and idx.kind == "pad")):
                         return False
         return True
@@ -751,9 +669,9 @@ class _Inversion:
         return _range_conditions(self.fw, self.solutions[name], self.fw.ranges[name], self.all_ranges)
 
     def _equality(self, axis: int) -> Expr:
-        lin = self.eqs[axis].substitute(self.solutions)
+        lin = self.eqs[axis].substitute(self.solutions).normalized()
         left = mul(Num(lin.div), IndexVal(self.outs[axis]))
-        return cmp("==", left, _affine_expr(replace(lin, div=1)))
+        return cmp("==", left, affine_expr(replace(lin, div=1)))
 
     def _substitute_node(self, node: Expr) -> Expr:
         if isinstance(node, IndexVal) and node.name in self.solutions:
@@ -761,7 +679,7 @@ class _Inversion:
             if solution.div != 1:
                 self.ban.add(node.name)
                 return node
-            new = _affine_expr(solution, node.offset)
+            new = affine_expr(solution, node.offset)
             if node.name in self.unsure:
                 self.tainted.add(id(new))
             return new
@@ -776,43 +694,32 @@ class _Inversion:
     def _substitute_idx(self, array: str, axis: int, idx: Idx) -> tuple[Idx, bool]:
         """The index expression after substitution, and whether it now reads through a pad that may
         give zero where the original did not."""
-        inner = idx if isinstance(idx, Affine) else idx.inner
-        names = {n for n, _ in inner.terms}
+        inner = idx_affine(idx)
+        names = set(inner.names())
         if not names & set(self.solutions):
             return idx, False
-        lin = _Lin.of(inner).substitute(self.solutions)
+        lin = AffineForm.of(inner).substitute(self.solutions).normalized()
         risky = bool(names & self.unsure)
         if isinstance(idx, Affine):
             extent = Range(Sym(0), Sym.extent(array, axis))
             if not risky or all(self.fw.sizes.within(lin, extent.lo, extent.hi, self.all_ranges)):
-                return lin.affine(), False
-            return Wrapped("pad", lin.affine()), True
+                return lin.to_affine(), False
+            return Wrapped("pad", lin.to_affine()), True
         if isinstance(idx, Wrapped):
             if lin.div != 1 and idx.kind != "pad":
                 self.ban.update(names & set(self.solutions))
-            return replace(idx, inner=lin.affine()), risky and idx.kind == "pad"
+            return replace(idx, inner=lin.to_affine()), risky and idx.kind == "pad"
         extent = Range(Sym(0), Sym.extent(idx.array, 0))
         if lin.div != 1 or (risky and not all(self.fw.sizes.within(lin, extent.lo, extent.hi, self.all_ranges))):
             self.ban.update(names & (self.unsure | {n for n, s in self.solutions.items() if s.div != 1}))
-        return replace(idx, inner=lin.affine()), False
-
-
-def _plain(lin: _Lin) -> str | None:
-    if len(lin.coefs) == 1 and lin.coefs[0][1] == 1 and lin.const == Sym(0) and lin.div == 1:
-        return lin.coefs[0][0]
-    return None
-
-
-def _lin_names(idx: Idx) -> set[str]:
-    inner = idx if isinstance(idx, Affine) else idx.inner
-    return {n for n, _ in inner.terms}
+        return replace(idx, inner=lin.to_affine()), False
 
 
 def _idx_names(node: Expr) -> set[str]:
     if isinstance(node, IndexVal):
         return {node.name}
     if isinstance(node, Access):
-        return set().union(*(_lin_names(i) for i in node.idx))
+        return set().union(*(idx_affine(i).names() for i in node.idx))
     return set()
 
 
@@ -926,7 +833,7 @@ def _rename_indices(body: Expr, mapping: Mapping[str, str]) -> Expr:
         return body
 
     def aff(a: Affine) -> Affine:
-        return _Lin.make({mapping.get(n, n): c for n, c in a.terms}, a.const, a.div).affine() \
+        return AffineForm.canonical({mapping.get(n, n): c for n, c in a.terms}, a.const, a.div).to_affine() \
             if any(n in mapping for n, _ in a.terms) else a
 
     def idx(i: Idx) -> Idx:
