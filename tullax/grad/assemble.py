@@ -1,0 +1,185 @@
+"""The steps of one gradient: every occurrence of the input inverted, the contributions summed into as few
+specs as their reduced indices allow, scatters last, prelude steps first."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Mapping
+
+from tullax.grad.algebra import mul, product, sub, total
+from tullax.grad.derivative import derivative
+from tullax.grad.forward import Forward
+from tullax.grad.inversion import Scatter, Term, invert
+from tullax.grad.names import fresh_index, fresh_indices
+from tullax.spec.affine import AffineForm
+from tullax.spec.ir import Access, Affine, Expr, Idx, IndexVal, Input, Num, Param, Range, Spec, map_expr, walk
+from tullax.spec.sizes import Sym
+
+# Terms summed into one spec: the ranges they reduce over, and their bodies.
+Group = tuple[dict[str, Range], tuple[Expr, ...]]
+
+
+def gradient_steps(fw: Forward, inp: Input, result: str) -> tuple[Spec, ...]:
+    """The steps computing the gradient w.r.t. ``inp`` into ``result``, the prelude steps they read first."""
+    if inp.kind == "scalar":
+        return _with_prelude(fw, (_scalar_step(fw, inp.name, result),))
+    contributions: list[Term | Scatter] = []
+    if inp.name == fw.spec.out and fw.spec.assign != ":=":
+        contributions += _given_output_terms(fw)
+    for occ in _occurrences(fw.spec.body, inp.name):
+        d_body = derivative(fw.spec.body, lambda node, occ=occ: node == occ)
+        term = mul(fw.factor, d_body)
+        if term is not None:
+            contributions.append(invert(fw, occ, term))
+    return _with_prelude(fw, _assemble(fw, inp, result, contributions))
+
+
+def _with_prelude(fw: Forward, steps: tuple[Spec, ...]) -> tuple[Spec, ...]:
+    """The prelude steps (pre-finaliser value, tie counts) that ``steps`` read, directly or not, then them."""
+    needed = {name for step in steps for name in step.input_names}
+    kept = []
+    for step in reversed(fw.prelude):
+        if step.out in needed:
+            kept.append(step)
+            needed |= set(step.input_names)
+    return tuple(reversed(kept)) + steps
+
+
+def _occurrences(body: Expr, array: str) -> list[Access]:
+    """The distinct accesses of ``array`` (equal index expressions read the same element: one variable)."""
+    found: list[Access] = []
+    for node in walk(body):
+        if isinstance(node, Access) and node.array == array and node not in found:
+            found.append(node)
+    return found
+
+
+def _scalar_step(fw: Forward, name: str, result: str) -> Spec:
+    """Δa := Σ over every forward index of the seed factor times ∂body/∂a."""
+    d_body = derivative(fw.spec.body, lambda node: isinstance(node, Param) and node.name == name)
+    body = mul(fw.factor, d_body)
+    ranges = fw.ranges if body is not None else {}
+    return fw.make_spec(result, body, ranges, rank=0)
+
+
+def _given_output_terms(fw: Forward) -> list[Term]:
+    """'+=' passes ΔOUT through to the given array; '=' passes it only where the spec did not write."""
+    spec = fw.spec
+    rank = len(spec.lhs or ())
+    plain = [idx.plain for idx in spec.lhs or ()] if not spec.is_scatter else []
+    outs = tuple(plain) if plain else fresh_indices(fw.taken, rank)
+    seed = Access(fw.seed, tuple(Affine.index(p) for p in outs)) if rank else Param(fw.seed)
+    if spec.assign == "+=":
+        return [Term(outs, seed, ())]
+    inside = []
+    for axis, name in enumerate(outs):
+        rng, full = fw.ranges[name], Range(Sym(0), Sym.extent(spec.out, axis))
+        inside += fw.sizes.range_conditions(AffineForm.index(name), rng, {name: full})
+    if not inside:
+        return []  # the spec wrote every element: nothing of the given array survives
+    return [Term(outs, mul(seed, sub(Num(1), product(inside))), ())]
+
+
+def _assemble(fw: Forward, inp: Input, result: str, contributions: list[Term | Scatter]) -> tuple[Spec, ...]:
+    """One ':=' step for the terms that share their reduced indices, a '+=' step per other group, then the
+    scatter steps ('+=' into the result; into zeros when they come first)."""
+    terms = [c for c in contributions if isinstance(c, Term)]
+    scatters = [c for c in contributions if isinstance(c, Scatter)]
+    outs = terms[0].outs if terms else _default_outputs(fw, inp)
+    groups: tuple[Group, ...] = ()
+    for term in terms:
+        body, remaining = _rename_outputs(fw, term, outs)
+        groups = _add_to_groups(groups, body, remaining, fw)
+    out_ranges = {p: Range(Sym(0), Sym.extent(inp.name, axis)) for axis, p in enumerate(outs)}
+    steps: list[Spec] = []
+    for number, (remaining, bodies) in enumerate(groups):
+        assign = ":=" if number == 0 else "+="
+        steps.append(fw.make_spec(result, total(bodies), {**out_ranges, **remaining}, free=outs, assign=assign,
+                                  rank=inp.rank))
+    for scatter in scatters:
+        steps.append(fw.make_spec(result, scatter.body, fw.ranges, assign="+=", lhs=scatter.idx, rank=inp.rank))
+    if not steps:  # the input does not influence the result
+        steps.append(fw.make_spec(result, None, out_ranges, free=outs, rank=inp.rank))
+    return tuple(steps)
+
+
+def _default_outputs(fw: Forward, inp: Input) -> tuple[str, ...]:
+    """Output index names for a gradient with no inverted term: the left-hand side's for the given output,
+    else those of a plain occurrence (x[i,j]) when there is one."""
+    spec = fw.spec
+    if inp.name == spec.out and spec.lhs and not spec.is_scatter:
+        return tuple(idx.plain for idx in spec.lhs)
+    for occ in _occurrences(spec.body, inp.name):
+        names = tuple(i.plain if isinstance(i, Affine) else None for i in occ.idx)
+        if None not in names and len(set(names)) == len(names):
+            return names
+    return fresh_indices(fw.taken, inp.rank)
+
+
+def _rename_outputs(fw: Forward, term: Term, outs: tuple[str, ...]) -> tuple[Expr, dict[str, Range]]:
+    """The term over the gradient's output index names (its reduced indices renamed out of their way)."""
+    mapping = dict(zip(term.outs, outs))
+    taken = set(fw.taken) | set(outs) | set(term.outs) | {n for n, _ in term.remaining}
+    remaining: dict[str, Range] = {}
+    for name, rng in term.remaining:
+        new = name
+        if name in outs:
+            new = fresh_index(taken)
+            taken.add(new)
+        mapping[name] = new
+        remaining[new] = rng
+    return _rename_indices(term.body, mapping), remaining
+
+
+def _add_to_groups(groups: tuple[Group, ...], body: Expr, remaining: dict[str, Range],
+                   fw: Forward) -> tuple[Group, ...]:
+    """Sum the term into a group that reduces over the same ranges (renaming its reduced indices to the
+    group's), or open a new group: one spec sums its whole body over ALL its reduced indices."""
+    for number, (group_ranges, bodies) in enumerate(groups):
+        match = _match_ranges(remaining, group_ranges, fw)
+        if match is not None:
+            joined = (group_ranges, bodies + (_rename_indices(body, match),))
+            return groups[:number] + (joined,) + groups[number + 1:]
+    return groups + ((dict(remaining), (body,)),)
+
+
+def _match_ranges(mine: dict[str, Range], theirs: dict[str, Range], fw: Forward) -> dict[str, str] | None:
+    """A renaming of ``mine`` onto ``theirs`` that pairs provably equal ranges, keeping equal names where it
+    can; None when there is none."""
+    if len(mine) != len(theirs):
+        return None
+
+    def same(a: Range, b: Range) -> bool:
+        return fw.sizes.canon(a.lo) == fw.sizes.canon(b.lo) and fw.sizes.canon(a.hi) == fw.sizes.canon(b.hi)
+
+    mapping: dict[str, str] = {}
+    free = dict(theirs)
+    for name in sorted(mine, key=lambda n: n not in theirs):  # keep equal names where possible
+        choice = name if name in free and same(mine[name], free[name]) else \
+            next((n for n, r in free.items() if same(mine[name], r)), None)
+        if choice is None:
+            return None
+        mapping[name] = choice
+        del free[choice]
+    return mapping
+
+
+def _rename_indices(body: Expr, mapping: Mapping[str, str]) -> Expr:
+    """Rename indices simultaneously in every index expression and index value."""
+    if all(k == v for k, v in mapping.items()):
+        return body
+
+    def aff(a: Affine) -> Affine:
+        if not any(n in mapping for n, _ in a.terms):
+            return a
+        return AffineForm.canonical({mapping.get(n, n): c for n, c in a.terms}, a.const, a.div).to_affine()
+
+    def idx(i: Idx) -> Idx:
+        return aff(i) if isinstance(i, Affine) else replace(i, inner=aff(i.inner))
+
+    def fix(node: Expr) -> Expr:
+        if isinstance(node, IndexVal) and node.name in mapping:
+            return replace(node, name=mapping[node.name])
+        if isinstance(node, Access):
+            return replace(node, idx=tuple(idx(i) for i in node.idx))
+        return node
+    return map_expr(body, fix)

@@ -1,0 +1,196 @@
+"""The forward spec as its gradients see it: names taken, ranks, ranges, the extents known equal, the seed
+factor every gradient term carries and the prelude steps that factor reads.
+
+``forward_of`` builds it once per spec; everything after only reads it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Mapping
+
+from tullax.grad.algebra import Maybe, call, cmp, div, mul, sub
+from tullax.grad.bounds import Axis, KnownSizes
+from tullax.grad.derivative import derivative_from_output, has_output_form, has_zero_derivative, unary_derivative
+from tullax.grad.names import fresh, seed_name, spec_names
+from tullax.grad.steps import Fact, make_spec
+from tullax.spec.analyze import shift_indices
+from tullax.spec.ir import ARITHMETIC, Access, Affine, Binary, Call, Expr, Idx, IndexVal, Num, Param, Range, Spec, Unary
+from tullax.spec.sizes import Extent, Sym
+
+
+@dataclass(frozen=True)
+class Forward:
+    """What every gradient of one spec shares. ``factor`` is ΔOUT * f'(pre) * ∂OUT/∂body in the forward's
+    indices (None: zero); ``prelude`` holds the steps it reads (the recomputed pre-finaliser value, tie
+    counts), in the order they run."""
+
+    spec: Spec
+    seed: str
+    taken: frozenset[str]
+    ranks: Mapping[str, int]
+    ranges: Mapping[str, Range]
+    sizes: KnownSizes
+    facts: tuple[Fact, ...]
+    prelude: tuple[Spec, ...] = ()
+    factor: Maybe = None
+
+    @property
+    def indices(self) -> tuple[str, ...]:
+        return self.spec.free + self.spec.reduced
+
+    def covered(self, index: str) -> bool:
+        """True when the seed ΔOUT reads zero exactly where ``index`` leaves its forward range: it is a free
+        index and its range is the whole output axis."""
+        spec = self.spec
+        if index not in spec.free:
+            return False
+        if spec.assign == ":=":
+            return True
+        axis = next(d for d, idx in enumerate(spec.lhs) if idx.plain == index)
+        rng = self.ranges[index]
+        extent = Sym.extent(spec.out, axis)
+        return self.sizes.at_least(Sym(0), rng.lo) and self.sizes.at_least(rng.hi, extent) \
+            and self.sizes.at_least(extent, rng.hi)
+
+    def make_spec(self, out: str, body: Maybe, ranges: Mapping[str, Range], *, free: tuple[str, ...] = (),
+                  assign: str = ":=", redop: str = "+", lhs: tuple[Idx, ...] | None = None,
+                  rank: int | None = None) -> Spec:
+        """A gradient step (see ``steps.make_spec``) that may read every array of the forward and prelude."""
+        return make_spec(self.ranks, self.facts, out, body, ranges, free=free, assign=assign, redop=redop,
+                         lhs=lhs, rank=rank)
+
+
+def forward_of(spec: Spec) -> Forward:
+    seed = seed_name(spec)
+    rank = len(spec.lhs or ())
+    ranks = {i.name: i.rank for i in spec.inputs if i.kind != "scalar"}
+    ranks.update({spec.out: rank, seed: rank})
+    sizes, facts = _learn_sizes(spec, seed)
+    base = Forward(spec, seed, frozenset(spec_names(spec) | {seed}), MappingProxyType(ranks),
+                   MappingProxyType(dict(spec.ranges)), sizes, facts)
+    return _with_seed_factor(base)
+
+
+def _learn_sizes(spec: Spec, seed: str) -> tuple[KnownSizes, tuple[Fact, ...]]:
+    """Agreeing axes share one canonical extent; the seed (and a ':=' residual) has the result's shape."""
+    root: dict[Axis, Axis] = {}
+
+    def find(axis: Axis) -> Axis:
+        while axis in root:
+            axis = root[axis]
+        return axis
+
+    facts: list[Fact] = []
+    for agr in spec.agreements:
+        first, second = find(agr.first), find(agr.second)
+        if first != second:
+            root[second] = first
+        facts.append((agr.first, agr.second, agr.index))
+    equal = {axis: Sym.extent(*find(axis)) for axis in root}
+    for axis, extent in enumerate(spec.out_shape):
+        equal[(seed, axis)] = extent
+        facts += _fact_for(seed, axis, extent)
+        if spec.assign == ":=":
+            equal[(spec.out, axis)] = extent
+            facts += _fact_for(spec.out, axis, extent)
+    return KnownSizes(MappingProxyType(equal)), tuple(facts)
+
+
+def _fact_for(array: str, axis: int, extent: Sym) -> tuple[Fact, ...]:
+    """``size(array, axis) == extent`` as an agreement when ``extent`` is one other array's axis."""
+    if len(extent.terms) == 1 and extent.const == 0 and extent.terms[0][1] == 1 \
+            and isinstance(extent.terms[0][0], Extent):
+        atom = extent.terms[0][0]
+        if (atom.array, atom.axis) != (array, axis):
+            return (((array, axis), (atom.array, atom.axis), "Δ"),)
+    return ()
+
+
+def _free_step(fw: Forward, base: str, body: Expr, redop: str) -> tuple[Forward, Expr]:
+    """A prelude step ``name[free] := (redop) body`` over the forward's own free indices (shifted to start at
+    0): the forward with that step, and how the forward body reads the step's result."""
+    spec = fw.spec
+    name = fresh(base, fw.taken)
+    shifts = {i: fw.ranges[i].lo for i in spec.free if fw.ranges[i].lo != Sym(0)}
+    ranges = {i: Range(Sym(0), fw.ranges[i].extent()) for i in spec.free}
+    ranges.update({r: fw.ranges[r] for r in spec.reduced})
+    step = fw.make_spec(name, shift_indices(body, shifts) if shifts else body, ranges, free=spec.free,
+                        redop=redop)
+    sizes, facts = fw.sizes, fw.facts
+    for axis, extent in enumerate(step.out_shape):
+        sizes = sizes.with_equal((name, axis), extent)
+        facts += _fact_for(name, axis, extent)
+    grown = replace(fw, taken=fw.taken | {name}, ranks=MappingProxyType({**fw.ranks, name: len(spec.free)}),
+                    sizes=sizes, facts=facts, prelude=fw.prelude + (step,))
+    if not spec.free:
+        return grown, Param(name)
+    return grown, Access(name, tuple(Affine(((i, 1),), -shifts.get(i, Sym(0))) for i in spec.free))
+
+
+def _with_seed_factor(fw: Forward) -> Forward:
+    """The forward with its seed factor ΔOUT[free] * f'(pre) * ∂OUT/∂body and the prelude steps it reads."""
+    spec = fw.spec
+    seed = Access(fw.seed, spec.lhs) if spec.lhs else Param(fw.seed)
+    residual = (Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out)) if spec.assign == ":=" else None
+
+    def pre_value(fw: Forward) -> tuple[Forward, Expr]:
+        """The pre-finaliser value: the residual itself when there is no finaliser, else recomputed."""
+        if residual is not None and not spec.finalizer:
+            return fw, residual
+        return _free_step(fw, "pre", spec.body, spec.redop)
+
+    grad: Maybe = seed
+    pre: Expr | None = None
+    finalizer = spec.finalizer
+    if finalizer and has_zero_derivative(finalizer):
+        grad = None
+    elif finalizer and residual is not None and has_output_form(finalizer):
+        grad = mul(seed, derivative_from_output(finalizer, residual))
+    elif finalizer:
+        fw, pre = pre_value(fw)
+        grad = mul(seed, unary_derivative(finalizer, pre))
+    if grad is None or spec.redop == "+":
+        return replace(fw, factor=grad)
+    if pre is None:
+        fw, pre = pre_value(fw)
+    if spec.redop in ("max", "min"):  # ties share the gradient equally, as jax does
+        hit = _winner(spec.body, pre)
+        fw, ties = _free_step(fw, "count", hit, "+")
+        if not _reproducible(spec.body):  # a near-miss may find no winner at all: no 0/0
+            ties = call("max", ties, Num(1))
+        return replace(fw, factor=div(mul(grad, hit), ties))
+    return replace(fw, factor=mul(grad, call("exp", sub(spec.body, pre))))  # logsumexp
+
+
+# Relative distance under which a recomputed body value counts as reaching the max/min. Compilers contract
+# a*b + c*d into fused multiply-adds differently in different kernels (XLA does, unconditionally), so a body
+# recomputed by a gradient kernel may differ from the forward's in the last bits.
+TIE_TOLERANCE = 1e-6
+
+
+def _winner(body: Expr, extreme: Expr) -> Expr:
+    """1 where ``body`` attains the reduction's ``extreme``: exact equality when every kernel computes the
+    body bitwise alike, otherwise equality up to TIE_TOLERANCE (relative)."""
+    if _reproducible(body):
+        return cmp("==", body, extreme)
+    gap = call("abs", sub(body, extreme))
+    return cmp("<=", gap, mul(Num(TIE_TOLERANCE), call("abs", extreme)))
+
+
+def _reproducible(expr: Expr) -> bool:
+    """Rounds the same in every kernel, even under fast-math (contraction into multiply-adds, reassociation):
+    an input, or one operation on inputs (x[i,j]*w[j], a + x[i], max(x[i], y[i]))."""
+    leaves = (Access, Param, Num, IndexVal)
+    expr = _strip_sign(expr)
+    if isinstance(expr, leaves):
+        return True
+    if isinstance(expr, Binary) and expr.op in ARITHMETIC and expr.op != "^":
+        return all(isinstance(_strip_sign(x), leaves) for x in (expr.lhs, expr.rhs))
+    if isinstance(expr, Call) and expr.fn in ("abs", "relu", "max", "min", "conj", "real"):
+        return all(isinstance(_strip_sign(x), leaves) for x in expr.args)
+    return False
+
+
+def _strip_sign(expr: Expr) -> Expr:
+    return _strip_sign(expr.arg) if isinstance(expr, Unary) else expr
