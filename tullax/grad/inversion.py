@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Mapping
 
-from tullax.grad.algebra import affine_expr, call, cmp, literal, mul, product
+from tullax.grad.algebra import affine_expr, call, cmp, literal, mul, product, total
 from tullax.grad.forward import Forward
 from tullax.grad.names import fresh_index
 from tullax.spec import functions
@@ -234,7 +234,13 @@ def _build(axes: _Axes, solutions: Solutions, guards: tuple[int, ...]) -> Term |
 def _equality(axes: _Axes, solutions: Solutions, axis: int) -> Expr:
     """The guard ``div*p_d == e_d`` of an axis no index was solved from."""
     form = axes.eqs[axis].substitute(solutions).normalized()
-    left = mul(Num(form.div), IndexVal(axes.outs[axis]))
+    out = axes.outs[axis]
+    if not form.terms and not form.const.is_const:  # a symbolic constant position (x[i,end]): only an index
+        # value can carry a size, so it moves to the left: div*p - const == 0
+        scaled = [mul(Num(form.div - 1), IndexVal(out))] if form.div > 1 else []
+        left = total([*scaled, IndexVal(out, -form.const)])
+        return cmp("==", left, Num(0))
+    left = mul(Num(form.div), IndexVal(out))
     return cmp("==", left, affine_expr(replace(form, div=1)))
 
 

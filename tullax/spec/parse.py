@@ -30,6 +30,7 @@ from tullax.spec.sizes import Sym
 # Deepest expression tree accepted: every later stage (analysis, gradients, lowering, printers, Python's and
 # Numba's compilers) recurses over the tree, and a deeper one would end in a RecursionError.
 MAX_DEPTH = 64
+_END = "<end>"  # the key of 'end' in a linear form: not an identifier, so never an index's name
 
 _TOKEN = re.compile(r"""
     (?P<ws>\s+)
@@ -101,6 +102,7 @@ class _Parser:
 
     # -- spec -----------------------------------------------------------------------------------
     def spec(self) -> ParsedSpec:
+        tok = self.tok
         if self.tok.kind == "end":
             raise self.error("empty spec: write something like  C[i,j] := A[i,k]*B[k,j]")
         redop = self.redop()
@@ -108,6 +110,9 @@ class _Parser:
         if not (self.tok.kind == "op" and self.tok.text in ASSIGNMENTS):
             raise self.error("expected ':=', '=' or '+=' after the left-hand side")
         assign = self.advance().text
+        if assign == ":=" and any(out in idx_arrays(i) for i in lhs or ()):
+            raise self.error(f"'end' on the left of ':=' has no meaning: {out} does not exist yet (use '=' or '+=' "
+                             f"to write into an existing {out})", tok)
         body = self.expr()
         if expr_depth(body) > MAX_DEPTH:
             raise SpecError(f"the expression is {expr_depth(body)} operations deep, more than tullax's limit of "
@@ -145,39 +150,44 @@ class _Parser:
         if self.at("]"):
             self.advance()
             return tok.text, None
-        idx = self.index_list()
+        idx = self.index_list(tok.text)
         return tok.text, idx
 
     # -- index expressions ----------------------------------------------------------------------
-    def index_list(self) -> tuple[Idx, ...]:
-        items = [self.index()]
+    def index_list(self, array: str) -> tuple[Idx, ...]:
+        items = [self.index(Sym.extent(array, 0) - 1)]
         while self.at(","):
             self.advance()
-            items.append(self.index())
+            items.append(self.index(Sym.extent(array, len(items)) - 1))
         self.expect("]", "',' or ']'")
         return tuple(items)
 
-    def index(self) -> Idx:
+    def index(self, end: Sym) -> Idx:
+        """One position; ``end`` is the last position of the axis it addresses (Julia's ``end``)."""
         tok = self.tok
         if tok.kind == "name" and tok.text in WRAPPERS and self.peek().text == "(":
             self.advance()
             self.advance()
-            inner = self.affine()
+            inner = self.affine(end)
             self.expect(")", f"')' closing {tok.text}(")
             return Wrapped(tok.text, inner, span=self.span(tok))
         if tok.kind == "name" and self.peek().text == "[":
             self.advance()
             self.advance()
-            inner = self.affine()
+            inner = self.affine(Sym.extent(tok.text, 0) - 1)
             if inner.div != 1:
                 raise self.error("an indirect index cannot divide", tok)
             self.expect("]", f"']' closing {tok.text}[")
             return Indirect(tok.text, inner, span=self.span(tok))
-        return self.affine()
+        return self.affine(end)
 
-    def affine(self) -> Affine:
+    def affine(self, end: Sym | None) -> Affine:
         start = self.tok
         lin = self.lin_sum()
+        if _END in lin and end is None:
+            raise self.error("'end' (the last position of an axis) needs an existing array: the result of ':=' "
+                             "has no shape yet", start)
+        ends = lin.pop(_END, 0)
         div = 1
         if self.at("/"):
             self.advance()
@@ -185,11 +195,11 @@ class _Parser:
             if tok.kind != "num" or not tok.text.isdigit() or self.integer(tok) < 1:
                 raise self.error("an index can only be divided by a positive integer", tok)
             div = self.integer(self.advance())
-        const = lin.pop("", 0)
+        const = Sym(lin.pop("", 0)) + (end * ends if ends else 0)
         terms = tuple(sorted((k, v) for k, v in lin.items() if v != 0))
         if div > 1 and not terms:
             raise self.error("dividing a constant index makes no sense", start)
-        return Affine(terms, Sym(const), div, span=self.span(start))
+        return Affine(terms, const, div, span=self.span(start))
 
     def lin_sum(self) -> dict[str, int]:
         sign = 1
@@ -220,6 +230,9 @@ class _Parser:
             if not tok.text.isdigit():
                 raise self.error(f"index positions are integers, not {tok.text}", tok)
             return {"": self.integer(tok)}
+        if tok.kind == "name" and tok.text == "end":
+            self.advance()
+            return {_END: 1}
         if tok.kind == "name":
             if self.peek().text in ("(", "["):
                 raise self.error(f"{tok.text}{self.peek().text}...) cannot be nested inside an index expression"
@@ -323,7 +336,7 @@ class _Parser:
             self.advance()
             if self.at("]"):
                 raise self.error(f"{tok.text}[] has no indices: write {tok.text} for a scalar input")
-            idx = self.index_list()
+            idx = self.index_list(tok.text)
             return Access(tok.text, idx, span=self.span(tok))
         if self.at("("):
             return self.call(tok)
@@ -364,6 +377,12 @@ def _mul(a: dict[str, int], b: dict[str, int], parser: _Parser, tok: Token) -> d
     if set(b) <= {""}:
         return _scale(a, b.get("", 0))
     raise parser.error("an index must be affine: the product of two indices is not allowed", tok)
+
+
+def idx_arrays(idx: Idx) -> set[str]:
+    """The arrays whose extents a position reads (through 'end')."""
+    aff = idx if isinstance(idx, Affine) else idx.inner
+    return aff.const.arrays()
 
 
 def expr_depth(expr: Expr) -> int:

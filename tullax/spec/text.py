@@ -31,12 +31,17 @@ def format_number(value: int | float) -> str:
     return text
 
 
-def format_affine(aff: Affine) -> str:
+def format_affine(aff: Affine, end: Sym | None = None) -> str:
+    """``aff`` as spec text; ``end`` (the last position of the axis it addresses) is written as ``end``."""
     parts: list[str] = []
     for name, coef in aff.terms:
         mag = "" if abs(coef) == 1 else str(abs(coef))
         parts.append(("-" if coef < 0 else "+") + mag + name)
     const = aff.const
+    ends = _ends_in(const, end)
+    if ends:
+        parts.append(("-" if ends < 0 else "+") + ("" if abs(ends) == 1 else str(abs(ends))) + "end")
+        const = const - end * ends
     if const != Sym(0) or not parts:
         if const.is_const:
             parts.append(("-" if const.const < 0 else "+") + str(abs(const.const)))
@@ -49,18 +54,26 @@ def format_affine(aff: Affine) -> str:
     return text
 
 
-def format_idx(idx: Idx) -> str:
+def _ends_in(const: Sym, end: Sym | None) -> int:
+    """How many times the extent behind ``end`` occurs in ``const`` (a position written with ``end``)."""
+    if end is None:
+        return 0
+    (atom, _), = end.terms
+    return dict(const.terms).get(atom, 0)
+
+
+def format_idx(idx: Idx, end: Sym | None = None) -> str:
     if isinstance(idx, Affine):
-        return format_affine(idx)
+        return format_affine(idx, end)
     if isinstance(idx, Wrapped):
-        return f"{idx.kind}({format_affine(idx.inner)})"
-    return f"{idx.array}[{format_affine(idx.inner)}]"
+        return f"{idx.kind}({format_affine(idx.inner, end)})"
+    return f"{idx.array}[{format_affine(idx.inner, Sym.extent(idx.array, 0) - 1)}]"
 
 
 def format_access(name: str, idx: tuple[Idx, ...] | None) -> str:
     if idx is None:
         return name
-    return f"{name}[{','.join(format_idx(i) for i in idx)}]"
+    return f"{name}[{','.join(format_idx(i, Sym.extent(name, axis) - 1) for axis, i in enumerate(idx))}]"
 
 
 def format_expr(expr: Expr, parent: int = 0) -> str:
