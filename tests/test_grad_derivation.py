@@ -59,7 +59,10 @@ MORE = {
     "o[i] := x[i,2]*x[1,i]": ("Δx[i,m] := Δo[i]*x[1,i]*(m == 2) + Δo[m]*x[m,2]*(i == 1)",),
     # several occurrences of one array sum into one spec when they reduce over the same indices
     "y[i] := x[pad(i-1)] - 2*x[i] + x[pad(i+1)]": ("Δx[m] := Δy[pad(m+1)] - 2*Δy[m] + Δy[pad(m-1)]",),
-    "y[i] := x[i,j] + x[i,k]*v[k]": ("Δx[i,j] := Δy[i] + Δy[i]*v[j]", "Δv[k] := Δy[i]*x[i,k]"),
+    # a reduced index the gradient's body no longer reads still multiplies it: the text says so
+    "y[i] := x[i,j] + x[i,k]*v[k]": ("Δx[i,j] := Δy[i] + Δy[i]*v[j]  (k in 0:size(x,1))",
+                                     "Δv[k] := Δy[i]*x[i,k]  (j in 0:size(x,1))"),
+    "y[i] := x[i,k] + b[i]": ("Δx[i,k] := Δy[i]", "Δb[i] := Δy[i]  (k in 0:size(x,1))"),
     # an index solved from a sum: the other one stays reduced
     "y[i] := A[i+j, j]": ("ΔA[m,j] := Δy[pad(m-j)]",),
     # a scaled index that is reduced cannot be divided (nothing reads zero off-grid): a guard instead

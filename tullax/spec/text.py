@@ -13,9 +13,11 @@ from tullax.spec.ir import (
     Num,
     Param,
     ParsedSpec,
+    Range,
     Spec,
     Unary,
     Wrapped,
+    walk,
 )
 from tullax.spec.sizes import Sym
 
@@ -112,4 +114,24 @@ def format_spec(spec: ParsedSpec | Spec) -> str:
     text = f"{head}{format_access(spec.out, spec.lhs)} {spec.assign} {format_expr(spec.body)}"
     if spec.finalizer:
         text += f" |> {spec.finalizer}"
+    hidden = _unseen_reductions(spec)
+    if hidden:  # a sum over an index the body does not mention multiplies it by the range's length: say so
+        text += "  " + " ".join(f"({name} in {rng.lo}:{rng.hi})" for name, rng in hidden)
     return text
+
+
+def _unseen_reductions(spec: ParsedSpec | Spec) -> list[tuple[str, Range]]:
+    """Reduced indices of an analysed spec that appear nowhere in its text, with their ranges."""
+    if not isinstance(spec, Spec):
+        return []
+    seen = set(_index_names(spec.body))
+    return [(name, rng) for name, rng in spec.ranges if name in spec.reduced and name not in seen]
+
+
+def _index_names(expr: Expr):
+    for node in walk(expr):
+        if isinstance(node, IndexVal):
+            yield node.name
+        elif isinstance(node, Access):
+            for idx in node.idx:
+                yield from (idx if isinstance(idx, Affine) else idx.inner).names()
