@@ -23,7 +23,7 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(threads)
+#define __launch_bounds__(...)
 
 struct tx_dim3 {
     unsigned x = 0, y = 0, z = 0;
