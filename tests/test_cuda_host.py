@@ -17,7 +17,7 @@ from cuda_harness import GPP, Launch, RaceError, build, run, sanitizer_works
 
 from tullax.api.kernel import as_numpy_inputs, check_call, result_dtype
 from tullax.backends.base import Signature
-from tullax.backends.cuda_launch import START_GIVEN, START_ZEROS, plan_launch
+from tullax.backends.cuda_launch import START_GIVEN, plan_launch
 from tullax.compiler.loops import Store, walk_stmts
 from tullax.compiler.lower import lower
 from tullax.errors import TullaxError
@@ -80,8 +80,7 @@ def launch_for(step, env, name: str, wide: bool) -> Launch:
     if plan.start == START_GIVEN:
         out = np.array(arrays[0], dtype=dtype, copy=True)
     else:
-        out = np.zeros(shapes[step.out], dtype) if plan.start == START_ZEROS else np.full(shapes[step.out],
-                                                                                           np.nan, dtype)
+        out = np.full(shapes[step.out], np.nan, dtype)
     pointers = [out if source is None else arrays[source] for source in plan.pointers]
     return Launch(kernel, 64 if wide else plan.index_bits, (*pointers, *plan.values))
 

@@ -25,8 +25,7 @@ MAX_GRID_BLOCKS = 2**31 - 1  # CUDA's limit on gridDim.x; the grid-stride loop c
 
 # What the output buffer must hold before the kernel runs
 START_ANY = "any"  # ':=': the kernel writes every element
-START_GIVEN = "given"  # '=' and '+=': the given array (input 0), unless XLA aliased it to the output
-START_ZEROS = "zeros"  # a ':=' that only adds into computed places
+START_GIVEN = "given"  # '=' and '+=' (scatters too): the given array (input 0), unless XLA aliased it
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,8 @@ def plan_launch(kernel: LoopKernel, spec: Spec, shapes: Mapping[str, tuple[int, 
             values.append(array_shapes[param.array][param.axis])
         else:
             pointers.append(_source_position(kernel, spec, param))
-    return LaunchPlan(bits, grid, block, tuple(values), tuple(pointers), _start(spec),
+    start = START_ANY if spec.assign == ":=" else START_GIVEN  # the parser has no ':=' into computed places
+    return LaunchPlan(bits, grid, block, tuple(values), tuple(pointers), start,
                       math.prod(shapes[spec.out]) * np.dtype(out_dtype).itemsize)
 
 
@@ -79,12 +79,6 @@ def _source_position(kernel: LoopKernel, spec: Spec, param: Parameter) -> int | 
         return spec.input_names.index(source)
     array = next(a for a in kernel.arrays if a.name == param.array)
     return None if array.role != "in" else spec.input_names.index(array.source)
-
-
-def _start(spec: Spec) -> str:
-    if spec.assign != ":=":
-        return START_GIVEN
-    return START_ZEROS if spec.is_scatter else START_ANY
 
 
 class ParamBlock:
@@ -117,4 +111,4 @@ class ParamBlock:
         return out
 
 
-__all__ = ["LaunchPlan", "ParamBlock", "plan_launch", "START_ANY", "START_GIVEN", "START_ZEROS"]
+__all__ = ["LaunchPlan", "ParamBlock", "plan_launch", "START_ANY", "START_GIVEN"]
