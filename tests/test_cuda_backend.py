@@ -360,3 +360,11 @@ def test_host_backends_lower_through_pure_callback_on_the_gpu(monkeypatch):
     k = tullax.einsum_kernel("y[i] := 2*x[i]", backend="numba")
     with pytest.warns(device.HostCopyWarning), pytest.raises(ValueError, match="backend cpu is different"):
         jax.jit(k).trace(np.ones(3, np.float32)).lower(lowering_platforms=("cuda",))
+
+
+def test_the_gpu_benchmark_refuses_without_a_gpu():
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu.py"
+    done = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True)
+    assert done.returncode != 0 and "needs an NVIDIA GPU" in done.stderr and "Nothing was measured" in done.stderr
