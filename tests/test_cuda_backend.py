@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import warnings
 
 import jax
@@ -239,6 +240,25 @@ def test_driver_errors_name_the_call():
     driver._cu = Cu
     with pytest.raises(TullaxError, match="cuLibraryLoadData failed: CUDA_ERROR_INVALID_IMAGE"):
         driver._check((1, None), "cuLibraryLoadData")
+
+
+def test_the_real_bindings_accept_the_arguments_the_driver_passes():
+    """Without libcuda the binding fails when it loads the driver, AFTER it has converted the arguments: a
+    TypeError would mean the launch, copy or load arguments are of the wrong kind."""
+    cu = pytest.importorskip("cuda.bindings.driver")
+    driver = cuda_driver.Driver.__new__(cuda_driver.Driver)
+    driver._cu, driver._libraries, driver._lock = cu, [], threading.Lock()
+    params = ParamBlock(*reversed(case_kernel_and_plan()))
+    for call in (lambda: driver.launch(cu.CUfunction(0), 1, 32, 0, params.address),
+                 lambda: driver.copy(0x100, 0x200, 64, 0), lambda: driver.load(b"\x7fELF", "kernel")):
+        with pytest.raises(Exception) as info:
+            call()
+        assert not isinstance(info.value, TypeError), info.value
+
+
+def case_kernel_and_plan():
+    spec, kernel = case_kernel("dist")
+    return plan_launch(kernel, spec, {"W": (3, 4), "X": (3, 5), "D": (4, 5)}, "float32"), kernel
 
 
 def test_an_architecture_from_the_environment_must_be_exact(monkeypatch):

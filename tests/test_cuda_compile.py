@@ -5,10 +5,10 @@ scatters). The cache and the compile errors of ``tullax.backends.cuda_compile``.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,16 +34,16 @@ pytestmark = [pytest.mark.skipif(bool(NVRTC_MISSING), reason=f"NVRTC cannot be l
 
 ARCHS = ("sm_90", "sm_80")
 BITS = {"float32": 32, "float64": 64}
-_NVIDIA_BIN = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / \
-    "site-packages" / "nvidia" / "cu13" / "bin"
-
-
 def _tool(name: str) -> str | None:
+    """On PATH, else in the bin/ of the PyPI wheels (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)."""
     found = shutil.which(name)
     if found:
         return found
-    candidate = _NVIDIA_BIN / name
-    return str(candidate) if candidate.exists() else None
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for candidate in sorted(Path(root).glob(f"cu*/bin/{name}")):
+            return str(candidate)
+    return None
 
 
 CUOBJDUMP = _tool("cuobjdump")

@@ -17,6 +17,7 @@ from typing import Any
 from tullax.errors import BackendUnavailableError, TullaxError
 
 ARCH_ENV = "TULLAX_CUDA_ARCH"  # compile for this architecture (sm_90) instead of asking device 0
+NAME_BYTES = 256  # room for a device's name
 
 
 @dataclass(frozen=True)
@@ -74,13 +75,13 @@ class Driver:
     def device(self, ordinal: int = 0) -> DeviceInfo:
         cu = self._cu
         _, device = self._check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
-        _, name = self._check(cu.cuDeviceGetName(256, device), "cuDeviceGetName")
+        _, name = self._check(cu.cuDeviceGetName(NAME_BYTES, device), "cuDeviceGetName")
         attribute = cu.CUdevice_attribute
         _, major = self._check(cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
                                                        device), "cuDeviceGetAttribute")
         _, minor = self._check(cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
                                                        device), "cuDeviceGetAttribute")
-        _, version = self._check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
+        _, version = self._check(cu.cuDriverGetVersion(), "cuDriverGetVersion")  # 1000 * major + 10 * minor
         return DeviceInfo(name.split(b"\0")[0].decode(), f"sm_{major}{minor}",
                           f"{version // 1000}.{version % 1000 // 10}")
 
