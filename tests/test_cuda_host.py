@@ -35,6 +35,7 @@ RANDOM_SPECS = 60
 # Gradients that find the maximum's position by equality with the float32 result: the naive evaluator
 # recomputes x*w in float64, misses the float32 tie and divides by a count of 0. Run, but not compared.
 FLOAT32_TIES = ("max_all",)
+NAN_CASES = ("row_max", "row_min", "max_all", "max_min_calls", "row_logsumexp", "maxpool")
 
 
 def kernel_runs(spec, env, dtype) -> list[tuple[object, dict]]:
@@ -122,6 +123,12 @@ def collect():
             spec, env = case_env(case, dtype)
             compared = dtype == np.float64 or case.id not in FLOAT32_TIES
             add(f"{case.id} {np.dtype(dtype).name}", spec, env, dtype, compared)
+    for case_id in NAN_CASES:  # max/min propagate NaN like jnp.maximum (fmaxf would drop it)
+        for dtype in DTYPES:
+            spec, env = case_env(next(c for c in CORPUS if c.id == case_id), dtype)
+            x = env["x"].copy()
+            x.reshape(-1)[1] = np.nan
+            add(f"{case_id} with a NaN {np.dtype(dtype).name}", spec, {**env, "x": x}, dtype, False)
     for text, spec, env in random_envs(RANDOM_SPECS):
         try:
             add(text, spec, env, np.float64)

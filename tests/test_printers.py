@@ -62,7 +62,7 @@ PRINTERS: dict[str, tuple[Callable[[LoopKernel], LoopPrinter], Callable[[Functio
     "pseudo": (lambda kernel: PseudoPrinter(), lambda fn, dtype: fn.name),
     "numba": (NumbaPrinter, lambda fn, dtype: REPLACEMENTS.get((fn.name, dtype), fn.numba)),
     "julia": (JuliaPrinter, _julia_spelling),
-    "cuda": (lambda kernel: CudaPrinter(kernel, 64), lambda fn, dtype: fn.c[FLOATS.index(dtype)]),
+    "cuda": (lambda kernel: CudaPrinter(64), lambda fn, dtype: fn.c[FLOATS.index(dtype)]),
 }
 
 

@@ -159,7 +159,7 @@ class CudaPlace(Place):
 
 
 class CudaPrinter(LoopPrinter):
-    """Loop-IR expressions and statements as CUDA C++ for one kernel and index width."""
+    """Loop-IR expressions and statements as CUDA C++ with ``index_bits``-bit index arithmetic."""
 
     infix: ClassVar[Mapping[str, Infix]] = {
         # C would parse `a < b < c`, as (a < b) < c: never print it
@@ -178,11 +178,10 @@ class CudaPrinter(LoopPrinter):
     store_forms: ClassVar[Mapping[str, str]] = {"set": "{target} = {value}", "add": "{target} += {value}",
                                                 "atomic_add": "atomicAdd(&{target}, {value})"}
 
-    def __init__(self, kernel: LoopKernel, index_bits: int):
+    def __init__(self, index_bits: int):
         if index_bits not in INDEX_BITS:
             raise TullaxError(f"internal error: index arithmetic is 32 or 64 bits, not {index_bits}")
         self.index_type = INDEX_TYPES[index_bits]
-        self.ranks = {a.name: a.rank for a in kernel.arrays}
 
     def constant(self, node: Const) -> str:
         value = node.value
@@ -260,7 +259,7 @@ class CudaPrinter(LoopPrinter):
 # =============================================================================================
 def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
     """The ``extern "C" __global__`` function of ``kernel``."""
-    printer = CudaPrinter(kernel, index_bits)
+    printer = CudaPrinter(index_bits)
     index = printer.index_type
     declarations = ",\n    ".join(p.declaration for p in parameters(kernel, index_bits))
     lines = [f"// {kernel.name}: {kernel.spec_text}",
