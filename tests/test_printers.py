@@ -37,6 +37,7 @@ from tullax.printers.base import (
     left_associative,
     non_chaining,
 )
+from tullax.printers.cuda import CudaPrinter
 from tullax.printers.julia import JuliaPrinter, helper_name, print_module
 from tullax.printers.numba import REPLACEMENTS, NumbaPrinter
 from tullax.printers.pseudo import PseudoPrinter
@@ -61,6 +62,7 @@ PRINTERS: dict[str, tuple[Callable[[LoopKernel], LoopPrinter], Callable[[Functio
     "pseudo": (lambda kernel: PseudoPrinter(), lambda fn, dtype: fn.name),
     "numba": (NumbaPrinter, lambda fn, dtype: REPLACEMENTS.get((fn.name, dtype), fn.numba)),
     "julia": (JuliaPrinter, _julia_spelling),
+    "cuda": (lambda kernel: CudaPrinter(64), lambda fn, dtype: fn.c[FLOATS.index(dtype)]),
 }
 
 

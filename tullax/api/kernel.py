@@ -55,6 +55,16 @@ class Kernel:
     def __repr__(self) -> str:
         return f"tullax.Kernel({self.canonical!r}, backend={self.backend_name!r})"
 
+    def _jax_backend(self) -> str:
+        """The backend of a call on jax values: ``auto`` on a GPU platform picks a GPU backend."""
+        if self.backend_name == "auto":
+            from tullax.backends.gpu_select import auto_backend_for_jax
+
+            found = auto_backend_for_jax()
+            if found is not None:
+                return found
+        return self.backend.name
+
     # -- calling ----------------------------------------------------------------------------------
     def __call__(self, *args: Any, **named: Any) -> Any:
         try:
@@ -62,7 +72,7 @@ class Kernel:
             if _any_jax(values):
                 from tullax.jaxop.primitives import apply
 
-                return apply(self.ir, self.backend.name, values)
+                return apply(self.ir, self._jax_backend(), values)
             return run_eager(self.ir, self.backend, values)
         except TullaxError as err:
             raise with_spec_context(err, self.source) from None

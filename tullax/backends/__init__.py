@@ -14,6 +14,7 @@ _BUILTIN = {
     "numba": "tullax.backends.numba:NumbaBackend",
     "julia": "tullax.backends.julia:JuliaBackend",
     "julia-cuda": "tullax.backends.julia:JuliaCudaBackend",
+    "cuda": "tullax.backends.cuda:CudaBackend",
 }
 # The order `auto` tries them in (DESIGN section 4): Julia when present, else Numba, else XLA.
 AUTO_ORDER = ("julia", "numba", "xla")

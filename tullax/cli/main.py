@@ -241,6 +241,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         usable = Text("yes", style="green") if available else Text("no", style="red")
         table.add_row(Text(name), usable, Text(reason))
     console.print(table)
+    console.print(_require("tullax.backends.gpu_select", "gpu_report")(), markup=False)
     console.print(_julia_verification_layers(), markup=False)
     return 0
 

@@ -55,7 +55,7 @@ class KernelOp:
     spec: Spec
     backend: str
     out_dtype: str
-    path: str  # 'buffer' | 'pure' | 'xla'
+    path: str  # 'buffer' | 'pure' | 'xla' ('device' when lowered for a GPU: tullax.jaxop.device)
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -167,8 +167,11 @@ def _kernel_abstract_eval(*avals, op: KernelOp):
 def _kernel_lowering(ctx, *args, op: KernelOp):
     from jax.interpreters import mlir
 
-    if op.path == "buffer" and ctx.module_context.platforms[0] != "cpu":
-        op = replace(op, path="pure")  # a host kernel cannot read device buffers: pure_callback copies them
+    platform = ctx.module_context.platforms[0]
+    if op.path != "xla" and platform != "cpu":  # a device kernel on XLA's buffers, or pure_callback's copies
+        from tullax.jaxop.device import device_path
+
+        op = replace(op, path=device_path(op.backend, platform))
     return mlir.lower_fun(partial(_run, op), multiple_results=False)(ctx, *args)
 
 
@@ -177,6 +180,10 @@ def _run(op: KernelOp, *args):
         from tullax.backends.xla import lower
 
         return lower(op.spec)(dict(zip(op.spec.input_names, args))).astype(op.out_dtype)
+    if op.path == "device":
+        from tullax.jaxop.device import device_call
+
+        return device_call(op.spec, op.backend, args, op.out_dtype)
     from tullax.jaxop.callback import host_call
 
     return host_call(op.spec, op.backend, args, op.out_dtype, op.path)

@@ -1,0 +1,351 @@
+"""The cuda backend on an NVIDIA GPU against XLA on the same GPU, in one command:
+
+    .venv/bin/python benchmarks/gpu.py            # writes benchmarks/results/gpu-<device>.{json,md}
+    .venv/bin/python benchmarks/gpu.py --quick    # smaller sizes, fewer repeats
+
+Needs JAX's CUDA build (``pip install 'jax[cuda13]'``) and ``pip install 'tullax[cuda]'`` (cuda-bindings, NVRTC);
+refuses with the reason anywhere else. Three parts:
+
+1. Correctness: every corpus kernel (tests/corpus.py), forward and the gradient of every differentiable input,
+   float32 (rtol 1e-4) and float64 (rtol 1e-9), backend='cuda' against backend='xla', both jitted on the GPU.
+2. Timings per case: forward, backward (the pullback alone), backward/forward, speed-up against XLA's jnp
+   lowering of the same spec and, where there is one, the naive broadcast; the per-call overhead of a tiny kernel
+   under jit against a jnp op; time to first kernel (forward plus gradients) in new processes, cold (empty
+   cache) and warm.
+3. The targets of issue 11, each PASS or FAIL.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+RTOL = {"float32": 1e-4, "float64": 1e-9}
+OVERHEAD_CALLS = 2000
+
+
+def refuse_without_gpu() -> str:
+    """The GPU's name; SystemExit with the reason when this machine cannot run the benchmark."""
+    import jax
+
+    from tullax import backends
+
+    if jax.default_backend() != "gpu":
+        raise SystemExit(f"benchmarks/gpu.py needs an NVIDIA GPU with JAX's CUDA build; jax runs on "
+                         f"{jax.default_backend()!r} here (devices: {jax.devices()}). Nothing was measured.")
+    ok, why = backends.get("cuda").availability()
+    if not ok:
+        raise SystemExit(f"benchmarks/gpu.py: the cuda backend is not usable here: {why}")
+    return jax.devices()[0].device_kind
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def best_ms(fn: Callable[[], Any], repeat: int) -> float:
+    """The best wall time of ``fn()`` (blocked until ready) over ``repeat`` runs, after one warm-up."""
+    import jax
+
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append((time.perf_counter() - start) * 1e3)
+    return min(times)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Correctness on the corpus
+# ---------------------------------------------------------------------------------------------
+def corpus_check(dtype: str) -> list[dict]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from corpus import CORPUS
+
+    import tullax
+    from tullax.errors import TullaxError
+    from tullax.testing import random_inputs, shapes_for
+
+    rows = []
+    for case in CORPUS:
+        row: dict[str, Any] = {"case": case.id, "dtype": dtype}
+        try:
+            cuda = tullax.einsum_kernel(case.spec, backend="cuda", ranges=case.ranges)
+            xla = tullax.einsum_kernel(case.spec, backend="xla", ranges=case.ranges)
+            spec = cuda.ir
+            shapes = {**shapes_for(spec, seed=0), **(case.shapes or {})}
+            env = random_inputs(spec, shapes, seed=1, dtype=getattr(np, dtype))
+            args = [jnp.asarray(env[name]) for name in spec.input_names]
+            live = [k for k, item in enumerate(spec.inputs) if item.kind in ("array", "scalar")]
+            got, want = jax.jit(cuda)(*args), jax.jit(xla)(*args)
+            errors = [_relative_error(got, want)]
+            cotangent = jnp.asarray(np.random.default_rng(7).standard_normal(np.shape(want)), dtype=want.dtype)
+
+            def gradients(kernel) -> list:
+                if not live:
+                    return []
+                return list(jax.jit(jax.grad(lambda *a: (kernel(*a) * cotangent).sum(), argnums=live))(*args))
+
+            try:
+                errors += [_relative_error(g, w) for g, w in zip(gradients(cuda), gradients(xla))]
+            except TullaxError as err:  # a spec without derivable gradients: (*) reductions
+                row["note"] = f"forward only: {str(err).splitlines()[0]}"
+            row["max_error"] = max(errors)
+            row["passed"] = bool(row["max_error"] <= RTOL[dtype])
+        except Exception as err:  # noqa: BLE001 - one failing case must not stop the benchmark
+            row.update(passed=False, error=f"{type(err).__name__}: {err}"[:500])
+        rows.append(row)
+    return rows
+
+
+def _relative_error(got, want) -> float:
+    import numpy as np
+
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    both_nan = np.isnan(got) & np.isnan(want)
+    scale = np.maximum(np.abs(want), 1.0)
+    diff = np.where(both_nan, 0.0, np.abs(got - want) / scale)
+    return float(np.nan_to_num(diff, nan=np.inf).max(initial=0.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Timings
+# ---------------------------------------------------------------------------------------------
+def cases(quick: bool) -> list[tuple[str, str, dict, Callable | None]]:
+    """(name, spec, shapes, naive broadcast or None)."""
+    import jax.numpy as jnp
+
+    def dist_naive(w, x):
+        return ((w[:, :, None] - x[:, None, :]) ** 2).sum(0)
+
+    def linear_naive(w, x):
+        return (w[:, :, None] * x[:, None, :]).sum(0)
+
+    s = 4 if quick else 1
+    return [
+        ("Dist K=784 I=1024 J=512", "D[i,j] := (W[k,i]-X[k,j])^2",
+         {"W": (784 // s, 1024 // s), "X": (784 // s, 512 // s)}, dist_naive),
+        ("Dist I=J=4096 K=64", "D[i,j] := (W[k,i]-X[k,j])^2",
+         {"W": (64, 4096 // s), "X": (64, 4096 // s)}, dist_naive),
+        ("Linear", "C[i,j] := W[k,i]*X[k,j]", {"W": (784 // s, 1024 // s), "X": (784 // s, 512 // s)}, linear_naive),
+        ("conv1d", "y[b,i] := x[b,i+k]*w[k]", {"x": (64 // s, 16384), "w": (31,)}, None),
+        ("conv2d", "y[n,o,h,w] := x[n,c,h+p,w+q]*k[o,c,p,q]",
+         {"x": (8 // s, 32, 64, 64), "k": (32, 32, 3, 3)}, None),
+        ("embedding", "out[b,d] := W[ix[b],d]", {"W": (50000 // s, 256), "ix": (16384 // s,)},
+         lambda w, ix: jnp.take(w, ix, axis=0)),
+        ("row logsumexp", "(logsumexp) l[i] := x[i,j]", {"x": (4096 // s, 4096)}, None),
+    ]
+
+
+def time_case(name: str, spec_text: str, shapes: dict, naive: Callable | None, dtype: str, repeat: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import tullax
+    from tullax.testing import random_inputs
+
+    row: dict[str, Any] = {"case": name, "spec": spec_text, "shapes": shapes, "dtype": dtype}
+    try:
+        kernels = {b: tullax.einsum_kernel(spec_text, backend=b) for b in ("cuda", "xla")}
+        spec = kernels["cuda"].ir
+        env = random_inputs(spec, shapes, seed=0, dtype=getattr(np, dtype))
+        args = [jnp.asarray(env[n]) for n in spec.input_names]
+        live = tuple(k for k, item in enumerate(spec.inputs) if item.kind == "array")
+        for backend, kernel in kernels.items():
+            forward = jax.jit(kernel)
+            out = forward(*args)
+            cotangent = jnp.ones_like(out)
+
+            def pullback_of(kernel=kernel):
+                def f(*live_args):
+                    full = list(args)
+                    for k, value in zip(live, live_args):
+                        full[k] = value
+                    return kernel(*full)
+                _, pullback = jax.vjp(f, *(args[k] for k in live))
+                return jax.jit(pullback)
+
+            backward = pullback_of()
+            row[f"{backend}_forward_ms"] = best_ms(lambda f=forward: f(*args), repeat)
+            row[f"{backend}_backward_ms"] = best_ms(lambda b=backward: b(cotangent), repeat)
+        if naive is not None:
+            row["naive_forward_ms"] = best_ms(lambda f=jax.jit(naive): f(*args), repeat)
+        row["grad_over_fwd"] = row["cuda_backward_ms"] / row["cuda_forward_ms"]
+        row["forward_speedup_vs_xla"] = row["xla_forward_ms"] / row["cuda_forward_ms"]
+        row["backward_speedup_vs_xla"] = row["xla_backward_ms"] / row["cuda_backward_ms"]
+        if naive is not None:
+            row["forward_speedup_vs_naive"] = row["naive_forward_ms"] / row["cuda_forward_ms"]
+    except Exception as err:  # noqa: BLE001
+        row["error"] = f"{type(err).__name__}: {err}"[:500]
+    return row
+
+
+def call_overhead(dtype: str) -> dict:
+    """Per-call time of a tiny kernel under jit against the same jnp op (both blocked after every call)."""
+    import jax
+    import jax.numpy as jnp
+
+    import tullax
+
+    x = jnp.ones(16, dtype)
+    kernel = jax.jit(tullax.einsum_kernel("y[i] := 2*x[i]", backend="cuda"))
+    jnp_op = jax.jit(lambda v: 2 * v)
+    per_call = {}
+    for name, fn in (("tullax", kernel), ("jnp", jnp_op)):
+        jax.block_until_ready(fn(x))
+        start = time.perf_counter()
+        for _ in range(OVERHEAD_CALLS):
+            jax.block_until_ready(fn(x))
+        per_call[name] = (time.perf_counter() - start) / OVERHEAD_CALLS * 1e6
+    return {"tullax_us": per_call["tullax"], "jnp_us": per_call["jnp"],
+            "overhead_us": per_call["tullax"] - per_call["jnp"]}
+
+
+TTFK_SPEC = "D[i,j] := (W[k,i]-X[k,j])^2"
+
+
+def ttfk_child(dtype: str) -> None:
+    """In a new process: seconds from kernel creation to the first forward AND gradient results."""
+    import jax
+    import jax.numpy as jnp
+
+    import tullax
+
+    w, x = jnp.ones((64, 32), dtype), jnp.ones((64, 48), dtype)
+    start = time.perf_counter()
+    kernel = tullax.einsum_kernel(TTFK_SPEC, backend="cuda")
+    value, grads = jax.jit(jax.value_and_grad(lambda a, b: kernel(a, b).sum(), argnums=(0, 1)))(w, x)
+    jax.block_until_ready((value, grads))
+    print(json.dumps({"seconds": time.perf_counter() - start}))
+
+
+def ttfk(dtype: str) -> dict:
+    """Cold (empty cache directory) then warm (the same directory), each in a new process."""
+    found = {}
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TULLAX_CACHE_DIR": cache}
+        for label in ("cold", "warm"):
+            done = subprocess.run([sys.executable, __file__, "--ttfk-child", "--dtype", dtype], env=env,
+                                  capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                found[f"{label}_error"] = done.stderr[-500:]
+                continue
+            found[f"{label}_s"] = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Targets and the report
+# ---------------------------------------------------------------------------------------------
+def targets(timings: list[dict], overhead: dict, first: dict) -> list[tuple[str, bool | None]]:
+    by_case = {row["case"]: row for row in timings if "error" not in row}
+    found: list[tuple[str, bool | None]] = []
+    for row in timings:
+        found.append((f"{row['case']}: grad/fwd <= 3", row.get("grad_over_fwd", float("inf")) <= 3))
+    dist = by_case.get("Dist K=784 I=1024 J=512", {})
+    found.append(("Dist forward >= 3x the naive broadcast", dist.get("forward_speedup_vs_naive", 0) >= 3))
+    found.append(("Dist forward not slower than XLA's fused lowering", dist.get("forward_speedup_vs_xla", 0) >= 1))
+    found.append(("Dist backward >= 5x faster than XLA", dist.get("backward_speedup_vs_xla", 0) >= 5))
+    embedding = by_case.get("embedding", {})
+    found.append(("embedding gradient not slower than XLA's scatter", embedding.get("backward_speedup_vs_xla", 0) >= 1))
+    found.append(("per-call overhead <= 30 us above a jnp op", overhead.get("overhead_us", float("inf")) <= 30))
+    found.append(("TTFK warm <= 0.3 s", first.get("warm_s", float("inf")) <= 0.3))
+    found.append(("TTFK cold <= 1.5 s", first.get("cold_s", float("inf")) <= 1.5))
+    return found
+
+
+def _ms(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) else "-"
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# tullax cuda backend on {report['device']}", "",
+             f"jax {report['versions']['jax']}, tullax {report['versions']['tullax']}, NVRTC "
+             f"{report['versions']['nvrtc']}, {report['dtype']}", "",
+             "## Timings (ms, best of the repeats)", "",
+             "| case | fwd | bwd | bwd/fwd | XLA fwd | XLA bwd | fwd vs XLA | bwd vs XLA | naive fwd | fwd vs naive |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in report["timings"]:
+        if "error" in row:
+            lines.append(f"| {row['case']} | error: {row['error'].splitlines()[0]} |")
+            continue
+        lines.append("| " + " | ".join([row["case"]] + [_ms(row.get(k)) for k in (
+            "cuda_forward_ms", "cuda_backward_ms", "grad_over_fwd", "xla_forward_ms", "xla_backward_ms",
+            "forward_speedup_vs_xla", "backward_speedup_vs_xla", "naive_forward_ms", "forward_speedup_vs_naive")])
+            + " |")
+    overhead, first = report["overhead"], report["ttfk"]
+    lines += ["", f"Per-call overhead under jit: tullax {overhead['tullax_us']:.1f} us, jnp "
+              f"{overhead['jnp_us']:.1f} us (+{overhead['overhead_us']:.1f} us).",
+              f"TTFK of forward plus gradients ({TTFK_SPEC}), new processes: cold {_ms(first.get('cold_s'))} s, "
+              f"warm {_ms(first.get('warm_s'))} s.", "", "## Corpus against XLA on the GPU", ""]
+    for dtype in ("float32", "float64"):
+        rows = [r for r in report["corpus"] if r["dtype"] == dtype]
+        failed = [r for r in rows if not r["passed"]]
+        lines.append(f"- {dtype} (rtol {RTOL[dtype]:g}): {len(rows) - len(failed)}/{len(rows)} cases pass"
+                     + (": failing " + ", ".join(f"{r['case']} ({str(r.get('error') or r.get('max_error'))[:80]})"
+                                                  for r in failed) if failed else ""))
+    lines += ["", "## Targets", ""] + [f"- {'PASS' if ok else 'FAIL'}: {what}" for what, ok in report["targets"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="of the timings")
+    parser.add_argument("--repeat", type=int, default=None, metavar="N", help="timed runs per measurement")
+    parser.add_argument("--out-dir", default=str(RESULTS))
+    parser.add_argument("--ttfk-child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # float64 checks; float32 inputs stay float32
+    if args.ttfk_child:
+        ttfk_child(args.dtype)
+        return 0
+    device_name = refuse_without_gpu()
+    import tullax
+    from tullax.backends.cuda_compile import nvrtc_version
+
+    repeat = args.repeat or (5 if args.quick else 20)
+    print(f"benchmarking the cuda backend on {device_name}", flush=True)
+    corpus = corpus_check("float32") + corpus_check("float64")
+    timings = []
+    for name, spec, shapes, naive in cases(args.quick):
+        print(f"timing {name}", flush=True)
+        timings.append(time_case(name, spec, shapes, naive, args.dtype, repeat))
+    overhead = call_overhead(args.dtype)
+    first = ttfk(args.dtype)
+    report = {"device": device_name, "dtype": args.dtype, "quick": args.quick,
+              "versions": {"jax": jax.__version__, "tullax": tullax.__version__,
+                           "nvrtc": ".".join(map(str, nvrtc_version()))},
+              "corpus": corpus, "timings": timings, "overhead": overhead, "ttfk": first}
+    report["targets"] = targets(timings, overhead, first)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"gpu-{slug(device_name)}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
+    text = markdown(report)
+    stem.with_suffix(".md").write_text(text)
+    print(text)
+    print(f"wrote {stem}.json and {stem}.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The ``cuda`` backend: kernels printed as CUDA C (``tullax.printers.cuda``), compiled by NVRTC to a cubin for
+the device's architecture (``cuda_compile``), loaded once per process and launched on XLA's own stream over
+XLA's own device buffers (``tullax.jaxop.device``): no copy, no synchronisation, no allocation per call.
+
+It runs only inside JAX on an NVIDIA GPU: ``device_kernel`` prepares one kernel for one call's static shapes
+at trace time (print, compile or load from the cache, load the cubin, plan the launch), so a compile error
+is a TullaxError at trace time; the callback then only fills in the buffer addresses and enqueues the launch.
+NumPy inputs need a host backend. The lowering keeps the default one element per thread (no CPU tiling).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Mapping, Sequence
+
+from tullax.backends.base import Signature
+from tullax.backends.cuda_launch import START_GIVEN, LaunchPlan, ParamBlock, plan_launch
+from tullax.compiler.loops import LoopKernel
+from tullax.compiler.lower import lower
+from tullax.errors import BackendUnavailableError, TullaxError
+from tullax.printers.cuda import print_module
+from tullax.spec.ir import Spec
+
+NAME = "cuda"
+PLATFORM = "cuda"  # the jax platform whose device buffers the kernels take
+KERNEL_NAME = "kernel"
+DISPLAY_INDEX_BITS = 64  # generate_source knows no shapes: print the width that is always right
+
+
+def device_pointer(buffer: Any) -> int:
+    """The device address of a buffer_callback Buffer (or any ``__cuda_array_interface__`` array)."""
+    return int(buffer.__cuda_array_interface__["data"][0])
+
+
+class DeviceKernel:
+    """One compiled, loaded kernel and its launch for one call's shapes: ``kernel(stream, out, buffers)``
+    enqueues the work on ``stream`` (the output's starting values, then the kernel) and returns at once."""
+
+    def __init__(self, kernel: LoopKernel, plan: LaunchPlan, function: Any, driver: Any):
+        self.kernel, self.plan = kernel, plan
+        self._function, self._driver = function, driver
+        self._params = ParamBlock(kernel, plan)
+        self._lock = threading.Lock()  # the parameter block is shared: devices may call back on several threads
+
+    def __call__(self, stream: int, out: Any, buffers: Sequence[Any]) -> None:
+        plan = self.plan
+        target = device_pointer(out)
+        if plan.start == START_GIVEN:
+            given = device_pointer(buffers[0])
+            if given != target:  # XLA aliased the given array to the output: already in place
+                self._driver.copy(target, given, plan.out_bytes, stream)
+        if not plan.grid:
+            return
+        pointers = [target if source is None else device_pointer(buffers[source]) for source in plan.pointers]
+        with self._lock:  # cuLaunchKernel copies the parameters before it returns
+            self._params.set_pointers(pointers)
+            self._driver.launch(self._function, plan.grid, plan.block, stream, self._params.address)
+
+
+_lock = threading.RLock()
+_BUILT: dict[tuple, DeviceKernel] = {}
+_LOADED: dict[str, Any] = {}  # cache key -> loaded kernel: each cubin is loaded once per process
+
+
+def device_kernel(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]]) -> DeviceKernel:
+    """The kernel of ``spec`` for ``signature`` and the call's shapes (inputs by name plus ``spec.out``),
+    compiled (or read from the cache) and loaded; TullaxError when it does not compile."""
+    from tullax.backends.cuda_compile import cached_cubin
+    from tullax.backends.cuda_driver import driver, target_arch
+
+    table_key = (spec, signature, tuple(sorted((name, tuple(shape)) for name, shape in shapes.items())))
+    with _lock:
+        found = _BUILT.get(table_key)
+        if found is not None:
+            return found
+        start = time.perf_counter()
+        kernel = lower(spec, signature, name=KERNEL_NAME)
+        plan = plan_launch(kernel, spec, shapes, signature.out_dtype)
+        source = print_module([(kernel, plan.index_bits)])
+        codegen_ms = (time.perf_counter() - start) * 1e3
+        dtypes = [a.dtype for a in kernel.arrays]
+        cubin = cached_cubin(source, target_arch(), spec_text=kernel.spec_text, dtypes=dtypes)
+        cuda = driver()
+        loaded = time.perf_counter()
+        function = _LOADED.get(cubin.key)
+        if function is None:
+            function = _LOADED[cubin.key] = cuda.load(cubin.image, KERNEL_NAME)
+        load_ms = (time.perf_counter() - loaded) * 1e3
+        _record(cubin, kernel, codegen_ms, load_ms, time.perf_counter() - start)
+        built = _BUILT[table_key] = DeviceKernel(kernel, plan, function, cuda)
+        return built
+
+
+def _record(cubin: Any, kernel: LoopKernel, codegen_ms: float, load_ms: float, seconds: float) -> None:
+    """Time to a launchable kernel in the cache index: cold when NVRTC compiled it, warm when it was cached."""
+    from tullax.runtime.cache import get_cache
+
+    ttfk = {"ttfk_cold_ms" if cubin.compile_ms is not None else "ttfk_warm_ms": seconds * 1e3}
+    try:
+        get_cache().record(cubin.key, spec=kernel.spec_text, backend=NAME, kind="cubin",
+                           parse_codegen_ms=codegen_ms, load_ms=load_ms, **ttfk)
+    except OSError:  # a read-only cache already warned; timings are a nicety
+        pass
+
+
+def module_source(spec: Spec, dtype: Signature | str = "float32", gradients: tuple | None = None) -> str:
+    """The forward kernel and every gradient step kernel of ``spec`` as ONE CUDA module, for display."""
+    from tullax.api.source import signature_for
+    from tullax.grad import gradients as derive
+
+    sig = signature_for(spec, dtype) if isinstance(dtype, str) else dtype
+    if gradients is None:
+        try:
+            gradients = derive(spec)
+        except TullaxError:
+            gradients = ()
+    kernels = [(lower(spec, sig, name="forward"), DISPLAY_INDEX_BITS)]
+    for position, grad in enumerate(gradients):
+        wrt = spec.input_names.index(grad.wrt) if grad.wrt in spec.input_names else position
+        for number, step in enumerate(grad.steps):  # names from positions: never user text
+            step_sig = signature_for(step, sig.out_dtype)
+            kernels.append((lower(step, step_sig, name=f"grad{wrt}_step{number}"), DISPLAY_INDEX_BITS))
+    return print_module(kernels)
+
+
+class CudaBackend:
+    name = NAME
+    platform = PLATFORM
+
+    def availability(self) -> tuple[bool, str]:
+        from tullax.backends.cuda_compile import nvrtc
+        from tullax.backends.cuda_driver import driver
+
+        try:
+            nvrtc()
+            driver()
+        except BackendUnavailableError as err:
+            return False, str(err)
+        return True, ""
+
+    def build(self, spec: Spec, signature: Signature) -> Any:
+        raise BackendUnavailableError(
+            "the cuda backend runs kernels on jax arrays on an NVIDIA GPU, launched by XLA; for NumPy inputs "
+            "use a host backend (backend='auto', 'numba' or 'julia')")
+
+    def device_kernel(self, spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]]) -> DeviceKernel:
+        return device_kernel(spec, signature, shapes)
+
+    def generate_source(self, spec: Spec, signature: Signature) -> str:
+        return print_module([(lower(spec, signature, name=KERNEL_NAME), DISPLAY_INDEX_BITS)])
+
+    def module_source(self, spec: Spec, dtype: Signature | str = "float32", gradients: tuple | None = None) -> str:
+        return module_source(spec, dtype, gradients)
+
+
+__all__ = ["CudaBackend", "DeviceKernel", "device_kernel", "device_pointer", "module_source"]

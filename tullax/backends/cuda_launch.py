@@ -1,0 +1,114 @@
+"""How the host launches one printed CUDA kernel for one call's static shapes: the index width, the grid, the
+values of the integer parameters, what the output must hold first, and the packed parameter block.
+
+Pure Python and ctypes, no CUDA library: everything here is decided at trace time (shapes are static under
+``jax.jit``) and tested without a GPU.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from tullax.compiler.intervals import dtype_interval, fits
+from tullax.compiler.loops import LoopKernel, eval_int
+from tullax.printers.cuda import BLOCK_THREADS, Parameter, parameters
+from tullax.printers.launch import ndrange_extents
+from tullax.spec.ir import Spec
+
+INT32 = dtype_interval("int32")
+WARP_THREADS = 32  # a block smaller than BLOCK_THREADS is rounded up to whole warps
+MAX_GRID_BLOCKS = 2**31 - 1  # CUDA's limit on gridDim.x; the grid-stride loop covers anything beyond
+
+# What the output buffer must hold before the kernel runs
+START_ANY = "any"  # ':=': the kernel writes every element
+START_GIVEN = "given"  # '=' and '+=' (scatters too): the given array (input 0), unless XLA aliased it
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """``values``: the size and extent parameters, in parameter order. ``pointers``: for each pointer parameter,
+    the spec input whose buffer it gets (None: the output). ``grid`` is 0 when there is nothing to compute."""
+
+    index_bits: int
+    grid: int
+    block: int
+    values: tuple[int, ...]
+    pointers: tuple[int | None, ...]
+    start: str
+    out_bytes: int
+
+
+def plan_launch(kernel: LoopKernel, spec: Spec, shapes: Mapping[str, tuple[int, ...]], out_dtype: str) -> LaunchPlan:
+    """The launch of ``kernel`` (lowered from ``spec``) for the input and output shapes of one call
+    (``shapes``: input name -> shape, plus ``spec.out`` -> the result's shape)."""
+    array_shapes = {a.name: tuple(shapes[a.source]) for a in kernel.arrays}
+    sizes = {s.name: int(s.size.eval(shapes)) for s in kernel.sizes}
+    extents = [max(eval_int(e, sizes), 0) for e in ndrange_extents(kernel)]
+    total = math.prod(extents)
+    if not extents:  # a scalar result: one thread
+        grid, block = 1, 1
+    elif total == 0:
+        grid, block = 0, BLOCK_THREADS
+    else:
+        block = min(BLOCK_THREADS, -(-total // WARP_THREADS) * WARP_THREADS)
+        grid = min(-(-total // block), MAX_GRID_BLOCKS)
+    narrow = (all(math.prod(shape) <= INT32.hi for shape in array_shapes.values())
+              and total + grid * block <= INT32.hi  # the grid-stride counter's last value
+              and fits(kernel, sizes, INT32))
+    bits = 32 if narrow else 64
+    values, pointers = [], []
+    for param in parameters(kernel, bits):
+        if param.kind == "size":
+            values.append(sizes[param.name])
+        elif param.kind == "extent":
+            values.append(array_shapes[param.array][param.axis])
+        else:
+            pointers.append(_source_position(kernel, spec, param))
+    start = START_ANY if spec.assign == ":=" else START_GIVEN  # the parser has no ':=' into computed places
+    return LaunchPlan(bits, grid, block, tuple(values), tuple(pointers), start,
+                      math.prod(shapes[spec.out]) * np.dtype(out_dtype).itemsize)
+
+
+def _source_position(kernel: LoopKernel, spec: Spec, param: Parameter) -> int | None:
+    if param.kind == "scalar":
+        source = next(s.source for s in kernel.scalars if s.name == param.array)
+        return spec.input_names.index(source)
+    array = next(a for a in kernel.arrays if a.name == param.array)
+    return None if array.role != "in" else spec.input_names.index(array.source)
+
+
+class ParamBlock:
+    """The ``void**`` array ``cuLaunchKernel`` reads the parameters through, built once per launch plan: the
+    integer values are fixed, the pointers are set before each launch (``set_pointers``)."""
+
+    def __init__(self, kernel: LoopKernel, plan: LaunchPlan):
+        index = ctypes.c_int32 if plan.index_bits == 32 else ctypes.c_int64
+        params = parameters(kernel, plan.index_bits)
+        self.slots = [ctypes.c_void_p(0) for p in params if p.pointer]
+        holders: list[ctypes._SimpleCData] = list(self.slots)
+        holders += [index(v) for v in plan.values]
+        self.holders = holders
+        self.array = (ctypes.c_void_p * len(holders))(*(ctypes.addressof(h) for h in holders))
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.array)
+
+    def set_pointers(self, pointers: Sequence[int]) -> None:
+        for slot, pointer in zip(self.slots, pointers, strict=True):
+            slot.value = pointer
+
+    def decoded(self) -> list[int]:
+        """What the kernel would receive, read back through the ``void**`` (for tests and debugging)."""
+        out = []
+        for k, holder in enumerate(self.holders):
+            kind = ctypes.c_void_p if isinstance(holder, ctypes.c_void_p) else type(holder)
+            out.append(ctypes.cast(self.array[k], ctypes.POINTER(kind)).contents.value or 0)
+        return out
+
+
+__all__ = ["LaunchPlan", "ParamBlock", "plan_launch", "START_ANY", "START_GIVEN"]

@@ -1,0 +1,154 @@
+"""The range of every integer a loop-IR kernel computes, for given size values: interval arithmetic over its
+index expressions. A GPU host uses it to print a kernel with 32-bit index arithmetic when every value fits.
+
+Loop variables run over their bounds, ``Let``s take the interval of their value, integer loads the whole range
+of the array's dtype (an index array may hold anything), a ``Select`` the hull of its branches. Every integer
+sub-expression is checked, not only the final positions: ``2*i + 1`` must fit at ``2*i`` too. Positions are
+exact or over-approximated, never under: a value reached only under a guard still counts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from tullax.compiler.loops import (
+    BOOL,
+    Accum,
+    BinOp,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    If,
+    Let,
+    Load,
+    Loop,
+    LoopKernel,
+    Select,
+    Stmt,
+    Store,
+    UnOp,
+    Var,
+    children,
+    is_float,
+)
+from tullax.errors import TullaxError
+
+
+@dataclass(frozen=True)
+class Interval:
+    lo: int
+    hi: int
+
+    def hull(self, other: "Interval") -> "Interval":
+        return Interval(min(self.lo, other.lo), max(self.hi, other.hi))
+
+    def within(self, bound: "Interval") -> bool:
+        return bound.lo <= self.lo and self.hi <= bound.hi
+
+
+BOOLEAN = Interval(0, 1)
+
+
+def dtype_interval(dtype: str) -> Interval:
+    info = np.iinfo(np.dtype(dtype))
+    return Interval(int(info.min), int(info.max))
+
+
+class _Widest(Exception):
+    """An integer value outside the bound: nothing more to learn."""
+
+
+def fits(kernel: LoopKernel, sizes: Mapping[str, int], bound: Interval) -> bool:
+    """Whether every integer ``kernel`` computes lies in ``bound`` when its size parameters have ``sizes``."""
+    env = {name: Interval(int(v), int(v)) for name, v in sizes.items()}
+    try:
+        _block(kernel.body, env, bound)
+    except _Widest:
+        return False
+    return True
+
+
+def _block(stmts: tuple[Stmt, ...], env: dict[str, Interval], bound: Interval) -> None:
+    env = dict(env)  # a block's Lets are visible after them in the block, not outside it
+    for stmt in stmts:
+        if isinstance(stmt, Loop):
+            start, stop = _value(stmt.start, env, bound), _value(stmt.stop, env, bound)
+            inner = {**env, stmt.var: Interval(start.lo, max(start.lo, stop.hi - 1))}
+            _block(stmt.body, inner, bound)
+        elif isinstance(stmt, If):
+            _value(stmt.cond, env, bound)
+            _block(stmt.then, env, bound)
+            _block(stmt.orelse, env, bound)
+        elif isinstance(stmt, Let):
+            value = _value(stmt.value, env, bound)
+            if value is not None:
+                env[stmt.var] = value
+        elif isinstance(stmt, Accum):
+            _value(stmt.value, env, bound)
+        elif isinstance(stmt, Store):
+            for expr in (*stmt.index, stmt.value):
+                _value(expr, env, bound)
+        else:
+            raise TullaxError(f"internal error: no interval rule for the loop IR statement {stmt!r}")
+
+
+def _value(expr: Expr, env: Mapping[str, Interval], bound: Interval) -> Interval | None:
+    """The interval of an integer or bool ``expr`` (None for a float), checking its integer parts."""
+    parts = [_value(child, env, bound) for child in children(expr)]
+    if is_float(expr.dtype):
+        return None
+    if expr.dtype == BOOL:
+        return BOOLEAN
+    found = _integer(expr, parts, env)
+    if not found.within(bound):
+        raise _Widest
+    return found
+
+
+def _integer(expr: Expr, parts: list[Interval | None], env: Mapping[str, Interval]) -> Interval:
+    if isinstance(expr, Const):
+        return Interval(int(expr.value), int(expr.value))
+    if isinstance(expr, Var):
+        return env.get(expr.name, dtype_interval(expr.dtype))
+    if isinstance(expr, Load):
+        return dtype_interval(expr.dtype)
+    if isinstance(expr, Cast):
+        return parts[0] if parts[0] is not None else dtype_interval(expr.dtype)
+    if isinstance(expr, Select):
+        return parts[1].hull(parts[2])
+    if isinstance(expr, UnOp):  # neg
+        return Interval(-parts[0].hi, -parts[0].lo)
+    if isinstance(expr, Call):  # abs
+        (a,) = parts
+        return Interval(0 if a.lo <= 0 <= a.hi else min(abs(a.lo), abs(a.hi)), max(abs(a.lo), abs(a.hi)))
+    if isinstance(expr, BinOp):
+        return _binary(expr.op, parts[0], parts[1])
+    raise TullaxError(f"internal error: no interval rule for the loop IR node {expr!r}")
+
+
+def _binary(op: str, a: Interval, b: Interval) -> Interval:
+    if op == "+":
+        return Interval(a.lo + b.lo, a.hi + b.hi)
+    if op == "-":
+        return Interval(a.lo - b.hi, a.hi - b.lo)
+    if op in ("*", "//"):
+        if op == "//" and b.lo <= 0 <= b.hi:
+            raise _Widest  # a divisor that may be zero: no bound
+        combine = (lambda x, y: x * y) if op == "*" else (lambda x, y: x // y)
+        corners = [combine(x, y) for x in (a.lo, a.hi) for y in (b.lo, b.hi)]
+        # floor division may also truncate: the quotient of the extremes is the widest (a // b is monotone)
+        return Interval(min(corners), max(corners))
+    if op == "mod":  # floor modulo: the sign of the divisor, smaller than it
+        top = max(abs(b.lo), abs(b.hi))
+        return Interval(-top if b.lo < 0 else 0, top if b.hi > 0 else 0)
+    if op == "max":
+        return Interval(max(a.lo, b.lo), max(a.hi, b.hi))
+    if op == "min":
+        return Interval(min(a.lo, b.lo), min(a.hi, b.hi))
+    raise TullaxError(f"internal error: no interval rule for the integer operator {op!r}")
+
+
+__all__ = ["Interval", "fits", "dtype_interval"]
