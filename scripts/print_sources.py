@@ -50,7 +50,7 @@ def case_text(case) -> str:
                 signature = Signature.for_dtype(step, dtype)
                 parts.append(f"== loops {label} {dtype} tile={tile}\n"
                              + _attempt(lambda: format_kernel(lower(step, signature, tile=tile))))
-    for backend in ("numba", "julia", "julia-cuda"):
+    for backend in ("numba", "julia", "julia-cuda", "cuda"):
         for dtype in ("float32", "float64"):
             parts.append(f"== source {backend} {dtype}\n" + _attempt(
                 lambda: tullax.generate_source(case.spec, backend=backend, dtype=dtype, ranges=case.ranges)))
