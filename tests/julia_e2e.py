@@ -97,7 +97,7 @@ def scenario_cache_cold() -> None:
 
 def scenario_cache_warm() -> None:
     """A new process on the same cache: the kernels come from the package image (ttfk_warm_ms), same results."""
-    from tullax.backends.julia import runtime
+    from tullax.backends.julia_runtime import runtime
 
     for text in CACHE_SPECS:
         spec = compile_spec(text, None)[1]
@@ -112,9 +112,10 @@ def scenario_cache_warm() -> None:
 
 def scenario_bridge() -> None:
     """TullaxBridge's own Julia test suite, inside this juliacall process."""
-    from tullax.backends.julia import runtime
+    from tullax.backends.julia import cpu_availability
+    from tullax.backends.julia_runtime import runtime
 
-    runtime().start()
+    runtime().start(cpu_availability)
     tests = Path(__file__).resolve().parent.parent / "julia" / "TullaxBridge" / "test" / "runtests.jl"
 
     def include() -> None:  # returns nothing: no Julia object leaves the Julia thread

@@ -22,11 +22,11 @@ from tullax.backends import julia_detect
 from tullax.backends.base import Signature
 from tullax.backends.host import ALLOW_BOTH_ENV, warn_if_other_llvm_loaded
 from tullax.backends.julia import (
-    JuliaThread,
     cuda_availability,
     kernel_module,
     workload_call,
 )
+from tullax.backends.julia_runtime import JuliaThread
 from tullax.errors import TullaxError
 from tullax.spec.frontend import compile_spec
 
