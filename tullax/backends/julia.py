@@ -37,6 +37,9 @@ from tullax.compiler.loops import LoopKernel
 from tullax.compiler.lower import lower
 from tullax.errors import ShapeError, TullaxError
 from tullax.printers.julia import (
+    CPU_FLAVOUR,
+    GPU_FLAVOUR,
+    Flavour,
     arrival_dtype,
     julia_type,
     launcher_name,
@@ -48,7 +51,7 @@ from tullax.spec.ir import Spec
 
 NAME = "julia"
 CUDA_NAME = "julia-cuda"
-PRINTER_VERSION = 1  # part of every cache key: bump when the printed code changes meaning
+PRINTER_VERSION = 2  # part of every cache key: bump when the printed code changes meaning
 SOURCE_FILE = "kernels.jl"
 WORKLOAD_FILE = "workload.json"
 PACKAGE_NAME = "TullaxPrecompiledKernels"
@@ -58,19 +61,21 @@ KERNEL_NAME = "kernel"
 
 @dataclass(frozen=True)
 class Target:
-    """One Julia backend flavour: its registry name, the lowering's ``tile`` option, the bridge device."""
+    """One Julia backend: its registry name, the lowering's ``tile`` option, the bridge device, what the printer
+    prints for its KernelAbstractions backend."""
 
     name: str
     tile: bool
     device: str  # "cpu" | "cuda"
+    flavour: Flavour
 
     @property
     def options(self) -> dict[str, Any]:
         return {"printer": PRINTER_VERSION, "tile": self.tile, "device": self.device}
 
 
-CPU = Target(NAME, tile=True, device="cpu")
-CUDA = Target(CUDA_NAME, tile=False, device="cuda")
+CPU = Target(NAME, tile=True, device="cpu", flavour=CPU_FLAVOUR)
+CUDA = Target(CUDA_NAME, tile=False, device="cuda", flavour=GPU_FLAVOUR)
 
 
 # =============================================================================================
@@ -80,13 +85,14 @@ def module_source(spec: Spec, dtype: str = "float32", *, target: Target = CPU) -
     """The whole module: the forward kernel and every gradient step kernel (``forward!``, ``grad<k>_step<n>!``
     where k is the input's position), each with its ``run_...!`` launcher; data and scalars in ``dtype``, index
     arrays int64. Gradients that cannot be derived are left out."""
-    return host.module_source(spec, Signature.for_dtype(spec, dtype), partial(lower, tile=target.tile), print_module)
+    return host.module_source(spec, Signature.for_dtype(spec, dtype), partial(lower, tile=target.tile),
+                              partial(print_module, flavour=target.flavour))
 
 
 def kernel_module(spec: Spec, signature: Signature, target: Target = CPU) -> tuple[LoopKernel, str]:
     """The kernel of ``spec`` (named ``kernel``) and the module that holds it with its launcher."""
     kernel = lower(spec, signature, name=KERNEL_NAME, tile=target.tile)
-    return kernel, print_module([kernel])
+    return kernel, print_module([kernel], flavour=target.flavour)
 
 
 # =============================================================================================
