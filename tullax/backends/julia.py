@@ -13,13 +13,13 @@
   ``TullaxBridge.run_launcher_cpu!``, which wraps each as ``unsafe_wrap(Array, pointer, reverse(size))`` (the
   printed kernels index reversed) and calls the printed launcher ``run_kernel!`` (ndrange, synchronize). Python
   keeps the arrays alive for the call. ``julia-cuda`` copies them to the device and the output back (the host
-  kernel contract is NumPy memory); the zero-copy device path (DLPack) needs device buffers from the JAX op.
+  kernel contract is NumPy memory). uint64 index arrays go over as their int64 view (``index_view``).
 * Caching: the build sequence is ``tullax.backends.host``'s; the module text is ``kernels.jl`` in its cache entry,
   plus ``workload.json``: tiny arguments for precompiling it. ``JuliaBackend.warm_package()`` (``tullax cache
   warm --backend julia``) writes every cached CPU module into one precompiled package
-  (``TullaxBridge.write_precompile_package``, a PrecompileTools workload per kernel) and precompiles it; a later
-  process loads those kernels from Julia's package image instead of compiling them (``ttfk_warm_ms`` in the cache
-  index, ``ttfk_cold_ms`` otherwise).
+  (``TullaxBridge.write_precompile_package``, a PrecompileTools workload per kernel, handed over as tuples:
+  ``bridge_workload``) and precompiles it; a later process loads those kernels from Julia's package image instead
+  of compiling them (``ttfk_warm_ms`` in the cache index, ``ttfk_cold_ms`` otherwise).
 """
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Sequence
+
+import numpy as np
 
 from tullax.backends import host, julia_detect
 from tullax.backends.base import Capabilities, Shapes, Signature
@@ -102,13 +104,40 @@ def launch_arguments(kernel: LoopKernel, spec: Spec, out: Any, inputs: Sequence[
     """The launcher's arguments after ``backend``, in the kernel's parameter order, for a call of ``kernel``
     (``host.marshal``): arrays (``out`` first) as C-contiguous NumPy arrays, scalars as Python numbers of the
     kind juliacall turns into the type the kernel declares (float -> Float64, int -> Int64, bool -> Bool), sizes
-    as ints evaluated from the shapes. Returns (arguments, the contiguous copy of ``out`` to copy back after the
-    call, or None when ``out`` itself is passed)."""
-    return host.marshal(_argument_plan(kernel, spec), out, inputs, host.call_shapes(spec, out, inputs))
+    as ints evaluated from the shapes; uint64 index arrays as their int64 view (``index_view``). Returns
+    (arguments, the contiguous copy of ``out`` to copy back after the call, or None when ``out`` itself is
+    passed)."""
+    return _marshal(_argument_plan(kernel, spec), _index_arguments(kernel, spec), out, inputs,
+                    host.call_shapes(spec, out, inputs))
 
 
 def _argument_plan(kernel: LoopKernel, spec: Spec) -> host.ArgumentPlan:
     return host.ArgumentPlan.of(kernel, spec, scalar=_python_number, rank0_as_vector=False)
+
+
+def _index_arguments(kernel: LoopKernel, spec: Spec) -> frozenset[int]:
+    """Where the index arrays (inputs of kind "index") are among the launcher's arguments after ``backend``."""
+    kinds = {i.name: i.kind for i in spec.inputs}
+    return frozenset(k for k, a in enumerate(kernel.arrays) if a.role == "in" and kinds[a.source] == "index")
+
+
+# Index dtypes that reach Julia as a view of another dtype (see index_view).
+_INDEX_VIEWS = {"uint64": "int64"}
+
+
+def index_view(array: np.ndarray) -> np.ndarray:
+    """An index array as Julia receives it: uint64 values as their int64 view (no copy). The printed kernels
+    convert an index value with ``Int64(...)``, which throws InexactError for a UInt64 of 2^63 or more, where the
+    other backends see an out-of-range index; viewed as Int64 that value is negative, so out of range, and the
+    kernel's range guard skips it."""
+    view = _INDEX_VIEWS.get(array.dtype.name)
+    return array if view is None else array.view(view)
+
+
+def _marshal(plan: host.ArgumentPlan, index_arguments: frozenset[int], out: Any, inputs: Sequence[Any],
+             shapes: Shapes) -> tuple[list[Any], Any]:
+    args, copy_back = host.marshal(plan, out, inputs, shapes)
+    return [index_view(a) if k in index_arguments else a for k, a in enumerate(args)], copy_back
 
 
 def _python_number(value: Any, dtype: str) -> Any:
@@ -119,9 +148,10 @@ def _python_number(value: Any, dtype: str) -> Any:
 
 
 def workload_call(kernel: LoopKernel, spec: Spec, signature: Signature, modname: str) -> dict | None:
-    """A precompile workload entry for ``TullaxBridge.write_precompile_package``: the launcher called once with
-    arrays of tiny valid shapes (filled with ones by the bridge) and the matching scalars and sizes; None when no
-    small shapes fit the spec (the kernel then compiles at first use)."""
+    """A precompile workload entry (what the cache stores as JSON; ``bridge_workload`` is what the bridge takes):
+    the launcher called once with arrays of tiny valid shapes (filled by the bridge: index arrays with zeros,
+    data with ones) and the matching scalars and sizes; None when no small shapes fit the spec (the kernel then
+    compiles at first use)."""
     from tullax.testing import shapes_for
 
     try:
@@ -131,16 +161,32 @@ def workload_call(kernel: LoopKernel, spec: Spec, signature: Signature, modname:
     out_shape = tuple(int(s.eval(shapes)) for s in spec.out_shape)
     shapes[spec.out] = out_shape
     dtype_of = dict(zip(spec.input_names, signature.in_dtypes))
+    index_arguments = _index_arguments(kernel, spec)
     args: list[dict[str, Any]] = []
-    for array in kernel.arrays:
+    for position, array in enumerate(kernel.arrays):
         shape = out_shape if array.role != "in" else shapes[array.source]
-        args.append({"type": julia_type(array.dtype if array.role != "in" else dtype_of[array.source]),
-                     "dims": list(reversed(shape))})
+        dtype = array.dtype if array.role != "in" else dtype_of[array.source]
+        if position in index_arguments:
+            dtype = _INDEX_VIEWS.get(dtype, dtype)
+        args.append({"type": julia_type(dtype), "dims": list(reversed(shape))})
     for scalar in kernel.scalars:
         kind = arrival_dtype(scalar.dtype)
         args.append({"type": julia_type(kind), "value": True if kind == "bool" else 1})
     args += [{"type": "Int64", "value": int(size.size.eval(shapes))} for size in kernel.sizes]
     return {"kernel": f"{modname}.{launcher_name(kernel)}", "launcher": True, "ndrange": [], "args": args}
+
+
+BridgeWorkload = tuple[str, bool, tuple[int, ...], tuple[tuple[str, Any], ...]]
+
+
+def bridge_workload(call: dict) -> BridgeWorkload:
+    """A stored workload (``workload_call``'s dict) as ``TullaxBridge.write_precompile_package`` takes it: nested
+    tuples of str, int, float and bool, ``(kernel, launcher, ndrange, ((type, dims or value), ...))``. juliacall
+    hands a tuple to Julia as a ``Tuple`` of converted items, but a list or a dict as a ``PyList{Py}`` /
+    ``PyDict`` of ``Py`` objects, which the bridge cannot read."""
+    args = tuple((a["type"], tuple(int(d) for d in a["dims"])) if "dims" in a else (a["type"], a["value"])
+                 for a in call["args"])
+    return (call["kernel"], bool(call.get("launcher", False)), tuple(int(n) for n in call["ndrange"]), args)
 
 
 # =============================================================================================
@@ -202,6 +248,7 @@ class JuliaHostKernel:
         self.generated, self.modname, self.target = generated, modname, target
         self.launcher = launcher_name(generated.kernel)
         self._plan = _argument_plan(generated.kernel, generated.spec)
+        self._index_arguments = _index_arguments(generated.kernel, generated.spec)
         self._load_ms = load_ms
         self._precompiled = precompiled  # loaded from the precompiled package's image, not compiled here
         self._ran = False
@@ -211,7 +258,7 @@ class JuliaHostKernel:
 
     def run(self, out, inputs: Sequence[Any], shapes: Shapes) -> None:
         """The call, for a caller that knows the input and output ``shapes`` already."""
-        args, copy_back = host.marshal(self._plan, out, inputs, shapes)
+        args, copy_back = _marshal(self._plan, self._index_arguments, out, inputs, shapes)
         start = time.perf_counter()
         runtime().launch(self.modname, self.launcher, args, self.target.device)
         if not self._ran:
@@ -288,8 +335,8 @@ def warm_package() -> dict[str, Any]:
     key = package_key()
     with cache.lock(key):
         directory = cache.entry_dir(key)
-        sources = [source for _, source, _ in modules]
-        workloads = [workload for _, _, workload in modules if workload is not None]
+        sources = tuple(source for _, source, _ in modules)
+        workloads = tuple(bridge_workload(workload) for _, _, workload in modules if workload is not None)
         path, seconds = runtime().write_package(str(directory), PACKAGE_NAME, sources, workloads)
         names = [name for name, _, _ in modules]
         cache.write_text(key, PACKAGE_MODULES_FILE, json.dumps(names))
@@ -306,7 +353,7 @@ class JuliaBackend:
 
     name = NAME
     target = CPU
-    capabilities = Capabilities(host_buffers=True, module_source=True, shaped_run=True)
+    capabilities = Capabilities(host_buffers=True, module_source=True, shaped_run=True, precompiled_package=True)
 
     def availability(self) -> tuple[bool, str]:
         return cpu_availability()
@@ -336,6 +383,8 @@ class JuliaCudaBackend(JuliaBackend):
 
     name = CUDA_NAME
     target = CUDA
+    # CUDA kernels compile once per process: CUDA.jl compiles device code per session, package image or not.
+    capabilities = Capabilities(host_buffers=True, module_source=True, shaped_run=True)
 
     def availability(self) -> tuple[bool, str]:
         return cuda_availability()
@@ -348,5 +397,5 @@ class JuliaCudaBackend(JuliaBackend):
                           "(use `tullax cache warm --backend julia`)")
 
 
-__all__ = ["JuliaBackend", "JuliaCudaBackend", "module_source", "kernel_module", "launch_arguments",
-           "workload_call", "warm_package", "Target", "CPU", "CUDA"]
+__all__ = ["JuliaBackend", "JuliaCudaBackend", "module_source", "kernel_module", "launch_arguments", "index_view",
+           "workload_call", "bridge_workload", "warm_package", "Target", "CPU", "CUDA"]
