@@ -10,10 +10,10 @@ unnoticed (an untaken branch is checked as strictly as a taken one).
 API::
 
     parse_errors(src) -> list[str]              # layer 1: tree-sitter ERROR/MISSING nodes, "line:col: ..."
-    mod = load_module(src, seed=0)              # JuliaSyntaxError / UnsupportedJulia / UndefinedName
+    mod = load_module(src, seed=0, nthreads=1)  # JuliaSyntaxError / UnsupportedJulia / UndefinedName
     mod.launch("kern!", out, a, 3, ndrange=(4, 2), workgroupsize=None)   # == kern!(CPU())(...; ndrange)
     mod.call("run!", CPU_BACKEND, out, a, 3)    # a plain (host) function of the module
-    mod.kernel_names, mod.function_names, mod.launches
+    mod.kernel_names, mod.function_names, mod.launches, mod.geometry
 
 Arrays: pass C-contiguous row-major NumPy arrays. Julia sees each with REVERSED axes, as the
 bridge's zero-copy ``unsafe_wrap`` does: for a NumPy ``a`` of shape (I, J), Julia's ``A`` has
@@ -29,6 +29,13 @@ DivideError, UndefVarError (hard local scope, fresh loop-body locals per iterati
 ``@Const`` arguments that must not alias another argument, and data races between work-items
 (an element written by one work-item and read or written by another without ``Atomix.@atomic``).
 Work-items run one at a time, once per point of the ndrange, in a shuffled order.
+
+Launch geometry on ``CPU()`` (KernelAbstractions 0.9.38-0.9.41, ``src/cpu.jl``): each launch records in
+``mod.geometry`` a :class:`Launch` with its work-group size (the one given, static or at launch, else KA's
+``default_cpu_workgroupsize``: the whole ndrange as ONE group up to 1024 work-items, else groups of 1024 filled
+fastest dimension first), the number of groups (``fld1`` per dimension, a shorter work-group size padded with
+ones) and the number of tasks KA's ``__run`` spawns for them on ``nthreads`` Julia threads
+(``Threads.nthreads()`` in the module returns ``nthreads``).
 
 The subset (anything else raises UnsupportedJulia / UndefinedName at load time):
 
@@ -48,7 +55,7 @@ The subset (anything else raises UnsupportedJulia / UndefinedName at load time):
   tuple ``t[k]`` and ``I[k]``, ``(a, b)`` and ``(n,)`` tuples, calls of module functions, of the builtins in
   SUPPORTED_FUNCTIONS, of the types ``Float32(x) Int(x) ...`` and ``KernelAbstractions.{synchronize,CPU,
   get_backend}``; ``kern(backend)(args...; ndrange=..., workgroupsize=...)``, ``kern(backend, wgsize)(...)``,
-  ``kern(backend, wgsize, ndrange)(...)``; in kernels ``@ndrange()``.
+  ``kern(backend, wgsize, ndrange)(...)``; in kernels ``@ndrange()``; ``Threads.nthreads()``, ``prod`` of a tuple.
 - tree-sitter-julia 0.23 quirks the printer must avoid (both are rejected, never mis-evaluated): ``a^b^c``
   (grouped to the left; write ``a^(b^c)``) and a number literal directly before ``^(`` (``2^(x+1)`` parses
   as a juxtaposition; write ``2 ^ (x + 1)`` or ``2.0f0^k``).
@@ -64,6 +71,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import math
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -78,8 +86,12 @@ __all__ = [
     "JuliaModule",
     "JuliaRuntimeError",
     "JuliaSyntaxError",
+    "KA_CPU_GRAINSIZE",
+    "Launch",
     "UndefinedName",
     "UnsupportedJulia",
+    "cpu_launch",
+    "default_cpu_workgroupsize",
     "load_module",
     "parse_errors",
     "SUPPORTED_FUNCTIONS",
@@ -448,12 +460,33 @@ def _power(x: Any, y: Any) -> Any:
             raise JuliaRuntimeError(f"DomainError with {exponent}: cannot raise an integer to a negative power")
         return bool(value) if tx is BOOL else _wrap_int(value, tx)  # the result has the base's type
     if tx.kind == "float" and ty.kind != "float":
-        return tx.cast(np.power(x, tx.cast(y)))
+        return tx.cast(np.power(np.float64(x), np.float64(y)))  # Julia powers Float32 by squaring in Float64
     t = _promote_type(tx, ty)
-    base, exponent = t.cast(x), t.cast(y)
-    if base < 0 and not float(exponent).is_integer():
+    return t.cast(_float_power(float(t.cast(x)), float(t.cast(y))))
+
+
+# Julia replaces an exponent of this size or more (the infinities too) with it: a huge even integer.
+_HUGE_EVEN_EXPONENT = float.fromhex("0x1.8p62")
+
+
+def _float_power(base: float, exponent: float) -> float:
+    """Julia's ``^(::Float64, ::Float64)`` special cases (base/math.jl), in its order; the Float32 method has the
+    same ones. Only the finite, positive, non-integer case is left to C's pow."""
+    if base == 1.0:
+        return 1.0
+    if math.isnan(exponent):
+        return exponent
+    if not abs(exponent) < _HUGE_EVEN_EXPONENT:
+        exponent = math.copysign(_HUGE_EVEN_EXPONENT, exponent)
+    if exponent.is_integer():
+        return float(np.power(np.float64(base), np.float64(exponent)))
+    if base == 0.0:
+        return 0.0 if exponent > 0 else math.inf
+    if base < 0:
         raise JuliaRuntimeError(f"DomainError with {base}: exponentiation yielding a complex result")
-    return t.cast(np.power(base, exponent))
+    if math.isinf(base) or math.isnan(base):
+        return base if exponent > 0 or math.isnan(base) else 0.0
+    return float(np.power(np.float64(base), np.float64(exponent)))
 
 
 def _integer_division(kind: str, x: Any, y: Any) -> Any:
@@ -643,6 +676,13 @@ def _predicate(name: str, fn: Callable[[Any], Any], for_integers: bool) -> Calla
     return apply
 
 
+def _prod(x: Any) -> Any:
+    """``prod`` of a tuple of numbers (Julia's ``prod(())`` is the Int 1)."""
+    if not isinstance(x, tuple):
+        raise JuliaRuntimeError(f"prod of a {_type_name(x)} is outside the supported subset (tuples only)")
+    return functools.reduce(lambda a, b: _arith("*", a, b), x, np.int64(1))
+
+
 def _muladd(a: Any, b: Any, c: Any) -> Any:
     return _arith("+", _arith("*", a, b), c)
 
@@ -709,6 +749,7 @@ def _builtins() -> dict[str, Any]:
         _Builtin("isfinite", _predicate("isfinite", np.isfinite, True)),
         _Builtin("size", _size),
         _Builtin("length", _length),
+        _Builtin("prod", _prod),
         _Builtin("eltype", lambda x: _array(x, "eltype").jtype),
         _Builtin("ndims", lambda x: np.int64(len(_array(x, "ndims").size))),
         _Builtin("CPU", _cpu, package="KernelAbstractions", keywords=True),
@@ -727,6 +768,7 @@ SUPPORTED_FUNCTIONS: tuple[str, ...] = tuple(sorted(k for k, v in BUILTINS.items
 _QUALIFIED = {("KernelAbstractions", "synchronize"), ("KernelAbstractions", "CPU"),
               ("KernelAbstractions", "get_backend")}
 _PACKAGES = ("KernelAbstractions", "Atomix")
+_NTHREADS = ("Threads", "nthreads")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -902,9 +944,67 @@ class _KernelInstance:
             if self.static_ndrange is not None and dims != self.static_ndrange:
                 raise JuliaRuntimeError(f"{self.kernel.name}: ndrange {dims} differs from the static "
                                         f"ndrange {self.static_ndrange}")
+        workgroupsize = self.workgroupsize
         if kwargs.get("workgroupsize") is not None:
-            _dims(kwargs["workgroupsize"], "workgroupsize", positive=True)
+            given = _dims(kwargs["workgroupsize"], "workgroupsize", positive=True)
+            if workgroupsize is not None and given != workgroupsize:
+                raise JuliaRuntimeError(f"{self.kernel.name}: Static WorkgroupSize {workgroupsize} and launch "
+                                        f"WorkgroupSize {given} differ")
+            workgroupsize = given
+        if workgroupsize is not None and len(workgroupsize) > len(dims):
+            raise JuliaRuntimeError(f"{self.kernel.name}: AssertionError: the work-group size {workgroupsize} has "
+                                    f"more dimensions than the ndrange {dims}")
+        module = self.kernel.module
+        geometry = cpu_launch(self.kernel.name, dims, workgroupsize, module.nthreads)
         _launch(self.kernel, list(args), dims)
+        if geometry.groups:  # KernelAbstractions returns before running anything when there are no groups
+            module.geometry.append(geometry)
+
+
+KA_CPU_GRAINSIZE = 1024  # KernelAbstractions' CPU_GRAINSIZE
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch on ``CPU()``: how KernelAbstractions splits it into work-groups and tasks."""
+
+    kernel: str
+    ndrange: tuple[int, ...]
+    workgroupsize: tuple[int, ...]  # as KA uses it: padded with ones to the ndrange's rank
+    groups: int  # work-groups: each one runs on one task, its work-items one after another
+    tasks: int  # the Julia tasks (so at most the threads) that run the groups
+
+
+def default_cpu_workgroupsize(ndrange: tuple[int, ...]) -> tuple[int, ...]:
+    """KernelAbstractions' ``default_cpu_workgroupsize``: the work-group size of a dynamic kernel launched without
+    one. Up to KA_CPU_GRAINSIZE work-items are ONE group; beyond, groups of that many, fastest dimension first."""
+    n = int(np.prod(ndrange))
+    if n == 0:
+        return tuple(1 for _ in ndrange)
+    if n <= KA_CPU_GRAINSIZE:
+        return ndrange
+    available, sizes = KA_CPU_GRAINSIZE, []
+    for dim in ndrange:
+        if available == 0:
+            sizes.append(1)
+        elif available <= dim:
+            sizes.append(available)
+            available = 0
+        else:
+            available //= dim
+            sizes.append(dim)
+    return tuple(sizes)
+
+
+def cpu_launch(kernel: str, ndrange: tuple[int, ...], workgroupsize: tuple[int, ...] | None,
+               nthreads: int) -> Launch:
+    """KernelAbstractions' ``launch_config``, ``partition`` and ``__run`` on ``CPU()`` for one launch: the default
+    work-group size when none is given, padded with ones, ``fld1`` groups per dimension, and one task per thread
+    with work, the groups split evenly over them."""
+    sizes = default_cpu_workgroupsize(ndrange) if workgroupsize is None else workgroupsize
+    sizes = tuple(sizes) + (1,) * (len(ndrange) - len(sizes))
+    groups = int(np.prod([-(-n // w) for n, w in zip(ndrange, sizes)]))
+    return Launch(kernel, tuple(ndrange), sizes, groups, min(nthreads, groups))
 
 
 def _dims(value: Any, what: str, positive: bool = False) -> tuple[int, ...]:
@@ -1008,11 +1108,13 @@ def _from_julia(x: Any) -> Any:
 class JuliaModule:
     """A loaded module: its kernels and functions, run with Julia semantics on NumPy arrays."""
 
-    def __init__(self, name: str, seed: int):
+    def __init__(self, name: str, seed: int, nthreads: int):
         self.name = name
         self.defs: dict[str, Any] = {}
         self.imports: set[str] = set()
         self.launches: list[tuple[str, tuple[int, ...]]] = []
+        self.geometry: list[Launch] = []
+        self.nthreads = nthreads
         self.rng = random.Random(seed)
 
     @property
@@ -1046,12 +1148,13 @@ class JuliaModule:
             instance.launch([_to_julia(a) for a in args], {"ndrange": _to_julia(ndrange)})
 
 
-def load_module(src: str, *, seed: int = 0) -> JuliaModule:
-    """Parse, check and compile ``src``; raises JuliaSyntaxError, UnsupportedJulia or UndefinedName."""
+def load_module(src: str, *, seed: int = 0, nthreads: int = 1) -> JuliaModule:
+    """Parse, check and compile ``src`` for a Julia with ``nthreads`` threads; raises JuliaSyntaxError,
+    UnsupportedJulia or UndefinedName."""
     errors = parse_errors(src)
     if errors:
         raise JuliaSyntaxError(errors)
-    return _ModuleCompiler(_parse(src).root_node, seed).module
+    return _ModuleCompiler(_parse(src).root_node, seed, nthreads).module
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1558,6 +1661,9 @@ class _BodyCompiler:
     def expr_field_expression(self, node: tree_sitter.Node) -> Closure:
         value, name = _named(node)
         key = (_text(value), _text(name))
+        if value.type == "identifier" and key == _NTHREADS:  # Base.Threads: no `using` needed
+            module = self.mc.module
+            return _constant(_Builtin("nthreads", lambda: np.int64(module.nthreads)))
         if value.type != "identifier" or key not in _QUALIFIED:
             raise _reject(node, f"field access {_text(node)} (only {sorted('.'.join(q) for q in _QUALIFIED)})")
         self.mc.require_package(key[0], node)
@@ -1764,17 +1870,17 @@ def _index_tuple(container: Any, idx: list[Any]) -> Any:
 class _ModuleCompiler:
     """Compiles the top level: one `module ... end` block (or bare definitions)."""
 
-    def __init__(self, root: tree_sitter.Node, seed: int):
+    def __init__(self, root: tree_sitter.Node, seed: int, nthreads: int):
         statements = _named(root)
         if len(statements) == 1 and statements[0].type == "module_definition":
             block = statements[0]
             name_node = block.child_by_field_name("name")
-            self.module = JuliaModule(_text(name_node), seed)
+            self.module = JuliaModule(_text(name_node), seed, nthreads)
             body = [c for c in _named(block) if c.id != name_node.id]
         else:
             # Bare definitions are evaluated by the bridge in a container that already has
             # `using KernelAbstractions, Atomix`.
-            self.module = JuliaModule("Main", seed)
+            self.module = JuliaModule("Main", seed, nthreads)
             self.module.imports.update(_PACKAGES)
             body = statements
         self.references: list[tuple[str, tree_sitter.Node]] = []

@@ -22,11 +22,11 @@ from tullax.backends import julia_detect
 from tullax.backends.base import Signature
 from tullax.backends.host import ALLOW_BOTH_ENV, warn_if_other_llvm_loaded
 from tullax.backends.julia import (
-    JuliaThread,
     cuda_availability,
     kernel_module,
     workload_call,
 )
+from tullax.backends.julia_runtime import JuliaThread
 from tullax.errors import TullaxError
 from tullax.spec.frontend import compile_spec
 
@@ -38,9 +38,13 @@ SCENARIO_TIMEOUT_S = 3600  # the first start resolves, downloads and precompiles
 # ---------------------------------------------------------------------------------------------
 # Layer 4: the real backend, whenever a Julia is found
 # ---------------------------------------------------------------------------------------------
-def run_scenario(name: str, cache_dir: Path) -> str:
+# Julia >= 1.12 warns when code reads a binding in a world older than its definition (audit N6).
+WORLD_AGE_WARNING = "world prior to its definition"
+
+
+def run_scenario(name: str, cache_dir: Path, **extra_env: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
-    env["TULLAX_CACHE_DIR"] = str(cache_dir)
+    env.update(TULLAX_CACHE_DIR=str(cache_dir), **extra_env)
     result = subprocess.run([sys.executable, str(E2E), name], capture_output=True, text=True, env=env,
                             timeout=SCENARIO_TIMEOUT_S, cwd=ROOT)
     lines = result.stdout.strip().splitlines()
@@ -48,6 +52,7 @@ def run_scenario(name: str, cache_dir: Path) -> str:
         pytest.skip(lines[-1])
     assert result.returncode == 0 and lines and lines[-1] == "OK", (
         f"scenario {name} failed (exit {result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}")
+    assert WORLD_AGE_WARNING not in result.stderr, result.stderr[-8000:]
     return result.stdout
 
 
@@ -76,6 +81,50 @@ def test_the_bridge_julia_test_suite(tmp_path):
 @pytest.mark.julia
 def test_julia_cuda_when_a_gpu_and_cuda_jl_are_there(tmp_path):
     run_scenario("cuda", tmp_path / "cache")
+
+
+@pytest.mark.julia
+def test_the_bridge_takes_the_precompile_workload_as_python_sends_it(tmp_path):
+    """Audit B1: tuples reach write_precompile_package as Julia Tuples; lists (PyList{Py}) are refused."""
+    run_scenario("bridge_arguments", tmp_path / "cache")
+
+
+@pytest.mark.julia
+def test_cpu_launches_give_every_julia_thread_work_groups(tmp_path):
+    """Audit G1, on the real KernelAbstractions, with 4 Julia threads."""
+    assert "Julia threads: 4" in run_scenario("geometry", tmp_path / "cache", TULLAX_JULIA_THREADS="4")
+
+
+@pytest.mark.julia
+def test_tiled_cpu_kernels_over_several_tiles_match_the_references(tmp_path):
+    """Audit R1 (the @Const alias-scope miscompile needs Julia 1.11/1.12; the scenario prints the version)."""
+    run_scenario("tiled", tmp_path / "cache", TULLAX_JULIA_THREADS="4")
+
+
+@pytest.mark.julia
+@pytest.mark.parametrize("threads", ["1", "4"])
+def test_the_interpreter_exits_cleanly_after_running_julia(tmp_path, threads):
+    """Audit R4: Julia's exit hook runs on the Julia thread at exit; a crash there fails the exit status."""
+    for _ in range(5):
+        run_scenario("exit_child", tmp_path / "cache", TULLAX_JULIA_THREADS=threads)
+
+
+@pytest.mark.julia
+def test_julia_collects_garbage_while_the_julia_thread_waits_in_python(tmp_path):
+    """Audit R5: the Julia thread is GC-safe between calls."""
+    run_scenario("gc_idle", tmp_path / "cache", TULLAX_JULIA_THREADS="2")
+
+
+@pytest.mark.julia
+def test_julia_starts_after_jax_loaded_its_cpp_runtime(tmp_path):
+    """Audit R6: the libstdc++ load order of tullax's lazy start works on this host."""
+    run_scenario("after_jax", tmp_path / "cache")
+
+
+@pytest.mark.julia
+def test_the_pow_helper_on_julia_matches_xla_bit_for_bit(tmp_path):
+    """Audit G4, on the real Julia (the evaluator's model of Julia's ^ is checked with it)."""
+    run_scenario("pow", tmp_path / "cache")
 
 
 # ---------------------------------------------------------------------------------------------

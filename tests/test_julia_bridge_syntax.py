@@ -6,6 +6,7 @@ Project.toml agree with each other and with juliapkg's own parser.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -98,7 +99,7 @@ def test_extension_only_adds_methods_to_bridge_functions():
         value, field = _named(node)
         if _text(value) == "TullaxBridge":
             extended.add(_text(field))
-    assert extended == {"cuda_backend", "wrap_cuda", "sync_stream", "run_launcher_cuda!"}
+    assert extended == {"cuda_backend", "run_launcher_cuda!"}
     assert extended <= _defined_names(sorted((BRIDGE / "src").glob("*.jl")))
 
 
@@ -106,7 +107,10 @@ def test_project_toml_declares_uuids_compat_and_the_cuda_extension():
     proj = project()
     assert proj["name"] == "TullaxBridge" and UUID_RE.match(proj["uuid"])
     deps = proj["deps"] | proj["weakdeps"]
-    assert {"KernelAbstractions", "Atomix", "DLPack", "PythonCall", "PrecompileTools"} <= set(proj["deps"])
+    assert {"KernelAbstractions", "Atomix", "PythonCall", "PrecompileTools"} <= set(proj["deps"])
+    # DLPack.jl was a hard dependency nothing used: it capped BFloat16s, and its CuArray path needs CUDA.Mem,
+    # which CUDA.jl 6 removed (audit N1).
+    assert "DLPack" not in deps and "DLPack" not in juliapkg_packages(JULIAPKG_JSON)
     assert all(UUID_RE.match(u) for u in deps.values())
     assert set(deps) <= set(proj["compat"])
     assert proj["compat"]["KernelAbstractions"] == "0.9.38"  # CUDA.jl 5/6 and Tullio need KA < 0.10
@@ -168,3 +172,42 @@ def test_bridge_julia_test_suite_passes_under_juliacall():
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=1800)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+
+
+def test_juliacall_and_juliapkg_are_bounded_to_what_the_bridge_resolves_with():
+    """Audit R3: every juliacall pins one PythonCall release, which must be inside TullaxBridge's PythonCall
+    compat; juliapkg must find the juliapkg.json of an editable install (0.1.18 on)."""
+    from importlib.metadata import version
+
+    from juliapkg.compat import Compat, Version
+
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert "juliacall>=0.9.25,<0.10" in dependencies and "juliapkg>=0.1.18" in dependencies
+    installed = tuple(int(n) for n in version("juliacall").split(".")[:3])
+    assert (0, 9, 25) <= installed < (0, 10, 0)
+    # juliacall's package data, located without importing it (that would start, or download, a Julia)
+    pin = json.loads((Path(importlib.util.find_spec("juliacall").origin).parent / "juliapkg.json").read_text())
+    pinned = pin["packages"]["PythonCall"]["version"].lstrip("=")
+    assert Version.parse(pinned) in Compat.parse(project()["compat"]["PythonCall"]), pinned
+
+
+def test_bindings_of_run_time_modules_are_read_in_the_latest_world():
+    """Audit N6: kernel modules are evaluated at run time, often in the same top-level call that then reads
+    them; a getfield in the older world warns on Julia 1.12. They are read through latest_binding
+    (``invokelatest(getglobal, ...)``); only Base's own bindings are read directly."""
+    reads = []
+    for path in JULIA_FILES:
+        for node in _nodes(path, "call_expression"):
+            callee, arguments = _named(node)[0], _named(node)[-1]
+            if _text(callee) in ("getfield", "getglobal", "getproperty"):
+                reads.append((path.name, _text(node)))
+                assert _text(_named(arguments)[0]) == "Base", (path.name, _text(node))
+    assert reads, "the check found no binding reads at all"
+    launch = (BRIDGE / "src" / "launch.jl").read_text()
+    assert "latest_binding(mod::Module, name::Symbol) = Base.invokelatest(getglobal, mod, name)" in launch
+
+
+def test_a_package_that_cannot_be_precompiled_is_an_error():
+    """Audit N8: Base.compilecache returns, not throws, the exception for a package it cannot precompile."""
+    source = (BRIDGE / "src" / "precompile_package.jl").read_text()
+    assert "seconds = @elapsed result = Base.compilecache(pkg)\n    result isa Exception && throw(result)" in source

@@ -155,3 +155,76 @@ def test_cuda_packages_and_install_without_julia(env, monkeypatch):
         monkeypatch.setenv(key, value)
     with pytest.raises(BackendUnavailableError, match="No Julia"):
         install_cuda()
+
+
+# ---------------------------------------------------------------------------------------------
+# juliapkg's Julia compat (audit R2) and juliacall's own settings (audit G5)
+# ---------------------------------------------------------------------------------------------
+OLD_OPENSSL = julia_detect.julia_compat((3, 0, 19))
+NEW_OPENSSL = julia_detect.julia_compat((3, 5, 1))
+
+
+@pytest.mark.parametrize("openssl", [(1, 1, 1), (3, 0, 19), (3, 4, 9), (3, 5, 0), (3, 6, 2)])
+def test_julia_compat_mirrors_juliapkgs_openssl_rule(openssl):
+    from juliapkg.compat import Compat, Version
+    from juliapkg.deps import openssl_compat
+
+    ours = julia_detect.julia_compat(openssl)
+    theirs = openssl_compat(openssl)[1]
+    allowed = Compat.parse("^1.10.3") if theirs is None else Compat.parse("^1.10.3") & Compat.parse(theirs)
+    for version in [(1, 10, 2), (1, 10, 3), (1, 11, 7), (1, 12, 0), (1, 13, 1), (2, 0, 0)]:
+        assert (version in ours) == (Version.parse(".".join(map(str, version))) in allowed), (openssl, version)
+
+
+def _juliaup(env, *versions: str) -> dict[str, str]:
+    juliaup = Path(env["JULIAUP_DEPOT_PATH"]) / "juliaup"
+    exes = {v: fake_julia(juliaup / f"julia-{v}" / "bin" / "julia", f"julia version {v}") for v in versions}
+    (juliaup / "juliaup.json").write_text(json.dumps({"InstalledVersions": {
+        f"{v}+0.x64.linux.gnu": {"Path": f"julia-{v}"} for v in versions}}))
+    return exes
+
+
+def test_julias_outside_juliapkgs_compat_are_skipped(env):
+    exes = _juliaup(env, "1.11.5", "1.12.1")
+    assert find_julia(env, OLD_OPENSSL).exe == exes["1.11.5"]  # newest first, but 1.12 needs OpenSSL 3.5
+    assert find_julia(env, NEW_OPENSSL).exe == exes["1.12.1"]
+
+
+def test_a_julia_too_new_for_this_python_is_reported(env):
+    exe = fake_julia(Path(env["PATH"]) / "julia", "julia version 1.12.0")
+    ok, message = availability(env, OLD_OPENSSL)
+    assert not ok and exe in message and "too new" in message and "OpenSSL" in message and "1.10.3 - 1.11" in message
+
+
+def test_an_explicit_choice_decides_alone(env, tmp_path):
+    fake_julia(Path(env["PATH"]) / "julia", "julia version 1.11.2")
+    old = fake_julia(tmp_path / "old" / "julia", "julia version 1.9.4")
+    ok, message = availability({**env, "PYTHON_JULIAPKG_EXE": old})
+    assert not ok and "PYTHON_JULIAPKG_EXE, which decides alone" in message and "too old" in message
+    new = fake_julia(tmp_path / "new" / "julia", "julia version 1.12.0")
+    assert find_julia({**env, "PYTHON_JULIAPKG_EXE": new}, OLD_OPENSSL) is None  # juliapkg would use it anyway
+
+
+@pytest.mark.parametrize("settings", [{"PYTHON_JULIACALL_EXE": "exe"}, {"PYTHON_JULIACALL_BINDIR": "bin"},
+                                      {"PYTHON_JULIACALL_PROJECT": "project"}])
+def test_juliacall_settings_given_alone_make_the_backend_unavailable(env, tmp_path, settings):
+    fake_julia(Path(env["PATH"]) / "julia")
+    exe = fake_julia(tmp_path / "exe" / "julia")
+    paths = {"exe": exe, "bin": str(Path(exe).parent), "project": str(tmp_path / "project")}
+    ok, message = availability({**env, **{k: paths[v] for k, v in settings.items()}})
+    assert not ok and "set together" in message and "PYTHON_JULIAPKG_EXE" in message
+
+
+def test_a_juliacall_project_must_hold_tullaxs_julia_packages(env, tmp_path):
+    exe = fake_julia(tmp_path / "exe" / "julia")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "Project.toml").write_text('[deps]\nPythonCall = "6099a3de-0909-46bc-b1f4-468b9a2dfc0d"\n')
+    chosen = {**env, "PYTHON_JULIACALL_EXE": exe, "PYTHON_JULIACALL_PROJECT": str(project)}
+    ok, message = availability(chosen)
+    assert not ok and "TullaxBridge, KernelAbstractions, Atomix" in message and "Pkg.develop" in message
+    deps = "\n".join(f'{name} = "00000000-0000-0000-0000-00000000000{k}"'
+                     for k, name in enumerate(julia_detect.PROJECT_PACKAGES))
+    (project / "Project.toml").write_text(f"[deps]\n{deps}\n")
+    ok, message = availability(chosen)
+    assert ok and exe in message and "PYTHON_JULIACALL_EXE" in message

@@ -22,7 +22,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from corpus import CASES_BY_ID, CORPUS, Case
-from julia_subset import CPU_BACKEND, SUPPORTED_FUNCTIONS, JuliaRuntimeError, load_module, parse_errors
+from julia_subset import (
+    CPU_BACKEND,
+    SUPPORTED_FUNCTIONS,
+    JuliaRuntimeError,
+    cpu_launch,
+    load_module,
+    parse_errors,
+)
 
 import tullax
 from tullax.api.kernel import as_numpy_inputs, check_call, result_dtype
@@ -38,7 +45,13 @@ from tullax.backends.julia import (
 from tullax.errors import TullaxError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
-from tullax.printers.julia import format_float, launcher_name
+from tullax.printers.julia import (
+    CPU_GROUP_MAX_ITEMS,
+    CPU_WORKGROUP_HELPER,
+    format_float,
+    helper_name,
+    launcher_name,
+)
 from tullax.printers.launch import launch_nest
 from tullax.spec import functions
 from tullax.spec.frontend import compile_spec
@@ -151,7 +164,13 @@ def test_whole_module_parses_and_is_in_the_subset(case: Case, dtype: str, flavou
     assert "forward!" in module.kernel_names and "run_forward!" in module.function_names
     launchers = {f"run_{name}" for name in module.kernel_names}
     helpers = set(module.function_names) - launchers
-    assert launchers <= set(module.function_names) and all("_nan_f" in name for name in helpers)
+    assert launchers <= set(module.function_names)
+    assert all("_nan_f" in name for name in helpers - {CPU_WORKGROUP_HELPER})
+    # The CPU work-group helper is in a CPU module exactly when a launch uses it; never in a CUDA one.
+    uses_helper = f"workgroupsize = {CPU_WORKGROUP_HELPER}(ndrange)" in source
+    assert (CPU_WORKGROUP_HELPER in helpers) == uses_helper and (flavour == "cpu" or not uses_helper)
+    # No @Const on the CPU: its alias scope miscompiles tiled read-modify-writes on Julia 1.11/1.12 (audit R1).
+    assert flavour == "cuda" or "@Const" not in source
 
 
 def test_generate_source_returns_the_whole_module_without_importing_juliacall():
@@ -307,6 +326,37 @@ def test_registry_julia_domains_are_where_julia_throws(name: str, dtype: str):
         assert throws == module.call("outside", x), (name, dtype, value)
 
 
+POW_EDGE_BASES = [-math.inf, -3.0, -2.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, 3.0, math.inf, math.nan]
+POW_EDGE_EXPONENTS = [-math.inf, -3.0, -2.5, -2.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, 2.5, 3.0, math.inf, math.nan]
+
+
+def same_bits(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """Elementwise: both NaN, or equal with the same sign (+0 and -0 differ)."""
+    return np.where(np.isnan(expected), np.isnan(got), (got == expected) & (np.signbit(got) == np.signbit(expected)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_pow_helper_matches_xla_on_every_edge_value(dtype: str):
+    """XLA, tullax's reference, follows IEEE pow: a negative base with a non-integer exponent is NaN when both are
+    finite, |x|^y when one is infinite ((-Inf)^0.5 is Inf, (-Inf)^-0.5 is 0). Every pair, bit for bit (the sign
+    of a zero included), through the printed helper as the evaluator runs it with Julia's ``^``."""
+    import jax
+    import jax.numpy as jnp
+
+    name = helper_name("pow", dtype)
+    spec, kernel, source = _spec_source("y[i] := x[i]^z[i]", dtype)
+    assert f"{name}(a1[i0 + 1], a2[i0 + 1])" in source
+    module = evaluator_module(source)
+    pairs = [(x, y) for x in POW_EDGE_BASES for y in POW_EDGE_EXPONENTS]
+    x, z = (np.array(column, dtype) for column in zip(*pairs))
+    with jax.enable_x64(True):
+        expected = np.asarray(jnp.power(jnp.asarray(x), jnp.asarray(z)))
+    got = np.array([module.call(name, a, b) for a, b in zip(x, z)], dtype)
+    same = same_bits(got, expected)
+    assert same.all(), [(a, b, g, e) for a, b, g, e, ok in zip(x, z, got, expected, same) if not ok]
+    np.testing.assert_array_equal(run_julia(spec, {"x": x, "z": z}), got)  # the kernel calls the helper
+
+
 def test_integer_powers_are_exact_for_negative_bases():
     spec, kernel, source = _spec_source("y[i] := x[i]^3 + x[i]^-2", "float32")
     assert "^3" in source and "^(-2)" in source and "pow_nan" not in source
@@ -316,7 +366,9 @@ def test_integer_powers_are_exact_for_negative_bases():
 
 def test_parameters_scalars_and_layout():
     spec, kernel, source = _spec_source("y[i,j] := a*W[j,i] + b", "float32")
-    assert "@kernel function kernel!(a0, @Const(a1), s0::Float64, s1::Float64, n0::Int, n1::Int)" in source
+    assert "@kernel function kernel!(a0, a1, s0::Float64, s1::Float64, n0::Int, n1::Int)" in source
+    cuda_source = _spec_source("y[i,j] := a*W[j,i] + b", "float32", target=CUDA)[2]
+    assert "@kernel function kernel!(a0, @Const(a1), s0::Float64, s1::Float64, n0::Int, n1::Int)" in cuda_source
     assert "Float32(s0) * a1[i0 + 1, i1 + 1]" in source  # W[j,i] reversed: Julia W[i+1, j+1]
     env = {"a": np.float32(2.0), "W": np.arange(6, dtype=np.float32).reshape(3, 2), "b": np.float32(0.5)}
     np.testing.assert_allclose(run_julia(spec, env), 2.0 * env["W"].T + 0.5)
@@ -378,3 +430,43 @@ def test_golden_files_parse_and_load():
         assert path.stem in GOLDEN_CASES, f"stale golden file {path.name}"
         assert parse_errors(path.read_text()) == []
         load_module(path.read_text())
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU launch geometry: every Julia thread gets work
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("nthreads", [1, 4, 16])
+def test_a_tiled_kernel_with_a_small_ndrange_runs_on_every_julia_thread(nthreads: int):
+    """The README benchmark's shape class: the tiled CPU ndrange is (1 tile, 1024 rows), each work-item a whole
+    tile. KernelAbstractions' default work-group size makes that ONE group, so one task on one thread; the
+    printed launcher's work-group size gives every thread groups."""
+    spec, kernel, source = _spec_source("D[i,j] := (W[k,i] - X[k,j])^2")
+    rng = np.random.default_rng(0)
+    env = {"W": rng.standard_normal((2, 1024)), "X": rng.standard_normal((2, 8))}
+    arrays, _, out = prepared(spec, env)
+    args, _ = launch_arguments(kernel, spec, out, arrays)
+    module = load_module(source, nthreads=nthreads)
+    module.call(launcher_name(kernel), CPU_BACKEND, *args)
+    np.testing.assert_allclose(out, naive_eval(spec, env), rtol=1e-12)
+    (launch,) = module.geometry
+    assert launch.ndrange == (1, 1024) and launch.tasks == nthreads and launch.groups >= nthreads
+    assert cpu_launch(launch.kernel, launch.ndrange, None, nthreads).tasks == 1  # KA's default: one task
+
+
+NDRANGES = [(1,), (7,), (1024,), (5000,), (10**6,), (1, 1024), (2, 1024), (3, 10**6), (1024, 1024), (1, 3, 5),
+            (2, 2, 10**5), (10**4, 1, 7)]
+
+
+@pytest.mark.parametrize("nthreads", [1, 2, 16, 64])
+def test_cpu_workgroupsize_gives_every_thread_work_in_groups_of_at_most_1024(nthreads: int):
+    module = load_module(_spec_source("y[i] := x[i]")[2], nthreads=nthreads)
+    for ndrange in NDRANGES:
+        launch = cpu_launch("k", ndrange, module.call(CPU_WORKGROUP_HELPER, ndrange), nthreads)
+        assert launch.tasks == min(nthreads, math.prod(ndrange)), (ndrange, launch)
+        assert math.prod(launch.workgroupsize) <= CPU_GROUP_MAX_ITEMS, (ndrange, launch)
+
+
+def test_cuda_launches_leave_the_work_group_size_to_kernelabstractions():
+    source = _spec_source("D[i,j] := (W[k,i] - X[k,j])^2", target=CUDA)[2]
+    assert CPU_WORKGROUP_HELPER not in source and "forward!" not in source
+    assert "kernel!(backend)(a0, a1, a2, n0, n1, n2; ndrange = (n1, n2))" in source

@@ -9,8 +9,11 @@ from julia_subset import (
     CPU_BACKEND,
     JuliaRuntimeError,
     JuliaSyntaxError,
+    Launch,
     UndefinedName,
     UnsupportedJulia,
+    cpu_launch,
+    default_cpu_workgroupsize,
     load_module,
     parse_errors,
 )
@@ -520,6 +523,45 @@ end"""
     out = np.zeros(5, np.float32)
     module(src).call("run!", CPU_BACKEND, out, np.arange(5, dtype=np.float32))
     np.testing.assert_array_equal(out, 2 * np.arange(5))
+
+
+def test_cpu_launch_geometry_follows_kernelabstractions():
+    """KA 0.9.38-0.9.41 src/cpu.jl: without a work-group size, an ndrange of up to 1024 work-items is ONE group;
+    beyond, groups of 1024 filled fastest dimension first; fld1 groups per dimension; one task per thread with
+    groups (the README dist benchmark's (1, 1024) ndrange: one task; matmul 1024^3's (2, 1024): two)."""
+    assert default_cpu_workgroupsize((1, 1024)) == (1, 1024)
+    assert default_cpu_workgroupsize((2, 1024)) == (2, 512)
+    assert default_cpu_workgroupsize((5000,)) == (1024,)
+    assert default_cpu_workgroupsize((3, 2000, 9)) == (3, 341, 1)
+    assert default_cpu_workgroupsize((0, 3)) == (1, 1)
+    assert cpu_launch("k", (1, 1024), None, 16) == Launch("k", (1, 1024), (1, 1024), 1, 1)
+    assert cpu_launch("k", (2, 1024), None, 16) == Launch("k", (2, 1024), (2, 512), 2, 2)
+    assert cpu_launch("k", (10, 7), (3,), 4) == Launch("k", (10, 7), (3, 1), 28, 4)
+
+
+def test_launches_record_their_geometry_and_threads_nthreads_is_the_evaluators():
+    src = """@kernel function k!(out)
+    i = @index(Global, Linear)
+    out[i] = Threads.nthreads()
+end
+function run!(backend, out, wg)
+    k!(backend)(out; ndrange = size(out), workgroupsize = wg)
+    k!(backend)(out; ndrange = size(out))
+    k!(backend, 2)(out; ndrange = size(out))
+end"""
+    m = load_module(f"module T\nusing KernelAbstractions\n{src}\nend\n", nthreads=3)
+    out = np.zeros((4, 5), np.int64)  # Julia size (5, 4)
+    m.call("run!", CPU_BACKEND, out, (1, 2))
+    np.testing.assert_array_equal(out, 3)
+    assert m.geometry == [Launch("k!", (5, 4), (1, 2), 10, 3), Launch("k!", (5, 4), (5, 4), 1, 1),
+                          Launch("k!", (5, 4), (2, 1), 12, 3)]
+    with pytest.raises(JuliaRuntimeError, match="more dimensions than the ndrange"):
+        m.call("run!", CPU_BACKEND, out, (1, 2, 3))
+    mismatch = module("@kernel function k!(out)\n    i = @index(Global, Linear)\n    out[i] = 1\nend\n"
+                      "function run!(backend, out)\n    k!(backend, 2)(out; ndrange = 4, workgroupsize = 4)\nend")
+    with pytest.raises(JuliaRuntimeError, match="Static WorkgroupSize"):
+        mismatch.call("run!", CPU_BACKEND, np.zeros(4))
+    assert evaluate("prod((2, 3, 4))") == 24 and evaluate("prod(())") == 1
 
 
 def test_inbounds_on_loops_blocks_and_conditionals():

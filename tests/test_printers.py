@@ -38,7 +38,7 @@ from tullax.printers.base import (
     non_chaining,
 )
 from tullax.printers.cuda import CudaPrinter
-from tullax.printers.julia import JuliaPrinter, helper_name, print_module
+from tullax.printers.julia import CPU_FLAVOUR, JuliaPrinter, helper_name, print_module
 from tullax.printers.numba import REPLACEMENTS, NumbaPrinter
 from tullax.printers.pseudo import PseudoPrinter
 from tullax.spec import functions
@@ -84,7 +84,7 @@ def test_calls_use_the_registry_spelling(target: str, name: str, dtype: str, mon
 def test_julia_helpers_call_the_registry_spelling(name: str):
     kernel = _kernel([Loop("i0", Const(0, INDEX), Var("n0", INDEX), True, (
         Store("a0", (Var("i0", INDEX),), Call(name, (Load("a1", (Var("i0", INDEX),), "float64"),), "float64")),))])
-    source = print_module([kernel])
+    source = print_module([kernel], flavour=CPU_FLAVOUR)
     fn = functions.get(name)
     assert f"@inline {helper_name(fn.julia, 'float64')}(x::Float64) = " in source
     assert source.count(f" : {fn.julia}(x)\n") == 1

@@ -67,6 +67,9 @@ class Capabilities:
     prepare: bool = False
     # Its host kernels have ``run(out, inputs, shapes)``.
     shaped_run: bool = False
+    # ``warm_package()``: it writes the cached kernels into an artefact a new process loads compiled (``tullax
+    # cache warm`` calls it after warming the specs).
+    precompiled_package: bool = False
 
 
 # What a backend that declares nothing can do: what every backend can.

@@ -6,54 +6,42 @@
 * Availability never imports juliacall (``import juliacall`` without a Julia downloads one): ``julia_detect``
   looks for a Julia; ``julia-cuda`` also needs an NVIDIA device and CUDA.jl in juliapkg's environment
   (``tullax julia install-cuda``). Without them ``build`` raises BackendUnavailableError saying how to get them.
-* Starting Julia (on first build): the environment from ``julia_env_vars`` is applied first: Julia threads =
-  ``TULLAX_JULIA_THREADS`` or ``os.cpu_count()`` (unless ``PYTHON_JULIACALL_THREADS`` is already set: KA's CPU
-  backend spreads work-groups over Julia's threads, and juliacall starts one by default) and
-  ``PYTHON_JULIACALL_HANDLE_SIGNALS=yes`` (required for a multi-threaded Julia inside Python; the cost is that
-  Ctrl-C does not raise KeyboardInterrupt while a Julia kernel runs). Then ``using TullaxBridge``.
-* One Julia thread: juliacall is imported, and every Julia call made, on ONE dedicated Python thread
-  (``tullax-julia``). JAX calls host kernels from XLA's threads, and Julia may only be entered from the thread
-  that initialised it: a garbage collection triggered from any other Python thread waits forever for the
-  initialising thread (PythonCall.jl issue 578; the Julia manual's embedding chapter). Julia objects (the bridge,
-  loaded kernel modules) live in this backend's registry and never leave that thread; the host kernel passes only
-  NumPy arrays and Python numbers. At interpreter exit that thread parks in a GC-safe state before juliacall's own
-  exit hook runs Julia's on the main thread (best effort). If juliacall was imported by someone else before tullax
-  starts Julia, tullax calls it from the calling thread instead, with a warning.
-* Numba and Julia each load an LLVM and have crashed together in one process (numba issue 7857): starting Julia
-  when numba is already imported warns (``host.warn_if_other_llvm_loaded``).
+* Starting Julia and calling it: ``tullax.backends.julia_runtime`` (one dedicated thread, the environment juliacall
+  starts with, exit). Numba and Julia each load an LLVM and have crashed together in one process (numba issue
+  7857): starting Julia when numba is already imported warns (``host.warn_if_other_llvm_loaded``).
 * Zero copy: the host kernel passes the NumPy arrays (views of XLA's buffers under jit) to
   ``TullaxBridge.run_launcher_cpu!``, which wraps each as ``unsafe_wrap(Array, pointer, reverse(size))`` (the
   printed kernels index reversed) and calls the printed launcher ``run_kernel!`` (ndrange, synchronize). Python
   keeps the arrays alive for the call. ``julia-cuda`` copies them to the device and the output back (the host
-  kernel contract is NumPy memory); the zero-copy device path (DLPack) needs device buffers from the JAX op.
+  kernel contract is NumPy memory). uint64 index arrays go over as their int64 view (``index_view``).
 * Caching: the build sequence is ``tullax.backends.host``'s; the module text is ``kernels.jl`` in its cache entry,
   plus ``workload.json``: tiny arguments for precompiling it. ``JuliaBackend.warm_package()`` (``tullax cache
   warm --backend julia``) writes every cached CPU module into one precompiled package
-  (``TullaxBridge.write_precompile_package``, a PrecompileTools workload per kernel) and precompiles it; a later
-  process loads those kernels from Julia's package image instead of compiling them (``ttfk_warm_ms`` in the cache
-  index, ``ttfk_cold_ms`` otherwise).
+  (``TullaxBridge.write_precompile_package``, a PrecompileTools workload per kernel, handed over as tuples:
+  ``bridge_workload``) and precompiles it; a later process loads those kernels from Julia's package image instead
+  of compiling them (``ttfk_warm_ms`` in the cache index, ``ttfk_cold_ms`` otherwise).
 """
 from __future__ import annotations
 
-import atexit
-import concurrent.futures
 import json
 import os
-import queue
-import sys
-import threading
 import time
-import warnings
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
+
+import numpy as np
 
 from tullax.backends import host, julia_detect
 from tullax.backends.base import Capabilities, Shapes, Signature
+from tullax.backends.julia_runtime import runtime
 from tullax.compiler.loops import LoopKernel
 from tullax.compiler.lower import lower
-from tullax.errors import BackendUnavailableError, ShapeError, TullaxError
+from tullax.errors import ShapeError, TullaxError
 from tullax.printers.julia import (
+    CPU_FLAVOUR,
+    GPU_FLAVOUR,
+    Flavour,
     arrival_dtype,
     julia_type,
     launcher_name,
@@ -65,30 +53,31 @@ from tullax.spec.ir import Spec
 
 NAME = "julia"
 CUDA_NAME = "julia-cuda"
-PRINTER_VERSION = 1  # part of every cache key: bump when the printed code changes meaning
+PRINTER_VERSION = 2  # part of every cache key: bump when the printed code changes meaning
 SOURCE_FILE = "kernels.jl"
 WORKLOAD_FILE = "workload.json"
 PACKAGE_NAME = "TullaxPrecompiledKernels"
 PACKAGE_MODULES_FILE = "modules.json"
-THREADS_ENV = "TULLAX_JULIA_THREADS"
 KERNEL_NAME = "kernel"
 
 
 @dataclass(frozen=True)
 class Target:
-    """One Julia backend flavour: its registry name, the lowering's ``tile`` option, the bridge device."""
+    """One Julia backend: its registry name, the lowering's ``tile`` option, the bridge device, what the printer
+    prints for its KernelAbstractions backend."""
 
     name: str
     tile: bool
     device: str  # "cpu" | "cuda"
+    flavour: Flavour
 
     @property
     def options(self) -> dict[str, Any]:
         return {"printer": PRINTER_VERSION, "tile": self.tile, "device": self.device}
 
 
-CPU = Target(NAME, tile=True, device="cpu")
-CUDA = Target(CUDA_NAME, tile=False, device="cuda")
+CPU = Target(NAME, tile=True, device="cpu", flavour=CPU_FLAVOUR)
+CUDA = Target(CUDA_NAME, tile=False, device="cuda", flavour=GPU_FLAVOUR)
 
 
 # =============================================================================================
@@ -98,13 +87,14 @@ def module_source(spec: Spec, dtype: str = "float32", *, target: Target = CPU) -
     """The whole module: the forward kernel and every gradient step kernel (``forward!``, ``grad<k>_step<n>!``
     where k is the input's position), each with its ``run_...!`` launcher; data and scalars in ``dtype``, index
     arrays int64. Gradients that cannot be derived are left out."""
-    return host.module_source(spec, Signature.for_dtype(spec, dtype), partial(lower, tile=target.tile), print_module)
+    return host.module_source(spec, Signature.for_dtype(spec, dtype), partial(lower, tile=target.tile),
+                              partial(print_module, flavour=target.flavour))
 
 
 def kernel_module(spec: Spec, signature: Signature, target: Target = CPU) -> tuple[LoopKernel, str]:
     """The kernel of ``spec`` (named ``kernel``) and the module that holds it with its launcher."""
     kernel = lower(spec, signature, name=KERNEL_NAME, tile=target.tile)
-    return kernel, print_module([kernel])
+    return kernel, print_module([kernel], flavour=target.flavour)
 
 
 # =============================================================================================
@@ -114,13 +104,40 @@ def launch_arguments(kernel: LoopKernel, spec: Spec, out: Any, inputs: Sequence[
     """The launcher's arguments after ``backend``, in the kernel's parameter order, for a call of ``kernel``
     (``host.marshal``): arrays (``out`` first) as C-contiguous NumPy arrays, scalars as Python numbers of the
     kind juliacall turns into the type the kernel declares (float -> Float64, int -> Int64, bool -> Bool), sizes
-    as ints evaluated from the shapes. Returns (arguments, the contiguous copy of ``out`` to copy back after the
-    call, or None when ``out`` itself is passed)."""
-    return host.marshal(_argument_plan(kernel, spec), out, inputs, host.call_shapes(spec, out, inputs))
+    as ints evaluated from the shapes; uint64 index arrays as their int64 view (``index_view``). Returns
+    (arguments, the contiguous copy of ``out`` to copy back after the call, or None when ``out`` itself is
+    passed)."""
+    return _marshal(_argument_plan(kernel, spec), _index_arguments(kernel, spec), out, inputs,
+                    host.call_shapes(spec, out, inputs))
 
 
 def _argument_plan(kernel: LoopKernel, spec: Spec) -> host.ArgumentPlan:
     return host.ArgumentPlan.of(kernel, spec, scalar=_python_number, rank0_as_vector=False)
+
+
+def _index_arguments(kernel: LoopKernel, spec: Spec) -> frozenset[int]:
+    """Where the index arrays (inputs of kind "index") are among the launcher's arguments after ``backend``."""
+    kinds = {i.name: i.kind for i in spec.inputs}
+    return frozenset(k for k, a in enumerate(kernel.arrays) if a.role == "in" and kinds[a.source] == "index")
+
+
+# Index dtypes that reach Julia as a view of another dtype (see index_view).
+_INDEX_VIEWS = {"uint64": "int64"}
+
+
+def index_view(array: np.ndarray) -> np.ndarray:
+    """An index array as Julia receives it: uint64 values as their int64 view (no copy). The printed kernels
+    convert an index value with ``Int64(...)``, which throws InexactError for a UInt64 of 2^63 or more, where the
+    other backends see an out-of-range index; viewed as Int64 that value is negative, so out of range, and the
+    kernel's range guard skips it."""
+    view = _INDEX_VIEWS.get(array.dtype.name)
+    return array if view is None else array.view(view)
+
+
+def _marshal(plan: host.ArgumentPlan, index_arguments: frozenset[int], out: Any, inputs: Sequence[Any],
+             shapes: Shapes) -> tuple[list[Any], Any]:
+    args, copy_back = host.marshal(plan, out, inputs, shapes)
+    return [index_view(a) if k in index_arguments else a for k, a in enumerate(args)], copy_back
 
 
 def _python_number(value: Any, dtype: str) -> Any:
@@ -131,9 +148,10 @@ def _python_number(value: Any, dtype: str) -> Any:
 
 
 def workload_call(kernel: LoopKernel, spec: Spec, signature: Signature, modname: str) -> dict | None:
-    """A precompile workload entry for ``TullaxBridge.write_precompile_package``: the launcher called once with
-    arrays of tiny valid shapes (filled with ones by the bridge) and the matching scalars and sizes; None when no
-    small shapes fit the spec (the kernel then compiles at first use)."""
+    """A precompile workload entry (what the cache stores as JSON; ``bridge_workload`` is what the bridge takes):
+    the launcher called once with arrays of tiny valid shapes (filled by the bridge: index arrays with zeros,
+    data with ones) and the matching scalars and sizes; None when no small shapes fit the spec (the kernel then
+    compiles at first use)."""
     from tullax.testing import shapes_for
 
     try:
@@ -143,16 +161,32 @@ def workload_call(kernel: LoopKernel, spec: Spec, signature: Signature, modname:
     out_shape = tuple(int(s.eval(shapes)) for s in spec.out_shape)
     shapes[spec.out] = out_shape
     dtype_of = dict(zip(spec.input_names, signature.in_dtypes))
+    index_arguments = _index_arguments(kernel, spec)
     args: list[dict[str, Any]] = []
-    for array in kernel.arrays:
+    for position, array in enumerate(kernel.arrays):
         shape = out_shape if array.role != "in" else shapes[array.source]
-        args.append({"type": julia_type(array.dtype if array.role != "in" else dtype_of[array.source]),
-                     "dims": list(reversed(shape))})
+        dtype = array.dtype if array.role != "in" else dtype_of[array.source]
+        if position in index_arguments:
+            dtype = _INDEX_VIEWS.get(dtype, dtype)
+        args.append({"type": julia_type(dtype), "dims": list(reversed(shape))})
     for scalar in kernel.scalars:
         kind = arrival_dtype(scalar.dtype)
         args.append({"type": julia_type(kind), "value": True if kind == "bool" else 1})
     args += [{"type": "Int64", "value": int(size.size.eval(shapes))} for size in kernel.sizes]
     return {"kernel": f"{modname}.{launcher_name(kernel)}", "launcher": True, "ndrange": [], "args": args}
+
+
+BridgeWorkload = tuple[str, bool, tuple[int, ...], tuple[tuple[str, Any], ...]]
+
+
+def bridge_workload(call: dict) -> BridgeWorkload:
+    """A stored workload (``workload_call``'s dict) as ``TullaxBridge.write_precompile_package`` takes it: nested
+    tuples of str, int, float and bool, ``(kernel, launcher, ndrange, ((type, dims or value), ...))``. juliacall
+    hands a tuple to Julia as a ``Tuple`` of converted items, but a list or a dict as a ``PyList{Py}`` /
+    ``PyDict`` of ``Py`` objects, which the bridge cannot read."""
+    args = tuple((a["type"], tuple(int(d) for d in a["dims"])) if "dims" in a else (a["type"], a["value"])
+                 for a in call["args"])
+    return (call["kernel"], bool(call.get("launcher", False)), tuple(int(n) for n in call["ndrange"]), args)
 
 
 # =============================================================================================
@@ -196,229 +230,6 @@ def _cuda_jl_installed() -> bool:
     return "CUDA" in deps
 
 
-# =============================================================================================
-# The Julia thread and runtime
-# =============================================================================================
-class JuliaThread:
-    """Runs callables on one long-lived daemon thread, in submission order; ``run`` blocks until done and returns
-    the result or raises the exception (converted to TullaxError when it comes from juliacall, so no Julia object
-    travels to the caller's thread)."""
-
-    def __init__(self, name: str = "tullax-julia"):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
-
-    @property
-    def ident(self) -> int | None:
-        return self._thread.ident
-
-    def on_thread(self) -> bool:
-        return threading.current_thread() is self._thread
-
-    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self.on_thread():
-            return fn(*args)
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self._jobs.put((fn, args, future))
-        return future.result()
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Queue ``fn`` without waiting for it."""
-        self._jobs.put((fn, args, concurrent.futures.Future()))
-
-    def _loop(self) -> None:
-        while True:
-            fn, args, future = self._jobs.get()
-            try:
-                result = fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
-                future.set_exception(_portable(exc))
-            else:
-                future.set_result(result)
-            del fn, args, future
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """``exc`` as it may leave the Julia thread: a juliacall error becomes a TullaxError carrying its message."""
-    if type(exc).__module__.split(".")[0] == "juliacall":
-        error = TullaxError(f"Julia raised {type(exc).__name__}: {exc}")
-        error.__traceback__ = None
-        return error
-    return exc
-
-
-class JuliaRuntime:
-    """Julia, TullaxBridge and the loaded kernel modules of this process (started once, lazily)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._thread: JuliaThread | None = None
-        self._direct_lock: threading.RLock | None = None  # set when juliacall was started by someone else
-        self._failed: str | None = None
-        self._cuda: bool = False
-        self._jl: Any = None
-        self._bridge: Any = None
-        self._modules: dict[str, Any] = {}
-        self._packages: dict[str, Any] = {}
-
-    @property
-    def started(self) -> bool:
-        return self._bridge is not None
-
-    def start(self, availability: Callable[[], tuple[bool, str]] = cpu_availability) -> None:
-        with self._lock:
-            if self._failed is not None:
-                raise BackendUnavailableError(self._failed)
-            if self.started:
-                return
-            ok, why = availability()
-            if not ok:
-                raise BackendUnavailableError(why)
-            host.warn_if_other_llvm_loaded("Julia")
-            os.environ.update(julia_env_vars())
-            if "juliacall" in sys.modules:
-                self._direct_lock = threading.RLock()
-                warnings.warn("juliacall was imported before tullax started Julia, so tullax calls Julia from "
-                              "whichever thread calls a kernel; calls from JAX's callback threads may hang when "
-                              "Julia collects garbage (PythonCall.jl issue 578). Let tullax import juliacall.",
-                              RuntimeWarning, stacklevel=3)
-            else:
-                self._thread = JuliaThread()
-            try:
-                self.run(self._boot)
-            except BackendUnavailableError as err:
-                self._failed = str(err)
-                raise
-
-    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call ``fn(*args)`` where Julia may be called (see the module docstring)."""
-        if self._direct_lock is not None:
-            with self._direct_lock:
-                return fn(*args)
-        if self._thread is None:
-            raise TullaxError("internal error: Julia is not started")
-        return self._thread.run(fn, *args)
-
-    def _boot(self) -> None:
-        try:
-            from juliacall import Main as jl  # starts Julia (juliapkg resolves tullax/juliapkg.json first)
-
-            jl.seval("using TullaxBridge")
-        except Exception as err:  # noqa: BLE001 - any failure to start is "unavailable", with its message
-            raise BackendUnavailableError(
-                f"a Julia was found but juliacall could not start it with TullaxBridge: {err}. On a machine "
-                "without network, first resolve the environment once online (or point PYTHON_JULIAPKG_PROJECT at "
-                "a resolved one)") from None
-        self._jl, self._bridge = jl, jl.TullaxBridge
-        if self._thread is not None:
-            atexit.register(self._park)  # runs before juliacall's own exit hook (registered earlier)
-
-    def start_cuda(self) -> None:
-        """``using CUDA`` (loads TullaxBridge's CUDA extension); BackendUnavailableError if it is not functional."""
-        self.start(cuda_availability)
-        with self._lock:
-            if self._cuda:
-                return
-
-            def load() -> bool:
-                self._jl.seval("using CUDA")
-                return bool(self._jl.seval("CUDA.functional()"))
-
-            try:
-                functional = self.run(load)
-            except TullaxError as err:
-                raise BackendUnavailableError(f"CUDA.jl could not be loaded: {err}") from None
-            if not functional:
-                raise BackendUnavailableError("CUDA.jl is installed but reports no functional GPU "
-                                              "(CUDA.functional() is false); see CUDA.versioninfo() in Julia")
-            self._cuda = True
-
-    # -- modules and launches (all on the Julia thread) -------------------------------------------
-    def has_module(self, modname: str) -> bool:
-        return modname in self._modules
-
-    def load_source(self, modname: str, source: str) -> float:
-        """Evaluate a printed module (``TullaxBridge.load_kernels``); returns the milliseconds it took."""
-
-        def load() -> float:
-            if modname not in self._modules:
-                start = time.perf_counter()
-                self._modules[modname] = self._bridge.load_kernels(source, modname)
-                return (time.perf_counter() - start) * 1e3
-            return 0.0
-
-        return self.run(load)
-
-    def load_from_package(self, modname: str, pkgdir: str) -> float:
-        """Take ``modname`` from the precompiled package at ``pkgdir`` (loaded once); milliseconds it took."""
-
-        def load() -> float:
-            start = time.perf_counter()
-            package = self._packages.get(pkgdir)
-            if package is None:
-                package = self._packages[pkgdir] = self._bridge.load_precompiled(pkgdir)
-            self._modules[modname] = getattr(package, modname)
-            return (time.perf_counter() - start) * 1e3
-
-        return self.run(load)
-
-    def launch(self, modname: str, launcher: str, args: Sequence[Any], device: str) -> float:
-        """Call the printed launcher through the bridge; returns the seconds Julia measured."""
-
-        def call() -> float:
-            module = self._modules[modname]
-            entry = self._bridge.run_launcher_cpu_b if device == "cpu" else self._bridge.run_launcher_cuda_b
-            return float(entry(module, launcher, *args))
-
-        return self.run(call)
-
-    def write_package(self, directory: str, sources: list[str], workloads: list[dict]) -> tuple[str, float]:
-        """Write and precompile the kernel package; (its path, seconds precompiling took)."""
-
-        def write() -> tuple[str, float]:
-            path = str(self._bridge.write_precompile_package(directory, PACKAGE_NAME, sources, workloads))
-            return path, float(self._bridge.precompile_package(path))
-
-        return self.run(write)
-
-    def _park(self) -> None:
-        """At interpreter exit: leave the Julia thread GC-safe for good and idle, so that a collection during
-        Julia's exit hooks (run by juliacall on the main thread) does not wait for it forever. Best effort."""
-        parked = threading.Event()
-
-        def park() -> None:
-            import ctypes
-
-            try:
-                from juliacall import CONFIG
-
-                enter = CONFIG["lib"].jl_gc_safe_enter
-                enter.restype = ctypes.c_int8
-                enter.argtypes = []
-                enter()
-            except (ImportError, KeyError, AttributeError):
-                pass
-            parked.set()
-            threading.Event().wait()  # never returns to Julia
-
-        if self._thread is not None:
-            self._thread.submit(park)
-            parked.wait(timeout=10)
-
-
-def julia_env_vars() -> dict[str, str]:
-    """What to put in ``os.environ`` before juliacall starts Julia (only variables the user has not set)."""
-    threads = os.environ.get(THREADS_ENV) or str(os.cpu_count() or 1)
-    return julia_detect.julia_env_vars(threads)
-
-
-_RUNTIME = JuliaRuntime()
-
-
-def runtime() -> JuliaRuntime:
-    return _RUNTIME
-
 
 # =============================================================================================
 # Host kernels, the cache and the precompiled package
@@ -437,6 +248,7 @@ class JuliaHostKernel:
         self.generated, self.modname, self.target = generated, modname, target
         self.launcher = launcher_name(generated.kernel)
         self._plan = _argument_plan(generated.kernel, generated.spec)
+        self._index_arguments = _index_arguments(generated.kernel, generated.spec)
         self._load_ms = load_ms
         self._precompiled = precompiled  # loaded from the precompiled package's image, not compiled here
         self._ran = False
@@ -446,7 +258,7 @@ class JuliaHostKernel:
 
     def run(self, out, inputs: Sequence[Any], shapes: Shapes) -> None:
         """The call, for a caller that knows the input and output ``shapes`` already."""
-        args, copy_back = host.marshal(self._plan, out, inputs, shapes)
+        args, copy_back = _marshal(self._plan, self._index_arguments, out, inputs, shapes)
         start = time.perf_counter()
         runtime().launch(self.modname, self.launcher, args, self.target.device)
         if not self._ran:
@@ -523,9 +335,9 @@ def warm_package() -> dict[str, Any]:
     key = package_key()
     with cache.lock(key):
         directory = cache.entry_dir(key)
-        sources = [source for _, source, _ in modules]
-        workloads = [workload for _, _, workload in modules if workload is not None]
-        path, seconds = runtime().write_package(str(directory), sources, workloads)
+        sources = tuple(source for _, source, _ in modules)
+        workloads = tuple(bridge_workload(workload) for _, _, workload in modules if workload is not None)
+        path, seconds = runtime().write_package(str(directory), PACKAGE_NAME, sources, workloads)
         names = [name for name, _, _ in modules]
         cache.write_text(key, PACKAGE_MODULES_FILE, json.dumps(names))
         cache.record(key, spec=f"precompiled Julia package ({len(names)} kernel modules)", backend=NAME,
@@ -541,7 +353,7 @@ class JuliaBackend:
 
     name = NAME
     target = CPU
-    capabilities = Capabilities(host_buffers=True, module_source=True, shaped_run=True)
+    capabilities = Capabilities(host_buffers=True, module_source=True, shaped_run=True, precompiled_package=True)
 
     def availability(self) -> tuple[bool, str]:
         return cpu_availability()
@@ -571,17 +383,19 @@ class JuliaCudaBackend(JuliaBackend):
 
     name = CUDA_NAME
     target = CUDA
+    # CUDA kernels compile once per process: CUDA.jl compiles device code per session, package image or not.
+    capabilities = Capabilities(host_buffers=True, module_source=True, shaped_run=True)
 
     def availability(self) -> tuple[bool, str]:
         return cuda_availability()
 
     def _start(self) -> None:
-        runtime().start_cuda()
+        runtime().start_cuda(cuda_availability)
 
     def warm_package(self) -> dict[str, Any]:
         raise TullaxError("precompiled kernel packages hold CPU kernels; CUDA kernels compile once per process "
                           "(use `tullax cache warm --backend julia`)")
 
 
-__all__ = ["JuliaBackend", "JuliaCudaBackend", "module_source", "kernel_module", "launch_arguments",
-           "workload_call", "warm_package", "runtime", "JuliaThread", "Target", "CPU", "CUDA"]
+__all__ = ["JuliaBackend", "JuliaCudaBackend", "module_source", "kernel_module", "launch_arguments", "index_view",
+           "workload_call", "bridge_workload", "warm_package", "Target", "CPU", "CUDA"]

@@ -9,13 +9,21 @@ juliacall, and it never calls juliapkg's resolver.
 Places are searched in the order juliacall/juliapkg would use them, so that the Julia found
 here is the one the backend will run on:
 
-1. ``PYTHON_JULIACALL_EXE``, ``PYTHON_JULIAPKG_EXE``, ``PYTHON_JULIACALL_BINDIR`` (explicit user
-   choices),
+1. an explicit user choice decides alone, as it does for juliacall and juliapkg:
+   ``PYTHON_JULIACALL_EXE`` or ``<PYTHON_JULIACALL_BINDIR>/julia`` (juliacall's own, only
+   together with ``PYTHON_JULIACALL_PROJECT``: juliacall refuses one without the other, and
+   with both it bypasses juliapkg, so that project must already hold tullax's Julia packages),
+   else ``PYTHON_JULIAPKG_EXE`` (juliapkg's),
 2. the Julia juliapkg installed for itself (``<project>/pyjuliapkg/install/bin/julia``, where
    the project is ``PYTHON_JULIAPKG_PROJECT``, ``<venv or conda prefix>/julia_env`` or
    ``<depot>/environments/pyjuliapkg``),
-3. juliaup's installed versions (``~/.julia/juliaup/juliaup.json``) and its launcher,
+3. juliaup's installed versions (``~/.julia/juliaup/juliaup.json``), newest first, and its
+   launcher,
 4. ``julia`` on ``PATH``.
+
+A Julia counts only inside the versions juliapkg resolves with this Python (``julia_compat``):
+juliacall's ``^1.10.3``, and at most 1.11 when Python's OpenSSL is older than 3.5 (juliapkg pins
+OpenSSL_jll to Python's OpenSSL, and Julia 1.12 ships OpenSSL 3.5).
 """
 from __future__ import annotations
 
@@ -23,8 +31,10 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -33,12 +43,51 @@ from pathlib import Path
 MIN_JULIA_VERSION = (1, 10, 3)
 """juliacall 0.9.x requires Julia ^1.10.3 (its own juliapkg.json)."""
 
+OPENSSL_FOR_JULIA_1_12 = (3, 5)
+"""Julia 1.12 ships OpenSSL 3.5; juliapkg (0.1.28, ``deps.openssl_compat``) then allows Julia
+``1 - 1.11`` only when Python's OpenSSL is older."""
+
+NEWEST_JULIA_BEFORE_1_12 = (1, 11)
+
+PROJECT_PACKAGES = ("PythonCall", "TullaxBridge", "KernelAbstractions", "Atomix")
+"""What a project given to juliacall directly must hold: juliacall's PythonCall, and what tullax
+loads by name (``using TullaxBridge``; the printed modules' ``using KernelAbstractions, Atomix``)."""
+
+BRIDGE_DIR = Path(__file__).resolve().parent.parent / "julia" / "TullaxBridge"
+
 PROBE_TIMEOUT_S = 30.0
 """``julia --version`` normally answers in well under a second; a cold disk can take longer."""
 
 # Release versions only: juliacall's compat (^1.10.3) does not admit prereleases such as 1.12.0-rc1.
 _VERSION_RE = re.compile(r"julia version (\d+)\.(\d+)\.(\d+)(?:\s|$)")
 _EXE_SUFFIX = ".exe" if os.name == "nt" else ""
+
+
+@dataclass(frozen=True)
+class JuliaCompat:
+    """The Julia versions juliapkg resolves with this Python: ``^lowest`` (from ``lowest`` on, same major
+    version), up to the minor version ``newest_minor`` included (None: no further bound)."""
+
+    lowest: tuple[int, int, int]
+    newest_minor: tuple[int, int] | None
+
+    def __contains__(self, version: tuple[int, int, int]) -> bool:
+        in_caret = version >= self.lowest and version[0] == self.lowest[0]
+        return in_caret and (self.newest_minor is None or version[:2] <= self.newest_minor)
+
+    @property
+    def text(self) -> str:
+        lowest = ".".join(map(str, self.lowest))
+        return f"^{lowest}" if self.newest_minor is None else f"{lowest} - {'.'.join(map(str, self.newest_minor))}"
+
+
+def julia_compat(openssl: tuple[int, ...] | None = None) -> JuliaCompat:
+    """The Julia versions juliapkg accepts with Python's OpenSSL (``ssl.OPENSSL_VERSION_INFO`` unless given).
+    Mirrors juliapkg's rule without importing juliapkg: its module reads its settings (``PYTHON_JULIAPKG_EXE``)
+    once, when first imported, and tullax sets them just before juliacall imports it."""
+    version = tuple(ssl.OPENSSL_VERSION_INFO if openssl is None else openssl)
+    newest = NEWEST_JULIA_BEFORE_1_12 if version[:2] < OPENSSL_FOR_JULIA_1_12 else None
+    return JuliaCompat(MIN_JULIA_VERSION, newest)
 
 
 @dataclass(frozen=True)
@@ -58,19 +107,51 @@ class JuliaInstall:
         return ".".join(map(str, self.version))
 
 
-def find_julia(environ: Mapping[str, str] | None = None) -> JuliaInstall | None:
-    """The first usable Julia (>= 1.10.3), or None. Pure lookups plus ``julia --version``."""
-    return _first_usable(os.environ if environ is None else environ, rejected=[])
+def find_julia(environ: Mapping[str, str] | None = None, compat: JuliaCompat | None = None) -> JuliaInstall | None:
+    """The Julia juliacall will run on (see the module docstring), or None. Pure lookups plus ``julia --version``."""
+    return _first_usable(os.environ if environ is None else environ, compat or julia_compat(), rejected=[])
 
 
-def availability(environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
+def availability(environ: Mapping[str, str] | None = None, compat: JuliaCompat | None = None) -> tuple[bool, str]:
     """(True, where Julia is) when the Julia backend can start, else (False, how to get one)."""
     env = os.environ if environ is None else environ
-    rejected: list[JuliaInstall] = []
-    found = _first_usable(env, rejected)
+    settings = juliacall_settings_error(env)
+    if settings is not None:
+        return False, settings
+    compat = compat or julia_compat()
+    rejected: list[tuple[JuliaInstall, str]] = []
+    found = _first_usable(env, compat, rejected)
     if found is not None:
         return True, f"Julia {found.version_text} at {found.exe} (found via {found.source})"
-    return False, _not_found_message(env, rejected)
+    return False, _not_found_message(env, compat, rejected)
+
+
+def juliacall_settings_error(environ: Mapping[str, str]) -> str | None:
+    """Why juliacall would not start with the user's PYTHON_JULIACALL_* settings, else None. juliacall (0.9.x,
+    ``__init__.py``) takes its Julia from PYTHON_JULIACALL_EXE (or <PYTHON_JULIACALL_BINDIR>/julia) and its
+    project from PYTHON_JULIACALL_PROJECT: both, or neither (juliapkg then chooses both); one without the other
+    raises when juliacall is imported. With both, juliapkg is bypassed, so the project must already hold the
+    packages tullax loads (PROJECT_PACKAGES)."""
+    exe = environ.get("PYTHON_JULIACALL_EXE") or environ.get("PYTHON_JULIACALL_BINDIR")
+    project = environ.get("PYTHON_JULIACALL_PROJECT")
+    if not exe and not project:
+        return None
+    if not (exe and project):
+        given = "PYTHON_JULIACALL_PROJECT" if project else "PYTHON_JULIACALL_EXE/PYTHON_JULIACALL_BINDIR"
+        return (f"{given} is set alone: juliacall refuses to start unless PYTHON_JULIACALL_PROJECT and "
+                "PYTHON_JULIACALL_EXE (or PYTHON_JULIACALL_BINDIR) are set together. Unset it and choose the Julia "
+                "with PYTHON_JULIAPKG_EXE instead (juliapkg then installs tullax's Julia packages), or set both.")
+    try:
+        deps = tomllib.loads((Path(project) / "Project.toml").read_text()).get("deps", {})
+    except (OSError, ValueError):
+        deps = {}
+    missing = [name for name in PROJECT_PACKAGES if name not in deps]
+    if not missing:
+        return None
+    return (f"PYTHON_JULIACALL_PROJECT={project} is used as it is (juliacall bypasses juliapkg), and its "
+            f"Project.toml lacks {', '.join(missing)}. Add them there (TullaxBridge with "
+            f'`Pkg.develop(path=raw"{BRIDGE_DIR}")`), or unset PYTHON_JULIACALL_PROJECT and '
+            "PYTHON_JULIACALL_EXE/BINDIR to let juliapkg install them (PYTHON_JULIAPKG_EXE chooses the Julia).")
 
 
 def julia_env_vars(
@@ -134,17 +215,24 @@ def juliapkg_project_dirs(environ: Mapping[str, str]) -> list[Path]:
     return list(dict.fromkeys(dirs))
 
 
-def _first_usable(environ: Mapping[str, str], rejected: list[JuliaInstall]) -> JuliaInstall | None:
-    """Probe candidates in order; collect the ones too old to use in ``rejected``."""
+def _first_usable(environ: Mapping[str, str], compat: JuliaCompat,
+                  rejected: list[tuple[JuliaInstall, str]]) -> JuliaInstall | None:
+    """Probe candidates in order; collect the ones outside ``compat`` in ``rejected``, with the reason."""
     for source, exe in _candidates(environ):
         version = probe_version(exe)
         if version is None:
             continue
         install = JuliaInstall(exe=exe, version=version, source=source)
-        if version >= MIN_JULIA_VERSION:
+        if version in compat:
             return install
-        rejected.append(install)
+        rejected.append((install, "too old" if version < compat.lowest else _too_new(compat)))
     return None
+
+
+def _too_new(compat: JuliaCompat) -> str:
+    openssl = ".".join(map(str, ssl.OPENSSL_VERSION_INFO[:3]))
+    return (f"too new for juliapkg with this Python (Julia {compat.text}: Python's OpenSSL {openssl} is older than "
+            f"{'.'.join(map(str, OPENSSL_FOR_JULIA_1_12))}, which Julia 1.12 needs)")
 
 
 def _candidates(environ: Mapping[str, str]) -> Iterator[tuple[str, str]]:
@@ -161,16 +249,27 @@ def _candidates(environ: Mapping[str, str]) -> Iterator[tuple[str, str]]:
 
 def _raw_candidates(environ: Mapping[str, str]) -> Iterator[tuple[str, str | None]]:
     search_path = environ.get("PATH", "")
-    for variable in ("PYTHON_JULIACALL_EXE", "PYTHON_JULIAPKG_EXE"):
-        if environ.get(variable):
-            yield variable, shutil.which(environ[variable], path=search_path) or environ[variable]
-    if environ.get("PYTHON_JULIACALL_BINDIR"):
-        yield "PYTHON_JULIACALL_BINDIR", str(Path(environ["PYTHON_JULIACALL_BINDIR"]) / f"julia{_EXE_SUFFIX}")
+    explicit = _explicit_choice(environ)
+    if explicit is not None:  # juliacall and juliapkg use it and nothing else
+        source, path = explicit
+        yield source, shutil.which(path, path=search_path) or path
+        return
     for project in juliapkg_project_dirs(environ):
         yield "juliapkg", str(project / "pyjuliapkg" / "install" / "bin" / f"julia{_EXE_SUFFIX}")
     for exe in _juliaup_executables(environ):
         yield "juliaup", exe
     yield "PATH", shutil.which("julia", path=search_path)
+
+
+def _explicit_choice(environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """(variable, executable) of the Julia the user chose for juliacall or juliapkg, in juliacall's order."""
+    if environ.get("PYTHON_JULIACALL_EXE"):
+        return "PYTHON_JULIACALL_EXE", environ["PYTHON_JULIACALL_EXE"]
+    if environ.get("PYTHON_JULIACALL_BINDIR"):
+        return "PYTHON_JULIACALL_BINDIR", str(Path(environ["PYTHON_JULIACALL_BINDIR"]) / f"julia{_EXE_SUFFIX}")
+    if environ.get("PYTHON_JULIAPKG_EXE"):
+        return "PYTHON_JULIAPKG_EXE", environ["PYTHON_JULIAPKG_EXE"]
+    return None
 
 
 def _julia_depot(environ: Mapping[str, str]) -> Path:
@@ -244,14 +343,17 @@ def _probe_cached(exe: str, mtime_ns: int, size: int) -> tuple[int, int, int] | 
     return major, minor, patch
 
 
-def _not_found_message(environ: Mapping[str, str], rejected: list[JuliaInstall]) -> str:
+def _not_found_message(environ: Mapping[str, str], compat: JuliaCompat,
+                       rejected: list[tuple[JuliaInstall, str]]) -> str:
     minimum = ".".join(map(str, MIN_JULIA_VERSION))
     project = juliapkg_project_dirs(environ)[0] / "pyjuliapkg" / "install"
-    lines = [
-        f"No Julia >= {minimum} was found. tullax looked at PYTHON_JULIACALL_EXE, PYTHON_JULIAPKG_EXE, "
-        f"juliapkg's own install ({project}), juliaup, and `julia` on PATH.",
-    ]
-    lines += [f"Found Julia {j.version_text} at {j.exe} ({j.source}), which is too old." for j in rejected]
+    explicit = _explicit_choice(environ)
+    where = (f"{explicit[0]}, which decides alone" if explicit is not None else
+             f"PYTHON_JULIACALL_EXE, PYTHON_JULIAPKG_EXE, juliapkg's own install ({project}), juliaup, and "
+             "`julia` on PATH")
+    lines = [f"No Julia >= {minimum} was found (juliapkg accepts Julia {compat.text} with this Python). tullax "
+             f"looked at {where}."]
+    lines += [f"Found Julia {j.version_text} at {j.exe} ({j.source}), which is {why}." for j, why in rejected]
     lines += [
         "To use the Julia backend, install Julia 1.10 or newer (juliaup is the easy way: "
         "https://julialang.org/install) and put `julia` on PATH, or set PYTHON_JULIAPKG_EXE to an "

@@ -5,6 +5,9 @@ CUDA.jl is a large download (the CUDA runtime comes as Julia artifacts), so it i
 ``tullax/juliapkg_cuda.json`` (a name juliapkg does not scan) and added on request to the
 user's own juliapkg environment with ``juliapkg.add``, then resolved. TullaxBridge's package
 extension ``TullaxBridgeCUDAExt`` loads as soon as CUDA.jl is loaded next to it.
+
+The compat ``CUDA = "5, 6"`` resolves to CUDA.jl 5: every Atomix 1.x (which TullaxBridge needs)
+declares ``CUDA = "5"`` for its CUDA extension.
 """
 from __future__ import annotations
 

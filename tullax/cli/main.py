@@ -171,11 +171,12 @@ def _cmd_cache_warm(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     summary = f"warmed {len(args.specs)} spec(s) for {args.backend} {args.dtype} in {elapsed:.1f} s"
     _console().print(summary, markup=False)
-    if args.backend in ("julia", "julia-cuda"):
-        # CPU kernels live on in a precompiled Julia package: a new process loads them from package images.
-        from tullax import backends
+    from tullax import backends
 
-        package = backends.get(args.backend).warm_package()
+    backend = backends.get(args.backend)
+    if backends.capabilities(backend).precompiled_package:
+        # e.g. Julia CPU kernels live on in a precompiled package: a new process loads them from package images.
+        package = backend.warm_package()
         _console().print(f"precompiled {package.get('modules')} kernel module(s) into {package.get('path')} "
                          f"in {package.get('precompile_ms', 0) / 1e3:.1f} s", markup=False)
     return 0

@@ -3,11 +3,17 @@
 The mapping:
 
 * One ``@kernel function <name>!(...)`` per IR kernel, plus a host launcher ``run_<name>!(backend, params...)``
-  that launches it over the right ndrange, lets KernelAbstractions pick the work-group size (``kernel(backend)``,
-  dynamic) and calls ``KernelAbstractions.synchronize(backend)``. Parameters keep the IR's order (arrays, output
-  first; scalars; sizes). Read-only arrays are ``@Const``; sizes arrive as ``Int`` and scalars as Python
+  that launches it over the right ndrange and calls ``KernelAbstractions.synchronize(backend)``. Parameters keep
+  the IR's order (arrays, output first; scalars; sizes). Sizes arrive as ``Int`` and scalars as Python
   floats/ints/bools do through juliacall (``Float64``/``Int``/``Bool``), converted where used (``Float32(s0)``);
   a kernel never assigns to a parameter (KernelAbstractions' CPU work-item loop would carry it over).
+* A module is printed for one ``Flavour``, the KernelAbstractions backend it runs on. ``CPU_FLAVOUR``: no
+  ``@Const`` (on Julia 1.11/1.12 its alias scope tags every load and store of the kernel, and the tiled
+  read-modify-write of the output is the pattern that miscompiles: KernelAbstractions issue 652, julia issue
+  60029), and every launch passes ``workgroupsize = cpu_workgroupsize(ndrange)``, a helper printed in the module
+  (KernelAbstractions' default on ``CPU()`` makes ONE work-group, so one task on one thread, of an ndrange of up to
+  1024 work-items, while a work-item here may be a whole tile or reduction). ``GPU_FLAVOUR``: read-only arrays are
+  ``@Const`` (read-only cache loads) and KernelAbstractions picks the work-group size (``kernel(backend)``).
 * Layout: a row-major NumPy array of shape (a, b) IS the column-major Julia array of size (b, a), so every index
   list is printed reversed, and 1 is added to every position: IR ``a1[i0, i2]`` prints as ``a1[i2 + 1, i0 + 1]``.
   Loop variables stay 0-based, so all IR integer arithmetic keeps its values; a loop ``[start, stop)`` prints as
@@ -31,7 +37,8 @@ The mapping:
   (Julia's exact ``literal_pow``). Julia's real functions with a ``julia_domain`` in the function registry
   (``log``, ``sqrt``, ``sin``...) and ``^`` throw DomainError outside their domain where NumPy/XLA give NaN; they
   print as small ``@inline`` helpers (``log_nan_f32``...) defined at the top of the module that return NaN there
-  instead.
+  instead (``pow_nan_*`` returns IEEE ``pow``'s values, which XLA follows, for a negative base, infinities
+  included).
 * Syntax kept inside what both Julia and tree-sitter-julia 0.23 read the same way (``tests/julia_subset.py``
   executes what tree-sitter parses): ``if`` conditions are parenthesised (tree-sitter reads ``if n + 1 > 0`` as
   ``if n`` followed by ``+1 > 0``); a negated compound operand is wrapped whole, ``-(x - y)`` and ``-(x^2)``
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass
 from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -136,6 +144,36 @@ def format_const(node: Const) -> str:
 
 
 # =============================================================================================
+# What the KernelAbstractions backend changes in a module
+# =============================================================================================
+@dataclass(frozen=True)
+class Flavour:
+    """What a module printed for one KernelAbstractions backend differs in (see the module docstring)."""
+
+    const_inputs: bool  # read-only array parameters are @Const
+    cpu_workgroups: bool  # launches pass workgroupsize = cpu_workgroupsize(ndrange)
+
+
+CPU_FLAVOUR = Flavour(const_inputs=False, cpu_workgroups=True)
+GPU_FLAVOUR = Flavour(const_inputs=True, cpu_workgroups=False)
+
+CPU_WORKGROUP_HELPER = "cpu_workgroupsize"
+CPU_GROUPS_PER_THREAD = 4  # groups per Julia thread: KernelAbstractions splits the groups evenly over the threads
+CPU_GROUP_MAX_ITEMS = 1024  # KernelAbstractions' own CPU_GRAINSIZE, the most work-items its default puts in a group
+
+_CPU_WORKGROUP_SOURCE = """\
+# CPU(): every work-group runs as one task, and KernelAbstractions' default makes ONE group of an ndrange of up to
+# {most} work-items, while a work-item here may be a whole tile or reduction. Ask for about {groups} groups per
+# Julia thread instead (at most {most} work-items each), filling the fastest dimension first.
+@inline function {name}(ndrange)
+    items = clamp(cld(prod(ndrange), {groups} * Threads.nthreads()), 1, {most})
+    fastest = min(ndrange[1], items)
+    return length(ndrange) == 1 ? (fastest,) : (fastest, min(fld(items, fastest), ndrange[2]))
+end
+""".format(name=CPU_WORKGROUP_HELPER, groups=CPU_GROUPS_PER_THREAD, most=CPU_GROUP_MAX_ITEMS)
+
+
+# =============================================================================================
 # NaN-returning helpers for functions Julia only defines on part of the reals
 # =============================================================================================
 _SUFFIX = {"float32": "f32", "float64": "f64"}
@@ -173,9 +211,13 @@ def _helpers(kernels: Sequence[LoopKernel]) -> list[str]:
 def _helper_source(fn: str, dtype: str) -> str:
     jt = julia_type(dtype)
     zero, one, nan = (format_float(v, dtype) for v in (0.0, 1.0, math.nan))
-    if fn == POWER_HELPER:  # Julia throws for a negative base and a non-integer exponent; IEEE pow gives NaN there
+    if fn == POWER_HELPER:
+        # Julia's x^y throws for a negative base and a non-integer exponent. IEEE pow (XLA) gives NaN there for a
+        # finite base and exponent; with an infinite one it is |x|^y: pow(-Inf, y) is Inf for y > 0 and 0 for
+        # y < 0 unless y is an odd integer, pow(x, +-Inf) depends on |x| only. Integer exponents (odd ones
+        # included, and -Inf with them) are exact in Julia; rem(+-Inf, 1) is NaN, so infinite ones fall through.
         return (f"@inline {helper_name(fn, dtype)}(x::{jt}, y::{jt}) = x >= {zero} || isnan(x) ? x^y : "
-                f"(isinf(y) ? abs(x)^y : (rem(y, {one}) == {zero} ? x^y : {nan}))")
+                f"(rem(y, {one}) == {zero} ? x^y : (isinf(x) || isinf(y) ? abs(x)^y : {nan}))")
     entry = functions.get(fn)
     condition = entry.julia_domain.format(zero=zero, one=one)
     return f"@inline {helper_name(entry.julia, dtype)}(x::{jt}) = {condition} ? {nan} : {entry.julia}(x)"
@@ -242,12 +284,12 @@ class JuliaPrinter(LoopPrinter):
 # =============================================================================================
 # Kernels, launchers, modules
 # =============================================================================================
-def kernel_function(kernel: LoopKernel) -> str:
+def kernel_function(kernel: LoopKernel, flavour: Flavour) -> str:
     """The ``@kernel`` function."""
     printer = JuliaPrinter(kernel)
     loops, body = launch_nest(kernel)
     lines = [f"# {kernel.name}: {kernel.spec_text}",
-             f"@kernel function {kernel.name}!({', '.join(_kernel_params(kernel))})"]
+             f"@kernel function {kernel.name}!({', '.join(_kernel_params(kernel, flavour))})"]
     if loops:
         names = [f"g{k}" for k in range(len(loops))]
         lines.append(f"    ({', '.join(reversed(names))},) = @index(Global, NTuple)"
@@ -262,8 +304,8 @@ def kernel_function(kernel: LoopKernel) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _kernel_params(kernel: LoopKernel) -> list[str]:
-    params = [a.name if a.role != "in" else f"@Const({a.name})" for a in kernel.arrays]
+def _kernel_params(kernel: LoopKernel, flavour: Flavour) -> list[str]:
+    params = [f"@Const({a.name})" if a.role == "in" and flavour.const_inputs else a.name for a in kernel.arrays]
     params += [f"{s.name}::{julia_type(arrival_dtype(s.dtype))}" for s in kernel.scalars]
     params += [f"{s.name}::Int" for s in kernel.sizes]
     return params
@@ -273,7 +315,7 @@ def launcher_name(kernel: LoopKernel) -> str:
     return f"run_{kernel.name}!"
 
 
-def launcher_function(kernel: LoopKernel) -> str:
+def launcher_function(kernel: LoopKernel, flavour: Flavour) -> str:
     """``run_<name>!(backend, params...)``: launch over the ndrange (Julia order) and synchronize."""
     printer = JuliaPrinter(kernel)
     params = ", ".join(kernel.params)
@@ -283,9 +325,14 @@ def launcher_function(kernel: LoopKernel) -> str:
         julia_order = [printer.expr(e) for e in reversed(extents)]
         ndrange = f"({julia_order[0]},)" if len(julia_order) == 1 else f"({', '.join(julia_order)})"
         positive = " && ".join(f"{printer.expr(e, Precedence.COMPARE + 1)} > 0" for e in reversed(extents))
-        lines += [f"    if ({positive})",
-                  f"        {kernel.name}!(backend)({params}; ndrange = {ndrange})",
-                  "    end"]
+        lines.append(f"    if ({positive})")
+        if flavour.cpu_workgroups:
+            lines += [f"        ndrange = {ndrange}",
+                      f"        {kernel.name}!(backend)({params}; ndrange = ndrange, "
+                      f"workgroupsize = {CPU_WORKGROUP_HELPER}(ndrange))"]
+        else:
+            lines.append(f"        {kernel.name}!(backend)({params}; ndrange = {ndrange})")
+        lines.append("    end")
     else:  # one work-item does everything
         lines.append(f"    {kernel.name}!(backend, 1)({params}; ndrange = (1,))")
     lines += ["    KernelAbstractions.synchronize(backend)", "    return nothing", "end"]
@@ -299,16 +346,18 @@ _HEADER = """\
 """
 
 
-def module_body(kernels: Sequence[LoopKernel]) -> str:
+def module_body(kernels: Sequence[LoopKernel], flavour: Flavour) -> str:
     """Everything inside ``module ... end``."""
     parts = ["using KernelAbstractions\nusing Atomix\n"]
     helpers = _helpers(kernels)
     if helpers:
         parts.append("# NaN outside the real domain, as NumPy and XLA, where Julia would throw DomainError\n"
                      + "\n".join(helpers) + "\n")
+    if flavour.cpu_workgroups and any(ndrange_extents(k) for k in kernels):
+        parts.append(_CPU_WORKGROUP_SOURCE)
     for kernel in kernels:
-        parts.append(kernel_function(kernel))
-        parts.append(launcher_function(kernel))
+        parts.append(kernel_function(kernel, flavour))
+        parts.append(launcher_function(kernel, flavour))
     return "\n".join(parts)
 
 
@@ -318,13 +367,13 @@ def module_name(body: str) -> str:
     return "TullaxKernels_" + hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
 
 
-def print_module(kernels: Sequence[LoopKernel]) -> str:
-    """The whole Julia module for ``kernels``: header comment, ``module TullaxKernels_<hash>``, helpers, one
-    ``@kernel`` and one launcher per kernel, ``end``."""
+def print_module(kernels: Sequence[LoopKernel], *, flavour: Flavour) -> str:
+    """The whole Julia module for ``kernels`` on the backend of ``flavour``: header comment, ``module
+    TullaxKernels_<hash>``, helpers, one ``@kernel`` and one launcher per kernel, ``end``."""
     names = [k.name for k in kernels]
     if len(set(names)) != len(names):
         raise TullaxError(f"internal error: kernel names repeat in one Julia module: {names}")
-    body = module_body(kernels)
+    body = module_body(kernels, flavour)
     name = module_name(body)
     return f"{_HEADER.format(version=__version__)}module {name}\n\n{body}\nend # module {name}\n"
 
@@ -339,5 +388,6 @@ def name_of_module(source: str) -> str:
 
 __all__ = [
     "JuliaPrinter", "print_module", "kernel_function", "launcher_function", "launcher_name", "module_name",
-    "name_of_module", "julia_type", "arrival_dtype", "format_float", "helper_name",
+    "name_of_module", "julia_type", "arrival_dtype", "format_float", "helper_name", "Flavour", "CPU_FLAVOUR",
+    "GPU_FLAVOUR", "CPU_WORKGROUP_HELPER", "CPU_GROUPS_PER_THREAD", "CPU_GROUP_MAX_ITEMS",
 ]

@@ -2,42 +2,18 @@
     TullaxBridgeCUDAExt
 
 CUDA support for TullaxBridge, loaded by Julia when CUDA.jl is loaded next to the bridge.
-It adds the CUDA methods of `backend_for("cuda")`, `wrap_cuda`, `sync_stream` and
-`run_launcher_cuda!`.
+It adds the CUDA methods of `backend_for("cuda")` and `run_launcher_cuda!`.
+
+Installed by `tullax julia install-cuda` with the compat `CUDA = "5, 6"`, which resolves to
+CUDA.jl 5: every Atomix 1.x declares `CUDA = "5"` for its CUDA extension.
 """
 module TullaxBridgeCUDAExt
 
 using TullaxBridge
-using TullaxBridge: as_kernel_argument, record_launch!
+using TullaxBridge: as_kernel_argument, latest_binding, record_launch!
 using CUDA
-using DLPack
-using PythonCall: Py
-
-# CUDA.jl 6 moved the driver API into CUDACore (re-exported only for public names);
-# on CUDA.jl 5 it lives in CUDA itself.
-const Driver = isdefined(CUDA, :CUDACore) ? CUDA.CUDACore : CUDA
 
 TullaxBridge.cuda_backend() = CUDA.CUDABackend()
-
-"""
-    wrap_cuda(obj::Py) -> CuArray
-
-Zero-copy `CuArray` over the device buffer behind `obj.__dlpack__()` (DLPack.jl calls it
-without arguments; jax's exports are contiguous row-major, so the result has reversed
-dimensions, matching the printer's reversed indices). The caller keeps `obj` alive.
-"""
-TullaxBridge.wrap_cuda(obj::Py) = DLPack.from_dlpack(obj)
-
-"""
-    sync_stream(ptr::Integer)
-
-`cuStreamSynchronize` on the foreign stream `ptr` (XLA's `ctx.stream`). CUDA.jl has no
-public constructor that adopts a foreign `CUstream`, so the driver call is used directly.
-"""
-function TullaxBridge.sync_stream(ptr::Integer)
-    Driver.cuStreamSynchronize(Driver.CUstream(UInt(ptr)))
-    return nothing
-end
 
 """
     run_launcher_cuda!(mod, launcher, args...) -> Float64
@@ -49,7 +25,7 @@ array. Scalars and sizes pass through.
 """
 function TullaxBridge.run_launcher_cuda!(mod::Module, launcher::Union{Symbol,AbstractString}, args...)
     name = Symbol(launcher)
-    fn = getfield(mod, name)
+    fn = latest_binding(mod, name)
     elapsed = GC.@preserve args begin
         host = map(as_kernel_argument, args)
         device = map(to_device, host)

@@ -5,9 +5,9 @@ The hand-written Julia half of tullax's Julia backend. Python (through juliacall
 the source text of a printed kernel module; the bridge
 
   * evaluates that source into a fresh module ([`load_kernels`](@ref)),
-  * presents NumPy/XLA buffers as Julia arrays without copying ([`wrap_cpu`](@ref),
-    [`wrap_cuda`](@ref)),
-  * launches a kernel with its ndrange and workgroup size and synchronizes
+  * presents NumPy/XLA host buffers as Julia arrays without copying ([`wrap_cpu`](@ref)),
+  * calls a printed launcher on them ([`run_launcher_cpu!`](@ref), [`run_launcher_cuda!`](@ref)),
+    or launches one kernel with its ndrange and workgroup size and synchronizes
     ([`launch!`](@ref), [`launch_cpu!`](@ref)),
   * records parse, eval and first-run times ([`timings`](@ref)),
   * writes cached kernels into a small precompilable package so that a new process loads
@@ -18,6 +18,11 @@ Layout convention: a row-major NumPy array of shape `(a, b)` is the column-major
 array of size `(b, a)`. The kernel printer reverses index order, so no
 `PermutedDimsArray` is ever needed.
 
+What Python passes arrives through juliacall's conversion rules: NumPy arrays as `PyArray`s,
+`int`/`float`/`bool`/`str` as `Int`/`Float64`/`Bool`/`String`, a `tuple` as a `Tuple` of
+converted items, but a `list` or `dict` as a `PyList{Py}`/`PyDict` of `Py` objects. The entry
+points therefore take tuples (or accept `PyList`s explicitly).
+
 CUDA support lives in the package extension `TullaxBridgeCUDAExt`, which Julia loads when
 `CUDA` is loaded next to this package (`tullax julia install-cuda` installs it).
 """
@@ -25,14 +30,13 @@ module TullaxBridge
 
 using KernelAbstractions
 using Atomix
-using DLPack
 using PythonCall
 using PrecompileTools
 using UUIDs
 
 export load_kernels, timings, clear_timings!
-export wrap_cpu, wrap_cuda
-export backend_for, launch!, launch_cpu!, sync_stream
+export wrap_cpu
+export backend_for, launch!, launch_cpu!
 export run_launcher_cpu!, run_launcher_cuda!
 export write_precompile_package, precompile_package, load_precompiled
 

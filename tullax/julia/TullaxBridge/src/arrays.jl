@@ -46,18 +46,6 @@ function is_row_major_contiguous(pa::PyArray)
 end
 
 """
-    wrap_cuda(obj::Py) -> CuArray
-
-A `CuArray` that shares device memory with a CUDA buffer exposing `__dlpack__` (a jax
-`buffer_callback` `Buffer` or a GPU `jax.Array`), through `DLPack.from_dlpack`. A
-row-major buffer arrives with reversed dimensions, exactly like [`wrap_cpu`](@ref).
-
-Implemented by the `TullaxBridgeCUDAExt` extension; without CUDA.jl loaded this method
-throws an error that says how to install it.
-"""
-wrap_cuda(obj) = throw(cuda_unavailable_error("wrap_cuda"))
-
-"""
     cuda_unavailable_error(what) -> ErrorException
 
 The error every CUDA entry point throws while CUDA.jl is not loaded.

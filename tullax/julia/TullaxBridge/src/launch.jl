@@ -17,38 +17,27 @@ end
 cuda_backend(args...) = throw(cuda_unavailable_error("backend_for(\"cuda\")"))
 
 """
-    sync_stream(ptr::Integer)
-
-Block until the CUDA stream `ptr` (XLA's `ctx.stream`, a `CUstream` passed as an integer)
-has finished its work, so that a kernel launched on CUDA.jl's own stream sees the inputs
-XLA has just written. Implemented by `TullaxBridgeCUDAExt`.
-"""
-sync_stream(ptr) = throw(cuda_unavailable_error("sync_stream"))
-
-"""
     launch!(mod, fname, backend, out, args...; ndrange, workgroupsize = nothing) -> Float64
 
 Launch kernel `fname` of the kernel module `mod` (from [`load_kernels`](@ref) or
 [`load_precompiled`](@ref)) on `backend` over `ndrange` and wait for it to finish. `out`
 and `args` are passed to the kernel in that order; arrays must already be Julia arrays
-(see [`wrap_cpu`](@ref), [`wrap_cuda`](@ref), or use [`launch_cpu!`](@ref)).
+(see [`wrap_cpu`](@ref), or use [`launch_cpu!`](@ref)).
 
 With `workgroupsize === nothing` the kernel is instantiated as `kernel(backend)` and
 KernelAbstractions picks the work-group size; otherwise `kernel(backend, workgroupsize)`.
-Both the constructor and the kernel go through `Base.invokelatest`, because the kernels
-were defined by `eval` after this function was compiled.
+The kernel is looked up, constructed and called through `Base.invokelatest`
+([`latest_binding`](@ref)), because it was defined by `eval` after this function was
+compiled, possibly in the same top-level call.
 
 Returns the elapsed seconds of launch plus synchronize. The first launch of each kernel
 (which includes JIT compilation) is recorded as its first-run time; see
 [`timings`](@ref).
-
-On CUDA, call [`sync_stream`](@ref) on XLA's stream first: the kernel runs on CUDA.jl's
-stream, and `KernelAbstractions.synchronize` here waits for that stream before returning.
 """
 function launch!(mod::Module, fname::Union{Symbol,AbstractString}, backend, out, args...;
                  ndrange, workgroupsize = nothing)
     name = Symbol(fname)
-    kernel = instantiate(getfield(mod, name), backend, workgroupsize)
+    kernel = instantiate(latest_binding(mod, name), backend, workgroupsize)
     dims = as_dims(ndrange)
     elapsed = @elapsed begin
         Base.invokelatest(kernel, out, args...; ndrange = dims)
@@ -94,7 +83,7 @@ Returns the elapsed seconds, recorded under the launcher's name (see [`timings`]
 """
 function run_launcher_cpu!(mod::Module, launcher::Union{Symbol,AbstractString}, args...)
     name = Symbol(launcher)
-    fn = getfield(mod, name)
+    fn = latest_binding(mod, name)
     elapsed = GC.@preserve args begin
         julia_args = map(as_kernel_argument, args)
         @elapsed Base.invokelatest(fn, CPU(), julia_args...)
@@ -123,14 +112,25 @@ instantiate(constructor, backend, workgroupsize) =
     Base.invokelatest(constructor, backend, as_workgroupsize(workgroupsize))
 
 """
+    latest_binding(mod, name)
+
+The binding `name` of `mod` as the newest world sees it. Kernel modules are evaluated at
+run time, often within the same top-level call that then reads them, and reading a
+binding in a world older than its definition warns on Julia 1.12 (and will fail later).
+"""
+latest_binding(mod::Module, name::Symbol) = Base.invokelatest(getglobal, mod, name)
+
+"""
     as_dims(x) -> NTuple{N,Int}
 
-An ndrange as KernelAbstractions wants it. Python tuples and lists arrive as Julia tuples
-or `PyList`s of integers; a single integer means a 1-D range.
+An ndrange as KernelAbstractions wants it: an integer (a 1-D range), a tuple, a Julia vector,
+or a Python list, which arrives as a `PyList{Py}` whose items are `Py` objects (`Int(::Py)`
+does not exist: they are converted with `pyconvert`).
 """
 as_dims(x::Integer) = (Int(x),)
 as_dims(x::Tuple) = map(Int, x)
-as_dims(x) = Tuple(Int(d) for d in x)
+as_dims(x::AbstractVector{<:Integer}) = Tuple(Int.(x))
+as_dims(x::PyList) = Tuple(pyconvert(Vector{Int}, x))
 
 as_workgroupsize(::Nothing) = nothing
 as_workgroupsize(x) = as_dims(x)

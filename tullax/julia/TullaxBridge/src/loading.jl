@@ -18,7 +18,8 @@ dependencies of tullax's juliapkg environment (`tullax/juliapkg.json`).
 
 Parse and eval times are recorded under `"<modname>/parse_s"` and `"<modname>/eval_s"`
 (see [`timings`](@ref)). Because the kernels are defined in a newer world than the caller,
-call them through [`launch!`](@ref), which uses `Base.invokelatest`.
+call them through [`launch!`](@ref) or [`run_launcher_cpu!`](@ref), which use
+`Base.invokelatest`.
 """
 function load_kernels(src::AbstractString, modname::AbstractString)::Module
     parsed = nothing
@@ -80,7 +81,7 @@ function eval_toplevel(container::Module, parsed)::Module
     if length(statements) == 1 && Meta.isexpr(only(statements), :module)
         # Expr(:module, std_imports::Bool, name::Symbol, body): the name is its only Symbol.
         inner_name = first(a for a in only(statements).args if a isa Symbol)
-        return getfield(container, inner_name)::Module
+        return latest_binding(container, inner_name)::Module
     end
     return container
 end

@@ -8,8 +8,10 @@
 "Namespace for the deterministic UUIDs of generated kernel packages (TullaxBridge's own UUID)."
 const PACKAGE_UUID_NAMESPACE = UUID("7d17cc8a-f6ec-4256-ad47-b6c60ebc89b4")
 
-"Element types a workload may allocate; they are written into Julia source, so the list is closed."
-const WORKLOAD_ELTYPES = (:Float32, :Float64, :Int32, :Int64, :Bool, :ComplexF32, :ComplexF64)
+"Element types a workload may allocate (every type tullax's printer names); they are written into Julia
+source, so the list is closed."
+const WORKLOAD_ELTYPES = (:Float16, :Float32, :Float64, :Int8, :Int16, :Int32, :Int64, :UInt8, :UInt16, :UInt32,
+                          :UInt64, :Bool, :ComplexF32, :ComplexF64)
 
 const IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_!]*$"
 const DOTTED_PATH = r"^[A-Za-z_][A-Za-z0-9_!]*(\.[A-Za-z_][A-Za-z0-9_!]*)*$"
@@ -18,8 +20,9 @@ const DOTTED_PATH = r"^[A-Za-z_][A-Za-z0-9_!]*(\.[A-Za-z_][A-Za-z0-9_!]*)*$"
     WorkloadArg
 
 One kernel argument in a precompile workload: an array of element type `eltype` and
-Julia (column-major, i.e. NumPy-reversed) size `dims`, filled with ones so that integer
-index arrays hold the valid index 1; or, when `dims === nothing`, the scalar
+Julia (column-major, i.e. NumPy-reversed) size `dims`, filled with zeros when `eltype` is an
+integer type (the printed kernels index from 0, so an index array of zeros is valid for any
+non-empty axis) and with ones otherwise; or, when `dims === nothing`, the scalar
 `eltype(value)`.
 """
 struct WorkloadArg
@@ -52,34 +55,35 @@ WorkloadCall(kernel::String, args::Vector{WorkloadArg}, ndrange::Vector{Int}) =
     WorkloadCall(kernel, args, ndrange, false)
 
 """
-    WorkloadCall(d::AbstractDict)
+    WorkloadCall(t::Tuple)
 
-Build a call from the plain structure Python sends through juliacall:
-`{"kernel": "Mod.k!", "ndrange": [2, 3], "args": [{"type": "Float32", "dims": [3, 2]},
-{"type": "Int64", "value": 4}]}`, optionally with `"launcher": true`.
+Build a call from the plain data Python sends, nested tuples of strings, integers, floats
+and booleans (juliacall hands a Python tuple over as a Julia `Tuple` of converted items,
+while a list or a dict would arrive as a `PyList{Py}`/`PyDict` of `Py` objects):
+`(kernel, launcher, ndrange, args)`, for example
+`("Mod.run_k!", true, (), (("Float32", (3, 2)), ("Float64", 1.0), ("Int64", 4)))`, where an
+array argument is `(eltype, dims)` and a scalar one `(eltype, value)`.
 """
-function WorkloadCall(d::AbstractDict)
-    kernel = String(d["kernel"])
+function WorkloadCall((kernel, launcher, ndrange, args)::Tuple{AbstractString,Bool,Tuple{Vararg{Integer}},Tuple})
     occursin(DOTTED_PATH, kernel) || throw(ArgumentError("invalid kernel path \"$(kernel)\""))
-    args = WorkloadArg[WorkloadArg(a) for a in d["args"]]
-    ndrange = Int[Int(n) for n in d["ndrange"]]
     all(>=(0), ndrange) || throw(ArgumentError("negative ndrange $(ndrange) for $(kernel)"))
-    launcher = Bool(get(d, "launcher", false))
-    return WorkloadCall(kernel, args, ndrange, launcher)
+    return WorkloadCall(String(kernel), WorkloadArg[WorkloadArg(a) for a in args], collect(Int, ndrange), launcher)
 end
 
 WorkloadCall(c::WorkloadCall) = c
 
-function WorkloadArg(d::AbstractDict)
-    T = Symbol(String(d["type"]))
+function WorkloadArg((type, dims)::Tuple{AbstractString,Tuple{Vararg{Integer}}})
+    all(>=(0), dims) || throw(ArgumentError("negative array size $(dims)"))
+    return WorkloadArg(workload_eltype(type), collect(Int, dims), 0)
+end
+
+WorkloadArg((type, value)::Tuple{AbstractString,Real}) = WorkloadArg(workload_eltype(type), nothing, value)
+
+function workload_eltype(type::AbstractString)::Symbol
+    T = Symbol(type)
     T in WORKLOAD_ELTYPES ||
         throw(ArgumentError("unsupported workload element type $(T); expected one of $(WORKLOAD_ELTYPES)"))
-    if haskey(d, "dims")
-        dims = Int[Int(n) for n in d["dims"]]
-        all(>=(0), dims) || throw(ArgumentError("negative array size $(dims)"))
-        return WorkloadArg(T, dims, 0)
-    end
-    return WorkloadArg(T, nothing, d["value"]::Real)
+    return T
 end
 
 """
@@ -94,14 +98,15 @@ Write the package `name` into `joinpath(dir, name)` and return that path:
   * `src/<name>.jl`, which includes them and runs a PrecompileTools `@compile_workload`
     launching every kernel in `signatures` once on `CPU()` with tiny arrays.
 
-`signatures` holds [`WorkloadCall`](@ref)s or the dictionaries Python sends (see
-`WorkloadCall(::AbstractDict)`). A kernel that throws in the workload only logs a warning:
-it has been compiled by then, and it compiles again at first use otherwise.
+`sources` is a tuple of strings and `signatures` a tuple of [`WorkloadCall`](@ref)s or of the
+tuples Python sends (see `WorkloadCall(::Tuple)`). A kernel that throws in the workload only
+logs a warning: it has been compiled by then, and it compiles again at first use otherwise.
 
 Load the result with [`load_precompiled`](@ref). Files are replaced atomically; the caller
 serializes concurrent writers (tullax holds the cache lock).
 """
-function write_precompile_package(dir::AbstractString, name::AbstractString, sources, signatures)::String
+function write_precompile_package(dir::AbstractString, name::AbstractString, sources::Tuple{Vararg{AbstractString}},
+                                  signatures::Tuple)::String
     occursin(IDENTIFIER, name) && !occursin('!', name) ||
         throw(ArgumentError("invalid package name \"$(name)\": use letters, digits and _"))
     calls = WorkloadCall[WorkloadCall(s) for s in signatures]
@@ -127,10 +132,15 @@ Precompile the package written by [`write_precompile_package`](@ref) at `pkgdir`
 its workload in Julia's precompilation process) WITHOUT loading it into this session, so
 that a package already loaded here does not stop a fresh image from being written. Returns
 the seconds it took, also recorded as `"<name>/precompile_s"`.
+
+`Base.compilecache` is internal: it throws when precompilation fails, but it returns (does not
+throw) an exception when the package cannot be precompiled at all; that one is thrown here.
 """
 function precompile_package(pkgdir::AbstractString)::Float64
     pkg = identify_in_parent(pkgdir)
-    seconds = @elapsed Base.compilecache(pkg)
+    result = nothing
+    seconds = @elapsed result = Base.compilecache(pkg)
+    result isa Exception && throw(result)
     record_timing!(string(pkg.name, "/precompile_s"), seconds)
     return seconds
 end
@@ -237,6 +247,7 @@ end
 
 function workload_value_source(arg::WorkloadArg)::String
     arg.dims === nothing && return "$(arg.eltype)($(repr(arg.value)))"
-    isempty(arg.dims) && return "ones($(arg.eltype))"
-    return "ones($(arg.eltype), $(join(arg.dims, ", ")))"
+    fill = getfield(Base, arg.eltype) <: Integer ? "zeros" : "ones"
+    isempty(arg.dims) && return "$(fill)($(arg.eltype))"
+    return "$(fill)($(arg.eltype), $(join(arg.dims, ", ")))"
 end

@@ -116,6 +116,10 @@ end
         y = np.ones(4; dtype = "float32")
         launch_cpu!(mod, "saxpy!", PyArray(y), PyArray(x), 3.0f0; ndrange = 4)
         @test pyconvert(Vector{Float32}, y.tolist()) == Float32[1, 4, 7, 10]
+        # A Python list arrives as a PyList{Py}: its items are Py objects, converted by as_dims.
+        launch_cpu!(mod, "saxpy!", PyArray(y), PyArray(x), 1.0f0; ndrange = pyconvert(Any, pylist([4])),
+                    workgroupsize = pyconvert(Any, pylist([2])))
+        @test pyconvert(Vector{Float32}, y.tolist()) == Float32[1, 5, 9, 13]
     end
 
     @testset "run_launcher_cpu! calls a printed launcher on zero-copy views" begin
@@ -132,8 +136,6 @@ end
     if Base.get_extension(TullaxBridge, :TullaxBridgeCUDAExt) === nothing
         @testset "CUDA entry points explain how to get CUDA.jl" begin
             @test_throws ErrorException backend_for("cuda")
-            @test_throws ErrorException sync_stream(0)
-            @test_throws ErrorException wrap_cuda(nothing)
             @test_throws ErrorException run_launcher_cuda!(nothing, "run_kernel!")
         end
     end
@@ -141,49 +143,44 @@ end
 
     @testset "write_precompile_package writes a loadable package" begin
         dir = mktempdir()
-        signature = Dict(
-            "kernel" => "TullaxTestSaxpy.saxpy!",
-            "ndrange" => [4],
-            "args" => [
-                Dict("type" => "Float32", "dims" => [4]),
-                Dict("type" => "Float32", "dims" => [4]),
-                Dict("type" => "Float32", "value" => 2.0),
-            ],
-        )
-        path = write_precompile_package(dir, "TullaxTestKernels", [SAXPY_SOURCE], [signature])
+        signature = ("TullaxTestSaxpy.saxpy!", false, (4,), (("Float32", (4,)), ("Float32", (4,)), ("Float32", 2.0)))
+        path = write_precompile_package(dir, "TullaxTestKernels", (SAXPY_SOURCE,), (signature,))
         @test isfile(joinpath(path, "Project.toml"))
         @test isfile(joinpath(path, "src", "kernels_1.jl"))
         main_source = read(joinpath(path, "src", "TullaxTestKernels.jl"), String)
         @test occursin("@compile_workload", main_source)
         @test occursin("TullaxTestSaxpy.saxpy!(backend)(a1, a2, a3; ndrange = (4,))", main_source)
         pkg = load_precompiled(path)
-        kernels = getfield(pkg, :TullaxTestSaxpy)
+        kernels = TullaxBridge.latest_binding(pkg, :TullaxTestSaxpy)
         y = ones(Float32, 4)
         launch!(kernels, :saxpy!, CPU(), y, ones(Float32, 4), 1.0f0; ndrange = 4)
         @test y == fill(2.0f0, 4)
-        launcher_call = Dict(
-            "kernel" => "TullaxTestLauncher.run_kernel!",
-            "launcher" => true,
-            "ndrange" => Int[],
-            "args" => [
-                Dict("type" => "Float32", "dims" => [2, 3]),
-                Dict("type" => "Float32", "dims" => [3, 2]),
-                Dict("type" => "Float64", "value" => 1),
-                Dict("type" => "Int64", "value" => 2),
-                Dict("type" => "Int64", "value" => 3),
-            ],
-        )
-        launcher_path = write_precompile_package(dir, "TullaxTestLauncherKernels", [LAUNCHER_SOURCE], [launcher_call])
+        # Exactly what Python sends: juliacall converts each argument with pyconvert(Any, x).
+        launcher_call = pyconvert(Any, pyeval("""('TullaxTestLauncher.run_kernel!', True, (),
+            (('Float32', (2, 3)), ('Float32', (3, 2)), ('Float64', 1.0), ('Int64', 2), ('Int64', 3)))""", Main))
+        @test launcher_call isa Tuple && TullaxBridge.WorkloadCall(launcher_call).launcher
+        sources = pyconvert(Any, pytuple([LAUNCHER_SOURCE]))
+        @test sources isa Tuple{String}
+        launcher_path = write_precompile_package(dir, "TullaxTestLauncherKernels", sources, (launcher_call,))
         launcher_main = read(joinpath(launcher_path, "src", "TullaxTestLauncherKernels.jl"), String)
         @test occursin("TullaxTestLauncher.run_kernel!(backend, a1, a2, a3, a4, a5)", launcher_main)
         @test precompile_package(launcher_path) >= 0
         launcher_pkg = load_precompiled(launcher_path)
         out = zeros(Float32, 2, 3)
-        launch!(getfield(launcher_pkg, :TullaxTestLauncher), :kernel!, CPU(), out, ones(Float32, 3, 2), 3.0, 2, 3;
+        launcher_kernels = TullaxBridge.latest_binding(launcher_pkg, :TullaxTestLauncher)
+        launch!(launcher_kernels, :kernel!, CPU(), out, ones(Float32, 3, 2), 3.0, 2, 3;
                 ndrange = (3, 2))
         @test out == fill(3.0f0, 2, 3)
-        @test_throws ArgumentError write_precompile_package(dir, "bad name", String[], [])
-        bad_type = Dict("kernel" => "k", "ndrange" => [1], "args" => [Dict("type" => "String", "value" => 1)])
-        @test_throws ArgumentError write_precompile_package(dir, "TullaxTestBad", String[], [bad_type])
+        @test_throws ArgumentError write_precompile_package(dir, "bad name", (), ())
+        bad_type = ("k", false, (1,), (("String", 1),))
+        @test_throws ArgumentError write_precompile_package(dir, "TullaxTestBad", (), (bad_type,))
+        # Python lists arrive as PyList{Py} of Py items, which nothing here reads (the audit's B1).
+        python_list = pyconvert(Any, pylist([SAXPY_SOURCE]))
+        @test python_list isa PyList{Py}
+        @test_throws MethodError write_precompile_package(dir, "TullaxTestBad", python_list, ())
+        # Index arrays are filled with zeros (the printed kernels index from 0), data arrays with ones.
+        gather = TullaxBridge.WorkloadCall(("M.run_k!", true, (), (("Float32", (3,)), ("Int64", (3,)))))
+        gather_source = TullaxBridge.package_source("P", String[], [gather])
+        @test occursin("a1 = ones(Float32, 3), a2 = zeros(Int64, 3)", gather_source)
     end
 end
