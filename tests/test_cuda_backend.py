@@ -20,8 +20,8 @@ from corpus import CASES_BY_ID, analysed
 
 import tullax
 from tullax import backends
-from tullax.api.source import signature_for
 from tullax.backends import cuda, cuda_compile, cuda_driver, gpu_select
+from tullax.backends.base import Signature
 from tullax.backends.cuda_launch import START_ANY, START_GIVEN, ParamBlock, plan_launch
 from tullax.compiler.intervals import Interval, fits
 from tullax.compiler.loops import INDEX, ArrayArg, Const, Loop, LoopKernel, SizeArg, Store, Var, binop
@@ -83,7 +83,7 @@ def gpu(monkeypatch, tmp_path):
 def case_kernel(case_id: str, dtype: str = "float32"):
     case = CASES_BY_ID[case_id]
     spec = analysed(case.spec, case.ranges)
-    return spec, lower(spec, signature_for(spec, dtype), name="kernel")
+    return spec, lower(spec, Signature.for_dtype(spec, dtype), name="kernel")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,7 +163,7 @@ def test_the_parameter_block_holds_the_pointers_then_the_integers(bits):
 def test_a_launch_enqueues_on_xlas_stream_with_the_buffer_addresses(gpu):
     spec = analysed("D[i,j] := (W[k,i] - X[k,j])^2")
     shapes = {"W": (3, 4), "X": (3, 5), "D": (4, 5)}
-    kernel = cuda.device_kernel(spec, signature_for(spec, "float32"), shapes)
+    kernel = cuda.device_kernel(spec, Signature.for_dtype(spec, "float32"), shapes)
     kernel(77, FakeBuffer(0xD000), (FakeBuffer(0xA000), FakeBuffer(0xB000)))
     ((what, function, grid, block, stream, params),) = gpu.calls
     assert (what, function, grid, block, stream) == ("launch", "function1", 1, 32, 77)
@@ -174,7 +174,7 @@ def test_a_launch_enqueues_on_xlas_stream_with_the_buffer_addresses(gpu):
 def test_updates_copy_the_given_array_unless_xla_aliased_it(gpu):
     spec = analysed("C[i,j] += A[i,k]*B[k,j]")
     shapes = {"C": (2, 3), "A": (2, 4), "B": (4, 3)}
-    kernel = cuda.device_kernel(spec, signature_for(spec, "float64"), shapes)
+    kernel = cuda.device_kernel(spec, Signature.for_dtype(spec, "float64"), shapes)
     kernel(5, FakeBuffer(0x100), (FakeBuffer(0x200), FakeBuffer(0x300), FakeBuffer(0x400)))
     assert gpu.calls[0] == ("copy", 0x100, 0x200, 2 * 3 * 8, 5) and gpu.calls[1][0] == "launch"
     gpu.calls.clear()
@@ -184,14 +184,14 @@ def test_updates_copy_the_given_array_unless_xla_aliased_it(gpu):
 
 def test_nothing_to_compute_launches_nothing(gpu):
     spec = analysed("r[i] := A[i,j]")
-    kernel = cuda.device_kernel(spec, signature_for(spec, "float32"), {"A": (0, 3), "r": (0,)})
+    kernel = cuda.device_kernel(spec, Signature.for_dtype(spec, "float32"), {"A": (0, 3), "r": (0,)})
     kernel(1, FakeBuffer(0x10), (FakeBuffer(0x20),))
     assert gpu.calls == []
 
 
 def test_each_cubin_is_loaded_once_and_each_kernel_built_once(gpu):
     spec = analysed("y[i] := 2*x[i]")
-    signature = signature_for(spec, "float32")
+    signature = Signature.for_dtype(spec, "float32")
     first = cuda.device_kernel(spec, signature, {"x": (10,), "y": (10,)})
     assert cuda.device_kernel(spec, signature, {"x": (10,), "y": (10,)}) is first
     other = cuda.device_kernel(spec, signature, {"x": (20,), "y": (20,)})  # same source: same cubin
@@ -207,7 +207,7 @@ def test_each_cubin_is_loaded_once_and_each_kernel_built_once(gpu):
 # ---------------------------------------------------------------------------------------------
 def test_numpy_inputs_need_a_host_backend():
     with pytest.raises(BackendUnavailableError, match="host backend"):
-        cuda.CudaBackend().build(analysed("y[i] := x[i]"), signature_for(analysed("y[i] := x[i]"), "float32"))
+        cuda.CudaBackend().build(analysed("y[i] := x[i]"), Signature.for_dtype(analysed("y[i] := x[i]"), "float32"))
 
 
 def test_without_a_driver_the_backend_says_why():

@@ -13,11 +13,12 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
-from tullax.backends.base import Signature
+from tullax.backends import host
+from tullax.backends.base import Capabilities, Signature
 from tullax.backends.cuda_launch import START_GIVEN, LaunchPlan, ParamBlock, plan_launch
 from tullax.compiler.loops import LoopKernel
 from tullax.compiler.lower import lower
-from tullax.errors import BackendUnavailableError, TullaxError
+from tullax.errors import BackendUnavailableError
 from tullax.printers.cuda import print_module
 from tullax.spec.ir import Spec
 
@@ -103,29 +104,17 @@ def _record(cubin: Any, kernel: LoopKernel, codegen_ms: float, load_ms: float, s
         pass
 
 
-def module_source(spec: Spec, dtype: Signature | str = "float32", gradients: tuple | None = None) -> str:
+def module_source(spec: Spec, dtype: Signature | str = "float32") -> str:
     """The forward kernel and every gradient step kernel of ``spec`` as ONE CUDA module, for display."""
-    from tullax.api.source import signature_for
-    from tullax.grad import gradients as derive
-
-    sig = signature_for(spec, dtype) if isinstance(dtype, str) else dtype
-    if gradients is None:
-        try:
-            gradients = derive(spec)
-        except TullaxError:
-            gradients = ()
-    kernels = [(lower(spec, sig, name="forward"), DISPLAY_INDEX_BITS)]
-    for position, grad in enumerate(gradients):
-        wrt = spec.input_names.index(grad.wrt) if grad.wrt in spec.input_names else position
-        for number, step in enumerate(grad.steps):  # names from positions: never user text
-            step_sig = signature_for(step, sig.out_dtype)
-            kernels.append((lower(step, step_sig, name=f"grad{wrt}_step{number}"), DISPLAY_INDEX_BITS))
-    return print_module(kernels)
+    sig = Signature.for_dtype(spec, dtype) if isinstance(dtype, str) else dtype
+    return host.module_source(spec, sig, lambda step, step_sig, name: lower(step, step_sig, name=name),
+                              lambda kernels: print_module([(k, DISPLAY_INDEX_BITS) for k in kernels]))
 
 
 class CudaBackend:
     name = NAME
     platform = PLATFORM
+    capabilities = Capabilities(module_source=True)
 
     def availability(self) -> tuple[bool, str]:
         from tullax.backends.cuda_compile import nvrtc
@@ -149,8 +138,8 @@ class CudaBackend:
     def generate_source(self, spec: Spec, signature: Signature) -> str:
         return print_module([(lower(spec, signature, name=KERNEL_NAME), DISPLAY_INDEX_BITS)])
 
-    def module_source(self, spec: Spec, dtype: Signature | str = "float32", gradients: tuple | None = None) -> str:
-        return module_source(spec, dtype, gradients)
+    def module_source(self, spec: Spec, dtype: Signature | str = "float32") -> str:
+        return module_source(spec, dtype)
 
 
 __all__ = ["CudaBackend", "DeviceKernel", "device_kernel", "device_pointer", "module_source"]
