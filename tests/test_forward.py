@@ -17,9 +17,10 @@ from tullax.backends.xla import (
 )
 from tullax.errors import ShapeError
 from tullax.spec.analyze import analyze
+from tullax.spec.examples import random_inputs
 from tullax.spec.parse import parse_spec
 from tullax.spec.shapes import check_shapes, eval_shapes
-from tullax.testing import naive_eval, random_inputs
+from tullax.testing.oracle import naive_eval
 
 RTOL, ATOL = 1e-10, 1e-12
 

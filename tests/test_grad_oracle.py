@@ -19,8 +19,8 @@ from tullax.backends.xla import lower
 from tullax.errors import SpecError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
+from tullax.spec.examples import random_inputs, shapes_for
 from tullax.spec.frontend import compile_spec
-from tullax.testing import random_inputs, shapes_for
 
 RTOL, ATOL = 1e-6, 1e-9
 
@@ -237,12 +237,12 @@ def test_second_derivatives_match_jax(case_id: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Random specs from the grammar (tullax.testing.random_spec): the derivation against jax's gradient
+# Random specs from the grammar (tullax.testing.specgen.random_spec): the derivation against jax's gradient
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("seed", range(24))
 def test_random_specs_gradients_match_jax(seed: int) -> None:
     from tullax.errors import TullaxError
-    from tullax.testing import random_spec
+    from tullax.testing.specgen import random_spec
 
     text = random_spec(10_000 + seed)
     try:

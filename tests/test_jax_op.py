@@ -17,8 +17,8 @@ import tullax
 from tests.corpus import CASES_BY_ID
 from tullax.backends.xla import lower
 from tullax.runtime import stats
+from tullax.spec.examples import random_inputs
 from tullax.spec.frontend import compile_spec
-from tullax.testing import random_inputs
 
 DIST = "D[i,j] := (W[k,i] - X[k,j])^2"
 

@@ -39,8 +39,9 @@ from tullax.errors import TullaxError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
 from tullax.printers.julia import format_float, launch_nest, launcher_name
+from tullax.spec.examples import random_inputs, shapes_for
 from tullax.spec.frontend import compile_spec
-from tullax.testing import naive_eval, random_inputs, shapes_for
+from tullax.testing.oracle import naive_eval
 
 GOLDEN = Path(__file__).parent / "golden" / "julia"
 UPDATE = os.environ.get("TULLAX_UPDATE_GOLDEN") == "1"

@@ -17,13 +17,10 @@ from hypothesis import strategies as st
 from tullax.backends.xla import lower
 from tullax.errors import TullaxError
 from tullax.spec.analyze import analyze
+from tullax.spec.examples import random_inputs
 from tullax.spec.parse import parse_spec
-from tullax.testing import (
-    naive_eval,
-    random_garbage,
-    random_inputs,
-    random_spec,
-)
+from tullax.testing.oracle import naive_eval
+from tullax.testing.specgen import random_garbage, random_spec
 
 VALID_SHARDS = 2  # separate tests, so pytest-xdist can run them side by side
 VALID_PER_SHARD = 250  # 500 random valid specs per run in all

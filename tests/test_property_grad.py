@@ -17,8 +17,9 @@ from tullax.errors import TullaxError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
 from tullax.spec.analyze import analyze
+from tullax.spec.examples import random_inputs
 from tullax.spec.parse import parse_spec
-from tullax.testing import random_inputs, random_spec
+from tullax.testing.specgen import random_spec
 
 SHARDS = 2
 PER_SHARD = 250  # 500 random specs per run in all

@@ -57,7 +57,7 @@ def warm(spec: str, backend: str = "auto", dtype: str = "float32", ranges: Mappi
     """Compile and run once every kernel of ``spec`` on tiny inputs so the persistent cache holds them."""
     from tullax import backends
     from tullax.api.kernel import run_eager
-    from tullax.testing import random_inputs
+    from tullax.spec.examples import random_inputs
 
     try:
         _, analysed = compile_spec(spec, ranges)

@@ -175,7 +175,7 @@ def workload_call(kernel: LoopKernel, spec: Spec, signature: Signature, modname:
     """A precompile workload entry for ``TullaxBridge.write_precompile_package``: the launcher called once with
     arrays of tiny valid shapes (filled with ones by the bridge) and the matching scalars and sizes; None when no
     small shapes fit the spec (the kernel then compiles at first use)."""
-    from tullax.testing import shapes_for
+    from tullax.spec.examples import shapes_for
 
     try:
         shapes = dict(shapes_for(spec))
