@@ -25,7 +25,6 @@ from corpus import CASES_BY_ID, CORPUS, Case
 from julia_subset import CPU_BACKEND, JuliaRuntimeError, load_module, parse_errors
 
 import tullax
-from tullax.api.kernel import as_numpy_inputs, check_call, result_dtype
 from tullax.backends.base import Signature
 from tullax.backends.julia import (
     CPU,
@@ -39,6 +38,7 @@ from tullax.errors import TullaxError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
 from tullax.printers.julia import format_float, launch_nest, launcher_name
+from tullax.spec.arguments import as_numpy_inputs, check_call, result_dtype
 from tullax.spec.examples import random_inputs, shapes_for
 from tullax.spec.frontend import compile_spec
 from tullax.testing.oracle import naive_eval
