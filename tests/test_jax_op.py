@@ -72,7 +72,10 @@ def test_check_grads_second_order_reverse(case_id, wrt, x64):
             args[pos] = value
         return kernel(*[jnp.asarray(a) for a in args])  # jnp: check_grads perturbs with NumPy arrays
 
-    check_grads(f, tuple(jnp.asarray(values[p]) for p in wrt), order=2, modes=["rev"], atol=1e-6, rtol=1e-6)
+    # jitted: check_grads evaluates f, its VJP and the VJP's VJP at many points; eagerly every small op of
+    # each evaluation compiles on its own (the eager compositions are tested below)
+    check_grads(jax.jit(f), tuple(jnp.asarray(values[p]) for p in wrt), order=2, modes=["rev"], atol=1e-6,
+                rtol=1e-6)
 
 
 # =============================================================================================
