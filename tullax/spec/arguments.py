@@ -1,7 +1,7 @@
 """A kernel call's arguments against the analysed spec: binding them to inputs, and the checks every path runs
 before a kernel does (eager NumPy calls, jax tracing, the benchmark parent) at the call site, so a mistake is
-a ShapeError there and never inside a compiled kernel or a host callback. No jax: values need only ``shape``
-and ``dtype``."""
+a ShapeError there and never inside a compiled kernel or a host callback. Values need only ``shape`` and
+``dtype`` (NumPy arrays, jax arrays, tracers); jax is imported only for ``result_dtype``'s promotion rules."""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -74,7 +74,8 @@ def _is_integer(value: Any) -> bool:
     return np.issubdtype(np.dtype(value.dtype), np.integer)
 
 
-def result_dtype(spec: Spec, values: list[Any]):
+def result_dtype(spec: Spec, values: list[Any]) -> Any:
+    """The dtype of the result of ``spec`` on ``values`` (``tullax.spec.shapes.result_dtype`` of their dtypes)."""
     from tullax.spec.shapes import result_dtype as _result_dtype
 
     return _result_dtype(spec, [getattr(v, "dtype", None) for v in values])
