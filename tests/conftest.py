@@ -14,6 +14,7 @@ import importlib.util
 import inspect
 import os
 import shutil
+import sys
 import tempfile
 import types
 from pathlib import Path
@@ -56,6 +57,7 @@ def _julia_found() -> bool:
     return bool(find_julia())
 
 
+@functools.cache  # every name a test uses is looked up once
 def _compiling_name(name: str) -> bool:
     return name in COMPILING or any(name == root or name.startswith(root + ".") for root in COMPILING_TREES)
 
@@ -69,10 +71,15 @@ def _compiling_object(obj: Any) -> bool:
     return _compiling_name(module) or _compiling_name(f"{module}.{getattr(obj, '__qualname__', '')}")
 
 
+@functools.cache
+def _under_tests(filename: str) -> bool:
+    return Path(filename).resolve().is_relative_to(TESTS)
+
+
 def _test_side_code(obj: Any) -> types.CodeType | None:
     """The code of a function defined in a file under tests/ (helpers, fixtures), else None."""
     code = getattr(inspect.unwrap(obj), "__code__", None) if callable(obj) else None
-    return code if code is not None and Path(code.co_filename).resolve().is_relative_to(TESTS) else None
+    return code if code is not None and _under_tests(code.co_filename) else None
 
 
 def _reaches_compiling(code: types.CodeType, namespace: dict[str, Any], seen: set[types.CodeType]) -> bool:
@@ -84,7 +91,7 @@ def _reaches_compiling(code: types.CodeType, namespace: dict[str, Any], seen: se
     for name in names:
         if _compiling_name(name):  # a local "import jax" or "from tullax.backends.numba import ..."
             return True
-        obj = namespace.get(name)
+        obj = namespace.get(name, sys.modules.get(name))  # a module imported inside the function: sys.modules
         if obj is None:
             continue
         if _compiling_object(obj):
@@ -102,16 +109,17 @@ def _reaches_compiling(code: types.CodeType, namespace: dict[str, Any], seen: se
     return any(_reaches_compiling(inner, namespace, seen) for inner in nested)
 
 
+@functools.cache  # the parametrised cases of one test function share the answer
+def _function_compiles(function: Any) -> bool:
+    code = _test_side_code(function)
+    return code is not None and _reaches_compiling(code, inspect.unwrap(function).__globals__, set())
+
+
 def compiles(item: pytest.Item) -> bool:
     """Whether the test ``item`` (its function and the fixtures it uses) reaches something that compiles."""
-    seen: set[types.CodeType] = set()
     functions = [getattr(item, "obj", None)]
     functions += [fixture.func for defs in item._fixtureinfo.name2fixturedefs.values() for fixture in defs]
-    for function in functions:
-        code = _test_side_code(function) if function is not None else None
-        if code is not None and _reaches_compiling(code, inspect.unwrap(function).__globals__, seen):
-            return True
-    return False
+    return any(_function_compiles(function) for function in functions if function is not None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
