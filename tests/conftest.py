@@ -32,16 +32,19 @@ if not os.environ.get("TULLAX_CACHE_DIR"):
 NO_JULIA = "no Julia found (layer 4 of the Julia verification needs a real julia)"
 TESTS = Path(__file__).resolve().parent
 
-# What makes a test slow: compiling (jax/XLA, Numba, Julia), running kernels, starting processes. A name in
-# COMPILING_TREES covers its submodules; the others are exact, because their siblings are compiler-level
-# (tullax.backends.base, the printers behind tullax.backends.julia) or cheap (tullax.explain).
+# What makes a test slow: compiling (jax/XLA, Numba, Julia), running kernels, starting processes. A module in
+# one of COMPILING_TREES, or one of them, compiles unless COMPILER_LEVEL names it (so a new backend module
+# counts as compiling until someone says otherwise); COMPILING names single modules and functions.
 COMPILING_TREES = ("jax", "jaxlib", "numba", "llvmlite", "juliacall", "subprocess", "multiprocessing",
-                   "tullax.runtime", "tullax.benchmarking", "tullax.cli", "benchmarks")
+                   "tullax.backends", "tullax.jaxop", "tullax.runtime", "tullax.benchmarking", "tullax.cli",
+                   "benchmarks")
+COMPILER_LEVEL = frozenset({
+    "tullax.backends.base",  # Signature
+    "tullax.backends.julia",  # the Julia modules and launch arguments, printed (running them needs the julia mark)
+    "tullax.backends.julia_detect",
+    "tullax.jaxop.batching",  # vmap's spec transform
+})
 COMPILING = frozenset({
-    "tullax.jaxop.primitives", "tullax.jaxop.callback",  # not tullax.jaxop.batching: a spec transform
-    "tullax.backends",  # the registry: resolving a backend imports it
-    "tullax.backends.numba", "tullax.backends.numba_fastload", "tullax.backends.numba_math",
-    "tullax.backends.xla", "tullax.backends.julia_install",
     "tullax.api.kernel", "tullax.api.source",  # calling a Kernel, warm()
     "tullax.einsum_kernel", "tullax.warm",  # defined in tullax/__init__, next to the cheap explain()
 })
@@ -59,7 +62,9 @@ def _julia_found() -> bool:
 
 @functools.cache  # every name a test uses is looked up once
 def _compiling_name(name: str) -> bool:
-    return name in COMPILING or any(name == root or name.startswith(root + ".") for root in COMPILING_TREES)
+    if name in COMPILER_LEVEL or name in COMPILING:
+        return name in COMPILING
+    return any(name == root or name.startswith(root + ".") for root in COMPILING_TREES)
 
 
 def _compiling_object(obj: Any) -> bool:
@@ -68,7 +73,7 @@ def _compiling_object(obj: Any) -> bool:
     module = getattr(obj, "__module__", None)
     if not isinstance(module, str):  # an instance: judged by its class (a backend object, a jax array)
         module = type(obj).__module__
-    return _compiling_name(module) or _compiling_name(f"{module}.{getattr(obj, '__qualname__', '')}")
+    return _compiling_name(module) or f"{module}.{getattr(obj, '__qualname__', '')}" in COMPILING
 
 
 @functools.cache
