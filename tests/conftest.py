@@ -32,9 +32,9 @@ if not os.environ.get("TULLAX_CACHE_DIR"):
 NO_JULIA = "no Julia found (layer 4 of the Julia verification needs a real julia)"
 TESTS = Path(__file__).resolve().parent
 
-# What makes a test slow: compiling (jax/XLA, Numba, Julia), running kernels, starting processes. A module in
-# one of COMPILING_TREES, or one of them, compiles unless COMPILER_LEVEL names it (so a new backend module
-# counts as compiling until someone says otherwise); COMPILING names single modules and functions.
+# What makes a test slow: compiling (jax/XLA, Numba, Julia), running kernels, starting processes. Every module
+# at or below a root in COMPILING_TREES compiles unless COMPILER_LEVEL names it (so a new backend module counts
+# as compiling until someone says otherwise); COMPILING names single modules and functions.
 COMPILING_TREES = ("jax", "jaxlib", "numba", "llvmlite", "juliacall", "subprocess", "multiprocessing",
                    "tullax.backends", "tullax.jaxop", "tullax.runtime", "tullax.benchmarking", "tullax.cli",
                    "benchmarks")
