@@ -44,6 +44,7 @@ def check_forward(text: str, seed: int) -> None:
                                err_msg=f"{text}\n(add it to tests/previously_failed.txt once fixed)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shard", range(VALID_SHARDS))
 def test_random_valid_specs_match_naive(shard: int):
     seen: set[int] = set()

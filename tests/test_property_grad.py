@@ -79,6 +79,7 @@ def check_gradients(text: str, seed: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shard", range(SHARDS))
 def test_random_specs_gradients_match_jax(shard: int):
     compared: list[int] = []
