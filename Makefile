@@ -13,15 +13,22 @@ TEST_CACHE_DIR := $(CURDIR)/.cache/tullax-test
 # not include recompiling tullax's own sources in every new process. Only stale files are recompiled.
 BYTECODE = $(BIN)/python -m compileall -q tullax
 
-.PHONY: demo test bench lint clean-venv
+.PHONY: demo test test-fast bench lint clean-venv
 
 demo: $(VENV)/.stamp-demo
 	$(BYTECODE)
 	$(BIN)/tullax demo $(ARGS)
 
+# What CI runs (.ci/run): lint, then every test.
 test: $(VENV)/.stamp-test
 	$(BIN)/ruff check .
 	TULLAX_CACHE_DIR=$(TEST_CACHE_DIR) $(BIN)/pytest -q -n $(PYTEST_WORKERS) -p no:cacheprovider $(ARGS)
+
+# The inner loop while working on the compiler: parse, analysis, gradient derivation, lowering, printers,
+# goldens, the loop-IR interpreter and the Julia-subset evaluator; nothing that compiles with jax, Numba or
+# Julia or starts a process (tests/conftest.py marks those `compiles`). Well under a minute on 2 cores.
+test-fast: $(VENV)/.stamp-test
+	TULLAX_CACHE_DIR=$(TEST_CACHE_DIR) $(BIN)/pytest -q -n $(PYTEST_WORKERS) -p no:cacheprovider -m "not compiles" $(ARGS)
 
 bench: $(VENV)/.stamp-bench
 	$(BYTECODE)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and `tullax` importable from the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tullax.benchmarking.comparators import COMPARATORS  # noqa: E402
 from tullax.benchmarking.report import (  # noqa: E402
     fmt_err,
     make_console,
@@ -23,7 +24,6 @@ from tullax.benchmarking.report import (  # noqa: E402
     to_markdown,
     write_json,
 )
-from tullax.benchmarking.runner import COMPARATORS  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 

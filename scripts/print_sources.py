@@ -61,7 +61,7 @@ RANDOM_SPECS = 150  # random valid specs (fixed seeds) beside the corpus: constr
 
 
 def main(outdir: str) -> None:
-    from tullax.testing import random_spec
+    from tullax.testing.specgen import random_spec
 
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)

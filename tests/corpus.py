@@ -1,7 +1,7 @@
 """The spec corpus: every construct of DESIGN section 1 and every row of the gradient table of section 2.
 
 Other test modules import ``CORPUS`` (and ``CASES_BY_ID``); keep the ids stable. ``ranges`` is passed to
-``analyze``; ``shapes`` (input name -> shape) overrides ``tullax.testing.shapes_for`` where a case needs
+``analyze``; ``shapes`` (input name -> shape) overrides ``tullax.spec.examples.shapes_for`` where a case needs
 particular sizes (explicit ranges, meaningful sizes for a convolution). Sizes stay tiny: the naive evaluator
 loops in Python.
 """

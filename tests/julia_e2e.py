@@ -23,8 +23,9 @@ from corpus import CASES_BY_ID  # noqa: E402
 import tullax  # noqa: E402
 from tullax.backends.base import Signature  # noqa: E402
 from tullax.errors import BackendUnavailableError  # noqa: E402
+from tullax.spec.examples import random_inputs, shapes_for  # noqa: E402
 from tullax.spec.frontend import compile_spec  # noqa: E402
-from tullax.testing import naive_eval, random_inputs, shapes_for  # noqa: E402
+from tullax.testing.oracle import naive_eval  # noqa: E402
 
 FORWARD_CASES = ["matmul", "dot", "dist", "conv1d", "strided", "embedding", "row_max", "row_logsumexp",
                  "scalar_params", "logsumexp_all", "maxpool", "pad_stencil", "upsample_pad_div", "two_indirect",

@@ -72,6 +72,7 @@ def test_a_child_past_its_timeout_is_killed(tmp_path):
     assert result.returncode is None  # killed: importing jax alone takes longer than that
 
 
+@pytest.mark.slow
 def test_tullax_bench_measures_a_kernel_against_xla(tmp_path):
     from tullax.cli import main
 

@@ -21,10 +21,11 @@ from tullax.grad import gradients
 from tullax.grad.run import gradient_env
 from tullax.jaxop.batching import batch_spec, fresh_index
 from tullax.runtime import stats
+from tullax.spec.examples import random_inputs, shapes_for
 from tullax.spec.frontend import compile_spec
 from tullax.spec.shapes import check_shapes
 from tullax.spec.text import format_spec
-from tullax.testing import naive_eval, random_inputs, shapes_for
+from tullax.testing.oracle import naive_eval
 
 BATCH = 3
 

@@ -32,7 +32,6 @@ from julia_subset import (
 )
 
 import tullax
-from tullax.api.kernel import as_numpy_inputs, check_call, result_dtype
 from tullax.backends.base import Signature
 from tullax.backends.julia import (
     CPU,
@@ -54,8 +53,10 @@ from tullax.printers.julia import (
 )
 from tullax.printers.launch import launch_nest
 from tullax.spec import functions
+from tullax.spec.arguments import as_numpy_inputs, check_call, result_dtype
+from tullax.spec.examples import random_inputs, shapes_for
 from tullax.spec.frontend import compile_spec
-from tullax.testing import naive_eval, random_inputs, shapes_for
+from tullax.testing.oracle import naive_eval
 
 GOLDEN = Path(__file__).parent / "golden" / "julia"
 UPDATE = os.environ.get("TULLAX_UPDATE_GOLDEN") == "1"

@@ -49,8 +49,10 @@ from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
 from tullax.printers.pseudo import format_kernel
 from tullax.spec import ir
+from tullax.spec.examples import random_inputs
 from tullax.spec.ir import Spec
-from tullax.testing import naive_eval, random_inputs, random_spec
+from tullax.testing.oracle import naive_eval
+from tullax.testing.specgen import random_spec
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "loops"
 UPDATE = os.environ.get("TULLAX_UPDATE_GOLDEN") == "1"

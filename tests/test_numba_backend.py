@@ -27,8 +27,9 @@ from tullax.backends.base import Signature  # noqa: E402
 from tullax.backends.numba import NumbaBackend, compile_stats, module_source  # noqa: E402
 from tullax.grad import gradients  # noqa: E402
 from tullax.grad.run import gradient_env, run_gradient  # noqa: E402
+from tullax.spec.examples import random_inputs  # noqa: E402
 from tullax.spec.ir import Spec  # noqa: E402
-from tullax.testing import naive_eval, random_inputs  # noqa: E402
+from tullax.testing.oracle import naive_eval  # noqa: E402
 
 BACKEND = NumbaBackend()
 REPO = Path(__file__).resolve().parents[1]

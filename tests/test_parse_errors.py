@@ -18,7 +18,7 @@ from tullax.errors import (
 from tullax.spec.analyze import analyze
 from tullax.spec.parse import parse_spec
 from tullax.spec.shapes import check_dtypes, check_index_values, check_shapes
-from tullax.testing import naive_eval
+from tullax.testing.oracle import naive_eval
 
 # (spec, message pattern, the text the caret must point at; "" means the end of the spec)
 SPEC_MISTAKES = [

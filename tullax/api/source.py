@@ -35,7 +35,7 @@ def warm(spec: str, backend: str = "auto", dtype: str = "float32", ranges: Mappi
     from tullax import backends
     from tullax.api.kernel import run_eager
     from tullax.backends.host import kernel_steps
-    from tullax.testing import random_inputs
+    from tullax.spec.examples import random_inputs
 
     try:
         _, analysed = compile_spec(spec, ranges)

@@ -152,7 +152,7 @@ def workload_call(kernel: LoopKernel, spec: Spec, signature: Signature, modname:
     the launcher called once with arrays of tiny valid shapes (filled by the bridge: index arrays with zeros,
     data with ones) and the matching scalars and sizes; None when no small shapes fit the spec (the kernel then
     compiles at first use)."""
-    from tullax.testing import shapes_for
+    from tullax.spec.examples import shapes_for
 
     try:
         shapes = dict(shapes_for(spec))

@@ -522,7 +522,7 @@ class XlaBackend:
         import jax
 
         if shapes is None:
-            from tullax.testing import shapes_for
+            from tullax.spec.examples import shapes_for
             shapes = shapes_for(spec, seed=0)
         args = {}
         for inp, dtype in zip(spec.inputs, signature.in_dtypes):

@@ -76,7 +76,7 @@ def check_case_shapes(spec: Any, shapes: Shapes) -> None:
     (agreements, ranges). Runs in the parent, without jax, so a mistake fails before any child starts."""
     import numpy as np
 
-    from tullax.api.kernel import check_call
+    from tullax.spec.arguments import check_call
 
     needed = [item for item in spec.inputs if item.kind != "scalar"]
     missing = [item for item in needed if item.name not in shapes]
@@ -97,27 +97,15 @@ def _dummy(item: Any, shape: tuple[int, ...], np: Any) -> Any:
     return np.broadcast_to(np.zeros((), dtype), tuple(shape))
 
 
-def index_extents(spec: Any, shapes: Shapes) -> dict[str, int]:
-    """For every index array: the extent of the smallest axis it indexes (its values must stay below it)."""
-    from tullax.spec.ir import Indirect, accesses
-
-    targets = [(acc.array, axis, idx.array) for acc in accesses(spec.body)
-               for axis, idx in enumerate(acc.idx) if isinstance(idx, Indirect)]
-    targets += [(spec.out, axis, idx.array) for axis, idx in enumerate(spec.lhs or ()) if isinstance(idx, Indirect)]
-    extents: dict[str, int] = {}
-    for array, axis, index_array in targets:
-        extent = int(shapes[array][axis])
-        extents[index_array] = min(extent, extents.get(index_array, extent))
-    return extents
-
-
 def make_inputs(spec: Any, shapes: Shapes, dtype: str, seed: int = 0) -> list[Any]:
     """NumPy inputs in ``spec.inputs`` order: data standard normal in ``dtype``, index arrays uniform over
     the axis they index, shape-only inputs zero."""
     import numpy as np
 
+    from tullax.spec.examples import index_limits
+
     rng = np.random.default_rng(seed)
-    bounds = index_extents(spec, shapes)
+    bounds = index_limits(spec, shapes)
     values = []
     for item in spec.inputs:
         shape = tuple(shapes.get(item.name, ()))

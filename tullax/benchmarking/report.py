@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tullax.benchmarking.runner import COMPARATORS, NAIVE_XLA, REFERENCE
+from tullax.benchmarking.comparators import COMPARATORS, NAIVE_XLA, REFERENCE
 
 VERSIONED = ("tullax", "numpy", "jax", "jaxlib", "numba", "llvmlite", "juliacall", "matplotlib")
 MARKDOWN_COLUMNS = ("case", "backend", "forward", "backward", "grad/fwd", "fwd vs XLA", "bwd vs XLA",

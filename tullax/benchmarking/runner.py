@@ -20,13 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from tullax.benchmarking.case import BenchCase, check_case_shapes
+from tullax.benchmarking.comparators import COMPARATORS, NAIVE_XLA, REFERENCE
 from tullax.benchmarking.worker import LINE_PREFIX
 
-REFERENCE = "xla"
-# The same jnp lowering with the broadcast axes in the order the indices appear, as the expression is usually
-# written by hand (``((W[:,:,None]-X[:,None,:])**2).sum(0)``); XLA then materialises the broadcast.
-NAIVE_XLA = "xla-naive"
-COMPARATORS = (REFERENCE, NAIVE_XLA)
 MAIN_PHASES = ("ttfk", "fwd", "bwd", "check")
 TTFK_COLD_RUNS = 3  # cold time to first kernel: best of this many processes, each on an empty cache
 TTFK_WARM_RUNS = 5  # warm: best of this many processes on the populated cache

@@ -26,6 +26,7 @@ import traceback
 from typing import Any, Callable
 
 from tullax.benchmarking.case import differentiable_positions, make_inputs
+from tullax.benchmarking.comparators import COMPARATORS, NAIVE_XLA
 
 LINE_PREFIX = "@@tullax-bench "
 MIN_TIMING_S = 0.25  # fast kernels repeat until this much time was measured, to tame timer noise
@@ -47,13 +48,13 @@ class Subject:
 
         import tullax
 
-        kernel = tullax.einsum_kernel(spec_text, backend="xla" if backend == "xla-naive" else backend,
-                                      ranges=ranges)
-        comparator = backend in ("xla", "xla-naive")
+        # a comparator only needs the analysed spec from the kernel: it runs tullax's jnp lowering itself
+        comparator = backend in COMPARATORS
+        kernel = tullax.einsum_kernel(spec_text, backend="xla" if comparator else backend, ranges=ranges)
         if not comparator:
             kernel.backend  # noqa: B018 - resolve it now: importing the backend is part of the first kernel
         self.ir = kernel.ir
-        self.forward_fn = plain_lowering(kernel.ir, naive=backend == "xla-naive") if comparator else kernel
+        self.forward_fn = plain_lowering(kernel.ir, naive=backend == NAIVE_XLA) if comparator else kernel
         self.wrt = differentiable_positions(kernel.ir)
         self.fwd = jax.jit(self.forward_fn)
         self.bwd = jax.jit(vjp_of(self.forward_fn, self.wrt))
@@ -61,7 +62,7 @@ class Subject:
 
 def plain_lowering(spec: Any, naive: bool = False) -> Callable[..., Any]:
     """The XLA reference: the jnp lowering as a plain function of the inputs, differentiated by jax.
-    ``naive``: broadcast in order of appearance, no einsum (the "xla-naive" comparator)."""
+    ``naive``: broadcast in order of appearance, no einsum (the ``NAIVE_XLA`` comparator)."""
     from tullax.backends.xla import lower
 
     lowered = lower(spec, einsum=False, grid="appearance") if naive else lower(spec)
@@ -137,7 +138,7 @@ def phase_ttfk(job: dict) -> dict:
 
 def cache_timings(backend: str) -> list[dict]:
     """The compile cache's own timings (parse+codegen, compile, first run) of what this process built."""
-    if backend in ("xla", "xla-naive"):
+    if backend in COMPARATORS:
         return []
     from tullax.runtime.cache import get_cache
 

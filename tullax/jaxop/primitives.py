@@ -84,7 +84,7 @@ def prepare_inputs(spec: Spec, values: Sequence[Any]) -> list[Any]:
     """jax arrays for the inputs, checked against ``spec`` (a 0-d index for a rank-1 index array: shape (1,))."""
     import jax.numpy as jnp
 
-    from tullax.api.kernel import check_call
+    from tullax.spec.arguments import check_call
     from tullax.spec.shapes import check_dtypes
 
     args = [jnp.asarray(v) for v in values]

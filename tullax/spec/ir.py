@@ -192,6 +192,16 @@ def map_expr(expr: Expr, fn) -> Expr:
     return fn(expr)
 
 
+def integer_literal(expr: Expr) -> int | None:
+    """The value of an integer literal, negative ones included (``x^-1``); None for any other expression.
+    An integer exponent is exact repeated multiplication, fine for negative bases, where ``x^0.5`` is not."""
+    if isinstance(expr, Num) and isinstance(expr.value, int):
+        return expr.value
+    if isinstance(expr, Unary) and isinstance(expr.arg, Num) and isinstance(expr.arg.value, int):
+        return -expr.arg.value
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Parsed and analysed specs
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,86 @@
+"""Every function of the registry (``tullax.spec.functions``), forward and backward, on the xla and numba
+backends: a registered function is tested without anyone writing a test for it.
+
+One small spec per function (``y[i] := f(x1[i], ...)``, and for a one-argument function also the finaliser
+form ``y[i] := x[i] |> f``, whose gradient may read the forward result through ``from_output``). Forward:
+against the naive evaluator, which runs the registry's NumPy implementation. Backward: ``jax.grad`` through
+the tullax kernel (the derived gradient kernels, from the registry's derivative texts) against ``jax.grad``
+of the plain jnp lowering (the registry's jax implementation, differentiated by jax itself).
+
+The inputs are fixed points away from the kinks of abs and relu; each argument keeps only the points inside
+the function's domain, as its NumPy implementation says (``log`` keeps the positive ones).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tullax
+from tullax.backends.xla import lower
+from tullax.spec import functions
+from tullax.spec.frontend import compile_spec
+from tullax.testing.oracle import naive_eval
+
+BACKENDS = ("xla", "numba")
+POINTS = np.array([-1.4, -0.9, -0.35, 0.3, 0.75, 1.3])
+RTOL, ATOL = 1e-9, 1e-12
+
+
+def in_domain(function: functions.Function, points: np.ndarray) -> np.ndarray:
+    """The points where the function (and so its derivative, away from the domain's edge) is finite."""
+    if function.numpy is None:  # structural (max, min, ifelse): defined everywhere
+        return points
+    with np.errstate(all="ignore"):
+        finite = np.array([np.isfinite(function.numpy(p)) for p in points])
+    assert finite.any(), f"no point of {points} is in the domain of {function.name}"
+    return points[finite]
+
+
+def call_spec(function: functions.Function) -> tuple[str, list[np.ndarray]]:
+    """``y[i] := f(x1[i], ..., xn[i])``; the arguments are the points in different orders, so no two
+    arguments of max/min tie."""
+    points = in_domain(function, POINTS)
+    names = [f"x{n}" for n in range(1, function.arity + 1)]
+    args = ", ".join(f"{name}[i]" for name in names)
+    return f"y[i] := {function.name}({args})", [np.roll(points, shift) for shift in range(function.arity)]
+
+
+def finaliser_spec(function: functions.Function) -> tuple[str, list[np.ndarray]]:
+    """``y[i] := x[i] |> f``: the finaliser's gradient reads the forward result (``from_output``) or, without
+    one, recomputes the argument (``derivative``)."""
+    return f"y[i] := x[i] |> {function.name}", [in_domain(function, POINTS)]
+
+
+CASES = [pytest.param(call_spec, name, id=f"{name}-call") for name in functions.FUNCTIONS] + [
+    pytest.param(finaliser_spec, name, id=f"{name}-finaliser") for name in functions.UNARY]
+
+
+@pytest.fixture(autouse=True)
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("make_spec, name", CASES)
+def test_registered_function_forward_and_backward(make_spec, name: str, backend: str):
+    text, inputs = make_spec(functions.get(name))
+    kernel = tullax.einsum_kernel(text, backend=backend)
+    spec = compile_spec(text)[1]
+    expected = naive_eval(spec, dict(zip(spec.input_names, inputs)))
+    np.testing.assert_allclose(kernel(*inputs), expected, rtol=RTOL, atol=ATOL, err_msg=f"forward of {text}")
+
+    plain = lower(spec)
+    cotangent = np.linspace(0.5, 1.5, expected.size).reshape(expected.shape)
+
+    def loss(run):
+        return lambda *values: jnp.sum(run(*values) * cotangent)
+
+    positions = tuple(range(len(inputs)))
+    got = jax.grad(loss(kernel), argnums=positions)(*map(jnp.asarray, inputs))
+    want = jax.grad(loss(lambda *values: plain(dict(zip(spec.input_names, values)))), argnums=positions)(
+        *map(jnp.asarray, inputs))
+    for name_of_input, g, w in zip(spec.input_names, got, want):
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=f"gradient wrt {name_of_input} of {text}")

@@ -1,0 +1,84 @@
+"""A kernel call's arguments against the analysed spec: binding them to inputs, and the checks every path runs
+before a kernel does (eager NumPy calls, jax tracing, the benchmark parent) at the call site, so a mistake is
+a ShapeError there and never inside a compiled kernel or a host callback. Values need only ``shape`` and
+``dtype`` (NumPy arrays, jax arrays, tracers); jax is imported only for ``result_dtype``'s promotion rules."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from tullax.errors import ShapeError
+from tullax.spec.ir import Spec
+
+
+def bind_inputs(spec: Spec, args: tuple, named: Mapping[str, Any]) -> list[Any]:
+    """Positional and keyword arguments -> one value per spec input, in spec order."""
+    names = spec.input_names
+    if len(args) > len(names):
+        raise ShapeError(f"too many inputs: the spec takes {len(names)} ({', '.join(names)}), "
+                         f"got {len(args)} positional")
+    values: dict[str, Any] = dict(zip(names, args))
+    for key, value in named.items():
+        if key not in names:
+            raise ShapeError(f"unknown input {key!r}: the inputs are {', '.join(names) or 'none'}")
+        if key in values:
+            raise ShapeError(f"input {key!r} given twice (positionally and by name)")
+        values[key] = value
+    missing = [n for n in names if n not in values]
+    if missing:
+        raise ShapeError(f"missing input{'s' * (len(missing) > 1)} {', '.join(missing)}: the spec takes "
+                         f"{len(names)} ({', '.join(names)}), in that order or by name")
+    return [values[n] for n in names]
+
+
+def as_numpy_inputs(spec: Spec, values: list[Any]) -> list[Any]:
+    """NumPy views of the inputs (no copies for arrays already in NumPy), scalars as NumPy scalars."""
+    import numpy as np
+
+    out = []
+    for item, value in zip(spec.inputs, values):
+        try:
+            arr = np.asarray(value)
+        except Exception as err:  # noqa: BLE001 - anything not array-like is the caller's mistake
+            raise ShapeError(f"input {item.name} is not an array or a number: {err}") from None
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+            raise ShapeError(f"input {item.name} has dtype {arr.dtype}; tullax takes numeric arrays")
+        out.append(arr if item.kind != "scalar" else arr[()])
+    return out
+
+
+def check_call(spec: Spec, values: list[Any]) -> dict[str, tuple[int, ...]]:
+    """Ranks, kinds and extents of the inputs against the spec; returns the shapes. Trace-time safe."""
+    from tullax.spec.shapes import check_shapes
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item, value in zip(spec.inputs, values):
+        shape = tuple(getattr(value, "shape", ()))
+        if item.kind == "scalar":
+            if shape != ():
+                raise ShapeError(f"{item.name} is a scalar parameter in this spec but got an array of shape "
+                                 f"{shape}; index it in the spec (e.g. {item.name}[i]) to pass an array")
+        elif len(shape) != item.rank:
+            raise ShapeError(f"{item.name} is indexed with {item.rank} ind{'ices' if item.rank != 1 else 'ex'} "
+                             f"in the spec but has rank {len(shape)} (shape {shape})")
+        if item.kind == "index" and not _is_integer(value):
+            raise ShapeError(f"{item.name} is used as an index array ({item.name}[..] inside brackets) and must "
+                             f"hold integers, but has dtype {value.dtype}")
+        shapes[item.name] = shape
+    check_shapes(spec, shapes)
+    return shapes
+
+
+def _is_integer(value: Any) -> bool:
+    import numpy as np
+
+    return np.issubdtype(np.dtype(value.dtype), np.integer)
+
+
+def result_dtype(spec: Spec, values: list[Any]) -> Any:
+    """The dtype of the result of ``spec`` on ``values`` (``tullax.spec.shapes.result_dtype`` of their dtypes)."""
+    from tullax.spec.shapes import result_dtype as _result_dtype
+
+    return _result_dtype(spec, [getattr(v, "dtype", None) for v in values])
+
+
+__all__ = ["bind_inputs", "as_numpy_inputs", "check_call", "result_dtype"]

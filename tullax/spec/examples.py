@@ -1,0 +1,140 @@
+"""Small example shapes and inputs that fit a spec.
+
+Product code needs them where the user gave no arrays: ``generate_source`` for the XLA backend traces at some
+shapes, the Julia precompile workload calls each launcher once, ``warm`` runs every kernel once. Tests use the
+same functions for their random inputs.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from tullax.errors import ShapeError
+from tullax.spec.ir import Affine, Binary, Call, Idx, Indirect, Spec, accesses, integer_literal, walk
+
+Axis = tuple[str, int]  # (array name, axis)
+
+# Functions whose argument must be positive (NaN below zero in NumPy and XLA; a DomainError in Julia).
+_POSITIVE_DOMAIN = ("log", "sqrt", "log1p")
+
+
+class _AxisClasses:
+    """Union-find over array axes that must share one extent."""
+
+    def __init__(self):
+        self.parent: dict[Axis, Axis] = {}
+
+    def find(self, item: Axis) -> Axis:
+        self.parent.setdefault(item, item)
+        while self.parent[item] != item:
+            self.parent[item] = self.parent[self.parent[item]]
+            item = self.parent[item]
+        return item
+
+    def union(self, a: Axis, b: Axis) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+def _occurrences(spec: Spec) -> list[tuple[str, int, Idx]]:
+    """(array, axis, idx) of every bracket position, the left-hand side of '=' and '+=' included."""
+    found = []
+    if spec.assign != ":=" and spec.lhs is not None:
+        found += [(spec.out, axis, idx) for axis, idx in enumerate(spec.lhs)]
+    for acc in accesses(spec.body):
+        found += [(acc.array, axis, idx) for axis, idx in enumerate(acc.idx)]
+    for array, axis, idx in list(found):
+        if isinstance(idx, Indirect):
+            found.append((idx.array, 0, idx.inner))
+    return found
+
+
+def shapes_for(spec: Spec, seed: int = 0, low: int = 2, high: int = 5) -> dict[str, tuple[int, ...]]:
+    """Small shapes that fit ``spec``: agreeing axes share one extent in ``low..high``; axes read with shifts or
+    constant positions grow until every range is non-empty and every access is in bounds."""
+    from tullax.spec.shapes import check_shapes, eval_shapes
+
+    rng = np.random.default_rng(seed)
+    classes = _AxisClasses()
+    for agreement in spec.agreements:
+        classes.union(agreement.first, agreement.second)
+    axes = [(i.name, ax) for i in spec.inputs if i.kind != "scalar" for ax in range(i.rank)]
+    roots = sorted({classes.find(a) for a in axes})
+    size = {root: int(rng.integers(low, high + 1)) for root in roots}
+    growing = sorted({classes.find((array, axis)) for array, axis, idx in _occurrences(spec)
+                      if isinstance(idx, Affine) and not idx.plain})
+
+    def shapes_of(sizes):
+        return {i.name: tuple(sizes[classes.find((i.name, ax))] for ax in range(i.rank)) for i in spec.inputs}
+
+    def deficit(sizes) -> int:  # how far the ranges are from all holding at least one value
+        return sum(max(0, lo - hi + 1) for lo, hi in eval_shapes(spec, shapes_of(sizes)).values())
+
+    for _ in range(64):
+        shapes = shapes_of(size)
+        if deficit(size) == 0:
+            try:
+                check_shapes(spec, shapes)
+                return shapes
+            except ShapeError:
+                pass
+        if not growing:
+            break
+        # greedy: grow the shifted axis that helps most (growing all together keeps their differences)
+        trials = [(deficit({**size, root: size[root] + 1}), float(rng.random()), root) for root in growing]
+        size[min(trials)[2]] += 1
+    raise ShapeError(f"found no small shapes for which every range is non-empty; give shapes explicitly "
+                     f"(last tried {shapes})")
+
+
+def needs_positive(spec: Spec) -> bool:
+    """True when the spec takes logs, roots, divisions or non-integer powers of its inputs."""
+    for node in walk(spec.body):
+        if isinstance(node, Call) and node.fn in _POSITIVE_DOMAIN:
+            return True
+        if isinstance(node, Binary) and (node.op == "/" or (node.op == "^" and integer_literal(node.rhs) is None)):
+            return True
+    return spec.finalizer in _POSITIVE_DOMAIN
+
+
+def random_inputs(spec: Spec, shapes: Mapping[str, tuple[int, ...]] | None = None, seed: int = 0,
+                  dtype: Any = np.float64) -> dict[str, Any]:
+    """Inputs for ``spec``: data in 0.5..1.5 when the spec needs positive values (see ``needs_positive``),
+    standard normal otherwise; index arrays hold valid positions of every axis they index; scalars are
+    numbers of ``dtype``; 'shape' inputs are zeros of their shape."""
+    rng = np.random.default_rng(seed)
+    shapes = dict(shapes) if shapes is not None else shapes_for(spec, seed)
+    positive = needs_positive(spec)
+    dtype = np.dtype(dtype)
+    limits = index_limits(spec, shapes)
+    env: dict[str, Any] = {}
+    for inp in spec.inputs:
+        shape = tuple(shapes[inp.name])
+        if inp.kind == "index":
+            env[inp.name] = rng.integers(0, max(limits.get(inp.name, 1), 1), size=shape).astype(np.int32)
+        elif inp.kind == "shape":
+            env[inp.name] = np.zeros(shape, dtype)
+        else:
+            value = _random_values(rng, shape, positive, dtype)
+            env[inp.name] = value if inp.kind == "array" else dtype.type(value)
+    return env
+
+
+def _random_values(rng: np.random.Generator, shape, positive: bool, dtype: np.dtype) -> np.ndarray:
+    def draw():
+        return rng.uniform(0.5, 1.5, shape) if positive else rng.standard_normal(shape)
+    value = draw() + 1j * draw() if dtype.kind == "c" else draw()
+    return np.asarray(value).astype(dtype)
+
+
+def index_limits(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """For each index array, the smallest extent among the axes it indexes: its values must stay below it."""
+    limits: dict[str, int] = {}
+    for array, axis, idx in _occurrences(spec):
+        if isinstance(idx, Indirect):
+            extent = int(shapes[array][axis])
+            limits[idx.array] = min(limits.get(idx.array, extent), extent)
+    return limits
+
+
+__all__ = ["shapes_for", "random_inputs", "needs_positive", "index_limits"]

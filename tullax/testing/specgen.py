@@ -1,0 +1,219 @@
+"""Random specs for property tests: valid ones from the grammar of DESIGN section 1, and garbage.
+
+``random_spec`` writes specs whose every range is inferable, covering shifts, constants, mod/clamp/pad,
+indirect indices, scatters, every reduction and finaliser; ``random_garbage`` mutates them (and sometimes
+writes pure noise) to feed the parser and the analysis.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+# =============================================================================================
+_INDICES = ("i", "j", "k", "l", "m", "n")
+_SCALARS = ("a", "b", "s")
+
+
+def _as_rng(rng: Any) -> np.random.Generator:
+    return rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+
+
+class _SpecWriter:
+    """Builds one random valid spec. Every index gets a plain occurrence in a 'binder' access, so ranges are
+    always inferable; other accesses use shifts, constants, mod/clamp/pad and indirect indices freely."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+        self.ranks: dict[str, int] = {}
+        self.index_arrays: list[str] = []
+        self.indices: list[str] = []
+
+    def pick(self, items):
+        return items[int(self.rng.integers(len(items)))]
+
+    def chance(self, p: float) -> bool:
+        return bool(self.rng.random() < p)
+
+    def new_array(self, rank: int) -> str:
+        name = "ABCDEFGHPQRTUVWXYZ"[len(self.ranks)] if len(self.ranks) < 18 else f"Z{len(self.ranks)}"
+        self.ranks[name] = rank
+        return name
+
+    # -- index expressions ------------------------------------------------------------------------
+    def shifted_index(self) -> str:
+        i = self.pick(self.indices)
+        others = [n for n in self.indices if n != i]
+        choices = [f"{i}+1", f"{i}-1", f"2{i}", f"2*{i}+1", f"{i}+2", f"-{i}+3", "0", "1",
+                   f"mod({i}+1)", f"mod({i}-2)", f"clamp({i}-1)", f"clamp({i}+1)", f"pad({i}+1)", f"pad({i}-2)",
+                   f"pad(2{i})", "indirect", "indirect", "indirect"]
+        if others:
+            choices += [f"{i}+{others[0]}", f"mod({i}+{others[0]})", f"pad({i}-{others[0]})"]
+        choice = self.pick(choices)
+        if choice == "indirect":
+            name = self.pick(self.index_arrays) if self.index_arrays and self.chance(0.5) else \
+                ("ix", "jx", "kx")[min(len(self.index_arrays), 2)]
+            if name not in self.index_arrays:
+                self.index_arrays.append(name)
+            inner = self.pick([i, f"{i}+1", i])
+            return f"{name}[{inner}]"
+        return choice
+
+    def access(self) -> str:
+        """An extra access: a new array or a repeated one, each axis plain or computed."""
+        reuse = [a for a in self.ranks if self.chance(0.3)]
+        if reuse:
+            name = reuse[0]
+            rank = self.ranks[name]
+        else:
+            rank = int(self.rng.integers(1, 3))
+            name = self.new_array(rank)
+        idx = [self.pick(self.indices) if self.chance(0.4) else self.shifted_index() for _ in range(rank)]
+        return f"{name}[{','.join(idx)}]"
+
+    def binders(self, names: list[str]) -> list[str]:
+        """Accesses that give each of ``names`` a plain occurrence (groups of up to three indices)."""
+        names = list(names)
+        self.rng.shuffle(names)
+        out = []
+        while names:
+            size = int(self.rng.integers(1, min(3, len(names)) + 1))
+            group, names = names[:size], names[size:]
+            if self.chance(0.3) and len(group) < 3:  # a diagonal or a constant position now and then
+                group = group + [self.pick(group + ["0"])]
+            name = self.new_array(len(group))
+            out.append(f"{name}[{','.join(group)}]")
+        return out
+
+    # -- body expressions ----------------------------------------------------------------------
+    def leaf(self) -> str:
+        roll = self.rng.random()
+        if roll < 0.55:
+            return self.access()
+        if roll < 0.7:
+            return self.pick(_SCALARS)
+        if roll < 0.85:
+            return self.pick(["2", "3", "0.5", "1.5", "1"])
+        return self.pick(self.indices)
+
+    def combine(self, a: str, b: str) -> str:
+        roll = self.rng.random()
+        if roll < 0.3:
+            return f"{a} + {b}"
+        if roll < 0.45:
+            return f"{a} - {b}"
+        if roll < 0.75:
+            return f"{a}*{b}"
+        if roll < 0.82:
+            return f"{a}/(1 + ({b})^2)"
+        if roll < 0.87:
+            return f"{self.pick(['max', 'min'])}({a}, {b})"
+        if roll < 0.92:
+            return f"({a} {self.pick(['<', '<=', '>', '>=', '==', '!='])} {b})"
+        return f"ifelse({a} > {b}, {a}, {b})"
+
+    def wrap(self, e: str) -> str:
+        """A function or a power of ``e``, with arguments kept in each function's domain."""
+        choices = [
+            f"exp(tanh({e}))", f"log(1 + ({e})^2)", f"log1p(({e})^2)", f"sqrt(({e})^2 + 1)", f"abs({e})",
+            f"sin({e})", f"cos({e})", f"tan(tanh({e}))", f"tanh({e})", f"sinh(tanh({e}))", f"cosh(tanh({e}))",
+            f"expm1(tanh({e}))", f"sigmoid({e})", f"softplus({e})", f"relu({e})", f"({e})^2", f"({e})^3",
+            f"(1 + ({e})^2)^0.5", f"(1 + ({e})^2)^-1", f"-({e})", f"real({e})", f"conj({e})", f"imag({e}) + {e}",
+        ]
+        return self.pick(choices)
+
+    def body(self, binders: list[str]) -> str:
+        leaves = binders + [self.leaf() for _ in range(int(self.rng.integers(0, 3)))]
+        self.rng.shuffle(leaves)
+        leaves = [self.wrap(x) if self.chance(0.2) else x for x in leaves]
+        while len(leaves) > 1:
+            k = int(self.rng.integers(len(leaves) - 1))
+            merged = self.combine(leaves[k], leaves[k + 1])
+            if self.chance(0.15):
+                merged = self.wrap(merged)
+            leaves[k:k + 2] = [merged]
+        return leaves[0]
+
+    # -- the whole spec ------------------------------------------------------------------------
+    def spec(self) -> str:
+        n_free = int(self.rng.choice([0, 1, 1, 2, 2, 3]))
+        n_reduced = int(self.rng.choice([0, 1, 1, 2]))
+        if n_free + n_reduced == 0:
+            n_free = 1
+        self.indices = list(_INDICES[:n_free + n_reduced])
+        free = self.indices[:n_free]
+        kind = self.pick(["new"] * 7 + ["update"] * 2 + ["scatter"])
+        if kind == "scatter" and not free:
+            kind = "new"
+        out = "O"
+        binders = self.binders(self.indices)
+        body = self.body(binders)
+        if kind == "scatter":
+            lhs = list(free)
+            lhs[int(self.rng.integers(len(lhs)))] = self.scatter_position(free)
+            return f"{out}[{','.join(lhs)}] += {body}"
+        redop = self.pick(["+"] * 6 + ["*", "max", "min", "logsumexp"])
+        head = "" if redop == "+" and self.chance(0.8) else f"({redop}) "
+        target = f"{out}[{','.join(free)}]" if free or self.chance(0.5) else out
+        assign = ":=" if kind == "new" else self.pick(["=", "+="])
+        if assign != ":=" and self.chance(0.3):
+            body = f"{body} + 0.5*{target}" if free else body
+        tail = f" |> {self.pick(['tanh', 'sigmoid', 'softplus', 'relu', 'abs', 'sin', 'cos'])}" \
+            if self.chance(0.15) else ""
+        return f"{head}{target} {assign} {body}{tail}"
+
+    def scatter_position(self, free: list[str]) -> str:
+        i = self.pick(free)
+        name = "ix"
+        if name not in self.index_arrays:
+            self.index_arrays.append(name)
+        return self.pick([f"ix[{i}]", f"{i}+1", f"mod({i}+1)", f"clamp({i}-1)", f"pad({i}+1)", f"2{i}",
+                          f"pad(2{i}+1)"])
+
+
+def random_spec(rng: Any) -> str:
+    """A random VALID spec covering the grammar of DESIGN section 1 (every range inferable). ``rng``: a NumPy
+    Generator or a seed."""
+    return _SpecWriter(_as_rng(rng)).spec()
+
+
+_NOISE = list("[](),:=+-*/^<>|!._ 0123456789ijkxyzAB\t\n") + ["αβ", "∑", "√", "ñ", "€", "𝔸", "\x00", "ü", "ℵ",
+                                                                 ":=", "+=", "|>", "[]", "()", "mod(", "pad(",
+                                                                 "ix[", "(max)", "exp(", "1e400", "--", ".."]
+
+
+def random_garbage(rng: Any) -> str:
+    """An arbitrary string: usually a valid spec mutated by deletions, insertions (unicode included), swapped
+    tokens, duplications and truncations; sometimes pure noise."""
+    rng = _as_rng(rng)
+    if rng.random() < 0.1:
+        return "".join(_NOISE[int(rng.integers(len(_NOISE)))] for _ in range(int(rng.integers(0, 30))))
+    text = random_spec(rng)
+    for _ in range(int(rng.integers(1, 4))):
+        text = _mutate(text, rng)
+    return text
+
+
+def _mutate(text: str, rng: np.random.Generator) -> str:
+    if not text:
+        return _NOISE[int(rng.integers(len(_NOISE)))]
+    at = int(rng.integers(len(text) + 1))
+    roll = rng.random()
+    if roll < 0.25:
+        return text[:at] + text[at + int(rng.integers(1, 4)):]
+    if roll < 0.5:
+        return text[:at] + _NOISE[int(rng.integers(len(_NOISE)))] + text[at:]
+    if roll < 0.7:
+        tokens = re.findall(r"\w+|\S", text)
+        if len(tokens) > 1:
+            a, b = (int(x) for x in rng.integers(len(tokens), size=2))
+            tokens[a], tokens[b] = tokens[b], tokens[a]
+        return " ".join(tokens)
+    if roll < 0.85:
+        return text[:at]
+    end = min(len(text), at + int(rng.integers(1, 6)))
+    return text[:end] + text[at:end] + text[end:]
+
+
+__all__ = ["random_spec", "random_garbage"]
