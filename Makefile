@@ -46,7 +46,7 @@ $(VENV)/.stamp-demo: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.stamp-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test,lint]'
+	$(BIN)/python -m pip install --quiet -e '.[test,lint,cuda-test]'
 	touch $@
 
 $(VENV)/.stamp-bench: pyproject.toml | $(BIN)/python

@@ -78,7 +78,7 @@ def corpus_check(dtype: str) -> list[dict]:
 
     import tullax
     from tullax.errors import TullaxError
-    from tullax.testing import random_inputs, shapes_for
+    from tullax.spec.examples import random_inputs, shapes_for
 
     rows = []
     for case in CORPUS:
@@ -157,7 +157,7 @@ def time_case(name: str, spec_text: str, shapes: dict, naive: Callable | None, d
     import numpy as np
 
     import tullax
-    from tullax.testing import random_inputs
+    from tullax.spec.examples import random_inputs
 
     row: dict[str, Any] = {"case": name, "spec": spec_text, "shapes": shapes, "dtype": dtype}
     try:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from corpus import CORPUS
 
-from tullax.api.source import all_kernels, signature_for
+from tullax.backends.base import Signature
+from tullax.backends.host import kernel_steps
 from tullax.compiler.loops import Store, walk_stmts
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError, TullaxError
@@ -54,8 +55,8 @@ def corpus_kernels(dtype: str):
     kernels = []
     for case in CORPUS:
         spec = compile_spec(case.spec, case.ranges)[1]
-        for number, (_, step) in enumerate(all_kernels(spec)):
-            kernels.append(lower(step, signature_for(step, dtype), name=f"{case.id}_{number}"))
+        for number, step in enumerate(kernel_steps(spec)):
+            kernels.append(lower(step.spec, Signature.for_dtype(step.spec, dtype), name=f"{case.id}_{number}"))
     return kernels
 
 

@@ -15,7 +15,6 @@ import pytest
 from corpus import CORPUS, Case
 from cuda_harness import GPP, Launch, RaceError, build, run, sanitizer_works
 
-from tullax.api.kernel import as_numpy_inputs, check_call, result_dtype
 from tullax.backends.base import Signature
 from tullax.backends.cuda_launch import START_GIVEN, plan_launch
 from tullax.compiler.loops import Store, walk_stmts
@@ -24,8 +23,11 @@ from tullax.errors import TullaxError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
 from tullax.printers.launch import launch_nest
+from tullax.spec.arguments import as_numpy_inputs, check_call, result_dtype
+from tullax.spec.examples import random_inputs, shapes_for
 from tullax.spec.frontend import compile_spec
-from tullax.testing import naive_eval, random_inputs, random_spec, shapes_for
+from tullax.testing.oracle import naive_eval
+from tullax.testing.specgen import random_spec
 
 pytestmark = pytest.mark.skipif(GPP is None, reason="g++ is not installed")
 
