@@ -7,7 +7,7 @@ from functools import cached_property
 from typing import Any, Mapping
 
 from tullax.errors import TullaxError, with_spec_context
-from tullax.spec.arguments import as_numpy_inputs, bind_inputs, check_call, result_dtype
+from tullax.spec.arguments import as_numpy_inputs, bind_inputs, check_call, result_dtype, weak_type
 from tullax.spec.frontend import compile_spec
 from tullax.spec.ir import Spec
 
@@ -95,7 +95,9 @@ def run_eager(spec: Spec, backend: Any, values: list[Any]) -> Any:
     shapes = check_call(spec, arrays)
     env = dict(zip(spec.input_names, arrays))
     check_index_values(spec, env)
-    dtype = np.dtype(result_dtype(spec, arrays))
+    dtype = np.dtype(result_dtype(spec, values))
+    # a Python number arrives in the result's precision, as jit passes it (JAX's weak types)
+    arrays = [dtype.type(a) if weak_type(v) is not None else a for a, v in zip(arrays, values)]
     signature = Signature(tuple(np.dtype(a.dtype).name for a in arrays), dtype.name)
     out_shape = tuple(s.eval(shapes) for s in spec.out_shape)
     if spec.assign == ":=":

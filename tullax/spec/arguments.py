@@ -78,7 +78,15 @@ def result_dtype(spec: Spec, values: list[Any]) -> Any:
     """The dtype of the result of ``spec`` on ``values`` (``tullax.spec.shapes.result_dtype`` of their dtypes)."""
     from tullax.spec.shapes import result_dtype as _result_dtype
 
-    return _result_dtype(spec, [getattr(v, "dtype", None) for v in values])
+    return _result_dtype(spec, [weak_type(v) or getattr(v, "dtype", None) for v in values])
 
 
-__all__ = ["bind_inputs", "as_numpy_inputs", "check_call", "result_dtype"]
+def weak_type(value: Any) -> type | None:
+    """``float``/``int``/``complex`` for a plain Python number: a weak type that takes the arrays' precision, as
+    JAX promotes it under jit, so an eager call gives the same dtype (``s*x`` with float32 x is float32)."""
+    if isinstance(value, (int, float, complex)) and not isinstance(value, bool) and not hasattr(value, "dtype"):
+        return type(value)
+    return None
+
+
+__all__ = ["bind_inputs", "as_numpy_inputs", "check_call", "result_dtype", "weak_type"]

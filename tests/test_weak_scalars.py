@@ -1,0 +1,29 @@
+"""A Python number takes the precision of the arrays, eagerly as under jit (JAX's weak types; issue 15): before,
+``y[i] := s*x[i]`` with a Python float s and float32 x was float64 eagerly and float32 under jit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tullax
+
+
+@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("scalar", [2.5, 3, -1.0])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_python_numbers_are_weak_eagerly_and_under_jit(backend, scalar, dtype):
+    import jax
+
+    x = np.linspace(-1, 1, 5).astype(dtype)
+    kernel = tullax.einsum_kernel("y[i] := s*x[i] + 1", backend=backend)
+    eager = kernel(scalar, x)
+    jitted = jax.jit(kernel)(scalar, x)
+    assert eager.dtype == np.dtype(dtype)
+    if dtype == "float32":  # without x64, jit computes float64 inputs in float32: compare where both can agree
+        assert jitted.dtype == eager.dtype
+    np.testing.assert_allclose(eager, scalar * x + 1, rtol=1e-6)
+
+
+def test_a_numpy_scalar_keeps_its_own_dtype():
+    y = tullax.einsum_kernel("y[i] := s*x[i]", backend="numba")(np.float64(2.0), np.ones(3, np.float32))
+    assert y.dtype == np.float64  # NumPy scalars are strongly typed, as in jnp
