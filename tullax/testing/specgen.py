@@ -24,11 +24,12 @@ class _SpecWriter:
     """Builds one random valid spec. Every index gets a plain occurrence in a 'binder' access, so ranges are
     always inferable; other accesses use shifts, constants, mod/clamp/pad and indirect indices freely."""
 
-    def __init__(self, rng: np.random.Generator):
+    def __init__(self, rng: np.random.Generator, indices: list[str], n_free: int):
         self.rng = rng
-        self.ranks: dict[str, int] = {}
+        self.indices = indices  # the first n_free are free, the others reduced
+        self.n_free = n_free
+        self.ranks: dict[str, int] = {}  # arrays written so far (an access may reuse one)
         self.index_arrays: list[str] = []
-        self.indices: list[str] = []
 
     def pick(self, items):
         return items[int(self.rng.integers(len(items)))]
@@ -137,12 +138,7 @@ class _SpecWriter:
 
     # -- the whole spec ------------------------------------------------------------------------
     def spec(self) -> str:
-        n_free = int(self.rng.choice([0, 1, 1, 2, 2, 3]))
-        n_reduced = int(self.rng.choice([0, 1, 1, 2]))
-        if n_free + n_reduced == 0:
-            n_free = 1
-        self.indices = list(_INDICES[:n_free + n_reduced])
-        free = self.indices[:n_free]
+        free = self.indices[:self.n_free]
         kind = self.pick(["new"] * 7 + ["update"] * 2 + ["scatter"])
         if kind == "scatter" and not free:
             kind = "new"
@@ -175,7 +171,12 @@ class _SpecWriter:
 def random_spec(rng: Any) -> str:
     """A random VALID spec covering the grammar of DESIGN section 1 (every range inferable). ``rng``: a NumPy
     Generator or a seed."""
-    return _SpecWriter(_as_rng(rng)).spec()
+    rng = _as_rng(rng)
+    n_free = int(rng.choice([0, 1, 1, 2, 2, 3]))
+    n_reduced = int(rng.choice([0, 1, 1, 2]))
+    if n_free + n_reduced == 0:
+        n_free = 1
+    return _SpecWriter(rng, list(_INDICES[:n_free + n_reduced]), n_free).spec()
 
 
 _NOISE = list("[](),:=+-*/^<>|!._ 0123456789ijkxyzAB\t\n") + ["αβ", "∑", "√", "ñ", "€", "𝔸", "\x00", "ü", "ℵ",
