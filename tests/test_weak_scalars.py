@@ -1,5 +1,6 @@
-"""A Python number takes the precision of the arrays, eagerly as under jit (JAX's weak types; issue 15): before,
-``y[i] := s*x[i]`` with a Python float s and float32 x was float64 eagerly and float32 under jit."""
+"""Inputs as JAX would take them (issue 15): Python numbers are weak (they take the arrays' precision) eagerly as
+under jit, where ``y[i] := s*x[i]`` with a Python float s and float32 x used to be float64 eagerly and float32
+under jit; and big-endian arrays compute like native ones."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,3 +28,12 @@ def test_python_numbers_are_weak_eagerly_and_under_jit(backend, scalar, dtype):
 def test_a_numpy_scalar_keeps_its_own_dtype():
     y = tullax.einsum_kernel("y[i] := s*x[i]", backend="numba")(np.float64(2.0), np.ones(3, np.float32))
     assert y.dtype == np.float64  # NumPy scalars are strongly typed, as in jnp
+
+
+@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("dtype", [">f4", ">f8", ">i4"])
+def test_big_endian_inputs_are_byte_swapped_not_refused(backend, dtype):
+    """Issue 15: big-endian arrays used to escape as jax's TypeError; they compute like native ones."""
+    x = np.arange(6).astype(dtype)
+    y = tullax.einsum_kernel("y[i] := x[i]*2 + w[i]", backend=backend)(x, np.ones(6, np.float32))
+    np.testing.assert_allclose(y, np.arange(6) * 2.0 + 1.0)

@@ -31,7 +31,8 @@ def bind_inputs(spec: Spec, args: tuple, named: Mapping[str, Any]) -> list[Any]:
 
 
 def as_numpy_inputs(spec: Spec, values: list[Any]) -> list[Any]:
-    """NumPy views of the inputs (no copies for arrays already in NumPy), scalars as NumPy scalars."""
+    """NumPy views of the inputs (no copies for native-order NumPy arrays; big-endian ones are byte-swapped),
+    scalars as NumPy scalars."""
     import numpy as np
 
     out = []
@@ -42,6 +43,8 @@ def as_numpy_inputs(spec: Spec, values: list[Any]) -> list[Any]:
             raise ShapeError(f"input {item.name} is not an array or a number: {err}") from None
         if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
             raise ShapeError(f"input {item.name} has dtype {arr.dtype}; tullax takes numeric arrays")
+        if not arr.dtype.isnative:  # big-endian data: kernels (and jax) compute in the machine's byte order
+            arr = arr.astype(arr.dtype.newbyteorder("="))
         out.append(arr if item.kind != "scalar" else arr[()])
     return out
 
@@ -78,7 +81,14 @@ def result_dtype(spec: Spec, values: list[Any]) -> Any:
     """The dtype of the result of ``spec`` on ``values`` (``tullax.spec.shapes.result_dtype`` of their dtypes)."""
     from tullax.spec.shapes import result_dtype as _result_dtype
 
-    return _result_dtype(spec, [weak_type(v) or getattr(v, "dtype", None) for v in values])
+    return _result_dtype(spec, [weak_type(v) or _native(getattr(v, "dtype", None)) for v in values])
+
+
+def _native(dtype: Any) -> Any:
+    """``dtype`` in the machine's byte order (jax's promotion knows no big-endian dtypes)."""
+    import numpy as np
+
+    return None if dtype is None else np.dtype(dtype).newbyteorder("=")
 
 
 def weak_type(value: Any) -> type | None:
