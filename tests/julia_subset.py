@@ -53,9 +53,10 @@ The subset (anything else raises UnsupportedJulia / UndefinedName at load time):
   literals, ``true false nothing Inf Inf32 Inf64 NaN NaN32 NaN64``, ``+ - * / ^ ÷ %``, unary ``- + !``,
   ``== != ≠ < <= ≤ > >= ≥`` (no chains), ``&& ||``, ``c ? a : b``, ``A[i, j]`` / ``A[k]`` / ``A[I]`` / ``A[]``,
   tuple ``t[k]`` and ``I[k]``, ``(a, b)`` and ``(n,)`` tuples, calls of module functions, of the builtins in
-  SUPPORTED_FUNCTIONS, of the types ``Float32(x) Int(x) ...`` and ``KernelAbstractions.{synchronize,CPU,
-  get_backend}``; ``kern(backend)(args...; ndrange=..., workgroupsize=...)``, ``kern(backend, wgsize)(...)``,
-  ``kern(backend, wgsize, ndrange)(...)``; in kernels ``@ndrange()``; ``Threads.nthreads()``, ``prod`` of a tuple.
+  SUPPORTED_FUNCTIONS (``zeros(T, n)`` makes an array private to its work-item), of the types ``Float32(x)
+  Int(x) ...`` and ``KernelAbstractions.{synchronize,CPU,get_backend}``; ``kern(backend)(args...; ndrange=...,
+  workgroupsize=...)``, ``kern(backend, wgsize)(...)``, ``kern(backend, wgsize, ndrange)(...)``; in kernels
+  ``@ndrange()``; ``Threads.nthreads()``, ``prod`` of a tuple.
 - tree-sitter-julia 0.23 quirks the printer must avoid (both are rejected, never mis-evaluated): ``a^b^c``
   (grouped to the left; write ``a^(b^c)``) and a number literal directly before ``^(`` (``2^(x+1)`` parses
   as a juxtaposition; write ``2 ^ (x + 1)`` or ``2.0f0^k``).
@@ -253,9 +254,9 @@ CPU_BACKEND = Backend()
 class JuliaArray:
     """A C-contiguous NumPy array seen from Julia: reversed axes, 1-based, column-major linear."""
 
-    __slots__ = ("data", "flat", "size", "strides", "jtype", "const", "ptr")
+    __slots__ = ("data", "flat", "size", "strides", "jtype", "const", "ptr", "private")
 
-    def __init__(self, data: np.ndarray, const: bool = False):
+    def __init__(self, data: np.ndarray, const: bool = False, private: bool = False):
         if data.dtype not in _BY_DTYPE:
             raise TypeError(f"unsupported array dtype {data.dtype}; use float32/float64/int32/int64/bool")
         if not data.flags.c_contiguous:
@@ -267,6 +268,7 @@ class JuliaArray:
         self.jtype = _BY_DTYPE[data.dtype]
         self.const = const
         self.ptr = data.__array_interface__["data"][0]
+        self.private = private  # made by ``zeros`` in a work-item: no other work-item can reach it
 
     def as_const(self) -> JuliaArray:
         return JuliaArray(self.data, const=True)
@@ -308,7 +310,7 @@ class JuliaArray:
 
     def load(self, idx: Sequence[Any], tracker: _RaceTracker | None) -> Any:
         pos = self.linear(idx)
-        if tracker is not None and not self.const:
+        if tracker is not None and not self.const and not self.private:
             tracker.read(self, pos)
         return _normalize(self.flat[pos])
 
@@ -318,7 +320,7 @@ class JuliaArray:
                                     "Base.Experimental.Const)")
         pos = self.linear(idx)
         converted = _convert(self.jtype, value)
-        if tracker is not None:
+        if tracker is not None and not self.private:
             tracker.write(self, pos, atomic)
         if not self.data.flags.writeable:
             raise JuliaRuntimeError("the array passed for this argument is read-only")
@@ -683,6 +685,16 @@ def _prod(x: Any) -> Any:
     return functools.reduce(lambda a, b: _arith("*", a, b), x, np.int64(1))
 
 
+def _zeros(t: Any, *dims: Any) -> JuliaArray:
+    """``zeros(T, dims...)``: a new array of zeros, private to the work-item that makes it."""
+    if not isinstance(t, JuliaType) or t.kind == "abstract" or not dims:
+        raise JuliaRuntimeError("zeros needs a concrete number type and at least one dimension in the subset")
+    sizes = _index_ints(dims)
+    if any(n < 0 for n in sizes):
+        raise JuliaRuntimeError(f"ArgumentError: invalid Array dimensions {tuple(sizes)}")
+    return JuliaArray(np.zeros(tuple(reversed(sizes)), dtype=t.dtype), private=True)
+
+
 def _muladd(a: Any, b: Any, c: Any) -> Any:
     return _arith("+", _arith("*", a, b), c)
 
@@ -732,6 +744,7 @@ def _builtins() -> dict[str, Any]:
         _Builtin("clamp", _clamp),
         _Builtin("ifelse", _ifelse),
         _Builtin("muladd", _muladd),
+        _Builtin("zeros", _zeros),
         _Builtin("div", lambda x, y: _integer_division("div", x, y)),
         _Builtin("rem", lambda x, y: _integer_division("rem", x, y)),
         _Builtin("fld", lambda x, y: _integer_division("fld", x, y)),

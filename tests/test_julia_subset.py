@@ -473,6 +473,18 @@ def test_reading_what_another_work_item_wrote_is_a_data_race():
         m.launch("k!", np.zeros(4), 4, ndrange=4)
 
 
+def test_zeros_makes_an_array_private_to_its_work_item():
+    """Every work-item writes element 1 of its own ``zeros`` array: no race; its elements have the given type,
+    start at zero and are bounds-checked."""
+    m = kernel("    i = @index(Global, Linear)\n    t = zeros(Float64, 2)\n    t[1] += x[i]\n    out[i] = t[1] + t[2]",
+               "out, @Const(x)")
+    m.launch("k!", out := np.zeros(3, np.float32), np.array([1.5, 2.5, 3.5], np.float32), ndrange=3)
+    np.testing.assert_array_equal(out, [1.5, 2.5, 3.5])
+    assert type(module("function f()\n    t = zeros(Float64, 3)\n    return t[3]\nend").call("f")) is np.float64
+    with pytest.raises(JuliaRuntimeError, match="BoundsError"):
+        module("function f()\n    t = zeros(Float32, 2)\n    return t[3]\nend").call("f")
+
+
 def test_an_order_dependent_kernel_is_caught():
     m = kernel("    i = @index(Global, Linear)\n    out[1] = i", "out")
     with pytest.raises(JuliaRuntimeError, match="data race"):

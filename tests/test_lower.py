@@ -32,6 +32,7 @@ from tullax.compiler.loops import (
     Load,
     Loop,
     LoopKernel,
+    Scratch,
     Select,
     Store,
     UnOp,
@@ -153,6 +154,8 @@ class _Interp:
                 env[stmt.var] = self.ev(stmt.value)
             elif isinstance(stmt, Accum):
                 env[stmt.var] = self.binary(stmt.op, env[stmt.var], self.ev(stmt.value))
+            elif isinstance(stmt, Scratch):  # a new zero array each time it is declared
+                self.arrays[stmt.var] = np.zeros(stmt.length)
             else:
                 assert isinstance(stmt, Store)
                 where = self.place(stmt.array, stmt.index)
@@ -163,10 +166,12 @@ class _Interp:
                     self.arrays[stmt.array][where] += value
 
 
-def execute(spec: Spec, env: dict, tile: bool) -> np.ndarray:
-    """Lower ``spec`` (float64) and run it on ``env`` like a host kernel would."""
+def execute(spec: Spec, env: dict, tile: bool, dtype: str = "float64") -> np.ndarray:
+    """Lower ``spec`` (for ``dtype``: float32 kernels have blocked sums) and run it on ``env`` like a host kernel
+    would; the interpreter computes in float64 either way."""
     inputs = [env[name] for name in spec.input_names]
-    kernel = lower(spec, signature(spec, "float64", inputs), tile=tile)
+    kernel = lower(spec, signature(spec, dtype) if dtype != "float64" else signature(spec, dtype, inputs),
+                   tile=tile)
     shapes = {name: np.shape(v) for name, v in zip(spec.input_names, inputs)}
     if spec.assign == ":=":
         out = np.full(tuple(s.eval(shapes) for s in spec.out_shape), np.nan)
@@ -241,9 +246,9 @@ def test_special_values_of_reductions():
 # =============================================================================================
 # Structure
 # =============================================================================================
-def kernel_of(text: str, ranges=None, tile: bool = False) -> LoopKernel:
+def kernel_of(text: str, ranges=None, tile: bool = False, dtype: str = "float32") -> LoopKernel:
     spec = analysed(text, ranges)
-    return lower(spec, signature(spec), tile=tile)
+    return lower(spec, signature(spec, dtype), tile=tile)
 
 
 def loops(kernel: LoopKernel) -> list[Loop]:
@@ -303,28 +308,45 @@ def test_equality_guard_is_solved_not_looped():
 
 
 def test_pad_guard_narrows_the_reduction_loop():
-    """The conv1d input gradient: no If in the loop, the bounds of k keep m-k inside Δy."""
-    kernel = kernel_of("Δx[m] := Δy[pad(m-k)]*w[k]", {"m": 10})
+    """The conv1d input gradient: no If in the loop, the bounds of k keep m-k inside Δy (in float32, the bounds
+    of the blocks of k do)."""
+    kernel = kernel_of("Δx[m] := Δy[pad(m-k)]*w[k]", {"m": 10}, dtype="float64")
     assert not any(isinstance(s, If) for s in walk_stmts(kernel.body))
     (outer, inner) = loops(kernel)
     assert isinstance(inner.start, BinOp) and inner.start.op == "max"
     assert isinstance(inner.stop, BinOp) and inner.stop.op == "min"
+    blocked = kernel_of("Δx[m] := Δy[pad(m-k)]*w[k]", {"m": 10})
+    assert not any(isinstance(s, If) for s in walk_stmts(blocked.body))
+    (_, first, blocks, in_block) = loops(blocked)  # the first block runs ahead of the loop over the others
+    assert first.start == inner.start
+    assert first.stop == BinOp("min", BinOp("+", inner.start, Const(512, "int64"), "int64"), inner.stop, "int64")
+    bounds = {s.var: s.value for s in blocks.body if isinstance(s, Let)}
+    assert (in_block.start, in_block.stop) == (Var("blk_lo", "int64"), Var("blk_hi", "int64"))
+    assert bounds["blk_lo"].op == "+" and bounds["blk_lo"].lhs == inner.start
+    assert bounds["blk_hi"].op == "min" and bounds["blk_hi"].rhs == inner.stop
 
 
 def test_index_comparison_becomes_a_hoisted_guard():
-    kernel = kernel_of("y[i] := x[i,k]*(i > 2)")
+    kernel = kernel_of("y[i] := x[i,k]*(i > 2)", dtype="float64")
     body = parallel_nest(kernel)[1]
     guard = next(s for s in body if isinstance(s, If))
     assert isinstance(guard.then[0], Loop)  # the If is around the k loop, not inside it
     assert isinstance(body[-1], Store)  # the element is written whatever the guard says
+    blocked = parallel_nest(kernel_of("y[i] := x[i,k]*(i > 2)"))[1]  # float32: around the blocks of k
+    guard = next(s for s in blocked if isinstance(s, If))
+    assert [type(s) for s in guard.then] == [Let, Loop, Accum, Loop]  # first block, then the others
+    assert not any(isinstance(s, If) for lp in guard.then if isinstance(lp, Loop) for s in walk_stmts(lp.body))
+    assert isinstance(blocked[-1], Store)
 
 
 def test_loop_order_puts_the_unit_stride_reduction_innermost():
-    kernel = kernel_of("y[i] := A[i,k,j]*B[j,k]")
+    kernel = kernel_of("y[i] := A[i,k,j]*B[j,k]", dtype="float64")
     order = [lp.var for lp in loops(kernel)]
     assert order == ["i0", "i1", "i2"]  # j (i2) is the last axis of A: innermost
-    transposed = kernel_of("y[i] := A[i,j,k]")
+    transposed = kernel_of("y[i] := A[i,j,k]", dtype="float64")
     assert [lp.var for lp in loops(transposed)] == ["i0", "i1", "i2"]
+    blocked = kernel_of("y[i] := A[i,k,j]*B[j,k]")  # float32: the innermost loop runs in blocks
+    assert [lp.var for lp in loops(blocked)] == ["i0", "i1", "i2", "blk", "i2"]  # first block, the others
 
 
 def test_loop_invariant_loads_are_hoisted():
@@ -335,9 +357,12 @@ def test_loop_invariant_loads_are_hoisted():
 
 
 def test_tiling_makes_the_innermost_loop_contiguous():
-    dist = kernel_of("D[i,j] := (W[k,i] - X[k,j])^2", tile=True)
+    dist = kernel_of("D[i,j] := (W[k,i] - X[k,j])^2", tile=True, dtype="float64")
     assert [lp.var for lp in loops(dist)] == ["i0", "tile", "i1", "i2", "i1"]  # init, k, j
     assert [s.mode for s in stores(dist)] == ["set", "add"]
+    blocked = kernel_of("D[i,j] := (W[k,i] - X[k,j])^2", tile=True)  # float32: blocks of k, totals of the tile
+    assert [lp.var for lp in loops(blocked)] == ["i0", "tile", "i1", "blk", "i2", "i1", "i1", "i1"]
+    assert [s.mode for s in stores(blocked)] == ["set", "add", "add", "set", "add"]
     plain_rows = kernel_of("(max) m[i] := x[i,j]", tile=True)  # j already contiguous: no tiling
     assert "tile" not in [lp.var for lp in loops(plain_rows)]
     guarded = kernel_of("A[m] := x[k]*(m == 2*k)", {"m": 10}, tile=True)
@@ -382,6 +407,67 @@ def test_names_are_generated_and_scalars_are_one_element_outputs():
     assert any(lp.reduce_parallel for lp in loops(kernel))
     assert {a.source for a in kernel.arrays} == {"s", "x", "y"}
     assert kernel.sizes[0].size.eval({"x": (7,), "y": (7,)}) == 7
+
+
+@pytest.mark.parametrize("text, shapes", [
+    ("s := x[i]*y[i]", {"x": (1300,), "y": (1300,)}),
+    ("s := A[i,j]", {"A": (3, 1100)}),
+    ("r[i] := x[i,j] |> sqrt", {"x": (2, 1500)}),
+    ("(logsumexp) l[i] := x[i,j]", {"x": (2, 1100)}),
+    ("C[i,j] := A[i,k]*B[k,j]", {"A": (2, 1100), "B": (1100, 3)}),
+    ("C[i,j] += A[i,k]*B[k,j]", {"C": (2, 3), "A": (2, 1100), "B": (1100, 3)}),
+    ("D[i,j] := (W[k,i] - X[k,j])^2", {"W": (1030, 2), "X": (1030, 3)}),
+    ("y[i] := x[i+k]*w[k]", {"x": (1100,), "w": (1040,)}),
+    ("Δx[m] := Δy[pad(m-k)]*w[k]", {"Δy": (600,), "w": (40,)}),  # k narrowed to at most 40: one block
+    ("Δx[m] := Δy[pad(m-k)]*w[k]", {"Δy": (40,), "w": (1100,)}),  # narrowed, several blocks in tiles
+    ("y[i] := x[i,k]*(i > 0)", {"x": (3, 1100)}),
+])
+@pytest.mark.parametrize("tile", [False, True], ids=["per-element", "tiled"])
+def test_blocked_float32_sums_add_every_term_once(text: str, shapes: dict, tile: bool):
+    """float32 sums over several blocks (and a ragged last one), with finalisers, logsumexp, '+=', guards and
+    narrowed loops, tiled or not: the float32 kernel run in float64 gives the exact sum."""
+    spec = analysed(text)
+    env = random_inputs(spec, shapes, seed=12)
+    kernel = lower(spec, signature(spec), tile=tile)
+    assert any(lp.var == "blk" for lp in loops(kernel))
+    np.testing.assert_allclose(execute(spec, env, tile, "float32"), naive_eval(spec, env), rtol=1e-10,
+                               atol=1e-10)
+
+
+def test_tiled_float32_sums_keep_totals_only_when_longer_than_a_block():
+    """A tile's float64 totals (a Scratch) exist only under ``long_sum``: a short sum pays no pass per block."""
+    kernel = kernel_of("C[i,j] := A[i,k]*B[k,j]", tile=True)
+    scratch = [s for s in walk_stmts(kernel.body) if isinstance(s, Scratch)]
+    assert [(s.var, s.length, s.dtype) for s in scratch] == [("tile_tot", 512, "float64")]
+    guarded = [s for s in walk_stmts(kernel.body) if isinstance(s, If) and s.cond == Var("long_sum", "bool")]
+    assert len(guarded) == 3  # the totals, moving a block's partials into them, adding them to the output
+    lets = {s.var: s.value for s in walk_stmts(kernel.body) if isinstance(s, Let)}
+    assert lets["long_sum"] == BinOp(">", Var("n1", "int64"), Const(512, "int64"), "bool")
+
+
+def test_float32_sums_add_block_partials_into_a_float64_total():
+    kernel = kernel_of("s := x[i]*y[i]")
+    (blocks, in_block) = loops(kernel)
+    assert blocks.var == "blk" and blocks.reduce_parallel  # Numba's prange splits the blocks across threads
+    assert (blocks.start, in_block.var) == (Const(0, "int64"), "i0")  # a scalar result peels no block
+    assert kernel.body[0] == Let("acc", Const(0.0, "float64"))
+    assert blocks.body[-1] == Accum("acc", "+", Cast(Var("acc_part", "float32"), "float64"))
+    assert stores(kernel)[0].value == Cast(Var("acc", "float64"), "float32")
+
+
+def test_only_long_float32_sums_are_blocked():
+    blocked = [("blk" in [lp.var for lp in loops(kernel_of(text, ranges, dtype=dtype))])
+               for text, ranges, dtype in [
+                   ("y[i] := x[i,k]", {"k": 3}, "float32"),  # a constant, short extent
+                   ("y[i] := x[i,j,k]", {"j": 16, "k": 32}, "float32"),  # 512 terms: one block
+                   ("y[i] := x[i,k]", None, "float64"),
+                   ("(max) y[i] := x[i,k]", None, "float32"),
+                   ("(*) y[i] := x[i,k]", None, "float32"),
+                   ("y[i] := x[i,k]", None, "float32"),
+               ]]
+    assert blocked == [False, False, False, False, False, True]
+    long_outer = kernel_of("y[i] := x[i,j,k]", {"j": 32, "k": 32})  # 1024 terms: blocks of j, k inside
+    assert [lp.var for lp in loops(long_outer)] == ["i0", "i1", "i2", "blk", "i1", "i2"]
 
 
 def test_eval_int_evaluates_loop_bounds():

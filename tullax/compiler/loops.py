@@ -6,7 +6,8 @@ The IR is small and explicit, so the Numba and the Julia printers compute the sa
   here (``a0`` arrays, ``s0`` scalars, ``n0`` sizes, ``i0`` indices, ``t0`` temporaries, ``acc`` ...): user
   text never reaches an identifier. ``SizeArg.size`` is the symbolic size the HOST evaluates from the input
   shapes at call time (``size.eval(shapes)``) and passes as an integer.
-* Statements: ``Loop``, ``If``, ``Let`` (bind a new local), ``Accum`` (update an accumulator), ``Store``.
+* Statements: ``Loop``, ``If``, ``Let`` (bind a new local), ``Accum`` (update an accumulator), ``Store``,
+  ``Scratch`` (a new local array).
 * Expressions are typed (``dtype``: a numpy name, ``bool`` or ``int64`` for index arithmetic): ``Const``,
   ``Var``, ``Load``, ``BinOp``, ``UnOp``, ``Call``, ``Select``, ``Cast``.
 * Everything is 0-based and row-major; loop bounds are half-open ``[start, stop)``. Printers translate (the
@@ -30,6 +31,11 @@ Semantics printers must respect:
   result); its iterations only combine into accumulators declared outside it with ``Accum`` (+ * max min), so
   a printer may split it across threads with per-thread partials and a final combine (Numba's prange
   reduction) or run it serially.
+* ``Scratch(var, length, dtype)``: a new 1-D array of ``length`` (a constant) elements of ``dtype``, all zero,
+  private to the iteration that declares it (each parallel iteration, each work-item has its own). ``Load`` and
+  ``Store`` address it by ``var`` with one position in ``[0, length)``. It may be declared inside an ``If`` and
+  used in later statements under the same condition. Only tiled kernels (``lower(..., tile=True)``, CPU
+  printers) hold them: the float64 running totals of a tile's blocked float32 sum.
 * ``Store.mode``: ``set``, ``add`` (read-modify-write; no other iteration of a parallel loop touches the
   element) or ``atomic_add`` (a scatter whose serial loops may hit the same element twice: serial printing is
   race-free, a printer that parallelises those loops too must make the addition atomic).
@@ -135,6 +141,13 @@ class Store:
 
 
 @dataclass(frozen=True)
+class Scratch:
+    var: str
+    length: int
+    dtype: str
+
+
+@dataclass(frozen=True)
 class If:
     cond: Expr
     then: tuple["Stmt", ...]
@@ -151,7 +164,7 @@ class Loop:
     reduce_parallel: bool = False
 
 
-Stmt = Union[Let, Accum, Store, If, Loop]
+Stmt = Union[Let, Accum, Store, If, Loop, Scratch]
 
 
 @dataclass(frozen=True)
@@ -363,6 +376,8 @@ def statement_expressions(stmt: Stmt) -> tuple[Expr, ...]:
         return (stmt.cond,)
     if isinstance(stmt, (Let, Accum)):
         return (stmt.value,)
+    if isinstance(stmt, Scratch):
+        return ()
     assert isinstance(stmt, Store), stmt
     return stmt.index + (stmt.value,)
 

@@ -9,9 +9,11 @@ all. Decisions taken here (printer-neutral):
 * Reductions accumulate in a register (``Let acc = init``; loops; ``Accum``; finaliser; one ``Store``).
   Initial values: + 0, * 1, max -inf, min +inf. logsumexp runs two passes over the same loops: a max pass,
   then a sum of ``exp(v - m)`` (m replaced by 0 when it is infinite, which makes an all ``-inf`` or empty
-  range give ``-inf`` and a ``+inf`` give ``+inf``), result ``m + log(s)``.
+  range give ``-inf`` and a ``+inf`` give ``+inf``), result ``m + log(s)``. A float32 sum (logsumexp's too)
+  that may be long runs in blocks: float32 partials, a float64 total (``blocking``).
 * A tiled kernel accumulates straight into the output elements of its tile (initialised first, finalised
-  after); the output is then also read (``Load`` of the output array).
+  after); the output is then also read (``Load`` of the output array). A long float32 sum moves the tile's
+  partials into float64 totals after each block (a ``Scratch`` array).
 * A scatter adds into its positions (``atomic_add`` when its serial loops may hit one element twice); an
   index array pointing outside the output skips the element.
 * Loads and calls that do not depend on an inner loop are hoisted into ``Let``s at the loop level where
@@ -20,9 +22,11 @@ all. Decisions taken here (printer-neutral):
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tullax.compiler.assemble import Nest, mark_reduce_parallel
+from tullax.compiler.blocking import TileSum, blocked_index, register_sum
 from tullax.compiler.bounds import Bound, Side, narrow
 from tullax.compiler.emit import Emitter, Phase
 from tullax.compiler.guards import Solution, find_guards
@@ -139,10 +143,13 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
     nest = _nest(spec, plan, emit, narrowing)
     has_loops = plan.innermost > plan.top
     result: Expr
+    blocked = blocked_index(spec, plan, compute)
     if spec.redop == "logsumexp":
-        block, result = _logsumexp(nest, value, compute)
+        block, result = _logsumexp(nest, value, compute, blocked)
     elif not has_loops and not nest.placements.has_guards:
         block, result = nest.block([]), value
+    elif spec.redop == "+":
+        block, result = register_sum(nest, ACC, value, compute, blocked)
     else:
         block = [Let(ACC, Const(IDENTITY[spec.redop], compute))]
         block += nest.block([Accum(ACC, spec.redop, value)])
@@ -155,19 +162,18 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
     return nest.parallel(block)
 
 
-def _logsumexp(nest: Nest, value: Expr, compute: str) -> tuple[list[Stmt], Expr]:
+def _logsumexp(nest: Nest, value: Expr, compute: str, blocked: str | None) -> tuple[list[Stmt], Expr]:
     """Two passes over the same loops: m = max(v); s = sum(exp(v - m')) with m' = m, or 0 when m is
-    infinite; result m' + log(s)."""
+    infinite; result m' + log(s). The sum is blocked over the loop of index ``blocked``, if any."""
     block: list[Stmt] = [Let(MAX_ACC, Const(-math.inf, compute))]
     block += nest.block([Accum(MAX_ACC, "max", value)])
     m = Var(MAX_ACC, compute)
     finite = binop("and", binop(">", m, Const(-math.inf, compute)), binop("<", m, Const(math.inf, compute)))
     block.append(Let(SHIFT, Select(finite, m, Const(0.0, compute), compute)))
     shift = Var(SHIFT, compute)
-    block.append(Let(SUM_ACC, Const(0.0, compute)))
     term = Call("exp", (BinOp("-", value, shift, compute),), compute)
-    block += nest.block([Accum(SUM_ACC, "+", term)])
-    return block, BinOp("+", shift, Call("log", (Var(SUM_ACC, compute),), compute), compute)
+    sums, total = register_sum(nest, SUM_ACC, term, compute, blocked)
+    return block + sums, BinOp("+", shift, Call("log", (total,), compute), compute)
 
 
 def _tile_bounds(spec: Spec, plan: Schedule, emit: Emitter) -> list[Stmt]:
@@ -190,9 +196,11 @@ def _tiled(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr,
     here = Load(out.name, out_index, compute)
     nest = _nest(spec, plan, emit, narrowing)
 
+    j = plan.var(plan.tiling.index)
+    tile = Loop(j, Var(TILE_LO, INDEX), Var(TILE_HI, INDEX), False, ())
+
     def over_tile(stmt: Stmt) -> Stmt:
-        return Loop(plan.var(plan.tiling.index), Var(TILE_LO, INDEX), Var(TILE_HI, INDEX), False,
-                    (stmt,))
+        return replace(tile, body=(stmt,))
 
     if spec.assign != "+=":
         block.append(over_tile(Store(out.name, out_index, Const(IDENTITY[spec.redop], compute))))
@@ -200,7 +208,14 @@ def _tiled(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr,
         update = Store(out.name, out_index, value, "add")
     else:
         update = Store(out.name, out_index, binop(spec.redop, here, value), "set")
-    block += nest.block([update])
+    blocked = blocked_index(spec, plan, compute)
+    if blocked is None:
+        block += nest.block([update])
+    else:
+        rng = spec.range_of[blocked]
+        sums = TileSum(tile, here, binop("-", Var(j, INDEX), Var(TILE_LO, INDEX)), plan.tiling.elems,
+                       binop("-", emit.size(rng.hi), emit.size(rng.lo)))
+        block += sums.prologue() + sums.blocked(nest.block([update]), plan.var(blocked)) + sums.epilogue()
     if spec.finalizer:
         block.append(over_tile(Store(out.name, out_index, lower_call(spec.finalizer, [here], compute))))
     return nest.parallel(block)

@@ -7,7 +7,8 @@ A target is TABLES plus a few hooks on ``LoopPrinter``:
 * capability flags: ``one_based`` and ``reversed_index`` (a column-major target reverses every index list),
   ``wrap_negative_operands`` (``a * (-b)``: no bare minus after an operator), the block syntax (``if_head``,
   ``else_line``, ``block_end``, ``empty_block``, ``statement_end``, ``indent``) and ``store_forms``: one template
-  per ``Store.mode``, which is where an atomic addition (``atomic_add``) gets its spelling.
+  per ``Store.mode``, which is where an atomic addition (``atomic_add``) gets its spelling; ``scratch_form``: how
+  a zero-filled local array (``Scratch``) is made.
 * hooks for what no table can say: ``constant`` (literals), ``type_name`` (casts), ``call_name`` (a function's
   spelling, read from the registry ``tullax.spec.functions``), ``loop_header``, ``position`` (one array
   position) and ``variable``.
@@ -35,6 +36,7 @@ from tullax.compiler.loops import (
     Let,
     Load,
     Loop,
+    Scratch,
     Select,
     Stmt,
     Store,
@@ -147,6 +149,7 @@ class LoopPrinter(ABC):
     empty_block: ClassVar[str | None] = None  # the statement of an empty body, when the target needs one
     statement_end: ClassVar[str] = ""
     store_forms: ClassVar[Mapping[str, str]]  # Store.mode -> template over {target} and {value}
+    scratch_form: ClassVar[str]  # a Scratch: template over {var}, {length} and {type} (``type_name``)
 
     # -- hooks -----------------------------------------------------------------------------------
     @abstractmethod
@@ -252,6 +255,8 @@ class LoopPrinter(ABC):
                 line = self.accumulate(stmt)
             case Store():
                 line = self.store(stmt)
+            case Scratch():
+                line = self.scratch_form.format(var=stmt.var, length=stmt.length, type=self.type_name(stmt.dtype))
             case _:
                 raise TullaxError(f"internal error: no printer for the loop IR statement {stmt!r}")
         return [self.indent * place.depth + line + self.statement_end]

@@ -28,6 +28,8 @@ The mapping:
   run as ONE work-item: ndrange ``(1,)``, work-group size 1, the reduction serial in a register. Simple and exact
   (the same summation order as the serial definition); a per-thread partial scheme would need a second kernel or
   atomics, and these kernels are small in practice (the gradient of a scalar parameter).
+* A ``Scratch`` is ``zeros(T, n)``, a heap array per work-item: the lowering makes one only in a tiled kernel (the
+  CPU flavour) and only when its sum is long enough to amortise it.
 * ``@inbounds begin ... end`` around the per-item body: the lowering guarantees every access is in range (plain and
   affine ones by the inferred ranges, which the host checks against the shapes before calling; ``mod``/``clamp``
   by construction; ``pad`` and indirect ones under a check).
@@ -245,6 +247,7 @@ class JuliaPrinter(LoopPrinter):
     block_end = "end"
     store_forms: ClassVar[Mapping[str, str]] = {"set": "{target} = {value}", "add": "{target} += {value}",
                                                 "atomic_add": "Atomix.@atomic {target} += {value}"}
+    scratch_form = "{var} = zeros({type}, {length})"
 
     def __init__(self, kernel: LoopKernel):
         self.arrivals = {s.name: arrival_dtype(s.dtype) for s in kernel.scalars}

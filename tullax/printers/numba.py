@@ -6,8 +6,8 @@ variant of the kernel. ``prange`` goes on the outermost parallel loop. With two 
 picks it at call time. A scalar result (no parallel loop) gets ``prange`` on its reduction loop: Numba splits it
 into per-thread partials and combines them (supported for + * max min). max/min reduction loops are printed as 8
 independent lanes (``_lanes``), which LLVM vectorises; a float32 ``exp`` is printed as ``_exp_f32``
-(``tullax.backends.numba_math``). Array positions are printed as ``_ix(e)`` = ``np.uint64(e)``: never negative
-by construction, and unsigned positions skip Numba's negative-index wraparound.
+(``tullax.backends.numba_math``). A ``Scratch`` is ``np.zeros``. Array positions are printed as ``_ix(e)`` =
+``np.uint64(e)``: never negative by construction, and unsigned positions skip Numba's negative-index wraparound.
 """
 from __future__ import annotations
 
@@ -85,6 +85,7 @@ class NumbaPrinter(LoopPrinter):
     # atomic_add: the lowering leaves the colliding loops serial in this nest, so a plain += is race-free
     store_forms: ClassVar[Mapping[str, str]] = {"set": "{target} = {value}", "add": "{target} += {value}",
                                                 "atomic_add": "{target} += {value}"}
+    scratch_form = "{var} = np.zeros({length}, {type})"
 
     def __init__(self, kernel: LoopKernel):
         self.kernel = kernel

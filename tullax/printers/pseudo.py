@@ -39,6 +39,7 @@ class PseudoPrinter(LoopPrinter):
     else_line = "else"
     store_forms: ClassVar[Mapping[str, str]] = {"set": "{target} = {value}", "add": "{target} += {value}",
                                                 "atomic_add": "{target} += (atomic) {value}"}
+    scratch_form = "{var} = zeros({type}, {length})"
 
     def constant(self, node: Const) -> str:
         value = node.value
