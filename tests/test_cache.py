@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ from tullax.runtime.cache import (
     cache_key,
     get_cache,
 )
+from tullax.runtime.cache_hygiene import Limits, parse_size, prune
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = "def kernel(x):\n    return x + 1\n"
@@ -174,7 +176,7 @@ def test_stats_and_clear_by_backend(cache: CompileCache):
         cache.write_text(key, "kernel.txt", key)
         cache.record(key, spec=f"spec {key}", backend=backend, compile_ms=ms, ttfk_cold_ms=2 * ms)
     cache.hit("b1")
-    (cache.numba_cache_dir() / "kernel.nbi").write_bytes(b"\0" * 100)
+    cache.write_bytes("a1", "kernel.nbi", b"\0" * 100)  # Numba's artefacts live in their entry
     stats = cache.stats()
     assert stats["entries"] == 3 and stats["hits"] == 1 and stats["writable"] is True
     assert stats["size_bytes"] >= 100
@@ -185,7 +187,7 @@ def test_stats_and_clear_by_backend(cache: CompileCache):
     assert cache.clear(backend="numba") == 2
     assert [e["key"] for e in cache.entries()] == ["b1"]
     assert not (cache.root / "entries" / "a1").exists() and (cache.root / "entries" / "b1").exists()
-    assert list(cache.numba_cache_dir().iterdir()) == []
+    assert not list((cache.root / "entries").rglob("*.nbi"))
     assert cache.clear() == 1
     assert cache.entries() == [] and cache.stats()["entries"] == 0
 
@@ -278,7 +280,7 @@ def _check_degraded_cache_still_works(cache: CompileCache, requested: Path):
         cache.write_text("k1", "kernel.py", SOURCE)
         cache.record("k1", spec="y[i] := x[i]", backend="numba")
         assert cache.read_text("k1", "kernel.py") == SOURCE
-        assert cache.numba_cache_dir().is_dir()
+        assert cache.write_bytes("k1", "kernel.nbi", b"\0") == cache.entry_path("k1") / "kernel.nbi"
         assert cache.stats()["writable"] is False
 
 
@@ -323,3 +325,262 @@ def test_lock_timeout_from_the_environment(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("TULLAX_LOCK_TIMEOUT", "soon")
     with pytest.raises(TullaxError, match="TULLAX_LOCK_TIMEOUT='soon' is not a number"):
         CompileCache(tmp_path)
+
+
+# ---------------------------------------------------------------------------------- full disk (simulated)
+
+
+def _disk_full(path, data):
+    raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+
+def test_a_full_disk_stops_storing_with_one_warning_and_everything_else_works(cache: CompileCache, monkeypatch):
+    cache.write_text("k1", "kernel.py", SOURCE)
+    cache.record("k1", spec="y[i] := x[i]", backend="numba")
+    monkeypatch.setattr("tullax.runtime.cache.atomic_write", _disk_full)
+    with pytest.warns(CacheWarning, match=r"cannot write to the tullax cache .* \(No space left on device\)") as caught:
+        assert cache.write_text("k2", "kernel.py", SOURCE) is None
+    assert len([w for w in caught if issubclass(w.category, CacheWarning)]) == 1
+    with _no_warnings():  # from now on nothing is written, nothing fails, nothing warns again
+        assert cache.write_bytes("k2", "kernel.nbc", b"code") is None
+        cache.record("k2", spec="z := x[i]", backend="numba")
+        cache.hit("k1")
+        assert cache.read_text("k1", "kernel.py") == SOURCE  # reading goes on
+        assert [e["key"] for e in cache.entries()] == ["k1"]
+    assert not cache.storing.is_set() and not (cache.entry_path("k2") / "kernel.py").exists()
+
+
+# ---------------------------------------------------------------------------------------- layout faults
+
+
+def _write_index(cache: CompileCache, entries: dict) -> None:
+    cache.index_path.write_text(json.dumps({"format": 1, "entries": entries}))
+
+
+def test_a_malformed_field_in_the_index_is_dropped_with_a_warning(cache: CompileCache):
+    cache.write_text("k1", "kernel.py", SOURCE)
+    cache.record("k1", spec="y[i] := x[i]", backend="numba", compile_ms=4.0)
+    record = json.loads(cache.index_path.read_text())["entries"]["k1"]
+    _write_index(cache, {"k1": {**record, "hits": "many", "last_used": "yesterday", "first_run_ms": [1]}})
+    with pytest.warns(CacheWarning, match="malformed fields.*hits='many'.*last_used='yesterday'"):
+        cache.hit("k1")
+    with _no_warnings():
+        [entry] = cache.entries()
+        assert entry["hits"] == 1 and entry["compile_ms"] == 4.0 and isinstance(entry["last_used"], float)
+        assert "first_run_ms" not in entry and cache.stats()["hits"] == 1
+
+
+def test_an_index_that_is_a_directory_is_replaced(cache: CompileCache):
+    cache.write_text("k1", "kernel.py", SOURCE)
+    cache.record("k1", spec="y[i] := x[i]", backend="numba")
+    cache.index_path.unlink()
+    cache.index_path.mkdir()
+    (cache.index_path / "junk").write_text("x")
+    with pytest.warns(CacheWarning, match="index.json is not a file"):
+        assert [e["key"] for e in cache.entries()] == ["k1"]
+    assert cache.index_path.is_file()
+    with _no_warnings():
+        cache.hit("k1")
+        assert cache.entries()[0]["hits"] == 1
+
+
+def test_an_entry_that_is_a_file_is_replaced(cache: CompileCache):
+    cache.entry_path("k1").write_text("not a directory")
+    assert cache.read_text("k1", "kernel.py") is None
+    with pytest.warns(CacheWarning, match="entry k1 was a file"):
+        cache.write_text("k1", "kernel.py", SOURCE)
+    with _no_warnings():
+        assert cache.read_text("k1", "kernel.py") == SOURCE
+        cache.record("k1", spec="y[i] := x[i]", backend="numba")
+        assert cache.clear() == 1
+
+
+def test_a_lock_file_that_is_a_directory_is_replaced(cache: CompileCache):
+    cache.locks.path("key-k1").mkdir()
+    cache.locks.path("index").mkdir()
+    with pytest.warns(CacheWarning, match="lock .*key-k1.lock was a directory"):
+        with cache.lock("k1"):
+            cache.write_text("k1", "kernel.py", SOURCE)
+    with pytest.warns(CacheWarning, match="lock .*index.lock was a directory"):
+        cache.record("k1", spec="y[i] := x[i]", backend="numba")
+    with _no_warnings():
+        with cache.lock("k1"):
+            assert cache.read_text("k1", "kernel.py") == SOURCE
+
+
+def test_a_manifest_that_is_a_directory_makes_the_entry_corrupt(cache: CompileCache):
+    cache.write_text("k1", "kernel.py", SOURCE)
+    manifest = cache.entry_path("k1") / "manifest.json"
+    manifest.unlink()
+    manifest.mkdir()
+    with pytest.warns(CacheWarning, match="k1 is corrupt"):
+        assert cache.read_text("k1", "kernel.py") is None
+    with _no_warnings():
+        cache.write_text("k1", "kernel.py", SOURCE)
+        assert cache.read_text("k1", "kernel.py") == SOURCE
+
+
+def test_cache_subdirectories_that_are_files_are_replaced(tmp_path: Path):
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / "entries").write_text("x")
+    (root / "locks").write_text("x")
+    cache, caught = _caught_cache_warnings(lambda: CompileCache(root))
+    assert cache.writable and cache.root == root and len(caught) == 2
+    with _no_warnings():
+        cache.write_text("k1", "kernel.py", SOURCE)
+        with cache.lock("k1"):
+            assert cache.read_text("k1", "kernel.py") == SOURCE
+
+
+def test_a_lock_that_cannot_be_taken_is_bypassed_with_one_warning(cache: CompileCache, monkeypatch):
+    real_open = os.open
+
+    def no_lock_files(path, *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise OSError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("tullax.runtime.cache_locks.os.open", no_lock_files)
+    with pytest.warns(CacheWarning, match="going on without cache locks") as caught:
+        with cache.lock("k1"):
+            cache.write_text("k1", "kernel.py", SOURCE)
+        cache.record("k1", spec="y[i] := x[i]", backend="numba")
+    assert len([w for w in caught if issubclass(w.category, CacheWarning)]) == 1
+    assert cache.read_text("k1", "kernel.py") == SOURCE and cache.entries()[0]["key"] == "k1"
+
+
+# -------------------------------------------------------------------------------------- locks are deletable
+
+
+def test_a_lock_file_deleted_by_its_holder_still_excludes(cache: CompileCache):
+    """clear/prune delete a lock file while holding it: a waiter that had opened the deleted file must not
+    hold the lock at the same time as a newcomer that creates a new file."""
+    import threading
+    import time
+
+    inside: list[str] = []
+    overlaps: list[str] = []
+
+    def critical(name: str) -> None:
+        with cache.lock("k1"):
+            if inside:
+                overlaps.append(f"{name} with {inside}")
+            inside.append(name)
+            time.sleep(0.05)
+            inside.remove(name)
+
+    with cache.lock("k1", remove=True):
+        waiter = threading.Thread(target=critical, args=("waiter",))
+        waiter.start()
+        time.sleep(0.05)  # the waiter has opened the lock file that is about to be deleted
+    newcomers = [threading.Thread(target=critical, args=(f"newcomer{n}",)) for n in range(3)]
+    for thread in newcomers:
+        thread.start()
+    for thread in [waiter, *newcomers]:
+        thread.join(10)
+    assert overlaps == []
+
+
+# -------------------------------------------------------------------------------------------- hygiene
+
+DAY = 86_400.0
+
+
+def _entry(cache: CompileCache, key: str, size: int) -> None:
+    cache.write_bytes(key, "kernel.nbc", b"\0" * size)
+    cache.record(key, spec=f"spec {key}", backend="numba")
+
+
+def test_prune_removes_the_least_recently_used_entries_beyond_the_size_limit(cache: CompileCache):
+    for key in ("old", "middle", "new"):
+        _entry(cache, key, 10_000)
+    cache.hit("old")  # now the most recently used
+    size = {e["key"]: e["size_bytes"] for e in cache.entries()}
+    report = cache.prune(Limits(max_bytes=size["old"] + size["new"] + 100, max_age_s=None))
+    assert report.removed == ("middle",) and report.freed_bytes == size["middle"] and report.busy == ()
+    assert report.kept == 2 and report.size_bytes == size["old"] + size["new"]
+    assert sorted(e["key"] for e in cache.entries()) == ["new", "old"]
+    assert not cache.entry_path("middle").exists() and not cache.locks.path("key-middle").exists()
+    assert cache.prune(Limits(max_bytes=0, max_age_s=None)).removed == ("old", "new")
+    assert cache.entries() == [] and list((cache.root / "entries").iterdir()) == []
+
+
+def test_prune_removes_entries_unused_for_longer_than_the_age_limit(cache: CompileCache):
+    import time
+
+    _entry(cache, "k1", 100)
+    _entry(cache, "k2", 100)
+    assert cache.prune(Limits(max_bytes=None, max_age_s=30 * DAY)).removed == ()
+    later = time.time() + 40 * DAY
+    cache.hit("k2")
+    assert prune(cache, Limits(max_bytes=None, max_age_s=30 * DAY), now=later).removed == ("k2", "k1")
+
+
+def test_prune_counts_entries_without_an_index_record_by_their_age_on_disk(cache: CompileCache):
+    _entry(cache, "k1", 100)
+    cache.write_bytes("orphan", "kernel.nbc", b"\0" * 100)  # no record: its directory's mtime counts
+    os.utime(cache.entry_path("orphan"), (0, 0))
+    assert cache.prune(Limits(max_bytes=None, max_age_s=DAY)).removed == ("orphan",)
+
+
+def test_prune_leaves_an_entry_that_another_process_holds(cache: CompileCache):
+    _entry(cache, "busy", 100)
+    _entry(cache, "free", 100)
+    with cache.lock("busy"):  # a compile or a load in progress
+        report = cache.prune(Limits(max_bytes=0, max_age_s=None))
+    assert report.removed == ("free",) and report.busy == ("busy",) and cache.entry_path("busy").is_dir()
+    assert cache.prune(Limits(max_bytes=0, max_age_s=None)).removed == ("busy",)
+
+
+def test_clear_and_prune_remove_leftover_temporary_and_lock_files(cache: CompileCache):
+    import time
+
+    _entry(cache, "k1", 100)
+    leftovers = [cache.entry_path("k1") / ".kernels.py.abc123.tmp", cache.entry_path("k1") / "__pycache__" /
+                 "kernels.cpython-311.pyc.140234", cache.root / ".index.json.xyz.tmp"]
+    for path in leftovers:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"half")
+    probe = cache.root / ".probe-abc"
+    probe.write_bytes(b"")  # a probe of a live process: left alone while it is young
+    for name in ("key-gone", "manifest-gone"):
+        cache.locks.path(name).touch()
+    report = cache.prune(Limits(max_bytes=None, max_age_s=None))
+    assert report.removed == () and report.swept >= 6
+    assert not any(path.exists() for path in leftovers) and probe.exists()
+    assert sorted(p.name for p in cache.locks.directory.iterdir()) == ["key-k1.lock", "manifest-k1.lock"]
+    old = time.time() - 3600
+    os.utime(probe, (old, old))
+    assert cache.clear() == 1
+    assert not probe.exists() and list(cache.locks.directory.iterdir()) == []
+    assert sorted(p.name for p in cache.root.iterdir()) == ["entries", "index.json", "locks"]
+
+
+def test_clear_removes_the_numba_directory_of_the_old_layout(cache: CompileCache):
+    (cache.root / "numba" / "kernels_0123").mkdir(parents=True)
+    (cache.root / "numba" / "kernels_0123" / "kernel.nbi").write_bytes(b"\0")
+    assert cache.clear() == 0 and not (cache.root / "numba").exists()
+
+
+def test_a_new_entry_prunes_the_cache_to_the_limits_of_the_environment(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("TULLAX_CACHE_MAX_BYTES", "25K")
+    cache = CompileCache(tmp_path / "cache")
+    for key in ("k1", "k2", "k3"):
+        _entry(cache, key, 10_000)
+        cache._next_auto_prune = 0.0  # as in a process that last checked long ago
+    assert sorted(e["key"] for e in cache.entries()) == ["k2", "k3"]
+
+
+def test_the_limits_come_from_the_environment_or_the_command_line(monkeypatch):
+    assert Limits.from_env() == Limits(2 * 2**30, 90 * DAY)
+    monkeypatch.setenv("TULLAX_CACHE_MAX_BYTES", "1.5G")
+    monkeypatch.setenv("TULLAX_CACHE_MAX_AGE_DAYS", "off")
+    assert Limits.from_env() == Limits(int(1.5 * 2**30), None)
+    assert Limits.from_env("500M", "7") == Limits(500 * 2**20, 7 * DAY)
+    assert Limits.from_env("off", None).max_bytes is None and parse_size("2000") == 2000
+    monkeypatch.setenv("TULLAX_CACHE_MAX_BYTES", "lots")
+    with pytest.raises(TullaxError, match="TULLAX_CACHE_MAX_BYTES 'lots' is not a size"):
+        Limits.from_env()
+    with pytest.raises(TullaxError, match="the limit 'soon' is not a number of days"):
+        Limits.from_env("1G", "soon")

@@ -73,11 +73,23 @@ def test_cache_clear_by_backend_then_all(cache: CompileCache, capsys):
     assert cache.entries() == []
 
 
+def test_cache_prune_to_limits(cache: CompileCache, capsys):
+    _populate(cache)
+    assert main(["cache", "prune"]) == 0  # the default limits keep both
+    assert "removed 0 entries" in capsys.readouterr().out and len(cache.entries()) == 2
+    assert main(["cache", "prune", "--max-bytes", "0", "--max-age-days", "off"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("removed 2 entries (") and "0 entries left (0 B)" in out
+    assert cache.entries() == [] and list(cache.locks.directory.iterdir()) == []
+    assert main(["cache", "prune", "--max-bytes", "lots"]) == 2
+    assert "tullax: error: the limit 'lots' is not a size" in capsys.readouterr().err
+
+
 def test_tullax_error_is_one_line_on_stderr_with_status_2(cache: CompileCache, monkeypatch, capsys):
     monkeypatch.setenv("TULLAX_LOCK_TIMEOUT", "0.1")
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(cache.root / "other"))  # a fresh cache reads the timeout
     holder = CompileCache(cache.root / "other")
-    with holder._index_lock():  # another process is busy with the index
+    with holder.locks.hold("index", "the cache index"):  # another process is busy with the index
         assert main(["cache", "clear"]) == 2
     captured = capsys.readouterr()
     assert captured.err.startswith("tullax: error: waited 0.1 s for the lock on the cache index")

@@ -121,7 +121,7 @@ class GeneratedModule:
     kernel: LoopKernel  # the kernel the module holds (with its variants, for Numba)
     source: str
     key: str  # its compile-cache entry
-    path: Path  # the source file in that entry
+    path: Path | None  # the source file in that entry; None when the cache could not store it (run from memory)
     codegen_ms: float  # lowering and printing it
 
 
@@ -150,11 +150,11 @@ def build_module(recipe: ModuleRecipe, spec: Spec, signature: Signature) -> Host
         reused = cache.read_text(key, recipe.source_file) == source
         if reused:
             cache.hit(key)
-            path = cache.entry_dir(key) / recipe.source_file
+            path = cache.entry_path(key) / recipe.source_file
         else:
             path = cache.write_text(key, recipe.source_file, source)
         generated = GeneratedModule(recipe.backend, spec, signature, kernel, source, key, path, codegen_ms)
-        if not reused:
+        if not reused and path is not None:
             recipe.store_extras(cache, generated)
         return recipe.load(generated)
 

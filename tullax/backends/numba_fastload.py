@@ -32,10 +32,13 @@ def load_cached(dispatcher: Any, arg_types: tuple) -> bool:
 
 
 def _load(dispatcher: Any, arg_types: tuple) -> bool:
+    from numba.core.caching import NullCache
     from numba.core.compiler_lock import global_compiler_lock
     from numba.core.runtime import rtsys
 
     cache = getattr(dispatcher, "_cache", None)
+    if isinstance(cache, NullCache):
+        return False  # a kernel run from memory: nothing on disk to load
     if cache is None or not hasattr(cache, "_load_overload"):
         raise AttributeError("this Numba's dispatcher has no disk cache API we know")
     with global_compiler_lock:

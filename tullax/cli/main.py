@@ -153,6 +153,23 @@ def _cmd_cache_clear(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cache_prune(args: argparse.Namespace) -> int:
+    from tullax.runtime.cache import get_cache
+    from tullax.runtime.cache_hygiene import Limits
+
+    cache = get_cache()
+    report = cache.prune(Limits.from_env(args.max_bytes, args.max_age_days))
+    lines = [f"removed {len(report.removed)} entries ({_size(report.freed_bytes)}) from {cache.root}; "
+             f"{report.kept} entries left ({_size(report.size_bytes)})"]
+    if report.busy:
+        lines.append(f"{len(report.busy)} entries beyond the limits are in use by another process: left for later")
+    if report.swept:
+        lines.append(f"removed {report.swept} leftover temporary or lock files")
+    for line in lines:
+        _console().print(line, markup=False)
+    return 0
+
+
 def _cmd_cache_warm(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -277,9 +294,16 @@ def _build_parser() -> argparse.ArgumentParser:
     stats = cache_commands.add_parser("stats", help="size, hits and mean compile times")
     stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
     stats.set_defaults(handler=_cmd_cache_stats)
-    clear = cache_commands.add_parser("clear", help="delete cached kernels")
+    clear = cache_commands.add_parser("clear", help="delete cached kernels (and leftover temporary and lock files)")
     clear.add_argument("--backend", help="only this backend's entries (numba, julia, ...)")
     clear.set_defaults(handler=_cmd_cache_clear)
+    prune = cache_commands.add_parser(
+        "prune", help="delete the least recently used kernels beyond the size and age limits")
+    prune.add_argument("--max-bytes", metavar="SIZE",
+                       help="keep at most this much (500M, 2G, 'off'; default $TULLAX_CACHE_MAX_BYTES or 2G)")
+    prune.add_argument("--max-age-days", metavar="DAYS",
+                       help="delete kernels unused for longer ('off'; default $TULLAX_CACHE_MAX_AGE_DAYS or 90)")
+    prune.set_defaults(handler=_cmd_cache_prune)
     warm = cache_commands.add_parser("warm", help="compile specs ahead of time")
     warm.add_argument("specs", nargs="+", metavar="SPEC")
     warm.add_argument("--backend", default="auto")

@@ -87,9 +87,10 @@ class NumbaPrinter(LoopPrinter):
                                                 "atomic_add": "{target} += {value}"}
     scratch_form = "{var} = np.zeros({length}, {type})"
 
-    def __init__(self, kernel: LoopKernel):
+    def __init__(self, kernel: LoopKernel, disk_cache: bool = True):
         self.kernel = kernel
         self.rank0 = frozenset(a.name for a in kernel.arrays if a.rank == 0)
+        self.disk_cache = disk_cache  # Numba's cache=: off for a module that only exists in memory
 
     # -- tables' hooks ---------------------------------------------------------------------------
     def constant(self, node: Const) -> str:
@@ -211,7 +212,7 @@ class NumbaPrinter(LoopPrinter):
         else:
             body = self.block(kernel.body, NumbaPlace(1, prange=True, lanes=True))
         parallel = any("prange(" in line for line in body)
-        head = f"@njit(parallel={parallel}, fastmath=_FASTMATH, cache=True, nogil=True)"
+        head = f"@njit(parallel={parallel}, fastmath=_FASTMATH, cache={self.disk_cache}, nogil=True)"
         return "\n".join([head, f"def {name}({', '.join(kernel.params)}):", *(body or ["    pass"])]) + "\n"
 
     def _flat(self, loops: tuple[Loop, ...], inner: tuple[Stmt, ...]) -> list[str]:
@@ -259,8 +260,8 @@ def variants(kernel: LoopKernel) -> tuple[str, ...]:
     return (kernel.name, f"{kernel.name}_flat") if len(loops) >= 2 else (kernel.name,)
 
 
-def print_kernel(kernel: LoopKernel) -> str:
-    printer = NumbaPrinter(kernel)
+def print_kernel(kernel: LoopKernel, disk_cache: bool = True) -> str:
+    printer = NumbaPrinter(kernel, disk_cache)
     names = variants(kernel)
     parts = [f"# {kernel.name}: {kernel.spec_text}\n" + printer.function(names[0], flat=False)]
     if len(names) > 1:
@@ -291,9 +292,11 @@ from tullax.backends.numba_math import exp_f32 as _exp_f32
 '''
 
 
-def print_module(kernels: Sequence[LoopKernel]) -> str:
+def print_module(kernels: Sequence[LoopKernel], disk_cache: bool = True) -> str:
+    """The module of ``kernels``; ``disk_cache=False`` for one that is run from memory, without a file (Numba
+    can only cache functions defined in a file)."""
     header = _HEADER.format(version=__version__, fastmath=FASTMATH)
-    body = "\n\n".join(print_kernel(k) for k in kernels)
+    body = "\n\n".join(print_kernel(k, disk_cache) for k in kernels)
     if "_exp_f32(" in body:
         header += _EXP_IMPORT
     if any(f"{name}(" in body for name in NAN_PROPAGATING.values()):

@@ -3,15 +3,20 @@
 Layout under the root (``TULLAX_CACHE_DIR``, else the platform's user cache dir)::
 
     index.json          one record per key: spec, backend, dtypes, timings, hits, created, last_used
-    entries/<key>/      files a backend wrote for the key, plus manifest.json (sha256 of every file)
-    numba/              NUMBA_CACHE_DIR: Numba's own compiled artefacts
-    locks/              file locks: one per key (callers, around a compile), one per entry manifest, one index
+    entries/<key>/      everything stored for the key: the backend's files (for Numba the generated module, its
+                        bytecode and Numba's compiled artefacts) and manifest.json (the sha256 of every file)
+    locks/              lock files: one per key (around a compile), one per entry manifest, one for the index
+
+Nothing in an entry depends on where the root is: a cache directory can be moved or copied.
 
 Every write goes to a temporary file in the same directory, is fsynced and then renamed over the target, so a
 reader sees the old file or the new one, never half of one. Read-modify-write updates (manifests, the index)
-happen under a file lock, so concurrent processes never lose each other's updates. A file whose checksum does
-not match, or an index that does not parse, is dropped with a warning and rebuilt. A directory that cannot be
-written degrades (one warning) to a private temporary directory that lives as long as the process.
+happen under a lock, so concurrent processes never lose each other's updates; deleting an entry (``clear``,
+``prune``, a corrupt file) happens under its locks, so it never pulls an entry from under a process that is
+writing or loading it. A file that does not match its checksum is dropped with a warning and rebuilt; the
+index repairs itself (``tullax.runtime.cache_index``). A directory that cannot be written degrades (one warning)
+to a private temporary directory that lives as long as the process; a write that fails later (a full disk)
+stops this process from storing anything (one warning): kernels are then compiled in memory.
 """
 
 from __future__ import annotations
@@ -22,39 +27,48 @@ import enum
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-import filelock
 import platformdirs
 
 from tullax._version import __version__
 from tullax.errors import TullaxError
+from tullax.runtime import cache_hygiene
+from tullax.runtime.cache_files import (
+    CacheWarning,
+    atomic_write,
+    dump_json,
+    is_plain_name,
+    load_json,
+    make_room_for_directory,
+    probe_writable,
+    remove,
+    sha256,
+    tree_size,
+)
+from tullax.runtime.cache_index import CacheIndex, Records
+from tullax.runtime.cache_locks import CacheLocks
 
 CACHE_DIR_ENV = "TULLAX_CACHE_DIR"
 LOCK_TIMEOUT_ENV = "TULLAX_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 600.0  # a cold Julia GPU compile can take minutes; waiting is cheaper than compiling
-INDEX_FORMAT = 1
 
-_INDEX_FILE = "index.json"
+__all__ = ["CACHE_DIR_ENV", "CacheWarning", "Checked", "CompileCache", "cache_key", "default_cache_dir",
+           "get_cache"]
+
 _MANIFEST_FILE = "manifest.json"
-_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")
+_SUBDIRECTORIES = ("entries", "locks")
 # What record() accepts besides spec/backend/kind: descriptive fields, and any timing named "<what>_ms".
 _DESCRIPTIVE_FIELDS = frozenset({"dtypes", "ranks", "shapes", "options"})
 _TIMING_SUFFIX = "_ms"
 _META_FIELDS = ("spec", "backend", "kind", "dtypes", "created")  # copied into manifests for rebuilds
 _MEAN_FIELDS = ("compile_ms", "parse_codegen_ms", "first_run_ms", "ttfk_cold_ms", "ttfk_warm_ms")
-
-
-class CacheWarning(UserWarning):
-    """The cache could not be used as asked (a corrupt entry, an unwritable directory); tullax carried on."""
 
 
 # ---------------------------------------------------------------------------------------------------- keys
@@ -98,70 +112,17 @@ def _jsonable_item(value: Any) -> Any:
     return value if isinstance(value, str | int | float | bool | type(None)) else _jsonable(value)
 
 
+def _encode(value: Any) -> bytes:
+    return dump_json(value, default=_jsonable)
+
+
 def _checked_name(name: str, what: str) -> str:
-    """Keys and file names become path components: allow only plain names (no separators, no '..')."""
-    if not isinstance(name, str) or not _SAFE_NAME.match(name):
+    if not is_plain_name(name):
         raise TullaxError(f"invalid cache {what} {name!r}: use letters, digits, '.', '_' and '-' only")
     return name
 
 
-# ------------------------------------------------------------------------------------------------ the files
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write through a temporary file in the same directory, fsync it, then rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; a shared cache should stay readable
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename itself durable; some filesystems refuse to open directories, which is fine."""
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _tree_size(path: Path) -> int:
-    total = 0
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for item in os.scandir(path):
-            with contextlib.suppress(OSError):
-                if item.is_dir(follow_symlinks=False):
-                    total += _tree_size(Path(item.path))
-                else:
-                    total += item.stat(follow_symlinks=False).st_size
-    return total
-
-
-def _load_json(path: Path) -> Any:
-    """The parsed file, or None when it is missing; ValueError when it is corrupt or truncated."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    return json.loads(raw.decode("utf-8"))
-
-
-def _dump_json(value: Any) -> bytes:
-    return json.dumps(value, indent=1, sort_keys=True, default=_jsonable).encode("utf-8")
+# ------------------------------------------------------------------------------------------ the directory
 
 
 def default_cache_dir() -> Path:
@@ -180,19 +141,24 @@ def _lock_timeout_from_env() -> float:
         raise TullaxError(f"{LOCK_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
 
 
+def _make_subdirectories(root: Path) -> None:
+    for sub in _SUBDIRECTORIES:
+        if make_room_for_directory(root / sub):
+            warnings.warn(f"{root / sub} in the tullax cache was not a directory; it was removed", CacheWarning,
+                          stacklevel=5)
+        (root / sub).mkdir(parents=True, exist_ok=True)
+
+
 def _open_root(requested: Path) -> tuple[Path, bool]:
     """The directory to use and whether it is the requested, persistent one."""
     try:
-        for sub in ("entries", "numba", "locks"):
-            (requested / sub).mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=requested, prefix=".probe-")
-        os.close(fd)
-        os.unlink(probe)
+        requested.mkdir(parents=True, exist_ok=True)
+        _make_subdirectories(requested)
+        probe_writable(requested)
         return requested, True
     except OSError as err:
         private = Path(tempfile.mkdtemp(prefix="tullax-cache-"))
-        for sub in ("entries", "numba", "locks"):
-            (private / sub).mkdir()
+        _make_subdirectories(private)
         atexit.register(shutil.rmtree, private, ignore_errors=True)
         warnings.warn(
             f"the tullax cache directory {requested} cannot be written ({err.strerror or err}); "
@@ -202,6 +168,14 @@ def _open_root(requested: Path) -> tuple[Path, bool]:
             stacklevel=4,
         )
         return private, False
+
+
+class Checked(NamedTuple):
+    """A stored file read back: its bytes when they match the manifest's checksum; otherwise ``problem`` says
+    why not (None with no data: the file is missing)."""
+
+    data: bytes | None
+    problem: str | None
 
 
 # ------------------------------------------------------------------------------------------------ the cache
@@ -215,112 +189,153 @@ class CompileCache:
         self.requested_root = requested
         self.root, self.writable = _open_root(requested)
         self.lock_timeout = _lock_timeout_from_env() if lock_timeout is None else lock_timeout
+        self.locks = CacheLocks(self.root / "locks", self.lock_timeout, LOCK_TIMEOUT_ENV)
+        self.index = CacheIndex(self.root / "index.json", self.locks, self._rebuild_index, self._store, _encode)
+        # False once a write failed (a full disk): from then on this process stores nothing and compiles in memory.
+        self.storing = threading.Event()
+        self.storing.set()
+        self._next_auto_prune = 0.0  # time.monotonic() after which a new entry checks the size limits again
 
     def __repr__(self) -> str:
         return f"CompileCache(root={str(self.root)!r}, writable={self.writable})"
 
-    # -- paths ---------------------------------------------------------------------------------------------
+    # -- paths and locks -----------------------------------------------------------------------------------
 
     @property
     def index_path(self) -> Path:
-        return self.root / _INDEX_FILE
+        return self.index.path
 
-    def _entry_path(self, key: str) -> Path:
+    def entry_path(self, key: str) -> Path:
+        """Where the entry of ``key`` lives (it may not exist)."""
         return self.root / "entries" / _checked_name(key, "key")
 
     def entry_dir(self, key: str) -> Path:
-        """The directory of one entry (created): backends put their generated files here."""
-        path = self._entry_path(key)
+        """The directory of one entry (created; a file in its place is removed): backends put files here."""
+        path = self.entry_path(key)
+        if make_room_for_directory(path):
+            warnings.warn(f"tullax cache entry {key} was a file, not a directory; it was removed", CacheWarning,
+                          stacklevel=3)
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def numba_cache_dir(self) -> Path:
-        """Where Numba keeps its artefacts: set ``NUMBA_CACHE_DIR`` to this before importing numba."""
-        path = self.root / "numba"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+    def lock(self, key: str, *, remove: bool = False) -> contextlib.AbstractContextManager[None]:
+        """Hold this across "look up, else compile and write" so concurrent processes compile a key once.
+        Loading an entry happens under it too, so the entry cannot be deleted meanwhile."""
+        return self.locks.hold(f"key-{_checked_name(key, 'key')}", f"cache entry {key}", remove=remove)
 
-    # -- locks ---------------------------------------------------------------------------------------------
+    def try_lock(self, key: str, *, remove: bool = False) -> contextlib.AbstractContextManager[bool]:
+        """``lock(key)`` if no other process holds it right now; yields whether it is held."""
+        return self.locks.try_hold(f"key-{_checked_name(key, 'key')}", remove=remove)
 
-    @contextlib.contextmanager
-    def _file_lock(self, name: str, what: str) -> Iterator[None]:
-        path = self.root / "locks" / f"{name}.lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = filelock.FileLock(path, timeout=self.lock_timeout)
+    def manifest_lock(self, key: str, *, remove: bool = False) -> contextlib.AbstractContextManager[None]:
+        """Held while an entry's files and their checksums change together. Separate from ``lock(key)``: a
+        caller holding that still writes files, and locks do not nest."""
+        return self.locks.hold(f"manifest-{_checked_name(key, 'key')}", f"the manifest of cache entry {key}",
+                               remove=remove)
+
+    # -- storing -------------------------------------------------------------------------------------------
+
+    def _store(self, path: Path, data: bytes) -> None:
+        """Write ``path`` atomically, unless this process has stopped storing; a failed write stops it."""
+        if not self.storing.is_set():
+            return
         try:
-            lock.acquire()
-        except filelock.Timeout:
-            raise TullaxError(
-                f"waited {self.lock_timeout:g} s for the lock on {what} ({path}) and another process still "
-                f"holds it. If no tullax process is running, delete that file; to wait longer set "
-                f"{LOCK_TIMEOUT_ENV}."
-            ) from None
-        try:
-            yield
-        finally:
-            lock.release()
+            atomic_write(path, data)
+        except OSError as err:
+            self._stop_storing(err)
 
-    def lock(self, key: str) -> contextlib.AbstractContextManager[None]:
-        """Hold this across "look up, else compile and write" so concurrent processes compile a key once."""
-        return self._file_lock(f"key-{_checked_name(key, 'key')}", f"cache entry {key}")
-
-    def _manifest_lock(self, key: str) -> contextlib.AbstractContextManager[None]:
-        # Separate from lock(key): a caller holding lock(key) still writes files, and file locks don't nest.
-        return self._file_lock(f"manifest-{_checked_name(key, 'key')}", f"the manifest of cache entry {key}")
-
-    def _index_lock(self) -> contextlib.AbstractContextManager[None]:
-        return self._file_lock("index", "the cache index")
+    def _stop_storing(self, err: OSError) -> None:
+        if not self.storing.is_set():
+            return
+        self.storing.clear()
+        warnings.warn(
+            f"cannot write to the tullax cache {self.root} ({err.strerror or err}); this process stores nothing "
+            "more there: kernels that are not cached yet are compiled in memory and compiled again by the next "
+            f"process. Free some space, or set {CACHE_DIR_ENV} to a writable directory.",
+            CacheWarning, stacklevel=4)
 
     # -- entry files ---------------------------------------------------------------------------------------
 
     def _read_manifest(self, key: str) -> dict[str, Any]:
         """The entry's manifest; ValueError when it exists but is unreadable."""
-        manifest = _load_json(self._entry_path(key) / _MANIFEST_FILE)
+        manifest = load_json(self.entry_path(key) / _MANIFEST_FILE)
         if manifest is None:
             return {"files": {}}
         if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
             raise ValueError("manifest has no files table")
         return manifest
 
-    def write_text(self, key: str, filename: str, text: str) -> Path:
-        """Store one file of an entry atomically and record its checksum; returns its path."""
+    def _manifest_or_new(self, key: str) -> dict[str, Any]:
+        try:
+            return self._read_manifest(key)
+        except ValueError:
+            return {"files": {}}  # the other files become unverifiable and are rebuilt when read
+
+    def write_bytes(self, key: str, filename: str, data: bytes) -> Path | None:
+        """Store one file of an entry atomically and record its checksum; returns its path, or None when this
+        process does not store files (a full disk, warned about once)."""
         name = _checked_name(filename, "file name")
         if name == _MANIFEST_FILE:
             raise TullaxError(f"{_MANIFEST_FILE} is reserved for the cache's own bookkeeping")
-        data = text.encode("utf-8")
-        entry = self.entry_dir(key)
-        with self._manifest_lock(key):
-            _atomic_write(entry / name, data)
+        if not self.storing.is_set():
+            return None
+        with self.manifest_lock(key):
             try:
-                manifest = self._read_manifest(key)
-            except ValueError:
-                manifest = {"files": {}}  # the other files become unverifiable and are rebuilt when read
-            manifest["files"][name] = _sha256(data)
-            _atomic_write(entry / _MANIFEST_FILE, _dump_json(manifest))
+                entry = self.entry_dir(key)  # under the lock: a concurrent clear cannot remove it meanwhile
+                atomic_write(entry / name, data)
+                manifest = self._manifest_or_new(key)
+                manifest["files"][name] = sha256(data)
+                atomic_write(entry / _MANIFEST_FILE, _encode(manifest))
+            except OSError as err:
+                self._stop_storing(err)
+                return None
         return entry / name
+
+    def write_text(self, key: str, filename: str, text: str) -> Path | None:
+        """``write_bytes`` of ``text`` in UTF-8."""
+        return self.write_bytes(key, filename, text.encode("utf-8"))
+
+    def read_checked(self, key: str, filename: str) -> Checked:
+        """One stored file, checked against the checksum its manifest holds."""
+        name = _checked_name(filename, "file name")
+        path = self.entry_path(key) / name
+        if not os.path.lexists(path):
+            return Checked(None, None)
+        with self.manifest_lock(key):  # a writer replaces a file and its checksum together
+            try:
+                data = path.read_bytes()
+            except (FileNotFoundError, NotADirectoryError):
+                return Checked(None, None)
+            except OSError as err:
+                return Checked(None, f"cannot be read ({err.strerror or err})")
+            problem = self._integrity_problem(key, name, data)
+        return Checked(data, None) if problem is None else Checked(None, problem)
 
     def read_text(self, key: str, filename: str) -> str | None:
         """The stored file, or None when it is missing or corrupt (then the entry is deleted, warning)."""
-        name = _checked_name(filename, "file name")
-        entry = self._entry_path(key)
-        if not (entry / name).exists():
-            return None
-        with self._manifest_lock(key):
-            try:
-                data = (entry / name).read_bytes()
-            except FileNotFoundError:
-                return None
-            problem = self._integrity_problem(key, name, data)
-            if problem is None:
-                return data.decode("utf-8")
-            shutil.rmtree(entry, ignore_errors=True)
-        warnings.warn(
-            f"tullax cache entry {key} is corrupt ({name} {problem}); it was deleted and will be rebuilt",
-            CacheWarning,
-            stacklevel=2,
-        )
-        self._forget(key)
+        data, problem = self.read_checked(key, filename)
+        if problem is None:
+            return None if data is None else data.decode("utf-8")
+        self._drop_entry(key, f"{filename} {problem}")
         return None
+
+    def discard_files(self, key: str, filenames: list[str]) -> None:
+        """Delete files of an entry and forget their checksums (the caller warns about why)."""
+        with self.manifest_lock(key):
+            entry = self.entry_path(key)
+            for name in filenames:
+                remove(entry / _checked_name(name, "file name"))
+            manifest = self._manifest_or_new(key)
+            forgotten = [manifest["files"].pop(name, None) for name in filenames]
+            if entry.is_dir() and any(forgotten):
+                self._store(entry / _MANIFEST_FILE, _encode(manifest))
+
+    def _drop_entry(self, key: str, problem: str) -> None:
+        with self.manifest_lock(key):
+            remove(self.entry_path(key))
+        warnings.warn(f"tullax cache entry {key} is corrupt ({problem}); it was deleted and will be rebuilt",
+                      CacheWarning, stacklevel=3)
+        self.index.update(lambda records: records.pop(key, None) is not None)
 
     def _integrity_problem(self, key: str, name: str, data: bytes) -> str | None:
         try:
@@ -329,73 +344,32 @@ class CompileCache:
             return "is listed in a manifest that does not parse"
         if expected is None:
             return "has no checksum in the manifest"
-        if expected != _sha256(data):
+        if expected != sha256(data):
             return "does not match its checksum"
         return None
 
     # -- the index -----------------------------------------------------------------------------------------
 
-    def _read_index(self) -> dict[str, dict[str, Any]]:
-        """The index records by key; ValueError when index.json is corrupt, truncated or foreign."""
-        doc = _load_json(self.index_path)
-        if doc is None:
-            return {}
-        if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT:
-            raise ValueError("not a tullax cache index of this format")
-        records = doc.get("entries")
-        if not isinstance(records, dict) or not all(
-            _SAFE_NAME.match(key) and isinstance(record, dict) for key, record in records.items()
-        ):
-            raise ValueError("the entries table is malformed")
-        return records
-
-    def _read_index_locked(self) -> dict[str, dict[str, Any]]:
-        """The index, rebuilt from the entries' manifests (with a warning) when it is unreadable."""
-        try:
-            return self._read_index()
-        except ValueError as err:
-            warnings.warn(
-                f"the tullax cache index {self.index_path} is corrupt ({err}); rebuilding it from the "
-                "entries on disk (their timings are lost)",
-                CacheWarning,
-                stacklevel=4,
-            )
-            records = self._rebuild_index()
-            self._write_index(records)
-            return records
-
-    def _current_index(self) -> dict[str, dict[str, Any]]:
-        """For readers: no lock unless the index needs rebuilding (writers replace it atomically)."""
-        try:
-            return self._read_index()
-        except ValueError:
-            with self._index_lock():
-                return self._read_index_locked()
-
-    def _rebuild_index(self) -> dict[str, dict[str, Any]]:
-        records: dict[str, dict[str, Any]] = {}
+    def _rebuild_index(self) -> Records:
+        """Index records made from the entries' manifests (their meta), for an index that was lost."""
+        records: Records = {}
         for entry in sorted((self.root / "entries").glob("*")):
-            if not entry.is_dir() or not _SAFE_NAME.match(entry.name):
+            if not entry.is_dir() or not is_plain_name(entry.name):
                 continue
             try:
-                meta = self._read_manifest(entry.name).get("meta") or {}
+                meta = self._read_manifest(entry.name).get("meta")
             except ValueError:
-                meta = {}
-            created = meta.get("created", entry.stat().st_mtime)
+                meta = None
+            meta = meta if isinstance(meta, dict) else {}
+            try:
+                created = meta.get("created", entry.stat().st_mtime)
+            except FileNotFoundError:
+                continue  # deleted meanwhile
             records[entry.name] = {
                 "spec": None, "backend": "unknown", "kind": "unknown", "hits": 0,
                 **meta, "created": created, "last_used": created,
             }
         return records
-
-    def _write_index(self, records: dict[str, dict[str, Any]]) -> None:
-        _atomic_write(self.index_path, _dump_json({"format": INDEX_FORMAT, "entries": records}))
-
-    def _forget(self, key: str) -> None:
-        with self._index_lock():
-            records = self._read_index_locked()
-            if records.pop(key, None) is not None:
-                self._write_index(records)
 
     def record(
         self, key: str, *, spec: str, backend: str, kind: str = "kernel", **fields: Any
@@ -405,52 +379,68 @@ class CompileCache:
         Fields: ``dtypes``, ``ranks``, ``shapes``, ``options`` and timings in milliseconds named ``*_ms``:
         ``parse_codegen_ms``, ``compile_ms``, ``first_run_ms``, ``ttfk_cold_ms`` (time to first kernel in a
         process that had to compile) and ``ttfk_warm_ms`` (in a new process that found the cache populated).
-        Fields not given keep their previous values. ``kind`` says what the key holds ("module", ...).
+        Fields not given keep their previous values. ``kind`` says what the key holds ("module", ...). A new
+        record may prune the cache to its limits (``tullax.runtime.cache_hygiene``).
         """
         _checked_name(key, "key")
         _check_record_fields(fields)
         now = time.time()
-        with self._index_lock():
-            records = self._read_index_locked()
+        result: dict[str, Any] = {}
+
+        def change(records: Records) -> bool:
             record = records.get(key) or {"created": now, "hits": 0}
             record.update(fields, spec=spec, backend=backend, kind=kind, last_used=now)
             records[key] = record
-            self._write_index(records)
-        self._remember_meta(key, record)
-        return dict(record)
+            result.update(record)
+            return True
+
+        self.index.update(change)
+        self._remember_meta(key, result)
+        if result["created"] == now:
+            self._auto_prune()
+        return result
+
+    def _auto_prune(self) -> None:
+        """Keep the cache within its limits, checked at most once per ``AUTO_PRUNE_INTERVAL_S`` per process."""
+        if time.monotonic() < self._next_auto_prune or not self.storing.is_set():
+            return
+        self._next_auto_prune = time.monotonic() + cache_hygiene.AUTO_PRUNE_INTERVAL_S
+        cache_hygiene.prune(self, cache_hygiene.Limits.from_env())
 
     def _remember_meta(self, key: str, record: dict[str, Any]) -> None:
         """Copy what identifies the entry into its manifest, so a lost index can be rebuilt with it."""
-        entry = self._entry_path(key)
-        if not entry.is_dir():
-            return
+        entry = self.entry_path(key)
         meta = {name: record[name] for name in _META_FIELDS if name in record}
-        with self._manifest_lock(key):
+        with self.manifest_lock(key):
+            if not entry.is_dir():
+                return  # cleared (or never stored): nothing to describe
             try:
                 manifest = self._read_manifest(key)
             except ValueError:
                 return  # the next read_text reports and rebuilds the entry
             if manifest.get("meta") != meta:
                 manifest["meta"] = meta
-                _atomic_write(entry / _MANIFEST_FILE, _dump_json(manifest))
+                self._store(entry / _MANIFEST_FILE, _encode(manifest))
 
     def hit(self, key: str) -> None:
         """Count one reuse of ``key`` (call it once per process and kernel, not per kernel call)."""
         _checked_name(key, "key")
-        with self._index_lock():
-            records = self._read_index_locked()
+
+        def change(records: Records) -> bool:
             record = records.get(key)
             if record is None:
-                return
-            record["hits"] = int(record.get("hits", 0)) + 1
+                return False
+            record["hits"] = record.get("hits", 0) + 1
             record["last_used"] = time.time()
-            self._write_index(records)
+            return True
+
+        self.index.update(change)
 
     def entries(self) -> list[dict[str, Any]]:
         """Every index record with its ``key`` and ``size_bytes``, most recently used first."""
         rows = [
-            {"key": key, **record, "size_bytes": _tree_size(self._entry_path(key))}
-            for key, record in self._current_index().items()
+            {"key": key, **record, "size_bytes": tree_size(self.entry_path(key))}
+            for key, record in self.index.read().items()
         ]
         rows.sort(key=lambda row: row.get("last_used") or 0, reverse=True)
         return rows
@@ -464,27 +454,21 @@ class CompileCache:
         return {
             "root": str(self.root),
             "writable": self.writable,
-            "size_bytes": _tree_size(self.root),
+            "size_bytes": tree_size(self.root),
             **_summary(rows),
             "by_backend": {name: _summary(group) for name, group in sorted(by_backend.items())},
         }
 
+    # -- hygiene -------------------------------------------------------------------------------------------
+
     def clear(self, backend: str | None = None) -> int:
         """Delete every entry (or those of one backend) and their index records; returns how many."""
-        with self._index_lock():
-            records = self._read_index_locked()
-            if backend is None:
-                doomed = set(records) | {p.name for p in (self.root / "entries").glob("*")}
-            else:
-                doomed = {key for key, record in records.items() if record.get("backend") == backend}
-            for key in doomed:
-                shutil.rmtree(self.root / "entries" / key, ignore_errors=True)
-                records.pop(key, None)
-            if backend in (None, "numba"):
-                shutil.rmtree(self.root / "numba", ignore_errors=True)
-                (self.root / "numba").mkdir(exist_ok=True)
-            self._write_index(records)
-        return len(doomed)
+        return cache_hygiene.clear(self, backend)
+
+    def prune(self, limits: cache_hygiene.Limits | None = None) -> cache_hygiene.PruneReport:
+        """Delete the least recently used entries beyond the size and age limits (``TULLAX_CACHE_MAX_BYTES``,
+        ``TULLAX_CACHE_MAX_AGE_DAYS``) and what interrupted writes left behind."""
+        return cache_hygiene.prune(self, limits or cache_hygiene.Limits.from_env())
 
 
 def _check_record_fields(fields: dict[str, Any]) -> None:
