@@ -31,13 +31,10 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 import threading
 import time
 import types
-import warnings
 from functools import partial
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -46,12 +43,12 @@ from tullax.backends import host
 from tullax.backends.base import Capabilities, Shapes, Signature
 from tullax.backends.numba_fastload import load_cached
 from tullax.backends.numba_helper import CompileHelper, CompileRequest
+from tullax.backends.numba_modules import import_numba, import_stored_module, module_named
 from tullax.compiler.loops import LoopKernel, eval_int, parallel_nest
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.printers.numba import FASTMATH, print_module, variants
 from tullax.runtime.cache import CompileCache, get_cache
-from tullax.runtime.cache_files import CacheWarning, remove
 from tullax.spec.ir import Spec
 
 NAME = "numba"
@@ -76,15 +73,6 @@ def module_source(spec: Spec, dtype: str = "float32") -> str:
 # Numba and its compile counters
 # =============================================================================================
 _DISPATCHERS: list[Any] = []
-
-
-def _numba():
-    """Import numba (warning first if Julia's LLVM is loaded in this process)."""
-    if "numba" not in sys.modules:
-        host.warn_if_other_llvm_loaded("numba")
-    import numba
-
-    return numba
 
 
 _HELPER = CompileHelper()
@@ -115,44 +103,14 @@ def _write_bytecode(_cache: CompileCache, generated: host.GeneratedModule) -> No
         pass
 
 
-def _module_code(loader: Any, path: Path) -> Any:
-    """The module's code object. A damaged .pyc whose header still matches the source makes Python's loader
-    fail (EOFError, ValueError: bad marshal data) on every import: it is deleted and the source compiled."""
-    try:
-        return loader.get_code(loader.name)
-    except (EOFError, ValueError, TypeError) as err:
-        bytecode = Path(importlib.util.cache_from_source(str(path)))
-        remove(bytecode)
-        warnings.warn(f"the bytecode {bytecode} of a cached tullax kernel was damaged ({type(err).__name__}: "
-                      f"{err}); it was deleted", CacheWarning, stacklevel=4)
-        return loader.get_code(loader.name)
-
-
-def _module_named(name: str, module: types.ModuleType, code: Any) -> types.ModuleType:
-    # Registered so Numba finds the module by name: it records it in compiled code and imports it back when
-    # loading from its disk cache (an unregistered module becomes '<dynamic>', which cannot be reloaded).
-    sys.modules[name] = module
-    exec(code, module.__dict__)
-    return module
-
-
-def import_stored_module(path: str | Path, key: str) -> types.ModuleType:
-    """A new module object for the module stored in the cache entry ``key`` (its file is ``path``)."""
-    _numba()
-    name = f"tullax_numba_{key}"
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    return _module_named(name, importlib.util.module_from_spec(module_spec),
-                         _module_code(module_spec.loader, Path(path)))
-
-
 def _load(generated: host.GeneratedModule) -> "NumbaHostKernel":
     """The host kernel of ``generated``: its stored module, with Numba's code kept in its cache entry; or, when
     the cache could not store it, the module run from memory without Numba's disk cache."""
     if generated.path is None:
-        _numba()
+        import_numba()
         name = f"tullax_numba_{generated.key}"
         code = compile(print_module([generated.kernel], disk_cache=False), f"<tullax module {name}>", "exec")
-        module = _module_named(name, types.ModuleType(name), code)
+        module = module_named(name, types.ModuleType(name), code)
         return NumbaHostKernel(generated, [getattr(module, fn) for fn in variants(generated.kernel)])
     from tullax.backends import numba_artefacts  # imports numba: not before a kernel is loaded
 
@@ -189,7 +147,7 @@ class NumbaHostKernel:
         self._flat = functions[1] if len(functions) > 1 else None
         loops, _ = parallel_nest(kernel)
         self._outer = loops[0] if loops else None
-        self._numba = _numba()
+        self._numba = import_numba()
         self._lock = threading.Lock()
         self._ran: set[str] = set()  # names of the variants that have run (their first run is recorded)
         self._ready: dict[str, tuple[float, bool]] = {}  # variant name -> (ms loading or compiling it, compiled)

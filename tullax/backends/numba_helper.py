@@ -156,7 +156,7 @@ class CompileHelper:
 def _compile(request: CompileRequest) -> str:
     """Compile one request into the cache: "ok", or what went wrong (the asking process compiles instead)."""
     from tullax.backends import numba_artefacts
-    from tullax.backends.numba import import_stored_module
+    from tullax.backends.numba_modules import import_stored_module
     from tullax.runtime.cache import CompileCache
 
     try:

@@ -14,12 +14,13 @@ entry another process holds (it is compiling or loading it), ``clear`` waits for
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tullax.errors import TullaxError
 from tullax.runtime.cache_files import (
@@ -31,11 +32,25 @@ from tullax.runtime.cache_files import (
     temporaries,
     tree_size,
 )
-from tullax.runtime.cache_index import INDEX_LOCK
-from tullax.runtime.cache_locks import LOCK_SUFFIX
+from tullax.runtime.cache_index import INDEX_LOCK, CacheIndex
+from tullax.runtime.cache_locks import LOCK_SUFFIX, CacheLocks
 
-if TYPE_CHECKING:
-    from tullax.runtime.cache import CompileCache
+
+class CompileCache(Protocol):
+    """What pruning and clearing use of ``tullax.runtime.cache.CompileCache``, which imports this module (a
+    Protocol, so the two do not import each other)."""
+
+    root: Path
+    index: CacheIndex
+    locks: CacheLocks
+
+    def entry_path(self, key: str) -> Path: ...
+
+    def lock(self, key: str, *, remove: bool = False) -> contextlib.AbstractContextManager[None]: ...
+
+    def try_lock(self, key: str, *, remove: bool = False) -> contextlib.AbstractContextManager[bool]: ...
+
+    def manifest_lock(self, key: str, *, remove: bool = False) -> contextlib.AbstractContextManager[None]: ...
 
 MAX_BYTES_ENV = "TULLAX_CACHE_MAX_BYTES"
 MAX_AGE_ENV = "TULLAX_CACHE_MAX_AGE_DAYS"
@@ -111,14 +126,14 @@ class _OnDisk:
     last_used: float
 
 
-def _entry_paths(cache: "CompileCache") -> list[Path]:
+def _entry_paths(cache: CompileCache) -> list[Path]:
     try:
         return list((cache.root / "entries").iterdir())
     except (FileNotFoundError, NotADirectoryError):  # the next write makes the directory again
         return []
 
 
-def _entries_on_disk(cache: "CompileCache") -> list[_OnDisk]:
+def _entries_on_disk(cache: CompileCache) -> list[_OnDisk]:
     """Every entry directory, most recently used first (by its index record; by its mtime without one)."""
     records = cache.index.read()
     found = []
@@ -133,7 +148,7 @@ def _entries_on_disk(cache: "CompileCache") -> list[_OnDisk]:
     return found
 
 
-def _delete_entry(cache: "CompileCache", key: str, *, wait: bool) -> bool:
+def _delete_entry(cache: CompileCache, key: str, *, wait: bool) -> bool:
     """Delete one entry under its locks (waiting for them, or only if free); False when it was busy."""
     if not is_plain_name(key):  # not a name tullax makes, so nothing locks it
         remove(cache.root / "entries" / key)
@@ -147,7 +162,7 @@ def _delete_entry(cache: "CompileCache", key: str, *, wait: bool) -> bool:
     return True
 
 
-def _forget(cache: "CompileCache", keys: list[str]) -> None:
+def _forget(cache: CompileCache, keys: list[str]) -> None:
     """Drop the index records of ``keys``."""
 
     def change(records: dict) -> bool:
@@ -156,7 +171,7 @@ def _forget(cache: "CompileCache", keys: list[str]) -> None:
     cache.index.update(change)
 
 
-def prune(cache: "CompileCache", limits: Limits, *, now: float | None = None) -> PruneReport:
+def prune(cache: CompileCache, limits: Limits, *, now: float | None = None) -> PruneReport:
     """Delete the least recently used entries until the rest fit in ``limits.max_bytes``, and every entry
     unused for longer than ``limits.max_age_s``; then ``sweep``."""
     now = time.time() if now is None else now
@@ -176,7 +191,7 @@ def prune(cache: "CompileCache", limits: Limits, *, now: float | None = None) ->
         size_bytes=kept_size + sum(entry.size for entry in doomed if entry.key in busy), swept=sweep(cache))
 
 
-def clear(cache: "CompileCache", backend: str | None = None) -> int:
+def clear(cache: CompileCache, backend: str | None = None) -> int:
     """Delete every entry (or those whose index record names ``backend``) and their index records, then
     ``sweep``; returns how many entries."""
     records = cache.index.read()
@@ -194,7 +209,7 @@ def clear(cache: "CompileCache", backend: str | None = None) -> int:
     return len(doomed)
 
 
-def sweep(cache: "CompileCache") -> int:
+def sweep(cache: CompileCache) -> int:
     """Remove what interrupted writes left behind and the lock files of entries that no longer exist (those
     no process holds); returns how many files. A temporary file is removed under the lock its writer holds, so
     never from under a live writer: in an entry under its key and manifest locks (an entry another process

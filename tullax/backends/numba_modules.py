@@ -1,0 +1,54 @@
+"""Importing the generated Numba modules: numba itself (after the two-LLVMs check), and a stored module as a
+real, named module. Shared by the backend (``tullax.backends.numba``) and its compile helper process
+(``tullax.backends.numba_helper``), which must not import each other."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+import warnings
+from pathlib import Path
+from typing import Any
+
+from tullax.backends import host
+from tullax.runtime.cache import CacheWarning
+from tullax.runtime.cache_files import remove
+
+
+def import_numba():
+    """Import numba (warning first if Julia's LLVM is loaded in this process)."""
+    if "numba" not in sys.modules:
+        host.warn_if_other_llvm_loaded("numba")
+    import numba
+
+    return numba
+
+
+def module_code(loader: Any, path: Path) -> Any:
+    """The module's code object. A damaged .pyc whose header still matches the source makes Python's loader
+    fail (EOFError, ValueError: bad marshal data) on every import: it is deleted and the source compiled."""
+    try:
+        return loader.get_code(loader.name)
+    except (EOFError, ValueError, TypeError) as err:
+        bytecode = Path(importlib.util.cache_from_source(str(path)))
+        remove(bytecode)
+        warnings.warn(f"the bytecode {bytecode} of a cached tullax kernel was damaged ({type(err).__name__}: "
+                      f"{err}); it was deleted", CacheWarning, stacklevel=4)
+        return loader.get_code(loader.name)
+
+
+def module_named(name: str, module: types.ModuleType, code: Any) -> types.ModuleType:
+    # Registered so Numba finds the module by name: it records it in compiled code and imports it back when
+    # loading from its disk cache (an unregistered module becomes '<dynamic>', which cannot be reloaded).
+    sys.modules[name] = module
+    exec(code, module.__dict__)
+    return module
+
+
+def import_stored_module(path: str | Path, key: str) -> types.ModuleType:
+    """A new module object for the module stored in the cache entry ``key`` (its file is ``path``)."""
+    import_numba()
+    name = f"tullax_numba_{key}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    return module_named(name, importlib.util.module_from_spec(module_spec),
+                         module_code(module_spec.loader, Path(path)))
