@@ -100,7 +100,8 @@ def test_composition_matches_the_lowering(name, x64):
     make = COMPOSITIONS[name]
     W, X = dist_data()
     kernel = tullax.einsum_kernel(DIST, backend="numba")
-    assert_trees_close(make(kernel)(W, X), make(oracle(DIST))(W, X))
+    # the composition as written for the kernel; for the lowering, jitted: the same values from one compile
+    assert_trees_close(make(kernel)(W, X), jax.jit(make(oracle(DIST)))(W, X))
 
 
 def test_inside_scan_and_checkpoint(x64):
