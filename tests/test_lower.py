@@ -18,6 +18,7 @@ from corpus import CASES_BY_ID, CORPUS, Case, analysed, gradient_cases
 
 from tullax.backends.base import Signature
 from tullax.compiler.assemble import Nest
+from tullax.compiler.blocking import first_block_end
 from tullax.compiler.bounds import narrow
 from tullax.compiler.emit import Emitter, Phase
 from tullax.compiler.guards import find_guards
@@ -316,14 +317,14 @@ def test_pad_guard_narrows_the_reduction_loop():
     assert isinstance(inner.start, BinOp) and inner.start.op == "max"
     assert isinstance(inner.stop, BinOp) and inner.stop.op == "min"
     blocked = kernel_of("Δx[m] := Δy[pad(m-k)]*w[k]", {"m": 10})
-    assert not any(isinstance(s, If) for s in walk_stmts(blocked.body))
-    (_, first, blocks, in_block) = loops(blocked)  # the first block runs ahead of the loop over the others
-    assert first.start == inner.start
-    assert first.stop == BinOp("min", BinOp("+", inner.start, Const(512, "int64"), "int64"), inner.stop, "int64")
-    bounds = {s.var: s.value for s in blocks.body if isinstance(s, Let)}
+    (more,) = [s for s in walk_stmts(blocked.body) if isinstance(s, If)]  # only: is there more than one block
+    assert more.cond.op == ">" and not any(isinstance(s, If) for s in walk_stmts(more.then))
+    (_, first, blocks, in_block) = loops(blocked)  # the first (ragged) block, then the loop over the others
+    lets = {s.var: s.value for s in walk_stmts(blocked.body) if isinstance(s, Let)}
+    assert (first.start, first.stop) == (inner.start, Var("blk_first_hi", "int64"))
+    assert lets["blk_first_hi"].op == "-" and lets["blk_first_hi"].lhs == inner.stop
     assert (in_block.start, in_block.stop) == (Var("blk_lo", "int64"), Var("blk_hi", "int64"))
-    assert bounds["blk_lo"].op == "+" and bounds["blk_lo"].lhs == inner.start
-    assert bounds["blk_hi"].op == "min" and bounds["blk_hi"].rhs == inner.stop
+    assert lets["blk_hi"].op == "min" and lets["blk_hi"].rhs == inner.stop
 
 
 def test_index_comparison_becomes_a_hoisted_guard():
@@ -333,9 +334,11 @@ def test_index_comparison_becomes_a_hoisted_guard():
     assert isinstance(guard.then[0], Loop)  # the If is around the k loop, not inside it
     assert isinstance(body[-1], Store)  # the element is written whatever the guard says
     blocked = parallel_nest(kernel_of("y[i] := x[i,k]*(i > 2)"))[1]  # float32: around the blocks of k
+    assert blocked[0] == Let("acc_part", Const(0.0, "float32"))  # the sum is 0 where the guard is false
     guard = next(s for s in blocked if isinstance(s, If))
-    assert [type(s) for s in guard.then] == [Let, Loop, Accum, Loop]  # first block, then the others
-    assert not any(isinstance(s, If) for lp in guard.then if isinstance(lp, Loop) for s in walk_stmts(lp.body))
+    assert [type(s) for s in guard.then] == [Loop, If]  # first block; the others when there are more
+    assert not any(isinstance(s, If) for lp in walk_stmts(guard.then) if isinstance(lp, Loop)
+                   for s in walk_stmts(lp.body))
     assert isinstance(blocked[-1], Store)
 
 
@@ -413,6 +416,7 @@ def test_names_are_generated_and_scalars_are_one_element_outputs():
     ("s := x[i]*y[i]", {"x": (1300,), "y": (1300,)}),
     ("s := A[i,j]", {"A": (3, 1100)}),
     ("r[i] := x[i,j] |> sqrt", {"x": (2, 1500)}),
+    ("r[i] := x[i,j]", {"x": (2, 1024)}),  # whole blocks only
     ("(logsumexp) l[i] := x[i,j]", {"x": (2, 1100)}),
     ("C[i,j] := A[i,k]*B[k,j]", {"A": (2, 1100), "B": (1100, 3)}),
     ("C[i,j] += A[i,k]*B[k,j]", {"C": (2, 3), "A": (2, 1100), "B": (1100, 3)}),
@@ -432,6 +436,16 @@ def test_blocked_float32_sums_add_every_term_once(text: str, shapes: dict, tile:
     assert any(lp.var == "blk" for lp in loops(kernel))
     np.testing.assert_allclose(execute(spec, env, tile, "float32"), naive_eval(spec, env), rtol=1e-10,
                                atol=1e-10)
+
+
+def test_the_first_block_holds_the_remainder():
+    """Its end, computed by the host: the other blocks are whole ones up to the end of the range."""
+    rng = analysed("r[i] := x[i,j]").range_of["j"]
+    ends = [first_block_end(rng).eval({"x": (1, n)}) for n in (0, 1, 511, 512, 513, 1024, 1025)]
+    assert ends == [0, 1, 511, 512, 1, 512, 1]
+    kernel = kernel_of("r[i] := x[i,j]")
+    first = loops(kernel)[1]
+    assert first.stop == Var("n2", "int64") and kernel.sizes[2].size == first_block_end(rng)
 
 
 def test_tiled_float32_sums_keep_totals_only_when_longer_than_a_block():

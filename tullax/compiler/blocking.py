@@ -14,12 +14,22 @@ average out instead of accumulating. float64 sums stay as they are.
 * The strip-mined loop: walking the reduction loops from the innermost outward, the first whose extent is not a
   constant, or whose constant extent makes the product so far exceed ``BLOCK``. When every reduction extent is a
   constant and their product is at most ``BLOCK``, nothing is strip-mined (the whole sum is one block).
-* A sum in a register (``register_sum``; logsumexp's sum pass too): ``acc = 0.0`` in float64; per block
-  ``acc_part = 0`` in float32, the block's loop adds into it, ``acc += float64(acc_part)``. When the block loop
-  is a kernel's outermost loop (a scalar result) it is the one the lowering marks ``reduce_parallel``, and the
-  total is updated by one plain ``Accum``: Numba's prange splits the blocks across threads. Anywhere else the
-  blocks run once per output element (or outer iteration), often over a short loop: the first block is peeled
-  off ahead of the loop over the others, so a one-block sum pays no loop over blocks.
+* A sum in a register (``register_sum``; logsumexp's sum pass too), by where its blocked loop runs:
+
+  - once per output element (the outermost reduction loop under parallel ones; the common case, often short):
+    the ragged first block sums into the float32 ``acc_part``, and only when there are more blocks does a
+    float64 ``acc`` take it and the others, and give the result back to ``acc_part``. A one-block sum then runs
+    the unblocked loop and one untaken branch (Numba, one thread: sums of 8 terms 11-22% slower than
+    unblocked, of 16 terms as fast, of 64 terms 2-11% slower; without the branch, 8 terms are as fast).
+  - once per call (a scalar result): whole blocks from the start, ``acc += float64(acc_part)`` after each; the
+    loop over blocks is the one the lowering marks ``reduce_parallel`` (Numba's prange splits the blocks across
+    threads) and updates the total by one plain ``Accum``.
+  - inside outer reduction loops: ``acc`` (float64) spans them; the ragged first block is peeled off ahead of
+    the loop over the others.
+
+  The peeled block is the ragged one (``stop - (blocks - 1) * BLOCK`` is its end): a first block ending at
+  ``min(start + BLOCK, stop)`` tells LLVM its trip count is at most ``BLOCK``, and it then unrolls the vector
+  loop 6x, slower than the unblocked loop (rows of 512: +9%), which the ragged block compiles to exactly.
 * A tiled kernel (``TileSum``) accumulates into the output elements of its tile: those hold the float32
   partial of the current block, and a ``Scratch`` array holds the tile's float64 totals. Moving the partials
   into the totals is a pass over the tile per block, which a short loop (one block) would pay for nothing:
@@ -28,7 +38,7 @@ average out instead of accumulating. float64 sums stay as they are.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from tullax.compiler.loops import (
     BOOL,
@@ -48,15 +58,17 @@ from tullax.compiler.loops import (
     cast,
     const,
 )
+from tullax.spec.sizes import Sym, ceildiv, smax
 
 if TYPE_CHECKING:
     from tullax.compiler.assemble import Nest
     from tullax.compiler.schedule import Schedule
-    from tullax.spec.ir import Spec
+    from tullax.spec.ir import Range, Spec
 
 BLOCK = 512  # iterations per block
 TOTAL = "float64"  # the dtype of the running total
 BLOCK_VAR, BLOCK_LO, BLOCK_HI = "blk", "blk_lo", "blk_hi"  # the loop over blocks and the range of one block
+FIRST_HI = "blk_first_hi"  # the end of a peeled loop's first block
 LONG, TOTALS = "long_sum", "tile_tot"  # tiled kernels: more than one block; the tile's float64 totals
 
 
@@ -79,55 +91,112 @@ def blocked_index(spec: Spec, plan: Schedule, compute: str) -> str | None:
     return None
 
 
+def _replace_loop(stmts: Sequence[Stmt], var: str, make: Callable[[Loop], list[Stmt]]) -> list[Stmt]:
+    """``stmts`` with the serial loop over ``var`` (wherever it is nested) replaced by ``make(loop)``."""
+    out: list[Stmt] = []
+    for stmt in stmts:
+        if isinstance(stmt, Loop) and stmt.var == var:
+            out += make(stmt)
+        elif isinstance(stmt, Loop):
+            out.append(replace(stmt, body=tuple(_replace_loop(stmt.body, var, make))))
+        elif isinstance(stmt, If):
+            out.append(replace(stmt, then=tuple(_replace_loop(stmt.then, var, make)),
+                               orelse=tuple(_replace_loop(stmt.orelse, var, make))))
+        else:
+            out.append(stmt)
+    return out
+
+
+def _count(loop: Loop) -> Expr:
+    """The number of blocks of ``loop`` (0 or less when it is empty)."""
+    return binop("//", binop("+", binop("-", loop.stop, loop.start), const(BLOCK - 1)), const(BLOCK))
+
+
+def _blocks(loop: Loop, origin: Expr, first: int, count: Expr, before: tuple[Stmt, ...],
+            after: tuple[Stmt, ...]) -> Loop:
+    """The loop over the blocks of ``loop`` numbered from ``first`` to ``count``: block b binds its range
+    ``[blk_lo, blk_hi)`` from ``origin + (b - first) * BLOCK``, then runs ``before``, ``loop`` over the block and
+    ``after``."""
+    lo, hi = Var(BLOCK_LO, INDEX), Var(BLOCK_HI, INDEX)
+    number = binop("-", Var(BLOCK_VAR, INDEX), const(first))
+    body = (Let(BLOCK_LO, binop("+", origin, binop("*", number, const(BLOCK)))),
+            Let(BLOCK_HI, binop("min", binop("+", lo, const(BLOCK)), loop.stop)),
+            *before, replace(loop, start=lo, stop=hi), *after)
+    return Loop(BLOCK_VAR, const(first), count, False, body)
+
+
+def first_block_end(rng: Range) -> Sym:
+    """The end of the ragged first block of a loop over ``rng``, for the host to compute: a size parameter costs
+    the kernel nothing, the same arithmetic per output element made 16-term sums 16% slower (Numba)."""
+    return rng.hi - smax(ceildiv(rng.extent(), BLOCK) - 1, Sym(0)) * BLOCK
+
+
 @dataclass(frozen=True)
-class Blocks:
-    """How to run the serial loop over ``var`` in blocks of ``BLOCK`` iterations: ``before`` and ``after`` each
-    block; ``peel``: the first block runs ahead of the loop over the others."""
+class RaggedFirst:
+    """``loop`` run as its first block, which holds the remainder, then whole blocks. ``first_hi``: the end of
+    the first block when the host computes it (``first_block_end``); else ``blk_first_hi`` is bound to it. The
+    block count is recomputed where it is used: bound to a variable too, it made Numba's code for rows of 8
+    terms 12% slower (measured, the same sums otherwise)."""
 
-    var: str
-    before: tuple[Stmt, ...]
-    after: tuple[Stmt, ...]
-    peel: bool
+    loop: Loop
+    first_hi: Expr | None
 
-    def apply(self, stmts: Sequence[Stmt]) -> list[Stmt]:
-        """``stmts`` with the loop over ``var`` replaced by its blocks: a loop over block numbers whose body binds
-        ``blk_lo``/``blk_hi`` (the block's range), then ``before``, the loop over the block and ``after``."""
-        out: list[Stmt] = []
-        for stmt in stmts:
-            if isinstance(stmt, Loop) and stmt.var == self.var:
-                out += self._blocks(stmt)
-            elif isinstance(stmt, Loop):
-                out.append(replace(stmt, body=tuple(self.apply(stmt.body))))
-            elif isinstance(stmt, If):
-                out.append(replace(stmt, then=tuple(self.apply(stmt.then)), orelse=tuple(self.apply(stmt.orelse))))
-            else:
-                out.append(stmt)
-        return out
+    @property
+    def _end(self) -> Expr:
+        return Var(FIRST_HI, INDEX) if self.first_hi is None else self.first_hi
 
-    def _blocks(self, loop: Loop) -> list[Stmt]:
-        count = binop("//", binop("+", binop("-", loop.stop, loop.start), const(BLOCK - 1)), const(BLOCK))
-        lo, hi = Var(BLOCK_LO, INDEX), Var(BLOCK_HI, INDEX)
-        body = (Let(BLOCK_LO, binop("+", loop.start, binop("*", Var(BLOCK_VAR, INDEX), const(BLOCK)))),
-                Let(BLOCK_HI, binop("min", binop("+", lo, const(BLOCK)), loop.stop)),
-                *self.before, replace(loop, start=lo, stop=hi), *self.after)
-        if not self.peel:
-            return [Loop(BLOCK_VAR, const(0), count, False, body)]
-        first = replace(loop, stop=binop("min", binop("+", loop.start, const(BLOCK)), loop.stop))
-        return [*self.before, first, *self.after, Loop(BLOCK_VAR, const(1), count, False, body)]
+    def first(self) -> list[Stmt]:
+        """The end of the first block (when the kernel computes it) and the loop over it."""
+        loop = self.loop
+        head: list[Stmt] = []
+        if self.first_hi is None:
+            whole = binop("*", binop("max", binop("-", _count(loop), const(1)), const(0)), const(BLOCK))
+            head.append(Let(FIRST_HI, binop("-", loop.stop, whole)))
+        return [*head, replace(loop, stop=self._end)]
+
+    def others(self, before: tuple[Stmt, ...], after: tuple[Stmt, ...]) -> Loop:
+        """The loop over the blocks after the first."""
+        return _blocks(self.loop, self._end, 1, _count(self.loop), before, after)
 
 
-def register_sum(nest: Nest, acc: str, value: Expr, compute: str, index: str | None) -> tuple[list[Stmt], Expr]:
+def peels(plan: Schedule, index: str) -> bool:
+    """Whether a sum in a register blocked over ``index`` runs its ragged first block apart (``register_sum``):
+    everywhere but in a scalar result's loop over whole blocks."""
+    return plan.level(index) > 0
+
+
+def register_sum(nest: Nest, acc: str, value: Expr, compute: str, index: str | None,
+                 first_hi: Expr | None = None) -> tuple[list[Stmt], Expr]:
     """The statements summing ``value`` over the loops of ``nest`` into the register ``acc``, and the sum (in
-    ``compute``). Blocked over the loop of spec index ``index`` when there is one (``blocked_index``)."""
+    ``compute``). Blocked over the loop of spec index ``index`` when there is one (``blocked_index``);
+    ``first_hi``: the end of its first block as a size parameter (``first_block_end``), when its bounds are
+    sizes."""
     if index is None:
         return [Let(acc, Const(0.0, compute)), *nest.block([Accum(acc, "+", value)])], Var(acc, compute)
-    part = f"{acc}_part"
-    # a loop that runs once per output element or per outer iteration peels its first block: a short loop (one
-    # block) then costs what it did unblocked (measured: 1M rows of 8, 1.6 ms -> 2.8 ms unpeeled, 1.6 peeled)
-    blocks = Blocks(nest.schedule.var(index), before=(Let(part, Const(0.0, compute)),),
-                    after=(Accum(acc, "+", cast(Var(part, compute), TOTAL)),), peel=nest.schedule.level(index) > 0)
-    return [Let(acc, Const(0.0, TOTAL)), *blocks.apply(nest.block([Accum(part, "+", value)]))], \
-        cast(Var(acc, TOTAL), compute)
+    part, plan = f"{acc}_part", nest.schedule
+    stmts, var = nest.block([Accum(part, "+", value)]), plan.var(index)
+    zero, total = Let(part, Const(0.0, compute)), Var(acc, TOTAL)
+    add = Accum(acc, "+", cast(Var(part, compute), TOTAL))
+    if plan.parallel and plan.level(index) == plan.top + 1:  # once per output element
+        def per_element(loop: Loop) -> list[Stmt]:
+            ragged = RaggedFirst(loop, first_hi)
+            more = (Let(acc, cast(Var(part, compute), TOTAL)), ragged.others((zero,), (add,)),
+                    Let(part, cast(total, compute)))
+            longer = binop(">", binop("-", loop.stop, loop.start), const(BLOCK))
+            return [*ragged.first(), If(longer, more)]
+
+        return [zero, *_replace_loop(stmts, var, per_element)], Var(part, compute)
+    if not peels(plan, index):  # once per call
+        def whole(loop: Loop) -> list[Stmt]:
+            return [_blocks(loop, loop.start, 0, _count(loop), (zero,), (add,))]
+
+        return [Let(acc, Const(0.0, TOTAL)), *_replace_loop(stmts, var, whole)], cast(total, compute)
+
+    def peeled(loop: Loop) -> list[Stmt]:
+        ragged = RaggedFirst(loop, first_hi)
+        return [zero, *ragged.first(), add, ragged.others((zero,), (add,))]
+
+    return [Let(acc, Const(0.0, TOTAL)), *_replace_loop(stmts, var, peeled)], cast(total, compute)
 
 
 @dataclass(frozen=True)
@@ -154,7 +223,8 @@ class TileSum:
         element = self.element
         move = (Store(TOTALS, (self.slot,), cast(element, TOTAL), "add"),
                 Store(element.array, element.index, Const(0.0, element.dtype)))
-        return Blocks(var, before=(), after=(self._if_long(move),), peel=False).apply(stmts)
+        return _replace_loop(stmts, var, lambda loop: [_blocks(loop, loop.start, 0, _count(loop), (),
+                                                                (self._if_long(move),))])
 
     def epilogue(self) -> list[Stmt]:
         """The totals of a long sum added back into the output elements (zero after the last block; an added

@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tullax.compiler.assemble import Nest, mark_reduce_parallel
-from tullax.compiler.blocking import TileSum, blocked_index, register_sum
+from tullax.compiler.blocking import TileSum, blocked_index, first_block_end, peels, register_sum
 from tullax.compiler.bounds import Bound, Side, narrow
 from tullax.compiler.emit import Emitter, Phase
 from tullax.compiler.guards import Solution, find_guards
@@ -144,12 +144,13 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
     has_loops = plan.innermost > plan.top
     result: Expr
     blocked = blocked_index(spec, plan, compute)
+    first_hi = _first_block_end(spec, plan, emit, nest, blocked)
     if spec.redop == "logsumexp":
-        block, result = _logsumexp(nest, value, compute, blocked)
+        block, result = _logsumexp(nest, value, compute, blocked, first_hi)
     elif not has_loops and not nest.placements.has_guards:
         block, result = nest.block([]), value
     elif spec.redop == "+":
-        block, result = register_sum(nest, ACC, value, compute, blocked)
+        block, result = register_sum(nest, ACC, value, compute, blocked, first_hi)
     else:
         block = [Let(ACC, Const(IDENTITY[spec.redop], compute))]
         block += nest.block([Accum(ACC, spec.redop, value)])
@@ -162,9 +163,23 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
     return nest.parallel(block)
 
 
-def _logsumexp(nest: Nest, value: Expr, compute: str, blocked: str | None) -> tuple[list[Stmt], Expr]:
+def _first_block_end(spec: Spec, plan: Schedule, emit: Emitter, nest: Nest, blocked: str | None) -> Expr | None:
+    """The end of the ragged first block of the loop of ``blocked`` as a size parameter, when the sum has one and
+    no guard narrows the loop."""
+    if blocked is None or not peels(plan, blocked):
+        return None
+    rng = spec.range_of[blocked]
+    start, stop = next((start, stop) for name, start, stop in nest.bounds if name == blocked)
+    if (start, stop) != (emit.size(rng.lo), emit.size(rng.hi)):
+        return None
+    return emit.size(first_block_end(rng))
+
+
+def _logsumexp(nest: Nest, value: Expr, compute: str, blocked: str | None,
+               first_hi: Expr | None) -> tuple[list[Stmt], Expr]:
     """Two passes over the same loops: m = max(v); s = sum(exp(v - m')) with m' = m, or 0 when m is
-    infinite; result m' + log(s). The sum is blocked over the loop of index ``blocked``, if any."""
+    infinite; result m' + log(s). The sum is blocked over the loop of index ``blocked``, if any (its first block
+    ends at ``first_hi`` when the host computes that)."""
     block: list[Stmt] = [Let(MAX_ACC, Const(-math.inf, compute))]
     block += nest.block([Accum(MAX_ACC, "max", value)])
     m = Var(MAX_ACC, compute)
@@ -172,7 +187,7 @@ def _logsumexp(nest: Nest, value: Expr, compute: str, blocked: str | None) -> tu
     block.append(Let(SHIFT, Select(finite, m, Const(0.0, compute), compute)))
     shift = Var(SHIFT, compute)
     term = Call("exp", (BinOp("-", value, shift, compute),), compute)
-    sums, total = register_sum(nest, SUM_ACC, term, compute, blocked)
+    sums, total = register_sum(nest, SUM_ACC, term, compute, blocked, first_hi)
     return block + sums, BinOp("+", shift, Call("log", (total,), compute), compute)
 
 
