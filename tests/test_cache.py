@@ -584,3 +584,25 @@ def test_the_limits_come_from_the_environment_or_the_command_line(monkeypatch):
         Limits.from_env()
     with pytest.raises(TullaxError, match="the limit 'soon' is not a number of days"):
         Limits.from_env("1G", "soon")
+
+
+def test_clear_waits_for_an_entry_that_is_being_loaded(cache: CompileCache):
+    import threading
+    import time
+
+    _entry(cache, "k1", 100)
+    holding, released = threading.Event(), []
+
+    def load():  # another process compiling or loading k1
+        with cache.lock("k1"):
+            holding.set()
+            time.sleep(0.3)
+            released.append(time.monotonic())
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    holding.wait(5)
+    assert cache.clear() == 1
+    cleared = time.monotonic()
+    loader.join(5)
+    assert released and cleared >= released[0] and not cache.entry_path("k1").exists()

@@ -452,11 +452,13 @@ def test_past_its_share_of_compiles_a_process_has_the_helper_compile_into_the_ca
     as if it had compiled the kernel itself."""
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TULLAX_NUMBA_INPROCESS_COMPILES", "0")
+    monkeypatch.setattr("tullax.backends.numba_helper.HELPER_COMPILES", 1)
     helped_before = numba_backend._HELPER.helper_compiles
     with cache_warnings() as messages, counted() as counts:
         np.testing.assert_array_equal(run(HELPED), EXPECTED[HELPED])
     assert messages == [] and counts == {"compiled": 1, "loaded": 0}
     assert numba_backend._HELPER.helper_compiles == helped_before + 1
+    assert numba_backend._HELPER._process is None  # it had done its HELPER_COMPILES: replaced at the next
     [record] = get_cache().entries()
     assert record["compile_ms"] > 0 and record["ttfk_cold_ms"] > 0
     entry = entry_of(get_cache(), HELPED)

@@ -140,7 +140,8 @@ class ModuleRecipe:
 def build_module(recipe: ModuleRecipe, spec: Spec, signature: Signature) -> HostKernel:
     """Generate the module of ``spec`` for ``signature``, keep the compile cache's copy when it holds the same
     text (a hit) or write it, and load it: all under the cache entry's lock, so that concurrent processes
-    write and compile one entry once."""
+    write and compile one entry once, and no process deletes the entry meanwhile. A module the cache cannot
+    store (a full disk) has no path and is loaded from memory."""
     start = time.perf_counter()
     kernel, source = recipe.generate(spec, signature)
     codegen_ms = (time.perf_counter() - start) * 1e3
