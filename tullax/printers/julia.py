@@ -3,7 +3,9 @@
 The mapping:
 
 * One ``@kernel function <name>!(...)`` per IR kernel, plus a host launcher ``run_<name>!(backend, params...)``
-  that launches it over the right ndrange and calls ``KernelAbstractions.synchronize(backend)``. Parameters keep
+  that launches it over the right ndrange; on ``CPU_FLAVOUR`` it then calls ``KernelAbstractions.synchronize(
+  backend)``, on ``GPU_FLAVOUR`` it returns with the work enqueued on CUDA.jl's task-local stream (the caller
+  orders it against XLA's stream, or synchronises before it copies back). Parameters keep
   the IR's order (arrays, output first; scalars; sizes). Sizes arrive as ``Int`` and scalars as Python
   floats/ints/bools do through juliacall (``Float64``/``Int``/``Bool``), converted where used (``Float32(s0)``);
   a kernel never assigns to a parameter (KernelAbstractions' CPU work-item loop would carry it over).
@@ -154,10 +156,12 @@ class Flavour:
 
     const_inputs: bool  # read-only array parameters are @Const
     cpu_workgroups: bool  # launches pass workgroupsize = cpu_workgroupsize(ndrange)
+    # the launcher waits for its kernel; a GPU launcher returns at once, so XLA's stream never waits on the host
+    synchronize: bool
 
 
-CPU_FLAVOUR = Flavour(const_inputs=False, cpu_workgroups=True)
-GPU_FLAVOUR = Flavour(const_inputs=True, cpu_workgroups=False)
+CPU_FLAVOUR = Flavour(const_inputs=False, cpu_workgroups=True, synchronize=True)
+GPU_FLAVOUR = Flavour(const_inputs=True, cpu_workgroups=False, synchronize=False)
 
 CPU_WORKGROUP_HELPER = "cpu_workgroupsize"
 CPU_GROUPS_PER_THREAD = 4  # groups per Julia thread: KernelAbstractions splits the groups evenly over the threads
@@ -319,7 +323,8 @@ def launcher_name(kernel: LoopKernel) -> str:
 
 
 def launcher_function(kernel: LoopKernel, flavour: Flavour) -> str:
-    """``run_<name>!(backend, params...)``: launch over the ndrange (Julia order) and synchronize."""
+    """``run_<name>!(backend, params...)``: launch over the ndrange (Julia order), then synchronize when the
+    flavour says so."""
     printer = JuliaPrinter(kernel)
     params = ", ".join(kernel.params)
     extents = ndrange_extents(kernel)
@@ -338,7 +343,9 @@ def launcher_function(kernel: LoopKernel, flavour: Flavour) -> str:
         lines.append("    end")
     else:  # one work-item does everything
         lines.append(f"    {kernel.name}!(backend, 1)({params}; ndrange = (1,))")
-    lines += ["    KernelAbstractions.synchronize(backend)", "    return nothing", "end"]
+    if flavour.synchronize:
+        lines.append("    KernelAbstractions.synchronize(backend)")
+    lines += ["    return nothing", "end"]
     return "\n".join(lines) + "\n"
 
 
