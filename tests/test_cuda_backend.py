@@ -389,3 +389,14 @@ def test_the_gpu_benchmark_refuses_without_a_gpu():
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu.py"
     done = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True)
     assert done.returncode != 0 and "needs an NVIDIA GPU" in done.stderr and "Nothing was measured" in done.stderr
+
+
+@pytest.mark.parametrize("flag", ["0", "1"])
+def test_command_buffers_are_marked_only_when_asked(gpu, monkeypatch, flag):
+    """TULLAX_CUDA_COMMAND_BUFFER=1: XLA's command-buffer variant of the GPU callback (it may capture the launch
+    into a CUDA graph); off by default until benchmarks/gpu.py shows it faster and correct."""
+    monkeypatch.setenv(device.COMMAND_BUFFER_ENV, flag)
+    k = tullax.einsum_kernel("y[i] := 2*x[i]", backend="cuda")
+    text = jax.jit(k).trace(jnp.ones(3)).lower(lowering_platforms=("cuda",)).as_text()
+    assert "@xla_buffer_python_gpu_callback" in text
+    assert ("@xla_buffer_python_gpu_callback_cmd_buffer(" in text) == (flag == "1")
