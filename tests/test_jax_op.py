@@ -235,6 +235,43 @@ def test_out_of_range_indirect_index_under_jit_is_nan_and_skipped(x64):
         gather(np.asarray(W), np.asarray(ix))  # eager NumPy calls check the values
 
 
+SCATTER_GRAD_SPECS = ["y[ix[i]] += v[i]", "y[ix[i],d] += v[i,d]*v[i,d]"]
+
+
+@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("text", SCATTER_GRAD_SPECS)
+def test_scatter_gradient_is_zero_where_the_index_is_out_of_range(text, backend, x64):
+    """Issue 15: the gradient of a scatter with out-of-range indices was NaN in the dropped rows (eager and
+    jit), and poisoned what read it. The scatter drops those elements, so their gradient is exactly 0: as
+    ``.at[ix].add(v, mode='drop')``'s gradient (the reference), first and second order, and under vmap."""
+    kernel = tullax.einsum_kernel(text, backend=backend)
+    ix = jnp.array([0, 2, 7, -10, 1, 2, 10**9])  # in range, past the end, below -extent, far out
+    square = "*" in text
+    rng = np.random.default_rng(1)
+    v = jnp.asarray(rng.standard_normal((7,) if "d" not in text else (7, 3)))
+    y = jnp.asarray(rng.standard_normal((4,) + v.shape[1:]))
+    weights = jnp.asarray(rng.standard_normal(y.shape))
+
+    def loss(scatter):
+        return lambda y, v, ix: jnp.sum(jnp.sin(scatter(y, v, ix)) * weights)
+
+    mine = loss(kernel)
+    ref = loss(lambda y, v, ix: y.at[ix].add(v * v if square else v, mode="drop"))
+    want = jax.grad(ref, (0, 1))(y, v, ix)
+    dropped = np.array([2, 3, 6])
+    for got in (jax.grad(mine, (0, 1))(y, v, ix), jax.jit(jax.grad(mine, (0, 1)))(y, v, ix)):
+        assert np.isfinite(np.asarray(got[1])).all()
+        np.testing.assert_array_equal(np.asarray(got[1])[dropped], 0.0)
+        assert_trees_close(got, want)
+    hess = jax.jit(jax.hessian(lambda v: mine(y, v, ix)))(v)
+    assert_trees_close(hess, jax.hessian(lambda v: ref(y, v, ix))(v))
+    batched = jnp.stack([ix, ix[::-1]])
+    vs = jnp.stack([v, 2 * v])
+    per_row = jax.jit(jax.grad(lambda vs: jnp.sum(jax.vmap(lambda v, ix: mine(y, v, ix))(vs, batched))))(vs)
+    per_row_ref = jax.grad(lambda vs: jnp.sum(jax.vmap(lambda v, ix: ref(y, v, ix))(vs, batched)))(vs)
+    assert_trees_close(per_row, per_row_ref)
+
+
 @pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
 def test_inputs_are_never_written(x64):
     kernel = tullax.einsum_kernel("y[i] = y[i]*x[i] + 1", backend="numba")
