@@ -172,12 +172,16 @@ class NumbaHostKernel:
         if copy_back is not None:
             out[...] = copy_back
 
-    def prepare(self, shapes: Shapes) -> None:
+    def prepare(self, shapes: Shapes, *, read_only: bool = False) -> None:
         """Load or compile now the variant that a call with these input and output shapes will run. The JAX
-        path calls it while tracing, so a compile error surfaces at trace time and never inside a callback."""
+        path calls it while tracing, so a compile error surfaces at trace time and never inside a callback.
+        ``read_only``: the call's inputs are read-only arrays (``pure_callback``'s), which Numba types apart."""
         kernel = self.generated.kernel
-        # Stand-ins with the call's types (C-contiguous, writable, aligned: what marshal hands Numba).
+        # Stand-ins with the call's types (C-contiguous, aligned, writable unless read_only: what marshal hands
+        # Numba); the output is always writable.
         args: list[Any] = [np.empty((1,) * max(a.rank, 1 if a.role != "in" else 0), a.dtype) for a in kernel.arrays]
+        for stand_in, array in zip(args, kernel.arrays):
+            stand_in.flags.writeable = not (read_only and array.role == "in")
         args += [np.dtype(s.dtype).type(0) for s in kernel.scalars]
         sizes = self._plan.size_values(shapes)
         self._load_or_compile(self._pick(sizes), args + sizes)
