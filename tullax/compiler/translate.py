@@ -144,7 +144,7 @@ class Translator:
         assert isinstance(idx, Indirect)
         temp = self.index_temp(idx)
         extent = self.emit.extent(array, axis)
-        return Position(temp, (binop(">=", temp, const(0)), binop("<", temp, extent)))
+        return Position(temp, (binop(">=", temp, const(0)), binop("<", temp, extent)), pads=idx.pad)
 
     def index_temp(self, idx: Indirect) -> Var:
         """``ix[e]`` read once into a temporary where e is known (ix[e] itself is in range by e's range)."""

@@ -58,11 +58,14 @@ class Wrapped:
 
 @dataclass(frozen=True)
 class Indirect:
-    """``ix[e]``: the position is read from the integer array ``array`` at ``e``."""
+    """``ix[e]``: the position is read from the integer array ``array`` at ``e``. A read outside the axis gives
+    NaN (as ``jnp.take``'s fill), or 0 under ``pad`` (``pad(ix[e])``): how a gradient reads the cotangent at a
+    scatter's positions, where the scatter dropped the element (as ``.at[].add(mode='drop')``'s gradient)."""
 
     array: str
     inner: Affine
     span: Span = _span()
+    pad: bool = False
 
 
 Idx = Union[Affine, Wrapped, Indirect]

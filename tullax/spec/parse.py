@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tullax.errors import SpecError
 from tullax.spec.functions import FUNCTIONS, UNARY
@@ -168,6 +168,10 @@ class _Parser:
         if tok.kind == "name" and tok.text in WRAPPERS and self.peek().text == "(":
             self.advance()
             self.advance()
+            if tok.text == "pad" and self.tok.kind == "name" and self.peek().text == "[":
+                read = self.index(end)  # pad(ix[e]): an indirect read that gives 0 outside the axis
+                self.expect(")", f"')' closing {tok.text}(")
+                return replace(read, pad=True, span=self.span(tok))
             inner = self.affine(end)
             self.expect(")", f"')' closing {tok.text}(")
             return Wrapped(tok.text, inner, span=self.span(tok))

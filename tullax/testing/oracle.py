@@ -181,6 +181,8 @@ class _Evaluator:
         if isinstance(idx, Indirect):
             at = self.in_bounds(idx.array, 0, self.affine(idx.inner, point))
             pos = int(self.arrays[idx.array][at])
+            if idx.pad and not 0 <= pos < extent:  # pad(ix[e]) outside the axis
+                return None
             if not 0 <= pos < extent:
                 raise ShapeError(f"{idx.array}[{at}] = {pos} is outside axis {axis} of {array} (extent {extent})")
             return pos
