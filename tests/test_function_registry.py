@@ -33,7 +33,7 @@ def in_domain(function: functions.Function, points: np.ndarray) -> np.ndarray:
     if function.numpy is None:  # structural (max, min, ifelse): defined everywhere
         return points
     with np.errstate(all="ignore"):
-        finite = np.array([np.isfinite(function.numpy(p)) for p in points])
+        finite = np.array([np.isfinite(function.numpy(*[p] * function.arity)) for p in points])
     assert finite.any(), f"no point of {points} is in the domain of {function.name}"
     return points[finite]
 
@@ -53,8 +53,24 @@ def finaliser_spec(function: functions.Function) -> tuple[str, list[np.ndarray]]
     return f"y[i] := x[i] |> {function.name}", [in_domain(function, POINTS)]
 
 
+def variadic_spec(function: functions.Function) -> tuple[str, list[np.ndarray]]:
+    """``y[i] := f(x1[i], x2[i], x3[i])`` for a variadic function (folded into nested calls by the parser)."""
+    points = in_domain(function, POINTS)
+    return f"y[i] := {function.name}(x1[i], x2[i], x3[i])", [np.roll(points, shift) for shift in range(3)]
+
+
+def overload_spec(function: functions.Function) -> tuple[str, list[np.ndarray]]:
+    """The function under the name it overloads: ``atan(x1[i], x2[i])`` is ``atan2``."""
+    text, inputs = call_spec(function)
+    return text.replace(f"{function.name}(", f"{function.overloads}(", 1), inputs
+
+
 CASES = [pytest.param(call_spec, name, id=f"{name}-call") for name in functions.FUNCTIONS] + [
-    pytest.param(finaliser_spec, name, id=f"{name}-finaliser") for name in functions.UNARY]
+    pytest.param(finaliser_spec, name, id=f"{name}-finaliser") for name in functions.UNARY] + [
+    pytest.param(variadic_spec, name, id=f"{name}-3-arguments")
+    for name, f in functions.FUNCTIONS.items() if f.variadic] + [
+    pytest.param(overload_spec, name, id=f"{name}-as-{f.overloads}")
+    for name, f in functions.FUNCTIONS.items() if f.overloads]
 
 
 @pytest.fixture(autouse=True)
