@@ -101,3 +101,30 @@ def test_registered_function_forward_and_backward(make_spec, name: str, backend:
         *map(jnp.asarray, inputs))
     for name_of_input, g, w in zip(spec.input_names, got, want):
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=f"gradient wrt {name_of_input} of {text}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_round_is_half_to_even_and_sign_keeps_zero_and_nan(backend: str, dtype):
+    """``round`` rounds ties to the even neighbour on every backend, as NumPy's rint, jnp.round and Julia's round
+    do (printed Julia: tests/test_julia_printer.py); sign(0) is 0 and sign(NaN) NaN, as jnp.sign."""
+    x = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, 0.49999997, 0.0, np.nan], dtype)
+    got = tullax.einsum_kernel("y[i] := round(x[i])", backend=backend)(x)
+    np.testing.assert_array_equal(got, np.rint(x))
+    np.testing.assert_array_equal(got, jnp.round(x))
+    got = tullax.einsum_kernel("y[i] := sign(x[i])", backend=backend)(x)
+    np.testing.assert_array_equal(got, np.sign(x))
+
+
+def test_functions_of_several_arguments_parse_by_their_count():
+    """``atan`` with two arguments is atan2 (as in Julia); max/min fold left; a wrong count says what fits."""
+    assert compile_spec("y[i] := atan(a[i], b[i])")[1].body.fn == "atan2"
+    assert compile_spec("y[i] := atan(a[i])")[1].body.fn == "atan"
+    nested = compile_spec("y[i] := max(a[i], b[i], c[i])")[1].body
+    assert nested.fn == "max" and nested.args[0].fn == "max" and nested.args[1].array == "c"
+    with pytest.raises(tullax.SpecError, match="atan takes 1 or 2 arguments, got 3"):
+        compile_spec("y[i] := atan(a[i], b[i], c[i])")
+    with pytest.raises(tullax.SpecError, match="max takes 2 or more arguments, got 1"):
+        compile_spec("y[i] := max(a[i])")
+    with pytest.raises(tullax.SpecError, match="hypot takes 2 arguments, got 1"):
+        compile_spec("y[i] := hypot(a[i])")

@@ -9,6 +9,7 @@ from tullax.spec import functions
 from tullax.spec.functions import FUNCTIONS, UNARY
 from tullax.spec.ir import (
     ASSIGNMENTS,
+    BOOLEAN_REDUCTIONS,
     COMPARISONS,
     REDUCTIONS,
     WRAPPERS,
@@ -37,7 +38,7 @@ _TOKEN = re.compile(r"""
     (?P<ws>\s+)
   | (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
   | (?P<name>[^\W\d]\w*)
-  | (?P<op>:=|\+=|\|>|<=|>=|==|!=|[-+*/^<>=()\[\],])
+  | (?P<op>:=|\+=|\|>|<=|>=|==|!=|[-+*/^<>=()\[\],&|])
 """, re.VERBOSE | re.UNICODE)
 
 
@@ -135,8 +136,8 @@ class _Parser:
             return "+"
         self.advance()
         tok = self.advance()
-        if tok.text not in REDUCTIONS:
-            raise self.error(f"unknown reduction {tok.text!r}: use one of {' '.join(REDUCTIONS)}", tok)
+        if tok.text not in REDUCTIONS and tok.text not in BOOLEAN_REDUCTIONS:
+            raise self.error(f"unknown reduction {tok.text!r}: use one of {' '.join(REDUCTIONS)} & |", tok)
         self.expect(")", "')' closing the reduction")
         return tok.text
 
