@@ -25,9 +25,8 @@ def data(*shape: int, seed: int = 0) -> np.ndarray:
 
 
 def modes(kernel):
-    """The kernel called eagerly on NumPy, on jax arrays, and jitted: (label, function of NumPy inputs)."""
+    """The kernel called eagerly on NumPy and jitted on jax arrays: (label, function of NumPy inputs)."""
     return [("eager", lambda *a: kernel(*a)),
-            ("jax", lambda *a: kernel(*map(jnp.asarray, a))),
             ("jit", lambda *a: jax.jit(kernel)(*map(jnp.asarray, a)))]
 
 
