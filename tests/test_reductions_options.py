@@ -224,3 +224,8 @@ def test_nograd_names_an_input_that_could_have_a_gradient():
         tullax.einsum_kernel("y[i] := x[i,j]*w[j]", nograd=("z",))
     with pytest.raises(SpecError, match="nograd names 'ix'"):
         tullax.einsum_kernel("y[i] := x[ix[i]]", nograd="ix")
+
+
+def test_the_options_show_in_the_kernels_repr():
+    kernel = tullax.einsum_kernel("(max) m[i] := x[i,j]*w[j]", backend="xla", init=0, nograd="w")
+    assert repr(kernel) == "tullax.Kernel('(max) m[i] := x[i,j]*w[j]', backend='xla', init=0, nograd=('w',))"

@@ -68,7 +68,9 @@ class Kernel:
         return backends.resolve(self.backend_name)
 
     def __repr__(self) -> str:
-        return f"tullax.Kernel({self.canonical!r}, backend={self.backend_name!r})"
+        extra = (f", init={self.options.init!r}" if self.options.init is not None else "") + \
+            (f", nograd={tuple(sorted(self.options.nograd))!r}" if self.options.nograd else "")
+        return f"tullax.Kernel({self.canonical!r}, backend={self.backend_name!r}{extra})"
 
     def _jax_backend(self) -> str:
         """The backend of a call on jax values: ``auto`` on a GPU platform picks a GPU backend."""
