@@ -12,6 +12,9 @@ the function's domain, as its NumPy implementation says (``log`` keeps the posit
 """
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -128,3 +131,21 @@ def test_functions_of_several_arguments_parse_by_their_count():
         compile_spec("y[i] := max(a[i])")
     with pytest.raises(tullax.SpecError, match="hypot takes 2 arguments, got 1"):
         compile_spec("y[i] := hypot(a[i])")
+
+
+# Added as registry entries alone (issue 13): no product module outside the registry names any of them, which
+# is the architecture's promise that a function every target spells as a call is one entry in one file.
+ONE_ENTRY_FUNCTIONS = ("cbrt", "exp2", "log2", "log10", "atan", "atan2", "hypot", "floor", "ceil", "trunc", "round",
+                       "erf")
+
+
+def test_call_functions_are_named_only_in_the_registry():
+    package = Path(tullax.__file__).parent
+    registry = package / "spec" / "functions.py"
+    for name in ONE_ENTRY_FUNCTIONS:
+        assert functions.get(name).lowering == "call"
+        assert re.search(rf"""["']{name}["']|\b{name}\b *=""", registry.read_text()), name
+        named_in = [str(path.relative_to(package)) for path in package.rglob("*.py")
+                    if path != registry and "testing" not in path.parts
+                    and re.search(rf"""["']{name}["']""", path.read_text(encoding="utf-8"))]
+        assert named_in == [], f"{name} is special-cased outside the registry, in {named_in}"
