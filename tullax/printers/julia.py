@@ -73,7 +73,7 @@ from tullax.compiler.loops import (
     expressions,
     walk_expr,
 )
-from tullax.errors import TullaxError
+from tullax.errors import SpecError, TullaxError
 from tullax.printers.base import (
     Infix,
     LoopPrinter,
@@ -263,6 +263,9 @@ class JuliaPrinter(LoopPrinter):
         return julia_type(dtype)
 
     def call_name(self, fn: Function, dtype: str) -> str:
+        if fn.julia is None:  # erf: Julia's lives in SpecialFunctions.jl, which the bridge does not load
+            raise SpecError(f"{fn.name} is not supported on the Julia backends (Base Julia has no {fn.name}; it is in "
+                            f"SpecialFunctions.jl, which tullax does not load): use backend='numba' or 'xla'")
         return helper_name(fn.julia, dtype) if _wrapped(fn, dtype) else fn.julia
 
     def variable(self, var: Var) -> str:

@@ -42,6 +42,7 @@ from tullax.printers.base import (
     left_associative,
     non_chaining,
 )
+from tullax.spec import functions
 from tullax.spec.functions import Function
 
 # fastmath without nnan/ninf: those would let LLVM assume no -inf/+inf/NaN, which breaks the -inf/+inf initial
@@ -298,6 +299,12 @@ from tullax.backends.numba_math import exp_f32 as _exp_f32
 '''
 
 
+def _modules_called(body: str) -> list[str]:
+    """The modules (other than ``np``) of the registry's Numba spellings that ``body`` calls (``math.erf``)."""
+    spellings = {f.numba for f in functions.FUNCTIONS.values() if f.numba and "." in f.numba}
+    return sorted({name.split(".")[0] for name in spellings if f"{name}(" in body} - {"np"})
+
+
 def print_module(kernels: Sequence[LoopKernel], disk_cache: bool = True) -> str:
     """The module of ``kernels``; ``disk_cache=False`` for one that is run from memory, without a file (Numba
     can only cache functions defined in a file)."""
@@ -305,6 +312,7 @@ def print_module(kernels: Sequence[LoopKernel], disk_cache: bool = True) -> str:
     body = "\n\n".join(print_kernel(k, disk_cache) for k in kernels)
     if "_exp_f32(" in body:
         header += _EXP_IMPORT
+    header += "".join(f"import {module}\n" for module in _modules_called(body))
     if any(f"{name}(" in body for name in NAN_PROPAGATING.values()):
         header += _NAN_IMPORT
     return header + "\n\n" + body

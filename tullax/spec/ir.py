@@ -148,6 +148,8 @@ ARITHMETIC = ("+", "-", "*", "/", "^")
 # kept within +-INDEX_LIMIT (checked for the actual shapes), so each of those plus or minus an extent still fits.
 INDEX_LIMIT = 2**62
 REDUCTIONS = ("+", "*", "max", "min", "logsumexp")
+# all/any: parsed, then analysed as (min)/(max) of 0/1 values (spec.frontend); the result is made bool by api.options
+BOOLEAN_REDUCTIONS = {"&": "min", "|": "max"}
 ASSIGNMENTS = (":=", "=", "+=")
 WRAPPERS = ("mod", "clamp", "pad")
 

@@ -126,8 +126,7 @@ def _call(fn: str, args: tuple, kind) -> Any:
         if np.isnan(a) or np.isnan(b):
             return kind(np.nan)
         return (a if a >= b else b) if fn == "max" else (a if a <= b else b)
-    (x,) = args
-    return kind(functions.get(fn).numpy(x))
+    return kind(functions.get(fn).numpy(*args))
 
 
 class _Evaluator:
