@@ -5,6 +5,7 @@ from typing import Mapping
 
 from tullax.spec.frontend import compile_spec, describe_range
 from tullax.spec.ir import Spec
+from tullax.spec.text import format_finalizer
 
 
 def explain_spec(canonical: str, spec: Spec) -> str:
@@ -12,7 +13,8 @@ def explain_spec(canonical: str, spec: Spec) -> str:
 
     lines = [f"spec:      {canonical}"]
     if spec.redop != "+" or spec.finalizer:
-        lines.append(f"reduction: {spec.redop}" + (f", then |> {spec.finalizer}" if spec.finalizer else ""))
+        then = f", then |> {format_finalizer(spec.finalizer)}" if spec.finalizer is not None else ""
+        lines.append(f"reduction: {spec.redop}{then}")
     lines.append(f"inputs:    {', '.join(f'{i.name} ({i.kind}, rank {i.rank})' for i in spec.inputs) or 'none'}")
     lines.append(f"free:      {', '.join(spec.free) or '(none: scalar or scatter result)'}")
     lines.append(f"reduced:   {', '.join(spec.reduced) or '(none)'}")
