@@ -82,7 +82,7 @@ def analyze(parsed: ParsedSpec, ranges: Mapping[str, RangeArg] | None = None) ->
         raise ctx.error(f"the spec has {len(free) + len(reduced)} indices ({', '.join(free + reduced)}); tullax "
                         f"allows {MAX_INDICES}, one nested loop each (Python compiles at most 20 nested blocks): "
                         f"reshape the arrays to merge axes")
-    explicit = merge_ranges(parsed, ranges or {}, ctx)
+    explicit = merge_ranges(parsed, ranges or {}, ctx, _explicit_range)
     known, agreements = _infer_ranges(parsed, occurrences, free + reduced, explicit, ctx)
     spec = Spec(
         redop=parsed.redop, out=parsed.out, lhs=parsed.lhs, assign=parsed.assign, body=body,

@@ -9,16 +9,15 @@
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from tullax.spec.ir import Expr, IndexVal, Input, ParsedSpec, Range, Size, idx_affine, spec_exprs, walk
 from tullax.spec.sizes import Extent, Extremum, FloorDiv, Sym
 
-if TYPE_CHECKING:
-    from tullax.spec.analyze import RangeArg, _Context
+Context = Any  # analyze's error context (not imported: analyze imports this module)
 
 
-def check_finalizer(finalizer: Expr, free: tuple[str, ...], ctx: "_Context") -> None:
+def check_finalizer(finalizer: Expr, free: tuple[str, ...], ctx: Context) -> None:
     """Every index the finaliser uses is a free index (it runs after the reduction is over)."""
     from tullax.spec.ir import Access
 
@@ -48,7 +47,7 @@ def _sym_axes(sym: Sym) -> Iterator[tuple[str, int]]:
 
 
 def sized_inputs(parsed: ParsedSpec, found: tuple[Input, ...], index_names: list[str],
-                 ctx: "_Context") -> tuple[Input, ...]:
+                 ctx: Context) -> tuple[Input, ...]:
     """'shape' inputs for arrays whose extents ``size(A, d)`` or a range clause reads and nothing indexes;
     checks that every axis so read exists."""
     axes: list[tuple[str, int, tuple[int, int] | None]] = []
@@ -75,14 +74,14 @@ def sized_inputs(parsed: ParsedSpec, found: tuple[Input, ...], index_names: list
     return tuple(Input(name, "shape", rank) for name, rank in shape_rank.items())
 
 
-def merge_ranges(parsed: ParsedSpec, explicit: Mapping[str, "RangeArg"], ctx: "_Context") -> dict[str, "RangeArg"]:
-    """``ranges=`` and the spec's own ``(k in lo:hi)`` clauses as one mapping; both naming an index must agree."""
-    from tullax.spec.analyze import _explicit_range
-
-    merged: dict[str, RangeArg] = dict(explicit)
+def merge_ranges(parsed: ParsedSpec, explicit: Mapping[str, Any], ctx: Context,
+                 as_range: Callable[[str, Any, Context], Range]) -> dict[str, Any]:
+    """``ranges=`` and the spec's own ``(k in lo:hi)`` clauses as one mapping; both naming an index must agree
+    (``as_range`` reads a ``ranges=`` value)."""
+    merged: dict[str, Any] = dict(explicit)
     for name, rng in parsed.ranges:
         if name in merged:
-            given = _explicit_range(name, merged[name], ctx)
+            given = as_range(name, merged[name], ctx)
             if given != rng:
                 raise ctx.error(f"index {name} has the range {rng.lo}:{rng.hi} in the spec but ranges= gives "
                                 f"{given.lo}:{given.hi} (half-open, as (lo, hi)): give it once, or the same")

@@ -135,9 +135,9 @@ class _Parser:
         if tok.kind == "name" and tok.text in UNARY and (self.peek().kind == "end" or at_range_clause(self, 1)):
             self.advance()
             return Call(tok.text, (Hole(span=self.span(tok)),), span=self.span(tok))
-        if tok.kind == "end":
-            raise self.error(f"'|>' needs a function ({', '.join(UNARY)}) or an expression of _, the reduced "
-                             f"value, as in |> relu(_ + b[j])")
+        if tok.kind == "end" or (tok.kind == "name" and (self.peek().kind == "end" or at_range_clause(self, 1))):
+            raise self.error(f"'|>' needs a one-argument function, one of: {', '.join(UNARY)}; or an expression "
+                             f"of _, the reduced value, as in |> relu(_ + b[j])")
         self.finalizing = True
         try:
             value = self.expr()

@@ -9,23 +9,23 @@ parses back. Axes count from 0 (``size(x,0)`` is the number of rows), as ``expla
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from tullax.spec.ir import Range, Size
 from tullax.spec.sizes import Sym, extremum, floordiv
 
-if TYPE_CHECKING:
-    from tullax.spec.parse import Token, _Parser
+# ``parser`` below is the parser of ``tullax.spec.parse`` (not imported: it imports this module)
+Parser = Any
 
 
-def at_range_clause(parser: "_Parser", offset: int = 0) -> bool:
+def at_range_clause(parser: Parser, offset: int = 0) -> bool:
     """True when the tokens from ``offset`` on start ``(name in``."""
     first, name, word = parser.peek(offset), parser.peek(offset + 1), parser.peek(offset + 2)
     return first.text == "(" and first.kind == "op" and name.kind == "name" and word.kind == "name" \
         and word.text == "in"
 
 
-def range_clauses(parser: "_Parser") -> tuple[tuple[str, Range], ...]:
+def range_clauses(parser: Parser) -> tuple[tuple[str, Range], ...]:
     """Every ``(k in lo:hi)`` at the end of the spec, in text order."""
     found: dict[str, Range] = {}
     while at_range_clause(parser):
@@ -47,13 +47,13 @@ def range_clauses(parser: "_Parser") -> tuple[tuple[str, Range], ...]:
     return tuple(found.items())
 
 
-def size_call(parser: "_Parser", tok: "Token") -> Size:
+def size_call(parser: Parser, tok: Any) -> Size:
     """``size(A, d)`` after its name: the extent of A along axis d (0-based)."""
     array, axis = _size_args(parser, tok)
     return Size(array, axis, span=parser.span(tok))
 
 
-def _size_args(parser: "_Parser", tok: "Token") -> tuple[str, int]:
+def _size_args(parser: Parser, tok: Any) -> tuple[str, int]:
     parser.advance()  # (
     name = parser.tok
     if name.kind != "name":
@@ -71,7 +71,7 @@ def _size_args(parser: "_Parser", tok: "Token") -> tuple[str, int]:
     return name.text, int(axis.text)
 
 
-def _sum(parser: "_Parser") -> Sym:
+def _sum(parser: Parser) -> Sym:
     sign = -1 if parser.at("-") else 1
     if parser.at("-") or parser.at("+"):
         parser.advance()
@@ -82,7 +82,7 @@ def _sum(parser: "_Parser") -> Sym:
     return total
 
 
-def _product(parser: "_Parser") -> Sym:
+def _product(parser: Parser) -> Sym:
     value = _atom(parser)
     while parser.at("*"):
         tok = parser.advance()
@@ -93,7 +93,7 @@ def _product(parser: "_Parser") -> Sym:
     return value
 
 
-def _atom(parser: "_Parser") -> Sym:
+def _atom(parser: Parser) -> Sym:
     tok = parser.tok
     if tok.kind == "num" and tok.text.isdigit():
         parser.advance()
