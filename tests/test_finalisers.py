@@ -209,3 +209,26 @@ def test_size_is_an_integer_value_in_the_body_too():
     for backend in ("numba", "xla"):
         kernel = tullax.einsum_kernel("y[i] := x[i,j]*(size(x,1) - j)", backend=backend)
         np.testing.assert_allclose(kernel(x), x @ (6 - np.arange(6.0)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["numba", "xla"])
+def test_accumulating_finaliser_gradients_and_second_derivatives(backend):
+    """``+=`` passes ΔC through and finalises with a recomputed pre-value; Hessians differentiate the gradient
+    kernels (which have no finaliser of their own) again."""
+    import jax
+    import jax.numpy as jnp
+
+    xs, bs, cs = jnp.asarray(x), jnp.asarray(z), jnp.asarray(RNG.standard_normal(4))
+    kernel = tullax.einsum_kernel("C[i] += x[i,k] |> tanh(_ + b[i])", backend=backend)
+
+    def reference(c, a, b):
+        return c + jnp.tanh(a.sum(1) + b)
+
+    got = jax.grad(lambda *a: jnp.sum(jnp.sin(kernel(*a))), argnums=(0, 1, 2))(cs, xs, bs)
+    want = jax.grad(lambda *a: jnp.sum(jnp.sin(reference(*a))), argnums=(0, 1, 2))(cs, xs, bs)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-10, atol=1e-12)
+    forward = tullax.einsum_kernel("y[i] := x[i,k] |> tanh(_ + b[i])", backend=backend)
+    hessian = jax.hessian(lambda b: jnp.sum(forward(xs, b) ** 2))(bs)
+    expected = jax.hessian(lambda b: jnp.sum(jnp.tanh(xs.sum(1) + b) ** 2))(bs)
+    np.testing.assert_allclose(np.asarray(hessian), np.asarray(expected), rtol=1e-9, atol=1e-12)
