@@ -232,3 +232,8 @@ def test_accumulating_finaliser_gradients_and_second_derivatives(backend):
     hessian = jax.hessian(lambda b: jnp.sum(forward(xs, b) ** 2))(bs)
     expected = jax.hessian(lambda b: jnp.sum(jnp.tanh(xs.sum(1) + b) ** 2))(bs)
     np.testing.assert_allclose(np.asarray(hessian), np.asarray(expected), rtol=1e-9, atol=1e-12)
+
+
+def test_a_finaliser_deeper_than_the_limit_is_a_spec_error():
+    with pytest.raises(SpecError, match="the finaliser is 1?[0-9]+ operations deep"):
+        compile_spec("y[i] := x[i,k] |> _" + " + _" * 100)

@@ -143,6 +143,9 @@ class _Parser:
             value = self.expr()
         finally:
             self.finalizing = False
+        if expr_depth(value) > MAX_DEPTH:
+            raise self.error(f"the finaliser is {expr_depth(value)} operations deep, more than tullax's limit of "
+                             f"{MAX_DEPTH}: split it into several kernels", bar)
         if not any(isinstance(node, Hole) for node in walk(value)):
             raise self.error("the finaliser does not use _ (the reduced value): write |> f or an expression "
                              "of _, as in |> _ / size(x,1)", bar)
