@@ -237,3 +237,21 @@ def test_accumulating_finaliser_gradients_and_second_derivatives(backend):
 def test_a_finaliser_deeper_than_the_limit_is_a_spec_error():
     with pytest.raises(SpecError, match="the finaliser is 1?[0-9]+ operations deep"):
         compile_spec("y[i] := x[i,k] |> _" + " + _" * 100)
+
+
+@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("spec, reference", [
+    ("y[i] := x[i,j]*(j < size(x,1) - 2)", lambda a: a[:, :-2].sum(1)),
+    ("y[i] := x[i,j]*(j >= size(x,0))", lambda a: a[:, 4:].sum(1)),
+    ("y[i] := ifelse(j == size(x,1)-1, 0, x[i,j])", lambda a: a[:, :-1].sum(1)),
+])
+def test_comparisons_with_extents_are_loop_guards(spec, reference, backend):
+    """``j < size(x,1) - 2`` is linear in the indices, so it narrows j's loop (guards) instead of a select."""
+    import jax
+    import jax.numpy as jnp
+
+    kernel = tullax.einsum_kernel(spec, backend=backend)
+    np.testing.assert_allclose(kernel(x), reference(x), rtol=1e-12)
+    got = jax.grad(lambda a: jnp.sum(kernel(a) ** 2))(jnp.asarray(x))
+    want = jax.grad(lambda a: jnp.sum(reference(a) ** 2))(jnp.asarray(x))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12)
