@@ -5,6 +5,7 @@ from typing import Mapping
 
 from tullax.spec.frontend import compile_spec, describe_range
 from tullax.spec.ir import Spec
+from tullax.spec.text import format_finalizer
 
 
 def explain_spec(canonical: str, spec: Spec) -> str:
@@ -15,8 +16,9 @@ def explain_spec(canonical: str, spec: Spec) -> str:
     if boolean:
         lines.append(f"reduction: {canonical[1]} ({'all' if canonical[1] == '&' else 'any'}), run as {spec.redop} "
                      f"of the body as 0/1; the result is bool")
-    elif spec.redop != "+" or spec.finalizer:
-        lines.append(f"reduction: {spec.redop}" + (f", then |> {spec.finalizer}" if spec.finalizer else ""))
+    elif spec.redop != "+" or spec.finalizer is not None:
+        then = f", then |> {format_finalizer(spec.finalizer)}" if spec.finalizer is not None else ""
+        lines.append(f"reduction: {spec.redop}{then}")
     lines.append(f"inputs:    {', '.join(f'{i.name} ({i.kind}, rank {i.rank})' for i in spec.inputs) or 'none'}")
     lines.append(f"free:      {', '.join(spec.free) or '(none: scalar or scatter result)'}")
     lines.append(f"reduced:   {', '.join(spec.reduced) or '(none)'}")

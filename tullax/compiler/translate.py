@@ -52,6 +52,7 @@ class Translator:
 
     params: Params
     emit: Emitter
+    hole: Expr | None = None  # the reduced value, where a finaliser is translated (``_``)
 
     @property
     def compute(self) -> str:
@@ -71,6 +72,11 @@ class Translator:
             return cast(Var(arg.name, arg.dtype), self.compute)
         if isinstance(expr, ir.IndexVal):
             return binop("+", self.emit.index_var(expr.name), self.emit.size(expr.offset))
+        if isinstance(expr, ir.Size):
+            return self.emit.extent(expr.array, expr.axis)
+        if isinstance(expr, ir.Hole):
+            assert self.hole is not None, "_ outside a finaliser"
+            return self.hole
         if isinstance(expr, ir.Access):
             return self.access(expr)
         if isinstance(expr, ir.Unary):

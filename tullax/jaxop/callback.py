@@ -99,14 +99,14 @@ def updates_in_place(spec: Spec, args: Sequence[Any], result: Any) -> bool:
     (``ΔW[ix[b],d] += Δout[b,d]``) adds straight into its buffer of zeros. XLA keeps it functional (it copies
     input 0 first when anything else still reads it). Only when the body never reads the given array: the
     kernel must see the values from before the update, which an aliased buffer no longer holds."""
-    from tullax.spec.ir import arrays_read
+    from tullax.spec.ir import arrays_read, spec_exprs
 
     if spec.assign == ":=" or not args:
         return False
     given = args[0]
     if tuple(given.shape) != tuple(result.shape) or given.dtype != result.dtype:
         return False
-    return spec.out not in arrays_read(spec.body, spec.lhs)
+    return all(spec.out not in arrays_read(e, spec.lhs) for e in spec_exprs(spec))
 
 
 def _buffer_runner(spec: Spec, run_kernel: Runner, text: str, backend_name: str):

@@ -198,6 +198,16 @@ def _kernel_batch(args, dims, *, op: KernelOp):
     return _prims().kernel.bind(*args, op=op.with_spec(batch_spec(op.spec, axes, extents))), 0
 
 
+def _zero_tangent(out):
+    """A symbolic zero tangent for ``out`` (``Zero.from_primal_value`` is gone from newer jax)."""
+    import jax
+    from jax.interpreters import ad
+
+    if hasattr(ad.Zero, "from_primal_value"):
+        return ad.Zero.from_primal_value(out)
+    return ad.Zero(jax.typeof(out).to_tangent_aval())
+
+
 def _kernel_jvp(primals, tangents, *, op: KernelOp):
     from jax.interpreters import ad
 
@@ -205,7 +215,7 @@ def _kernel_jvp(primals, tangents, *, op: KernelOp):
     live = tuple(type(t) is not ad.Zero and _differentiable(item, p)
                  for item, p, t in zip(op.spec.inputs, primals, tangents))
     if not any(live):
-        return out, ad.Zero.from_primal_value(out)
+        return out, _zero_tangent(out)
     live_tangents = [t for t, keep in zip(tangents, live) if keep]
     return out, _prims().linear.bind(*primals, out, *live_tangents, op=op, live=live)
 

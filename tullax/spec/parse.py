@@ -18,6 +18,7 @@ from tullax.spec.ir import (
     Binary,
     Call,
     Expr,
+    Hole,
     Idx,
     Indirect,
     Name,
@@ -26,7 +27,9 @@ from tullax.spec.ir import (
     Unary,
     Wrapped,
     children,
+    walk,
 )
+from tullax.spec.ranges import at_range_clause, range_clauses, size_call
 from tullax.spec.sizes import Sym
 
 # Deepest expression tree accepted: every later stage (analysis, gradients, lowering, printers, Python's and
@@ -38,7 +41,7 @@ _TOKEN = re.compile(r"""
     (?P<ws>\s+)
   | (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
   | (?P<name>[^\W\d]\w*)
-  | (?P<op>:=|\+=|\|>|<=|>=|==|!=|[-+*/^<>=()\[\],&|])
+  | (?P<op>:=|\+=|\|>|<=|>=|==|!=|[-+*/^<>=()\[\],:&|])
 """, re.VERBOSE | re.UNICODE)
 
 
@@ -71,6 +74,7 @@ class _Parser:
         self.tokens = tokenize(source)
         self.pos = 0
         self.nesting = 0  # how deep unary() is nested right now
+        self.finalizing = False  # inside the expression after |>, where _ is the reduced value
 
     # -- helpers --------------------------------------------------------------------------------
     @property
@@ -120,16 +124,34 @@ class _Parser:
             raise SpecError(f"the expression is {expr_depth(body)} operations deep, more than tullax's limit of "
                             f"{MAX_DEPTH} (every stage after the parser recurses over it): split it into several "
                             f"kernels, or sum over an index instead of writing the terms out")
-        finalizer = None
-        if self.at("|>"):
-            self.advance()
-            tok = self.tok
-            if tok.kind != "name" or tok.text not in UNARY:
-                raise self.error(f"'|>' needs a one-argument function, one of: {', '.join(UNARY)}")
-            finalizer = self.advance().text
+        finalizer = self.finalizer() if self.at("|>") else None
+        ranges = range_clauses(self)
         if self.tok.kind != "end":
             raise self.error(f"unexpected {self.tok.text!r} after the end of the expression")
-        return ParsedSpec(redop, out, lhs, assign, body, finalizer, source=self.source)
+        return ParsedSpec(redop, out, lhs, assign, body, finalizer, source=self.source, ranges=ranges)
+
+    def finalizer(self) -> Expr:
+        """``|> f`` (a one-argument function, short for ``f(_)``) or ``|> expr`` over ``_``, the reduced value."""
+        bar = self.advance()
+        tok = self.tok
+        if tok.kind == "name" and tok.text in UNARY and (self.peek().kind == "end" or at_range_clause(self, 1)):
+            self.advance()
+            return Call(tok.text, (Hole(span=self.span(tok)),), span=self.span(tok))
+        if tok.kind == "end" or (tok.kind == "name" and (self.peek().kind == "end" or at_range_clause(self, 1))):
+            raise self.error(f"'|>' needs a one-argument function, one of: {', '.join(UNARY)}; or an expression "
+                             f"of _, the reduced value, as in |> relu(_ + b[j])")
+        self.finalizing = True
+        try:
+            value = self.expr()
+        finally:
+            self.finalizing = False
+        if expr_depth(value) > MAX_DEPTH:
+            raise self.error(f"the finaliser is {expr_depth(value)} operations deep, more than tullax's limit of "
+                             f"{MAX_DEPTH}: split it into several kernels", bar)
+        if not any(isinstance(node, Hole) for node in walk(value)):
+            raise self.error("the finaliser does not use _ (the reduced value): write |> f or an expression "
+                             "of _, as in |> _ / size(x,1)", bar)
+        return value
 
     def redop(self) -> str:
         if not self.at("("):
@@ -338,6 +360,11 @@ class _Parser:
 
     def name_expr(self) -> Expr:
         tok = self.advance()
+        if tok.text == "_":
+            if not self.finalizing:
+                raise self.error("_ stands for the reduced value: it only appears after |>, as in "
+                                 "|> relu(_ + b[j])", tok)
+            return Hole(span=self.span(tok))
         if self.at("["):
             self.advance()
             if self.at("]"):
@@ -349,6 +376,8 @@ class _Parser:
         return Name(tok.text, span=self.span(tok))
 
     def call(self, tok: Token) -> Expr:
+        if tok.text == "size":
+            return size_call(self, tok)
         if tok.text in WRAPPERS:
             raise self.error(f"{tok.text}(...) wraps an index: use it inside brackets, as in x[{tok.text}(i+k)]",
                              tok)
