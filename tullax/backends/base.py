@@ -36,6 +36,16 @@ class Signature:
         ``dtype``), one per spec input, with a result of ``out_dtype``."""
         return cls(tuple(np.dtype(v.dtype).name for v in values), np.dtype(out_dtype).name)
 
+    def widened(self) -> "Signature":
+        """The signature the loop kernels compute this call in (``tullax.spec.dtypes.kernel_dtype``): half
+        precision data as float32, an integer result as int64; ``self`` when nothing changes. The host converts
+        (``tullax.backends.host.WidenedKernel``)."""
+        from tullax.spec.dtypes import HALF, kernel_dtype
+
+        wide = Signature(tuple(kernel_dtype(d) if d in HALF else d for d in self.in_dtypes),
+                         kernel_dtype(self.out_dtype))
+        return self if wide == self else wide
+
 
 class HostKernel(Protocol):
     """A compiled kernel that writes the result into ``out`` in place: ``kernel(out, *inputs)`` with NumPy

@@ -25,6 +25,8 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tullax.compiler.assemble import Nest, mark_reduce_parallel
 from tullax.compiler.blocking import TileSum, blocked_index, first_block_end, peels, register_sum
 from tullax.compiler.bounds import Bound, Side, narrow
@@ -48,6 +50,7 @@ from tullax.compiler.loops import (
     binop,
     conjunction,
     const,
+    is_float,
 )
 from tullax.compiler.params import parameters
 from tullax.compiler.schedule import TILE, Schedule, loop_order, schedule
@@ -60,6 +63,15 @@ if TYPE_CHECKING:
     from tullax.backends.base import Signature
 
 IDENTITY = {"+": 0.0, "*": 1.0, "max": -math.inf, "min": math.inf}  # the initial value of each reduction
+
+
+def identity(redop: str, compute: str) -> Const:
+    """The initial value of reduction ``redop`` in ``compute``: an integer max/min starts at the type's extreme
+    (integers have no infinities)."""
+    if not is_float(compute) and redop in ("max", "min"):
+        info = np.iinfo(compute)
+        return Const(info.min if redop == "max" else info.max, compute)
+    return Const(IDENTITY[redop], compute)
 ACC, MAX_ACC, SUM_ACC, SHIFT = "acc", "accm", "accs", "shift"  # accumulators (logsumexp: max, shifted sum)
 TILE_LO, TILE_HI = "tile_lo", "tile_hi"  # the range of the tiled index in the current tile
 
@@ -152,7 +164,7 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
     elif spec.redop == "+":
         block, result = register_sum(nest, ACC, value, compute, blocked, first_hi)
     else:
-        block = [Let(ACC, Const(IDENTITY[spec.redop], compute))]
+        block = [Let(ACC, identity(spec.redop, compute))]
         block += nest.block([Accum(ACC, spec.redop, value)])
         result = Var(ACC, compute)
     if spec.finalizer:
@@ -218,7 +230,7 @@ def _tiled(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr,
         return replace(tile, body=(stmt,))
 
     if spec.assign != "+=":
-        block.append(over_tile(Store(out.name, out_index, Const(IDENTITY[spec.redop], compute))))
+        block.append(over_tile(Store(out.name, out_index, identity(spec.redop, compute))))
     if spec.redop == "+":
         update = Store(out.name, out_index, value, "add")
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tullax.compiler.loops import FLOATS, ArrayArg, ScalarArg
+from tullax.compiler.loops import FLOATS, INDEX, ArrayArg, ScalarArg
 from tullax.errors import TullaxError
 from tullax.spec import ir
 from tullax.spec.ir import Spec
@@ -33,10 +33,10 @@ def parameters(spec: Spec, signature: Signature) -> Params:
     """Check that the loop backends can run ``signature`` and name the parameters: only inputs the spec reads
     become parameters (a derived gradient spec lists inputs it only takes shapes from)."""
     compute = str(signature.out_dtype)
-    if compute not in FLOATS:
+    if compute not in (*FLOATS, INDEX):
         raise TullaxError(
-            f"the loop backends compute in float32 or float64, not {compute}: pass float arrays "
-            "(or use backend='xla')")
+            f"the loop kernels compute in float32, float64 or int64, not {compute}: the host widens half "
+            "precision and narrow integers first (Signature.widened)")
     if len(signature.in_dtypes) != len(spec.inputs):
         raise TullaxError(f"signature has {len(signature.in_dtypes)} input dtypes, the spec "
                           f"{len(spec.inputs)} inputs")

@@ -30,11 +30,14 @@ from tullax.compiler.loops import (
     cast,
     conjunction,
     const,
+    is_float,
 )
 from tullax.compiler.params import Params
 from tullax.errors import TullaxError
 from tullax.spec import functions, ir
 from tullax.spec.ir import Affine, Idx, Indirect, Wrapped
+
+INT64_MIN = -2**63  # what an out-of-range gather reads in an integer kernel (jnp.take's fill for int64)
 
 
 @dataclass(frozen=True)
@@ -110,8 +113,9 @@ class Translator:
             (pad_checks if pos.pads else ind_checks).extend(pos.checks)
             index.append(pos.index)
         value: Expr = cast(Load(arg.name, tuple(index), arg.dtype), self.compute)
-        if ind_checks:  # an index array pointing outside the axis: the gather reads NaN
-            value = Select(conjunction(ind_checks), value, Const(NAN, self.compute), self.compute)
+        if ind_checks:  # an index array pointing outside the axis: the gather reads NaN (an integer: its minimum)
+            missing = Const(NAN if is_float(self.compute) else INT64_MIN, self.compute)
+            value = Select(conjunction(ind_checks), value, missing, self.compute)
         if pad_checks:
             value = Select(conjunction(pad_checks), value, Const(0.0, self.compute), self.compute)
         return value
