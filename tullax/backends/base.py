@@ -27,7 +27,9 @@ class Signature:
     def for_dtype(cls, spec: Spec, dtype: Any) -> "Signature":
         """The signature used when only a data dtype is named: data and scalars in ``dtype``, index arrays
         int64, the result in ``dtype``."""
-        name = np.dtype(dtype).name
+        from tullax.spec.dtypes import dtype_name
+
+        name = dtype_name(dtype)
         return cls(tuple(INDEX_DTYPE if i.kind == "index" else name for i in spec.inputs), name)
 
     @classmethod

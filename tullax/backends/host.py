@@ -93,9 +93,10 @@ def module_source(spec: Spec, signature: Signature, lower: Callable[[Spec, Signa
     """The whole module of ``spec`` for display: every kernel of ``kernel_steps`` lowered by ``lower(spec,
     signature, name)``, printed together by ``print_module``. The forward kernel has ``signature``; the gradient
     steps compute in its result dtype (``Signature.for_dtype``)."""
+    signature = signature.widened()  # what the kernels compute in (half precision in float32, integers in int64)
     forward, *grads = kernel_steps(spec)
     kernels = [lower(forward.spec, signature, forward.name)]
-    for step in grads:
+    for step in grads if np.dtype(signature.out_dtype).kind not in "iu" else ():  # integers have no gradient
         kernels.append(lower(step.spec, Signature.for_dtype(step.spec, signature.out_dtype), step.name))
     return print_module(kernels)
 

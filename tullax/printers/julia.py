@@ -140,8 +140,8 @@ def format_const(node: Const) -> str:
         return text if node.dtype == "bool" else f"{julia_type(node.dtype)}({text})"
     if node.dtype in ("float32", "float64"):
         return format_float(float(value), node.dtype)
-    if node.dtype == INDEX:
-        return str(int(value))
+    if node.dtype == INDEX:  # -2^63 (an integer max's start) as a literal would parse as an Int128
+        return "typemin(Int64)" if int(value) == -2**63 else str(int(value))
     return f"{julia_type(node.dtype)}({int(value) if float(value).is_integer() else float(value)})"
 
 

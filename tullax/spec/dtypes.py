@@ -25,14 +25,24 @@ LOOP_COMPUTE = {"float16": "float32", "bfloat16": "float32"}
 INTEGER_FUNCTIONS = ("abs", "relu", "max", "min", "ifelse", "conj", "real", "imag")
 
 
+def as_dtype(dtype: Any) -> np.dtype:
+    """``np.dtype(dtype)``, the name ``"bfloat16"`` included (NumPy knows it once ml_dtypes, which jax
+    depends on, is imported)."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
 def dtype_name(dtype: Any) -> str:
-    """The NumPy name of ``dtype`` (``bfloat16`` for ml_dtypes' bfloat16, which NumPy itself does not know)."""
-    return np.dtype(dtype).name
+    """The NumPy name of ``dtype`` (``bfloat16`` for ml_dtypes' bfloat16)."""
+    return as_dtype(dtype).name
 
 
 def is_numeric(dtype: Any) -> bool:
     """A dtype tullax computes with: bool, integers, floats (half precision included) and complex."""
-    found = np.dtype(dtype)
+    found = as_dtype(dtype)
     return found.kind in "biufc" or found.name in HALF
 
 
@@ -44,7 +54,7 @@ def is_integer(dtype: Any) -> bool:
         return dtype in (int, bool)
     if isinstance(dtype, (int, float, complex)) and not hasattr(dtype, "dtype"):  # a Python number
         return isinstance(dtype, int)
-    return np.dtype(getattr(dtype, "dtype", dtype)).kind in "biu"
+    return as_dtype(getattr(dtype, "dtype", dtype)).kind in "biu"
 
 
 def kernel_dtype(dtype: Any) -> str:
@@ -53,7 +63,7 @@ def kernel_dtype(dtype: Any) -> str:
     name = dtype_name(dtype)
     if name in LOOP_COMPUTE:
         return LOOP_COMPUTE[name]
-    return "int64" if np.dtype(dtype).kind in "iu" else name
+    return "int64" if as_dtype(dtype).kind in "iu" else name
 
 
 def integer_valued(spec: Spec, integer_input: Callable[[str], bool]) -> bool:
@@ -87,4 +97,4 @@ def _integer(expr: Expr, integer_input: Callable[[str], bool]) -> bool:
     return False
 
 
-__all__ = ["HALF", "dtype_name", "is_numeric", "is_integer", "kernel_dtype", "integer_valued"]
+__all__ = ["HALF", "as_dtype", "dtype_name", "is_numeric", "is_integer", "kernel_dtype", "integer_valued"]
