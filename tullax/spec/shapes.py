@@ -284,9 +284,17 @@ def result_dtype(spec: Spec, dtypes: Mapping[str, Any] | Sequence[Any]):
     if data:
         with jax.enable_x64(True):
             found = np.dtype(jnp.result_type(*data))
-        if jnp.issubdtype(found, jnp.inexact) or _keeps_integers(spec, dtypes, found):
+        weak_float64 = found == np.float64 and not any(_strong_float64(d) for d in data)
+        if (jnp.issubdtype(found, jnp.inexact) and not weak_float64) or _keeps_integers(spec, dtypes, found):
             return found
     return np.dtype(jax.dtypes.canonicalize_dtype(np.float64))
+
+
+def _strong_float64(dtype: Any) -> bool:
+    """A float64 input (not a Python float: integers times a weak float give the default float, as in jnp)."""
+    import numpy as np
+
+    return not isinstance(dtype, type) and np.dtype(getattr(dtype, "dtype", dtype)) == np.float64
 
 
 def _keeps_integers(spec: Spec, dtypes: Mapping[str, Any], found: Any) -> bool:
