@@ -79,16 +79,18 @@ def _np_dtype(name):
 
 
 def _reference(formula, arrays):
-    """jnp of the formula, with 64-bit types as they are (x64 on); a float64 that no input asked for is the
-    default float (float32), as tullax computes it without x64."""
+    """(values, dtype): the dtype of jnp's formula on the arrays, with 64-bit types as they are (x64 on; a
+    float64 that no input asked for is the default float, float32, as tullax computes it without x64); the
+    values of the formula with half precision inputs in float32 (what tullax computes, rounded once)."""
     import jax
     import jax.numpy as jnp
 
     with jax.enable_x64(True):
-        ref = formula(*[jnp.asarray(a) for a in arrays])
-        dtype = np.dtype(ref.dtype)
+        args = [jnp.asarray(a) for a in arrays]
+        dtype = np.dtype(jax.eval_shape(formula, *args).dtype)
         if dtype == np.float64 and not any(a.dtype == np.float64 for a in arrays):
             dtype = np.dtype(np.float32)
+        ref = formula(*[a.astype(jnp.float32) if a.dtype.name in HALF_TOL else a for a in args])
         return np.asarray(ref.astype(jnp.float64) if dtype.kind == "f" or dtype.name in HALF_TOL else ref), dtype
 
 

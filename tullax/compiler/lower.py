@@ -65,11 +65,11 @@ if TYPE_CHECKING:
 IDENTITY = {"+": 0.0, "*": 1.0, "max": -math.inf, "min": math.inf}  # the initial value of each reduction
 
 
-def identity(redop: str, compute: str) -> Const:
-    """The initial value of reduction ``redop`` in ``compute``: an integer max/min starts at the type's extreme
-    (integers have no infinities)."""
+def identity(redop: str, compute: str, wrap: str | None = None) -> Const:
+    """The initial value of reduction ``redop`` in ``compute``: an integer max/min starts at the extreme of the
+    result's type (``wrap``, else ``compute``: integers have no infinities)."""
     if not is_float(compute) and redop in ("max", "min"):
-        info = np.iinfo(compute)
+        info = np.iinfo(wrap or compute)
         return Const(info.min if redop == "max" else info.max, compute)
     return Const(IDENTITY[redop], compute)
 ACC, MAX_ACC, SUM_ACC, SHIFT = "acc", "accm", "accs", "shift"  # accumulators (logsumexp: max, shifted sum)
@@ -164,11 +164,11 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
     elif spec.redop == "+":
         block, result = register_sum(nest, ACC, value, compute, blocked, first_hi)
     else:
-        block = [Let(ACC, identity(spec.redop, compute))]
-        block += nest.block([Accum(ACC, spec.redop, value)])
+        block = [Let(ACC, identity(spec.redop, compute, translator.params.wrap))]
+        block += nest.block([Accum(ACC, spec.redop, translator.wrapped(value) if spec.redop != "*" else value)])
         result = Var(ACC, compute)
     if spec.finalizer:
-        result = lower_call(spec.finalizer, [result], compute)
+        result = lower_call(spec.finalizer, [translator.wrapped(result)], compute)
     block.append(Store(out.name, out_index, result, "add" if spec.assign == "+=" else "set"))
     if not plan.parallel and has_loops:
         block = [mark_reduce_parallel(s) for s in block]
@@ -230,11 +230,12 @@ def _tiled(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr,
         return replace(tile, body=(stmt,))
 
     if spec.assign != "+=":
-        block.append(over_tile(Store(out.name, out_index, identity(spec.redop, compute))))
+        block.append(over_tile(Store(out.name, out_index, identity(spec.redop, compute, translator.params.wrap))))
     if spec.redop == "+":
         update = Store(out.name, out_index, value, "add")
     else:
-        update = Store(out.name, out_index, binop(spec.redop, here, value), "set")
+        wrapped = translator.wrapped(value) if spec.redop != "*" else value
+        update = Store(out.name, out_index, binop(spec.redop, here, wrapped), "set")
     blocked = blocked_index(spec, plan, compute)
     if blocked is None:
         block += nest.block([update])
@@ -244,7 +245,8 @@ def _tiled(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr,
                        binop("-", emit.size(rng.hi), emit.size(rng.lo)))
         block += sums.prologue() + sums.blocked(nest.block([update]), plan.var(blocked)) + sums.epilogue()
     if spec.finalizer:
-        block.append(over_tile(Store(out.name, out_index, lower_call(spec.finalizer, [here], compute))))
+        block.append(over_tile(Store(out.name, out_index, lower_call(spec.finalizer, [translator.wrapped(here)],
+                                                                     compute))))
     return nest.parallel(block)
 
 

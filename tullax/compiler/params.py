@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tullax.compiler.loops import FLOATS, INDEX, ArrayArg, ScalarArg
 from tullax.errors import TullaxError
 from tullax.spec import ir
@@ -20,6 +22,10 @@ class Params:
     out: ArrayArg
     arrays: tuple[ArrayArg, ...]  # output first, then the arrays read, in spec input order
     scalars: tuple[ScalarArg, ...]
+    # An integer result narrower than the int64 the kernel computes in (``int32``, ``uint8``...), else None:
+    # before anything that is not arithmetic modulo 2^bits (comparisons, max/min, abs) a value is wrapped to
+    # it, so the kernel sees what jnp's narrow arithmetic would (``tullax.compiler.translate``).
+    wrap: str | None = None
 
     def array(self, source: str) -> ArrayArg:
         """The parameter of the input array (or index array) ``source``."""
@@ -55,4 +61,13 @@ def parameters(spec: Spec, signature: Signature) -> Params:
             arrays.append(ArrayArg(f"a{len(arrays)}", inp.name, inp.rank, in_dtype[inp.name], "in"))
         elif inp.kind == "scalar" and inp.name in used_scalars:
             scalars.append(ScalarArg(f"s{len(scalars)}", inp.name, in_dtype[inp.name]))
-    return Params(compute, out, tuple(arrays), tuple(scalars))
+    return Params(compute, out, tuple(arrays), tuple(scalars), _narrow_integer(spec, in_dtype) if compute == INDEX
+                  else None)
+
+
+def _narrow_integer(spec: Spec, in_dtype: dict[str, str]) -> str | None:
+    """The integer type the data inputs promote to when it is narrower than int64 (NumPy's promotion, which
+    is jnp's for integers)."""
+    data = [np.dtype(in_dtype[i.name]) for i in spec.inputs if i.kind in ("array", "scalar")]
+    found = np.result_type(*data) if data else np.dtype(INDEX)
+    return found.name if found.kind in "iu" and found.itemsize < 8 else None

@@ -20,6 +20,7 @@ from tullax.compiler.loops import (
     NAN,
     BinOp,
     Call,
+    Cast,
     Const,
     Expr,
     Load,
@@ -60,6 +61,15 @@ class Translator:
     def compute(self) -> str:
         return self.params.compute
 
+    def wrapped(self, expr: Expr) -> Expr:
+        """``expr`` as the narrow integer result type would hold it (``Params.wrap``), back in the compute dtype:
+        what jnp's int32/uint8... arithmetic gives before a comparison, max/min or abs. Sums, differences and
+        products need no wrapping until the end: they agree modulo 2^bits."""
+        wrap = self.params.wrap
+        if wrap is None or expr.dtype == BOOL or isinstance(expr, Const):
+            return expr
+        return Cast(Cast(cast(expr, self.compute), wrap), self.compute)
+
     def value(self, expr: ir.Expr) -> Expr:
         """``expr`` in the compute dtype."""
         return cast(self.translate(expr), self.compute)
@@ -86,13 +96,16 @@ class Translator:
         if isinstance(expr, ir.Binary):
             return self.binary(expr)
         assert isinstance(expr, ir.Call)
-        return lower_call(expr.fn, [self.translate(a) for a in expr.args], self.compute)
+        args = [self.translate(a) for a in expr.args]
+        if expr.fn in _WRAPPED_ARGUMENTS:
+            args = [self.wrapped(a) for a in args[:_WRAPPED_ARGUMENTS[expr.fn]]] + args[_WRAPPED_ARGUMENTS[expr.fn]:]
+        return lower_call(expr.fn, args, self.compute)
 
     def binary(self, expr: ir.Binary) -> Expr:
         lhs, rhs = self.translate(expr.lhs), self.translate(expr.rhs)
         if expr.op in ir.COMPARISONS:
             lhs, rhs = unify(lhs, rhs, self.compute)
-            return binop(expr.op, lhs, rhs)
+            return binop(expr.op, self.wrapped(lhs), self.wrapped(rhs))
         if expr.op == "^":
             if isinstance(rhs, Const) and rhs.dtype == INDEX:  # an exact integer power
                 return BinOp("^", cast(lhs, self.compute), rhs, self.compute)
@@ -235,6 +248,10 @@ def _softplus(args: list[Expr], compute: str) -> Expr:
     x, zero = cast(args[0], compute), Const(0.0, compute)
     return BinOp("+", binop("max", x, zero), Call("log1p", (_exp_minus_abs(x, compute),), compute), compute)
 
+
+# functions whose value on integers depends on more than their arguments modulo 2^bits: how many leading
+# arguments a narrow integer kernel wraps first (``Translator.wrapped``; ifelse: its condition)
+_WRAPPED_ARGUMENTS = {"abs": 1, "relu": 1, "max": 2, "min": 2, "ifelse": 1}
 
 Rule = Callable[[list[Expr], str], Expr]
 # the rules of the registry's "structural" and "expand" functions (a "call" function needs none)

@@ -62,6 +62,7 @@ from tullax.compiler.loops import (
     INDEX,
     BinOp,
     Call,
+    Cast,
     Const,
     Loop,
     LoopKernel,
@@ -131,6 +132,10 @@ def format_float(value: float, dtype: str) -> str:
     if single:
         return f"{mantissa}f{power}"
     return f"{mantissa}e{power}" if exponent else mantissa
+
+
+def _is_int(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint"))
 
 
 def format_const(node: Const) -> str:
@@ -257,6 +262,13 @@ class JuliaPrinter(LoopPrinter):
 
     def type_name(self, dtype: str) -> str:
         return julia_type(dtype)
+
+    def cast(self, expr: Cast) -> str:
+        """``Int32(x)`` throws InexactError outside Int32: an integer narrowed to a narrow result type (a value
+        as jnp's wrapping arithmetic holds it) is ``x % Int32``, which wraps."""
+        if _is_int(expr.dtype) and _is_int(expr.arg.dtype) and expr.dtype != INDEX:
+            return f"({self.expr(expr.arg, Precedence.ATOM)} % {julia_type(expr.dtype)})"
+        return super().cast(expr)
 
     def call_name(self, fn: Function, dtype: str) -> str:
         return helper_name(fn.julia, dtype) if _wrapped(fn, dtype) else fn.julia
