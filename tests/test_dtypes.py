@@ -369,3 +369,71 @@ def test_printed_cuda_of_integer_kernels_runs_under_gpp(tmp_path):
     exe = build([(launch.kernel, launch.index_bits) for launch in jobs], tmp_path)
     for got, (case_id, ref, dtype) in zip(run(exe, list(enumerate(jobs))), expected):
         np.testing.assert_array_equal(got.astype(dtype), ref, err_msg=case_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# Random specs with random dtypes
+# ---------------------------------------------------------------------------------------------
+RANDOM_SPECS = {"xla": 60, "numba": 10}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_random_specs_with_random_dtypes_match_the_naive_evaluator(backend):
+    """Random specs (tullax.testing.specgen) on inputs of random dtypes (random_dtypes): the values of the
+    naive evaluator on the same numbers in float64; an integer result only where those values are integers
+    (and then exactly them: the inputs are small, nothing overflows), a floating one of jnp.result_type's
+    dtype when every input is floating."""
+    import jax.numpy as jnp
+
+    from tullax.errors import TullaxError
+    from tullax.spec.examples import random_inputs
+    from tullax.spec.frontend import compile_spec
+    from tullax.testing.oracle import naive_eval
+    from tullax.testing.specgen import random_dtypes, random_spec
+
+    rng = np.random.default_rng(20261124)
+    checked, kinds = 0, set()
+    while checked < RANDOM_SPECS[backend]:
+        text = random_spec(rng)
+        try:
+            spec = compile_spec(text)[1]
+        except TullaxError:
+            continue
+        data = [i.name for i in spec.inputs if i.kind in ("array", "scalar")]
+        dtypes = random_dtypes(data, rng, ("float16", "bfloat16", "int32", "int64", "int16", "float32"))
+        env = random_inputs(spec, seed=checked)
+        env = {n: _small_values(v, dtypes[n]) if n in dtypes else v for n, v in env.items()}
+        with np.errstate(all="ignore"):
+            expected = np.asarray(naive_eval(spec, {n: _as_float64(v) for n, v in env.items()}), np.float64)
+        got = tullax.einsum_kernel(text, backend=backend)(*[env[n] for n in spec.input_names])
+        got_dtype = np.dtype(got.dtype)
+        kinds.add(got_dtype.name)
+        if all(_np_dtype(d).kind == "f" or d in HALF_TOL for d in dtypes.values()) and dtypes:
+            assert got_dtype == np.dtype(jnp.result_type(*[_np_dtype(d) for d in dtypes.values()])), text
+        if got_dtype.kind in "iu":
+            finite = np.isfinite(expected)
+            assert np.all(expected[finite] == np.round(expected[finite])), (text, dtypes)
+            np.testing.assert_array_equal(np.asarray(got)[finite], expected[finite], err_msg=f"{text} {dtypes}")
+        else:
+            # float32 arithmetic where the oracle has float64: a cos or exp of a long product amplifies it
+            tol = max(HALF_TOL.get(got_dtype.name, 0.0), 5e-3)
+            wide = np.asarray(got).astype(np.float64)
+            usable = np.isfinite(expected) & (np.abs(expected) < 1e4)  # float16 tops out at 65504
+            scale = max(1.0, float(np.max(np.abs(expected[usable]), initial=0.0)))
+            np.testing.assert_allclose(wide[usable], expected[usable], rtol=tol, atol=tol * scale,
+                                       err_msg=f"{text} {dtypes}")
+        checked += 1
+    assert {"float16", "bfloat16", "int32", "int64"} <= kinds or backend == "numba"
+
+
+def _small_values(value, dtype):
+    """``value`` in ``dtype``; integers from small rounded values (-3..3), so nothing overflows."""
+    target = _np_dtype(dtype)
+    if target.kind in "iu":
+        return np.round(np.clip(np.asarray(value, np.float64) * 2, -3, 3)).astype(target)[()]
+    return np.asarray(value).astype(target)[()]
+
+
+def _as_float64(value):
+    array = np.asarray(value)
+    return array.astype(np.float64) if array.dtype.kind == "f" or array.dtype.name in HALF_TOL else array

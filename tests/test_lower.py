@@ -504,9 +504,9 @@ def test_complex_and_narrow_results_are_refused():
     (Signature.widened) before a kernel sees them."""
     spec = analysed("y[i] := x[i]")
     assert lower(spec, Signature(("int32",), "int64")).compute_dtype == "int64"
-    for narrow in ("int32", "float16", "uint8"):
+    for dtype in ("int32", "float16", "uint8"):
         with pytest.raises(TullaxError, match="float32, float64 or int64"):
-            lower(spec, Signature((narrow,), narrow))
+            lower(spec, Signature((dtype,), dtype))
     with pytest.raises(TullaxError, match="complex"):
         lower(spec, Signature(("complex64",), "float32"))
 
