@@ -301,10 +301,15 @@ def test_generated_sources_spell_the_widened_types():
     text = "(max) y[i] := abs(x[i,j]) + i"
     ints = {be: tullax.generate_source(text, backend=be, dtype="int32") for be in ("numba", "julia", "cuda")}
     assert "tx_i64* __restrict__ a0" in ints["cuda"] and "const tx_i32* __restrict__ a1" in ints["cuda"]
-    assert "(-9223372036854775807LL - 1)" in ints["cuda"]
-    assert "typemin(Int64)" in ints["julia"] and "Int64(a1[" in ints["julia"]
+    assert "acc = -2147483648;" in ints["cuda"]  # the int32 result's minimum
+    assert "acc = -2147483648" in ints["julia"] and "Int64(a1[" in ints["julia"]
     assert "np.int64(a1[" in ints["numba"]
     assert "grad" not in ints["numba"]  # integer results have no gradient kernels
+    # the sum of a load and an index is wrapped to int32 before max compares it (x % Int32 in Julia)
+    assert "tx_i64(tx_i32(tx_iabs(tx_i64(a1[" in ints["cuda"] and ") % Int32)" in ints["julia"]
+    longs = {be: tullax.generate_source(text, backend=be, dtype="int64") for be in ("julia", "cuda")}
+    assert "(-9223372036854775807LL - 1)" in longs["cuda"] and "typemin(Int64)" in longs["julia"]
+    assert "% Int" not in longs["julia"]  # an int64 result needs no wrapping
 
 
 def test_printed_julia_of_integer_kernels_runs_in_the_subset_evaluator():

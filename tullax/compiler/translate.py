@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from tullax.compiler.emit import Emitter
 from tullax.compiler.loops import (
     BOOL,
@@ -66,7 +68,7 @@ class Translator:
         what jnp's int32/uint8... arithmetic gives before a comparison, max/min or abs. Sums, differences and
         products need no wrapping until the end: they agree modulo 2^bits."""
         wrap = self.params.wrap
-        if wrap is None or expr.dtype == BOOL or isinstance(expr, Const):
+        if wrap is None or expr.dtype == BOOL or isinstance(expr, Const) or _within(expr, wrap):
             return expr
         return Cast(Cast(cast(expr, self.compute), wrap), self.compute)
 
@@ -247,6 +249,14 @@ def _softplus(args: list[Expr], compute: str) -> Expr:
     """log(1+exp(x)) = max(x,0) + log1p(exp(-|x|))."""
     x, zero = cast(args[0], compute), Const(0.0, compute)
     return BinOp("+", binop("max", x, zero), Call("log1p", (_exp_minus_abs(x, compute),), compute), compute)
+
+
+def _within(expr: Expr, wrap: str) -> bool:
+    """``expr`` holds a value of ``wrap`` already: a load of a type it holds, or a value wrapped before."""
+    inner = expr.arg if isinstance(expr, Cast) else expr
+    if isinstance(inner, Cast) and inner.dtype == wrap:
+        return True
+    return isinstance(inner, Load) and np.can_cast(inner.dtype, wrap)
 
 
 # functions whose value on integers depends on more than their arguments modulo 2^bits: how many leading
