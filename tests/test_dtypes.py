@@ -157,6 +157,22 @@ def test_integer_max_min_start_at_the_extremes_of_the_type(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_an_out_of_range_gather_of_integers_reads_jnp_takes_fill(backend):
+    """Under jit index values are not checked: a gather outside the axis reads what jnp.take's fill gives
+    (NaN for floats; the minimum of a signed result type, the maximum of an unsigned one)."""
+    import jax
+    import jax.numpy as jnp
+
+    ix = jnp.array([1, 7])
+    kernel = jax.jit(tullax.einsum_kernel("y[b] := W[ix[b]]", backend=backend))
+    for dtype in (jnp.int32, jnp.uint8, jnp.int16):
+        W = jnp.arange(3, dtype=dtype)
+        expected = jnp.take(W, ix, mode="fill")
+        got = kernel(W, ix)
+        assert got.dtype == expected.dtype and got.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_accumulates_in_float32(backend, dtype):
     """4096 ones: a float16 accumulator stops at 2048 (and bfloat16 at 256); float32 gets 4096, which both

@@ -40,7 +40,12 @@ from tullax.errors import TullaxError
 from tullax.spec import functions, ir
 from tullax.spec.ir import Affine, Idx, Indirect, Wrapped
 
-INT64_MIN = -2**63  # what an out-of-range gather reads in an integer kernel (jnp.take's fill for int64)
+
+def _integer_fill(dtype: str) -> int:
+    """What an out-of-range gather reads in an integer result, as ``jnp.take``'s fill: the type's minimum (its
+    maximum when unsigned)."""
+    info = np.iinfo(dtype)
+    return int(info.max if info.min == 0 else info.min)
 
 
 @dataclass(frozen=True)
@@ -128,8 +133,9 @@ class Translator:
             (pad_checks if pos.pads else ind_checks).extend(pos.checks)
             index.append(pos.index)
         value: Expr = cast(Load(arg.name, tuple(index), arg.dtype), self.compute)
-        if ind_checks:  # an index array pointing outside the axis: the gather reads NaN (an integer: its minimum)
-            missing = Const(NAN if is_float(self.compute) else INT64_MIN, self.compute)
+        if ind_checks:  # an index array pointing outside the axis: the gather reads NaN (integers: jnp.take's fill)
+            missing = Const(NAN if is_float(self.compute) else _integer_fill(self.params.wrap or self.compute),
+                            self.compute)
             value = Select(conjunction(ind_checks), value, missing, self.compute)
         if pad_checks:
             value = Select(conjunction(pad_checks), value, Const(0.0, self.compute), self.compute)
