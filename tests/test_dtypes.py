@@ -114,9 +114,9 @@ def test_forward_matches_jnp_in_value_and_dtype(backend, case, dtypes):
     _compare(tullax.einsum_kernel(text, backend=backend)(*arrays), ref, dtype)
 
 
-@pytest.mark.parametrize("dtypes", [d for d in DTYPES if "int64" not in d], ids="-".join)
-@pytest.mark.parametrize("case", [CORPUS_BY_ID[c] for c in ("matmul", "row_max", "product", "divide")],
-                         ids=lambda c: c[0])
+@pytest.mark.parametrize("dtypes", [("float16",), ("int32",), ("uint8", "int8"), ("bfloat16", "float32")],
+                         ids="-".join)
+@pytest.mark.parametrize("case", [CORPUS_BY_ID[c] for c in ("matmul", "row_max")], ids=lambda c: c[0])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_under_jit_and_vmap_too(backend, case, dtypes):
     import jax
@@ -199,12 +199,11 @@ def test_weak_python_scalars_take_the_arrays_type(backend):
 # ---------------------------------------------------------------------------------------------
 # Gradients
 # ---------------------------------------------------------------------------------------------
-GRAD_CASES = ("matmul", "dist", "row_max", "exp", "abs_relu_max")
+GRAD_CASES = ("matmul", "dist", "row_max", "exp")
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("dtypes", [("float16",), ("bfloat16",), ("float16", "float32"), ("bfloat16", "int32")],
-                         ids="-".join)
+@pytest.mark.parametrize("dtypes", [("float16",), ("float16", "float32"), ("bfloat16", "int32")], ids="-".join)
 @pytest.mark.parametrize("case_id", GRAD_CASES)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_half_precision_gradients_match_jax_in_float32(backend, case_id, dtypes, jit):

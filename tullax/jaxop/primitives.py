@@ -31,7 +31,9 @@ Semantics under jit worth knowing:
   skips the element (as ``.at[].add`` with ``mode='drop'``), so an out-of-range lookup gets no gradient.
   Eager calls with NumPy arrays raise a ShapeError instead.
 * Integer inputs (and index arrays) get float0 cotangents; the result dtype is ``jnp.result_type`` of the data
-  inputs (float32, or float64 with x64). Kernels write only their output buffer, never an input.
+  inputs, an integer one only where the body is integer-valued (``tullax.spec.dtypes``). Half-precision inputs
+  are converted to float32 by XLA before the primitive and its result rounded after it (``apply``). Kernels
+  write only their output buffer, never an input.
 * A 0-d integer passed for a rank-1 index array is taken as shape (1,): ``out[d] := W[ix[0],d]`` is one lookup,
   and ``jax.vmap`` of it over a vector of indices is the gather ``out[b,d] := W[ix[b],d]``.
 * Forward mode costs more than reverse mode: a tangent runs the gradients of the gradient kernels.
