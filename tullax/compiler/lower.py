@@ -7,9 +7,10 @@ order, tiling); the ``Emitter`` (``emit``) numbers names and places statements a
 all. Decisions taken here (printer-neutral):
 
 * Reductions accumulate in a register (``Let acc = init``; loops; ``Accum``; finaliser; one ``Store``).
-  Initial values: + 0, * 1, max -inf, min +inf. logsumexp runs two passes over the same loops: a max pass,
-  then a sum of ``exp(v - m)`` (m replaced by 0 when it is infinite, which makes an all ``-inf`` or empty
-  range give ``-inf`` and a ``+inf`` give ``+inf``), result ``m + log(s)``. A float32 sum (logsumexp's too)
+  Initial values: + 0, * 1, max -inf, min +inf (integers: the extremes of the result type). logsumexp runs
+  two passes over the same loops: a max pass, then a sum of ``exp(v - m)`` (m replaced by 0 when it is
+  infinite, which makes an all ``-inf`` or empty range give ``-inf`` and a ``+inf`` give ``+inf``), result
+  ``m + log(s)``. A float32 sum (logsumexp's too)
   that may be long runs in blocks: float32 partials, a float64 total (``blocking``).
 * A tiled kernel accumulates straight into the output elements of its tile (initialised first, finalised
   after); the output is then also read (``Load`` of the output array). A long float32 sum moves the tile's
@@ -63,6 +64,8 @@ if TYPE_CHECKING:
     from tullax.backends.base import Signature
 
 IDENTITY = {"+": 0.0, "*": 1.0, "max": -math.inf, "min": math.inf}  # the initial value of each reduction
+ACC, MAX_ACC, SUM_ACC, SHIFT = "acc", "accm", "accs", "shift"  # accumulators (logsumexp: max, shifted sum)
+TILE_LO, TILE_HI = "tile_lo", "tile_hi"  # the range of the tiled index in the current tile
 
 
 def identity(redop: str, compute: str, wrap: str | None = None) -> Const:
@@ -72,8 +75,6 @@ def identity(redop: str, compute: str, wrap: str | None = None) -> Const:
         info = np.iinfo(wrap or compute)
         return Const(info.min if redop == "max" else info.max, compute)
     return Const(IDENTITY[redop], compute)
-ACC, MAX_ACC, SUM_ACC, SHIFT = "acc", "accm", "accs", "shift"  # accumulators (logsumexp: max, shifted sum)
-TILE_LO, TILE_HI = "tile_lo", "tile_hi"  # the range of the tiled index in the current tile
 
 
 def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool = False) -> LoopKernel:
