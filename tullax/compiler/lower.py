@@ -10,8 +10,8 @@ all. Decisions taken here (printer-neutral):
   Initial values: + 0, * 1, max -inf, min +inf (integers: the extremes of the result type). logsumexp runs
   two passes over the same loops: a max pass, then a sum of ``exp(v - m)`` (m replaced by 0 when it is
   infinite, which makes an all ``-inf`` or empty range give ``-inf`` and a ``+inf`` give ``+inf``), result
-  ``m + log(s)``. A float32 sum (logsumexp's too)
-  that may be long runs in blocks: float32 partials, a float64 total (``blocking``).
+  ``m + log(s)``. A float32 sum (logsumexp's too) that may be long runs in blocks: float32 partials, a
+  float64 total (``blocking``).
 * A tiled kernel accumulates straight into the output elements of its tile (initialised first, finalised
   after); the output is then also read (``Load`` of the output array). A long float32 sum moves the tile's
   partials into float64 totals after each block (a ``Scratch`` array).
