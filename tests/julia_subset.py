@@ -50,7 +50,8 @@ The subset (anything else raises UnsupportedJulia / UndefinedName at load time):
   ``while``, ``if/elseif/else``, ``break``/``continue`` inside loops, ``return`` (not in kernels),
   ``begin ... end``, ``@inbounds`` on an expression/statement/block, ``Atomix.@atomic A[i...] += v`` / ``-= v``.
 - expressions: Int literals (decimal, ``_`` allowed), Float64 (``1.0 1e-3``) and Float32 (``1f0 0.5f0 1.5f-3``)
-  literals, ``true false nothing Inf Inf32 Inf64 NaN NaN32 NaN64``, ``+ - * / ^ ÷ %``, unary ``- + !``,
+  literals, ``true false nothing Inf Inf32 Inf64 NaN NaN32 NaN64``, ``+ - * / ^ ÷ %`` (``x % T``, T an integer
+  type: x converted modulo 2^bits), unary ``- + !``,
   ``== != ≠ < <= ≤ > >= ≥`` (no chains), ``&& ||``, ``c ? a : b``, ``A[i, j]`` / ``A[k]`` / ``A[I]`` / ``A[]``,
   tuple ``t[k]`` and ``I[k]``, ``(a, b)`` and ``(n,)`` tuples, calls of module functions, of the builtins in
   SUPPORTED_FUNCTIONS (``zeros(T, n)`` makes an array private to its work-item), of the types ``Float32(x)
@@ -1361,6 +1362,10 @@ _COMPOUND = {"+=": "+", "-=": "-", "*=": "*", "/=": "/"}
 
 
 def _binary(op: str, x: Any, y: Any) -> Any:
+    if op == "%" and isinstance(y, JuliaType):  # x % T: an integer converted to T modulo 2^bits
+        if y.kind != "int" or _number(x, op).kind != "int":
+            raise JuliaRuntimeError(f"MethodError: no method matching rem({_type_name(x)}, Type{{{y}}})")
+        return _wrap_int(int(x), y)
     if op in ("+", "-", "*", "/"):
         return _arith(op, x, y)
     if op == "^":

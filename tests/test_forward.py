@@ -317,8 +317,10 @@ def test_result_dtype_rules():
     assert result_dtype(spec, {"a": float, "W": f32, "ix": i64, "n": i64}) == f32  # integer data joins
     assert spec.input_names == ("a", "W", "ix", "n")
     assert result_dtype(spec, [f32, f32, i64, np.dtype("complex64")]) == np.dtype("complex64")
-    only_ints = analyze(parse_spec("y[i] := n[i]"))
-    assert result_dtype(only_ints, {"n": np.dtype("int32")}) == np.dtype(jnp.zeros(()).dtype)
+    only_ints = analyze(parse_spec("y[i] := n[i]"))  # integer-valued: integers stay integers (issue 13)
+    assert result_dtype(only_ints, {"n": np.dtype("int32")}) == np.dtype("int32")
+    halved = analyze(parse_spec("y[i] := n[i]/2"))  # not integer-valued: the default float
+    assert result_dtype(halved, {"n": np.dtype("int32")}) == np.dtype(jnp.zeros(()).dtype)
 
 
 def test_lowering_keeps_float32():

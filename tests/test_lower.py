@@ -499,10 +499,14 @@ def test_eval_int_evaluates_loop_bounds():
         eval_int(BinOp("//", n, Const(0, "int64"), "int64"), {"n": 2})
 
 
-def test_complex_and_integer_results_are_refused():
+def test_complex_and_narrow_results_are_refused():
+    """Loop kernels compute in float32, float64 or int64: the host widens half precision and narrow integers
+    (Signature.widened) before a kernel sees them."""
     spec = analysed("y[i] := x[i]")
-    with pytest.raises(TullaxError, match="float32 or float64"):
-        lower(spec, Signature(("int64",), "int64"))
+    assert lower(spec, Signature(("int32",), "int64")).compute_dtype == "int64"
+    for dtype in ("int32", "float16", "uint8"):
+        with pytest.raises(TullaxError, match="float32, float64 or int64"):
+            lower(spec, Signature((dtype,), dtype))
     with pytest.raises(TullaxError, match="complex"):
         lower(spec, Signature(("complex64",), "float32"))
 

@@ -27,7 +27,9 @@ class Signature:
     def for_dtype(cls, spec: Spec, dtype: Any) -> "Signature":
         """The signature used when only a data dtype is named: data and scalars in ``dtype``, index arrays
         int64, the result in ``dtype``."""
-        name = np.dtype(dtype).name
+        from tullax.spec.dtypes import dtype_name
+
+        name = dtype_name(dtype)
         return cls(tuple(INDEX_DTYPE if i.kind == "index" else name for i in spec.inputs), name)
 
     @classmethod
@@ -35,6 +37,16 @@ class Signature:
         """The signature of a call on ``values`` (NumPy or jax arrays, NumPy scalars, tracers: anything with a
         ``dtype``), one per spec input, with a result of ``out_dtype``."""
         return cls(tuple(np.dtype(v.dtype).name for v in values), np.dtype(out_dtype).name)
+
+    def widened(self) -> "Signature":
+        """The signature the loop kernels compute this call in (``tullax.spec.dtypes.kernel_dtype``): half
+        precision data as float32, an integer result as int64; ``self`` when nothing changes. The host converts
+        (``tullax.backends.host.WidenedKernel``)."""
+        from tullax.spec.dtypes import HALF, kernel_dtype
+
+        wide = Signature(tuple(kernel_dtype(d) if d in HALF else d for d in self.in_dtypes),
+                         kernel_dtype(self.out_dtype))
+        return self if wide == self else wide
 
 
 class HostKernel(Protocol):

@@ -136,7 +136,7 @@ class CudaBackend:
         return device_kernel(spec, signature, shapes)
 
     def generate_source(self, spec: Spec, signature: Signature) -> str:
-        return print_module([(lower(spec, signature, name=KERNEL_NAME), DISPLAY_INDEX_BITS)])
+        return print_module([(lower(spec, signature.widened(), name=KERNEL_NAME), DISPLAY_INDEX_BITS)])
 
     def module_source(self, spec: Spec, dtype: Signature | str = "float32") -> str:
         return module_source(spec, dtype)

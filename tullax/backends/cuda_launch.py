@@ -56,7 +56,9 @@ def plan_launch(kernel: LoopKernel, spec: Spec, shapes: Mapping[str, tuple[int, 
     else:
         block = min(BLOCK_THREADS, -(-total // WARP_THREADS) * WARP_THREADS)
         grid = min(-(-total // block), MAX_GRID_BLOCKS)
-    narrow = (all(math.prod(shape) <= INT32.hi for shape in array_shapes.values())
+    # an integer kernel computes its values in int64, the printer's index type: they must not be narrowed
+    narrow = (kernel.compute_dtype != "int64"
+              and all(math.prod(shape) <= INT32.hi for shape in array_shapes.values())
               and total + grid * block <= INT32.hi  # the grid-stride counter's last value
               and fits(kernel, sizes, INT32))
     bits = 32 if narrow else 64

@@ -93,9 +93,10 @@ def module_source(spec: Spec, signature: Signature, lower: Callable[[Spec, Signa
     """The whole module of ``spec`` for display: every kernel of ``kernel_steps`` lowered by ``lower(spec,
     signature, name)``, printed together by ``print_module``. The forward kernel has ``signature``; the gradient
     steps compute in its result dtype (``Signature.for_dtype``)."""
+    signature = signature.widened()  # what the kernels compute in (half precision in float32, integers in int64)
     forward, *grads = kernel_steps(spec)
     kernels = [lower(forward.spec, signature, forward.name)]
-    for step in grads:
+    for step in grads if np.dtype(signature.out_dtype).kind not in "iu" else ():  # integers have no gradient
         kernels.append(lower(step.spec, Signature.for_dtype(step.spec, signature.out_dtype), step.name))
     return print_module(kernels)
 
@@ -172,12 +173,46 @@ class HostBuilder:
         return len(self._built)
 
     def build(self, recipe: ModuleRecipe, spec: Spec, signature: Signature) -> HostKernel:
+        wide = signature.widened()
+        if wide != signature:  # half precision or a narrow integer result: the kernel of the wide signature
+            return WidenedKernel(self.build(recipe, spec, wide), signature, wide)
         with self._lock:
             entry = (spec, signature, recipe.backend)
             found = self._built.get(entry)
             if found is None:
                 found = self._built[entry] = build_module(recipe, spec, signature)
             return found
+
+
+class WidenedKernel:
+    """A loop kernel of the widened signature (``Signature.widened``) called with the narrow one: half precision
+    inputs are converted to float32 (a copy: neither Numba nor Julia's host path reads bfloat16, and Numba has no
+    float16 arithmetic), the kernel writes a float32/int64 result, which is rounded (or, for integers, wrapped
+    modulo 2^bits, as the narrow type's own arithmetic would) into ``out``. Same methods as the kernel it wraps."""
+
+    def __init__(self, inner: HostKernel, signature: Signature, wide: Signature):
+        self.inner, self.signature, self.wide = inner, signature, wide
+        self.generated = getattr(inner, "generated", None)
+
+    def _inputs(self, inputs: Sequence[Any]) -> list[Any]:
+        return [np.asarray(value).astype(dtype) if dtype != narrow else value
+                for value, narrow, dtype in zip(inputs, self.signature.in_dtypes, self.wide.in_dtypes)]
+
+    def __call__(self, out: Any, *inputs: Any) -> None:
+        wide_out = np.asarray(out).astype(self.wide.out_dtype)
+        self.inner(wide_out, *self._inputs(inputs))
+        out[...] = wide_out.astype(out.dtype)
+
+    def run(self, out: Any, inputs: Sequence[Any], shapes: Shapes) -> None:
+        wide_out = np.asarray(out).astype(self.wide.out_dtype)
+        self.inner.run(wide_out, self._inputs(inputs), shapes)
+        out[...] = wide_out.astype(out.dtype)
+
+    def prepare(self, shapes: Shapes) -> None:
+        self.inner.prepare(shapes)
+
+    def __getattr__(self, name: str) -> Any:  # anything else a caller reads (variants_run, ...) is the kernel's
+        return getattr(self.inner, name)
 
 
 # =============================================================================================

@@ -372,7 +372,7 @@ class JuliaBackend:
         return _BUILDER.build(_recipe(self.target), spec, signature)
 
     def generate_source(self, spec: Spec, signature: Signature) -> str:
-        return kernel_module(spec, signature, self.target)[1]
+        return kernel_module(spec, signature.widened(), self.target)[1]
 
     def module_source(self, spec: Spec, dtype: str = "float32") -> str:
         return module_source(spec, dtype, target=self.target)

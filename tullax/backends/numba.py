@@ -273,7 +273,7 @@ class NumbaBackend:
         return _BUILDER.build(_RECIPE, spec, signature)
 
     def generate_source(self, spec: Spec, signature: Signature) -> str:
-        return generate(spec, signature)[1]
+        return generate(spec, signature.widened())[1]
 
     def module_source(self, spec: Spec, dtype: str = "float32") -> str:
         return module_source(spec, dtype)

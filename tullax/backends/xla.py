@@ -20,6 +20,7 @@ import numpy as np
 from tullax.backends.base import Capabilities, Signature
 from tullax.errors import ShapeError
 from tullax.spec import functions
+from tullax.spec.dtypes import HALF
 from tullax.spec.ir import (
     Access,
     Affine,
@@ -52,6 +53,23 @@ __all__ = ["lower", "result_dtype", "eval_shapes", "check_shapes", "XlaBackend",
 Env = Mapping[str, Any]
 
 IDENTITY = {"+": 0.0, "*": 1.0, "max": -np.inf, "min": np.inf, "logsumexp": -np.inf}
+
+
+def _identity(redop: str, dtype: Any) -> Any:
+    """The reduction's initial value in ``dtype``: integers have no infinities, so max/min start at the
+    type's extremes."""
+    if np.dtype(dtype).kind in "iu" and redop in ("max", "min"):
+        info = np.iinfo(dtype)
+        return info.min if redop == "max" else info.max
+    return IDENTITY[redop]
+
+
+def _fill(dtype: Any) -> Any:
+    """What an out-of-range gather reads, as ``jnp.take``'s fill: NaN, or an integer type's extreme."""
+    kind = np.dtype(dtype).kind
+    if kind in "iu":
+        return np.iinfo(dtype).min if kind == "i" else np.iinfo(dtype).max
+    return np.nan
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,13 +109,15 @@ def _evaluate(spec: Spec, env: Env, einsum: bool = True, grid: str = "free-first
     check_shapes(spec, shapes)
     check_dtypes(spec, {name: _np_dtype(env[name]) for name in spec.input_names})
     dtype = jax.dtypes.canonicalize_dtype(result_dtype(spec, {n: _dtype_of(env[n]) for n in spec.input_names}))
-    ctx = _Context(spec, env, shapes, dtype, _Grid.build(spec, shapes, _grid_order(spec, grid)))
+    # half precision is loaded, computed and accumulated in float32 and rounded once at the end
+    compute = np.dtype(np.float32) if np.dtype(dtype).name in HALF else dtype
+    ctx = _Context(spec, env, shapes, compute, _Grid.build(spec, shapes, _grid_order(spec, grid)))
     if spec.is_scatter:
-        return _scatter(ctx)
+        return _scatter(ctx).astype(dtype)
     value = _contract(ctx) if einsum and is_contraction(spec) and _einsum_fits(ctx) else _reduce(ctx)
     if spec.finalizer is not None:
         value = _finalize(ctx, value)
-    return _place(ctx, value)
+    return _place(ctx, value).astype(dtype)
 
 
 def _finalize(ctx: "_Context", value):
@@ -236,7 +256,7 @@ def _reduce(ctx: _Context):
     free = ctx.spec.free
     free_shape = tuple(ctx.grid.size[ctx.grid.axis(n)] for n in free)
     if ctx.grid.empty:  # nothing to read: every element is the reduction's identity
-        return jnp.full(free_shape, IDENTITY[ctx.spec.redop], ctx.dtype)
+        return jnp.full(free_shape, _identity(ctx.spec.redop, ctx.dtype), ctx.dtype)
     value = jnp.broadcast_to(_as_array(_body(ctx, ctx.spec.body), ctx.dtype), ctx.grid.shape)
     axes = tuple(k for k, n in enumerate(ctx.grid.names) if n not in free)
     if axes:
@@ -365,7 +385,7 @@ def _read(ctx: _Context, acc: Access):
     defined = _all([p.defined for p in positions])
     inside = _all([p.inside for p in positions])
     if defined is not None:
-        value = jnp.where(defined, value, jnp.nan)
+        value = jnp.where(defined, value, _fill(ctx.dtype))
     if inside is not None:
         value = jnp.where(inside, value, 0)
     return value
@@ -502,9 +522,10 @@ class XlaHostKernel:
 
         self.spec = spec
         self._compiled = jax.jit(lower(spec))
-        # float64 or complex128 anywhere: run with x64 on, whatever the process-wide setting.
-        self._wide = any(np.dtype(d).itemsize >= 8 and np.dtype(d).kind in "fc"
-                         for d in (*signature.in_dtypes, signature.out_dtype))
+        # float64, complex128 or a 64-bit integer anywhere: run with x64 on, whatever the process-wide setting.
+        data = [d for inp, d in zip(spec.inputs, signature.in_dtypes) if inp.kind in ("array", "scalar")]
+        self._wide = any(np.dtype(d).itemsize >= 8 and np.dtype(d).kind in "fciu"
+                         for d in (*data, signature.out_dtype))
 
     def __call__(self, out: np.ndarray, *inputs: Any) -> None:
         import jax

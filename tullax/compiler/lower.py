@@ -7,10 +7,11 @@ order, tiling); the ``Emitter`` (``emit``) numbers names and places statements a
 all. Decisions taken here (printer-neutral):
 
 * Reductions accumulate in a register (``Let acc = init``; loops; ``Accum``; finaliser; one ``Store``).
-  Initial values: + 0, * 1, max -inf, min +inf. logsumexp runs two passes over the same loops: a max pass,
-  then a sum of ``exp(v - m)`` (m replaced by 0 when it is infinite, which makes an all ``-inf`` or empty
-  range give ``-inf`` and a ``+inf`` give ``+inf``), result ``m + log(s)``. A float32 sum (logsumexp's too)
-  that may be long runs in blocks: float32 partials, a float64 total (``blocking``).
+  Initial values: + 0, * 1, max -inf, min +inf (integers: the extremes of the result type). logsumexp runs
+  two passes over the same loops: a max pass, then a sum of ``exp(v - m)`` (m replaced by 0 when it is
+  infinite, which makes an all ``-inf`` or empty range give ``-inf`` and a ``+inf`` give ``+inf``), result
+  ``m + log(s)``. A float32 sum (logsumexp's too) that may be long runs in blocks: float32 partials, a
+  float64 total (``blocking``).
 * A tiled kernel accumulates straight into the output elements of its tile (initialised first, finalised
   after); the output is then also read (``Load`` of the output array). A long float32 sum moves the tile's
   partials into float64 totals after each block (a ``Scratch`` array).
@@ -24,6 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from tullax.compiler.assemble import Nest, mark_reduce_parallel
 from tullax.compiler.blocking import TileSum, blocked_index, first_block_end, peels, register_sum
@@ -48,6 +51,7 @@ from tullax.compiler.loops import (
     binop,
     conjunction,
     const,
+    is_float,
 )
 from tullax.compiler.params import parameters
 from tullax.compiler.schedule import TILE, Schedule, loop_order, schedule
@@ -62,6 +66,15 @@ if TYPE_CHECKING:
 IDENTITY = {"+": 0.0, "*": 1.0, "max": -math.inf, "min": math.inf}  # the initial value of each reduction
 ACC, MAX_ACC, SUM_ACC, SHIFT = "acc", "accm", "accs", "shift"  # accumulators (logsumexp: max, shifted sum)
 TILE_LO, TILE_HI = "tile_lo", "tile_hi"  # the range of the tiled index in the current tile
+
+
+def identity(redop: str, compute: str, wrap: str | None = None) -> Const:
+    """The initial value of reduction ``redop`` in ``compute``: an integer max/min starts at the extreme of the
+    result's type (``wrap``, else ``compute``: integers have no infinities)."""
+    if not is_float(compute) and redop in ("max", "min"):
+        info = np.iinfo(wrap or compute)
+        return Const(info.min if redop == "max" else info.max, compute)
+    return Const(IDENTITY[redop], compute)
 
 
 def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool = False) -> LoopKernel:
@@ -152,11 +165,11 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
     elif spec.redop == "+":
         block, result = register_sum(nest, ACC, value, compute, blocked, first_hi)
     else:
-        block = [Let(ACC, Const(IDENTITY[spec.redop], compute))]
-        block += nest.block([Accum(ACC, spec.redop, value)])
+        block = [Let(ACC, identity(spec.redop, compute, translator.params.wrap))]
+        block += nest.block([Accum(ACC, spec.redop, translator.wrapped(value) if spec.redop != "*" else value)])
         result = Var(ACC, compute)
     if spec.finalizer is not None:
-        result = finalize(spec, translator, result)
+        result = finalize(spec, translator, translator.wrapped(result))
     block.append(Store(out.name, out_index, result, "add" if spec.assign == "+=" else "set"))
     if not plan.parallel and has_loops:
         block = [mark_reduce_parallel(s) for s in block]
@@ -224,11 +237,12 @@ def _tiled(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr,
         return replace(tile, body=(stmt,))
 
     if spec.assign != "+=":
-        block.append(over_tile(Store(out.name, out_index, Const(IDENTITY[spec.redop], compute))))
+        block.append(over_tile(Store(out.name, out_index, identity(spec.redop, compute, translator.params.wrap))))
     if spec.redop == "+":
         update = Store(out.name, out_index, value, "add")
     else:
-        update = Store(out.name, out_index, binop(spec.redop, here, value), "set")
+        wrapped = translator.wrapped(value) if spec.redop != "*" else value
+        update = Store(out.name, out_index, binop(spec.redop, here, wrapped), "set")
     blocked = blocked_index(spec, plan, compute)
     if blocked is None:
         block += nest.block([update])
@@ -238,7 +252,7 @@ def _tiled(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr,
                        binop("-", emit.size(rng.hi), emit.size(rng.lo)))
         block += sums.prologue() + sums.blocked(nest.block([update]), plan.var(blocked)) + sums.epilogue()
     if spec.finalizer is not None:
-        block.append(over_tile(Store(out.name, out_index, finalize(spec, translator, here))))
+        block.append(over_tile(Store(out.name, out_index, finalize(spec, translator, translator.wrapped(here)))))
     return nest.parallel(block)
 
 

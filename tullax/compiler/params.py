@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tullax.compiler.loops import FLOATS, ArrayArg, ScalarArg
+import numpy as np
+
+from tullax.compiler.loops import FLOATS, INDEX, ArrayArg, ScalarArg
 from tullax.errors import TullaxError
 from tullax.spec import ir
 from tullax.spec.ir import Spec
@@ -20,6 +22,10 @@ class Params:
     out: ArrayArg
     arrays: tuple[ArrayArg, ...]  # output first, then the arrays read, in spec input order
     scalars: tuple[ScalarArg, ...]
+    # An integer result narrower than the int64 the kernel computes in (``int32``, ``uint8``...), else None:
+    # before anything that is not arithmetic modulo 2^bits (comparisons, max/min, abs) a value is wrapped to
+    # it, so the kernel sees what jnp's narrow arithmetic would (``tullax.compiler.translate``).
+    wrap: str | None = None
 
     def array(self, source: str) -> ArrayArg:
         """The parameter of the input array (or index array) ``source``."""
@@ -33,10 +39,10 @@ def parameters(spec: Spec, signature: Signature) -> Params:
     """Check that the loop backends can run ``signature`` and name the parameters: only inputs the spec reads
     become parameters (a derived gradient spec lists inputs it only takes shapes from)."""
     compute = str(signature.out_dtype)
-    if compute not in FLOATS:
+    if compute not in (*FLOATS, INDEX):
         raise TullaxError(
-            f"the loop backends compute in float32 or float64, not {compute}: pass float arrays "
-            "(or use backend='xla')")
+            f"the loop kernels compute in float32, float64 or int64, not {compute}: the host widens half "
+            "precision and narrow integers first (Signature.widened)")
     if len(signature.in_dtypes) != len(spec.inputs):
         raise TullaxError(f"signature has {len(signature.in_dtypes)} input dtypes, the spec "
                           f"{len(spec.inputs)} inputs")
@@ -55,4 +61,13 @@ def parameters(spec: Spec, signature: Signature) -> Params:
             arrays.append(ArrayArg(f"a{len(arrays)}", inp.name, inp.rank, in_dtype[inp.name], "in"))
         elif inp.kind == "scalar" and inp.name in used_scalars:
             scalars.append(ScalarArg(f"s{len(scalars)}", inp.name, in_dtype[inp.name]))
-    return Params(compute, out, tuple(arrays), tuple(scalars))
+    return Params(compute, out, tuple(arrays), tuple(scalars), _narrow_integer(spec, in_dtype) if compute == INDEX
+                  else None)
+
+
+def _narrow_integer(spec: Spec, in_dtype: dict[str, str]) -> str | None:
+    """The integer type the data inputs promote to when it is narrower than int64 (NumPy's promotion, which
+    is jnp's for integers)."""
+    data = [np.dtype(in_dtype[i.name]) for i in spec.inputs if i.kind in ("array", "scalar")]
+    found = np.result_type(*data) if data else np.dtype(INDEX)
+    return found.name if found.kind in "iu" and found.itemsize < 8 else None

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from tullax.compiler.emit import Emitter
 from tullax.compiler.loops import (
     BOOL,
@@ -20,6 +22,7 @@ from tullax.compiler.loops import (
     NAN,
     BinOp,
     Call,
+    Cast,
     Const,
     Expr,
     Load,
@@ -30,11 +33,19 @@ from tullax.compiler.loops import (
     cast,
     conjunction,
     const,
+    is_float,
 )
 from tullax.compiler.params import Params
 from tullax.errors import TullaxError
 from tullax.spec import functions, ir
 from tullax.spec.ir import Affine, Idx, Indirect, Wrapped
+
+
+def _integer_fill(dtype: str) -> int:
+    """What an out-of-range gather reads in an integer result, as ``jnp.take``'s fill: the type's minimum (its
+    maximum when unsigned)."""
+    info = np.iinfo(dtype)
+    return int(info.max if info.min == 0 else info.min)
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,15 @@ class Translator:
     @property
     def compute(self) -> str:
         return self.params.compute
+
+    def wrapped(self, expr: Expr) -> Expr:
+        """``expr`` as the narrow integer result type would hold it (``Params.wrap``), back in the compute dtype:
+        what jnp's int32/uint8... arithmetic gives before a comparison, max/min or abs. Sums, differences and
+        products need no wrapping until the end: they agree modulo 2^bits."""
+        wrap = self.params.wrap
+        if wrap is None or expr.dtype == BOOL or isinstance(expr, Const) or _within(expr, wrap):
+            return expr
+        return Cast(Cast(cast(expr, self.compute), wrap), self.compute)
 
     def value(self, expr: ir.Expr) -> Expr:
         """``expr`` in the compute dtype."""
@@ -89,13 +109,16 @@ class Translator:
         if isinstance(expr, ir.Binary):
             return self.binary(expr)
         assert isinstance(expr, ir.Call)
-        return lower_call(expr.fn, [self.translate(a) for a in expr.args], self.compute)
+        args = [self.translate(a) for a in expr.args]
+        if expr.fn in _WRAPPED_ARGUMENTS:
+            args = [self.wrapped(a) for a in args[:_WRAPPED_ARGUMENTS[expr.fn]]] + args[_WRAPPED_ARGUMENTS[expr.fn]:]
+        return lower_call(expr.fn, args, self.compute)
 
     def binary(self, expr: ir.Binary) -> Expr:
         lhs, rhs = self.translate(expr.lhs), self.translate(expr.rhs)
         if expr.op in ir.COMPARISONS:
             lhs, rhs = unify(lhs, rhs, self.compute)
-            return binop(expr.op, lhs, rhs)
+            return binop(expr.op, self.wrapped(lhs), self.wrapped(rhs))
         if expr.op == "^":
             if isinstance(rhs, Const) and rhs.dtype == INDEX:  # an exact integer power
                 return BinOp("^", cast(lhs, self.compute), rhs, self.compute)
@@ -116,8 +139,10 @@ class Translator:
             (pad_checks if pos.pads else ind_checks).extend(pos.checks)
             index.append(pos.index)
         value: Expr = cast(Load(arg.name, tuple(index), arg.dtype), self.compute)
-        if ind_checks:  # an index array pointing outside the axis: the gather reads NaN
-            value = Select(conjunction(ind_checks), value, Const(NAN, self.compute), self.compute)
+        if ind_checks:  # an index array pointing outside the axis: the gather reads NaN (integers: jnp.take's fill)
+            missing = Const(NAN if is_float(self.compute) else _integer_fill(self.params.wrap or self.compute),
+                            self.compute)
+            value = Select(conjunction(ind_checks), value, missing, self.compute)
         if pad_checks:
             value = Select(conjunction(pad_checks), value, Const(0.0, self.compute), self.compute)
         return value
@@ -243,6 +268,18 @@ def _softplus(args: list[Expr], compute: str) -> Expr:
     x, zero = cast(args[0], compute), Const(0.0, compute)
     return BinOp("+", binop("max", x, zero), Call("log1p", (_exp_minus_abs(x, compute),), compute), compute)
 
+
+def _within(expr: Expr, wrap: str) -> bool:
+    """``expr`` holds a value of ``wrap`` already: a load of a type it holds, or a value wrapped before."""
+    inner = expr.arg if isinstance(expr, Cast) else expr
+    if isinstance(inner, Cast) and inner.dtype == wrap:
+        return True
+    return isinstance(inner, Load) and np.can_cast(inner.dtype, wrap)
+
+
+# functions whose value on integers depends on more than their arguments modulo 2^bits: how many leading
+# arguments a narrow integer kernel wraps first (``Translator.wrapped``; ifelse: its condition)
+_WRAPPED_ARGUMENTS = {"abs": 1, "relu": 1, "max": 2, "min": 2, "ifelse": 1}
 
 Rule = Callable[[list[Expr], str], Expr]
 # the rules of the registry's "structural" and "expand" functions (a "call" function needs none)

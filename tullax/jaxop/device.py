@@ -71,6 +71,16 @@ def device_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: A
     if spec.assign != ":=" and args[0].dtype != result.dtype:  # the kernel starts from it in the result dtype
         args[0] = args[0].astype(result.dtype)
     signature = Signature(tuple(np.dtype(a.dtype).name for a in args), result.dtype.name)
+    wide = signature.widened()
+    if wide != signature:  # half precision in float32, integer results in int64: converted by XLA, on the device
+        if wide.out_dtype == "int64" and not jax.config.jax_enable_x64:
+            from tullax.errors import TullaxError
+
+            raise TullaxError(f"the {backend_name} backend computes integer results in int64, which jax has only "
+                              f"with jax_enable_x64: enable it, or use backend='xla' for a {result.dtype.name} "
+                              "result")
+        wide_args = [a.astype(d) for a, d in zip(args, wide.in_dtypes)]
+        return device_call(spec, backend_name, wide_args, wide.out_dtype).astype(result.dtype)
     kernel = backends.resolve(backend_name).device_kernel(spec, signature, {**shapes, spec.out: result.shape})
     aliases = {0: 0} if updates_in_place(spec, args, result) else None
     text = format_spec(spec)

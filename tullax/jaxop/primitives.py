@@ -32,7 +32,9 @@ Semantics under jit worth knowing:
   dropped element's gradient is 0 (its gradient reads the cotangent through ``pad(ix[..])``).
   Eager calls with NumPy arrays raise a ShapeError instead.
 * Integer inputs (and index arrays) get float0 cotangents; the result dtype is ``jnp.result_type`` of the data
-  inputs (float32, or float64 with x64). Kernels write only their output buffer, never an input.
+  inputs, an integer one only where the body is integer-valued (``tullax.spec.dtypes``). Half-precision inputs
+  are converted to float32 by XLA before the primitive and its result rounded after it (``apply``). Kernels
+  write only their output buffer, never an input.
 * A 0-d integer passed for a rank-1 index array is taken as shape (1,): ``out[d] := W[ix[0],d]`` is one lookup,
   and ``jax.vmap`` of it over a vector of indices is the gather ``out[b,d] := W[ix[b],d]``.
 * Forward mode costs more than reverse mode: a tangent runs the gradients of the gradient kernels.
@@ -45,6 +47,7 @@ from types import SimpleNamespace
 from typing import Any, Sequence
 
 from tullax.errors import TullaxError
+from tullax.spec.dtypes import HALF
 from tullax.spec.ir import Spec
 
 
@@ -78,7 +81,16 @@ def apply(spec: Spec, backend_name: str, values: Sequence[Any]) -> Any:
     """Run ``spec`` on jax values (arrays, tracers or numbers, one per input) on backend ``backend_name``.
     Everything is checked here, at trace time."""
     args = _same_variance(prepare_inputs(spec, values))
-    return _prims().kernel.bind(*args, op=_kernel_op(spec, backend_name, values))
+    op = _kernel_op(spec, backend_name, values)
+    half = [item.kind in ("array", "scalar") and a.dtype.name in HALF for item, a in zip(spec.inputs, args)]
+    if not any(half):
+        return _prims().kernel.bind(*args, op=op)
+    # Half precision: converted to float32 by XLA, the kernel (and its gradients) computes in float32, and its
+    # result is rounded once. Rounding inside the primitive would break the gradients of max/min: their ties
+    # compare the recomputed float32 body with the result, which a half result no longer equals.
+    args = [a.astype("float32") if h else a for a, h in zip(args, half)]
+    wide = [a if h else v for a, v, h in zip(args, values, half)]
+    return _prims().kernel.bind(*args, op=_kernel_op(spec, backend_name, wide)).astype(op.out_dtype)
 
 
 def prepare_inputs(spec: Spec, values: Sequence[Any]) -> list[Any]:

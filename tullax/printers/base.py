@@ -160,6 +160,10 @@ class LoopPrinter(ABC):
     def type_name(self, dtype: str) -> str:
         """The type of ``dtype`` as a cast spells it (``type_name(dtype)(x)``)."""
 
+    def cast(self, expr: Cast) -> str:
+        """A conversion, as a call of the type (an integer narrowed wraps around modulo 2^bits)."""
+        return f"{self.type_name(expr.dtype)}({self.expr(expr.arg)})"
+
     @abstractmethod
     def call_name(self, fn: Function, dtype: str) -> str:
         """The target's spelling of ``fn`` on ``dtype`` arguments (its registry field)."""
@@ -204,7 +208,7 @@ class LoopPrinter(ABC):
             case Load():
                 return self.element(expr.array, expr.index), Precedence.ATOM
             case Cast():
-                return f"{self.type_name(expr.dtype)}({self.expr(expr.arg)})", Precedence.ATOM
+                return self.cast(expr), Precedence.ATOM
             case Call():
                 return self.call(self.call_name(_function(expr.fn), expr.dtype), expr.args), Precedence.ATOM
             case Select():

@@ -190,6 +190,8 @@ class CudaPrinter(LoopPrinter):
             return text if node.dtype == "bool" else f"{self.type_name(node.dtype)}({text})"
         if node.dtype in FLOATS:
             return format_float(float(value), node.dtype)
+        if int(value) == -2**63:  # an integer max's start: the literal 9223372036854775808 has no signed type
+            return "(-9223372036854775807LL - 1)"
         return str(int(value))
 
     def type_name(self, dtype: str) -> str:

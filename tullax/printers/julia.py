@@ -64,6 +64,7 @@ from tullax.compiler.loops import (
     INDEX,
     BinOp,
     Call,
+    Cast,
     Const,
     Loop,
     LoopKernel,
@@ -135,6 +136,10 @@ def format_float(value: float, dtype: str) -> str:
     return f"{mantissa}e{power}" if exponent else mantissa
 
 
+def _is_int(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint"))
+
+
 def format_const(node: Const) -> str:
     value = node.value
     if isinstance(value, (bool, np.bool_)):
@@ -142,8 +147,8 @@ def format_const(node: Const) -> str:
         return text if node.dtype == "bool" else f"{julia_type(node.dtype)}({text})"
     if node.dtype in ("float32", "float64"):
         return format_float(float(value), node.dtype)
-    if node.dtype == INDEX:
-        return str(int(value))
+    if node.dtype == INDEX:  # -2^63 (an integer max's start) as a literal would parse as an Int128
+        return "typemin(Int64)" if int(value) == -2**63 else str(int(value))
     return f"{julia_type(node.dtype)}({int(value) if float(value).is_integer() else float(value)})"
 
 
@@ -261,6 +266,13 @@ class JuliaPrinter(LoopPrinter):
 
     def type_name(self, dtype: str) -> str:
         return julia_type(dtype)
+
+    def cast(self, expr: Cast) -> str:
+        """``Int32(x)`` throws InexactError outside Int32: an integer narrowed to a narrow result type (a value
+        as jnp's wrapping arithmetic holds it) is ``x % Int32``, which wraps."""
+        if _is_int(expr.dtype) and _is_int(expr.arg.dtype) and expr.dtype != INDEX:
+            return f"({self.expr(expr.arg, Precedence.ATOM)} % {julia_type(expr.dtype)})"
+        return super().cast(expr)
 
     def call_name(self, fn: Function, dtype: str) -> str:
         if fn.julia is None:  # erf: Julia's lives in SpecialFunctions.jl, which the bridge does not load

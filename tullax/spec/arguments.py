@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tullax.errors import ShapeError
+from tullax.spec.dtypes import is_numeric
 from tullax.spec.ir import Spec
 
 
@@ -41,7 +42,7 @@ def as_numpy_inputs(spec: Spec, values: list[Any]) -> list[Any]:
             arr = np.asarray(value)
         except Exception as err:  # noqa: BLE001 - anything not array-like is the caller's mistake
             raise ShapeError(f"input {item.name} is not an array or a number: {err}") from None
-        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        if not is_numeric(arr.dtype):
             raise ShapeError(f"input {item.name} has dtype {arr.dtype}; tullax takes numeric arrays")
         if not arr.dtype.isnative:  # big-endian data: kernels (and jax) compute in the machine's byte order
             arr = arr.astype(arr.dtype.newbyteorder("="))

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tullax.errors import ShapeError
+from tullax.spec.dtypes import as_dtype
 from tullax.spec.functions import FUNCTIONS
 from tullax.spec.ir import Affine, Binary, Call, Idx, Indirect, Spec, integer_literal, spec_accesses, spec_exprs, walk
 
@@ -107,7 +108,7 @@ def random_inputs(spec: Spec, shapes: Mapping[str, tuple[int, ...]] | None = Non
     rng = np.random.default_rng(seed)
     shapes = dict(shapes) if shapes is not None else shapes_for(spec, seed)
     positive = needs_positive(spec)
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)  # "bfloat16" too
     limits = index_limits(spec, shapes)
     env: dict[str, Any] = {}
     for inp in spec.inputs:

@@ -257,6 +257,8 @@ def check_dtypes(spec: Spec, dtypes: Mapping[str, Any]) -> None:
     """Index arrays must be integers; data inputs must be numbers (bool, integer, float or complex)."""
     import numpy as np
 
+    from tullax.spec.dtypes import is_numeric
+
     for inp in spec.inputs:
         if inp.name not in dtypes or inp.kind == "shape":
             continue
@@ -264,14 +266,15 @@ def check_dtypes(spec: Spec, dtypes: Mapping[str, Any]) -> None:
         if inp.kind == "index" and not np.issubdtype(dtype, np.integer):
             raise ShapeError(f"{inp.name} is used as an index array ({inp.name}[..] inside brackets) and must "
                              f"hold integers, got dtype {dtype}")
-        if inp.kind != "index" and not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
+        if inp.kind != "index" and not is_numeric(dtype):
             raise ShapeError(f"{inp.name} must hold numbers, got dtype {dtype}")
 
 
 def result_dtype(spec: Spec, dtypes: Mapping[str, Any] | Sequence[Any]):
     """The result dtype (a NumPy dtype): ``jnp.result_type`` of the data inputs ('array' and 'scalar' kinds;
-    index arrays and shape-only inputs do not take part), the default float when none of them is a float or
-    complex (DESIGN section 1).
+    index arrays and shape-only inputs do not take part). Integer inputs keep an integer result only where the
+    body is integer-valued (``tullax.spec.dtypes``); otherwise, and for bool-only data, the result is the default
+    float (DESIGN section 1).
 
     ``dtypes`` maps input names (or lists, in ``spec.inputs`` order) to dtypes, Python types (``float`` is a weak
     scalar, as in jax), values, or None (unknown: left out). The promotion is computed as with x64 enabled, so
@@ -288,9 +291,24 @@ def result_dtype(spec: Spec, dtypes: Mapping[str, Any] | Sequence[Any]):
     if data:
         with jax.enable_x64(True):
             found = np.dtype(jnp.result_type(*data))
-        if np.issubdtype(found, np.inexact):
+        weak_float64 = found == np.float64 and not any(_strong_float64(d) for d in data)
+        if (jnp.issubdtype(found, jnp.inexact) and not weak_float64) or _keeps_integers(spec, dtypes, found):
             return found
     return np.dtype(jax.dtypes.canonicalize_dtype(np.float64))
+
+
+def _strong_float64(dtype: Any) -> bool:
+    """A float64 input (not a Python float: integers times a weak float give the default float, as in jnp)."""
+    import numpy as np
+
+    return not isinstance(dtype, type) and np.dtype(getattr(dtype, "dtype", dtype)) == np.float64
+
+
+def _keeps_integers(spec: Spec, dtypes: Mapping[str, Any], found: Any) -> bool:
+    """An integer result type whose body keeps integers integer (``tullax.spec.dtypes.integer_valued``)."""
+    from tullax.spec.dtypes import integer_valued, is_integer
+
+    return found.kind in "iu" and integer_valued(spec, lambda name: is_integer(dtypes.get(name)))
 
 
 __all__ = ["shape_of", "input_shapes", "eval_shapes", "check_shapes", "check_index_values", "check_dtypes",

@@ -2,8 +2,9 @@
 
 ``random_spec`` writes specs whose every range is inferable, covering shifts, constants, mod/clamp/pad,
 indirect indices, scatters, every reduction and finaliser (function names and expressions of ``_``), ``size(A,d)``
-values and ``(z in lo:hi)`` clauses; ``random_garbage`` mutates them (and sometimes
-writes pure noise) to feed the parser and the analysis.
+values and ``(z in lo:hi)`` clauses; ``random_garbage`` mutates them (and sometimes writes pure noise) to feed the
+parser and the analysis; ``random_dtypes`` picks the inputs' dtypes (half precision, integers, bool and mixtures
+of them).
 """
 from __future__ import annotations
 
@@ -238,3 +239,20 @@ def _mutate(text: str, rng: np.random.Generator) -> str:
 
 
 __all__ = ["random_spec", "random_garbage"]
+
+
+# =============================================================================================
+# Dtypes
+# =============================================================================================
+DATA_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "int16", "uint8", "bool")
+
+
+def random_dtypes(names: Any, rng: Any, choices: tuple[str, ...] = DATA_DTYPES) -> dict[str, str]:
+    """A dtype for each data input in ``names``: usually one for all of them (a half-precision or integer
+    spec), sometimes a mixture (promotion between them). ``rng``: a NumPy Generator or a seed."""
+    rng = _as_rng(rng)
+    names = list(names)
+    if rng.random() < 0.7:
+        one = choices[int(rng.integers(len(choices)))]
+        return {name: one for name in names}
+    return {name: choices[int(rng.integers(len(choices)))] for name in names}
