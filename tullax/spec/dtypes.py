@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tullax.spec.ir import Access, Binary, Call, Expr, IndexVal, Num, Param, Spec, Unary
+from tullax.spec.ir import Access, Binary, Call, Expr, Hole, IndexVal, Num, Param, Size, Spec, Unary
 
 HALF = ("float16", "bfloat16")
 # the wide dtype a loop kernel computes a result of each narrow dtype in (see the module docstring)
@@ -71,15 +71,15 @@ def integer_valued(spec: Spec, integer_input: Callable[[str], bool]) -> bool:
     integers: its body, reduction and finaliser keep integers integer (module docstring)."""
     if spec.redop not in ("+", "*", "max", "min"):
         return False
-    if spec.finalizer is not None and spec.finalizer not in INTEGER_FUNCTIONS:
-        return False
+    if spec.finalizer is not None and not _integer(spec.finalizer, integer_input):
+        return False  # ``_``, the reduced value, is an integer when the body is (checked below)
     return _integer(spec.body, integer_input)
 
 
 def _integer(expr: Expr, integer_input: Callable[[str], bool]) -> bool:
     if isinstance(expr, Num):
         return isinstance(expr.value, int)
-    if isinstance(expr, IndexVal):
+    if isinstance(expr, (IndexVal, Size, Hole)):  # an index value, size(A,d), the finaliser's ``_``
         return True
     if isinstance(expr, (Param, Access)):
         return integer_input(expr.name if isinstance(expr, Param) else expr.array)
