@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tullax.backends import host
+from tullax.backends import host, workload
 from tullax.backends.base import Capabilities, Shapes, Signature
 from tullax.backends.numba_fastload import load_cached
 from tullax.backends.numba_helper import CompileHelper, CompileRequest
@@ -143,8 +143,11 @@ class NumbaHostKernel:
         self._plan = host.ArgumentPlan.of(kernel, generated.spec, scalar=_numpy_scalar, rank0_as_vector=True)
         self._sizes_at = len(kernel.params) - len(kernel.sizes)  # where the size arguments start
         self._size_names = tuple(s.name for s in kernel.sizes)
-        self._nested = functions[0]
-        self._flat = functions[1] if len(functions) > 1 else None
+        by_suffix = {fn.__name__[len(kernel.name):]: fn for fn in functions}
+        self._nested = by_suffix[""]
+        self._flat = by_suffix.get("_flat")
+        self._serial = by_suffix.get("_serial")
+        self._picked: dict[tuple[int, ...], Any] = {}  # size arguments -> the variant that runs them
         loops, _ = parallel_nest(kernel)
         self._outer = loops[0] if loops else None
         self._numba = import_numba()
@@ -156,7 +159,8 @@ class NumbaHostKernel:
     @property
     def variants_run(self) -> tuple[str, ...]:
         """Names of the njit functions this host kernel has run (compiled or loaded)."""
-        return tuple(fn.__name__ for fn in (self._nested, self._flat) if fn is not None and fn.__name__ in self._ran)
+        return tuple(fn.__name__ for fn in (self._nested, self._flat, self._serial)
+                     if fn is not None and fn.__name__ in self._ran)
 
     def __call__(self, out, *inputs) -> None:
         self.run(out, inputs, host.call_shapes(self.generated.spec, out, inputs))
@@ -164,7 +168,7 @@ class NumbaHostKernel:
     def run(self, out, inputs: Sequence[Any], shapes: Shapes) -> None:
         """The call, for a caller that knows the input and output ``shapes`` already."""
         args, copy_back = host.marshal(self._plan, out, inputs, shapes)
-        fn = self._pick(args[self._sizes_at:])
+        fn = self._pick(args[self._sizes_at:], shapes)
         if fn.__name__ not in self._ran:
             self._first_call(fn, args)
         else:
@@ -180,9 +184,21 @@ class NumbaHostKernel:
         args: list[Any] = [np.empty((1,) * max(a.rank, 1 if a.role != "in" else 0), a.dtype) for a in kernel.arrays]
         args += [np.dtype(s.dtype).type(0) for s in kernel.scalars]
         sizes = self._plan.size_values(shapes)
-        self._load_or_compile(self._pick(sizes), args + sizes)
+        self._load_or_compile(self._pick(sizes, shapes), args + sizes)
 
-    def _pick(self, sizes: Sequence[int]) -> Any:
+    def _pick(self, sizes: Sequence[int], shapes: Shapes) -> Any:
+        """The variant for a call: serial below the work threshold (``tullax.backends.workload``), else flat
+        when the outermost parallel loop is short, else nested. Remembered per size arguments: they fix every
+        loop extent, and the estimate must not cost a tiny call more than it saves."""
+        key = tuple(sizes)
+        found = self._picked.get(key)
+        if found is None:
+            found = self._picked[key] = self._choose(sizes, shapes)
+        return found
+
+    def _choose(self, sizes: Sequence[int], shapes: Shapes) -> Any:
+        if self._serial is not None and workload.runs_serially(self.generated.spec, shapes):
+            return self._serial
         if self._flat is None:
             return self._nested
         loop = self._outer
