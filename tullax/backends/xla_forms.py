@@ -253,7 +253,8 @@ def _conv(spec: Spec, shape: ConvShape, plain: Callable, env: Env):
     image = image.reshape((batch, infeat, *spatial_in))
     korder = [shape.kernel_idx.index(n) for n in shape.outfeat + shape.infeat + tuple(s.win for s in shape.spatial)]
     kernel = jnp.transpose(kernel, korder)
-    kernel = kernel.reshape((_prod(size[n] for n in shape.outfeat), infeat, *kernel.shape[len(korder) - len(shape.spatial):]))
+    spatial_k = kernel.shape[len(korder) - len(shape.spatial):]
+    kernel = kernel.reshape((_prod(size[n] for n in shape.outfeat), infeat, *spatial_k))
     strides = tuple(s.stride for s in shape.spatial)
     dilation = tuple(s.dilation for s in shape.spatial)
     out = lax.conv_general_dilated(image, kernel, strides, "VALID", rhs_dilation=dilation,
