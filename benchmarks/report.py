@@ -137,13 +137,16 @@ def print_targets(verdicts: list[Verdict], console: Any, quick: bool) -> None:
         console.print(line)
 
 
-def save(doc: dict, out_dir: Path, name: str) -> list[Path]:
-    """Write NAME.json, NAME.md (with the targets) and NAME.png under out_dir; returns the paths."""
+def save(doc: dict, out_dir: Path, name: str, chart: bool = True) -> list[Path]:
+    """Write NAME.json, NAME.md (with the targets) and NAME.png (unless ``chart`` is False) under out_dir;
+    returns the paths."""
     quick = bool(doc["config"].get("quick"))
     paths = [out_dir / f"{name}.{ext}" for ext in ("json", "md", "png")]
     write_json(doc, paths[0])
     extra = targets_markdown(check_targets(doc), quick) if len(doc["config"]["backends"]) > 1 else ""
     paths[1].write_text(to_markdown(doc, title="tullax benchmarks", extra=extra))
+    if not chart:
+        return paths[:2]
     plot(doc, paths[2])
     return paths
 

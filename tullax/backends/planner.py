@@ -242,13 +242,34 @@ def _time_one(spec: Spec, candidate: str, values: list, loops: str | None) -> fl
             with jax.ensure_compile_time_eval():  # planning runs while jax traces: run these now, for real
                 env = {n: jnp.asarray(v) for n, v in zip(spec.input_names, values)}
                 return _best_ms(lambda: jax.block_until_ready(fn(env)))
-        from tullax import backends
-        from tullax.api.kernel import run_eager
-
-        backend = backends.get(loops)
-        return _best_ms(lambda: run_eager(spec, backend, values))
+        return _best_ms(_loop_call(spec, loops, values))
     except Exception:  # noqa: BLE001 - a candidate that cannot run here is simply not chosen
         return None
+
+
+def _loop_call(spec: Spec, loops: str | None, values: list):
+    """A call of the loop backend's kernel on ``values`` (NumPy, in ``spec.inputs`` order), as an eager call
+    makes it: a new result array each time."""
+    import numpy as np
+
+    from tullax import backends
+    from tullax.backends.base import Signature
+    from tullax.spec.shapes import result_dtype
+
+    arrays = [np.asarray(v) for v in values]
+    dtype = np.dtype(result_dtype(spec, {i.name: a.dtype for i, a in zip(spec.inputs, arrays)}))
+    kernel = backends.get(loops).build(spec, Signature(tuple(a.dtype.name for a in arrays), dtype.name))
+    shapes = {i.name: a.shape for i, a in zip(spec.inputs, arrays)}
+    out_shape = tuple(int(s.eval(shapes)) for s in spec.out_shape)
+
+    def call() -> None:
+        if spec.assign == ":=":
+            out = np.zeros(out_shape, dtype) if spec.is_scatter else np.empty(out_shape, dtype)
+        else:
+            out = np.array(arrays[0], dtype=dtype, copy=True)
+        kernel(out, *arrays)
+
+    return call
 
 
 # ---------------------------------------------------------------------------------------------
