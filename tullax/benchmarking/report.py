@@ -277,9 +277,9 @@ def read_json(path: str | os.PathLike[str]) -> dict:
 def plotting_available() -> tuple[bool, str]:
     """Whether ``plot`` can run here, and what to install when it cannot: checked BEFORE a run, so a missing
     matplotlib never costs a whole benchmark run."""
-    import importlib.util
-
-    if importlib.util.find_spec("matplotlib") is None:
+    try:
+        import matplotlib  # noqa: F401 - the import itself is the check
+    except ImportError:
         return False, "--plot needs matplotlib, which is not installed: pip install matplotlib (or tullax[bench])"
     return True, ""
 
@@ -299,7 +299,7 @@ def plot(doc: dict, path: str | os.PathLike[str]) -> None:
     backends = [b for b in doc["config"]["backends"] if b != REFERENCE]
     height = 0.8 / max(len(backends), 1)
     rows_y = np.arange(len(names))[::-1]  # the first case at the top
-    figure, axes = plt.subplots(1, 2, figsize=(13, 1.2 + 0.32 * max(len(backends), 1) * len(names)),
+    figure, axes = plt.subplots(1, 2, figsize=(13, max(3.0, 1.2 + 0.32 * max(len(backends), 1) * len(names))),
                                 sharey=True, squeeze=False, layout="constrained")
     colours = plt.get_cmap("tab10")
     for axis, (field, title) in zip(axes[0], (("fwd_speedup", "forward"), ("bwd_speedup", "backward (all gradients)"))):
