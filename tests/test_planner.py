@@ -178,7 +178,10 @@ def test_linear_runs_on_blas_both_ways_and_an_explicit_backend_still_forces_one(
     auto = tullax.einsum_kernel(LINEAR)
     forced = tullax.einsum_kernel(LINEAR, backend="numba")
     values = [jnp.asarray(v) for v in make_inputs(auto.ir, shapes, "float32")]
-    grad = (lambda k: jax.grad(lambda *v: jnp.sum(k(*v)), argnums=(0, 1)))
+
+    def grad(k):
+        return jax.grad(lambda *v: jnp.sum(k(*v)), argnums=(0, 1))
+
     assert {(op.backend, op.form) for op in _ops(grad(auto), *values)} == {("xla", "einsum")}
     assert {op.backend for op in _ops(grad(forced), *values)} == {"numba"}
 

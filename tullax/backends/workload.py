@@ -3,15 +3,19 @@ nest's iteration count) times the cost of one body evaluation. Used to run tiny 
 pool wake-up) and by the planner to decide whether timing both implementations on first use is cheap."""
 from __future__ import annotations
 
+import os
 from typing import Mapping
 
 from tullax.spec.ir import Access, Binary, Call, Spec, walk
 
 # Below this much work (estimated operations, ``work``) a loop kernel runs its serial variant: waking the
-# thread pool costs more than the parallel part saves. Measured on the 2-core development machine with
-# benchmarks/tiny_kernels.py (matmuls of growing size, serial vs parallel variant under jit, NUMBA_NUM_THREADS=2):
-# the serial variant wins up to about 2^18 operations; 2^17 keeps a margin for machines with more cores.
-SERIAL_WORK = 1 << 17
+# thread pool costs more than the parallel part saves. A wake-up costs 20-40 us on a quiet 2-core machine
+# (issue 14: 0.04 ms per call of a 32x48x24 matmul) and far more on a busy one (benchmarks/tiny_kernels.py
+# measured 1 ms per call under a load average of 10, the serial variant 0.12 ms); the serial loop does a few
+# operations per nanosecond, so up to ~2^18 estimated operations (a 45^3 matmul) the wake-up alone outweighs
+# what a second thread can save.
+SERIAL_WORK = 1 << 18
+SERIAL_WORK_ENV = "TULLAX_SERIAL_WORK"  # overrides SERIAL_WORK (0: never serial, as before the serial variant)
 
 # Relative cost of one evaluation of a body node: a transcendental call costs several arithmetic operations.
 _CALL_COST = 8
@@ -46,4 +50,10 @@ def work(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> int:
 
 def runs_serially(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> bool:
     """Whether a loop kernel of ``spec`` should skip the parallel launch for a call with these shapes."""
-    return work(spec, shapes) < SERIAL_WORK
+    return work(spec, shapes) < serial_threshold()
+
+
+def serial_threshold() -> int:
+    """``SERIAL_WORK``, or the integer in ``TULLAX_SERIAL_WORK``."""
+    configured = os.environ.get(SERIAL_WORK_ENV, "").strip()
+    return int(configured) if configured.isdigit() else SERIAL_WORK
