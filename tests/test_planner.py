@@ -35,14 +35,14 @@ CORPUS = [
     ("S[h,i,j] := q[h,i,d]*k[h,j,d]", "contraction", "xla:einsum", ()),
     ("y[i] := A[i,j]*x[j]", "contraction", "xla:einsum", ()),
     ("ΔW[k,i] := ΔC[i,j]*X[k,j]", "contraction", "xla:einsum", ()),
-    (DIST, "loops", "loops", ()),
-    ("C[i,j] := relu(A[i,k]*B[k,j])", "loops", "loops", ()),
-    ("K[i,d] := exp(-((x[i,0]-y[j,0])^2 + (x[i,1]-y[j,1])^2))*b[j,d]", "loops", "loops", ()),
-    ("(max) m[i] := x[i,j]", "loops", "loops", ()),
-    ("n[i] := x[i,j]^2 |> sqrt", "loops", "loops", ()),
-    (MIXED, "loops", "loops", ()),
-    (EMBED, "scatter/gather", "loops", ()),
-    ("ΔW[ix[b],d] += Δout[b,d]", "scatter/gather", "loops", ()),
+    (DIST, "loops", "loops", ("loops", "xla:grid")),
+    ("C[i,j] := relu(A[i,k]*B[k,j])", "loops", "loops", ("loops", "xla:grid")),
+    ("K[i,d] := exp(-((x[i,0]-y[j,0])^2 + (x[i,1]-y[j,1])^2))*b[j,d]", "loops", "loops", ("loops", "xla:grid")),
+    ("(max) m[i] := x[i,j]", "loops", "loops", ("loops", "xla:grid")),
+    ("n[i] := x[i,j]^2 |> sqrt", "loops", "loops", ("loops", "xla:grid")),
+    (MIXED, "loops", "loops", ("loops", "xla:grid")),
+    (EMBED, "scatter/gather", "loops", ("loops", "xla:grid")),
+    ("ΔW[ix[b],d] += Δout[b,d]", "scatter/gather", "loops", ("loops", "xla:grid")),
     (CONV1D, "convolution", "loops", ("xla:conv", "xla:slices", "loops")),
     ("Δx[b,m] := Δy[b,pad(m-k)]*w[k]", "convolution", "loops", ("xla:conv", "loops")),
     ("Δw[k] := Δy[b,i]*x[b,i+k]", "convolution", "loops", ("xla:conv", "xla:slices", "loops")),
@@ -151,19 +151,39 @@ def _ops(fn, *values):
     return found
 
 
+@pytest.fixture
+def rules_only(monkeypatch):
+    """No timing: every close call takes its rule's default, so the test knows what runs where."""
+    monkeypatch.setenv(planner.TIMING_ENV, "0")
+    planner.forget()
+    yield
+    planner.forget()
+
+
 @pytest.mark.parametrize("text, shapes", [
-    (LINEAR, {"W": (6, 5), "X": (6, 4)}),
-    (DIST, {"W": (6, 5), "X": (6, 4)}),
-    (CONV1D, {"x": (3, 40), "w": (5,)}),
-    (EMBED, {"W": (7, 3), "ix": (9,)}),
-    (MIXED, {"W": (6, 5), "X": (6, 4), "b": (5,)}),
+    (LINEAR, {"W": (6, 5), "X": (6, 4)}),  # tiny and a contraction: einsum
+    (DIST, {"W": (64, 40), "X": (64, 30)}),  # loops, above the tiny threshold
+    (DIST, {"W": (6, 5), "X": (6, 4)}),  # tiny: XLA
+    (CONV1D, {"x": (8, 400), "w": (31,)}),  # loops (the rule's default without timing)
+    (CONV1D, {"x": (3, 40), "w": (5,)}),  # tiny: XLA, lax.conv
+    (EMBED, {"W": (300, 64), "ix": (5000,)}),  # loops: a gather, its gradient a scatter
+    (MIXED, {"W": (64, 64), "X": (64, 64), "b": (64,)}),  # loops forward, einsum gradients
 ])
-def test_a_planned_kernel_equals_the_loop_kernel_and_jnp(text, shapes):
+def test_a_planned_kernel_equals_the_loop_kernel_and_jnp(text, shapes, rules_only):
     _check(text, shapes)
 
 
-def test_each_gradient_step_is_planned_on_its_own():
-    auto, values = _check(MIXED, {"W": (6, 5), "X": (6, 4), "b": (5,)})
+def test_tiny_calls_run_on_xla_and_larger_ones_on_the_loops(rules_only):
+    _, spec = compile_spec(DIST)
+    dtypes = {"W": "float32", "X": "float32"}
+    tiny = planner.plan(spec, {"W": (6, 5), "X": (6, 4)}, dtypes)
+    assert (tiny.backend, tiny.form, tiny.rule) == ("xla", "grid", "tiny")
+    large = planner.plan(spec, {"W": (64, 40), "X": (64, 30)}, dtypes)
+    assert (large.backend, large.rule) == ("numba", "loops")
+
+
+def test_each_gradient_step_is_planned_on_its_own(rules_only):
+    auto, values = _check(MIXED, {"W": (64, 64), "X": (64, 64), "b": (64,)})
     ops = _ops(jax.grad(lambda *v: jnp.sum(auto(*v)), argnums=(0, 1, 2)), *values)
     by_out = {op.spec.out: op for op in ops}
     assert by_out["C"].backend == "numba" and by_out["C"].path != "xla"
@@ -186,21 +206,18 @@ def test_linear_runs_on_blas_both_ways_and_an_explicit_backend_still_forces_one(
     assert {op.backend for op in _ops(grad(forced), *values)} == {"numba"}
 
 
-def test_timing_off_keeps_the_rule_default(monkeypatch):
-    monkeypatch.setenv(planner.TIMING_ENV, "0")
-    planner.forget()
+def test_timing_off_keeps_the_rule_default(rules_only):
     _, spec = compile_spec(CONV1D)
-    found = planner.plan(spec, {"x": (2, 30), "w": (3,)}, {"x": "float32", "w": "float32"})
+    found = planner.plan(spec, {"x": (8, 4000), "w": (7,)}, {"x": "float32", "w": "float32"})
     assert (found.backend, found.rule, found.timings_ms) == ("numba", "convolution", ())
     assert "timing is off" in found.reason
-    planner.forget()
 
 
 _CHILD = textwrap.dedent("""
     import json, jax, jax.numpy as jnp, numpy as np, tullax
     from tullax.backends import planner
     k = tullax.einsum_kernel("y[b,i] := x[b,i+k]*w[k]")
-    x, w = jnp.ones((4, 300), jnp.float32), jnp.ones((7,), jnp.float32)
+    x, w = jnp.ones((8, 4000), jnp.float32), jnp.ones((7,), jnp.float32)
     jax.jit(jax.grad(lambda x, w: jnp.sum(k(x, w)), argnums=(0, 1)))(x, w)
     plans = {str(key[0].out): [p.backend, p.form, p.source] for key, p in planner._MEMO.items()}
     print(json.dumps({"stats": planner.STATS, "plans": plans}))
@@ -222,7 +239,7 @@ def test_timed_decisions_persist_in_the_compile_cache_across_processes(tmp_path)
     assert second["stats"] == {"timed": 0, "from_cache": 3}
     assert {out: p[:2] for out, p in second["plans"].items()} == {out: p[:2] for out, p in first["plans"].items()}
     # tullax explain with the same shapes shows the stored decisions
-    shown = subprocess.run([sys.executable, "-m", "tullax.cli.main", "explain", CONV1D, "--shape", "x=4x300",
+    shown = subprocess.run([sys.executable, "-m", "tullax.cli.main", "explain", CONV1D, "--shape", "x=8x4000",
                             "--shape", "w=7"], capture_output=True, text=True, env=env, timeout=300)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert shown.stdout.count("(decision from the compile cache)") == 3
@@ -235,6 +252,6 @@ def test_explain_prints_the_plan_and_why():
     assert "forward: C[i,j] := W[k,i]*X[k,j] + b[i]\n    -> numba: loops:" in plan
     assert "gradient wrt W: ΔW[k,i] := ΔC[i,j]*X[k,j]\n    -> xla (einsum): contraction:" in plan
     conv = tullax.explain(CONV1D)
-    assert "close call, timed on first use: xla:conv, xla:slices, loops" in conv
+    assert "close call, timed on first use where cheap: xla:conv, xla:slices, loops" in conv
     shaped = tullax.explain(CONV1D, shapes={"x": (2, 50), "w": (3,)})
     assert "gradient wrt x: Δx[b,m] := Δy[b,pad(m-k)]*w[k]  [Δy 2x48, w 3, x 2x50]" in shaped

@@ -2,18 +2,22 @@
 the shapes and dtypes of a call, choose the loop backend (Numba, or Julia where it is the loop backend) or one of
 XLA's forms (``tullax.backends.xla_forms``).
 
-The rules, in order (``rule_for``):
+The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied first by ``plan``):
 
+0. ``tiny``: a call whose estimated work is below the serial threshold (``tullax.backends.workload``): XLA in its
+   best form, traced into the jitted program: no host callback per call and no loop kernel to compile;
 1. no loop backend is usable here: XLA, in its best form;
 2. ``contraction``: a pure contraction (a product of plain accesses summed, no function, guard or offset) is
    BLAS's job: XLA ``einsum`` (``dot_general``);
 3. ``scatter/gather``: a spec that scatters (``ΔW[ix[b],d] += ...``) or reads through an index array: loops
-   (XLA's scatter and gather are slower than the loop nest);
+   (XLA's scatter and gather are usually slower than the loop nest), timed against XLA when small enough;
 4. ``convolution``: a convolution-shaped spec: a close call between ``lax.conv_general_dilated``, the sum of
    shifted slices (small windows) and the loops, settled by timing;
 5. ``window``: a small reduced index that shifts an access: the sum of shifted slices or the loops, timed;
 6. ``loops``: everything else (functions, guards, comparisons, broadcast reductions like Dist): loops, which
-   fuse the whole body into one pass where XLA materialises or re-reads the broadcast.
+   fuse the whole body into one pass where XLA materialises or re-reads the broadcast; timed against XLA's
+   broadcast lowering when its index space has at most ``GRID_TIMING_ITERATIONS`` points (a larger one could
+   need gigabytes for XLA's temporary, and the loops win there).
 
 A close call is timed on its first use when that is cheap (estimated work, ``tullax.backends.workload``, at
 most ``TIMING_WORK_LIMIT``; ``TULLAX_PLAN_TIMING=0`` turns timing off): each candidate runs on random inputs of
@@ -36,6 +40,7 @@ from tullax.spec.ir import Indirect, Spec, accesses
 TIMING_ENV = "TULLAX_PLAN_TIMING"
 TIMING_WORK_LIMIT = 1 << 31  # time close calls only up to this much estimated work per call
 TIMING_RUNS = 3
+GRID_TIMING_ITERATIONS = 1 << 25  # time XLA's broadcast lowering only up to this many index-space points
 PLAN_FILE = "plan.json"
 LOOPS = "loops"  # the form of a plan on the loop backend
 
@@ -109,7 +114,7 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
         return Rule("contraction", "a pure contraction is BLAS's job (jnp.einsum / dot_general)", "xla:einsum")
     if spec.is_scatter or any(isinstance(i, Indirect) for a in accesses(spec.body) for i in a.idx):
         return Rule("scatter/gather", "an index array: the loop nest reads or scatters in place, XLA's "
-                    "gather/scatter is slower", LOOPS)
+                    "gather/scatter is usually slower", LOOPS, (LOOPS, "xla:grid"))
     if "conv" in forms:
         close = ("xla:conv",) + (("xla:slices",) if "slices" in forms else ()) + (LOOPS,)
         return Rule("convolution", "convolution-shaped: lax.conv_general_dilated, shifted slices or loops, "
@@ -118,7 +123,7 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
         return Rule("window", "a small window: XLA's sum of shifted slices or the loops, whichever is fastest",
                     LOOPS, ("xla:slices", LOOPS))
     return Rule("loops", "functions, guards or a broadcast reduction: the loop nest evaluates the body in one "
-                "pass, XLA materialises or re-reads the broadcast", LOOPS)
+                "pass, XLA materialises or re-reads the broadcast", LOOPS, (LOOPS, "xla:grid"))
 
 
 def _as_plan(candidate: str, loops: str | None, rule: Rule, **extra: Any) -> Plan:
@@ -129,11 +134,15 @@ def _as_plan(candidate: str, loops: str | None, rule: Rule, **extra: Any) -> Pla
 
 
 def _usable(spec: Spec, candidate: str, shapes: Shapes) -> bool:
-    """Whether a candidate can run these shapes well: the slices form only for a window it can unroll."""
+    """Whether a candidate can run these shapes well: the slices form only for a window it can unroll, the
+    broadcast lowering only for an index space small enough to materialise."""
+    from tullax.backends import workload, xla_forms
+    from tullax.spec.shapes import eval_shapes
+
+    if candidate == "xla:grid":
+        return workload.iterations(spec, shapes) <= GRID_TIMING_ITERATIONS
     if candidate != "xla:slices":
         return True
-    from tullax.backends import xla_forms
-    from tullax.spec.shapes import eval_shapes
 
     lo, hi = eval_shapes(spec, shapes)[xla_forms.window_index(spec)]
     return 0 < hi - lo <= xla_forms.MAX_UNROLL
@@ -180,6 +189,12 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
     from tullax.backends import workload
 
     rule = rule_for(spec, loops)
+    if loops is not None and workload.runs_serially(spec, shapes):
+        from tullax.backends.xla_forms import forms
+
+        return _as_plan(f"xla:{forms(spec)[0]}", loops, Rule(
+            "tiny", "below the serial work threshold: XLA inside the jitted program costs no host callback per "
+            "call and compiles no loop kernel", "xla"))
     close = tuple(c for c in rule.close if _usable(spec, c, shapes))
     if len(close) < 2:
         return _as_plan(rule.default, loops, rule)
@@ -350,11 +365,14 @@ def explain_lines(spec: Spec, shapes: Shapes | None = None, dtype: str = "float3
 
     loops = loop_backend()
     lines = [f"plan (backend='auto' on the CPU; loop backend: {loops or 'none'}):"]
+    from tullax.backends.workload import serial_threshold
+
+    lines.append(f"  (a call below {serial_threshold()} estimated operations runs on XLA: rule 'tiny')")
     if shapes is None:
         for step in kernel_steps(spec):
             rule = rule_for(step.spec, loops)
             chosen = _as_plan(rule.default, loops, rule)
-            close = f"; close call, timed on first use: {', '.join(rule.close)}" if rule.close else ""
+            close = f"; close call, timed on first use where cheap: {', '.join(rule.close)}" if rule.close else ""
             lines.append(f"  {step.label}: {_text(step.spec)}")
             lines.append(f"    -> {chosen.label}: {rule.name}: {rule.reason}{close}")
         return lines

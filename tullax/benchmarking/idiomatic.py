@@ -18,8 +18,9 @@ def _linear(W, X):  # C[i,j] := W[k,i]*X[k,j]
     return jnp.einsum("ki,kj->ij", W, X)
 
 
-def _dist(W, X):  # D[i,j] := (W[k,i]-X[k,j])^2, the expansion everyone writes: BLAS for the cross term
-    return (W * W).sum(0)[:, None] + (X * X).sum(0)[None, :] - 2 * (W.T @ X)
+def _dist(W, X):  # D[i,j] := (W[k,i]-X[k,j])^2 broadcast and summed; NOT the |w|^2+|x|^2-2w.x expansion,
+    # a different algorithm (BLAS, but with cancellation error) that the spec does not ask for
+    return ((W[:, :, None] - X[:, None, :]) ** 2).sum(0)
 
 
 def _conv1d(x, w):  # y[b,i] := x[b,i+k]*w[k], as the sum of shifted slices
