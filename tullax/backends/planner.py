@@ -39,7 +39,7 @@ from tullax.spec.ir import Indirect, Spec, accesses
 
 TIMING_ENV = "TULLAX_PLAN_TIMING"
 TIMING_WORK_LIMIT = 1 << 31  # time close calls only up to this much estimated work per call
-TIMING_RUNS = 3
+TIMING_RUNS = 5  # interleaved rounds
 GRID_TIMING_ITERATIONS = 1 << 25  # time XLA's broadcast lowering only up to this many index-space points
 PLAN_FILE = "plan.json"
 LOOPS = "loops"  # the form of a plan on the loop backend
@@ -223,6 +223,8 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
 # ---------------------------------------------------------------------------------------------
 def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[str, ...],
                      loops: str | None) -> list[tuple[str, float | None]]:
+    """Best time per candidate over TIMING_RUNS rounds, the candidates interleaved within each round, so a
+    burst of load from other processes slows every candidate alike instead of deciding the race."""
     import numpy as np
 
     from tullax.benchmarking.case import make_inputs
@@ -231,21 +233,21 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
     data = np.dtype(result_dtype(spec, {n: np.dtype(d) for n, d in dtypes.items()})).name
     values = make_inputs(spec, shapes, data, seed=0)
     values = [v.astype(dtypes[item.name]) if hasattr(v, "astype") else v for item, v in zip(spec.inputs, values)]
-    return [(c, _time_one(spec, c, values, loops)) for c in candidates]
-
-
-def _best_ms(call) -> float:
-    call()  # warm-up: compile, first run
-    best = float("inf")
+    calls = {c: _prepared_call(spec, c, values, loops) for c in candidates}
+    best: dict[str, float | None] = {c: (None if call is None else float("inf")) for c, call in calls.items()}
     for _ in range(TIMING_RUNS):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+        for candidate, call in calls.items():
+            if call is None:
+                continue
+            start = time.perf_counter()
+            call()
+            best[candidate] = min(best[candidate], (time.perf_counter() - start) * 1e3)
+    return list(best.items())
 
 
-def _time_one(spec: Spec, candidate: str, values: list, loops: str | None) -> float | None:
-    """Best-of time of one candidate on NumPy ``values``, None when it fails (it is then never chosen)."""
+def _prepared_call(spec: Spec, candidate: str, values: list, loops: str | None):
+    """A call of one candidate on NumPy ``values``, already compiled and run once; None when it cannot run
+    (it is then never chosen)."""
     try:
         if candidate.startswith("xla:"):
             import jax
@@ -256,8 +258,14 @@ def _time_one(spec: Spec, candidate: str, values: list, loops: str | None) -> fl
             fn = jax.jit(lower_form(spec, candidate[4:]))
             with jax.ensure_compile_time_eval():  # planning runs while jax traces: run these now, for real
                 env = {n: jnp.asarray(v) for n, v in zip(spec.input_names, values)}
-                return _best_ms(lambda: jax.block_until_ready(fn(env)))
-        return _best_ms(_loop_call(spec, loops, values))
+
+            def call() -> None:
+                with jax.ensure_compile_time_eval():
+                    jax.block_until_ready(fn(env))
+        else:
+            call = _loop_call(spec, loops, values)
+        call()  # compile, first run
+        return call
     except Exception:  # noqa: BLE001 - a candidate that cannot run here is simply not chosen
         return None
 
