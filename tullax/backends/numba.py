@@ -3,7 +3,9 @@
 * Printer: one module per (spec, signature) with one ``@njit(parallel=..., fastmath=_FASTMATH, cache=True)``
   function per variant of the kernel. ``prange`` goes on the outermost parallel loop. With two or more parallel
   loops a second, ``_flat`` variant runs ONE ``prange`` over the product of their extents (divmod back to the
-  indices); the host picks it at call time when the outermost extent is below 4x the thread count. A scalar
+  indices); the host picks it at call time when the outermost extent is below 4x the thread count. A third,
+  ``_serial`` variant has no ``prange`` at all: a call whose estimated work (``tullax.backends.workload``) is
+  below the serial threshold runs it and never wakes the thread pool (the choice is kept per size arguments). A scalar
   result (no parallel loop) gets ``prange`` on its reduction loop: Numba splits it into per-thread partials
   and combines them (supported for + * max min). Scatter kernels are race-free on any thread count without
   atomics (Numba has none on the CPU): the lowering makes only collision-free loops parallel and prints the

@@ -3,7 +3,8 @@
 One module per (spec, signature) with one ``@njit(parallel=..., fastmath=_FASTMATH, cache=True)`` function per
 variant of the kernel. ``prange`` goes on the outermost parallel loop. With two or more parallel loops a second,
 ``_flat`` variant runs ONE ``prange`` over the product of their extents (divmod back to the indices); the host
-picks it at call time. A scalar result (no parallel loop) gets ``prange`` on its reduction loop: Numba splits it
+picks it at call time. A ``_serial`` variant (every loop a ``range``, ``parallel=False``) serves calls too small to
+pay for a parallel launch. A scalar result (no parallel loop) gets ``prange`` on its reduction loop: Numba splits it
 into per-thread partials and combines them (supported for + * max min). max/min reduction loops are printed as 8
 independent lanes (``_lanes``), which LLVM vectorises; a float32 ``exp`` is printed as ``_exp_f32``
 (``tullax.backends.numba_math``). A ``Scratch`` is ``np.zeros``. Array positions are printed as ``_ix(e)`` =
