@@ -262,3 +262,6 @@ def test_explain_prints_the_plan_and_why():
     assert "close call, timed on first use where cheap: xla:conv, xla:slices, loops" in conv
     shaped = tullax.explain(CONV1D, shapes={"x": (2, 50), "w": (3,)})
     assert "gradient wrt x: Δx[b,m] := Δy[b,pad(m-k)]*w[k]  [Δy 2x48, w 3, x 2x50]" in shaped
+    assert "rule 'tiny'" in shaped and "-> xla (conv): tiny:" in shaped  # 2x48x3 is below the serial threshold
+    with pytest.raises(tullax.ShapeError, match="no shape given for w"):
+        tullax.explain(CONV1D, shapes={"x": (2, 50)})

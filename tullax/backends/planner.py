@@ -168,7 +168,7 @@ def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool 
         loops = loop_backend()
         shapes = {name: tuple(int(e) for e in shapes[name]) for name in spec.input_names}
         return _decide(spec, shapes, {n: str(dtypes[n]) for n in spec.input_names}, loops, False,
-                       "not timed yet: the first call times the candidates")
+                       "the first call times " + ", ".join(rule_for(spec, loops).close) + "")
     loops = loop_backend()
     shapes = {name: tuple(int(e) for e in shapes[name]) for name in spec.input_names}
     dtypes = {name: str(dtypes[name]) for name in spec.input_names}
@@ -337,11 +337,14 @@ def kernel_shapes(spec: Spec, shapes: Shapes) -> list[tuple[str, Spec, dict]]:
     """(label, kernel spec, its input shapes) for the forward kernel and every gradient step, from the
     forward call's input ``shapes``."""
     from tullax.backends.host import kernel_steps
-    from tullax.errors import TullaxError
+    from tullax.errors import ShapeError, TullaxError
     from tullax.grad import gradients, seed_name
     from tullax.spec.shapes import eval_shapes
 
-    shapes = {n: tuple(shapes[n]) for n in spec.input_names}
+    missing = [i.name for i in spec.inputs if i.name not in shapes and i.kind != "scalar"]
+    if missing:
+        raise ShapeError(f"no shape given for {', '.join(missing)}: give one for every array input")
+    shapes = {n: tuple(shapes.get(n, ())) for n in spec.input_names}
     found = [("forward", spec, shapes)]
     out_shape = tuple(int(s.eval(shapes)) for s in spec.out_shape)
     env = dict(shapes)
