@@ -87,6 +87,10 @@ CORPUS: tuple[Case, ...] = (
     Case("division", "y[i] := x[i] / z[i]"),
     Case("trig", "y[i] := sin(x[i])*cos(x[i]) + tanh(x[i]) + tan(x[i])"),
     Case("hyperbolic", "y[i] := sinh(x[i]) + cosh(x[i]) + expm1(x[i]) + log1p(x[i]^2) + abs(x[i])"),
+    # erf is left out: the Julia backends refuse it (tests/test_julia_printer.py)
+    Case("more_functions", "y[i] := cbrt(x[i]) + exp2(x[i]) + log2(x[i]) + log10(w[i]) + atan(x[i]) "
+                           "+ atan(x[i], w[i]) + hypot(x[i], w[i]) + max(x[i], w[i], 1) + floor(x[i]) "
+                           "+ round(w[i]) + sign(x[i] - 1)"),
     Case("real_conj", "y[i] := real(x[i])*conj(z[i]) + imag(x[i])"),
     Case("softmax_numerator", "e[i,j] := exp(x[i,j] - m[i])"),
     Case("index_and_scalar", "y[i] := x[i] + i*a"),

@@ -396,6 +396,8 @@ def _position(ctx: _Context, idx: Idx, extent: int) -> _Position:
     if isinstance(idx, Indirect):
         where = ctx.array(idx.array)[jnp.asarray(_affine(ctx, idx.inner))]
         defined = (where >= 0) & (where < extent)
+        if idx.pad:  # pad(ix[e]) reads 0 outside the axis
+            return _Position(jnp.clip(where, 0, max(extent - 1, 0)), inside=defined)
         return _Position(jnp.clip(where, 0, max(extent - 1, 0)), defined=defined)
     raw = _affine(ctx, idx.inner)
     if idx.kind == "mod":

@@ -15,7 +15,22 @@ from tullax.grad.derivative import derivative_from_output, has_output_form, has_
 from tullax.grad.names import fresh, seed_name, spec_names
 from tullax.grad.steps import Fact, make_spec
 from tullax.spec.analyze import shift_indices
-from tullax.spec.ir import ARITHMETIC, Access, Affine, Binary, Call, Expr, Idx, IndexVal, Num, Param, Range, Spec, Unary
+from tullax.spec.ir import (
+    ARITHMETIC,
+    Access,
+    Affine,
+    Binary,
+    Call,
+    Expr,
+    Idx,
+    IndexVal,
+    Indirect,
+    Num,
+    Param,
+    Range,
+    Spec,
+    Unary,
+)
 from tullax.spec.sizes import Extent, Sym
 
 
@@ -131,7 +146,9 @@ def _free_step(fw: Forward, base: str, body: Expr, redop: str) -> tuple[Forward,
 def _with_seed_factor(fw: Forward) -> Forward:
     """The forward with its seed factor ΔOUT[free] * f'(pre) * ∂OUT/∂body and the prelude steps it reads."""
     spec = fw.spec
-    seed = Access(fw.seed, spec.lhs) if spec.lhs else Param(fw.seed)
+    # a scatter dropped the elements whose ix[e] is outside the result: the cotangent there reads 0, not NaN
+    seed_at = tuple(replace(i, pad=True) if isinstance(i, Indirect) else i for i in spec.lhs or ())
+    seed = Access(fw.seed, seed_at) if spec.lhs else Param(fw.seed)
     residual = (Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out)) if spec.assign == ":=" else None
 
     def pre_value(fw: Forward) -> tuple[Forward, Expr]:

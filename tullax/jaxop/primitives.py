@@ -28,7 +28,8 @@ Semantics under jit worth knowing:
   checked inside a callback.
 * The VALUES of index arrays cannot be checked at trace time. An out-of-range indirect index never reads or
   writes out of bounds: a gather gives NaN in a float result (as ``jnp.take``'s default fill), and a scatter
-  skips the element (as ``.at[].add`` with ``mode='drop'``), so an out-of-range lookup gets no gradient.
+  skips the element (as ``.at[].add`` with ``mode='drop'``), so an out-of-range lookup gets no gradient and a
+  dropped element's gradient is 0 (its gradient reads the cotangent through ``pad(ix[..])``).
   Eager calls with NumPy arrays raise a ShapeError instead.
 * Integer inputs (and index arrays) get float0 cotangents; the result dtype is ``jnp.result_type`` of the data
   inputs (float32, or float64 with x64). Kernels write only their output buffer, never an input.

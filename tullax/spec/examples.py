@@ -11,12 +11,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from tullax.errors import ShapeError
+from tullax.spec.functions import FUNCTIONS
 from tullax.spec.ir import Affine, Binary, Call, Idx, Indirect, Spec, accesses, integer_literal, walk
 
 Axis = tuple[str, int]  # (array name, axis)
 
-# Functions whose argument must be positive (NaN below zero in NumPy and XLA; a DomainError in Julia).
-_POSITIVE_DOMAIN = ("log", "sqrt", "log1p")
+# Functions whose argument must be positive (NaN below zero in NumPy and XLA; a DomainError in Julia): those whose
+# registry entry says Julia throws below a bound (log, sqrt, log1p, log2, log10).
+_POSITIVE_DOMAIN = tuple(f.name for f in FUNCTIONS.values() if f.julia_domain and f.julia_domain.startswith("x <"))
 
 
 class _AxisClasses:

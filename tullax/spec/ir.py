@@ -58,11 +58,14 @@ class Wrapped:
 
 @dataclass(frozen=True)
 class Indirect:
-    """``ix[e]``: the position is read from the integer array ``array`` at ``e``."""
+    """``ix[e]``: the position is read from the integer array ``array`` at ``e``. A read outside the axis gives
+    NaN (as ``jnp.take``'s fill), or 0 under ``pad`` (``pad(ix[e])``): how a gradient reads the cotangent at a
+    scatter's positions, where the scatter dropped the element (as ``.at[].add(mode='drop')``'s gradient)."""
 
     array: str
     inner: Affine
     span: Span = _span()
+    pad: bool = False
 
 
 Idx = Union[Affine, Wrapped, Indirect]
@@ -145,6 +148,8 @@ ARITHMETIC = ("+", "-", "*", "/", "^")
 # kept within +-INDEX_LIMIT (checked for the actual shapes), so each of those plus or minus an extent still fits.
 INDEX_LIMIT = 2**62
 REDUCTIONS = ("+", "*", "max", "min", "logsumexp")
+# all/any: parsed, then analysed as (min)/(max) of 0/1 values (spec.frontend); the result is made bool by api.options
+BOOLEAN_REDUCTIONS = {"&": "min", "|": "max"}
 ASSIGNMENTS = (":=", "=", "+=")
 WRAPPERS = ("mod", "clamp", "pad")
 

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tullax.errors import SpecError
+from tullax.spec import functions
 from tullax.spec.functions import FUNCTIONS, UNARY
 from tullax.spec.ir import (
     ASSIGNMENTS,
+    BOOLEAN_REDUCTIONS,
     COMPARISONS,
     REDUCTIONS,
     WRAPPERS,
@@ -36,7 +38,7 @@ _TOKEN = re.compile(r"""
     (?P<ws>\s+)
   | (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
   | (?P<name>[^\W\d]\w*)
-  | (?P<op>:=|\+=|\|>|<=|>=|==|!=|[-+*/^<>=()\[\],])
+  | (?P<op>:=|\+=|\|>|<=|>=|==|!=|[-+*/^<>=()\[\],&|])
 """, re.VERBOSE | re.UNICODE)
 
 
@@ -134,8 +136,8 @@ class _Parser:
             return "+"
         self.advance()
         tok = self.advance()
-        if tok.text not in REDUCTIONS:
-            raise self.error(f"unknown reduction {tok.text!r}: use one of {' '.join(REDUCTIONS)}", tok)
+        if tok.text not in REDUCTIONS and tok.text not in BOOLEAN_REDUCTIONS:
+            raise self.error(f"unknown reduction {tok.text!r}: use one of {' '.join(REDUCTIONS)} & |", tok)
         self.expect(")", "')' closing the reduction")
         return tok.text
 
@@ -168,6 +170,10 @@ class _Parser:
         if tok.kind == "name" and tok.text in WRAPPERS and self.peek().text == "(":
             self.advance()
             self.advance()
+            if tok.text == "pad" and self.tok.kind == "name" and self.peek().text == "[":
+                read = self.index(end)  # pad(ix[e]): an indirect read that gives 0 outside the axis
+                self.expect(")", f"')' closing {tok.text}(")
+                return replace(read, pad=True, span=self.span(tok))
             inner = self.affine(end)
             self.expect(")", f"')' closing {tok.text}(")
             return Wrapped(tok.text, inner, span=self.span(tok))
@@ -346,7 +352,8 @@ class _Parser:
         if tok.text in WRAPPERS:
             raise self.error(f"{tok.text}(...) wraps an index: use it inside brackets, as in x[{tok.text}(i+k)]",
                              tok)
-        if tok.text not in FUNCTIONS:
+        counts = functions.arities(tok.text)
+        if not counts:
             raise self.error(f"unknown function {tok.text!r}: allowed are {', '.join(FUNCTIONS)}", tok)
         self.advance()
         args = [self.expr()]
@@ -354,10 +361,15 @@ class _Parser:
             self.advance()
             args.append(self.expr())
         self.expect(")", "',' or ')'")
-        arity = FUNCTIONS[tok.text].arity
-        if len(args) != arity:
-            raise self.error(f"{tok.text} takes {arity} argument{'s' * (arity > 1)}, got {len(args)}", tok)
-        return Call(tok.text, tuple(args), span=self.span(tok))
+        entry = functions.resolve(tok.text, len(args))
+        if entry is None:
+            variadic = tok.text in FUNCTIONS and FUNCTIONS[tok.text].variadic
+            takes = " or ".join(map(str, counts)) + (" or more" if variadic else "")
+            raise self.error(f"{tok.text} takes {takes} argument{'s' * (counts[-1] > 1)}, got {len(args)}", tok)
+        call = Call(entry.name, tuple(args[:entry.arity]), span=self.span(tok))
+        for arg in args[entry.arity:]:  # max(a, b, c) is max(max(a, b), c)
+            call = Call(entry.name, (call, arg), span=self.span(tok))
+        return call
 
 
 def _scale(lin: dict[str, int], k: int) -> dict[str, int]:

@@ -236,6 +236,8 @@ def check_index_values(spec: Spec, env: Mapping[str, Any]) -> None:
         if not np.issubdtype(values.dtype, np.integer):
             raise ShapeError(f"{idx.array} is used as an index ({idx.array}[..] inside {array}[..]) and must "
                              f"hold integers, got dtype {values.dtype}")
+        if idx.pad:  # pad(ix[e]) reads 0 outside the axis: any position is valid
+            continue
         extent = shapes[array][axis]
         bad = np.flatnonzero((values < 0) | (values >= extent))
         if bad.size:

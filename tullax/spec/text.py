@@ -69,7 +69,8 @@ def format_idx(idx: Idx, end: Sym | None = None) -> str:
         return format_affine(idx, end)
     if isinstance(idx, Wrapped):
         return f"{idx.kind}({format_affine(idx.inner, end)})"
-    return f"{idx.array}[{format_affine(idx.inner, Sym.extent(idx.array, 0) - 1)}]"
+    text = f"{idx.array}[{format_affine(idx.inner, Sym.extent(idx.array, 0) - 1)}]"
+    return f"pad({text})" if idx.pad else text
 
 
 def format_access(name: str, idx: tuple[Idx, ...] | None) -> str:

@@ -126,8 +126,7 @@ def _call(fn: str, args: tuple, kind) -> Any:
         if np.isnan(a) or np.isnan(b):
             return kind(np.nan)
         return (a if a >= b else b) if fn == "max" else (a if a <= b else b)
-    (x,) = args
-    return kind(functions.get(fn).numpy(x))
+    return kind(functions.get(fn).numpy(*args))
 
 
 class _Evaluator:
@@ -181,6 +180,8 @@ class _Evaluator:
         if isinstance(idx, Indirect):
             at = self.in_bounds(idx.array, 0, self.affine(idx.inner, point))
             pos = int(self.arrays[idx.array][at])
+            if idx.pad and not 0 <= pos < extent:  # pad(ix[e]) outside the axis
+                return None
             if not 0 <= pos < extent:
                 raise ShapeError(f"{idx.array}[{at}] = {pos} is outside axis {axis} of {array} (extent {extent})")
             return pos

@@ -121,6 +121,8 @@ class _SpecWriter:
             f"sin({e})", f"cos({e})", f"tan(tanh({e}))", f"tanh({e})", f"sinh(tanh({e}))", f"cosh(tanh({e}))",
             f"expm1(tanh({e}))", f"sigmoid({e})", f"softplus({e})", f"relu({e})", f"({e})^2", f"({e})^3",
             f"(1 + ({e})^2)^0.5", f"(1 + ({e})^2)^-1", f"-({e})", f"real({e})", f"conj({e})", f"imag({e}) + {e}",
+            f"cbrt(1 + ({e})^2)", f"exp2(tanh({e}))", f"log2(1 + ({e})^2)", f"log10(1 + ({e})^2)", f"atan({e})",
+            f"atan({e}, 2)", f"hypot({e}, 1)", f"erf({e})", f"max({e}, 0.1, -({e})^2)",
         ]
         return self.pick(choices)
 
