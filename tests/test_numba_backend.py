@@ -161,7 +161,7 @@ def test_flat_and_nested_variants_agree(monkeypatch):
     for env in (short, long):
         np.testing.assert_allclose(run_numba(spec, env), naive_eval(spec, env), rtol=1e-12)
     kernel = BACKEND.build(spec, Signature(("float64", "float64"), "float64"))
-    assert len(kernel.variants_run) == 2
+    assert {"kernel", "kernel_flat"} <= set(kernel.variants_run)  # (earlier tiny calls ran the serial one)
 
 
 # =============================================================================================
@@ -316,7 +316,8 @@ def test_module_source_holds_forward_and_every_gradient_kernel():
     source = module_source(spec, "float32")
     tree = ast.parse(source)
     names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
-    assert names == ["forward", "grad0_step0", "grad1_step0"]
+    assert names == ["forward", "forward_serial", "grad0_step0", "grad0_step0_serial", "grad1_step0",
+                     "grad1_step0_serial"]
     assert "np.float32(0.0)" in source and "prange(" in source
     assert "# forward: y[i] := x[i+k]*w[k]" in source
     assert BACKEND.module_source(spec, "float64") == module_source(spec, "float64")
