@@ -39,6 +39,7 @@ class Target:
     at_least: bool
     show: Callable[[float], str]
     informational: bool = False  # shown next to the targets (status INFO), never passes or fails the run
+    backends: tuple[str, ...] | None = None  # the tullax backends it is about (None: every one)
 
     def passes(self, value: float) -> bool:
         return value >= self.bound if self.at_least else value <= self.bound
@@ -51,6 +52,15 @@ def _get(field: str) -> Callable[[dict], float | None]:
 def _slowdown(row: dict) -> float | None:
     speedup = row.get("fwd_speedup")
     return 1 / speedup if speedup else None
+
+
+def _bwd_slowdown(row: dict) -> float | None:
+    speedup = row.get("bwd_speedup")
+    return 1 / speedup if speedup else None
+
+
+def _times2(value: float) -> str:
+    return f"{value:.2f}x"
 
 
 def _times(value: float) -> str:
@@ -79,6 +89,16 @@ TARGETS = (
     Target("warm TTFK <= 25% of cold, every case (worst)", None, _get("ttfk_warm_over_cold"), 0.25, False, _percent),
     Target("float32 max rel err <= 1e-4 vs float64 XLA, every case (worst)", None, _get("max_rel_err"), 1e-4,
            False, fmt_err),
+    # issue 14: the planner is never slower than the best XLA formulation (tullax's lowering, naive, or the
+    # hand-written jnp), allowing 5% noise, and runs Linear on BLAS both ways
+    Target("auto forward >= 0.95x the best XLA formulation, every case (worst)", None, _get("fwd_vs_best_xla"),
+           0.95, True, _times2, backends=("auto",)),
+    Target("auto backward >= 0.95x the best XLA formulation, every case (worst)", None, _get("bwd_vs_best_xla"),
+           0.95, True, _times2, backends=("auto",)),
+    Target("auto Linear forward within 1.1x of XLA (time / XLA time)", ("Linear",), _slowdown, 1.1, False, _times2,
+           backends=("auto",)),
+    Target("auto Linear backward within 1.1x of XLA (time / XLA time)", ("Linear",), _bwd_slowdown, 1.1, False,
+           _times2, backends=("auto",)),
 )
 
 
@@ -95,7 +115,8 @@ def check_targets(doc: dict) -> list[Verdict]:
     verdicts = []
     for backend in [b for b in doc["config"]["backends"] if b not in COMPARATORS]:
         for target in TARGETS:
-            verdicts.append(_verdict(doc, backend, target))
+            if target.backends is None or backend in target.backends:
+                verdicts.append(_verdict(doc, backend, target))
     return verdicts
 
 
@@ -115,7 +136,7 @@ def _verdict(doc: dict, backend: str, target: Target) -> Verdict:
 
 
 def targets_markdown(verdicts: list[Verdict], quick: bool) -> str:
-    lines = ["## Targets (issue 3)", ""]
+    lines = ["## Targets (issues 3 and 14)", ""]
     if quick:
         lines += ["Measured at --quick sizes; the targets are defined at the default sizes.", ""]
     lines += ["| result | backend | target | measured |", "|---|---|---|---|"]
@@ -127,7 +148,7 @@ def print_targets(verdicts: list[Verdict], console: Any, quick: bool) -> None:
     from rich.text import Text
 
     styles = {"PASS": "green", "FAIL": "red", "MISSING": "yellow", "INFO": "cyan"}
-    console.print(Text("targets of issue 3" + (" (quick sizes; defined at default sizes)" if quick else ""),
+    console.print(Text("targets of issues 3 and 14" + (" (quick sizes; defined at default sizes)" if quick else ""),
                        style="bold"))
     if not verdicts:
         console.print(Text("no tullax backend was measured, so no target could be checked", style="red"))
@@ -137,13 +158,16 @@ def print_targets(verdicts: list[Verdict], console: Any, quick: bool) -> None:
         console.print(line)
 
 
-def save(doc: dict, out_dir: Path, name: str) -> list[Path]:
-    """Write NAME.json, NAME.md (with the targets) and NAME.png under out_dir; returns the paths."""
+def save(doc: dict, out_dir: Path, name: str, chart: bool = True) -> list[Path]:
+    """Write NAME.json, NAME.md (with the targets) and NAME.png (unless ``chart`` is False) under out_dir;
+    returns the paths."""
     quick = bool(doc["config"].get("quick"))
     paths = [out_dir / f"{name}.{ext}" for ext in ("json", "md", "png")]
     write_json(doc, paths[0])
     extra = targets_markdown(check_targets(doc), quick) if len(doc["config"]["backends"]) > 1 else ""
     paths[1].write_text(to_markdown(doc, title="tullax benchmarks", extra=extra))
+    if not chart:
+        return paths[:2]
     plot(doc, paths[2])
     return paths
 

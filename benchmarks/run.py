@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--check-targets", action="store_true",
                         help="print each target of issue 3 with PASS/FAIL; exit 1 unless all pass")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--no-plot", action="store_true", help="write no chart (NAME.png)")
     return parser
 
 
@@ -46,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     from tullax.benchmarking.runner import RunConfig, run_cases, select_backends
 
     args = build_parser().parse_args(argv)
+    if not args.no_plot:
+        from tullax.benchmarking.report import plotting_available
+
+        ok, why = plotting_available()
+        if not ok:  # before the run: a missing matplotlib must not cost a whole run
+            raise SystemExit(f"{why}; or pass --no-plot")
     names = [n.strip() for n in args.cases.split(",")] if args.cases else None
     cases = suite(quick=args.quick, names=names)
     if not cases:
@@ -63,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                        ttfk=not args.no_ttfk)
     doc = run_cases(cases, config, show_progress=not args.quiet, unavailable=unavailable)
     doc["config"]["quick"] = args.quick
-    paths = save(doc, Path(args.out_dir), args.name or ("latest-quick" if args.quick else "latest"))
+    paths = save(doc, Path(args.out_dir), args.name or ("latest-quick" if args.quick else "latest"),
+                 chart=not args.no_plot)
     print_table(doc, console, title="tullax benchmarks" + (" (quick sizes)" if args.quick else ""))
     console.print(f"wrote {', '.join(str(p) for p in paths)}", highlight=False)
     verdicts = check_targets(doc)

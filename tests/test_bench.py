@@ -120,9 +120,72 @@ def test_the_suite_writes_its_results_and_checks_the_targets(tmp_path):
     assert doc["config"]["quick"] is True and [c["name"] for c in doc["cases"]] == ["row norm"]
     assert doc["cases"][0]["shapes"] == {"x": [1024, 1024]}
     assert doc["cases"][0]["results"]["xla"]["max_rel_err"] <= 1e-4
+    # the hand-written jnp formulation runs next to the reference, and the best of them is the yardstick
+    hand = doc["cases"][0]["results"]["jnp"]
+    assert hand["status"] == "ok" and hand["max_rel_err"] <= 1e-4, hand
+    best = min(doc["cases"][0]["results"][b]["fwd_ms"] for b in ("xla", "jnp"))
+    assert hand["fwd_vs_best_xla"] == pytest.approx(best / hand["fwd_ms"])
     assert check_targets(doc) == []
     assert "| row norm | xla |" in (tmp_path / "t.md").read_text()
     assert (tmp_path / "t.png").exists()
+
+
+def test_bench_plot_checks_matplotlib_before_running_anything(tmp_path, monkeypatch, capsys):
+    import sys
+    import time
+
+    from tullax.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as in an environment without matplotlib
+    out = tmp_path / "norm.json"
+    start = time.perf_counter()
+    assert main(["bench", NORM, "--shape", "x=8x16", "--backends", "xla", "--quiet", "--json", str(out),
+                 "--plot", str(tmp_path / "norm.png")]) == 2
+    assert "--plot needs matplotlib, which is not installed: pip install matplotlib" in capsys.readouterr().err
+    assert not out.exists() and time.perf_counter() - start < 5  # nothing ran: no child process was started
+    from benchmarks.run import main as suite_main
+
+    with pytest.raises(SystemExit, match="--plot needs matplotlib.*--no-plot"):
+        suite_main(["--quick", "--cases", "row norm", "--backends", "xla", "--out-dir", str(tmp_path)])
+    assert not (tmp_path / "latest-quick.json").exists()
+
+
+def test_the_chart_shows_linear_speed_up_bars_with_the_cases_named_in_full(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tullax.benchmarking.report import derive, plot
+
+    def row(fwd, bwd):
+        return {"status": "ok", "fwd_ms": fwd, "bwd_ms": bwd}
+
+    doc = derive({"config": {"backends": ["xla", "jnp", "auto"], "dtype": "float32"},
+                  "machine": {"cpu": "test cpu", "usable_cores": 2},
+                  "cases": [{"name": "Gaussian kernel sum", "results": {"xla": row(4, 8), "jnp": row(2, 8),
+                                                                        "auto": row(1, 2)}},
+                            {"name": "attention scores", "results": {"xla": row(1, 1), "auto": row(1, 1)}}]})
+    shown = []
+    monkeypatch_savefig = plt.Figure.savefig
+
+    def keep(figure, *args, **kwargs):
+        shown.append(figure)
+        return monkeypatch_savefig(figure, *args, **kwargs)
+
+    plt.Figure.savefig = keep
+    try:
+        plot(doc, tmp_path / "chart.png")
+    finally:
+        plt.Figure.savefig = monkeypatch_savefig
+    (figure,) = shown
+    forward, backward = figure.axes[:2]
+    assert forward.get_xscale() == "linear" and backward.get_xscale() == "linear"
+    assert [t.get_text() for t in forward.get_yticklabels()] == ["Gaussian kernel sum", "attention scores"]
+    widths = sorted(round(p.get_width(), 6) for p in forward.patches)
+    assert widths == sorted([2.0, 4.0, 1.0, 0.0])  # jnp 2x, auto 4x and 1x; jnp has no attention row
+    assert figure.legends and not forward.get_legend()  # the legend sits off the bars, below the panels
+    assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_targets_are_judged_on_ratios():
@@ -151,5 +214,6 @@ def test_targets_are_judged_on_ratios():
     assert verdicts["float32 max rel err <= 1e-4 vs float64 XLA, every case (worst)"][0] == "PASS"
     from benchmarks.report import all_pass
 
+    assert not any("auto" in v.target.text for v in check_targets(doc))  # the planner's targets: auto only
     assert not all_pass(check_targets(doc))
     assert all_pass([v for v in check_targets(doc) if v.status in ("PASS", "INFO")])

@@ -150,9 +150,10 @@ def test_non_contiguous_inputs_and_output():
     np.testing.assert_allclose(out, a_t @ b, rtol=1e-12)
 
 
-def test_flat_and_nested_variants_agree():
+def test_flat_and_nested_variants_agree(monkeypatch):
     """With a short outermost parallel loop the host runs one prange over all parallel indices; a long one
     keeps the nest. Both compute the same thing."""
+    monkeypatch.setenv("TULLAX_SERIAL_WORK", "0")  # these small calls would otherwise run the serial variant
     spec = analysed("D[i,j] := (W[k,i] - X[k,j])^2")
     rng = np.random.default_rng(2)
     short = {"W": rng.standard_normal((5, 3)), "X": rng.standard_normal((5, 40))}
@@ -160,7 +161,7 @@ def test_flat_and_nested_variants_agree():
     for env in (short, long):
         np.testing.assert_allclose(run_numba(spec, env), naive_eval(spec, env), rtol=1e-12)
     kernel = BACKEND.build(spec, Signature(("float64", "float64"), "float64"))
-    assert len(kernel.variants_run) == 2
+    assert {"kernel", "kernel_flat"} <= set(kernel.variants_run)  # (earlier tiny calls ran the serial one)
 
 
 # =============================================================================================
@@ -196,7 +197,8 @@ def test_scatter_kernels_are_race_free_on_2_and_4_threads(tmp_path: Path):
     outputs = []
     for threads in (2, 4):
         target = tmp_path / f"threads{threads}.npz"
-        env = {**os.environ, "NUMBA_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)}
+        # TULLAX_SERIAL_WORK=0: these small scatters must run their parallel variants, never the serial one
+        env = {**os.environ, "NUMBA_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO), "TULLAX_SERIAL_WORK": "0"}
         subprocess.run([sys.executable, "-c", _SCATTER_SCRIPT, str(threads), str(target)], check=True, env=env,
                        cwd=REPO, timeout=600)
         outputs.append(dict(np.load(target)))
@@ -314,15 +316,57 @@ def test_module_source_holds_forward_and_every_gradient_kernel():
     source = module_source(spec, "float32")
     tree = ast.parse(source)
     names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
-    assert names == ["forward", "grad0_step0", "grad1_step0"]
+    assert names == ["forward", "forward_serial", "grad0_step0", "grad0_step0_serial", "grad1_step0",
+                     "grad1_step0_serial"]
     assert "np.float32(0.0)" in source and "prange(" in source
     assert "# forward: y[i] := x[i+k]*w[k]" in source
     assert BACKEND.module_source(spec, "float64") == module_source(spec, "float64")
 
 
-def test_generate_source_is_one_kernel_and_its_flat_variant():
+def test_generate_source_is_one_kernel_and_its_flat_and_serial_variants():
     spec = analysed("C[i,j] := A[i,k]*B[k,j]")
     source = BACKEND.generate_source(spec, Signature(("float32", "float32"), "float32"))
-    names = [n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
-    assert names == ["kernel", "kernel_flat"]
+    functions = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
+    assert [n.name for n in functions] == ["kernel", "kernel_flat", "kernel_serial"]
+    serial = ast.get_source_segment(source, functions[2])
+    assert "prange" not in serial and "parallel=False" in ast.unparse(functions[2].decorator_list[0])
     assert "fastmath=_FASTMATH" in source and "'nnan'" not in source
+
+
+# =============================================================================================
+# Tiny kernels run serially
+# =============================================================================================
+def test_work_estimate_puts_a_tiny_matmul_below_the_serial_threshold():
+    from tullax.backends import workload
+
+    spec = analysed("C[i,j] := A[i,k]*B[k,j]")
+    assert workload.work(spec, {"A": (32, 24), "B": (24, 48)}) == 32 * 48 * 24 * 3  # one *, two reads
+    assert workload.runs_serially(spec, {"A": (32, 24), "B": (24, 48)})
+    assert not workload.runs_serially(spec, {"A": (256, 256), "B": (256, 256)})
+    exp = analysed("y[i] := exp(x[i,j])")  # a call costs more than arithmetic
+    assert workload.body_cost(exp) > workload.body_cost(analysed("y[i] := x[i,j]*2"))
+
+
+@pytest.mark.parametrize("text, small, large", [
+    ("Cs[i,j] := A[i,k]*B[k,j]", {"A": (4, 3), "B": (3, 5)}, {"A": (96, 80), "B": (80, 70)}),
+    ("(max) ms := x[i]", {"x": (9,)}, {"x": (300_000,)}),
+    ("ss := x[i]*y[i]", {"x": (9,), "y": (9,)}, {"x": (300_000,), "y": (300_000,)}),
+    ("(min) mr[i] := x[i,j]", {"x": (3, 4)}, {"x": (600, 600)}),
+    ("dWs[ix[b],d] += g[b,d]", {"dWs": (5, 3), "ix": (11,), "g": (11, 3)}, {"dWs": (50, 64), "ix": (20000,),
+                                                                             "g": (20000, 64)}),
+])
+def test_serial_variant_runs_tiny_calls_and_agrees_with_xla(text, small, large):
+    spec = analysed(text)
+    kernel = None
+    for shapes, variant in ((small, "_serial"), (large, None)):
+        rng = np.random.default_rng(4)
+        env = {n: rng.integers(0, shapes["dWs"][0], shapes[n]) if n == "ix" else rng.standard_normal(shapes[n])
+               for n in spec.input_names}
+        if variant and "max" in text:
+            env["x"][3] = np.nan  # NaN propagates through the serial max too
+        np.testing.assert_allclose(run_numba(spec, env), xla_eval(spec, env), rtol=1e-10, atol=1e-10)
+        kernel = BACKEND.build(spec, Signature(tuple(np.asarray(env[n]).dtype.name for n in spec.input_names),
+                                               "float64"))
+        if variant:
+            assert kernel.variants_run == ("kernel_serial",), kernel.variants_run
+    assert len(kernel.variants_run) == 2 and "kernel_serial" in kernel.variants_run

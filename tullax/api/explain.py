@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from tullax.errors import TullaxError
 from tullax.spec.frontend import compile_spec, describe_range
 from tullax.spec.ir import Spec
 from tullax.spec.text import format_finalizer
@@ -41,8 +42,18 @@ def explain_spec(canonical: str, spec: Spec) -> str:
     return "\n".join(lines)
 
 
-def explain(spec: str, ranges: Mapping | None = None) -> str:
+def explain(spec: str, ranges: Mapping | None = None, shapes: Mapping[str, tuple[int, ...]] | None = None,
+            dtype: str = "float32") -> str:
     """The canonical spec, its free and reduced indices, every index range (symbolic in the input
-    shapes) and each gradient spec."""
+    shapes), each gradient spec, and the plan of ``backend='auto'``: what each kernel (the forward one and
+    every gradient step) runs on and why, by rule, or with ``shapes`` (input name -> shape) the decision for
+    those shapes, as the compile cache holds it when it was timed."""
+    from tullax.backends.planner import explain_lines
+    from tullax.errors import with_spec_context
+
     canonical, analysed = compile_spec(spec, ranges)
-    return explain_spec(canonical, analysed)
+    try:
+        planned = explain_lines(analysed, shapes, dtype)
+    except TullaxError as err:
+        raise with_spec_context(err, spec) from None
+    return explain_spec(canonical, analysed) + "\n" + "\n".join(planned)

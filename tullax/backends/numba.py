@@ -3,7 +3,9 @@
 * Printer: one module per (spec, signature) with one ``@njit(parallel=..., fastmath=_FASTMATH, cache=True)``
   function per variant of the kernel. ``prange`` goes on the outermost parallel loop. With two or more parallel
   loops a second, ``_flat`` variant runs ONE ``prange`` over the product of their extents (divmod back to the
-  indices); the host picks it at call time when the outermost extent is below 4x the thread count. A scalar
+  indices); the host picks it at call time when the outermost extent is below 4x the thread count. A third,
+  ``_serial`` variant has no ``prange`` at all: a call whose estimated work (``tullax.backends.workload``) is
+  below the serial threshold runs it and never wakes the thread pool (the choice is kept per size arguments). A scalar
   result (no parallel loop) gets ``prange`` on its reduction loop: Numba splits it into per-thread partials
   and combines them (supported for + * max min). Scatter kernels are race-free on any thread count without
   atomics (Numba has none on the CPU): the lowering makes only collision-free loops parallel and prints the
@@ -39,7 +41,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tullax.backends import host
+from tullax.backends import host, workload
 from tullax.backends.base import Capabilities, Shapes, Signature
 from tullax.backends.numba_fastload import load_cached
 from tullax.backends.numba_helper import CompileHelper, CompileRequest
@@ -143,8 +145,11 @@ class NumbaHostKernel:
         self._plan = host.ArgumentPlan.of(kernel, generated.spec, scalar=_numpy_scalar, rank0_as_vector=True)
         self._sizes_at = len(kernel.params) - len(kernel.sizes)  # where the size arguments start
         self._size_names = tuple(s.name for s in kernel.sizes)
-        self._nested = functions[0]
-        self._flat = functions[1] if len(functions) > 1 else None
+        by_suffix = {fn.__name__[len(kernel.name):]: fn for fn in functions}
+        self._nested = by_suffix[""]
+        self._flat = by_suffix.get("_flat")
+        self._serial = by_suffix.get("_serial")
+        self._picked: dict[tuple[int, ...], Any] = {}  # size arguments -> the variant that runs them
         loops, _ = parallel_nest(kernel)
         self._outer = loops[0] if loops else None
         self._numba = import_numba()
@@ -156,7 +161,8 @@ class NumbaHostKernel:
     @property
     def variants_run(self) -> tuple[str, ...]:
         """Names of the njit functions this host kernel has run (compiled or loaded)."""
-        return tuple(fn.__name__ for fn in (self._nested, self._flat) if fn is not None and fn.__name__ in self._ran)
+        return tuple(fn.__name__ for fn in (self._nested, self._flat, self._serial)
+                     if fn is not None and fn.__name__ in self._ran)
 
     def __call__(self, out, *inputs) -> None:
         self.run(out, inputs, host.call_shapes(self.generated.spec, out, inputs))
@@ -164,7 +170,7 @@ class NumbaHostKernel:
     def run(self, out, inputs: Sequence[Any], shapes: Shapes) -> None:
         """The call, for a caller that knows the input and output ``shapes`` already."""
         args, copy_back = host.marshal(self._plan, out, inputs, shapes)
-        fn = self._pick(args[self._sizes_at:])
+        fn = self._pick(args[self._sizes_at:], shapes)
         if fn.__name__ not in self._ran:
             self._first_call(fn, args)
         else:
@@ -177,14 +183,14 @@ class NumbaHostKernel:
         path calls it while tracing, so a compile error surfaces at trace time and never inside a callback.
         ``read_only``: the call's inputs are read-only arrays (``pure_callback``'s), which Numba types apart."""
         sizes = self._plan.size_values(shapes)
-        self._load_or_compile(self._pick(sizes), self._stand_ins(read_only) + sizes)
+        self._load_or_compile(self._pick(sizes, shapes), self._stand_ins(read_only) + sizes)
 
     def prepare_every_variant(self) -> None:
-        """Load or compile now every variant a call may pick: the nested kernel and, where there is one, the flat
-        one. ``tullax cache warm`` calls it, since its tiny warm-up shapes pick the flat variant, which real
-        shapes do not (a warmed spec then compiled again on first use)."""
+        """Load or compile now every variant a call may pick: the nested kernel and, where there are, the flat
+        and the serial one. ``tullax cache warm`` calls it, since its tiny warm-up shapes pick the serial (or
+        flat) variant, which real shapes do not (a warmed spec then compiled again on first use)."""
         sizes = [0] * len(self._size_names)  # a size's Numba type does not depend on its value
-        for fn in (self._nested, self._flat):
+        for fn in (self._nested, self._flat, self._serial):
             if fn is not None:
                 self._load_or_compile(fn, self._stand_ins() + sizes)
 
@@ -197,7 +203,19 @@ class NumbaHostKernel:
             stand_in.flags.writeable = not (read_only and array.role == "in")
         return args + [np.dtype(s.dtype).type(0) for s in kernel.scalars]
 
-    def _pick(self, sizes: Sequence[int]) -> Any:
+    def _pick(self, sizes: Sequence[int], shapes: Shapes) -> Any:
+        """The variant for a call: serial below the work threshold (``tullax.backends.workload``), else flat
+        when the outermost parallel loop is short, else nested. Remembered per size arguments: they fix every
+        loop extent, and the estimate must not cost a tiny call more than it saves."""
+        key = tuple(sizes)
+        found = self._picked.get(key)
+        if found is None:
+            found = self._picked[key] = self._choose(sizes, shapes)
+        return found
+
+    def _choose(self, sizes: Sequence[int], shapes: Shapes) -> Any:
+        if self._serial is not None and workload.runs_serially(self.generated.spec, shapes):
+            return self._serial
         if self._flat is None:
             return self._nested
         loop = self._outer

@@ -132,6 +132,20 @@ def _finalize(ctx: "_Context", value):
     return jnp.broadcast_to(_as_array(out, ctx.dtype), grid.shape)
 
 
+def evaluate_fixed(spec: Spec, env: Env, fixed: Mapping[str, int]):
+    """The reduction of ``spec`` (a ':=' spec; no finaliser applied) with the indices of ``fixed`` held at one
+    value each: the reduced value over every other index. Accesses that an index of ``fixed`` shifts read
+    slices (see ``_live_terms``). The slices form of ``tullax.backends.xla_forms`` sums these."""
+    import jax
+
+    shapes = input_shapes(spec, env)
+    dtype = jax.dtypes.canonicalize_dtype(result_dtype(spec, {n: _dtype_of(env[n]) for n in spec.input_names}))
+    grid = _Grid.build(spec, shapes)
+    lo = tuple(fixed.get(n, lo) for n, lo in zip(grid.names, grid.lo))
+    size = tuple(1 if n in fixed else sz for n, sz in zip(grid.names, grid.size))
+    return _reduce(_Context(spec, env, shapes, dtype, _Grid(grid.names, lo, size)))
+
+
 def _grid_order(spec: Spec, grid: str) -> tuple[str, ...]:
     """The broadcast axes: free indices first, or every index in the order it first appears in the body."""
     names = spec.free + spec.reduced
@@ -377,7 +391,7 @@ class _Position:
 def _read(ctx: _Context, acc: Access):
     import jax.numpy as jnp
 
-    if _sliceable(acc):
+    if _sliceable(ctx, acc):
         return _read_slices(ctx, acc)
     array = ctx.array(acc.array)
     positions = [_position(ctx, idx, array.shape[axis]) for axis, idx in enumerate(acc.idx)]
@@ -437,13 +451,29 @@ def _position(ctx: _Context, idx: Idx, extent: int) -> _Position:
     return _Position(jnp.clip(raw, 0, max(extent - 1, 0)), inside=inside)
 
 
-def _sliceable(acc: Access) -> bool:
+def _live_terms(ctx: _Context, aff: Affine) -> tuple[list[tuple[str, int]], int]:
+    """The terms of ``aff`` over grid axes with more than one value, and the constant the others add (an
+    index with one value on this grid, as the slices form of ``xla_forms`` makes, is a constant here)."""
+    live, const = [], aff.const.eval(ctx.shapes)
+    for name, coef in aff.terms:
+        axis = ctx.grid.axis(name)
+        if ctx.grid.size[axis] == 1:
+            const += coef * ctx.grid.lo[axis]
+        else:
+            live.append((name, coef))
+    return live, const
+
+
+def _sliceable(ctx: _Context, acc: Access) -> bool:
     """Every axis a constant or one index (coefficient != 0), each index on one axis only: a strided slice."""
     names: list[str] = []
     for idx in acc.idx:
-        if not isinstance(idx, Affine) or idx.div != 1 or len(idx.terms) > 1:
+        if not isinstance(idx, Affine) or idx.div != 1:
             return False
-        names += idx.names()
+        live, _ = _live_terms(ctx, idx)
+        if len(live) > 1:
+            return False
+        names += [n for n, _ in live]
     return len(names) == len(set(names))
 
 
@@ -452,11 +482,11 @@ def _read_slices(ctx: _Context, acc: Access):
 
     window, names, flips = [], [], []
     for idx in acc.idx:
-        const = idx.const.eval(ctx.shapes)
-        if not idx.terms:
+        live, const = _live_terms(ctx, idx)
+        if not live:
             window.append(const)
             continue
-        (name, coef), = idx.terms
+        (name, coef), = live
         axis = ctx.grid.axis(name)
         lo, n = ctx.grid.lo[axis], ctx.grid.size[axis]
         first, last = coef * lo + const, coef * (lo + n - 1) + const

@@ -26,6 +26,9 @@ class BenchCase:
     check_shapes: Shapes | None = None
     ttfk_shapes: Shapes | None = None
     ranges: Mapping[str, Any] | None = field(default=None)
+    # the hand-written formulation of the jnp and torch.compile comparators (a key of
+    # tullax.benchmarking.idiomatic.JNP); None: the case has none and those comparators skip it
+    idiomatic: str | None = None
 
     def job_fields(self) -> dict[str, Any]:
         """The JSON-ready description a worker process receives."""
@@ -36,6 +39,7 @@ class BenchCase:
             "shapes": _listed(self.shapes),
             "check_shapes": _listed(self.check_shapes or self.shapes),
             "ttfk_shapes": _listed(self.ttfk_shapes or capped_shapes(self.shapes)),
+            "idiomatic": self.idiomatic,
         }
 
 

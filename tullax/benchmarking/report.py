@@ -23,11 +23,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tullax.benchmarking.comparators import COMPARATORS, NAIVE_XLA, REFERENCE
+from tullax.benchmarking.comparators import COMPARATORS, NAIVE_XLA, REFERENCE, XLA_COMPARATORS
 
 VERSIONED = ("tullax", "numpy", "jax", "jaxlib", "numba", "llvmlite", "juliacall", "matplotlib")
 MARKDOWN_COLUMNS = ("case", "backend", "forward", "backward", "grad/fwd", "fwd vs XLA", "bwd vs XLA",
-                    "fwd vs naive XLA", "bwd vs naive XLA", "TTFK cold", "TTFK warm", "peak RSS", "max rel err")
+                    "fwd vs naive XLA", "bwd vs naive XLA", "fwd vs best XLA", "bwd vs best XLA", "TTFK cold",
+                    "TTFK warm", "peak RSS", "max rel err")
 
 
 # ------------------------------------------------------------------------------------------ machine
@@ -116,6 +117,11 @@ def derive(doc: dict) -> dict:
             row["fwd_speedup"] = _ratio(reference.get("fwd_ms"), row.get("fwd_ms"))
             row["bwd_speedup"] = _ratio(reference.get("bwd_ms"), row.get("bwd_ms"))
             row["ttfk_warm_over_cold"] = _ratio(row.get("ttfk_warm_ms"), row.get("ttfk_cold_ms"))
+        for which in ("fwd", "bwd"):  # the best XLA formulation: tullax's lowering, naive, or hand-written jnp
+            times = [case["results"].get(c, {}).get(f"{which}_ms") for c in XLA_COMPARATORS]
+            times = [t for t in times if isinstance(t, int | float) and t > 0]
+            for row in case["results"].values():
+                row[f"{which}_vs_best_xla"] = _ratio(min(times), row.get(f"{which}_ms")) if times else None
     return doc
 
 
@@ -168,6 +174,7 @@ def cells(case: dict, backend: str, row: dict) -> list[str]:
         "(reference)" if reference else fmt_x(row.get("bwd_speedup")),
         "(reference)" if naive else fmt_x(row.get("fwd_speedup_naive")),
         "(reference)" if naive else fmt_x(row.get("bwd_speedup_naive")),
+        fmt_x(row.get("fwd_vs_best_xla")), fmt_x(row.get("bwd_vs_best_xla")),
         fmt_ms(row.get("ttfk_cold_ms")), "n/a" if backend in COMPARATORS else fmt_ms(row.get("ttfk_warm_ms")),
         fmt_mb(row.get("peak_rss_mb")), fmt_err(row.get("max_rel_err")),
     ]
@@ -267,37 +274,55 @@ def read_json(path: str | os.PathLike[str]) -> dict:
 # ------------------------------------------------------------------------------------------ the chart
 
 
+def plotting_available() -> tuple[bool, str]:
+    """Whether ``plot`` can run here, and what to install when it cannot: checked BEFORE a run, so a missing
+    matplotlib never costs a whole benchmark run."""
+    try:
+        import matplotlib  # noqa: F401 - the import itself is the check
+    except ImportError:
+        return False, "--plot needs matplotlib, which is not installed: pip install matplotlib (or tullax[bench])"
+    return True, ""
+
+
 def plot(doc: dict, path: str | os.PathLike[str]) -> None:
-    """Forward and backward time per case (log scale, one bar per backend) and the grad/fwd ratio."""
+    """Speed-up over XLA (tullax's jnp lowering, differentiated by jax) per case, forward and backward: linear
+    horizontal bars, one per backend, the case named in full on the y axis, the value written at the end of
+    each bar, a dashed line at 1 (XLA), the legend below the panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    names = [case["name"] for case in doc["cases"]]
-    backends = doc["config"]["backends"]
-    panels = (("fwd_ms", "forward (ms, log)", True), ("bwd_ms", "backward: all gradients (ms, log)", True),
-              ("grad_fwd_ratio", "backward / forward (log)", False))
-    figure, axes = plt.subplots(1, len(panels), figsize=(6 + 1.6 * len(names), 4.8), squeeze=False)
-    positions = np.arange(len(names))
-    width = 0.8 / max(len(backends), 1)
-    for axis, (field, label, timing) in zip(axes[0], panels):
+    cases = doc["cases"]
+    names = [case["name"] for case in cases]
+    backends = [b for b in doc["config"]["backends"] if b != REFERENCE]
+    height = 0.8 / max(len(backends), 1)
+    rows_y = np.arange(len(names))[::-1]  # the first case at the top
+    figure, axes = plt.subplots(1, 2, figsize=(13, max(3.0, 1.2 + 0.32 * max(len(backends), 1) * len(names))),
+                                sharey=True, squeeze=False, layout="constrained")
+    colours = plt.get_cmap("tab10")
+    for axis, (field, title) in zip(axes[0], (("fwd_speedup", "forward"), ("bwd_speedup", "backward (all gradients)"))):
+        top = 1.0
         for number, backend in enumerate(backends):
-            values = [case["results"].get(backend, {}).get(field) for case in doc["cases"]]
-            heights = [v if isinstance(v, int | float) and v > 0 else np.nan for v in values]
-            axis.bar(positions + (number - (len(backends) - 1) / 2) * width, heights, width, label=backend)
-        axis.set_yscale("log")
-        if not timing:
-            axis.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-        axis.set_title(label)
-        axis.set_xticks(positions, names, rotation=30, ha="right")
-        axis.grid(axis="y", alpha=0.3, which="both")
-    axes[0][0].legend()
+            values = [case["results"].get(backend, {}).get(field) for case in cases]
+            widths = [v if isinstance(v, int | float) and v > 0 else 0.0 for v in values]
+            top = max([top, *widths])
+            ys = rows_y + (len(backends) - 1) / 2 * height - number * height
+            axis.barh(ys, widths, height, color=colours(number % 10), label=backend)
+            for y, value in zip(ys, values):
+                if isinstance(value, int | float) and value > 0:
+                    axis.text(value, y, f" {fmt_x(value)}", va="center", fontsize=7)
+        axis.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
+        axis.set_xlim(0, top * 1.18)  # room for the labels at the bar ends
+        axis.set_title(f"{title}: speed-up over XLA (higher is faster)", fontsize=10)
+        axis.set_yticks(rows_y, names)
+        axis.grid(axis="x", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=8, frameon=False)
     machine = doc["machine"]
-    figure.suptitle(f"tullax vs XLA, {doc['config']['dtype']}: {machine['cpu']}, {machine['usable_cores']} cores",
-                    fontsize=10)
-    figure.tight_layout()
+    figure.suptitle(f"tullax vs XLA, {doc['config']['dtype']}: {machine['cpu']}, {machine['usable_cores']} cores "
+                    "(dashed line: XLA, jax.jit of the jnp lowering)", fontsize=10)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from tullax.benchmarking.case import BenchCase, check_case_shapes
-from tullax.benchmarking.comparators import COMPARATORS, NAIVE_XLA, REFERENCE
+from tullax.benchmarking.comparators import COMPARATORS, IDIOMATIC, NAIVE_XLA, REFERENCE, TORCH
 from tullax.benchmarking.worker import LINE_PREFIX
 
 MAIN_PHASES = ("ttfk", "fwd", "bwd", "check")
@@ -28,7 +28,9 @@ TTFK_COLD_RUNS = 3  # cold time to first kernel: best of this many processes, ea
 TTFK_WARM_RUNS = 5  # warm: best of this many processes on the populated cache
 STDERR_TAIL = 4000
 # Backends the suite tries by default, besides the XLA reference; each is used only where it is available.
-DEFAULT_BACKENDS = ("numba", "julia", "julia-cuda")
+# "auto" is the planner (loops or an XLA form per kernel, tullax.backends.planner).
+DEFAULT_BACKENDS = ("auto", "numba", "julia", "julia-cuda")
+PLANNER = "auto"
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,20 @@ def select_backends(requested: Sequence[str] | None) -> tuple[list[str], dict[st
     """The usable backends (XLA first, always) and, for each requested one that is not usable, why.
     ``requested=None`` means every default backend that is available here."""
     from tullax import backends as registry
+    from tullax.benchmarking.idiomatic import torch_available
 
     status = {name: (ok, why) for name, ok, why in registry.availability()}
+    status[PLANNER] = (True, "")
     wanted = list(DEFAULT_BACKENDS) if requested is None else [b for b in requested if b not in COMPARATORS]
     usable, unavailable = [REFERENCE], {}
     if requested is None or NAIVE_XLA in requested:
         usable.append(NAIVE_XLA)
+    usable.append(IDIOMATIC)  # what a user would write: always next to the reference (cases that have one)
+    if requested is None or TORCH in requested:  # optional, never a dependency
+        if torch_available():
+            usable.append(TORCH)
+        elif requested is not None:
+            unavailable[TORCH] = "torch is not installed (pip install torch)"
     for name in dict.fromkeys(wanted):
         ok, why = status.get(name, (False, f"unknown backend {name!r}; known: {', '.join(status)}"))
         if ok:
@@ -147,7 +157,7 @@ def run_backend(document: dict, backend: str, config: RunConfig,
                 progress: Callable[[str], None] = lambda what: None) -> dict:
     """Every measurement of one case on one backend (a main child, then a warm TTFK child)."""
     phases = [p for p in MAIN_PHASES if (p != "ttfk" or config.ttfk) and (p != "check" or config.check)]
-    job = {**{k: document[k] for k in ("spec", "ranges", "shapes", "check_shapes", "ttfk_shapes")},
+    job = {**{k: document.get(k) for k in ("spec", "ranges", "shapes", "check_shapes", "ttfk_shapes", "idiomatic")},
            "backend": backend, "dtype": config.dtype, "repeat": config.repeat, "seed": config.seed,
            "phases": phases}
     cache_dir = tempfile.mkdtemp(prefix="tullax-bench-cache-")
@@ -266,6 +276,9 @@ def run_cases(cases: Sequence[BenchCase], config: RunConfig, *, show_progress: b
         for document in documents:
             document["results"] = {}
             for backend in config.backends:
+                if backend in (IDIOMATIC, TORCH) and not document.get("idiomatic"):
+                    progress.advance(task)  # no hand-written formulation of this case
+                    continue
                 label = f"{document['name']} · {backend}"
 
                 def show(what: str, label: str = label) -> None:

@@ -26,7 +26,7 @@ import traceback
 from typing import Any, Callable
 
 from tullax.benchmarking.case import differentiable_positions, make_inputs
-from tullax.benchmarking.comparators import COMPARATORS, NAIVE_XLA
+from tullax.benchmarking.comparators import COMPARATORS, IDIOMATIC, NAIVE_XLA, TORCH
 
 LINE_PREFIX = "@@tullax-bench "
 MIN_TIMING_S = 0.25  # fast kernels repeat until this much time was measured, to tame timer noise
@@ -43,7 +43,7 @@ def emit(record: dict[str, Any]) -> None:
 class Subject:
     """The jitted forward and VJP of one spec on one backend."""
 
-    def __init__(self, spec_text: str, ranges: dict | None, backend: str):
+    def __init__(self, spec_text: str, ranges: dict | None, backend: str, idiomatic: str | None = None):
         import jax
 
         import tullax
@@ -54,10 +54,65 @@ class Subject:
         if not comparator:
             kernel.backend  # noqa: B018 - resolve it now: importing the backend is part of the first kernel
         self.ir = kernel.ir
-        self.forward_fn = plain_lowering(kernel.ir, naive=backend == NAIVE_XLA) if comparator else kernel
+        if backend == IDIOMATIC:
+            from tullax.benchmarking.idiomatic import JNP
+
+            self.forward_fn = JNP[idiomatic or ""]
+        else:
+            self.forward_fn = plain_lowering(kernel.ir, naive=backend == NAIVE_XLA) if comparator else kernel
         self.wrt = differentiable_positions(kernel.ir)
         self.fwd = jax.jit(self.forward_fn)
         self.bwd = jax.jit(vjp_of(self.forward_fn, self.wrt))
+
+    def inputs(self, shapes: dict, dtype: str, seed: int) -> tuple[list[Any], Any]:
+        return device_inputs(self.ir, shapes, dtype, seed)
+
+
+class TorchSubject:
+    """The idiomatic formulation in torch, compiled by torch.compile; backward by autograd (the forward runs
+    again inside each backward call, as jax's VJP does)."""
+
+    def __init__(self, spec_text: str, ranges: dict | None, idiomatic: str | None):
+        import torch
+
+        from tullax.benchmarking.idiomatic import torch_formulation
+        from tullax.spec.frontend import compile_spec
+
+        _, self.ir = compile_spec(spec_text, ranges)
+        formulation = torch_formulation(idiomatic or "")
+        if formulation is None:
+            raise ValueError(f"no torch formulation for {idiomatic!r}")
+        self.wrt = differentiable_positions(self.ir)
+        compiled = torch.compile(formulation)
+
+        def fwd(*args: Any) -> Any:
+            with torch.no_grad():
+                return compiled(*args)
+
+        def bwd(cotangent: Any, *args: Any) -> tuple[Any, ...]:
+            live = [a.detach().requires_grad_(pos in self.wrt) if a.is_floating_point() else a
+                    for pos, a in enumerate(args)]
+            out = compiled(*live)
+            grads = torch.autograd.grad(out, [live[pos] for pos in self.wrt], cotangent)
+            return tuple(g.detach() for g in grads)
+
+        self.fwd, self.bwd = fwd, bwd
+
+    def inputs(self, shapes: dict, dtype: str, seed: int) -> tuple[list[Any], Any]:
+        import numpy as np
+        import torch
+
+        shapes = {name: tuple(shape) for name, shape in shapes.items()}
+        host = make_inputs(self.ir, shapes, dtype, seed)
+        out_shape = tuple(int(extent.eval(shapes)) for extent in self.ir.out_shape)
+        cotangent = np.random.default_rng(seed + 1).standard_normal(out_shape).astype(dtype)
+        return [torch.from_numpy(np.ascontiguousarray(v)) for v in host], torch.from_numpy(cotangent)
+
+
+def make_subject(job: dict) -> Any:
+    if job["backend"] == TORCH:
+        return TorchSubject(job["spec"], job.get("ranges"), job.get("idiomatic"))
+    return Subject(job["spec"], job.get("ranges"), job["backend"], job.get("idiomatic"))
 
 
 def plain_lowering(spec: Any, naive: bool = False) -> Callable[..., Any]:
@@ -106,8 +161,11 @@ def device_inputs(spec: Any, shapes: dict, dtype: str, seed: int) -> tuple[list[
 
 
 def block(value: Any) -> Any:
+    """Wait for jax's asynchronous dispatch (torch on the CPU returns finished tensors)."""
     import jax
 
+    if "torch" in sys.modules:
+        return value
     return jax.block_until_ready(value)
 
 
@@ -120,9 +178,13 @@ def phase_ttfk(job: dict) -> dict:
 
     _, spec = compile_spec(job["spec"], job.get("ranges"))
     shapes = job["ttfk_shapes"]
-    args, cotangent = device_inputs(spec, shapes, job["dtype"], job["seed"])
+    if job["backend"] == TORCH:
+        args, cotangent = TorchSubject(job["spec"], job.get("ranges"), job.get("idiomatic")).inputs(
+            shapes, job["dtype"], job["seed"])
+    else:
+        args, cotangent = device_inputs(spec, shapes, job["dtype"], job["seed"])
     start = time.perf_counter()
-    subject = Subject(job["spec"], job.get("ranges"), job["backend"])
+    subject = make_subject(job)
     loaded = time.perf_counter()
     block(subject.fwd(*args))
     forward_done = time.perf_counter()
@@ -148,11 +210,10 @@ def cache_timings(backend: str) -> list[dict]:
 
 
 def _timed_phase(job: dict, state: dict, which: str) -> dict:
-    subject = state.get("subject") or state.setdefault(
-        "subject", Subject(job["spec"], job.get("ranges"), job["backend"]))
+    subject = state.get("subject") or state.setdefault("subject", make_subject(job))
     if "args" not in state:
         state["rss_before_mb"] = current_rss_mb()
-        state["args"], state["cotangent"] = device_inputs(subject.ir, job["shapes"], job["dtype"], job["seed"])
+        state["args"], state["cotangent"] = subject.inputs(job["shapes"], job["dtype"], job["seed"])
     args, cotangent = state["args"], state["cotangent"]
     if which == "bwd" and not subject.wrt:
         return {"skipped": "no input is differentiable"}
@@ -180,11 +241,16 @@ def phase_check(job: dict, state: dict) -> dict:
     import jax
     import numpy as np
 
-    subject = state.get("subject") or Subject(job["spec"], job.get("ranges"), job["backend"])
-    args, cotangent = device_inputs(subject.ir, job["check_shapes"], job["dtype"], job["seed"] + 7)
+    subject = state.get("subject") or make_subject(job)
+    args, cotangent = subject.inputs(job["check_shapes"], job["dtype"], job["seed"] + 7)
     results = [block(subject.fwd(*args))]
     if subject.wrt:
         results += list(block(subject.bwd(cotangent, *args)))
+    if job["backend"] == TORCH:  # the same values as jax arrays, for the reference
+        import jax.numpy as jnp
+
+        results = [r.numpy() for r in results]
+        args, cotangent = [jnp.asarray(a.numpy()) for a in args], jnp.asarray(cotangent.numpy())
     with jax.enable_x64(True):
         wide = [_widen(a) for a in args]
         reference_fn = plain_lowering(subject.ir)

@@ -29,7 +29,7 @@ def build_parser(prog: str = "tullax bench") -> argparse.ArgumentParser:
                         help="an explicit index range, as ranges= of einsum_kernel")
     parser.add_argument("--backends", default=None, metavar="LIST",
                         help="comma-separated tullax backends to compare with XLA (default: every available "
-                             "one of numba, julia, julia-cuda)")
+                             "one of auto, numba, julia, julia-cuda; add torch.compile where torch is installed)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--repeat", type=int, default=3, metavar="N", help="best of at least N timed runs")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per backend, in seconds")
@@ -61,6 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.repeat < 1:
         raise TullaxError("--repeat must be at least 1")
+    if args.plot:
+        from tullax.benchmarking.report import plotting_available
+
+        ok, why = plotting_available()
+        if not ok:  # before the run, not after it
+            raise TullaxError(why)
     shapes = dict(parse_shape_arg(text) for text in args.shape)
     ranges = dict(parse_range_arg(text) for text in args.range) or None
     case = BenchCase(name=args.spec, spec=args.spec, shapes=shapes, ranges=ranges)

@@ -213,7 +213,12 @@ def _cmd_julia_install_cuda(args: argparse.Namespace) -> int:
 def _cmd_explain(args: argparse.Namespace) -> int:
     explain = _require("tullax", "explain")
     console = _console()
-    console.print(explain(args.spec), markup=False)
+    shapes = None
+    if args.shape:
+        from tullax.benchmarking.case import parse_shape_arg
+
+        shapes = dict(parse_shape_arg(text) for text in args.shape)
+    console.print(explain(args.spec, shapes=shapes, dtype=args.dtype), markup=False)
     if args.backend:
         from rich.markup import escape
         from rich.rule import Rule
@@ -314,6 +319,9 @@ def _build_parser() -> argparse.ArgumentParser:
     explain.add_argument("spec", metavar="SPEC")
     explain.add_argument("--backend", help="also print this backend's generated source, highlighted")
     explain.add_argument("--dtype", default="float32")
+    explain.add_argument("--shape", action="append", default=[], metavar="NAME=AxB",
+                         help="plan for these input shapes (repeat per array input): what backend='auto' runs "
+                              "each kernel on, as decided or cached for them")
     explain.set_defaults(handler=_cmd_explain)
 
     doctor = commands.add_parser("doctor", help="which backends work here, and how to fix those that don't")

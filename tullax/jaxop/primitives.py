@@ -60,10 +60,21 @@ class KernelOp:
     backend: str
     out_dtype: str
     path: str  # 'buffer' | 'pure' | 'xla' ('device' when lowered for a GPU: tullax.jaxop.device)
+    # On path 'xla', the form of tullax.backends.xla_forms ('' = the plain lowering of backend='xla').
+    form: str = ""
+    # The backend name the call asked for: 'auto' plans its gradient steps (and batched forms) afresh,
+    # each one on its own (tullax.backends.planner); '' means ``backend`` itself.
+    requested: str = ""
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "_hash", hash((self.spec, self.backend, self.out_dtype, self.path)))
+        object.__setattr__(self, "_hash", hash((self.spec, self.backend, self.out_dtype, self.path, self.form,
+                                                self.requested)))
+
+    @property
+    def steps_backend(self) -> str:
+        """The backend name the gradient steps of this kernel are run with."""
+        return self.requested or self.backend
 
     def __hash__(self) -> int:
         return self._hash
@@ -71,7 +82,9 @@ class KernelOp:
     def __repr__(self) -> str:
         from tullax.spec.text import format_spec
 
-        return f"'{format_spec(self.spec)}' on {self.backend} ({self.path}, {self.out_dtype})"
+        form = f" {self.form}" if self.form else ""
+        planned = ", planned" if self.requested == "auto" else ""
+        return f"'{format_spec(self.spec)}' on {self.backend}{form} ({self.path}, {self.out_dtype}{planned})"
 
     def with_spec(self, spec: Spec) -> "KernelOp":
         return replace(self, spec=spec)
@@ -127,8 +140,26 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any]) -> KernelOp
 
     dtype = result_dtype(spec, [v.dtype if hasattr(v, "dtype") else type(v) for v in values])  # weak floats
     dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    if backend_name == "auto":
+        return _planned_op(spec, dtype.name, values)
     path = "xla" if backend_name == "xla" else callback_path()
     return KernelOp(spec, backend_name, dtype.name, path)
+
+
+def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any]) -> KernelOp:
+    """``backend='auto'``: the planner's choice for this kernel and these shapes (tullax.backends.planner)."""
+    import numpy as np
+
+    from tullax.backends.planner import plan
+    from tullax.jaxop.callback import callback_path
+
+    shapes = {item.name: tuple(np.shape(v)) for item, v in zip(spec.inputs, values)}
+    dtypes = {item.name: np.dtype(v.dtype if hasattr(v, "dtype") else np.result_type(type(v))).name
+              for item, v in zip(spec.inputs, values)}
+    found = plan(spec, shapes, dtypes)
+    if found.backend == "xla":
+        return KernelOp(spec, "xla", out_dtype, "xla", form=found.form, requested="auto")
+    return KernelOp(spec, found.backend, out_dtype, callback_path(), requested="auto")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,9 +221,9 @@ def _kernel_lowering(ctx, *args, op: KernelOp):
 
 def _run(op: KernelOp, *args):
     if op.path == "xla":
-        from tullax.backends.xla import lower
+        from tullax.backends.xla_forms import lower_form
 
-        return lower(op.spec)(dict(zip(op.spec.input_names, args))).astype(op.out_dtype)
+        return lower_form(op.spec, op.form)(dict(zip(op.spec.input_names, args))).astype(op.out_dtype)
     if op.path == "device":
         from tullax.jaxop.device import device_call
 
@@ -207,7 +238,9 @@ def _kernel_batch(args, dims, *, op: KernelOp):
 
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     args, axes, extents = batch_arguments(op.spec, args, dims, size)
-    return _prims().kernel.bind(*args, op=op.with_spec(batch_spec(op.spec, axes, extents))), 0
+    batched = batch_spec(op.spec, axes, extents)
+    new_op = _planned_op(batched, op.out_dtype, args) if op.requested == "auto" else op.with_spec(batched)
+    return _prims().kernel.bind(*args, op=new_op), 0
 
 
 def _zero_tangent(out):
@@ -261,7 +294,7 @@ def _linear_transpose(ct, *operands, op: KernelOp, live: tuple):
         return [None] * len(operands)
     positions = [i for i, keep in enumerate(live) if keep]
     wanted = [i for i, t in zip(positions, tangents) if ad.is_undefined_primal(t)]
-    grads = input_gradients(op.spec, op.backend, args, out, ct, wanted)
+    grads = input_gradients(op.spec, op.steps_backend, args, out, ct, wanted)
     return [None] * (len(args) + 1) + [grads.get(i) for i in positions]
 
 
@@ -276,7 +309,7 @@ def _linear_value(op: KernelOp, live: tuple, *operands) -> Any:
     positions = [i for i, keep in enumerate(live) if keep]
 
     def pullback(cotangent):
-        grads = input_gradients(op.spec, op.backend, args, out, cotangent, positions)
+        grads = input_gradients(op.spec, op.steps_backend, args, out, cotangent, positions)
         return [grads[i] for i in positions]
 
     _, vjp = jax.vjp(pullback, jnp.zeros(out.shape, out.dtype))

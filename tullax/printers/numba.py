@@ -3,7 +3,8 @@
 One module per (spec, signature) with one ``@njit(parallel=..., fastmath=_FASTMATH, cache=True)`` function per
 variant of the kernel. ``prange`` goes on the outermost parallel loop. With two or more parallel loops a second,
 ``_flat`` variant runs ONE ``prange`` over the product of their extents (divmod back to the indices); the host
-picks it at call time. A scalar result (no parallel loop) gets ``prange`` on its reduction loop: Numba splits it
+picks it at call time. A ``_serial`` variant (every loop a ``range``, ``parallel=False``) serves calls too small to
+pay for a parallel launch. A scalar result (no parallel loop) gets ``prange`` on its reduction loop: Numba splits it
 into per-thread partials and combines them (supported for + * max min). max/min reduction loops are printed as 8
 independent lanes (``_lanes``), which LLVM vectorises; a float32 ``exp`` is printed as ``_exp_f32``
 (``tullax.backends.numba_math``). A ``Scratch`` is ``np.zeros``. Array positions are printed as ``_ix(e)`` =
@@ -90,6 +91,7 @@ class NumbaPrinter(LoopPrinter):
 
     def __init__(self, kernel: LoopKernel, disk_cache: bool = True):
         self.kernel = kernel
+        self.serial = False  # printing the serial variant: every loop a plain range, no parallel launch
         self.rank0 = frozenset(a.name for a in kernel.arrays if a.rank == 0)
         self.disk_cache = disk_cache  # Numba's cache=: off for a module that only exists in memory
 
@@ -127,14 +129,15 @@ class NumbaPrinter(LoopPrinter):
 
     def loop_header(self, loop: Loop, place: Place) -> str:
         assert isinstance(place, NumbaPlace)
-        use_prange = (loop.parallel and place.prange) or loop.reduce_parallel
+        use_prange = not self.serial and ((loop.parallel and place.prange) or loop.reduce_parallel)
         return f"for {loop.var} in {'prange' if use_prange else 'range'}({self.expr(loop.start)}, " \
                f"{self.expr(loop.stop)}):"
 
     def inside_loop(self, loop: Loop, place: Place) -> Place:
         assert isinstance(place, NumbaPlace)
-        return NumbaPlace(place.depth + 1, prange=False, lanes=place.lanes and not loop.reduce_parallel,
-                          reduction=place.reduction or loop.reduce_parallel)
+        in_reduction = loop.reduce_parallel and not self.serial
+        return NumbaPlace(place.depth + 1, prange=False, lanes=place.lanes and not in_reduction,
+                          reduction=place.reduction or in_reduction)
 
     def inside_branch(self, place: Place) -> Place:
         assert isinstance(place, NumbaPlace)
@@ -145,7 +148,7 @@ class NumbaPrinter(LoopPrinter):
         assert isinstance(place, NumbaPlace)
         if place.lanes and _lane_reduction(loop):
             return self._lanes(loop, place.depth)
-        counted = _nan_counted(loop) if loop.reduce_parallel else ()
+        counted = _nan_counted(loop) if loop.reduce_parallel and not self.serial else ()
         if not counted:
             return super().loop(loop, place)
         pad = self.indent * place.depth
@@ -212,12 +215,14 @@ class NumbaPrinter(LoopPrinter):
         return lines
 
     # -- functions -------------------------------------------------------------------------------
-    def function(self, name: str, flat: bool) -> str:
+    def function(self, name: str, flat: bool, serial: bool = False) -> str:
         kernel = self.kernel
+        self.serial = serial
         if flat:
             body = self._flat(*parallel_nest(kernel))
         else:
-            body = self.block(kernel.body, NumbaPlace(1, prange=True, lanes=True))
+            body = self.block(kernel.body, NumbaPlace(1, prange=not serial, lanes=True))
+        self.serial = False
         parallel = any("prange(" in line for line in body)
         head = f"@njit(parallel={parallel}, fastmath=_FASTMATH, cache={self.disk_cache}, nogil=True)"
         return "\n".join([head, f"def {name}({', '.join(kernel.params)}):", *(body or ["    pass"])]) + "\n"
@@ -262,17 +267,26 @@ def _lane_reduction(loop: Loop) -> bool:
 
 
 def variants(kernel: LoopKernel) -> tuple[str, ...]:
-    """The function names printed for ``kernel``: nested, plus flat with two or more parallel loops."""
+    """The function names printed for ``kernel``: nested, flat with two or more parallel loops, and serial
+    (``_serial``: no prange at all, for calls too small to pay for a parallel launch) when the nested one
+    has a parallel loop."""
     loops, _ = parallel_nest(kernel)
-    return (kernel.name, f"{kernel.name}_flat") if len(loops) >= 2 else (kernel.name,)
+    names = [kernel.name] + ([f"{kernel.name}_flat"] if len(loops) >= 2 else [])
+    if _has_parallel_loop(kernel.body):
+        names.append(f"{kernel.name}_serial")
+    return tuple(names)
+
+
+def _has_parallel_loop(body: Sequence[Stmt]) -> bool:
+    return any(isinstance(s, Loop) and (s.parallel or s.reduce_parallel) for s in walk_stmts(body))
 
 
 def print_kernel(kernel: LoopKernel, disk_cache: bool = True) -> str:
     printer = NumbaPrinter(kernel, disk_cache)
     names = variants(kernel)
     parts = [f"# {kernel.name}: {kernel.spec_text}\n" + printer.function(names[0], flat=False)]
-    if len(names) > 1:
-        parts.append(printer.function(names[1], flat=True))
+    for name in names[1:]:
+        parts.append(printer.function(name, flat=name.endswith("_flat"), serial=name.endswith("_serial")))
     return "\n\n".join(parts)
 
 

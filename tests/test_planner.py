@@ -1,0 +1,267 @@
+"""The planner behind backend='auto' (tullax.backends.planner) and the XLA forms it can choose
+(tullax.backends.xla_forms): the rules on a corpus, every form against the plain lowering, planned kernels against
+the loop kernel and jnp (forward and gradients; eager, jit, vmap), decisions kept across processes, explain."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from tullax.spec.frontend import compile_spec
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+import tullax  # noqa: E402
+from tullax.backends import planner, xla, xla_forms  # noqa: E402
+from tullax.benchmarking.case import make_inputs  # noqa: E402
+
+LINEAR = "C[i,j] := W[k,i]*X[k,j]"
+DIST = "D[i,j] := (W[k,i]-X[k,j])^2"
+CONV1D = "y[b,i] := x[b,i+k]*w[k]"
+CONV2D = "y[n,o,h,w] := x[n,c,h+p,w+q]*k[o,c,p,q]"
+EMBED = "out[b,d] := W[ix[b],d]"
+# forward on the loops (a sum of terms), its gradient steps pure contractions (einsum): a mixed plan
+MIXED = "C[i,j] := W[k,i]*X[k,j] + b[i]"
+
+# (spec, rule, default, close-call candidates)
+CORPUS = [
+    (LINEAR, "contraction", "xla:einsum", ()),
+    ("S[h,i,j] := q[h,i,d]*k[h,j,d]", "contraction", "xla:einsum", ()),
+    ("y[i] := A[i,j]*x[j]", "contraction", "xla:einsum", ()),
+    ("ΔW[k,i] := ΔC[i,j]*X[k,j]", "contraction", "xla:einsum", ()),
+    (DIST, "loops", "loops", ("loops", "xla:grid")),
+    ("C[i,j] := relu(A[i,k]*B[k,j])", "loops", "loops", ("loops", "xla:grid")),
+    ("K[i,d] := exp(-((x[i,0]-y[j,0])^2 + (x[i,1]-y[j,1])^2))*b[j,d]", "loops", "loops", ("loops", "xla:grid")),
+    ("(max) m[i] := x[i,j]", "loops", "loops", ("loops", "xla:grid")),
+    ("n[i] := x[i,j]^2 |> sqrt", "loops", "loops", ("loops", "xla:grid")),
+    (MIXED, "loops", "loops", ("loops", "xla:grid")),
+    (EMBED, "scatter/gather", "loops", ("loops", "xla:grid")),
+    ("ΔW[ix[b],d] += Δout[b,d]", "scatter/gather", "loops", ("loops", "xla:grid")),
+    (CONV1D, "convolution", "loops", ("xla:conv", "xla:slices", "loops")),
+    ("Δx[b,m] := Δy[b,pad(m-k)]*w[k]", "convolution", "loops", ("xla:conv", "loops")),
+    ("Δw[k] := Δy[b,i]*x[b,i+k]", "convolution", "loops", ("xla:conv", "xla:slices", "loops")),
+    (CONV2D, "convolution", "loops", ("xla:conv", "xla:slices", "loops")),
+    ("y[n,o,h] := x[n,c,2h+p]*k[o,c,p]", "convolution", "loops", ("xla:conv", "xla:slices", "loops")),
+    ("y[i] := x[i+k]*w[k] + x[i]", "window", "loops", ("xla:slices", "loops")),
+    ("(max) y[b,i] := x[b,i+k]*w[k]", "window", "loops", ("xla:slices", "loops")),
+]
+
+
+@pytest.mark.parametrize("text, rule, default, close", CORPUS)
+def test_rules_choose_as_documented(text, rule, default, close):
+    _, spec = compile_spec(text)
+    found = planner.rule_for(spec, "numba")
+    assert (found.name, found.default, found.close) == (rule, default, close)
+    # without a loop backend everything runs on XLA, in its best form
+    assert planner.rule_for(spec, None).default == f"xla:{xla_forms.forms(spec)[0]}"
+
+
+FORM_CORPUS = [
+    (LINEAR, {"W": (5, 3), "X": (5, 4)}),
+    (CONV1D, {"x": (4, 9), "w": (3,)}),
+    (CONV2D, {"x": (2, 3, 6, 5), "k": (4, 3, 3, 2)}),
+    ("Δx[b,m] := Δy[b,pad(m-k)]*w[k]", {"Δy": (3, 7), "w": (3,)}),
+    ("Δx[n,c,m,r] := Δy[n,o,pad(m-p),pad(r-q)]*k[o,c,p,q]", {"Δy": (2, 4, 3, 4), "k": (4, 3, 3, 2)}),
+    ("Δk[o,c,p,q] := Δy[n,o,h,w]*x[n,c,h+p,w+q]", {"Δy": (2, 4, 4, 4), "x": (2, 3, 6, 5)}),
+    ("y[n,o,h] := x[n,c,2h+p]*k[o,c,p]", {"x": (2, 3, 11), "k": (4, 3, 3)}),
+    ("y[i] := x[i+3k]*w[k]", {"x": (12,), "w": (3,)}),
+    ("y[i] := x[i+k]*w[k] + x[i]", {"x": (12,), "w": (4,)}),
+    ("(max) y[b,i] := x[b,i+k]*w[k]", {"x": (3, 12), "w": (4,)}),
+    ("y[b,i] := x[b,i+k]*w[k] |> sqrt", {"x": (3, 12), "w": (4,)}),
+]
+
+
+@pytest.mark.parametrize("text, shapes", FORM_CORPUS)
+def test_every_xla_form_equals_the_plain_lowering(text, shapes):
+    _, spec = compile_spec(text)
+    values = make_inputs(spec, shapes, "float64", seed=3)
+    if "sqrt" in text:
+        values = [np.abs(v) for v in values]
+    with jax.enable_x64(True):
+        env = {name: jnp.asarray(v) for name, v in zip(spec.input_names, values)}
+        expected = np.asarray(xla.lower(spec)(env))
+        forms = xla_forms.forms(spec)
+        assert len(forms) >= 2, forms  # something beyond the grid was recognised
+        for form in forms:
+            got = np.asarray(jax.jit(xla_forms.lower_form(spec, form))(env))
+            np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10, err_msg=form)
+
+
+def _reference(text: str):
+    _, spec = compile_spec(text)
+    lowered = xla.lower(spec)
+    return lambda *values: lowered(dict(zip(spec.input_names, values)))
+
+
+def _close(got, want):
+    """Normwise, as float32 sums of many terms allow: max |got - want| <= 1e-4 * max |want|."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape
+    assert np.max(np.abs(got - want), initial=0.0) <= 1e-4 * max(np.max(np.abs(want), initial=0.0), 1.0)
+
+
+def _check(text: str, shapes: dict, batch: int = 3):
+    """auto against the numba kernel and the jnp lowering: forward and gradients, eager, jit and vmap."""
+    auto = tullax.einsum_kernel(text)
+    loops = tullax.einsum_kernel(text, backend="numba")
+    ref = _reference(text)
+    spec = auto.ir
+    values = [jnp.asarray(v) for v in make_inputs(spec, shapes, "float32", seed=1)]
+    wrt = tuple(p for p, item in enumerate(spec.inputs) if item.kind == "array")
+
+    def loss(fn):
+        return lambda *v: jnp.sum(jnp.sin(fn(*v)))
+
+    expected = ref(*values)
+    expected_grads = jax.grad(loss(ref), argnums=wrt)(*values)
+    for fn in (auto, loops):
+        for run in (fn, jax.jit(fn)):
+            _close(run(*values), expected)
+        for grad in (jax.grad(loss(fn), argnums=wrt), jax.jit(jax.grad(loss(fn), argnums=wrt))):
+            for got, want in zip(grad(*values), expected_grads):
+                _close(got, want)
+    # vmap over a new leading axis of the first data input: one batched kernel, planned afresh
+    first = wrt[0]
+    stacked = jnp.stack([values[first] * (1 + b) for b in range(batch)])
+
+    def at(fn):
+        return lambda x: fn(*[x if p == first else v for p, v in enumerate(values)])
+
+    want = jax.vmap(at(ref))(stacked)
+    _close(jax.jit(jax.vmap(at(auto)))(stacked), want)
+    want_grad = jax.grad(lambda x: jnp.sum(jnp.sin(jax.vmap(at(ref))(x))))(stacked)
+    got_grad = jax.jit(jax.grad(lambda x: jnp.sum(jnp.sin(jax.vmap(at(auto))(x)))))(stacked)
+    _close(got_grad, want_grad)
+    return auto, values
+
+
+def _ops(fn, *values):
+    """The KernelOps of every tullax kernel in the jaxpr of ``fn``."""
+    found = []
+
+    def visit(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "tullax_kernel":
+                found.append(eqn.params["op"])
+            for value in eqn.params.values():
+                inner = getattr(value, "jaxpr", None)
+                if inner is not None and hasattr(inner, "eqns"):
+                    visit(inner)
+
+    visit(jax.make_jaxpr(fn)(*values).jaxpr)
+    return found
+
+
+@pytest.fixture
+def rules_only(monkeypatch):
+    """No timing: every close call takes its rule's default, so the test knows what runs where."""
+    monkeypatch.setenv(planner.TIMING_ENV, "0")
+    planner.forget()
+    yield
+    planner.forget()
+
+
+@pytest.mark.parametrize("text, shapes", [
+    (LINEAR, {"W": (6, 5), "X": (6, 4)}),  # tiny and a contraction: einsum
+    (DIST, {"W": (64, 40), "X": (64, 30)}),  # loops, above the tiny threshold
+    (DIST, {"W": (6, 5), "X": (6, 4)}),  # tiny: XLA
+    (CONV1D, {"x": (8, 400), "w": (31,)}),  # loops (the rule's default without timing)
+    (CONV1D, {"x": (3, 40), "w": (5,)}),  # tiny: XLA, lax.conv
+    (EMBED, {"W": (300, 64), "ix": (5000,)}),  # loops: a gather, its gradient a scatter
+    (MIXED, {"W": (64, 64), "X": (64, 64), "b": (64,)}),  # loops forward, einsum gradients
+])
+def test_a_planned_kernel_equals_the_loop_kernel_and_jnp(text, shapes, rules_only):
+    _check(text, shapes)
+
+
+def test_tiny_calls_run_on_xla_and_larger_ones_on_the_loops(rules_only):
+    _, spec = compile_spec(DIST)
+    dtypes = {"W": "float32", "X": "float32"}
+    tiny = planner.plan(spec, {"W": (6, 5), "X": (6, 4)}, dtypes)
+    assert (tiny.backend, tiny.form, tiny.rule) == ("xla", "grid", "tiny")
+    large = planner.plan(spec, {"W": (64, 40), "X": (64, 30)}, dtypes)
+    assert (large.backend, large.rule) == ("numba", "loops")
+
+
+def test_each_gradient_step_is_planned_on_its_own(rules_only):
+    auto, values = _check(MIXED, {"W": (64, 64), "X": (64, 64), "b": (64,)})
+    ops = _ops(jax.grad(lambda *v: jnp.sum(auto(*v)), argnums=(0, 1, 2)), *values)
+    by_out = {op.spec.out: op for op in ops}
+    assert by_out["C"].backend == "numba" and by_out["C"].path != "xla"
+    for grad in ("ΔW", "ΔX"):
+        assert (by_out[grad].backend, by_out[grad].path, by_out[grad].form) == ("xla", "xla", "einsum"), grad
+    # Δb[i] := ΔC[i,j] over k too (b[i] is added once per k): k is in no access, so no einsum: loops
+    assert by_out["Δb"].backend == "numba"
+
+
+def test_linear_runs_on_blas_both_ways_and_an_explicit_backend_still_forces_one():
+    shapes = {"W": (6, 5), "X": (6, 4)}
+    auto = tullax.einsum_kernel(LINEAR)
+    forced = tullax.einsum_kernel(LINEAR, backend="numba")
+    values = [jnp.asarray(v) for v in make_inputs(auto.ir, shapes, "float32")]
+
+    def grad(k):
+        return jax.grad(lambda *v: jnp.sum(k(*v)), argnums=(0, 1))
+
+    assert {(op.backend, op.form) for op in _ops(grad(auto), *values)} == {("xla", "einsum")}
+    assert {op.backend for op in _ops(grad(forced), *values)} == {"numba"}
+
+
+def test_timing_off_keeps_the_rule_default(rules_only):
+    _, spec = compile_spec(CONV1D)
+    found = planner.plan(spec, {"x": (8, 4000), "w": (7,)}, {"x": "float32", "w": "float32"})
+    assert (found.backend, found.rule, found.timings_ms) == ("numba", "convolution", ())
+    assert "timing is off" in found.reason
+
+
+_CHILD = textwrap.dedent("""
+    import json, jax, jax.numpy as jnp, numpy as np, tullax
+    from tullax.backends import planner
+    k = tullax.einsum_kernel("y[b,i] := x[b,i+k]*w[k]")
+    x, w = jnp.ones((8, 4000), jnp.float32), jnp.ones((7,), jnp.float32)
+    jax.jit(jax.grad(lambda x, w: jnp.sum(k(x, w)), argnums=(0, 1)))(x, w)
+    plans = {str(key[0].out): [p.backend, p.form, p.source] for key, p in planner._MEMO.items()}
+    print(json.dumps({"stats": planner.STATS, "plans": plans}))
+""")
+
+
+def test_timed_decisions_persist_in_the_compile_cache_across_processes(tmp_path):
+    env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path / "cache"), "NUMBA_NUM_THREADS": "1",
+           planner.TIMING_ENV: "1"}
+
+    def child() -> dict:
+        done = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first, second = child(), child()
+    assert first["stats"]["timed"] == 3 and first["stats"]["from_cache"] == 0  # forward and both gradients
+    assert {source for _, _, source in first["plans"].values()} == {"timed"}
+    assert second["stats"] == {"timed": 0, "from_cache": 3}
+    assert {out: p[:2] for out, p in second["plans"].items()} == {out: p[:2] for out, p in first["plans"].items()}
+    # tullax explain with the same shapes shows the stored decisions
+    shown = subprocess.run([sys.executable, "-m", "tullax.cli.main", "explain", CONV1D, "--shape", "x=8x4000",
+                            "--shape", "w=7"], capture_output=True, text=True, env=env, timeout=300)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert shown.stdout.count("(decision from the compile cache)") == 3
+    assert "timed: xla:conv" in shown.stdout
+
+
+def test_explain_prints_the_plan_and_why():
+    text = tullax.explain(MIXED)
+    plan = text[text.index("plan (backend='auto'"):]
+    assert "forward: C[i,j] := W[k,i]*X[k,j] + b[i]\n    -> numba: loops:" in plan
+    assert "gradient wrt W: ΔW[k,i] := ΔC[i,j]*X[k,j]\n    -> xla (einsum): contraction:" in plan
+    conv = tullax.explain(CONV1D)
+    assert "close call, timed on first use where cheap: xla:conv, xla:slices, loops" in conv
+    shaped = tullax.explain(CONV1D, shapes={"x": (2, 50), "w": (3,)})
+    assert "gradient wrt x: Δx[b,m] := Δy[b,pad(m-k)]*w[k]  [Δy 2x48, w 3, x 2x50]" in shaped
+    assert "rule 'tiny'" in shaped and "-> xla (conv): tiny:" in shaped  # 2x48x3 is below the serial threshold
+    with pytest.raises(tullax.ShapeError, match="no shape given for w"):
+        tullax.explain(CONV1D, shapes={"x": (2, 50)})

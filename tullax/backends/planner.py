@@ -1,0 +1,416 @@
+"""The planner behind ``backend="auto"`` on the CPU: for ONE kernel (the forward spec, or one gradient step) and
+the shapes and dtypes of a call, choose the loop backend (Numba, or Julia where it is the loop backend) or one of
+XLA's forms (``tullax.backends.xla_forms``).
+
+The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied first by ``plan``):
+
+0. ``tiny``: a call whose estimated work is below the serial threshold (``tullax.backends.workload``): XLA in its
+   best form, traced into the jitted program: no host callback per call and no loop kernel to compile;
+1. no loop backend is usable here: XLA, in its best form;
+2. ``contraction``: a pure contraction (a product of plain accesses summed, no function, guard or offset) is
+   BLAS's job: XLA ``einsum`` (``dot_general``);
+3. ``scatter/gather``: a spec that scatters (``ΔW[ix[b],d] += ...``) or reads through an index array: loops
+   (XLA's scatter and gather are usually slower than the loop nest), timed against XLA when small enough;
+4. ``convolution``: a convolution-shaped spec: a close call between ``lax.conv_general_dilated``, the sum of
+   shifted slices (small windows) and the loops, settled by timing;
+5. ``window``: a small reduced index that shifts an access: the sum of shifted slices or the loops, timed;
+6. ``loops``: everything else (functions, guards, comparisons, broadcast reductions like Dist): loops, which
+   fuse the whole body into one pass where XLA materialises or re-reads the broadcast; timed against XLA's
+   broadcast lowering when its index space has at most ``GRID_TIMING_ITERATIONS`` points (a larger one could
+   need gigabytes for XLA's temporary, and the loops win there).
+
+A close call is timed on its first use when that is cheap (estimated work, ``tullax.backends.workload``, at
+most ``TIMING_WORK_LIMIT``; ``TULLAX_PLAN_TIMING=0`` turns timing off): each candidate runs on random inputs of
+the call's shapes, best of a few runs after a warm-up, and the fastest wins (the rule's default on a tie).
+Timed decisions are kept in the compile cache (an entry of kind ``plan`` holding ``plan.json``), keyed by the
+spec, shapes, dtypes, the loop backend and the machine's core count, so they hold across processes; every
+decision is also kept for the life of the process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from tullax.spec.ir import Indirect, Spec, accesses
+
+TIMING_ENV = "TULLAX_PLAN_TIMING"
+TIMING_WORK_LIMIT = 1 << 31  # time close calls only up to this much estimated work per call
+TIMING_RUNS = 5  # interleaved rounds
+GRID_TIMING_ITERATIONS = 1 << 25  # time XLA's broadcast lowering only up to this many index-space points
+PLAN_FILE = "plan.json"
+LOOPS = "loops"  # the form of a plan on the loop backend
+
+Shapes = Mapping[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where one kernel runs: ``backend`` ("xla" or the loop backend's name) in ``form`` (an XLA form, or
+    "loops"), decided by ``rule`` for ``reason``; ``timings_ms`` holds (candidate, best ms) when it was timed;
+    ``source`` says whether this process decided it by rule, by timing, or found it in the compile cache."""
+
+    backend: str
+    form: str
+    rule: str
+    reason: str
+    timings_ms: tuple[tuple[str, float], ...] = ()
+    source: str = "rules"
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend} ({self.form})" if self.backend == "xla" else self.backend
+
+    def describe(self) -> str:
+        timed = ""
+        if self.timings_ms:
+            timed = "; timed: " + ", ".join(f"{c} {ms:.3g} ms" for c, ms in self.timings_ms)
+        where = {"cache": " (decision from the compile cache)", "timed": " (timed on first use)"}.get(self.source, "")
+        return f"{self.label}: {self.rule}: {self.reason}{timed}{where}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What the rules say about a spec before any shape is known: a default and, for a close call, the
+    candidates to time ("xla:<form>" or "loops")."""
+
+    name: str
+    reason: str
+    default: str  # a candidate
+    close: tuple[str, ...] = field(default=())
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules
+# ---------------------------------------------------------------------------------------------
+def loop_backend() -> str | None:
+    """The loop backend ``auto`` uses here (the first usable of Julia and Numba, as ``backends.resolve``),
+    or None when neither is."""
+    from tullax import backends
+    from tullax.errors import BackendUnavailableError
+
+    for name in backends._auto_candidates():
+        if name == "xla":
+            continue
+        try:
+            if backends.get(name).availability()[0]:
+                return name
+        except BackendUnavailableError:
+            continue
+    return None
+
+
+def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
+    """The rule that applies to ``spec`` (see the module docstring); ``loops`` is the loop backend (None: none)."""
+    from tullax.backends import xla_forms
+
+    forms = xla_forms.forms(spec)
+    if loops is None:
+        return Rule("no loop backend", "no loop backend is usable here", f"xla:{forms[0]}")
+    if "einsum" in forms:
+        return Rule("contraction", "a pure contraction is BLAS's job (jnp.einsum / dot_general)", "xla:einsum")
+    if spec.is_scatter or any(isinstance(i, Indirect) for a in accesses(spec.body) for i in a.idx):
+        return Rule("scatter/gather", "an index array: the loop nest reads or scatters in place, XLA's "
+                    "gather/scatter is usually slower", LOOPS, (LOOPS, "xla:grid"))
+    if "conv" in forms:
+        close = ("xla:conv",) + (("xla:slices",) if "slices" in forms else ()) + (LOOPS,)
+        return Rule("convolution", "convolution-shaped: lax.conv_general_dilated, shifted slices or loops, "
+                    "whichever is fastest", LOOPS, close)
+    if "slices" in forms:
+        return Rule("window", "a small window: XLA's sum of shifted slices or the loops, whichever is fastest",
+                    LOOPS, ("xla:slices", LOOPS))
+    return Rule("loops", "functions, guards or a broadcast reduction: the loop nest evaluates the body in one "
+                "pass, XLA materialises or re-reads the broadcast", LOOPS, (LOOPS, "xla:grid"))
+
+
+def _as_plan(candidate: str, loops: str | None, rule: Rule, **extra: Any) -> Plan:
+    if candidate.startswith("xla:"):
+        return Plan("xla", candidate[4:], rule.name, rule.reason, **extra)
+    assert loops is not None
+    return Plan(loops, LOOPS, rule.name, rule.reason, **extra)
+
+
+def _usable(spec: Spec, candidate: str, shapes: Shapes) -> bool:
+    """Whether a candidate can run these shapes well: the slices form only for a window it can unroll, the
+    broadcast lowering only for an index space small enough to materialise."""
+    from tullax.backends import workload, xla_forms
+    from tullax.spec.shapes import eval_shapes
+
+    if candidate == "xla:grid":
+        return workload.iterations(spec, shapes) <= GRID_TIMING_ITERATIONS
+    if candidate != "xla:slices":
+        return True
+
+    lo, hi = eval_shapes(spec, shapes)[xla_forms.window_index(spec)]
+    return 0 < hi - lo <= xla_forms.MAX_UNROLL
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning one call
+# ---------------------------------------------------------------------------------------------
+_MEMO: dict[tuple, Plan] = {}
+_LOCK = threading.Lock()
+STATS = {"timed": 0, "from_cache": 0}  # what this process did, for tests and `tullax explain`
+
+
+def timing_enabled() -> bool:
+    return os.environ.get(TIMING_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool | None = None) -> Plan:
+    """The plan for one call of ``spec`` with inputs of these ``shapes`` and ``dtypes`` (by input name).
+    ``timing=False``: never time a close call (the rule's default, unless the compile cache holds a decision);
+    such a plan is not remembered, so a later call may still time it."""
+    if timing is False:
+        loops = loop_backend()
+        shapes = {name: tuple(int(e) for e in shapes[name]) for name in spec.input_names}
+        return _decide(spec, shapes, {n: str(dtypes[n]) for n in spec.input_names}, loops, False,
+                       "the first call times " + ", ".join(rule_for(spec, loops).close) + "")
+    loops = loop_backend()
+    shapes = {name: tuple(int(e) for e in shapes[name]) for name in spec.input_names}
+    dtypes = {name: str(dtypes[name]) for name in spec.input_names}
+    memo_key = (spec, tuple(sorted(shapes.items())), tuple(sorted(dtypes.items())), loops)
+    found = _MEMO.get(memo_key)
+    if found is not None:
+        return found
+    with _LOCK:
+        found = _MEMO.get(memo_key)
+        if found is None:
+            found = _MEMO[memo_key] = _decide(spec, shapes, dtypes, loops, timing_enabled() if timing is None
+                                              else timing)
+    return found
+
+
+def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: bool,
+            untimed: str = "timing is off") -> Plan:
+    from tullax.backends import workload
+
+    rule = rule_for(spec, loops)
+    if loops is not None and workload.runs_serially(spec, shapes):
+        from tullax.backends.xla_forms import forms
+
+        return _as_plan(f"xla:{forms(spec)[0]}", loops, Rule(
+            "tiny", "below the serial work threshold: XLA inside the jitted program costs no host callback per "
+            "call and compiles no loop kernel", "xla"))
+    close = tuple(c for c in rule.close if _usable(spec, c, shapes))
+    if len(close) < 2:
+        return _as_plan(rule.default, loops, rule)
+    key = _cache_key(spec, shapes, dtypes, loops)
+    stored = _load(key)
+    if stored is not None and stored.get("candidate") in close:
+        STATS["from_cache"] += 1
+        timings = tuple((c, float(ms)) for c, ms in stored.get("timings_ms", []))
+        return _as_plan(stored["candidate"], loops, rule, timings_ms=timings, source="cache")
+    if not timing or workload.work(spec, shapes) > TIMING_WORK_LIMIT:
+        return _as_plan(rule.default, loops, Rule(rule.name, rule.reason + " (not timed: " + (
+            untimed if not timing else "too much work to time on first use") + ")", rule.default))
+    timings = _time_candidates(spec, shapes, dtypes, close, loops)
+    STATS["timed"] += 1
+    valid = {c: ms for c, ms in timings if ms is not None}
+    if not valid:
+        return _as_plan(rule.default, loops, rule)
+    best = min(valid, key=lambda c: (valid[c], c != rule.default))
+    listed = tuple((c, ms) for c, ms in valid.items())
+    _store(key, spec, {"candidate": best, "timings_ms": [list(t) for t in listed]})
+    return _as_plan(best, loops, rule, timings_ms=listed, source="timed")
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing the candidates
+# ---------------------------------------------------------------------------------------------
+def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[str, ...],
+                     loops: str | None) -> list[tuple[str, float | None]]:
+    """Best time per candidate over TIMING_RUNS rounds, the candidates interleaved within each round, so a
+    burst of load from other processes slows every candidate alike instead of deciding the race."""
+    import numpy as np
+
+    from tullax.benchmarking.case import make_inputs
+    from tullax.spec.shapes import result_dtype
+
+    data = np.dtype(result_dtype(spec, {n: np.dtype(d) for n, d in dtypes.items()})).name
+    values = make_inputs(spec, shapes, data, seed=0)
+    values = [v.astype(dtypes[item.name]) if hasattr(v, "astype") else v for item, v in zip(spec.inputs, values)]
+    calls = {c: _prepared_call(spec, c, values, loops) for c in candidates}
+    best: dict[str, float | None] = {c: (None if call is None else float("inf")) for c, call in calls.items()}
+    for _ in range(TIMING_RUNS):
+        for candidate, call in calls.items():
+            if call is None:
+                continue
+            start = time.perf_counter()
+            call()
+            best[candidate] = min(best[candidate], (time.perf_counter() - start) * 1e3)
+    return list(best.items())
+
+
+def _prepared_call(spec: Spec, candidate: str, values: list, loops: str | None):
+    """A call of one candidate on NumPy ``values``, already compiled and run once; None when it cannot run
+    (it is then never chosen)."""
+    try:
+        if candidate.startswith("xla:"):
+            import jax
+            import jax.numpy as jnp
+
+            from tullax.backends.xla_forms import lower_form
+
+            fn = jax.jit(lower_form(spec, candidate[4:]))
+            with jax.ensure_compile_time_eval():  # planning runs while jax traces: run these now, for real
+                env = {n: jnp.asarray(v) for n, v in zip(spec.input_names, values)}
+
+            def call() -> None:
+                with jax.ensure_compile_time_eval():
+                    jax.block_until_ready(fn(env))
+        else:
+            call = _loop_call(spec, loops, values)
+        call()  # compile, first run
+        return call
+    except Exception:  # noqa: BLE001 - a candidate that cannot run here is simply not chosen
+        return None
+
+
+def _loop_call(spec: Spec, loops: str | None, values: list):
+    """A call of the loop backend's kernel on ``values`` (NumPy, in ``spec.inputs`` order), as an eager call
+    makes it: a new result array each time."""
+    import numpy as np
+
+    from tullax import backends
+    from tullax.backends.base import Signature
+    from tullax.spec.shapes import result_dtype
+
+    arrays = [np.asarray(v) for v in values]
+    dtype = np.dtype(result_dtype(spec, {i.name: a.dtype for i, a in zip(spec.inputs, arrays)}))
+    kernel = backends.get(loops).build(spec, Signature(tuple(a.dtype.name for a in arrays), dtype.name))
+    shapes = {i.name: a.shape for i, a in zip(spec.inputs, arrays)}
+    out_shape = tuple(int(s.eval(shapes)) for s in spec.out_shape)
+
+    def call() -> None:
+        if spec.assign == ":=":
+            out = np.zeros(out_shape, dtype) if spec.is_scatter else np.empty(out_shape, dtype)
+        else:
+            out = np.array(arrays[0], dtype=dtype, copy=True)
+        kernel(out, *arrays)
+
+    return call
+
+
+# ---------------------------------------------------------------------------------------------
+# The compile cache
+# ---------------------------------------------------------------------------------------------
+def _cache_key(spec: Spec, shapes: dict, dtypes: dict, loops: str | None) -> str:
+    from tullax.runtime.cache import cache_key
+    from tullax.spec.text import format_spec
+
+    return cache_key(kind="plan", spec=format_spec(spec), shapes=sorted(shapes.items()),
+                     dtypes=sorted(dtypes.items()), loops=loops, cores=os.cpu_count(),
+                     threads=os.environ.get("NUMBA_NUM_THREADS"))
+
+
+def _load(key: str) -> dict | None:
+    from tullax.runtime.cache import get_cache
+
+    try:
+        text = get_cache().read_text(key, PLAN_FILE)
+        found = json.loads(text) if text else None
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _store(key: str, spec: Spec, decision: dict) -> None:
+    from tullax.runtime.cache import get_cache
+    from tullax.spec.text import format_spec
+
+    cache = get_cache()
+    try:
+        if cache.write_text(key, PLAN_FILE, json.dumps(decision)) is not None:
+            cache.record(key, spec=format_spec(spec), backend="auto", kind="plan")
+    except OSError:
+        pass  # a plan that cannot be stored is timed again by the next process
+
+
+# ---------------------------------------------------------------------------------------------
+# Explaining
+# ---------------------------------------------------------------------------------------------
+def kernel_shapes(spec: Spec, shapes: Shapes) -> list[tuple[str, Spec, dict]]:
+    """(label, kernel spec, its input shapes) for the forward kernel and every gradient step, from the
+    forward call's input ``shapes``."""
+    from tullax.backends.host import kernel_steps
+    from tullax.errors import ShapeError, TullaxError
+    from tullax.grad import gradients, seed_name
+    from tullax.spec.shapes import eval_shapes
+
+    missing = [i.name for i in spec.inputs if i.name not in shapes and i.kind != "scalar"]
+    if missing:
+        raise ShapeError(f"no shape given for {', '.join(missing)}: give one for every array input")
+    shapes = {n: tuple(shapes.get(n, ())) for n in spec.input_names}
+    found = [("forward", spec, shapes)]
+    out_shape = tuple(int(s.eval(shapes)) for s in spec.out_shape)
+    env = dict(shapes)
+    env[seed_name(spec)] = out_shape
+    if spec.assign == ":=":
+        env[spec.out] = out_shape
+    try:
+        grads = gradients(spec)
+    except TullaxError:
+        grads = ()
+    labels = {s.spec: s.label for s in kernel_steps(spec)[1:]}
+    for grad in grads:
+        local = dict(env)
+        for step in grad.steps:
+            if step.out not in local:
+                local[step.out] = shapes[grad.wrt]
+            step_shapes = {n: local[n] for n in step.input_names}
+            found.append((labels.get(step, f"gradient wrt {grad.wrt}"), step, step_shapes))
+            ranges = eval_shapes(step, step_shapes)
+            local[step.out] = tuple(max(hi - lo, 0) for lo, hi in (ranges[n] for n in step.free)) \
+                if step.assign == ":=" else local[step.out]
+    return found
+
+
+def explain_lines(spec: Spec, shapes: Shapes | None = None, dtype: str = "float32") -> list[str]:
+    """What ``auto`` runs each kernel of ``spec`` on, and why: by rule without ``shapes``; with them, the
+    decision for those shapes when the compile cache holds one (close calls are not timed here)."""
+    from tullax.backends.host import kernel_steps
+
+    loops = loop_backend()
+    lines = [f"plan (backend='auto' on the CPU; loop backend: {loops or 'none'}):"]
+    from tullax.backends.workload import serial_threshold
+
+    lines.append(f"  (a call below {serial_threshold()} estimated operations runs on XLA: rule 'tiny')")
+    if shapes is None:
+        for step in kernel_steps(spec):
+            rule = rule_for(step.spec, loops)
+            chosen = _as_plan(rule.default, loops, rule)
+            close = f"; close call, timed on first use where cheap: {', '.join(rule.close)}" if rule.close else ""
+            lines.append(f"  {step.label}: {_text(step.spec)}")
+            lines.append(f"    -> {chosen.label}: {rule.name}: {rule.reason}{close}")
+        return lines
+    for label, step, step_shapes in kernel_shapes(spec, shapes):
+        dtypes = {item.name: ("int64" if item.kind == "index" else dtype) for item in step.inputs}
+        listed = ", ".join(f"{n} {'x'.join(map(str, s)) or 'scalar'}" for n, s in step_shapes.items())
+        lines.append(f"  {label}: {_text(step)}  [{listed}]")
+        lines.append(f"    -> {plan(step, step_shapes, dtypes, timing=False).describe()}")
+    return lines
+
+
+def _text(spec: Spec) -> str:
+    from tullax.spec.text import format_spec
+
+    return format_spec(spec)
+
+
+def forget() -> None:
+    """Drop this process's decisions (tests: a new process in all but name)."""
+    with _LOCK:
+        _MEMO.clear()
+        STATS.update(timed=0, from_cache=0)
+
+
+def as_dict(found: Plan) -> dict:
+    return asdict(found)
+
+
+__all__ = ["Plan", "Rule", "plan", "rule_for", "loop_backend", "forget", "explain_lines", "kernel_shapes",
+           "TIMING_ENV", "LOOPS"]

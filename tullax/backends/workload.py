@@ -1,0 +1,59 @@
+"""How much work one call of a spec is, from its static shapes: the product of its index extents (the loop
+nest's iteration count) times the cost of one body evaluation. Used to run tiny kernels serially (no thread
+pool wake-up) and by the planner to decide whether timing both implementations on first use is cheap."""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from tullax.spec.ir import Access, Binary, Call, Spec, walk
+
+# Below this much work (estimated operations, ``work``) a loop kernel runs its serial variant: waking the
+# thread pool costs more than the parallel part saves. A wake-up costs 20-40 us on a quiet 2-core machine
+# (issue 14: 0.04 ms per call of a 32x48x24 matmul) and far more on a busy one (benchmarks/tiny_kernels.py
+# measured 1 ms per call under a load average of 10, the serial variant 0.12 ms); the serial loop does a few
+# operations per nanosecond, so up to ~2^18 estimated operations (a 45^3 matmul) the wake-up alone outweighs
+# what a second thread can save.
+SERIAL_WORK = 1 << 18
+SERIAL_WORK_ENV = "TULLAX_SERIAL_WORK"  # overrides SERIAL_WORK (0: never serial, as before the serial variant)
+
+# Relative cost of one evaluation of a body node: a transcendental call costs several arithmetic operations.
+_CALL_COST = 8
+
+
+def body_cost(spec: Spec) -> int:
+    """Estimated operations per iteration of the loop nest: one per arithmetic node and per array read,
+    ``_CALL_COST`` per function call."""
+    cost = 0
+    for node in walk(spec.body):
+        if isinstance(node, Call):
+            cost += _CALL_COST
+        elif isinstance(node, Binary | Access):
+            cost += 1
+    return max(cost, 1)
+
+
+def iterations(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> int:
+    """The number of points of the index space (free and reduced indices) for these input shapes."""
+    from tullax.spec.shapes import eval_shapes
+
+    total = 1
+    for lo, hi in eval_shapes(spec, shapes).values():
+        total *= max(hi - lo, 0)
+    return total
+
+
+def work(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> int:
+    """Estimated operations of one call: ``iterations * body_cost`` (at least 1)."""
+    return max(iterations(spec, shapes) * body_cost(spec), 1)
+
+
+def runs_serially(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> bool:
+    """Whether a loop kernel of ``spec`` should skip the parallel launch for a call with these shapes."""
+    return work(spec, shapes) < serial_threshold()
+
+
+def serial_threshold() -> int:
+    """``SERIAL_WORK``, or the integer in ``TULLAX_SERIAL_WORK``."""
+    configured = os.environ.get(SERIAL_WORK_ENV, "").strip()
+    return int(configured) if configured.isdigit() else SERIAL_WORK
