@@ -195,7 +195,7 @@ class WidenedKernel:
         self.generated = getattr(inner, "generated", None)
 
     def _inputs(self, inputs: Sequence[Any]) -> list[Any]:
-        return [np.asarray(value).astype(dtype) if dtype != narrow else value
+        return [_widened(value, dtype) if dtype != narrow else value
                 for value, narrow, dtype in zip(inputs, self.signature.in_dtypes, self.wide.in_dtypes)]
 
     def __call__(self, out: Any, *inputs: Any) -> None:
@@ -208,11 +208,21 @@ class WidenedKernel:
         self.inner.run(wide_out, self._inputs(inputs), shapes)
         out[...] = wide_out.astype(out.dtype)
 
-    def prepare(self, shapes: Shapes) -> None:
-        self.inner.prepare(shapes)
+    def prepare(self, shapes: Shapes, *, read_only: bool = False) -> None:
+        self.inner.prepare(shapes, read_only=read_only)
 
     def __getattr__(self, name: str) -> Any:  # anything else a caller reads (variants_run, ...) is the kernel's
         return getattr(self.inner, name)
+
+
+def _widened(value: Any, dtype: str) -> Any:
+    """``value`` converted to ``dtype``: a writable copy, made read-only again when the original was (a pure
+    callback's inputs), so the kernel runs the specialisation prepared for the call (Numba types the two apart)."""
+    original = np.asarray(value)
+    copy = original.astype(dtype)
+    if isinstance(copy, np.ndarray) and not original.flags.writeable:
+        copy.flags.writeable = False
+    return copy
 
 
 # =============================================================================================
