@@ -30,6 +30,7 @@ from tullax.compiler.blocking import TileSum, blocked_index, first_block_end, pe
 from tullax.compiler.bounds import Bound, Side, narrow
 from tullax.compiler.emit import Emitter, Phase
 from tullax.compiler.guards import Solution, find_guards
+from tullax.compiler.jam import register_tile
 from tullax.compiler.loops import (
     INDEX,
     Accum,
@@ -50,6 +51,7 @@ from tullax.compiler.loops import (
     const,
 )
 from tullax.compiler.params import parameters
+from tullax.compiler.rewrite import share_calls
 from tullax.compiler.schedule import TILE, Schedule, loop_order, schedule
 from tullax.compiler.translate import Translator, as_bool, lower_call
 from tullax.spec import ir
@@ -64,7 +66,8 @@ ACC, MAX_ACC, SUM_ACC, SHIFT = "acc", "accm", "accs", "shift"  # accumulators (l
 TILE_LO, TILE_HI = "tile_lo", "tile_hi"  # the range of the tiled index in the current tile
 
 
-def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool = False) -> LoopKernel:
+def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool = False,
+          share: bool = True) -> LoopKernel:
     """The loop-nest kernel of ``spec`` for ``signature`` (a ``backends.base.Signature``).
 
     ``tile=True`` (CPU printers): when the innermost reduction index is strided but the last parallel index j
@@ -74,7 +77,11 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
     vectorises. Only without guards on j and for + * max min reductions (and '+=' only with + and no
     finaliser). A scatter is tiled when its last parallel (collision-free) index is the last output axis and
     colliding loops run inside it: tiles own disjoint output columns, so it stays race-free. A GPU printer
-    keeps the default: one element per work item."""
+    keeps the default: one element per work item.
+
+    ``share`` (the default): the schedule's register tiles (``tullax.compiler.jam``) and calls computed once per
+    block (``tullax.compiler.rewrite``); ``share=False`` gives the kernel without them (benchmarks compare the
+    two, and tests of the loop order read the plain nest)."""
     params = parameters(spec, signature)
     guards = find_guards(spec, loop_order(spec)[1])
     plan = schedule(spec, params.compute, guards, tile)
@@ -91,11 +98,15 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
         stmts = _tiled(spec, plan, translator, guards.body, narrowing)
     else:
         stmts = _reduction(spec, plan, translator, guards.body, narrowing)
-    kernel_body = tuple(stmts)
-    return LoopKernel(
+    kernel = LoopKernel(
         name=name, spec_text=format_spec(spec).replace("\n", " "), arrays=params.arrays, scalars=params.scalars,
-        sizes=emit.size_args(), body=kernel_body, compute_dtype=params.compute,
+        sizes=emit.size_args(), body=tuple(stmts), compute_dtype=params.compute,
         is_scatter=spec.is_scatter)
+    if not share:
+        return kernel
+    for register in plan.register:
+        kernel = register_tile(kernel, plan.var(register.index), register)
+    return replace(kernel, body=share_calls(kernel.body))
 
 
 def _solved_value(solution: Solution, emit: Emitter) -> Expr:
