@@ -4,11 +4,11 @@ loads and calls that do not depend on that loop's index (``Schedule.register``, 
 A parallel loop ``for p in start:stop`` of the kernel's parallel nest becomes, in its place, a parallel loop
 over tiles of ``factor`` values of p. The body of the innermost parallel loop becomes::
 
-    p_lo = start + tile * factor
-    if p_lo + factor <= stop:          # a whole tile
-        <the body for p = p_lo, p_lo + 1, ..., jammed>
+    p_r0 = start + p_rt * factor
+    if p_r0 + factor <= stop:          # a whole tile
+        <the body for p = p_r0, p_r0 + 1, ..., jammed>
     else:                              # the ragged last tile
-        for p in p_lo:min(p_lo + factor, stop): <the body>
+        for p in p_r0:min(p_r0 + factor, stop): <the body>
 
 Jammed: every statement whose value depends on p (through the variables it reads, transitively) is repeated
 once per copy with its names renamed (``acc`` -> ``acc_0``, ``acc_1`` ...), inside the same loops and guards;
@@ -22,7 +22,7 @@ literals for p and folds (``tullax.compiler.rewrite``): each case keeps only its
 (p beyond the cases) runs the plain body.
 
 A ``Scratch`` array (a tile's float64 totals) is declared once, ``factor`` times longer, before the ``if``:
-copy u (in the ragged tile, the iteration at p_lo + u) uses segment u. Numba's prange miscomputes (even
+copy u (in the ragged tile, the iteration at p_r0 + u) uses segment u. Numba's prange miscomputes (even
 corrupts memory) with a Scratch declared in both branches of an ``if``; one declaration avoids that.
 
 After jamming, calls evaluated twice in one block are computed once (``rewrite.share_calls``).
@@ -130,7 +130,7 @@ def register_tile(kernel: LoopKernel, var: str, tile: RegisterTile) -> LoopKerne
     if tile.literal and not isinstance(target.start, Const):
         return kernel
     dep = dependent(body, var)
-    lo_name, tile_var = f"{var}_lo", f"{var}_tile"
+    lo_name, tile_var = f"{var}_r0", f"{var}_rt"
     lo = Var(lo_name, INDEX)
     factor = tile.factor
     if tile.literal:

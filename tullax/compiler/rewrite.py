@@ -97,6 +97,10 @@ def fold(expr: Expr) -> Expr:
                 return lhs
             if _is_zero(lhs):
                 return negate(rhs)
+        if op in ("+", "-") and expr.dtype == INDEX and isinstance(rhs, BinOp) and rhs.op in ("+", "-") \
+                and isinstance(rhs.rhs, Const):  # x ± (y ± c) -> (x ± y) ± c: a copy's offset stays last
+            shift = rhs.rhs.value if rhs.op == "+" else -rhs.rhs.value
+            return binop("+", binop(op, lhs, rhs.lhs), Const(shift if op == "+" else -shift, INDEX))
         return binop(op, lhs, rhs, expr.dtype)
     if isinstance(expr, UnOp):
         if expr.op == "neg" and _is_zero(expr.arg):
