@@ -50,9 +50,9 @@ def _host_kernel(spec, kernel, key: str):
 
 def _steps(spec):
     """(label, step spec, output name) for the forward and every one-step gradient."""
-    steps = [("fwd", spec)]
+    steps = [("forward", spec)]
     for kernel_step in host.kernel_steps(spec)[1:]:
-        steps.append((f"d{kernel_step.name}", kernel_step.spec))
+        steps.append((kernel_step.label.replace("gradient wrt ", "grad "), kernel_step.spec))
     return steps
 
 
@@ -72,7 +72,10 @@ def _timed(fn) -> float:
     return (time.process_time() - start) * 1e3
 
 
-def run_case(name: str, text: str, shapes: dict, rounds: int, show: bool, dtype: str = "float32") -> list[dict]:
+def run_case(name: str, text: str, shapes: dict, rounds: int, show: bool, dtype: str = "float32",
+             tile: bool = True) -> list[dict]:
+    """Old vs new kernel of every step of ``text``; ``tile=False``: the per-element nests a GPU printer gets
+    (run here by the Numba printer: what sharing saves there, measured on the CPU)."""
     rng = np.random.default_rng(0)
     spec = analyze(parse_spec(text), None)
     arrays = {k: rng.standard_normal(v).astype(dtype) for k, v in shapes.items()}
@@ -83,15 +86,17 @@ def run_case(name: str, text: str, shapes: dict, rounds: int, show: bool, dtype:
         if forward_out is not None:
             env[f"Δ{spec.out}"] = rng.standard_normal(forward_out.shape).astype(dtype)
         inputs = [env[n] for n in step.input_names]
-        out_shape = forward_shape(step, env) if label == "fwd" else env[step.out.lstrip("Δ")].shape
+        out_shape = forward_shape(step, env) if label == "forward" else env[step.out.removeprefix("Δ")].shape
         signature = Signature.for_dtype(step, dtype)
-        kernels = {"old": lower(step, signature, "kernel", tile=True, share=False),
-                   "new": lower(step, signature, "kernel", tile=True)}
+        kernels = {"old": lower(step, signature, "kernel", tile=tile, share=False),
+                   "new": lower(step, signature, "kernel", tile=tile)}
+        if not tile:
+            label += " untiled"
         if show:
             print(format_kernel(kernels["new"]))
         hosts, outs, compile_ms = {}, {}, {}
         for which, kernel in kernels.items():
-            hosts[which] = _host_kernel(step, kernel, f"sharing_{which}_{abs(hash((text, label)))}")
+            hosts[which] = _host_kernel(step, kernel, f"sharing_{which}_{abs(hash((text, label, tile)))}")
             outs[which] = np.zeros(out_shape, dtype)
             compile_ms[which] = _timed(lambda: hosts[which](outs[which], *inputs))
         reference = outs["old"].copy()
@@ -110,7 +115,7 @@ def run_case(name: str, text: str, shapes: dict, rounds: int, show: bool, dtype:
                "compile_old_ms": compile_ms["old"], "compile_new_ms": compile_ms["new"],
                "max_rel_diff": float(np.max(np.abs(outs["new"] - reference))) / scale}
         row["speedup"] = row["old_ms"] / row["new_ms"]
-        print(f"{name:20s} {label:13s} old {row['old_ms']:8.3f} (min {row['old_min_ms']:8.3f}) ms  "
+        print(f"{name:20s} {label:16s} old {row['old_ms']:8.3f} (min {row['old_min_ms']:8.3f}) ms  "
               f"new {row['new_ms']:8.3f} (min {row['new_min_ms']:8.3f}) ms  "
               f"x{row['speedup']:.2f}  (compile {compile_ms['old']:.0f} / {compile_ms['new']:.0f} ms, "
               f"rel diff {row['max_rel_diff']:.1e})", flush=True)
@@ -137,6 +142,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--cases", nargs="*", default=None)
     parser.add_argument("--show", action="store_true", help="print the new kernels' loop IR")
+    parser.add_argument("--untiled", nargs="*", default=["Gaussian kernel sum"],
+                        help="cases also run with the per-element (GPU printers') nests")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sharing.json"))
     args = parser.parse_args()
     rows = []
@@ -144,6 +151,8 @@ def main() -> None:
         if args.cases and name.lower() not in {c.lower() for c in args.cases}:
             continue
         rows += run_case(name, text, shapes, args.rounds, args.show)
+        if name in args.untiled:
+            rows += run_case(name, text, shapes, args.rounds, args.show, tile=False)
     payload = {"threads": int(os.environ["NUMBA_NUM_THREADS"]), "rounds": args.rounds, "dtype": "float32",
                "results": rows}
     Path(args.out).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
