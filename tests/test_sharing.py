@@ -10,7 +10,7 @@ from test_lower import assert_close, execute, run_kernel, signature
 
 from tullax.backends import host
 from tullax.backends.base import Signature
-from tullax.compiler.jam import RegisterTile, register_tile
+from tullax.compiler.jam import RegisterTile, register_tiles
 from tullax.compiler.loops import (
     BinOp,
     Call,
@@ -138,7 +138,7 @@ def test_register_tile_of_a_strip_mined_long_sum_runs_in_numba():
     once. Declared in both branches, Numba's prange miscomputed rows (even corrupted memory)."""
     spec = analysed("C[i,j] := A[i,k]*B[k,j]")
     kernel = lower(spec, Signature.for_dtype(spec, "float32"), tile=True)
-    tiled = register_tile(kernel, "i0", RegisterTile("i", 4))
+    tiled = register_tiles(kernel, [("i0", RegisterTile("i", 4))])
     scratch = [s for s in walk_stmts(tiled.body) if isinstance(s, Scratch)]
     assert [(s.length, s in parallel_nest(tiled)[1]) for s in scratch] == [(2048, True)]
     rng = np.random.default_rng(0)

@@ -10,6 +10,11 @@ over tiles of ``factor`` values of p. The body of the innermost parallel loop be
     else:                              # the ragged last tile
         for p in p_r0:min(p_r0 + factor, stop): <the body>
 
+Two loops are tiled together (a 2x2 tile: ``i_r0``, ``j_r0``; the condition holds both whole): the copies are
+every combination of their values (``acc_0_1``: i = i_r0, j = j_r0 + 1), the ragged tile loops over both
+ranges. Tiling them one after the other would jam the first loop's ragged tile again (9 copies of the body
+for 4 outputs, and Numba compiles each).
+
 Jammed: every statement whose value depends on p (through the variables it reads, transitively) is repeated
 once per copy with its names renamed (``acc`` -> ``acc_0``, ``acc_1`` ...), inside the same loops and guards;
 statements that do not depend on p (hoisted loads, an ``exp`` of other indices, loop headers) stay once. Each
@@ -21,15 +26,18 @@ factor - 1``, the Kronecker deltas of a gradient w.r.t. a coordinate), the first
 literals for p and folds (``tullax.compiler.rewrite``): each case keeps only its own terms. Every other tile
 (p beyond the cases) runs the plain body.
 
-A ``Scratch`` array (a tile's float64 totals) is declared once, ``factor`` times longer, before the ``if``:
-copy u (in the ragged tile, the iteration at p_r0 + u) uses segment u. Numba's prange miscomputes (even
-corrupts memory) with a Scratch declared in both branches of an ``if``; one declaration avoids that.
+A ``Scratch`` array (a tile's float64 totals) is declared once, as many times longer as there are copies,
+before the ``if``: copy u (in the ragged tile, the iteration at p_r0 + u) uses segment u. Numba's prange
+miscomputes (even corrupts memory) with a Scratch declared in both branches of an ``if``; one declaration
+avoids that.
 
 After jamming, calls evaluated twice in one block are computed once (``rewrite.share_calls``).
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 from tullax.compiler.loops import (
     INDEX,
@@ -46,6 +54,7 @@ from tullax.compiler.loops import (
     Store,
     Var,
     binop,
+    conjunction,
     const,
     parallel_nest,
     statement_expressions,
@@ -72,11 +81,12 @@ def _reads(expr: Expr) -> set[str]:
     return names
 
 
-def dependent(stmts: tuple[Stmt, ...], var: str) -> set[str]:
-    """``var`` and every local whose value depends on it: Lets, accumulators and scratch arrays (fixed point;
-    the kernel's arrays are not locals: a store into the output depends on ``var`` through its position)."""
+def dependent(stmts: tuple[Stmt, ...], tiled: set[str]) -> set[str]:
+    """The variables ``tiled`` and every local whose value depends on one: Lets, accumulators and scratch
+    arrays (fixed point; the kernel's arrays are not locals: a store into the output depends on a tiled variable
+    through its position)."""
     scratch = {s.var for s in walk_stmts(stmts) if isinstance(s, Scratch)}
-    found = {var}
+    found = set(tiled)
     while True:
         before = len(found)
         for stmt in walk_stmts(stmts):
@@ -120,55 +130,76 @@ def _jam(stmts: tuple[Stmt, ...], dep: set[str], renames: list[dict[str, Expr]])
     return tuple(out)
 
 
-def register_tile(kernel: LoopKernel, var: str, tile: RegisterTile) -> LoopKernel:
-    """``kernel`` with its parallel loop over ``var`` (a generated loop variable) tiled by ``tile.factor``
-    outputs per iteration (see the module doc); unchanged when that loop cannot be jammed."""
+def register_tiles(kernel: LoopKernel, tiles: Sequence[tuple[str, RegisterTile]]) -> LoopKernel:
+    """``kernel`` with its parallel loops over the generated loop variables of ``tiles`` tiled together, each by
+    its factor (see the module doc): the copies are every combination (a 2x2 tile: four), the ragged tile runs
+    the plain body over the tile's ranges. Unchanged when a loop cannot be jammed."""
     loops, body = parallel_nest(kernel)
-    target = next((loop for loop in loops if loop.var == var), None)
-    if target is None or tile.factor < 2:
+    by_var = {loop.var: loop for loop in loops}
+    tiles = [(var, tile) for var, tile in tiles if var in by_var and tile.factor >= 2 and (
+        not tile.literal or isinstance(by_var[var].start, Const))]
+    if not tiles:
         return kernel
-    if tile.literal and not isinstance(target.start, Const):
-        return kernel
-    dep = dependent(body, var)
-    lo_name, tile_var = f"{var}_r0", f"{var}_rt"
-    lo = Var(lo_name, INDEX)
-    factor = tile.factor
-    if tile.literal:
-        values = [Const(target.start.value + u, INDEX) for u in range(factor)]
-        whole = binop("and", binop("==", Var(tile_var, INDEX), const(0)),
-                      binop("<=", const(target.start.value + factor), target.stop))
-    else:
-        values = [binop("+", lo, const(u)) for u in range(factor)]
-        whole = binop("<=", binop("+", lo, const(factor)), target.stop)
-    renames: list[dict[str, Expr]] = []
     scratch = {s.var: (s.length, s.dtype) for s in walk_stmts(body) if isinstance(s, Scratch)}
     if any(isinstance(s, Loop) and any(isinstance(t, Scratch) for t in walk_stmts(s.body)) for s in walk_stmts(body)):
         return kernel  # declared anew in each iteration of a loop: not one segment per copy
-    for u in range(factor):
-        renames.append({name: const(u * scratch[name][0]) if name in scratch else _typed(body, name, u)
-                        for name in dep if name != var})
-        renames[u][var] = values[u]
-    declared = tuple(Scratch(name, length * factor, dtype) for name, (length, dtype) in scratch.items())
+    tiled = {var for var, _ in tiles}
+    dep = dependent(body, tiled)
+    lows = {var: Var(f"{var}_r0", INDEX) for var in tiled}
+    per_var: list[list[Expr]] = []
+    whole: list[Expr] = []
+    for var, tile in tiles:
+        target, factor = by_var[var], tile.factor
+        if tile.literal:
+            per_var.append([Const(target.start.value + u, INDEX) for u in range(factor)])
+            whole += [binop("==", Var(f"{var}_rt", INDEX), const(0)),
+                      binop("<=", const(target.start.value + factor), target.stop)]
+        else:
+            per_var.append([binop("+", lows[var], const(u)) for u in range(factor)])
+            whole.append(binop("<=", binop("+", lows[var], const(factor)), target.stop))
+    copies = list(itertools.product(*(range(len(values)) for values in per_var)))
+    renames: list[dict[str, Expr]] = []
+    for number, combo in enumerate(copies):
+        suffix = "_".join(str(u) for u in combo)
+        values: dict[str, Expr] = {
+            name: const(number * scratch[name][0]) if name in scratch else _typed(body, name, suffix)
+            for name in dep - tiled}
+        values.update({var: per_var[k][u] for k, ((var, _), u) in enumerate(zip(tiles, combo))})
+        renames.append(values)
     body = _without_scratch(body)
     try:
         jammed = drop_dead_lets(_jam(body, dep, renames))
     except _NotJammable:
         return kernel
-    segment = {name: binop("*", binop("-", Var(var, INDEX), lo), const(length))
-               for name, (length, _) in scratch.items()}
-    ragged = Loop(var, lo, binop("min", binop("+", lo, const(factor)), target.stop), False,
-                  substitute_stmts(body, segment))
-    tiled_body: tuple[Stmt, ...] = (
-        Let(lo_name, binop("+", target.start, binop("*", Var(tile_var, INDEX), const(factor)))),
-        *declared,
-        If(whole, jammed, (ragged,)),
-    )
-    extent = binop("-", target.stop, target.start)
-    count = binop("//", binop("+", extent, const(factor - 1)), const(factor))
+    ragged = substitute_stmts(body, {name: binop("*", _copy_number(tiles, lows), const(length))
+                                     for name, (length, _) in scratch.items()})
+    for var, tile in reversed(tiles):
+        stop = binop("min", binop("+", lows[var], const(tile.factor)), by_var[var].stop)
+        ragged = (Loop(var, lows[var], stop, False, ragged),)
+    tiled_body: tuple[Stmt, ...] = tuple(
+        Let(lows[var].name, binop("+", by_var[var].start, binop("*", Var(f"{var}_rt", INDEX), const(tile.factor))))
+        for var, tile in tiles)
+    tiled_body += tuple(Scratch(name, length * len(copies), dtype) for name, (length, dtype) in scratch.items())
+    tiled_body += (If(conjunction(whole), jammed, ragged),)
+    factors = dict(tiles)
     nest: tuple[Stmt, ...] = tiled_body
-    for loop in reversed(loops):  # the loop over tiles where the tiled loop was: the same traversal order
-        nest = (Loop(tile_var, const(0), count, True, nest) if loop is target else replace(loop, body=nest),)
+    for loop in reversed(loops):  # a loop over tiles where a tiled loop was: the same traversal order
+        if loop.var in factors:
+            factor = factors[loop.var].factor
+            count = binop("//", binop("+", binop("-", loop.stop, loop.start), const(factor - 1)), const(factor))
+            nest = (Loop(f"{loop.var}_rt", const(0), count, True, nest),)
+        else:
+            nest = (replace(loop, body=nest),)
     return replace(kernel, body=nest)
+
+
+def _copy_number(tiles: Sequence[tuple[str, RegisterTile]], lows: dict[str, Var]) -> Expr:
+    """The number of the copy an iteration of the ragged tile is (row-major over the tiles' offsets): its
+    segment of a Scratch array."""
+    number: Expr = const(0)
+    for var, tile in tiles:
+        number = binop("+", binop("*", number, const(tile.factor)), binop("-", Var(var, INDEX), lows[var]))
+    return number
 
 
 def _without_scratch(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
@@ -185,7 +216,7 @@ def _without_scratch(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
     return tuple(out)
 
 
-def _typed(body: tuple[Stmt, ...], name: str, copy: int) -> Var:
+def _typed(body: tuple[Stmt, ...], name: str, copy: str) -> Var:
     """The renamed variable of copy ``copy`` with the dtype of ``name`` (a Let's value)."""
     for stmt in walk_stmts(body):
         if isinstance(stmt, Let) and stmt.var == name:
@@ -193,4 +224,4 @@ def _typed(body: tuple[Stmt, ...], name: str, copy: int) -> Var:
     raise AssertionError(f"internal error: no definition of {name}")
 
 
-__all__ = ["RegisterTile", "dependent", "register_tile"]
+__all__ = ["RegisterTile", "dependent", "register_tiles"]

@@ -18,6 +18,10 @@ all. Decisions taken here (printer-neutral):
   index array pointing outside the output skips the element.
 * Loads and calls that do not depend on an inner loop are hoisted into ``Let``s at the loop level where
   their indices are known (never out of a ``Select`` branch or above a guard that protects them).
+* Then work is shared (``share=True``): the schedule's register tiles (``jam``) compute several outputs per
+  parallel iteration, which then share their loads and calls; a small output index compared with literals (a
+  gradient w.r.t. a coordinate, ``(m == c)``) gets per-case code; a call evaluated twice in one block is
+  computed once (``rewrite``).
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from tullax.compiler.blocking import TileSum, blocked_index, first_block_end, pe
 from tullax.compiler.bounds import Bound, Side, narrow
 from tullax.compiler.emit import Emitter, Phase
 from tullax.compiler.guards import Solution, find_guards
-from tullax.compiler.jam import register_tile
+from tullax.compiler.jam import register_tiles
 from tullax.compiler.loops import (
     INDEX,
     Accum,
@@ -104,8 +108,7 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
         is_scatter=spec.is_scatter)
     if not share:
         return kernel
-    for register in plan.register:
-        kernel = register_tile(kernel, plan.var(register.index), register)
+    kernel = register_tiles(kernel, [(plan.var(tile.index), tile) for tile in plan.register])
     return replace(kernel, body=share_calls(kernel.body))
 
 
