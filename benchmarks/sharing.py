@@ -115,10 +115,11 @@ def run_case(name: str, text: str, shapes: dict, rounds: int, show: bool, dtype:
                "compile_old_ms": compile_ms["old"], "compile_new_ms": compile_ms["new"],
                "max_rel_diff": float(np.max(np.abs(outs["new"] - reference))) / scale}
         row["speedup"] = row["old_ms"] / row["new_ms"]
+        row["kernel_changed"] = kernels["old"] != kernels["new"]  # False: the same kernel twice (the noise)
         print(f"{name:20s} {label:16s} old {row['old_ms']:8.3f} (min {row['old_min_ms']:8.3f}) ms  "
               f"new {row['new_ms']:8.3f} (min {row['new_min_ms']:8.3f}) ms  "
               f"x{row['speedup']:.2f}  (compile {compile_ms['old']:.0f} / {compile_ms['new']:.0f} ms, "
-              f"rel diff {row['max_rel_diff']:.1e})", flush=True)
+              f"rel diff {row['max_rel_diff']:.1e}){'' if row['kernel_changed'] else '  same kernel'}", flush=True)
         results.append(row)
     return results
 
