@@ -89,14 +89,13 @@ def case_kernel(case_id: str, dtype: str = "float32"):
 # ---------------------------------------------------------------------------------------------
 # Launch plans
 # ---------------------------------------------------------------------------------------------
-def test_plan_of_dist_one_thread_per_output_element():
+def test_plan_of_dist_one_thread_per_2x2_register_tile():
     spec, kernel = case_kernel("dist")
     plan = plan_launch(kernel, spec, {"W": (784, 1024), "X": (784, 512), "D": (1024, 512)}, "float32")
-    assert plan.index_bits == 32 and plan.block == BLOCK_THREADS and plan.grid == 1024 * 512 // BLOCK_THREADS
+    assert plan.index_bits == 32 and plan.block == BLOCK_THREADS and plan.grid == 1024 * 512 // 4 // BLOCK_THREADS
     names = [p.name for p in parameters(kernel, 32) if not p.pointer]
-    # n3: where the first block of the float32 sum over k ends (the ragged block first: 784 = 272 + 512)
-    assert dict(zip(names, plan.values)) == {"n0": 784, "n1": 512, "n2": 1024, "n3": 272, "a0_e1": 512,
-                                             "a1_e1": 1024, "a2_e1": 512}
+    assert dict(zip(names, plan.values)) == {"n0": 784, "n1": 512, "n2": 1024, "n3": 784 - 512, "a0_e1": 512,
+                                             "a1_e1": 1024, "a2_e1": 512}  # n3: the end of the first block of k
     assert plan.pointers == (None, 0, 1) and plan.start == START_ANY and plan.out_bytes == 1024 * 512 * 4
 
 
@@ -169,7 +168,7 @@ def test_a_launch_enqueues_on_xlas_stream_with_the_buffer_addresses(gpu):
     ((what, function, grid, block, stream, params),) = gpu.calls
     assert (what, function, grid, block, stream) == ("launch", "function1", 1, 32, 77)
     assert gpu.last_decoded[:3] != [0xD000, 0xA000, 0xB000]  # the slots hold addresses OF the values
-    assert kernel._params.decoded() == [0xD000, 0xA000, 0xB000, 3, 5, 4, 3, 5, 4, 5]  # n3: first sum block end
+    assert kernel._params.decoded() == [0xD000, 0xA000, 0xB000, 3, 5, 4, 3, 5, 4, 5]
 
 
 def test_updates_copy_the_given_array_unless_xla_aliased_it(gpu):

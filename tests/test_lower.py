@@ -247,9 +247,9 @@ def test_special_values_of_reductions():
 # =============================================================================================
 # Structure
 # =============================================================================================
-def kernel_of(text: str, ranges=None, tile: bool = False, dtype: str = "float32") -> LoopKernel:
+def kernel_of(text: str, ranges=None, tile: bool = False, dtype: str = "float32", share: bool = True) -> LoopKernel:
     spec = analysed(text, ranges)
-    return lower(spec, signature(spec, dtype), tile=tile)
+    return lower(spec, signature(spec, dtype), tile=tile, share=share)
 
 
 def loops(kernel: LoopKernel) -> list[Loop]:
@@ -343,12 +343,12 @@ def test_index_comparison_becomes_a_hoisted_guard():
 
 
 def test_loop_order_puts_the_unit_stride_reduction_innermost():
-    kernel = kernel_of("y[i] := A[i,k,j]*B[j,k]", dtype="float64")
+    kernel = kernel_of("y[i] := A[i,k,j]*B[j,k]", dtype="float64", share=False)  # the plain nest: no register tile
     order = [lp.var for lp in loops(kernel)]
     assert order == ["i0", "i1", "i2"]  # j (i2) is the last axis of A: innermost
     transposed = kernel_of("y[i] := A[i,j,k]", dtype="float64")
     assert [lp.var for lp in loops(transposed)] == ["i0", "i1", "i2"]
-    blocked = kernel_of("y[i] := A[i,k,j]*B[j,k]")  # float32: the innermost loop runs in blocks
+    blocked = kernel_of("y[i] := A[i,k,j]*B[j,k]", share=False)  # float32: the innermost loop runs in blocks
     assert [lp.var for lp in loops(blocked)] == ["i0", "i1", "i2", "blk", "i2"]  # first block, the others
 
 

@@ -19,6 +19,10 @@ all. Decisions taken here (printer-neutral):
   index array pointing outside the output skips the element.
 * Loads and calls that do not depend on an inner loop are hoisted into ``Let``s at the loop level where
   their indices are known (never out of a ``Select`` branch or above a guard that protects them).
+* Then work is shared (``share=True``): the schedule's register tiles (``jam``) compute several outputs per
+  parallel iteration, which then share their loads and calls; a small output index compared with literals (a
+  gradient w.r.t. a coordinate, ``(m == c)``) gets per-case code; a call evaluated twice in one block is
+  computed once (``rewrite``).
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from tullax.compiler.blocking import TileSum, blocked_index, first_block_end, pe
 from tullax.compiler.bounds import Bound, Side, narrow
 from tullax.compiler.emit import Emitter, Phase
 from tullax.compiler.guards import Solution, find_guards
+from tullax.compiler.jam import register_tiles
 from tullax.compiler.loops import (
     INDEX,
     Accum,
@@ -54,6 +59,7 @@ from tullax.compiler.loops import (
     is_float,
 )
 from tullax.compiler.params import parameters
+from tullax.compiler.rewrite import share_calls
 from tullax.compiler.schedule import TILE, Schedule, loop_order, schedule
 from tullax.compiler.translate import Translator, as_bool
 from tullax.spec import ir
@@ -77,7 +83,8 @@ def identity(redop: str, compute: str, wrap: str | None = None) -> Const:
     return Const(IDENTITY[redop], compute)
 
 
-def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool = False) -> LoopKernel:
+def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool = False,
+          share: bool = True) -> LoopKernel:
     """The loop-nest kernel of ``spec`` for ``signature`` (a ``backends.base.Signature``).
 
     ``tile=True`` (CPU printers): when the innermost reduction index is strided but the last parallel index j
@@ -87,7 +94,11 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
     vectorises. Only without guards on j and for + * max min reductions (and '+=' only with + and no
     finaliser). A scatter is tiled when its last parallel (collision-free) index is the last output axis and
     colliding loops run inside it: tiles own disjoint output columns, so it stays race-free. A GPU printer
-    keeps the default: one element per work item."""
+    keeps the default: one element per work item.
+
+    ``share`` (the default): the schedule's register tiles (``tullax.compiler.jam``) and calls computed once per
+    block (``tullax.compiler.rewrite``); ``share=False`` gives the kernel without them (benchmarks compare the
+    two, and tests of the loop order read the plain nest)."""
     params = parameters(spec, signature)
     guards = find_guards(spec, loop_order(spec)[1])
     plan = schedule(spec, params.compute, guards, tile)
@@ -104,11 +115,14 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
         stmts = _tiled(spec, plan, translator, guards.body, narrowing)
     else:
         stmts = _reduction(spec, plan, translator, guards.body, narrowing)
-    kernel_body = tuple(stmts)
-    return LoopKernel(
+    kernel = LoopKernel(
         name=name, spec_text=format_spec(spec).replace("\n", " "), arrays=params.arrays, scalars=params.scalars,
-        sizes=emit.size_args(), body=kernel_body, compute_dtype=params.compute,
+        sizes=emit.size_args(), body=tuple(stmts), compute_dtype=params.compute,
         is_scatter=spec.is_scatter)
+    if not share:
+        return kernel
+    kernel = register_tiles(kernel, [(plan.var(tile.index), tile) for tile in plan.register])
+    return replace(kernel, body=share_calls(kernel.body))
 
 
 def _solved_value(solution: Solution, emit: Emitter) -> Expr:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tullax.compiler.guards import Guards, Rel
+from tullax.compiler.jam import RegisterTile
 from tullax.spec import ir
 from tullax.spec.ir import Affine, Indirect, Spec, Wrapped
 
@@ -47,6 +48,7 @@ class Schedule:
     solved: tuple[tuple[str, int], ...]  # index solved from an equality -> level of its Let (dependency order)
     variables: tuple[tuple[str, str], ...]  # spec index (or TILE) -> its generated variable
     tiling: Tiling | None
+    register: tuple[RegisterTile, ...] = ()  # parallel loops unrolled-and-jammed, applied in this order
 
     @property
     def top(self) -> int:
@@ -89,8 +91,9 @@ def schedule(spec: Spec, compute: str, guards: Guards, tile: bool) -> Schedule:
         others = [n for n in solution.cond.names() if n != solution.index]
         levels[solution.index] = max([top] + [levels[n] for n in others])
     variables = tuple((index, f"i{n}") for n, index in enumerate(spec.indices)) + ((TILE, TILE_VAR),)
+    register = register_tiles(spec, parallel, reductions, tiling)
     return Schedule(parallel, serial, loops, tuple((s.index, levels[s.index]) for s in guards.solutions),
-                    variables, tiling)
+                    variables, tiling, register)
 
 
 def tile_size(parallel_count: int, dtype: str, scatter: bool = False) -> int:
@@ -204,3 +207,75 @@ def _sliding_window(spec: Spec, j: str, k: str) -> bool:
     filter_atoms = {atom for atom, _ in ranges[k].extent().terms}
     shrunk = any(atom in filter_atoms and coef < 0 for atom, coef in ranges[j].extent().terms)
     return together and shrunk
+
+
+# =============================================================================================
+# Register tiles
+# =============================================================================================
+MAX_CASES = 8  # literal cases of a small output index split into per-case code
+CALL_TILE = 4  # outputs per tile along an index a call does not depend on
+LOAD_TILE = 2  # ... along each of two indices that each leave some load shared (a 2x2 tile)
+SINGLE_TILE = 4  # ... along the one index that leaves loads shared
+
+
+def _node_indices(node: ir.Expr) -> set[str]:
+    names = {n.name for n in ir.walk(node) if isinstance(n, ir.IndexVal)}
+    for access in ir.accesses(node):
+        for idx in access.idx:
+            names.update(ir.idx_affine(idx).names())
+    return names
+
+
+def literal_cases(spec: Spec, index: str) -> tuple[int, ...]:
+    """The integers ``index`` is compared with for equality in the body (``m == 2``): a gradient w.r.t. a
+    coordinate multiplies each coordinate's terms by such a Kronecker delta."""
+    cases = set()
+    for node in ir.walk(spec.body):
+        if isinstance(node, ir.Binary) and node.op == "==":
+            for a, b in ((node.lhs, node.rhs), (node.rhs, node.lhs)):
+                value = ir.integer_literal(b)
+                if isinstance(a, ir.IndexVal) and a.name == index and a.offset.is_const and value is not None:
+                    cases.add(value - a.offset.const)
+    return tuple(sorted(cases))
+
+
+def register_tiles(spec: Spec, parallel: tuple[str, ...], reductions: tuple[str, ...],
+                   tiling: Tiling | None) -> tuple[RegisterTile, ...]:
+    """Which parallel loops to unroll-and-jam (``tullax.compiler.jam``), by how much.
+
+    * A free index compared with literals ``lo .. lo+c-1`` (its range starting at the constant ``lo``, c at most
+      ``MAX_CASES``): one tile of the c cases, each with only its own terms (the Gaussian gradient's ``m``).
+    * Otherwise, with reductions: an index that a CALL inside the reduction does not depend on is tiled by
+      ``CALL_TILE`` (its exp is computed once per tile: the Gaussian kernel sum's column index ``d``). Else
+      each of the last two parallel indices that some load inside the reduction does not depend on (that load
+      is shared by the tile) is tiled by 2, or by ``SINGLE_TILE`` when only one is (a matmul, Dist: 2x2;
+      measured, 2x2 beats 4x1 by 1.2-1.5x on their gradients).
+    * A strip-mined kernel (``tiling``) is not tiled: 4 rows per iteration, each updating its row of the strip in
+      memory, measured slower or no faster (matmul, Linear, Dist forward: 0.8-1.0x; ``benchmarks/sharing.py``).
+      Its innermost loop is already contiguous and vectorised; a win there needs the strip's partial sums in
+      registers, which this IR does not express."""
+    if spec.is_scatter or not parallel:
+        return ()
+    ranges = spec.range_of
+    for name in spec.free:
+        if tiling and name == tiling.index:
+            continue
+        cases = literal_cases(spec, name)
+        lo = ranges[name].lo
+        if cases and lo.is_const and cases[0] >= lo.const and cases[-1] - lo.const < MAX_CASES:
+            return (RegisterTile(name, cases[-1] - lo.const + 1, literal=True),)
+    if not reductions or (tiling is None and spec.redop == "logsumexp"):
+        return ()
+    candidates = [n for n in parallel if n != TILE][-2:]
+    loads = [_node_indices(a) for a in ir.accesses(spec.body)]
+    calls = [_node_indices(c) for c in ir.walk(spec.body) if isinstance(c, ir.Call)]
+    if tiling is not None:  # measured: 4 rows of a strip-mined kernel per iteration lose (benchmarks/sharing.py)
+        return ()
+    inner = reductions[-1]
+    for name in reversed(candidates):
+        if any(inner in used and name not in used for used in calls):
+            return (RegisterTile(name, CALL_TILE),)
+    sharing = [n for n in candidates if any(inner in used and n not in used for used in loads)]
+    if len(sharing) == 2:
+        return tuple(RegisterTile(n, LOAD_TILE) for n in sharing)
+    return tuple(RegisterTile(n, SINGLE_TILE) for n in sharing)

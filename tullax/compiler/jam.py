@@ -1,0 +1,227 @@
+"""Register tiles: unroll-and-jam of a parallel loop, so each iteration computes several outputs and shares the
+loads and calls that do not depend on that loop's index (``Schedule.register``, decided in ``schedule``).
+
+A parallel loop ``for p in start:stop`` of the kernel's parallel nest becomes, in its place, a parallel loop
+over tiles of ``factor`` values of p. The body of the innermost parallel loop becomes::
+
+    p_r0 = start + p_rt * factor
+    if p_r0 + factor <= stop:          # a whole tile
+        <the body for p = p_r0, p_r0 + 1, ..., jammed>
+    else:                              # the ragged last tile
+        for p in p_r0:min(p_r0 + factor, stop): <the body>
+
+Two loops are tiled together (a 2x2 tile: ``i_r0``, ``j_r0``; the condition holds both whole): the copies are
+every combination of their values (``acc_0_1``: i = i_r0, j = j_r0 + 1), the ragged tile loops over both
+ranges. Tiling them one after the other would jam the first loop's ragged tile again (9 copies of the body
+for 4 outputs, and Numba compiles each).
+
+Jammed: every statement whose value depends on p (through the variables it reads, transitively) is repeated
+once per copy with its names renamed (``acc`` -> ``acc_0``, ``acc_1`` ...), inside the same loops and guards;
+statements that do not depend on p (hoisted loads, an ``exp`` of other indices, loop headers) stay once. Each
+copy keeps its own order of operations, so every output is bitwise what the untiled kernel computes. Loops
+and guards must not depend on p (else the loop is not tiled).
+
+With literal cases (``RegisterTile.literal``: the body compares p with the literals ``start .. start +
+factor - 1``, the Kronecker deltas of a gradient w.r.t. a coordinate), the first tile substitutes the
+literals for p and folds (``tullax.compiler.rewrite``): each case keeps only its own terms. Every other tile
+(p beyond the cases) runs the plain body.
+
+A ``Scratch`` array (a tile's float64 totals) is declared once, as many times longer as there are copies,
+before the ``if``: copy u (in the ragged tile, the iteration at p_r0 + u) uses segment u. Numba's prange
+miscomputes (even corrupts memory) with a Scratch declared in both branches of an ``if``; one declaration
+avoids that.
+
+After jamming, calls evaluated twice in one block are computed once (``rewrite.share_calls``).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from tullax.compiler.loops import (
+    INDEX,
+    Accum,
+    Const,
+    Expr,
+    If,
+    Let,
+    Load,
+    Loop,
+    LoopKernel,
+    Scratch,
+    Stmt,
+    Store,
+    Var,
+    binop,
+    conjunction,
+    const,
+    parallel_nest,
+    statement_expressions,
+    walk_expr,
+    walk_stmts,
+)
+from tullax.compiler.rewrite import drop_dead_lets, substitute_stmts
+
+
+@dataclass(frozen=True)
+class RegisterTile:
+    index: str  # the spec index whose parallel loop is tiled
+    factor: int  # outputs per tile along it
+    literal: bool = False  # the first tile substitutes the literals start .. start + factor - 1
+
+
+def _reads(expr: Expr) -> set[str]:
+    names: set[str] = set()
+    for node in walk_expr(expr):
+        if isinstance(node, Var):
+            names.add(node.name)
+        elif isinstance(node, Load):
+            names.add(node.array)
+    return names
+
+
+def dependent(stmts: tuple[Stmt, ...], tiled: set[str]) -> set[str]:
+    """The variables ``tiled`` and every local whose value depends on one: Lets, accumulators and scratch
+    arrays (fixed point; the kernel's arrays are not locals: a store into the output depends on a tiled variable
+    through its position)."""
+    scratch = {s.var for s in walk_stmts(stmts) if isinstance(s, Scratch)}
+    found = set(tiled)
+    while True:
+        before = len(found)
+        for stmt in walk_stmts(stmts):
+            if isinstance(stmt, (Let, Accum)) and _reads(stmt.value) & found:
+                found.add(stmt.var)
+            elif isinstance(stmt, Store) and stmt.array in scratch and any(
+                    _reads(e) & found for e in stmt.index + (stmt.value,)):
+                found.add(stmt.array)
+        if len(found) == before:
+            return found
+
+
+class _NotJammable(Exception):
+    """A loop bound that depends on the tiled index, or a guard around a loop that does."""
+
+
+def _copies(stmt: Stmt, renames: list[dict[str, Expr]]) -> list[Stmt]:
+    return [s for values in renames for s in substitute_stmts((stmt,), values)]
+
+
+def _jam(stmts: tuple[Stmt, ...], dep: set[str], renames: list[dict[str, Expr]]) -> tuple[Stmt, ...]:
+    out: list[Stmt] = []
+    for stmt in stmts:
+        if isinstance(stmt, Loop):
+            if (_reads(stmt.start) | _reads(stmt.stop)) & dep:
+                raise _NotJammable()
+            out.append(replace(stmt, body=_jam(stmt.body, dep, renames)))
+        elif isinstance(stmt, If):
+            if not _reads(stmt.cond) & dep:
+                out.append(replace(stmt, then=_jam(stmt.then, dep, renames), orelse=_jam(stmt.orelse, dep, renames)))
+            elif any(isinstance(s, (Loop, Scratch)) for s in walk_stmts(stmt.then + stmt.orelse)):
+                raise _NotJammable()
+            else:  # a guard on p around straight-line code: one guarded copy per value of p
+                out += _copies(stmt, renames)
+        elif isinstance(stmt, (Let, Accum)):
+            out += _copies(stmt, renames) if stmt.var in dep else [stmt]
+        else:
+            assert isinstance(stmt, Store), stmt
+            depends = stmt.array in dep or any(_reads(e) & dep for e in statement_expressions(stmt))
+            out += _copies(stmt, renames) if depends else [stmt]
+    return tuple(out)
+
+
+def register_tiles(kernel: LoopKernel, tiles: Sequence[tuple[str, RegisterTile]]) -> LoopKernel:
+    """``kernel`` with its parallel loops over the generated loop variables of ``tiles`` tiled together, each by
+    its factor (see the module doc): the copies are every combination (a 2x2 tile: four), the ragged tile runs
+    the plain body over the tile's ranges. Unchanged when a loop cannot be jammed."""
+    loops, body = parallel_nest(kernel)
+    by_var = {loop.var: loop for loop in loops}
+    tiles = [(var, tile) for var, tile in tiles if var in by_var and tile.factor >= 2 and (
+        not tile.literal or isinstance(by_var[var].start, Const))]
+    if not tiles:
+        return kernel
+    scratch = {s.var: (s.length, s.dtype) for s in walk_stmts(body) if isinstance(s, Scratch)}
+    if any(isinstance(s, Loop) and any(isinstance(t, Scratch) for t in walk_stmts(s.body)) for s in walk_stmts(body)):
+        return kernel  # declared anew in each iteration of a loop: not one segment per copy
+    tiled = {var for var, _ in tiles}
+    dep = dependent(body, tiled)
+    lows = {var: Var(f"{var}_r0", INDEX) for var in tiled}
+    per_var: list[list[Expr]] = []
+    whole: list[Expr] = []
+    for var, tile in tiles:
+        target, factor = by_var[var], tile.factor
+        if tile.literal:
+            per_var.append([Const(target.start.value + u, INDEX) for u in range(factor)])
+            whole += [binop("==", Var(f"{var}_rt", INDEX), const(0)),
+                      binop("<=", const(target.start.value + factor), target.stop)]
+        else:
+            per_var.append([binop("+", lows[var], const(u)) for u in range(factor)])
+            whole.append(binop("<=", binop("+", lows[var], const(factor)), target.stop))
+    copies = list(itertools.product(*(range(len(values)) for values in per_var)))
+    renames: list[dict[str, Expr]] = []
+    for number, combo in enumerate(copies):
+        suffix = "_".join(str(u) for u in combo)
+        values: dict[str, Expr] = {
+            name: const(number * scratch[name][0]) if name in scratch else _typed(body, name, suffix)
+            for name in dep - tiled}
+        values.update({var: per_var[k][u] for k, ((var, _), u) in enumerate(zip(tiles, combo))})
+        renames.append(values)
+    body = _without_scratch(body)
+    try:
+        jammed = drop_dead_lets(_jam(body, dep, renames))
+    except _NotJammable:
+        return kernel
+    ragged = substitute_stmts(body, {name: binop("*", _copy_number(tiles, lows), const(length))
+                                     for name, (length, _) in scratch.items()})
+    for var, tile in reversed(tiles):
+        stop = binop("min", binop("+", lows[var], const(tile.factor)), by_var[var].stop)
+        ragged = (Loop(var, lows[var], stop, False, ragged),)
+    tiled_body: tuple[Stmt, ...] = tuple(
+        Let(lows[var].name, binop("+", by_var[var].start, binop("*", Var(f"{var}_rt", INDEX), const(tile.factor))))
+        for var, tile in tiles)
+    tiled_body += tuple(Scratch(name, length * len(copies), dtype) for name, (length, dtype) in scratch.items())
+    tiled_body += (If(conjunction(whole), jammed, ragged),)
+    factors = dict(tiles)
+    nest: tuple[Stmt, ...] = tiled_body
+    for loop in reversed(loops):  # a loop over tiles where a tiled loop was: the same traversal order
+        if loop.var in factors:
+            factor = factors[loop.var].factor
+            count = binop("//", binop("+", binop("-", loop.stop, loop.start), const(factor - 1)), const(factor))
+            nest = (Loop(f"{loop.var}_rt", const(0), count, True, nest),)
+        else:
+            nest = (replace(loop, body=nest),)
+    return replace(kernel, body=nest)
+
+
+def _copy_number(tiles: Sequence[tuple[str, RegisterTile]], lows: dict[str, Var]) -> Expr:
+    """The number of the copy an iteration of the ragged tile is (row-major over the tiles' offsets): its
+    segment of a Scratch array."""
+    number: Expr = const(0)
+    for var, tile in tiles:
+        number = binop("+", binop("*", number, const(tile.factor)), binop("-", Var(var, INDEX), lows[var]))
+    return number
+
+
+def _without_scratch(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    """``stmts`` without their Scratch declarations (and guards left empty by that)."""
+    out: list[Stmt] = []
+    for stmt in stmts:
+        if isinstance(stmt, Scratch):
+            continue
+        if isinstance(stmt, If):
+            stmt = replace(stmt, then=_without_scratch(stmt.then), orelse=_without_scratch(stmt.orelse))
+            if not stmt.then and not stmt.orelse:
+                continue
+        out.append(stmt)
+    return tuple(out)
+
+
+def _typed(body: tuple[Stmt, ...], name: str, copy: str) -> Var:
+    """The renamed variable of copy ``copy`` with the dtype of ``name`` (a Let's value)."""
+    for stmt in walk_stmts(body):
+        if isinstance(stmt, Let) and stmt.var == name:
+            return Var(f"{name}_{copy}", stmt.value.dtype)
+    raise AssertionError(f"internal error: no definition of {name}")
+
+
+__all__ = ["RegisterTile", "dependent", "register_tiles"]

@@ -1,0 +1,343 @@
+"""Rewrites of loop-IR statements that share work: substitution with folding, common subexpressions, dead Lets.
+
+* ``substitute`` replaces variables by expressions and folds what becomes constant: integer arithmetic and
+  comparisons of literals, ``and``/``or`` of known truth values, ``Select`` and ``If`` on a known condition,
+  and the indicator product ``x * float(c)`` of a known comparison ``c``: ``x`` when it holds, ``0`` when not.
+  That last fold treats a comparison used as a number as a Kronecker delta (a strong zero): the gradient of a
+  function of ``x[i,0], x[i,1], ...`` w.r.t. ``x[i,m]`` is a sum of terms each multiplied by ``(m == c)``, and
+  at a known ``m`` the other terms are not part of the derivative (jax.grad never evaluates them either).
+  A sum then loses its zero terms, and ``acc += 0`` disappears.
+* ``share_calls``: a function call (``exp``, ``log`` ...) that a straight-line block evaluates twice or more is
+  bound once to a ``Let`` before its first use (``cs0``, ``cs1`` ...), when nothing it reads is reassigned
+  from there on in that block. Never out of a ``Select`` branch, never across blocks.
+* ``drop_dead_lets``: a ``Let`` whose name nothing reads any more (after the folds) is removed.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Mapping
+
+from tullax.compiler.loops import (
+    BOOL,
+    COMPARE,
+    INDEX,
+    Accum,
+    BinOp,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    If,
+    Let,
+    Load,
+    Loop,
+    Scratch,
+    Select,
+    Stmt,
+    Store,
+    UnOp,
+    Var,
+    binop,
+    children,
+    is_float,
+    negate,
+    statement_expressions,
+    walk_expr,
+    walk_stmts,
+)
+
+SHARED_PREFIX = "cs"  # names of shared calls: no other generated name starts with it
+
+_COMPARE_FN: dict[str, Callable[[object, object], bool]] = {
+    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
+}
+
+
+def _is_zero(expr: Expr) -> bool:
+    return isinstance(expr, Const) and is_float(expr.dtype) and expr.value == 0
+
+
+def _known(expr: Expr) -> bool | None:
+    return expr.value if isinstance(expr, Const) and expr.dtype == BOOL else None
+
+
+def _indicator(expr: Expr) -> bool | None:
+    """The truth value of ``float(cond)`` when ``cond`` folded to a constant, else None."""
+    if isinstance(expr, Cast) and is_float(expr.dtype) and expr.arg.dtype == BOOL:
+        return _known(expr.arg)
+    return None
+
+
+def fold(expr: Expr) -> Expr:
+    """One node with already folded children (see the module doc)."""
+    if isinstance(expr, BinOp):
+        lhs, rhs, op = expr.lhs, expr.rhs, expr.op
+        if op in COMPARE and isinstance(lhs, Const) and isinstance(rhs, Const) and lhs.dtype == rhs.dtype == INDEX:
+            return Const(_COMPARE_FN[op](lhs.value, rhs.value), BOOL)
+        if op in ("and", "or") and (_known(lhs) is not None or _known(rhs) is not None):
+            known, other = (lhs, rhs) if _known(lhs) is not None else (rhs, lhs)
+            if op == "and":
+                return other if known.value else Const(False, BOOL)
+            return Const(True, BOOL) if known.value else other
+        if op == "*" and is_float(expr.dtype):
+            for a, b in ((lhs, rhs), (rhs, lhs)):
+                holds = _indicator(b)
+                if holds is not None:
+                    return a if holds else Const(0.0, expr.dtype)
+            if _is_zero(lhs) and _is_zero(rhs):
+                return Const(0.0, expr.dtype)
+        if op == "+" and is_float(expr.dtype):
+            if _is_zero(rhs):
+                return lhs
+            if _is_zero(lhs):
+                return rhs
+        if op == "-" and is_float(expr.dtype):
+            if _is_zero(rhs):
+                return lhs
+            if _is_zero(lhs):
+                return negate(rhs)
+        if op in ("+", "-") and expr.dtype == INDEX and isinstance(rhs, BinOp) and rhs.op in ("+", "-") \
+                and isinstance(rhs.rhs, Const):  # x ± (y ± c) -> (x ± y) ± c: a copy's offset stays last
+            shift = rhs.rhs.value if rhs.op == "+" else -rhs.rhs.value
+            return binop("+", binop(op, lhs, rhs.lhs), Const(shift if op == "+" else -shift, INDEX))
+        return binop(op, lhs, rhs, expr.dtype)
+    if isinstance(expr, UnOp):
+        if expr.op == "neg" and _is_zero(expr.arg):
+            return Const(0.0, expr.dtype)
+        if expr.op == "not" and _known(expr.arg) is not None:
+            return Const(not expr.arg.value, BOOL)
+        return expr
+    if isinstance(expr, Select) and _known(expr.cond) is not None:
+        return expr.then if expr.cond.value else expr.orelse
+    if isinstance(expr, Cast) and isinstance(expr.arg, Const) and expr.arg.dtype == INDEX:
+        return Const(float(expr.arg.value), expr.dtype) if is_float(expr.dtype) else expr
+    return expr
+
+
+def substitute(expr: Expr, values: Mapping[str, Expr]) -> Expr:
+    """``expr`` with the variables of ``values`` replaced (by name), folded bottom-up; a Scratch array mapped to
+    an integer expression has its positions shifted by it."""
+    if isinstance(expr, Var):
+        return values.get(expr.name, expr)
+    if isinstance(expr, Const):
+        return expr
+    if isinstance(expr, Load):
+        return replace(expr, index=_position(expr.array, tuple(substitute(i, values) for i in expr.index), values))
+    if isinstance(expr, BinOp):
+        return fold(replace(expr, lhs=substitute(expr.lhs, values), rhs=substitute(expr.rhs, values)))
+    if isinstance(expr, (UnOp, Cast)):
+        return fold(replace(expr, arg=substitute(expr.arg, values)))
+    if isinstance(expr, Call):
+        return replace(expr, args=tuple(substitute(a, values) for a in expr.args))
+    assert isinstance(expr, Select), expr
+    return fold(replace(expr, cond=substitute(expr.cond, values), then=substitute(expr.then, values),
+                        orelse=substitute(expr.orelse, values)))
+
+
+def _position(array: str, index: tuple[Expr, ...], values: Mapping[str, Expr]) -> tuple[Expr, ...]:
+    """A Scratch array that ``values`` maps to an integer expression shifts its one position by that much (the
+    copies of a register tile share one Scratch array, each in its own segment)."""
+    shift = values.get(array)
+    if shift is not None and shift.dtype == INDEX:
+        return (binop("+", index[0], shift),)
+    return index
+
+
+def _renamed(name: str, values: Mapping[str, Expr]) -> str:
+    value = values.get(name)
+    return value.name if isinstance(value, Var) else name
+
+
+def substitute_stmts(stmts: tuple[Stmt, ...], values: Mapping[str, Expr]) -> tuple[Stmt, ...]:
+    """Statements with ``values`` substituted (assigned names renamed when they map to a ``Var``); an ``If``
+    on a known condition becomes its branch, ``acc += 0`` goes."""
+    out: list[Stmt] = []
+    for stmt in stmts:
+        if isinstance(stmt, Let):
+            out.append(Let(_renamed(stmt.var, values), substitute(stmt.value, values)))
+        elif isinstance(stmt, Accum):
+            value = substitute(stmt.value, values)
+            if not (stmt.op == "+" and _is_zero(value)):
+                out.append(Accum(_renamed(stmt.var, values), stmt.op, value))
+        elif isinstance(stmt, Scratch):
+            out.append(stmt)
+        elif isinstance(stmt, Store):
+            index = _position(stmt.array, tuple(substitute(i, values) for i in stmt.index), values)
+            out.append(Store(stmt.array, index, substitute(stmt.value, values), stmt.mode))
+        elif isinstance(stmt, Loop):
+            out.append(replace(stmt, start=substitute(stmt.start, values), stop=substitute(stmt.stop, values),
+                               body=substitute_stmts(stmt.body, values)))
+        else:
+            assert isinstance(stmt, If), stmt
+            cond = substitute(stmt.cond, values)
+            then, orelse = substitute_stmts(stmt.then, values), substitute_stmts(stmt.orelse, values)
+            known = _known(cond)
+            if known is None:
+                out.append(If(cond, then, orelse))
+            else:
+                out.extend(then if known else orelse)
+    return tuple(out)
+
+
+# =============================================================================================
+# Dead Lets
+# =============================================================================================
+def _reads(stmts: tuple[Stmt, ...]) -> set[str]:
+    """Every name an expression of ``stmts`` reads (variables, and arrays loaded or added into)."""
+    names: set[str] = set()
+    for stmt in walk_stmts(stmts):
+        for expr in statement_expressions(stmt):
+            for node in walk_expr(expr):
+                if isinstance(node, Var):
+                    names.add(node.name)
+                elif isinstance(node, Load):
+                    names.add(node.array)
+        if isinstance(stmt, Accum):
+            names.add(stmt.var)
+    return names
+
+
+def drop_dead_lets(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    """``stmts`` without the Lets of names that nothing reads (repeated until none is left)."""
+    while True:
+        reads = _reads(stmts)
+        pruned = _prune(stmts, reads)
+        if pruned == stmts:
+            return stmts
+        stmts = pruned
+
+
+def _prune(stmts: tuple[Stmt, ...], reads: set[str]) -> tuple[Stmt, ...]:
+    out: list[Stmt] = []
+    for stmt in stmts:
+        if isinstance(stmt, Let) and stmt.var not in reads:
+            continue
+        if isinstance(stmt, Loop):
+            stmt = replace(stmt, body=_prune(stmt.body, reads))
+        elif isinstance(stmt, If):
+            stmt = replace(stmt, then=_prune(stmt.then, reads), orelse=_prune(stmt.orelse, reads))
+        out.append(stmt)
+    return tuple(out)
+
+
+# =============================================================================================
+# Shared calls
+# =============================================================================================
+def _calls(expr: Expr) -> list[Call]:
+    """The calls of ``expr`` outside Select branches (those may be valid only under their condition)."""
+    if isinstance(expr, Select):
+        return _calls(expr.cond)
+    found = [expr] if isinstance(expr, Call) else []
+    for child in children(expr):
+        found += _calls(child)
+    return found
+
+
+def _replace_call(expr: Expr, call: Call, var: Var) -> Expr:
+    if expr == call:
+        return var
+    if isinstance(expr, Select):
+        return replace(expr, cond=_replace_call(expr.cond, call, var))
+    if isinstance(expr, BinOp):
+        return replace(expr, lhs=_replace_call(expr.lhs, call, var), rhs=_replace_call(expr.rhs, call, var))
+    if isinstance(expr, (UnOp, Cast)):
+        return replace(expr, arg=_replace_call(expr.arg, call, var))
+    if isinstance(expr, Call):
+        return replace(expr, args=tuple(_replace_call(a, call, var) for a in expr.args))
+    return expr  # a Load's index holds no calls worth sharing
+
+
+def _own_exprs(stmt: Stmt) -> tuple[Expr, ...]:
+    return (stmt.value,) if isinstance(stmt, (Let, Accum, Store)) else ()
+
+
+def _assigned(stmts: tuple[Stmt, ...]) -> set[str]:
+    names: set[str] = set()
+    for stmt in walk_stmts(stmts):
+        if isinstance(stmt, (Let, Accum, Scratch)):
+            names.add(stmt.var)
+        elif isinstance(stmt, Loop):
+            names.add(stmt.var)
+        elif isinstance(stmt, Store):
+            names.add(stmt.array)
+    return names
+
+
+def _size(expr: Expr) -> int:
+    return sum(1 for _ in walk_expr(expr))
+
+
+def _reads_of(expr: Expr) -> set[str]:
+    return {n.name for n in walk_expr(expr) if isinstance(n, Var)} | {
+        n.array for n in walk_expr(expr) if isinstance(n, Load)}
+
+
+class _Sharer:
+    def __init__(self, taken: set[str]):
+        self._taken = taken
+        self._count = 0
+
+    def _fresh(self) -> str:
+        while f"{SHARED_PREFIX}{self._count}" in self._taken:
+            self._count += 1
+        self._count += 1
+        return f"{SHARED_PREFIX}{self._count - 1}"
+
+    def block(self, stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+        stmts = tuple(self._nested(s) for s in stmts)
+        while True:
+            found = self._candidate(stmts)
+            if found is None:
+                return stmts
+            call, first = found
+            var = Var(self._fresh(), call.dtype)
+            later = tuple(_replace_exprs(s, call, var) for s in stmts[first:])
+            stmts = stmts[:first] + (Let(var.name, call),) + later
+
+    def _nested(self, stmt: Stmt) -> Stmt:
+        if isinstance(stmt, Loop):
+            return replace(stmt, body=self.block(stmt.body))
+        if isinstance(stmt, If):
+            return replace(stmt, then=self.block(stmt.then), orelse=self.block(stmt.orelse))
+        return stmt
+
+    @staticmethod
+    def _candidate(stmts: tuple[Stmt, ...]) -> tuple[Call, int] | None:
+        """The largest call evaluated twice or more by the straight-line statements of ``stmts`` from its first
+        use on, with nothing it reads reassigned from there (nested statements included), and the position of
+        its first use."""
+        seen: dict[Call, list[int]] = {}
+        for pos, stmt in enumerate(stmts):
+            for expr in _own_exprs(stmt):
+                for call in _calls(expr):
+                    seen.setdefault(call, []).append(pos)
+        best: tuple[Call, int] | None = None
+        for call, uses in seen.items():
+            if len(uses) < 2:
+                continue
+            first = uses[0]
+            written = _assigned(stmts[first + 1:]) | (
+                {stmts[first].var} if isinstance(stmts[first], (Let, Accum)) else set())
+            if _reads_of(call) & written:
+                continue
+            if best is None or _size(call) > _size(best[0]):
+                best = (call, first)
+        return best
+
+
+def _replace_exprs(stmt: Stmt, call: Call, var: Var) -> Stmt:
+    if isinstance(stmt, (Let, Accum)):
+        return replace(stmt, value=_replace_call(stmt.value, call, var))
+    if isinstance(stmt, Store):
+        return replace(stmt, value=_replace_call(stmt.value, call, var))
+    return stmt
+
+
+def share_calls(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    """Every straight-line block of ``stmts`` with its repeated calls computed once (see the module doc)."""
+    taken = {s.var for s in walk_stmts(stmts) if isinstance(s, (Let, Accum, Scratch, Loop))}
+    return _Sharer(taken).block(stmts)
+
+
+__all__ = ["SHARED_PREFIX", "drop_dead_lets", "fold", "share_calls", "substitute", "substitute_stmts"]
