@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Mapping
 
-from tullax.grad.algebra import Maybe, call, cmp, div, mul, sub
+from tullax.grad.algebra import Maybe, add, call, cmp, div, mul, sub
 from tullax.grad.bounds import Axis, KnownSizes
 from tullax.grad.derivative import derivative_from_output, has_output_form, has_zero_derivative, unary_derivative
 from tullax.grad.names import fresh, seed_name, spec_names
@@ -152,6 +152,8 @@ def _with_seed_factor(fw: Forward) -> Forward:
         grad = mul(seed, unary_derivative(finalizer, pre))
     if grad is None or spec.redop == "+":
         return replace(fw, factor=grad)
+    if spec.redop == "*":
+        return _product_factor(fw, grad)
     if pre is None:
         fw, pre = pre_value(fw)
     if spec.redop in ("max", "min"):  # ties share the gradient equally, as jax does
@@ -161,6 +163,21 @@ def _with_seed_factor(fw: Forward) -> Forward:
             ties = call("max", ties, Num(1))
         return replace(fw, factor=div(mul(grad, hit), ties))
     return replace(fw, factor=mul(grad, call("exp", sub(spec.body, pre))))  # logsumexp
+
+
+def _product_factor(fw: Forward, grad: Expr) -> Forward:
+    """The factor of a (*) reduction: d(prod_r b_r)/d b_s is the product of the OTHER factors, exact at zeros.
+    Two prelude steps count the zero factors (z) and multiply the nonzero ones (p = prod (b + (b == 0)): adding
+    the comparison changes only a zero, to exactly 1). The derivative is p / b_s when z == 0 (b_s is then never
+    zero), p at the zero factor when z == 1, and 0 everywhere else; the selects keep an overflowing p from
+    meeting a 0 (inf*0) where the exact answer is 0."""
+    body = fw.spec.body
+    is_zero = cmp("==", body, Num(0))
+    fw, zeros = _free_step(fw, "zeros", is_zero, "+")
+    fw, others = _free_step(fw, "others", add(body, is_zero), "*")
+    one_zero = call("ifelse", is_zero, call("ifelse", cmp("==", zeros, Num(1)), others, Num(0)), Num(0))
+    d_prod = call("ifelse", cmp("==", zeros, Num(0)), div(others, add(body, is_zero)), one_zero)
+    return replace(fw, factor=mul(grad, d_prod))
 
 
 # Relative distance under which a recomputed body value counts as reaching the max/min. Compilers contract
