@@ -59,7 +59,7 @@ SPEC_MISTAKES = [
     ("y[i] := x[pad(i/0)]", r"an index can only be divided by a positive integer", "0)]"),
     ("y[i] := x[ix[jx[i]]]", r"an indirect index cannot be nested", "jx[i]"),
     # left-hand sides that repeat or shift an index
-    ("y[i,i] := x[i]", r"index i appears twice on the left-hand side", "i] :="),
+    ("y[i,i] = x[i]", r"index i appears twice on the left-hand side of .=.: only a new result", "i] ="),
     ("y[i+1] := x[i]", r"the left-hand side must list plain, distinct indices; .* scatter with \+=", "i+1]"),
     ("y[ix[i]] := x[i]", r"the left-hand side must list plain, distinct indices", "ix[i]"),
     # an index nothing bounds

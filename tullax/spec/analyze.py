@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Mapping, Union
 
 from tullax.errors import SpecError
+from tullax.spec.diagonal import diagonal_write
 from tullax.spec.ir import (
     INDEX_LIMIT,
     Access,
@@ -64,6 +66,7 @@ MAX_INDICES = 16
 def analyze(parsed: ParsedSpec, ranges: Mapping[str, RangeArg] | None = None) -> Spec:
     """Turn a parsed spec into an analysed, hashable Spec, or raise SpecError pointing into the source."""
     ctx = _Context(parsed.source)
+    parsed, copies = diagonal_write(parsed)  # D[i,i] := A[i]: a new index per repetition, zeros off the diagonal
     _check_lhs(parsed, ctx)
     occurrences = _occurrences(parsed)
     index_names = _index_names(parsed, occurrences)
@@ -74,7 +77,7 @@ def analyze(parsed: ParsedSpec, ranges: Mapping[str, RangeArg] | None = None) ->
         raise ctx.error(f"the spec has {len(free) + len(reduced)} indices ({', '.join(free + reduced)}); tullax "
                         f"allows {MAX_INDICES}, one nested loop each (Python compiles at most 20 nested blocks): "
                         f"reshape the arrays to merge axes")
-    known, agreements = _infer_ranges(parsed, occurrences, free + reduced, ranges or {}, ctx)
+    known, agreements = _infer_ranges(parsed, occurrences, free + reduced, ranges or {}, ctx, copies)
     spec = Spec(
         redop=parsed.redop, out=parsed.out, lhs=parsed.lhs, assign=parsed.assign, body=body,
         finalizer=parsed.finalizer, inputs=inputs, free=free, reduced=reduced,
@@ -110,8 +113,10 @@ def _check_lhs(parsed: ParsedSpec, ctx: _Context) -> None:
     seen: set[str] = set()
     for idx, name in zip(parsed.lhs, plain):
         if name is not None and name in seen:
-            raise ctx.error(f"index {name} appears twice on the left-hand side: each output axis needs "
-                            "its own index (use the diagonal on the right, as in d[i] := A[i,i])", idx.span)
+            raise ctx.error(f"index {name} appears twice on the left-hand side of '{parsed.assign}': only a new "
+                            f"result ':=' can be a diagonal write; to add into the diagonal of an existing "
+                            f"array write the select, as in D[i,j] {parsed.assign} ifelse(i == j, A[i], 0)",
+                            idx.span)
         if name is not None:
             seen.add(name)
 
@@ -261,7 +266,7 @@ def _range_int(name: str, bound: object, value: object, ctx: _Context) -> int:
 
 
 def _infer_ranges(parsed: ParsedSpec, occurrences: list[Occurrence], indices: tuple[str, ...],
-                  explicit: Mapping[str, RangeArg], ctx: _Context):
+                  explicit: Mapping[str, RangeArg], ctx: _Context, copies: Mapping[str, str] = MappingProxyType({})):
     for name in explicit:
         if name not in indices:
             raise ctx.error(f"ranges names {name!r}, which is not an index of this spec "
@@ -292,6 +297,9 @@ def _infer_ranges(parsed: ParsedSpec, occurrences: list[Occurrence], indices: tu
     used |= _solve_unknowns(constraints, known)
     rest = [con for con in constraints if id(con) not in used]
     _narrow(rest, known, set(known) - set(explicit), set(explicit), indices, parsed)
+    for new, old in copies.items():  # a diagonal write's new index runs over the range of the one it repeats
+        if old in known and new not in explicit:
+            known[new] = known[old]
     for name in indices:
         if name not in known:
             raise ctx.error(_unbound_message(name, parsed), _first_span(parsed, name))
