@@ -123,3 +123,33 @@ def test_diagonal_write_refusals_say_what_to_write() -> None:
         compile_spec("(max) D[i,i] := A[i,k]")
     with pytest.raises(SpecError, match=r"ifelse\(i == j, A\[i\], 0\)"):
         compile_spec("D[i,i] += A[i]")
+
+
+# =============================================================================================
+# 4. '*=' updates: multiply every term into the given array (the (*) reduction)
+# =============================================================================================
+def test_multiply_update_of_a_row_product() -> None:
+    rng = np.random.default_rng(4)
+    y, x = rng.standard_normal(5), _rows_with_zeros()
+    check("y[i] *= x[i,j]", lambda y, x: y * jnp.prod(x, axis=1), {"y": y, "x": x})
+
+
+def test_multiply_update_of_part_of_the_array_reading_itself() -> None:
+    y = np.array([1.5, -2.0, 0.5, 3.0, 0.0])
+    x = np.array([2.0, 0.0, -1.0, 0.5, 4.0])
+    # i runs where x[i+1] exists: y[4] keeps its value (and its gradient passes through unscaled)
+    check("y[i] *= x[i+1]*w[i]", lambda y, x, w: jnp.asarray(y).at[:4].multiply(x[1:] * w[:4]),
+          {"y": y, "x": x, "w": np.array([0.5, 2.0, -3.0, 1.5, 7.0])})
+    check("y[i] *= y[i+1]", lambda y: jnp.asarray(y).at[:4].multiply(y[1:]), {"y": y})
+
+
+def test_multiply_update_of_a_scalar_with_a_finaliser() -> None:
+    check("y *= x[i] |> exp", lambda y, x: y * jnp.exp(jnp.prod(x)),
+          {"y": np.array(1.5), "x": np.array([0.5, -1.0, 0.3])})
+
+
+def test_multiply_update_with_another_reduction_is_refused() -> None:
+    with pytest.raises(SpecError, match=r"'\*=' multiplies every term"):
+        compile_spec("(+) y[i] *= x[i,j]")
+    with pytest.raises(SpecError, match=r"scatter with \+="):
+        compile_spec("y[ix[i]] *= x[i]")

@@ -441,12 +441,14 @@ def _place(ctx: _Context, value):
         return value
     base = _as_array(ctx.array(spec.out), ctx.dtype)
     if spec.lhs is None:
-        return value if spec.assign == "=" else base + value
+        return value if spec.assign == "=" else base * value if spec.assign == "*=" else base + value
     window = []
     for idx in spec.lhs:
         axis = ctx.grid.axis(idx.plain)
         window.append(slice(ctx.grid.lo[axis], ctx.grid.lo[axis] + ctx.grid.size[axis]))
     target = base.at[tuple(window)]
+    if spec.assign == "*=":
+        return target.multiply(value)
     return target.set(value) if spec.assign == "=" else target.add(value)
 
 

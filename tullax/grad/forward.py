@@ -34,6 +34,7 @@ class Forward:
     facts: tuple[Fact, ...]
     prelude: tuple[Spec, ...] = ()
     factor: Maybe = None
+    multiplier: Expr | None = None  # '*=': the factor fin(prod) read at the free indices (a prelude step)
 
     @property
     def indices(self) -> tuple[str, ...]:
@@ -107,7 +108,8 @@ def _fact_for(array: str, axis: int, extent: Sym) -> tuple[Fact, ...]:
     return ()
 
 
-def _free_step(fw: Forward, base: str, body: Expr, redop: str) -> tuple[Forward, Expr]:
+def _free_step(fw: Forward, base: str, body: Expr, redop: str,
+               finalizer: str | None = None) -> tuple[Forward, Expr]:
     """A prelude step ``name[free] := (redop) body`` over the forward's own free indices (shifted to start at
     0): the forward with that step, and how the forward body reads the step's result."""
     spec = fw.spec
@@ -117,6 +119,7 @@ def _free_step(fw: Forward, base: str, body: Expr, redop: str) -> tuple[Forward,
     ranges.update({r: fw.ranges[r] for r in spec.reduced})
     step = fw.make_spec(name, shift_indices(body, shifts) if shifts else body, ranges, free=spec.free,
                         redop=redop)
+    step = replace(step, finalizer=finalizer) if finalizer else step
     sizes, facts = fw.sizes, fw.facts
     for axis, extent in enumerate(step.out_shape):
         sizes = sizes.with_equal((name, axis), extent)
@@ -132,6 +135,10 @@ def _with_seed_factor(fw: Forward) -> Forward:
     """The forward with its seed factor ΔOUT[free] * f'(pre) * ∂OUT/∂body and the prelude steps it reads."""
     spec = fw.spec
     seed = Access(fw.seed, spec.lhs) if spec.lhs else Param(fw.seed)
+    if spec.assign == "*=":  # OUT = given * fin(prod body): the body's terms carry the given value
+        fw, multiplier = _free_step(fw, "mult", spec.body, "*", spec.finalizer)
+        fw = replace(fw, multiplier=multiplier)
+        seed = mul(seed, Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out))
     residual = (Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out)) if spec.assign == ":=" else None
 
     def pre_value(fw: Forward) -> tuple[Forward, Expr]:

@@ -145,7 +145,7 @@ ARITHMETIC = ("+", "-", "*", "/", "^")
 # kept within +-INDEX_LIMIT (checked for the actual shapes), so each of those plus or minus an extent still fits.
 INDEX_LIMIT = 2**62
 REDUCTIONS = ("+", "*", "max", "min", "logsumexp")
-ASSIGNMENTS = (":=", "=", "+=")
+ASSIGNMENTS = (":=", "=", "+=", "*=")  # "*=": multiply into the given array, with the (*) reduction
 WRAPPERS = ("mod", "clamp", "pad")
 
 

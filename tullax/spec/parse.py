@@ -36,7 +36,7 @@ _TOKEN = re.compile(r"""
     (?P<ws>\s+)
   | (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
   | (?P<name>[^\W\d]\w*)
-  | (?P<op>:=|\+=|\|>|<=|>=|==|!=|[-+*/^<>=()\[\],])
+  | (?P<op>:=|\+=|\*=|\|>|<=|>=|==|!=|[-+*/^<>=()\[\],])
 """, re.VERBOSE | re.UNICODE)
 
 
@@ -105,10 +105,17 @@ class _Parser:
         tok = self.tok
         if self.tok.kind == "end":
             raise self.error("empty spec: write something like  C[i,j] := A[i,k]*B[k,j]")
+        explicit = self.at("(")
         redop = self.redop()
         out, lhs = self.lhs()
         if not (self.tok.kind == "op" and self.tok.text in ASSIGNMENTS):
-            raise self.error("expected ':=', '=' or '+=' after the left-hand side")
+            raise self.error("expected ':=', '=', '+=' or '*=' after the left-hand side")
+        if self.tok.text == "*=":  # y[i] *= x[i,j] multiplies every term in, as the loop it reads as would
+            if explicit and redop != "*":
+                raise self.error(f"'*=' multiplies every term into the given array (the (*) reduction); to "
+                                 f"multiply by a ({redop}) reduction write it out: {out}[..] = {out}[..]*(...) "
+                                 f"with the reduction in its own kernel", tok)
+            redop = "*"
         assign = self.advance().text
         if assign == ":=" and any(out in idx_arrays(i) for i in lhs or ()):
             raise self.error(f"'end' on the left of ':=' has no meaning: {out} does not exist yet (use '=' or '+=' "

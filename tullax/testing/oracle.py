@@ -77,6 +77,8 @@ def _naive_reduce(ev: "_Evaluator", ranges) -> np.ndarray:
         where = tuple(v - ranges[n][0] if spec.assign == ":=" else v for n, v in zip(spec.free, free_values))
         if spec.assign == "+=":
             out[where] += value
+        elif spec.assign == "*=":
+            out[where] *= value
         else:
             out[where] = value
     return out
