@@ -153,3 +153,42 @@ def test_multiply_update_with_another_reduction_is_refused() -> None:
         compile_spec("(+) y[i] *= x[i,j]")
     with pytest.raises(SpecError, match=r"scatter with \+="):
         compile_spec("y[ix[i]] *= x[i]")
+
+
+# =============================================================================================
+# 3. pad(e, value): the value outside the axis
+# =============================================================================================
+def test_pad_value_literal_shift() -> None:
+    x = np.array([1.0, -2.0, 3.0, 0.5])
+    check("y[i] := x[pad(i-1, 2.5)]", lambda x: jnp.concatenate([jnp.array([2.5]), x[:-1]]), {"x": x})
+    check("y[i] := x[pad(i+1, -1)]*w[i]", lambda x, w: jnp.concatenate([x[1:], jnp.array([-1.0])]) * w,
+          {"x": x, "w": np.array([0.5, 2.0, -1.0, 3.0])})
+
+
+def test_pad_value_scalar_in_a_convolution_gets_its_gradient() -> None:
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal(6), rng.standard_normal(3)
+
+    def reference(x, w, c):
+        padded = jnp.concatenate([jnp.full(1, c), x, jnp.full(1, c)])
+        return jnp.stack([padded[i:i + 3] @ w for i in range(6)])
+    check("y[i] := x[pad(i+k-1, c)]*w[k]", reference, {"x": x, "w": w, "c": np.float64(0.7)}, ranges={"i": 6})
+
+
+def test_pad_value_on_two_axes_max_pooling() -> None:
+    a = np.random.default_rng(6).standard_normal((4, 5))
+
+    def reference(A):
+        padded = jnp.pad(A, 1, constant_values=-1e30)
+        return jnp.stack([jnp.stack([jnp.max(padded[i:i + 3, j:j + 3]) for j in range(5)]) for i in range(4)])
+    check("(max) P[i,j] := A[pad(i+k-1, -1e30), pad(j+l-1, -1e30)]", reference, {"A": a},
+          ranges={"i": 4, "j": 5, "k": 3, "l": 3})
+
+
+def test_pad_value_refusals() -> None:
+    with pytest.raises(SpecError, match=r"a number or the name of a scalar input"):
+        compile_spec("y[i] := x[pad(i-1, z[i])]")
+    with pytest.raises(SpecError, match=r"differs between its axes"):
+        compile_spec("y[i,j] := x[pad(i-1, 1), pad(j, 2)]")
+    with pytest.raises(SpecError, match=r"on the left it has no meaning"):
+        compile_spec("y[pad(i-1, 1)] += x[i]")

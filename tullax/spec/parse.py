@@ -25,6 +25,7 @@ from tullax.spec.ir import (
     Wrapped,
     children,
 )
+from tullax.spec.padvalue import padded_read
 from tullax.spec.sizes import Sym
 
 # Deepest expression tree accepted: every later stage (analysis, gradients, lowering, printers, Python's and
@@ -69,6 +70,7 @@ class _Parser:
         self.tokens = tokenize(source)
         self.pos = 0
         self.nesting = 0  # how deep unary() is nested right now
+        self.pad_values: list[Expr | None] = []  # per position of the last index list: pad(e, value)'s value
 
     # -- helpers --------------------------------------------------------------------------------
     @property
@@ -158,24 +160,33 @@ class _Parser:
             self.advance()
             return tok.text, None
         idx = self.index_list(tok.text)
+        if any(v is not None for v in self.pad_values):
+            raise self.error("pad(e, value) reads a value outside an axis: on the left it has no meaning "
+                             "(a padded scatter position outside the output is dropped)", tok)
         return tok.text, idx
 
     # -- index expressions ----------------------------------------------------------------------
     def index_list(self, array: str) -> tuple[Idx, ...]:
-        items = [self.index(Sym.extent(array, 0) - 1)]
+        values: list[Expr | None] = []
+        items = [self.index(Sym.extent(array, 0) - 1, values)]
         while self.at(","):
             self.advance()
-            items.append(self.index(Sym.extent(array, len(items)) - 1))
+            items.append(self.index(Sym.extent(array, len(items)) - 1, values))
         self.expect("]", "',' or ']'")
+        self.pad_values = values
         return tuple(items)
 
-    def index(self, end: Sym) -> Idx:
-        """One position; ``end`` is the last position of the axis it addresses (Julia's ``end``)."""
+    def index(self, end: Sym, values: list[Expr | None]) -> Idx:
+        """One position; ``end`` is the last position of the axis it addresses (Julia's ``end``). The value of
+        a ``pad(e, value)`` is appended to ``values`` (None for every other position)."""
         tok = self.tok
+        values.append(None)
         if tok.kind == "name" and tok.text in WRAPPERS and self.peek().text == "(":
             self.advance()
             self.advance()
             inner = self.affine(end)
+            if tok.text == "pad" and self.at(","):
+                values[-1] = self.pad_value(inner, tok)
             self.expect(")", f"')' closing {tok.text}(")
             return Wrapped(tok.text, inner, span=self.span(tok))
         if tok.kind == "name" and self.peek().text == "[":
@@ -187,6 +198,26 @@ class _Parser:
             self.expect("]", f"']' closing {tok.text}[")
             return Indirect(tok.text, inner, span=self.span(tok))
         return self.affine(end)
+
+    def pad_value(self, inner: Affine, pad: Token) -> Expr:
+        """The ``value`` of ``pad(e, value)``: a number (signed) or the name of a scalar input."""
+        self.advance()
+        start = self.tok
+        sign = self.advance().text if self.at("-") or self.at("+") else ""
+        tok = self.tok
+        if tok.kind not in ("num", "name") or self.peek().text in ("[", "("):
+            raise self.error("the value of pad(e, value) is a number or the name of a scalar input: for an "
+                             "expression, read x[pad(e)] and select with ifelse", tok)
+        self.advance()
+        if tok.kind == "num":
+            number = float(tok.text) if any(c in tok.text for c in ".eE") else self.integer(tok)
+            value: Expr = Num(-number if sign == "-" else number, span=self.span(start))
+        else:
+            value = Name(tok.text, span=self.span(tok))
+            value = Unary("-", value, span=self.span(start)) if sign == "-" else value
+        if inner.div != 1 or not inner.terms:
+            raise self.error("pad(e, value) needs an index in e and no division", pad)
+        return value
 
     def affine(self, end: Sym | None) -> Affine:
         start = self.tok
@@ -344,7 +375,13 @@ class _Parser:
             if self.at("]"):
                 raise self.error(f"{tok.text}[] has no indices: write {tok.text} for a scalar input")
             idx = self.index_list(tok.text)
-            return Access(tok.text, idx, span=self.span(tok))
+            access = Access(tok.text, idx, span=self.span(tok))
+            values = [v for v in self.pad_values if v is not None]
+            if not values:
+                return access
+            if any(v != values[0] for v in values):
+                raise self.error("one access pads with one value: pad(.., value) differs between its axes", tok)
+            return padded_read(access, self.pad_values)
         if self.at("("):
             return self.call(tok)
         return Name(tok.text, span=self.span(tok))
