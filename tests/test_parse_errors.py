@@ -33,7 +33,7 @@ SPEC_MISTAKES = [
     ("y[i] := x[i] $ 2", r"unexpected character '\$'", "$ 2"),
     ("y[i] := x[i] € 2", r"unexpected character '€'", "€ 2"),
     ("y[i] := x[i] +", r"expected a number, a name, an array access or '\('", ""),
-    ("y[i] x[i]", r"expected ':=', '=' or '\+=' after the left-hand side", "x[i]"),
+    ("y[i] x[i]", r"expected ':=', '=', '\+=' or '\*=' after the left-hand side", "x[i]"),
     (":= x[i]", r"expected the name of the result", ":="),
     ("1y[i] := x[i]", r"expected the name of the result", "1y"),
     ("y[i] := x[i] y[i]", r"unexpected 'y' after the end of the expression", "y[i]"),
