@@ -192,3 +192,52 @@ def test_pad_value_refusals() -> None:
         compile_spec("y[i,j] := x[pad(i-1, 1), pad(j, 2)]")
     with pytest.raises(SpecError, match=r"on the left it has no meaning"):
         compile_spec("y[pad(i-1, 1)] += x[i]")
+
+
+# =============================================================================================
+# 1. Indirect positions inside affine arithmetic: A[inds[i]+j], A[2K[j]+i]
+# =============================================================================================
+def test_gather_of_windows_and_its_scatter_gradient() -> None:
+    rng = np.random.default_rng(7)
+    a, w = rng.standard_normal(10), rng.standard_normal(3)
+    inds = np.array([0, 7, 3, 3], dtype=np.int32)  # window starts; 3 twice: its gradient adds up
+
+    def reference(A, w, inds):
+        return jnp.stack([A[s:s + 3] for s in inds]) * w
+    check("y[i,j] := A[inds[i]+j]*w[j]", reference, {"A": a, "w": w, "inds": inds})
+
+
+def test_scaled_indirect_with_a_shift_and_a_reduction() -> None:
+    rng = np.random.default_rng(8)
+    a, x = rng.standard_normal((12, 2)), rng.standard_normal((3, 2))
+    K = np.array([4, 0, 2], dtype=np.int64)
+
+    def reference(A, x, K):  # s[i] = sum_j,d A[2K[j]+i+1, d]*x[j,d] for i in 0..2
+        return jnp.stack([sum(A[2 * K[j] + i + 1] @ x[j] for j in range(3)) for i in range(3)])
+    check("s[i] := A[2K[j]+i+1, d]*x[j,d]", reference, {"A": a, "x": x, "K": K}, ranges={"i": 3})
+
+
+def test_indirect_offsets_outside_the_array_are_refused_eagerly_and_nan_under_jit() -> None:
+    a, w = np.arange(1.0, 7.0), np.ones(3)
+    inds = np.array([0, 4, -1, 3], dtype=np.int32)  # 4+2 and -1+0 leave A (extent 6)
+    for backend in BACKENDS:
+        kernel = tullax.einsum_kernel("y[i,j] := A[inds[i]+j]*w[j]", backend=backend)
+        with pytest.raises(tullax.ShapeError, match="outside"):
+            kernel(A=a, w=w, inds=inds)
+        out, vjp = jax.vjp(lambda A: jax.jit(lambda A: kernel(A=A, w=w, inds=inds))(A), a)
+        out = np.asarray(out)
+        np.testing.assert_array_equal(out[0], [1, 2, 3])
+        np.testing.assert_array_equal(out[3], [4, 5, 6])
+        np.testing.assert_array_equal(np.isnan(out[1]), [False, False, True])
+        np.testing.assert_array_equal(np.isnan(out[2]), [True, False, False])
+        (grad,) = vjp(np.ones_like(out))  # the scatter skips the positions outside
+        np.testing.assert_array_equal(grad, [2, 2, 1, 1, 2, 2])
+
+
+def test_indirect_arithmetic_refusals() -> None:
+    with pytest.raises(SpecError, match="one indirect term"):
+        compile_spec("y[i] := x[ix[i]+jx[i]]")
+    with pytest.raises(SpecError, match="cannot be nested or wrapped"):
+        compile_spec("y[i] := x[pad(ix[i]+1)]")
+    with pytest.raises(SpecError, match="cannot divide"):
+        compile_spec("y[i] := x[(ix[i]+1)/2]")

@@ -33,7 +33,7 @@ from tullax.spec.ir import (
     Param,
     Spec,
     Unary,
-    idx_affine,
+    idx_names,
     walk,
 )
 from tullax.spec.shapes import (
@@ -107,7 +107,7 @@ def _grid_order(spec: Spec, grid: str) -> tuple[str, ...]:
     for node in walk(spec.body):
         found = [node.name] if isinstance(node, IndexVal) else []
         if isinstance(node, Access):
-            found = [n for idx in node.idx for n in idx_affine(idx).names()]
+            found = [n for idx in node.idx for n in idx_names(idx)]
         for name in found:
             if name in names and name not in seen:
                 seen.append(name)
@@ -381,7 +381,13 @@ def _position(ctx: _Context, idx: Idx, extent: int) -> _Position:
         return _Position(_affine(ctx, idx))
     if isinstance(idx, Indirect):
         where = ctx.array(idx.array)[jnp.asarray(_affine(ctx, idx.inner))]
-        defined = (where >= 0) & (where < extent)
+        if not idx.plain:  # scale*ix[e] + offset, with a value read too large to add without wrapping undefined
+            limit = (int(jnp.iinfo(where.dtype).max) // 2) // abs(idx.scale)
+            raw_ok = (where >= -limit) & (where <= limit)
+            where = idx.scale * jnp.clip(where, -limit, limit) + _affine(ctx, idx.offset)
+            defined = raw_ok & (where >= 0) & (where < extent)
+        else:
+            defined = (where >= 0) & (where < extent)
         return _Position(jnp.clip(where, 0, max(extent - 1, 0)), defined=defined)
     raw = _affine(ctx, idx.inner)
     if idx.kind == "mod":

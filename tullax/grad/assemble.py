@@ -17,6 +17,7 @@ from tullax.spec.ir import (
     Expr,
     Idx,
     IndexVal,
+    Indirect,
     Input,
     Num,
     Param,
@@ -202,6 +203,8 @@ def _rename_indices(body: Expr, mapping: Mapping[str, str]) -> Expr:
         return AffineForm.canonical({mapping.get(n, n): c for n, c in a.terms}, a.const, a.div).to_affine()
 
     def idx(i: Idx) -> Idx:
+        if isinstance(i, Indirect) and not i.plain:
+            return replace(i, inner=aff(i.inner), offset=aff(i.offset))
         return aff(i) if isinstance(i, Affine) else replace(i, inner=aff(i.inner))
 
     def fix(node: Expr) -> Expr:

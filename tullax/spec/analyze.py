@@ -25,7 +25,7 @@ from tullax.spec.ir import (
     Spec,
     Wrapped,
     accesses,
-    idx_affine,
+    idx_names,
     map_expr,
     walk,
 )
@@ -149,7 +149,7 @@ def _lhs_access(parsed: ParsedSpec) -> list[Access]:
 def _index_names(parsed: ParsedSpec, occurrences: list[Occurrence]) -> list[str]:
     names: list[str] = []
     for idx in list(parsed.lhs or ()) + [o.idx for o in occurrences]:
-        for name in idx_affine(idx).names():
+        for name in idx_names(idx):
             if name not in names:
                 names.append(name)
     return names
@@ -321,9 +321,9 @@ def _bind_wrapped_only(occurrences: list[Occurrence], known: dict[str, Range]) -
 
 
 def _unbound_message(name: str, parsed: ParsedSpec) -> str:
-    on_left = {n for idx in parsed.lhs or () for n in idx_affine(idx).names()}
+    on_left = {n for idx in parsed.lhs or () for n in idx_names(idx)}
     on_right = list(dict.fromkeys(n for acc in accesses(parsed.body) for idx in acc.idx
-                                  for n in idx_affine(idx).names()))
+                                  for n in idx_names(idx)))
     as_value = {node.name for node in walk(parsed.body) if isinstance(node, Name)}
     if name in on_left and name not in on_right and name not in as_value:
         only_right = [n for n in on_right if n not in on_left]
@@ -336,7 +336,7 @@ def _unbound_message(name: str, parsed: ParsedSpec) -> str:
 
 def _first_span(parsed: ParsedSpec, name: str) -> tuple[int, int] | None:
     for idx in list(parsed.lhs or ()) + [i for a in accesses(parsed.body) for i in a.idx]:
-        if name in idx_affine(idx).names():
+        if name in idx_names(idx):
             return idx.span
     for node in walk(parsed.body):
         if isinstance(node, Name) and node.name == name:
@@ -434,6 +434,8 @@ def shift_affine(aff: Affine, shifts: Mapping[str, Sym]) -> Affine:
 def shift_idx(idx: Idx, shifts: Mapping[str, Sym]) -> Idx:
     if isinstance(idx, Affine):
         return shift_affine(idx, shifts)
+    if isinstance(idx, Indirect) and not idx.plain:
+        return replace(idx, inner=shift_affine(idx.inner, shifts), offset=shift_affine(idx.offset, shifts))
     return replace(idx, inner=shift_affine(idx.inner, shifts))
 
 

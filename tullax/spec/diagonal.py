@@ -23,7 +23,7 @@ from tullax.spec.ir import (
     Num,
     ParsedSpec,
     accesses,
-    idx_affine,
+    idx_names,
     walk,
 )
 
@@ -47,7 +47,7 @@ def diagonal_write(parsed: ParsedSpec) -> tuple[ParsedSpec, dict[str, str]]:
             idx = replace(idx, terms=((new, 1),))
         seen.add(name)
         new_lhs.append(idx)
-    reduced = {n for acc in accesses(parsed.body) for i in acc.idx for n in _idx_names(i)} - seen
+    reduced = {n for acc in accesses(parsed.body) for i in acc.idx for n in idx_names(i)} - seen
     body = parsed.body
     if reduced and (parsed.redop != "+" or parsed.finalizer):
         raise SpecError(f"a diagonal write ({parsed.out}[{','.join(plain)}]) that reduces over "
@@ -62,11 +62,6 @@ def diagonal_write(parsed: ParsedSpec) -> tuple[ParsedSpec, dict[str, str]]:
     return replace(parsed, lhs=tuple(new_lhs), body=body, redop="+", finalizer=None), copies
 
 
-def _idx_names(idx) -> tuple[str, ...]:
-    names = idx_affine(idx).names()
-    return names + (idx.inner.names() if isinstance(idx, Indirect) else ())
-
-
 def _names(parsed: ParsedSpec) -> set[str]:
     """Every name the spec text uses: result, arrays, index arrays, indices and bare names."""
     names = {parsed.out}
@@ -74,11 +69,11 @@ def _names(parsed: ParsedSpec) -> set[str]:
         if isinstance(node, Access):
             names.add(node.array)
             for idx in node.idx:
-                names.update(idx_affine(idx).names())
+                names.update(idx_names(idx))
                 if isinstance(idx, Indirect):
                     names.add(idx.array)
         elif isinstance(node, Name):
             names.add(node.name)
     for idx in parsed.lhs or ():
-        names.update(idx_affine(idx).names())
+        names.update(idx_names(idx))
     return names

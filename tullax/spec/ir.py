@@ -58,19 +58,35 @@ class Wrapped:
 
 @dataclass(frozen=True)
 class Indirect:
-    """``ix[e]``: the position is read from the integer array ``array`` at ``e``."""
+    """``ix[e]``: the position is read from the integer array ``array`` at ``e``; inside affine arithmetic
+    (``ix[e]+j``, ``2K[j]+i``) the position is ``scale*array[e] + offset``."""
 
     array: str
     inner: Affine
     span: Span = _span()
+    scale: int = 1
+    offset: Affine = Affine()
+
+    @property
+    def plain(self) -> bool:
+        """A bare ``ix[e]`` (no arithmetic around the read)."""
+        return self.scale == 1 and self.offset == Affine()
 
 
 Idx = Union[Affine, Wrapped, Indirect]
 
 
 def idx_affine(idx: Idx) -> Affine:
-    """The affine part of any index expression."""
+    """The affine part of any index expression (of an indirect one: where the index array is read)."""
     return idx if isinstance(idx, Affine) else idx.inner
+
+
+def idx_names(idx: Idx) -> tuple[str, ...]:
+    """Every index a position depends on (an indirect one's offset included), in order, without repeats."""
+    names = idx_affine(idx).names()
+    if isinstance(idx, Indirect) and not idx.plain:
+        names += tuple(n for n in idx.offset.names() if n not in names)
+    return names
 
 
 # ---------------------------------------------------------------------------------------------

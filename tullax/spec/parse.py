@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tullax.errors import SpecError
 from tullax.spec.functions import FUNCTIONS, UNARY
@@ -32,6 +32,7 @@ from tullax.spec.sizes import Sym
 # Numba's compilers) recurses over the tree, and a deeper one would end in a RecursionError.
 MAX_DEPTH = 64
 _END = "<end>"  # the key of 'end' in a linear form: not an identifier, so never an index's name
+_IND = "<ind>"  # the key of the one indirect term of a position (``ix[i]+j``)
 
 _TOKEN = re.compile(r"""
     (?P<ws>\s+)
@@ -71,6 +72,7 @@ class _Parser:
         self.pos = 0
         self.nesting = 0  # how deep unary() is nested right now
         self.pad_values: list[Expr | None] = []  # per position of the last index list: pad(e, value)'s value
+        self.indirects: list[Indirect] | None = None  # the ix[..] of the position being read; None: not allowed
 
     # -- helpers --------------------------------------------------------------------------------
     @property
@@ -184,20 +186,49 @@ class _Parser:
         if tok.kind == "name" and tok.text in WRAPPERS and self.peek().text == "(":
             self.advance()
             self.advance()
+            self.indirects = None  # no ix[..] inside mod/clamp/pad
             inner = self.affine(end)
             if tok.text == "pad" and self.at(","):
                 values[-1] = self.pad_value(inner, tok)
             self.expect(")", f"')' closing {tok.text}(")
             return Wrapped(tok.text, inner, span=self.span(tok))
-        if tok.kind == "name" and self.peek().text == "[":
-            self.advance()
-            self.advance()
-            inner = self.affine(Sym.extent(tok.text, 0) - 1)
-            if inner.div != 1:
-                raise self.error("an indirect index cannot divide", tok)
-            self.expect("]", f"']' closing {tok.text}[")
-            return Indirect(tok.text, inner, span=self.span(tok))
-        return self.affine(end)
+        return self.position(end)
+
+    def position(self, end: Sym) -> Idx:
+        """An affine position that may hold one indirect term: ``ix[i]``, ``ix[i]+j``, ``2K[j]+i-1``."""
+        start = self.tok
+        self.indirects = []
+        aff = self.affine(end)
+        if not self.indirects:
+            return aff
+        (ind,) = self.indirects
+        coef = dict(aff.terms).get(_IND, 0)
+        if aff.div != 1:
+            raise self.error("a position with an indirect term cannot divide", start)
+        if coef == 0:
+            return replace(aff, terms=tuple(t for t in aff.terms if t[0] != _IND))
+        offset = Affine(tuple(t for t in aff.terms if t[0] != _IND), aff.const)
+        return replace(ind, scale=coef, offset=offset, span=self.span(start))
+
+    def indirect(self) -> Indirect:
+        """``ix[e]`` inside a position (``self.indirects`` collects it; one per position)."""
+        tok = self.advance()
+        self.advance()
+        if self.indirects is None:
+            raise self.error("an indirect index cannot be nested or wrapped in mod/clamp/pad: "
+                             "write it in a position of its own, as in x[ix[i]+j]", tok)
+        if self.indirects:
+            raise self.error("a position holds one indirect term: x[ix[i]+jx[j]] needs two kernels "
+                             "(or one index array of their sums)", tok)
+        outer, self.indirects = self.indirects, None
+        inner = self.affine(Sym.extent(tok.text, 0) - 1)
+        self.indirects = outer
+        if inner.div != 1:
+            raise self.error("an indirect index cannot divide", tok)
+        self.expect("]", f"']' closing {tok.text}[")
+        ind = Indirect(tok.text, inner, span=self.span(tok))
+        self.indirects.append(ind)
+        return ind
 
     def pad_value(self, inner: Affine, pad: Token) -> Expr:
         """The ``value`` of ``pad(e, value)``: a number (signed) or the name of a scalar input."""
@@ -272,10 +303,11 @@ class _Parser:
             self.advance()
             return {_END: 1}
         if tok.kind == "name":
-            if self.peek().text in ("(", "["):
-                raise self.error(f"{tok.text}{self.peek().text}...) cannot be nested inside an index expression"
-                                 if self.peek().text == "(" else
-                                 "an indirect index cannot be nested or combined with other terms", tok)
+            if self.peek().text == "(":
+                raise self.error(f"{tok.text}(...) cannot be nested inside an index expression", tok)
+            if self.peek().text == "[":
+                self.indirect()
+                return {_IND: 1}
             self.advance()
             return {tok.text: 1}
         if tok.text == "(":

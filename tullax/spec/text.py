@@ -17,6 +17,7 @@ from tullax.spec.ir import (
     Spec,
     Unary,
     Wrapped,
+    idx_names,
     walk,
 )
 from tullax.spec.sizes import Sym
@@ -69,7 +70,14 @@ def format_idx(idx: Idx, end: Sym | None = None) -> str:
         return format_affine(idx, end)
     if isinstance(idx, Wrapped):
         return f"{idx.kind}({format_affine(idx.inner, end)})"
-    return f"{idx.array}[{format_affine(idx.inner, Sym.extent(idx.array, 0) - 1)}]"
+    read = f"{idx.array}[{format_affine(idx.inner, Sym.extent(idx.array, 0) - 1)}]"
+    if idx.plain:
+        return read
+    read = read if idx.scale == 1 else f"-{read}" if idx.scale == -1 else f"{idx.scale}*{read}"
+    if idx.offset == Affine():
+        return read
+    rest = format_affine(idx.offset, end)
+    return f"{read}{rest}" if rest.startswith("-") else f"{read}+{rest}"
 
 
 def format_access(name: str, idx: tuple[Idx, ...] | None) -> str:
@@ -134,4 +142,4 @@ def _index_names(expr: Expr):
             yield node.name
         elif isinstance(node, Access):
             for idx in node.idx:
-                yield from (idx if isinstance(idx, Affine) else idx.inner).names()
+                yield from idx_names(idx)

@@ -182,9 +182,10 @@ class _Evaluator:
             return self.in_bounds(array, axis, self.affine(idx, point))
         if isinstance(idx, Indirect):
             at = self.in_bounds(idx.array, 0, self.affine(idx.inner, point))
-            pos = int(self.arrays[idx.array][at])
+            pos = idx.scale * int(self.arrays[idx.array][at]) + self.affine(idx.offset, point)
             if not 0 <= pos < extent:
-                raise ShapeError(f"{idx.array}[{at}] = {pos} is outside axis {axis} of {array} (extent {extent})")
+                raise ShapeError(f"{idx.array}[{at}] = {int(self.arrays[idx.array][at])} puts position {pos} "
+                                 f"outside axis {axis} of {array} (extent {extent})")
             return pos
         raw = self.affine(idx.inner, point)
         if extent == 0 and idx.kind != "pad":
