@@ -9,6 +9,7 @@ from tullax.spec.functions import FUNCTIONS, UNARY
 from tullax.spec.ir import (
     ASSIGNMENTS,
     COMPARISONS,
+    INDEX_LIMIT,
     REDUCTIONS,
     WRAPPERS,
     Access,
@@ -207,6 +208,9 @@ class _Parser:
             raise self.error("a position with an indirect term cannot divide", start)
         if coef == 0:
             return replace(aff, terms=tuple(t for t in aff.terms if t[0] != _IND))
+        if abs(coef) > INDEX_LIMIT:
+            raise self.error(f"the factor {coef} of an indirect term is beyond the 2^62 that tullax's int64 "
+                             f"index arithmetic allows", start)
         offset = Affine(tuple(t for t in aff.terms if t[0] != _IND), aff.const)
         return replace(ind, scale=coef, offset=offset, span=self.span(start))
 
