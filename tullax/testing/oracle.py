@@ -184,8 +184,9 @@ class _Evaluator:
             at = self.in_bounds(idx.array, 0, self.affine(idx.inner, point))
             pos = idx.scale * int(self.arrays[idx.array][at]) + self.affine(idx.offset, point)
             if not 0 <= pos < extent:
-                raise ShapeError(f"{idx.array}[{at}] = {int(self.arrays[idx.array][at])} puts position {pos} "
-                                 f"outside axis {axis} of {array} (extent {extent})")
+                what = "is" if idx.plain else f"puts position {pos}"
+                raise ShapeError(f"{idx.array}[{at}] = {int(self.arrays[idx.array][at])} {what} outside axis "
+                                 f"{axis} of {array} (extent {extent})")
             return pos
         raw = self.affine(idx.inner, point)
         if extent == 0 and idx.kind != "pad":
