@@ -143,7 +143,8 @@ def test_seed_name_avoids_existing_names() -> None:
 
 def test_products_differentiate_without_dividing_by_a_zero_factor() -> None:
     (text,) = gradient_texts(_spec("(*) p[i] := x[i,j]"))
-    assert "zeros[i] := x[i,j] == 0" in text and "(*) others[i] :=" in text and "ifelse(" in text
+    assert "zeros[i] := x[i,j] == 0" in text and "(*) others[i] := ifelse(x[i,j] == 0, 1, x[i,j])" in text
+    assert "zsum[i] := ifelse(x[i,j] == 0, x[i,j], 0)" in text
 
 
 def test_gradient_specs_are_specs_and_differentiate_again() -> None:

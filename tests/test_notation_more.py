@@ -74,8 +74,17 @@ def test_product_gradient_at_zeros_matches_jax_prod() -> None:
 def test_product_gradient_is_the_product_of_the_others() -> None:
     x = _rows_with_zeros()
     (grad,) = jax.grad(lambda v: jnp.sum(tullax.einsum_kernel("(*) p[i] := x[i,j]", backend="numba")(v)))(x),
-    np.testing.assert_array_equal(grad[1], [0, 0, np.prod(np.delete(x[1], 2)), 0])
-    np.testing.assert_array_equal(grad[2:4], 0)
+    np.testing.assert_allclose(grad[1], [0, 0, np.prod(np.delete(x[1], 2)), 0], rtol=1e-15, atol=0)
+    np.testing.assert_array_equal(grad[2:4], 0)  # two or more zeros: exactly 0, no NaN
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_product_hessian_at_zeros_matches_jax_prod(backend) -> None:
+    kernel = tullax.einsum_kernel("(*) p := x[i]", backend=backend)
+    for x in ([1.5, 2.0, 0.5, 3.0], [1.5, 0.0, 0.5, 3.0], [0.0, 0.0, 0.5, 3.0], [0.0, 0.0, 0.0, 3.0]):
+        x = np.array(x)
+        np.testing.assert_allclose(jax.hessian(kernel)(x), jax.hessian(jnp.prod)(x), rtol=1e-12, atol=0,
+                                   err_msg=str(x))
 
 
 def test_product_of_a_body_with_finaliser_and_two_inputs() -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Mapping
 
-from tullax.grad.algebra import Maybe, add, call, cmp, div, mul, sub
+from tullax.grad.algebra import Maybe, call, cmp, div, mul, sub
 from tullax.grad.bounds import Axis, KnownSizes
 from tullax.grad.derivative import derivative_from_output, has_output_form, has_zero_derivative, unary_derivative
 from tullax.grad.names import fresh, seed_name, spec_names
@@ -173,18 +173,33 @@ def _with_seed_factor(fw: Forward) -> Forward:
 
 
 def _product_factor(fw: Forward, grad: Expr) -> Forward:
-    """The factor of a (*) reduction: d(prod_r b_r)/d b_s is the product of the OTHER factors, exact at zeros.
-    Two prelude steps count the zero factors (z) and multiply the nonzero ones (p = prod (b + (b == 0)): adding
-    the comparison changes only a zero, to exactly 1). The derivative is p / b_s when z == 0 (b_s is then never
-    zero), p at the zero factor when z == 1, and 0 everywhere else; the selects keep an overflowing p from
-    meeting a 0 (inf*0) where the exact answer is 0."""
+    """The factor of a (*) reduction: d(prod_r b_r)/d b_s is the product of the OTHER factors, exact at zeros
+    and written so that differentiating it again (jax.hessian) is exact too. Prelude steps: ``zeros`` counts
+    the zero factors, ``others`` multiplies the nonzero ones (a zero counts as 1, through a select whose
+    derivative is 0) and ``zsum`` adds the zero ones (always 0: it is there for its derivative, 1 w.r.t. the
+    zero factor). Then the product of the others is
+
+        no zero:   others / b_s                      (b_s is not zero: no division by 0)
+        one zero:  others at it, zsum*others/b_s elsewhere (0, with the right derivative w.r.t. the zero)
+        two zeros: (zsum - b_s)*others at each of them (0: the other zero), 0 elsewhere
+        more:      0
+
+    Each case is the exact product as a function near the point for first and second derivatives (third and
+    higher derivatives at a point where two or more factors are zero are not)."""
     body = fw.spec.body
     is_zero = cmp("==", body, Num(0))
+    nonzero = call("ifelse", is_zero, Num(1), body)
     fw, zeros = _free_step(fw, "zeros", is_zero, "+")
-    fw, others = _free_step(fw, "others", add(body, is_zero), "*")
-    one_zero = call("ifelse", is_zero, call("ifelse", cmp("==", zeros, Num(1)), others, Num(0)), Num(0))
-    d_prod = call("ifelse", cmp("==", zeros, Num(0)), div(others, add(body, is_zero)), one_zero)
-    return replace(fw, factor=mul(grad, d_prod))
+    fw, others = _free_step(fw, "others", nonzero, "*")
+    fw, zsum = _free_step(fw, "zsum", call("ifelse", is_zero, body, Num(0)), "+")
+    apart = div(others, nonzero)
+
+    def count(n: int) -> Expr:
+        return cmp("==", zeros, Num(n))
+
+    two = call("ifelse", count(2), call("ifelse", is_zero, mul(sub(zsum, body), others), Num(0)), Num(0))
+    one = call("ifelse", count(1), call("ifelse", is_zero, others, mul(zsum, apart)), two)
+    return replace(fw, factor=mul(grad, call("ifelse", count(0), apart, one)))
 
 
 # Relative distance under which a recomputed body value counts as reaching the max/min. Compilers contract
