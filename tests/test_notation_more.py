@@ -194,6 +194,13 @@ def test_pad_value_on_two_axes_max_pooling() -> None:
           ranges={"i": 4, "j": 5, "k": 3, "l": 3})
 
 
+def test_pad_with_minus_inf_for_max_pooling() -> None:
+    a = np.random.default_rng(11).standard_normal(6)
+    check("(max) P[i] := A[pad(i+k-1, -Inf)]", lambda A: jnp.max(jnp.stack(
+        [jnp.pad(A, 1, constant_values=-jnp.inf)[k:k + 6] for k in range(3)]), axis=0), {"A": a},
+        ranges={"i": 6, "k": 3})
+
+
 def test_pad_value_refusals() -> None:
     with pytest.raises(SpecError, match=r"a number or the name of a scalar input"):
         compile_spec("y[i] := x[pad(i-1, z[i])]")

@@ -1,6 +1,7 @@
 """Parse one spec line into a ParsedSpec (DESIGN section 1). Nothing here ever executes the text."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 
@@ -235,7 +236,7 @@ class _Parser:
         return ind
 
     def pad_value(self, inner: Affine, pad: Token) -> Expr:
-        """The ``value`` of ``pad(e, value)``: a number (signed) or the name of a scalar input."""
+        """The ``value`` of ``pad(e, value)``: a number (signed; ``Inf`` too) or the name of a scalar input."""
         self.advance()
         start = self.tok
         sign = self.advance().text if self.at("-") or self.at("+") else ""
@@ -244,8 +245,9 @@ class _Parser:
             raise self.error("the value of pad(e, value) is a number or the name of a scalar input: for an "
                              "expression, read x[pad(e)] and select with ifelse", tok)
         self.advance()
-        if tok.kind == "num":
-            number = float(tok.text) if any(c in tok.text for c in ".eE") else self.integer(tok)
+        if tok.kind == "num" or tok.text in ("inf", "Inf"):  # -Inf pads a max pooling
+            number = math.inf if tok.kind == "name" else \
+                float(tok.text) if any(c in tok.text for c in ".eE") else self.integer(tok)
             value: Expr = Num(-number if sign == "-" else number, span=self.span(start))
         else:
             value = Name(tok.text, span=self.span(tok))
