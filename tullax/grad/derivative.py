@@ -1,9 +1,10 @@
 """Symbolic derivatives of body expressions (jax's conventions at the kinks: |x|' = 1 at 0, relu'(0) = 0,
 max/min split ties).
 
-The rules of the one-argument functions come from the function registry (``tullax.spec.functions``): each
-is a formula in the spec language over ``x`` (the argument) and ``y`` (the value f(x)), parsed once and
-rebuilt through the simplifying constructors of ``grad.algebra`` for every use. ``max``, ``min`` and
+The rules of the "call" functions come from the function registry (``tullax.spec.functions``): each is a
+formula in the spec language over ``x`` (the argument; ``x1``, ``x2``, ... for one rule per argument of a
+function of several) and ``y`` (the value f(x)), parsed once and rebuilt through the simplifying constructors of
+``grad.algebra`` for every use; the chain rule sums over the arguments. ``max``, ``min`` and
 ``ifelse`` have structural rules here.
 """
 from __future__ import annotations
@@ -11,7 +12,21 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Callable
 
-from tullax.grad.algebra import Maybe, add, call, cmp, div, is_num, literal, mul, neg, power, rebuild, sub
+from tullax.grad.algebra import (
+    Maybe,
+    add,
+    call,
+    cmp,
+    div,
+    is_num,
+    literal,
+    mul,
+    neg,
+    power,
+    rebuild,
+    sub,
+    total,
+)
 from tullax.spec import functions
 from tullax.spec.ir import COMPARISONS, Binary, Call, Expr, Num, Unary
 from tullax.spec.parse import parse_spec
@@ -34,11 +49,19 @@ def derivative(expr: Expr, is_var: IsVar) -> Maybe:
 
 def unary_derivative(fn: str, u: Expr, node: Expr | None = None) -> Maybe:
     """f'(u) for a one-argument function; ``node`` is f(u) itself where the rule reuses it (``exp' = y``)."""
-    rule = _formula(functions.get(fn).derivative)
-    if rule is None:  # imag of a real value: zero
+    return partial_derivative(fn, 0, (u,), node)
+
+
+def partial_derivative(fn: str, position: int, args: tuple[Expr, ...], node: Expr | None = None) -> Maybe:
+    """∂f/∂(argument ``position``) at ``args``, from the registry's rule over x (one argument) or x1, x2, ...
+    and y; ``node`` is f(args) itself where the rule reuses it. None: that partial derivative is zero."""
+    entry = functions.get(fn)
+    rule = _formula(entry.partials()[position])
+    if rule is None:  # imag of a real value, floor, sign: zero
         return None
-    value = node if node is not None else call(fn, u)
-    return rebuild(rule, {"x": u, "y": value}.__getitem__)
+    value = node if node is not None else call(fn, *args)
+    names = {"x": args[0]} if entry.arity == 1 else {f"x{k + 1}": a for k, a in enumerate(args)}
+    return rebuild(rule, {**names, "y": value}.__getitem__)
 
 
 def derivative_from_output(fn: str, output: Expr) -> Maybe:
@@ -90,11 +113,12 @@ def _call_derivative(expr: Call, is_var: IsVar) -> Maybe:
         return _ifelse_derivative(expr, is_var)
     if expr.fn in ("max", "min"):
         return _extremum_derivative(expr, is_var)
-    (arg,) = expr.args
-    inner = derivative(arg, is_var)
-    if inner is None:
-        return None
-    return mul(unary_derivative(expr.fn, arg, expr), inner)
+    terms = []
+    for position, arg in enumerate(expr.args):  # the chain rule over every argument
+        inner = derivative(arg, is_var)
+        if inner is not None:
+            terms.append(mul(partial_derivative(expr.fn, position, expr.args, expr), inner))
+    return total(terms)
 
 
 def _ifelse_derivative(expr: Call, is_var: IsVar) -> Maybe:

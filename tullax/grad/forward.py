@@ -11,11 +11,34 @@ from typing import Mapping
 
 from tullax.grad.algebra import Maybe, call, cmp, div, mul, sub
 from tullax.grad.bounds import Axis, KnownSizes
-from tullax.grad.derivative import derivative_from_output, has_output_form, has_zero_derivative, unary_derivative
+from tullax.grad.derivative import (
+    derivative,
+    derivative_from_output,
+    has_output_form,
+    has_zero_derivative,
+    unary_derivative,
+)
 from tullax.grad.names import fresh, seed_name, spec_names
 from tullax.grad.steps import Fact, make_spec
 from tullax.spec.analyze import shift_indices
-from tullax.spec.ir import ARITHMETIC, Access, Affine, Binary, Call, Expr, Idx, IndexVal, Num, Param, Range, Spec, Unary
+from tullax.spec.ir import (
+    ARITHMETIC,
+    Access,
+    Affine,
+    Binary,
+    Call,
+    Expr,
+    Hole,
+    Idx,
+    IndexVal,
+    Indirect,
+    Num,
+    Param,
+    Range,
+    Spec,
+    Unary,
+    map_expr,
+)
 from tullax.spec.sizes import Extent, Sym
 
 
@@ -34,6 +57,7 @@ class Forward:
     facts: tuple[Fact, ...]
     prelude: tuple[Spec, ...] = ()
     factor: Maybe = None
+    hole: Expr | None = None  # what the finaliser's ``_`` reads in gradient terms (the pre-finaliser value)
     multiplier: Expr | None = None  # '*=': the factor fin(prod) read at the free indices (a prelude step)
 
     @property
@@ -53,6 +77,21 @@ class Forward:
         extent = Sym.extent(spec.out, axis)
         return self.sizes.at_least(Sym(0), rng.lo) and self.sizes.at_least(rng.hi, extent) \
             and self.sizes.at_least(extent, rng.hi)
+
+    def free_only(self) -> "Forward":
+        """The forward as the finaliser sees it: over the free indices alone (it runs after the reduction),
+        so a finaliser term inverts with nothing left to reduce."""
+        ranges = {name: self.ranges[name] for name in self.spec.free}
+        spec = replace(self.spec, reduced=(), ranges=tuple(ranges.items()))
+        return replace(self, spec=spec, ranges=MappingProxyType(ranges))
+
+    def finalizer_term(self, is_var) -> Maybe:
+        """ΔOUT times ∂(finaliser)/∂v, ``_`` read as the pre-finaliser value (None: zero)."""
+        d_fin = derivative(self.spec.finalizer, is_var)
+        if d_fin is None:
+            return None
+        seed = Access(self.seed, self.spec.lhs) if self.spec.lhs else Param(self.seed)
+        return mul(seed, fill_hole(d_fin, self.hole))
 
     def make_spec(self, out: str, body: Maybe, ranges: Mapping[str, Range], *, free: tuple[str, ...] = (),
                   assign: str = ":=", redop: str = "+", lhs: tuple[Idx, ...] | None = None,
@@ -108,8 +147,7 @@ def _fact_for(array: str, axis: int, extent: Sym) -> tuple[Fact, ...]:
     return ()
 
 
-def _free_step(fw: Forward, base: str, body: Expr, redop: str,
-               finalizer: str | None = None) -> tuple[Forward, Expr]:
+def _free_step(fw: Forward, base: str, body: Expr, redop: str) -> tuple[Forward, Expr]:
     """A prelude step ``name[free] := (redop) body`` over the forward's own free indices (shifted to start at
     0): the forward with that step, and how the forward body reads the step's result."""
     spec = fw.spec
@@ -119,7 +157,6 @@ def _free_step(fw: Forward, base: str, body: Expr, redop: str,
     ranges.update({r: fw.ranges[r] for r in spec.reduced})
     step = fw.make_spec(name, shift_indices(body, shifts) if shifts else body, ranges, free=spec.free,
                         redop=redop)
-    step = replace(step, finalizer=finalizer) if finalizer else step
     sizes, facts = fw.sizes, fw.facts
     for axis, extent in enumerate(step.out_shape):
         sizes = sizes.with_equal((name, axis), extent)
@@ -134,9 +171,11 @@ def _free_step(fw: Forward, base: str, body: Expr, redop: str,
 def _with_seed_factor(fw: Forward) -> Forward:
     """The forward with its seed factor ΔOUT[free] * f'(pre) * ∂OUT/∂body and the prelude steps it reads."""
     spec = fw.spec
-    seed = Access(fw.seed, spec.lhs) if spec.lhs else Param(fw.seed)
+    # a scatter dropped the elements whose ix[e] is outside the result: the cotangent there reads 0, not NaN
+    seed_at = tuple(replace(i, pad=True) if isinstance(i, Indirect) else i for i in spec.lhs or ())
+    seed = Access(fw.seed, seed_at) if spec.lhs else Param(fw.seed)
     if spec.assign == "*=":  # OUT = given * fin(prod body): the body's terms carry the given value
-        fw, multiplier = _free_step(fw, "mult", spec.body, "*", spec.finalizer)
+        fw, multiplier = _free_step(fw, "mult", spec.body, "*")  # the parser refuses a finaliser with *=
         fw = replace(fw, multiplier=multiplier)
         seed = mul(seed, Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out))
     residual = (Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out)) if spec.assign == ":=" else None
@@ -149,7 +188,7 @@ def _with_seed_factor(fw: Forward) -> Forward:
 
     grad: Maybe = seed
     pre: Expr | None = None
-    finalizer = spec.finalizer
+    finalizer = _unary_finalizer(spec.finalizer)
     if finalizer and has_zero_derivative(finalizer):
         grad = None
     elif finalizer and residual is not None and has_output_form(finalizer):
@@ -157,6 +196,10 @@ def _with_seed_factor(fw: Forward) -> Forward:
     elif finalizer:
         fw, pre = pre_value(fw)
         grad = mul(seed, unary_derivative(finalizer, pre))
+    elif spec.finalizer is not None:  # an expression of _: its derivative in _, at _ = pre
+        fw, pre = pre_value(fw)
+        fw = replace(fw, hole=pre)
+        grad = mul(seed, fill_hole(derivative(spec.finalizer, lambda node: isinstance(node, Hole)), pre))
     if grad is None or spec.redop == "+":
         return replace(fw, factor=grad)
     if spec.redop == "*":
@@ -206,6 +249,20 @@ def _product_factor(fw: Forward, grad: Expr) -> Forward:
 # a*b + c*d into fused multiply-adds differently in different kernels (XLA does, unconditionally), so a body
 # recomputed by a gradient kernel may differ from the forward's in the last bits.
 TIE_TOLERANCE = 1e-6
+
+
+def _unary_finalizer(finalizer: Expr | None) -> str | None:
+    """The function name of a finaliser ``f(_)`` (``|> f``), else None."""
+    if isinstance(finalizer, Call) and len(finalizer.args) == 1 and isinstance(finalizer.args[0], Hole):
+        return finalizer.fn
+    return None
+
+
+def fill_hole(expr: Maybe, value: Expr | None) -> Maybe:
+    """``expr`` with the finaliser's ``_`` replaced by ``value``."""
+    if expr is None:
+        return None
+    return map_expr(expr, lambda node: value if isinstance(node, Hole) else node)
 
 
 def _winner(body: Expr, extreme: Expr) -> Expr:

@@ -18,12 +18,14 @@ from tullax.spec.ir import (
     Affine,
     Binary,
     Call,
+    Hole,
     Indirect,
     Name,
     Num,
     ParsedSpec,
     accesses,
     idx_names,
+    map_expr,
     walk,
 )
 
@@ -55,8 +57,8 @@ def diagonal_write(parsed: ParsedSpec) -> tuple[ParsedSpec, dict[str, str]]:
                         f"the finaliser would see the zeros off the diagonal. Reduce into a vector first, then "
                         f"place it: d[{plain[0]}] := ...; {parsed.out}[{','.join(plain)}] := d[{plain[0]}]",
                         parsed.source or None)
-    if parsed.finalizer:  # one term per element: the reduction is the identity, the finaliser applies to it
-        body = Call(parsed.finalizer, (body,))
+    if parsed.finalizer is not None:  # one term per element: the reduction is the identity; _ is the body
+        body = map_expr(parsed.finalizer, lambda node: body if isinstance(node, Hole) else node)
     for new, old in reversed(copies.items()):
         body = Call("ifelse", (Binary("==", Name(old), Name(new)), body, Num(0)))
     return replace(parsed, lhs=tuple(new_lhs), body=body, redop="+", finalizer=None), copies
