@@ -179,3 +179,76 @@ def test_affine_positions_near_int64_limits_under_numba_boundscheck(tmp_path):
             assert want is None or magnitude > 2**62 or case["n_i"] == 0 and "empty" in result["error"], \
                 (case, result)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Property test: indirect positions inside affine arithmetic (scale*ix[i] + const), index values and factors
+# near the int64 limits, under jit (values unknown when the kernel is built), numba (bounds checking on) and xla
+# ---------------------------------------------------------------------------------------------
+def indirect_cases(count: int, seed: int = 1) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    cases = []
+    for _ in range(count):
+        scale = int(rng.choice([1, 2, -1, 3]) if rng.random() < 0.6 else _EDGES[int(rng.integers(7, 13))])
+        const = int(rng.choice([0, 1, -2, 5]) if rng.random() < 0.6 else
+                    _EDGES[int(rng.integers(6, 12))] * (1 if rng.random() < 0.5 else -1))
+        values = [int(rng.integers(-3, 8)) if rng.random() < 0.7 else
+                  int(_EDGES[int(rng.integers(6, 14))] * (1 if rng.random() < 0.5 else -1)) for _ in range(5)]
+        cases.append({"scale": scale, "const": const, "values": values, "n_x": int(rng.choice([1, 4, 10]))})
+    return cases
+
+
+def indirect_expected(case: dict) -> list[float]:
+    """Exact positions with Python integers; a position outside x reads NaN (under jit)."""
+    x = np.arange(1, case["n_x"] + 1, dtype=np.float64)
+    out = []
+    for v in case["values"]:
+        pos = case["scale"] * v + case["const"]
+        out.append(x[pos] if 0 <= pos < len(x) else np.nan)
+    return out
+
+
+_INDIRECT_CHILD = textwrap.dedent("""
+    import json, sys
+    import jax, jax.numpy as jnp
+    import numpy as np
+    import tullax
+    from tullax.errors import TullaxError
+    jax.config.update("jax_enable_x64", True)
+    results = []
+    for case in json.loads(sys.argv[1]):
+      for backend in ("numba", "xla"):
+        const = f"+{case['const']}" if case["const"] >= 0 else f"-{-case['const']}"
+        spec = f"y[i] := x[{case['scale']}*ix[i]{const}] * z[i]"
+        x = jnp.arange(1, case["n_x"] + 1, dtype=jnp.float64)
+        ix = jnp.asarray(case["values"], dtype=jnp.int64)
+        z = jnp.ones(len(case["values"]))
+        try:
+            y = jax.jit(tullax.einsum_kernel(spec, backend=backend))(x, ix, z)
+            results.append({"spec": spec + " on " + backend, "value": [float(v) for v in y]})
+        except TullaxError as err:
+            results.append({"spec": spec, "error": type(err).__name__ + ": " + str(err).splitlines()[0]})
+        except BaseException as err:  # an IndexError from the bounds check is a memory-safety bug
+            results.append({"spec": spec + " on " + backend, "crash": type(err).__name__ + ": " + str(err)})
+    print("RESULTS" + json.dumps(results))
+""")
+
+
+@pytest.mark.slow
+def test_indirect_affine_positions_near_int64_limits_under_numba_boundscheck(tmp_path):
+    # products that wrap around int64 into the array: 3*6148914691236517206 = 2^64 + 2, 2^62*4 = 2^64
+    cases = indirect_cases(12) + [{"scale": 3, "const": 0, "values": [6148914691236517206, 1, 0, 2, 3], "n_x": 4},
+                                  {"scale": 2**62, "const": 1, "values": [4, 0, -4, 1, 0], "n_x": 4}]
+    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", TULLAX_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", _INDIRECT_CHILD, json.dumps(cases)], capture_output=True,
+                          text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS"))
+    results = json.loads(line[len("RESULTS"):])
+    assert len(results) == 2 * len(cases)
+    for case, result in zip([c for c in cases for _ in range(2)], results):  # numba, then xla
+        assert "crash" not in result, (case, result)
+        if "value" in result:
+            np.testing.assert_array_equal(result["value"], indirect_expected(case), err_msg=result["spec"])
+        else:  # refused only when the constant or the factor leaves the int64 arithmetic's +-2^62
+            assert max(abs(case["const"]), abs(case["scale"])) > 2**62, (case, result)

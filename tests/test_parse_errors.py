@@ -33,7 +33,7 @@ SPEC_MISTAKES = [
     ("y[i] := x[i] $ 2", r"unexpected character '\$'", "$ 2"),
     ("y[i] := x[i] € 2", r"unexpected character '€'", "€ 2"),
     ("y[i] := x[i] +", r"expected a number, a name, an array access or '\('", ""),
-    ("y[i] x[i]", r"expected ':=', '=' or '\+=' after the left-hand side", "x[i]"),
+    ("y[i] x[i]", r"expected ':=', '=', '\+=' or '\*=' after the left-hand side", "x[i]"),
     (":= x[i]", r"expected the name of the result", ":="),
     ("1y[i] := x[i]", r"expected the name of the result", "1y"),
     ("y[i] := x[i] y[i]", r"unexpected 'y' after the end of the expression", "y[i]"),
@@ -60,7 +60,7 @@ SPEC_MISTAKES = [
     ("y[i] := x[pad(i/0)]", r"an index can only be divided by a positive integer", "0)]"),
     ("y[i] := x[ix[jx[i]]]", r"an indirect index cannot be nested", "jx[i]"),
     # left-hand sides that repeat or shift an index
-    ("y[i,i] := x[i]", r"index i appears twice on the left-hand side", "i] :="),
+    ("y[i,i] = x[i]", r"index i appears twice on the left-hand side of .=.: only a new result", "i] ="),
     ("y[i+1] := x[i]", r"the left-hand side must list plain, distinct indices; .* scatter with \+=", "i+1]"),
     ("y[ix[i]] := x[i]", r"the left-hand side must list plain, distinct indices", "ix[i]"),
     # an index nothing bounds

@@ -36,7 +36,7 @@ from tullax.spec.ir import (
     Size,
     Spec,
     Unary,
-    idx_affine,
+    idx_names,
     walk,
 )
 from tullax.spec.shapes import (
@@ -155,7 +155,7 @@ def _grid_order(spec: Spec, grid: str) -> tuple[str, ...]:
     for node in walk(spec.body):
         found = [node.name] if isinstance(node, IndexVal) else []
         if isinstance(node, Access):
-            found = [n for idx in node.idx for n in idx_affine(idx).names()]
+            found = [n for idx in node.idx for n in idx_names(idx)]
         for name in found:
             if name in names and name not in seen:
                 seen.append(name)
@@ -434,7 +434,13 @@ def _position(ctx: _Context, idx: Idx, extent: int) -> _Position:
         return _Position(_affine(ctx, idx))
     if isinstance(idx, Indirect):
         where = ctx.array(idx.array)[jnp.asarray(_affine(ctx, idx.inner))]
-        defined = (where >= 0) & (where < extent)
+        if not idx.plain:  # scale*ix[e] + offset, with a value read too large to add without wrapping undefined
+            limit = (int(jnp.iinfo(where.dtype).max) // 2) // abs(idx.scale)
+            raw_ok = (where >= -limit) & (where <= limit)
+            where = idx.scale * jnp.clip(where, -limit, limit) + _affine(ctx, idx.offset)
+            defined = raw_ok & (where >= 0) & (where < extent)
+        else:
+            defined = (where >= 0) & (where < extent)
         if idx.pad:  # pad(ix[e]) reads 0 outside the axis
             return _Position(jnp.clip(where, 0, max(extent - 1, 0)), inside=defined)
         return _Position(jnp.clip(where, 0, max(extent - 1, 0)), defined=defined)
@@ -512,12 +518,14 @@ def _place(ctx: _Context, value):
         return value
     base = _as_array(ctx.array(spec.out), ctx.dtype)
     if spec.lhs is None:
-        return value if spec.assign == "=" else base + value
+        return value if spec.assign == "=" else base * value if spec.assign == "*=" else base + value
     window = []
     for idx in spec.lhs:
         axis = ctx.grid.axis(idx.plain)
         window.append(slice(ctx.grid.lo[axis], ctx.grid.lo[axis] + ctx.grid.size[axis]))
     target = base.at[tuple(window)]
+    if spec.assign == "*=":
+        return target.multiply(value)
     return target.set(value) if spec.assign == "=" else target.add(value)
 
 

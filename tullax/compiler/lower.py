@@ -184,6 +184,8 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
         result = Var(ACC, compute)
     if spec.finalizer is not None:
         result = finalize(spec, translator, translator.wrapped(result))
+    if spec.assign == "*=":  # multiply into the given value (the host passes it in: role 'inout')
+        result = binop("*", Load(out.name, out_index, compute), result)
     block.append(Store(out.name, out_index, result, "add" if spec.assign == "+=" else "set"))
     if not plan.parallel and has_loops:
         block = [mark_reduce_parallel(s) for s in block]

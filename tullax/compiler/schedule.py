@@ -167,7 +167,7 @@ def _tiling_pays(spec: Spec, parallel: tuple[str, ...], reductions: tuple[str, .
     for + * max min reductions (they accumulate into the output), and '+=' only with + and no finaliser."""
     if not parallel or spec.redop == "logsumexp":
         return False
-    if spec.assign == "+=" and (spec.redop != "+" or spec.finalizer):
+    if spec.assign == "*=" or (spec.assign == "+=" and (spec.redop != "+" or spec.finalizer)):
         return False
     if not reductions:
         return False

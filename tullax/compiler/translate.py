@@ -175,13 +175,23 @@ class Translator:
         assert isinstance(idx, Indirect)
         temp = self.index_temp(idx)
         extent = self.emit.extent(array, axis)
-        return Position(temp, (binop(">=", temp, const(0)), binop("<", temp, extent)), pads=idx.pad)
+        if idx.plain:
+            return Position(temp, (binop(">=", temp, const(0)), binop("<", temp, extent)), pads=idx.pad)
+        # scale*ix[e] + offset: a value read so large that the int64 sum could wrap is outside too (the offset
+        # is within INDEX_LIMIT, checked with the shapes)
+        limit = const((ir.INDEX_LIMIT - 1) // abs(idx.scale))
+        pos = binop("+", binop("*", const(idx.scale), temp) if idx.scale != 1 else temp,
+                     self.emit.linear(idx.offset.terms, idx.offset.const))
+        checks = (binop(">=", temp, binop("-", const(0), limit)), binop("<=", temp, limit),
+                  binop(">=", pos, const(0)), binop("<", pos, extent))
+        return Position(pos, checks, pads=idx.pad)
 
     def index_temp(self, idx: Indirect) -> Var:
         """``ix[e]`` read once into a temporary where e is known (ix[e] itself is in range by e's range)."""
         arg = self.params.array(idx.array)
         pos = self.emit.linear(idx.inner.terms, idx.inner.const)
-        return self.emit.index_temp(idx, cast(Load(arg.name, (pos,), arg.dtype), INDEX))
+        read = Indirect(idx.array, idx.inner)  # the read alone: ix[i]+j and ix[i]+k share one temporary
+        return self.emit.index_temp(read, cast(Load(arg.name, (pos,), arg.dtype), INDEX))
 
 
 # =============================================================================================

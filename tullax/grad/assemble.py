@@ -5,13 +5,29 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping
 
-from tullax.grad.algebra import mul, product, sub, total
+from tullax.grad.algebra import add, mul, product, sub, total
 from tullax.grad.derivative import derivative
 from tullax.grad.forward import Forward
 from tullax.grad.inversion import Scatter, Term, invert
 from tullax.grad.names import fresh_index, fresh_indices
 from tullax.spec.affine import AffineForm
-from tullax.spec.ir import Access, Affine, Expr, Idx, IndexVal, Input, Num, Param, Range, Spec, map_expr, walk
+from tullax.spec.ir import (
+    Access,
+    Affine,
+    Expr,
+    Idx,
+    IndexVal,
+    Indirect,
+    Input,
+    Num,
+    Param,
+    Range,
+    Spec,
+    Wrapped,
+    idx_affine,
+    map_expr,
+    walk,
+)
 from tullax.spec.sizes import Sym
 
 # Terms summed into one spec: the ranges they reduce over, and their bodies.
@@ -76,7 +92,8 @@ def _scalar_steps(fw: Forward, name: str, result: str) -> tuple[Spec, ...]:
 
 
 def _given_output_terms(fw: Forward) -> list[Term]:
-    """'+=' passes ΔOUT through to the given array; '=' passes it only where the spec did not write."""
+    """'+=' passes ΔOUT through to the given array; '=' passes it only where the spec did not write; '*=' scales
+    it by the multiplier where the spec wrote."""
     spec = fw.spec
     rank = len(spec.lhs or ())
     plain = [idx.plain for idx in spec.lhs or ()] if not spec.is_scatter else []
@@ -88,9 +105,21 @@ def _given_output_terms(fw: Forward) -> list[Term]:
     for axis, name in enumerate(outs):
         rng, full = fw.ranges[name], Range(Sym(0), Sym.extent(spec.out, axis))
         inside += fw.sizes.range_conditions(AffineForm.index(name), rng, {name: full})
+    if spec.assign == "*=":
+        return [Term(outs, mul(seed, _multiplier(fw, inside)), ())]
     if not inside:
         return []  # the spec wrote every element: nothing of the given array survives
     return [Term(outs, mul(seed, sub(Num(1), product(inside))), ())]
+
+
+def _multiplier(fw: Forward, inside: list[Expr]) -> Expr:
+    """What '*=' multiplied the given element by: the multiplier step where the spec wrote, exactly 1 elsewhere
+    (read through pad, which gives 0 there, plus 1 - the range conditions)."""
+    mult = fw.multiplier
+    if not inside or not isinstance(mult, Access):
+        return mult
+    padded = Access(mult.array, tuple(Wrapped("pad", idx_affine(i)) for i in mult.idx))
+    return add(padded, sub(Num(1), product(inside)))
 
 
 def _assemble(fw: Forward, inp: Input, result: str, contributions: list[Term | Scatter]) -> tuple[Spec, ...]:
@@ -188,6 +217,8 @@ def _rename_indices(body: Expr, mapping: Mapping[str, str]) -> Expr:
         return AffineForm.canonical({mapping.get(n, n): c for n, c in a.terms}, a.const, a.div).to_affine()
 
     def idx(i: Idx) -> Idx:
+        if isinstance(i, Indirect) and not i.plain:
+            return replace(i, inner=aff(i.inner), offset=aff(i.offset))
         return aff(i) if isinstance(i, Affine) else replace(i, inner=aff(i.inner))
 
     def fix(node: Expr) -> Expr:

@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tullax.errors import SpecError
 from tullax.grad.assemble import gradient_steps
 from tullax.grad.forward import forward_of
 from tullax.grad.names import fresh_sequence
@@ -55,10 +54,6 @@ class Gradient:
 def gradients(spec: Spec) -> tuple[Gradient, ...]:
     """One Gradient per differentiable input ('array' and 'scalar' kinds), in ``spec.inputs`` order.
     Whether an array holds integers is a runtime matter: callers skip those."""
-    if spec.redop == "*":
-        raise SpecError("gradients of (*) reductions are not supported: a product's gradient divides by the "
-                        "factors and fails at zeros; write the product as exp of a (+) sum of logs if the "
-                        "factors are positive")
     fw = forward_of(spec)
     wrt = [inp for inp in spec.inputs if inp.kind in ("array", "scalar")]
     results = fresh_sequence(["Δ" + inp.name for inp in wrt], fw.taken)

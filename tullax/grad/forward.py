@@ -58,6 +58,7 @@ class Forward:
     prelude: tuple[Spec, ...] = ()
     factor: Maybe = None
     hole: Expr | None = None  # what the finaliser's ``_`` reads in gradient terms (the pre-finaliser value)
+    multiplier: Expr | None = None  # '*=': the factor fin(prod) read at the free indices (a prelude step)
 
     @property
     def indices(self) -> tuple[str, ...]:
@@ -173,6 +174,10 @@ def _with_seed_factor(fw: Forward) -> Forward:
     # a scatter dropped the elements whose ix[e] is outside the result: the cotangent there reads 0, not NaN
     seed_at = tuple(replace(i, pad=True) if isinstance(i, Indirect) else i for i in spec.lhs or ())
     seed = Access(fw.seed, seed_at) if spec.lhs else Param(fw.seed)
+    if spec.assign == "*=":  # OUT = given * fin(prod body): the body's terms carry the given value
+        fw, multiplier = _free_step(fw, "mult", spec.body, "*")  # the parser refuses a finaliser with *=
+        fw = replace(fw, multiplier=multiplier)
+        seed = mul(seed, Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out))
     residual = (Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out)) if spec.assign == ":=" else None
 
     def pre_value(fw: Forward) -> tuple[Forward, Expr]:
@@ -197,6 +202,8 @@ def _with_seed_factor(fw: Forward) -> Forward:
         grad = mul(seed, fill_hole(derivative(spec.finalizer, lambda node: isinstance(node, Hole)), pre))
     if grad is None or spec.redop == "+":
         return replace(fw, factor=grad)
+    if spec.redop == "*":
+        return _product_factor(fw, grad)
     if pre is None:
         fw, pre = pre_value(fw)
     if spec.redop in ("max", "min"):  # ties share the gradient equally, as jax does
@@ -206,6 +213,36 @@ def _with_seed_factor(fw: Forward) -> Forward:
             ties = call("max", ties, Num(1))
         return replace(fw, factor=div(mul(grad, hit), ties))
     return replace(fw, factor=mul(grad, call("exp", sub(spec.body, pre))))  # logsumexp
+
+
+def _product_factor(fw: Forward, grad: Expr) -> Forward:
+    """The factor of a (*) reduction: d(prod_r b_r)/d b_s is the product of the OTHER factors, exact at zeros
+    and written so that differentiating it again (jax.hessian) is exact too. Prelude steps: ``zeros`` counts
+    the zero factors, ``others`` multiplies the nonzero ones (a zero counts as 1, through a select whose
+    derivative is 0) and ``zsum`` adds the zero ones (always 0: it is there for its derivative, 1 w.r.t. the
+    zero factor). Then the product of the others is
+
+        no zero:   others / b_s                      (b_s is not zero: no division by 0)
+        one zero:  others at it, zsum*others/b_s elsewhere (0, with the right derivative w.r.t. the zero)
+        two zeros: (zsum - b_s)*others at each of them (0: the other zero), 0 elsewhere
+        more:      0
+
+    Each case is the exact product as a function near the point for first and second derivatives (third and
+    higher derivatives at a point where two or more factors are zero are not)."""
+    body = fw.spec.body
+    is_zero = cmp("==", body, Num(0))
+    nonzero = call("ifelse", is_zero, Num(1), body)
+    fw, zeros = _free_step(fw, "zeros", is_zero, "+")
+    fw, others = _free_step(fw, "others", nonzero, "*")
+    fw, zsum = _free_step(fw, "zsum", call("ifelse", is_zero, body, Num(0)), "+")
+    apart = div(others, nonzero)
+
+    def count(n: int) -> Expr:
+        return cmp("==", zeros, Num(n))
+
+    two = call("ifelse", count(2), call("ifelse", is_zero, mul(sub(zsum, body), others), Num(0)), Num(0))
+    one = call("ifelse", count(1), call("ifelse", is_zero, others, mul(zsum, apart)), two)
+    return replace(fw, factor=mul(grad, call("ifelse", count(0), apart, one)))
 
 
 # Relative distance under which a recomputed body value counts as reaching the max/min. Compilers contract

@@ -35,6 +35,7 @@ from tullax.spec.ir import (
     Unary,
     Wrapped,
     idx_affine,
+    idx_names,
     walk,
 )
 from tullax.spec.sizes import Sym
@@ -185,7 +186,7 @@ def _divisible_ok(axes: _Axes, solutions: Solutions, name: str, other_eqs: list[
             return False
         if isinstance(node, Access):
             for idx in node.idx:
-                if name in idx_affine(idx).names() and not (isinstance(idx, Affine)
+                if name in idx_names(idx) and not (isinstance(idx, Affine)
                                                             or (isinstance(idx, Wrapped) and idx.kind == "pad")):
                     return False
     return True
@@ -195,7 +196,7 @@ def _idx_names(node: Expr) -> set[str]:
     if isinstance(node, IndexVal):
         return {node.name}
     if isinstance(node, Access):
-        return set().union(*(idx_affine(i).names() for i in node.idx))
+        return set().union(*(idx_names(i) for i in node.idx))
     return set()
 
 
@@ -309,6 +310,9 @@ class _Substitution:
         where the original did not, and the solved indices it cannot use."""
         inner = idx_affine(idx)
         names = set(inner.names())
+        if isinstance(idx, Indirect) and set(idx.offset.names()) & set(self.solutions):
+            # ix[e]+j: a solved j could move the position anywhere the index array allows: keep j reduced
+            return idx, False, frozenset(set(idx.offset.names()) & set(self.solutions))
         if not names & set(self.solutions):
             return idx, False, frozenset()
         form = AffineForm.of(inner).substitute(self.solutions).normalized()

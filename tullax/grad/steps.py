@@ -94,5 +94,7 @@ def _size_arrays(body: Expr, lhs: tuple[Idx, ...] | None, ranges: Iterable[Range
             syms.append(Sym.extent(node.array, node.axis))
         elif isinstance(node, Access):
             syms += [idx_affine(i).const for i in node.idx]
+            syms += [i.offset.const for i in node.idx if isinstance(i, Indirect)]
     syms += [idx_affine(i).const for i in lhs or ()]
+    syms += [i.offset.const for i in lhs or () if isinstance(i, Indirect)]
     return set().union(*(s.arrays() for s in syms))

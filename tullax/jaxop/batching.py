@@ -39,7 +39,7 @@ from tullax.spec.ir import (
     Size,
     Spec,
     Wrapped,
-    idx_affine,
+    idx_names,
     map_expr,
     spec_accesses,
 )
@@ -176,7 +176,7 @@ class _Plan:
         n = self.flat.get(idx.array)
         if n:  # row b of the flattened (B*n,) index array
             inner = replace(inner, terms=inner.terms + ((self.b, n),))
-        return replace(idx, inner=inner)
+        return replace(idx, inner=inner, offset=self.affine(idx.offset))
 
     def expr(self, node: Expr) -> Expr:
         if isinstance(node, Access):
@@ -201,7 +201,7 @@ def fresh_index(spec: Spec, base: str = "b") -> str:
     taken = set(spec.indices) | set(spec.input_names) | {spec.out}
     for acc in list(spec_accesses(spec)) + [Access(spec.out, spec.lhs or ())]:
         for idx in acc.idx:
-            taken |= set(idx_affine(idx).names())
+            taken |= set(idx_names(idx))
             if isinstance(idx, Indirect):
                 taken.add(idx.array)
     name, n = base, 0

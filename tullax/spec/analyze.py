@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Mapping, Union
 
 from tullax.errors import SpecError
 from tullax.spec.clauses import check_finalizer, merge_ranges, sized_inputs
+from tullax.spec.diagonal import diagonal_write
 from tullax.spec.ir import (
     INDEX_LIMIT,
     Access,
@@ -24,7 +26,7 @@ from tullax.spec.ir import (
     Spec,
     Wrapped,
     accesses,
-    idx_affine,
+    idx_names,
     map_expr,
     spec_accesses,
     spec_exprs,
@@ -67,6 +69,7 @@ MAX_INDICES = 16
 def analyze(parsed: ParsedSpec, ranges: Mapping[str, RangeArg] | None = None) -> Spec:
     """Turn a parsed spec into an analysed, hashable Spec, or raise SpecError pointing into the source."""
     ctx = _Context(parsed.source)
+    parsed, copies = diagonal_write(parsed)  # D[i,i] := A[i]: a new index per repetition, zeros off the diagonal
     _check_lhs(parsed, ctx)
     occurrences = _occurrences(parsed)
     index_names = _index_names(parsed, occurrences)
@@ -83,7 +86,7 @@ def analyze(parsed: ParsedSpec, ranges: Mapping[str, RangeArg] | None = None) ->
                         f"allows {MAX_INDICES}, one nested loop each (Python compiles at most 20 nested blocks): "
                         f"reshape the arrays to merge axes")
     explicit = merge_ranges(parsed, ranges or {}, ctx, _explicit_range)
-    known, agreements = _infer_ranges(parsed, occurrences, free + reduced, explicit, ctx)
+    known, agreements = _infer_ranges(parsed, occurrences, free + reduced, explicit, ctx, copies)
     spec = Spec(
         redop=parsed.redop, out=parsed.out, lhs=parsed.lhs, assign=parsed.assign, body=body,
         finalizer=finalizer, inputs=inputs, free=free, reduced=reduced,
@@ -119,8 +122,10 @@ def _check_lhs(parsed: ParsedSpec, ctx: _Context) -> None:
     seen: set[str] = set()
     for idx, name in zip(parsed.lhs, plain):
         if name is not None and name in seen:
-            raise ctx.error(f"index {name} appears twice on the left-hand side: each output axis needs "
-                            "its own index (use the diagonal on the right, as in d[i] := A[i,i])", idx.span)
+            raise ctx.error(f"index {name} appears twice on the left-hand side of '{parsed.assign}': only a new "
+                            f"result ':=' can be a diagonal write; to add into the diagonal of an existing "
+                            f"array write the select, as in D[i,j] {parsed.assign} ifelse(i == j, A[i], 0)",
+                            idx.span)
         if name is not None:
             seen.add(name)
 
@@ -153,7 +158,7 @@ def _lhs_access(parsed: ParsedSpec) -> list[Access]:
 def _index_names(parsed: ParsedSpec, occurrences: list[Occurrence]) -> list[str]:
     names: list[str] = []
     for idx in list(parsed.lhs or ()) + [o.idx for o in occurrences]:
-        for name in idx_affine(idx).names():
+        for name in idx_names(idx):
             if name not in names:
                 names.append(name)
     return names
@@ -272,7 +277,7 @@ def _range_int(name: str, bound: object, value: object, ctx: _Context) -> int:
 
 
 def _infer_ranges(parsed: ParsedSpec, occurrences: list[Occurrence], indices: tuple[str, ...],
-                  explicit: Mapping[str, RangeArg], ctx: _Context):
+                  explicit: Mapping[str, RangeArg], ctx: _Context, copies: Mapping[str, str] = MappingProxyType({})):
     for name in explicit:
         if name not in indices:
             raise ctx.error(f"ranges names {name!r}, which is not an index of this spec "
@@ -303,6 +308,9 @@ def _infer_ranges(parsed: ParsedSpec, occurrences: list[Occurrence], indices: tu
     used |= _solve_unknowns(constraints, known)
     rest = [con for con in constraints if id(con) not in used]
     _narrow(rest, known, set(known) - set(explicit), set(explicit), indices, parsed)
+    for new, old in copies.items():  # a diagonal write's new index runs over the range of the one it repeats
+        if old in known and new not in explicit:
+            known[new] = known[old]
     for name in indices:
         if name not in known:
             raise ctx.error(_unbound_message(name, parsed), _first_span(parsed, name))
@@ -324,9 +332,9 @@ def _bind_wrapped_only(occurrences: list[Occurrence], known: dict[str, Range]) -
 
 
 def _unbound_message(name: str, parsed: ParsedSpec) -> str:
-    on_left = {n for idx in parsed.lhs or () for n in idx_affine(idx).names()}
+    on_left = {n for idx in parsed.lhs or () for n in idx_names(idx)}
     on_right = list(dict.fromkeys(n for acc in accesses(parsed.body) for idx in acc.idx
-                                  for n in idx_affine(idx).names()))
+                                  for n in idx_names(idx)))
     as_value = {node.name for node in walk(parsed.body) if isinstance(node, Name)}
     if name in on_left and name not in on_right and name not in as_value:
         only_right = [n for n in on_right if n not in on_left]
@@ -339,7 +347,7 @@ def _unbound_message(name: str, parsed: ParsedSpec) -> str:
 
 def _first_span(parsed: ParsedSpec, name: str) -> tuple[int, int] | None:
     for idx in list(parsed.lhs or ()) + [i for a in accesses(parsed.body) for i in a.idx]:
-        if name in idx_affine(idx).names():
+        if name in idx_names(idx):
             return idx.span
     for node in walk(parsed.body):
         if isinstance(node, Name) and node.name == name:
@@ -438,6 +446,8 @@ def shift_affine(aff: Affine, shifts: Mapping[str, Sym]) -> Affine:
 def shift_idx(idx: Idx, shifts: Mapping[str, Sym]) -> Idx:
     if isinstance(idx, Affine):
         return shift_affine(idx, shifts)
+    if isinstance(idx, Indirect) and not idx.plain:
+        return replace(idx, inner=shift_affine(idx.inner, shifts), offset=shift_affine(idx.offset, shifts))
     return replace(idx, inner=shift_affine(idx.inner, shifts))
 
 

@@ -60,20 +60,36 @@ class Wrapped:
 class Indirect:
     """``ix[e]``: the position is read from the integer array ``array`` at ``e``. A read outside the axis gives
     NaN (as ``jnp.take``'s fill), or 0 under ``pad`` (``pad(ix[e])``): how a gradient reads the cotangent at a
-    scatter's positions, where the scatter dropped the element (as ``.at[].add(mode='drop')``'s gradient)."""
+    scatter's positions, where the scatter dropped the element (as ``.at[].add(mode='drop')``'s gradient).
+    Inside affine arithmetic (``ix[e]+j``, ``2K[j]+i``) the position is ``scale*array[e] + offset``."""
 
     array: str
     inner: Affine
     span: Span = _span()
     pad: bool = False
+    scale: int = 1
+    offset: Affine = Affine()
+
+    @property
+    def plain(self) -> bool:
+        """A bare ``ix[e]`` (no arithmetic around the read)."""
+        return self.scale == 1 and self.offset == Affine()
 
 
 Idx = Union[Affine, Wrapped, Indirect]
 
 
 def idx_affine(idx: Idx) -> Affine:
-    """The affine part of any index expression."""
+    """The affine part of any index expression (of an indirect one: where the index array is read)."""
     return idx if isinstance(idx, Affine) else idx.inner
+
+
+def idx_names(idx: Idx) -> tuple[str, ...]:
+    """Every index a position depends on (an indirect one's offset included), in order, without repeats."""
+    names = idx_affine(idx).names()
+    if isinstance(idx, Indirect) and not idx.plain:
+        names += tuple(n for n in idx.offset.names() if n not in names)
+    return names
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,7 +182,7 @@ INDEX_LIMIT = 2**62
 REDUCTIONS = ("+", "*", "max", "min", "logsumexp")
 # all/any: parsed, then analysed as (min)/(max) of 0/1 values (spec.frontend); the result is made bool by api.options
 BOOLEAN_REDUCTIONS = {"&": "min", "|": "max"}
-ASSIGNMENTS = (":=", "=", "+=")
+ASSIGNMENTS = (":=", "=", "+=", "*=")  # "*=": multiply into the given array, with the (*) reduction
 WRAPPERS = ("mod", "clamp", "pad")
 
 

@@ -1,6 +1,7 @@
 """Parse one spec line into a ParsedSpec (DESIGN section 1). Nothing here ever executes the text."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 
@@ -11,6 +12,7 @@ from tullax.spec.ir import (
     ASSIGNMENTS,
     BOOLEAN_REDUCTIONS,
     COMPARISONS,
+    INDEX_LIMIT,
     REDUCTIONS,
     WRAPPERS,
     Access,
@@ -29,6 +31,7 @@ from tullax.spec.ir import (
     children,
     walk,
 )
+from tullax.spec.padvalue import padded_read
 from tullax.spec.ranges import at_range_clause, range_clauses, size_call
 from tullax.spec.sizes import Sym
 
@@ -36,12 +39,13 @@ from tullax.spec.sizes import Sym
 # Numba's compilers) recurses over the tree, and a deeper one would end in a RecursionError.
 MAX_DEPTH = 64
 _END = "<end>"  # the key of 'end' in a linear form: not an identifier, so never an index's name
+_IND = "<ind>"  # the key of the one indirect term of a position (``ix[i]+j``)
 
 _TOKEN = re.compile(r"""
     (?P<ws>\s+)
   | (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
   | (?P<name>[^\W\d]\w*)
-  | (?P<op>:=|\+=|\|>|<=|>=|==|!=|[-+*/^<>=()\[\],:&|])
+  | (?P<op>:=|\+=|\*=|\|>|<=|>=|==|!=|[-+*/^<>=()\[\],:&|])
 """, re.VERBOSE | re.UNICODE)
 
 
@@ -74,6 +78,8 @@ class _Parser:
         self.tokens = tokenize(source)
         self.pos = 0
         self.nesting = 0  # how deep unary() is nested right now
+        self.pad_values: list[Expr | None] = []  # per position of the last index list: pad(e, value)'s value
+        self.indirects: list[Indirect] | None = None  # the ix[..] of the position being read; None: not allowed
         self.finalizing = False  # inside the expression after |>, where _ is the reduced value
 
     # -- helpers --------------------------------------------------------------------------------
@@ -111,10 +117,17 @@ class _Parser:
         tok = self.tok
         if self.tok.kind == "end":
             raise self.error("empty spec: write something like  C[i,j] := A[i,k]*B[k,j]")
+        explicit = self.at("(")
         redop = self.redop()
         out, lhs = self.lhs()
         if not (self.tok.kind == "op" and self.tok.text in ASSIGNMENTS):
-            raise self.error("expected ':=', '=' or '+=' after the left-hand side")
+            raise self.error("expected ':=', '=', '+=' or '*=' after the left-hand side")
+        if self.tok.text == "*=":  # y[i] *= x[i,j] multiplies every term in, as the loop it reads as would
+            if explicit and redop != "*":
+                raise self.error(f"'*=' multiplies every term into the given array (the (*) reduction); to "
+                                 f"multiply by a ({redop}) reduction write it out: {out}[..] = {out}[..]*(...) "
+                                 f"with the reduction in its own kernel", tok)
+            redop = "*"
         assign = self.advance().text
         if assign == ":=" and any(out in idx_arrays(i) for i in lhs or ()):
             raise self.error(f"'end' on the left of ':=' has no meaning: {out} does not exist yet (use '=' or '+=' "
@@ -124,6 +137,9 @@ class _Parser:
             raise SpecError(f"the expression is {expr_depth(body)} operations deep, more than tullax's limit of "
                             f"{MAX_DEPTH} (every stage after the parser recurses over it): split it into several "
                             f"kernels, or sum over an index instead of writing the terms out")
+        if assign == "*=" and self.at("|>"):
+            raise self.error("'*=' takes no |> finaliser: compute the factor first (m[i] := ... |> f), then "
+                             "multiply it in (y[i] *= m[i])")
         finalizer = self.finalizer() if self.at("|>") else None
         ranges = range_clauses(self)
         if self.tok.kind != "end":
@@ -175,39 +191,104 @@ class _Parser:
             self.advance()
             return tok.text, None
         idx = self.index_list(tok.text)
+        if any(v is not None for v in self.pad_values):
+            raise self.error("pad(e, value) reads a value outside an axis: on the left it has no meaning "
+                             "(a padded scatter position outside the output is dropped)", tok)
         return tok.text, idx
 
     # -- index expressions ----------------------------------------------------------------------
     def index_list(self, array: str) -> tuple[Idx, ...]:
-        items = [self.index(Sym.extent(array, 0) - 1)]
+        values: list[Expr | None] = []
+        items = [self.index(Sym.extent(array, 0) - 1, values)]
         while self.at(","):
             self.advance()
-            items.append(self.index(Sym.extent(array, len(items)) - 1))
+            items.append(self.index(Sym.extent(array, len(items)) - 1, values))
         self.expect("]", "',' or ']'")
+        self.pad_values = values
         return tuple(items)
 
-    def index(self, end: Sym) -> Idx:
-        """One position; ``end`` is the last position of the axis it addresses (Julia's ``end``)."""
+    def index(self, end: Sym, values: list[Expr | None]) -> Idx:
+        """One position; ``end`` is the last position of the axis it addresses (Julia's ``end``). The value of
+        a ``pad(e, value)`` is appended to ``values`` (None for every other position)."""
         tok = self.tok
+        values.append(None)
         if tok.kind == "name" and tok.text in WRAPPERS and self.peek().text == "(":
             self.advance()
             self.advance()
             if tok.text == "pad" and self.tok.kind == "name" and self.peek().text == "[":
-                read = self.index(end)  # pad(ix[e]): an indirect read that gives 0 outside the axis
+                read = self.index(end, [])  # pad(ix[e]): an indirect read that gives 0 outside the axis
+                if not isinstance(read, Indirect):
+                    raise self.error("pad(..) of an indirect term whose factor cancels: write the position "
+                                     "without it", tok)
                 self.expect(")", f"')' closing {tok.text}(")
                 return replace(read, pad=True, span=self.span(tok))
+            self.indirects = None  # no ix[..] inside mod/clamp/pad (but pad(ix[e]) above)
             inner = self.affine(end)
+            if tok.text == "pad" and self.at(","):
+                values[-1] = self.pad_value(inner, tok)
             self.expect(")", f"')' closing {tok.text}(")
             return Wrapped(tok.text, inner, span=self.span(tok))
-        if tok.kind == "name" and self.peek().text == "[":
-            self.advance()
-            self.advance()
-            inner = self.affine(Sym.extent(tok.text, 0) - 1)
-            if inner.div != 1:
-                raise self.error("an indirect index cannot divide", tok)
-            self.expect("]", f"']' closing {tok.text}[")
-            return Indirect(tok.text, inner, span=self.span(tok))
-        return self.affine(end)
+        return self.position(end)
+
+    def position(self, end: Sym) -> Idx:
+        """An affine position that may hold one indirect term: ``ix[i]``, ``ix[i]+j``, ``2K[j]+i-1``."""
+        start = self.tok
+        self.indirects = []
+        aff = self.affine(end)
+        if not self.indirects:
+            return aff
+        (ind,) = self.indirects
+        coef = dict(aff.terms).get(_IND, 0)
+        if aff.div != 1:
+            raise self.error("a position with an indirect term cannot divide", start)
+        if coef == 0:
+            return replace(aff, terms=tuple(t for t in aff.terms if t[0] != _IND))
+        if abs(coef) > INDEX_LIMIT:
+            raise self.error(f"the factor {coef} of an indirect term is beyond the 2^62 that tullax's int64 "
+                             f"index arithmetic allows", start)
+        offset = Affine(tuple(t for t in aff.terms if t[0] != _IND), aff.const)
+        return replace(ind, scale=coef, offset=offset, span=self.span(start))
+
+    def indirect(self) -> Indirect:
+        """``ix[e]`` inside a position (``self.indirects`` collects it; one per position)."""
+        tok = self.advance()
+        self.advance()
+        if self.indirects is None:
+            raise self.error("an indirect index cannot be nested or wrapped in mod/clamp (pad(ix[e]+j) "
+                             "reads 0 outside): write it in a position of its own, as in x[ix[i]+j]", tok)
+        if self.indirects:
+            raise self.error("a position holds one indirect term: x[ix[i]+jx[j]] needs two kernels "
+                             "(or one index array of their sums)", tok)
+        outer, self.indirects = self.indirects, None
+        inner = self.affine(Sym.extent(tok.text, 0) - 1)
+        self.indirects = outer
+        if inner.div != 1:
+            raise self.error("an indirect index cannot divide", tok)
+        self.expect("]", f"']' closing {tok.text}[")
+        ind = Indirect(tok.text, inner, span=self.span(tok))
+        self.indirects.append(ind)
+        return ind
+
+    def pad_value(self, inner: Affine, pad: Token) -> Expr:
+        """The ``value`` of ``pad(e, value)``: a number (signed; ``Inf`` too) or the name of a scalar input."""
+        self.advance()
+        start = self.tok
+        sign = self.advance().text if self.at("-") or self.at("+") else ""
+        tok = self.tok
+        if tok.kind not in ("num", "name") or self.peek().text in ("[", "("):
+            raise self.error("the value of pad(e, value) is a number or the name of a scalar input: for an "
+                             "expression, read x[pad(e)] and select with ifelse", tok)
+        self.advance()
+        if tok.kind == "num" or tok.text in ("inf", "Inf"):  # -Inf pads a max pooling
+            number = math.inf if tok.kind == "name" else \
+                float(tok.text) if any(c in tok.text for c in ".eE") else self.integer(tok)
+            value: Expr = Num(-number if sign == "-" else number, span=self.span(start))
+        else:
+            value = Name(tok.text, span=self.span(tok))
+            value = Unary("-", value, span=self.span(start)) if sign == "-" else value
+        if inner.div != 1 or not inner.terms:
+            raise self.error("pad(e, value) needs an index in e and no division", pad)
+        return value
 
     def affine(self, end: Sym | None) -> Affine:
         start = self.tok
@@ -262,10 +343,11 @@ class _Parser:
             self.advance()
             return {_END: 1}
         if tok.kind == "name":
-            if self.peek().text in ("(", "["):
-                raise self.error(f"{tok.text}{self.peek().text}...) cannot be nested inside an index expression"
-                                 if self.peek().text == "(" else
-                                 "an indirect index cannot be nested or combined with other terms", tok)
+            if self.peek().text == "(":
+                raise self.error(f"{tok.text}(...) cannot be nested inside an index expression", tok)
+            if self.peek().text == "[":
+                self.indirect()
+                return {_IND: 1}
             self.advance()
             return {tok.text: 1}
         if tok.text == "(":
@@ -370,7 +452,13 @@ class _Parser:
             if self.at("]"):
                 raise self.error(f"{tok.text}[] has no indices: write {tok.text} for a scalar input")
             idx = self.index_list(tok.text)
-            return Access(tok.text, idx, span=self.span(tok))
+            access = Access(tok.text, idx, span=self.span(tok))
+            values = [v for v in self.pad_values if v is not None]
+            if not values:
+                return access
+            if any(v != values[0] for v in values):
+                raise self.error("one access pads with one value: pad(.., value) differs between its axes", tok)
+            return padded_read(access, self.pad_values)
         if self.at("("):
             return self.call(tok)
         return Name(tok.text, span=self.span(tok))

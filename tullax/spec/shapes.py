@@ -19,6 +19,7 @@ from tullax.spec.ir import (
     Size,
     Spec,
     Wrapped,
+    idx_names,
     spec_accesses,
     spec_exprs,
     walk,
@@ -146,7 +147,7 @@ def _positioned(spec: Spec) -> Iterator[tuple[str, int, Idx, tuple[str, ...]]]:
 def _idx_names(idx: Idx) -> tuple[str, ...]:
     if isinstance(idx, Affine):
         return idx.names()
-    return idx.inner.names()  # Wrapped and Indirect both wrap an affine position
+    return idx_names(idx)  # Wrapped and Indirect wrap an affine position (an indirect one may add an offset)
 
 
 def _affine_extremes(aff: Affine, shapes: Shapes, ranges: Ranges) -> tuple[int, int]:
@@ -203,7 +204,7 @@ def _check_index_arithmetic(spec: Spec, shapes: Shapes, ranges: Ranges) -> None:
         if max(abs(lo), abs(hi)) > INDEX_LIMIT:
             raise ShapeError(f"index {name} runs over [{lo}, {hi}), beyond the 2^62 that tullax's int64 index "
                              f"arithmetic allows; shrink the range or the constants of the spec")
-    for array, axis, idx, _ in _positioned(spec):
+    for array, axis, idx, _ in list(_positioned(spec)) + list(_indirect_offsets(spec)):
         aff = idx if isinstance(idx, Affine) else idx.inner
         where = array if not isinstance(idx, Indirect) else idx.array
         if _magnitude(aff, shapes, ranges) > INDEX_LIMIT:
@@ -244,6 +245,9 @@ def check_index_values(spec: Spec, env: Mapping[str, Any]) -> None:
         if idx.pad:  # pad(ix[e]) reads 0 outside the axis: any position is valid
             continue
         extent = shapes[array][axis]
+        if not idx.plain:
+            _check_indirect_sums(array, axis, idx, values, low, extent, shapes, ranges)
+            continue
         bad = np.flatnonzero((values < 0) | (values >= extent))
         if bad.size:
             pos = int(bad[0]) + low
@@ -251,6 +255,43 @@ def check_index_values(spec: Spec, env: Mapping[str, Any]) -> None:
                 f"{idx.array}[{pos}] = {int(values[bad[0]])} is outside axis {axis} of {array} "
                 f"(extent {extent}, shape {tuple(shapes[array])}): index arrays must hold positions "
                 f"0..{extent - 1}")
+
+
+def _indirect_offsets(spec: Spec):
+    """The offsets of the indirect positions (``ix[i]+j``) as affine positions, for the int64 check."""
+    for array, axis, idx, when in _positioned(spec):
+        if isinstance(idx, Indirect) and not idx.plain:
+            yield array, axis, idx.offset, when
+
+
+def _check_indirect_sums(array: str, axis: int, idx: Indirect, values, low: int, extent: int, shapes: Shapes,
+                         ranges: Ranges) -> None:
+    """``scale*ix[e] + offset`` stays inside the axis: for every value read, with the offset's extremes (exact
+    when the offset shares no index with e; otherwise each position is checked over the indices it shares)."""
+    import numpy as np
+
+    shared = [n for n in idx.offset.names() if n in idx.inner.names()]
+    if not shared:
+        off_lo, off_hi = _affine_extremes(idx.offset, shapes, ranges)
+        lows = idx.scale * values.astype(object) + off_lo
+        highs = idx.scale * values.astype(object) + off_hi
+        lows, highs = np.minimum(lows, highs), np.maximum(lows, highs)
+        bad = np.flatnonzero((lows < 0) | (highs >= extent))
+        where = [int(b) + low for b in bad[:1]]
+    else:  # enumerate the indices of e and of the offset together
+        names = tuple(dict.fromkeys(idx.inner.names() + idx.offset.names()))
+        grid = np.meshgrid(*(np.arange(*ranges[n], dtype=object) for n in names), indexing="ij")
+        point = dict(zip(names, grid))
+        at = sum((c * point[n] for n, c in idx.inner.terms), idx.inner.const.eval(shapes))
+        pos = idx.scale * np.asarray(values, dtype=object)[np.asarray(at - low, dtype=np.int64)] + sum(
+            (c * point[n] for n, c in idx.offset.terms), idx.offset.const.eval(shapes))
+        bad_mask = (pos < 0) | (pos >= extent)
+        where = [int(np.asarray(at)[bad_mask].flat[0])] if np.any(bad_mask) else []
+    if where:
+        raise ShapeError(
+            f"{idx.array}[{where[0]}] = {int(values[where[0] - low])} puts the position of axis {axis} of {array} "
+            f"outside it (extent {extent}, shape {tuple(shapes[array])}) for some value of "
+            f"{', '.join(idx.offset.names()) or 'the offset'}: index arrays must keep every position inside")
 
 
 def check_dtypes(spec: Spec, dtypes: Mapping[str, Any]) -> None:

@@ -19,6 +19,7 @@ from tullax.spec.ir import (
     Spec,
     Unary,
     Wrapped,
+    idx_names,
     walk,
 )
 from tullax.spec.sizes import Sym
@@ -72,6 +73,11 @@ def format_idx(idx: Idx, end: Sym | None = None) -> str:
     if isinstance(idx, Wrapped):
         return f"{idx.kind}({format_affine(idx.inner, end)})"
     text = f"{idx.array}[{format_affine(idx.inner, Sym.extent(idx.array, 0) - 1)}]"
+    if not idx.plain:
+        text = text if idx.scale == 1 else f"-{text}" if idx.scale == -1 else f"{idx.scale}*{text}"
+        if idx.offset != Affine():
+            rest = format_affine(idx.offset, end)
+            text = f"{text}{rest}" if rest.startswith("-") else f"{text}+{rest}"
     return f"pad({text})" if idx.pad else text
 
 
@@ -148,4 +154,4 @@ def _index_names(expr: Expr):
             yield node.name
         elif isinstance(node, Access):
             for idx in node.idx:
-                yield from (idx if isinstance(idx, Affine) else idx.inner).names()
+                yield from idx_names(idx)

@@ -80,6 +80,8 @@ def _naive_reduce(ev: "_Evaluator", ranges) -> np.ndarray:
         where = tuple(v - ranges[n][0] if spec.assign == ":=" else v for n, v in zip(spec.free, free_values))
         if spec.assign == "+=":
             out[where] += value
+        elif spec.assign == "*=":
+            out[where] *= value
         else:
             out[where] = value
     return out
@@ -187,11 +189,13 @@ class _Evaluator:
             return self.in_bounds(array, axis, self.affine(idx, point))
         if isinstance(idx, Indirect):
             at = self.in_bounds(idx.array, 0, self.affine(idx.inner, point))
-            pos = int(self.arrays[idx.array][at])
+            pos = idx.scale * int(self.arrays[idx.array][at]) + self.affine(idx.offset, point)
             if idx.pad and not 0 <= pos < extent:  # pad(ix[e]) outside the axis
                 return None
             if not 0 <= pos < extent:
-                raise ShapeError(f"{idx.array}[{at}] = {pos} is outside axis {axis} of {array} (extent {extent})")
+                what = "is" if idx.plain else f"puts position {pos}"
+                raise ShapeError(f"{idx.array}[{at}] = {int(self.arrays[idx.array][at])} {what} outside axis "
+                                 f"{axis} of {array} (extent {extent})")
             return pos
         raw = self.affine(idx.inner, point)
         if extent == 0 and idx.kind != "pad":

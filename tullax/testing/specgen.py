@@ -50,7 +50,7 @@ class _SpecWriter:
         others = [n for n in self.indices if n != i]
         choices = [f"{i}+1", f"{i}-1", f"2{i}", f"2*{i}+1", f"{i}+2", f"-{i}+3", "0", "1",
                    f"mod({i}+1)", f"mod({i}-2)", f"clamp({i}-1)", f"clamp({i}+1)", f"pad({i}+1)", f"pad({i}-2)",
-                   f"pad(2{i})", "indirect", "indirect", "indirect"]
+                   f"pad(2{i})", f"pad({i}-1, 0.5)", "indirect", "indirect", "indirect"]
         if others:
             choices += [f"{i}+{others[0]}", f"mod({i}+{others[0]})", f"pad({i}-{others[0]})"]
         choice = self.pick(choices)
@@ -159,12 +159,20 @@ class _SpecWriter:
         redop = self.pick(["+"] * 6 + ["*", "max", "min", "logsumexp"])
         head = "" if redop == "+" and self.chance(0.8) else f"({redop}) "
         target = f"{out}[{','.join(free)}]" if free or self.chance(0.5) else out
-        assign = ":=" if kind == "new" else self.pick(["=", "+="])
+        assign = ":=" if kind == "new" else self.pick(["=", "+=", "*="])
+        if assign == "*=":  # multiplies with the (*) reduction
+            head = self.pick(["", "(*) "])
         if assign != ":=" and self.chance(0.3):
             body = f"{body} + 0.5*{target}" if free else body
         tail = f" |> {self.finalizer(free)}" if self.chance(0.2) else ""
         if self.chance(0.08):  # a reduction over an index the body never mentions: each term counted twice
             tail += "  (z in 0:2)"
+        if assign == "*=":  # no finaliser with *=; a range clause is fine
+            tail = "  (z in 0:2)" if tail.endswith("(z in 0:2)") else ""
+        if assign == ":=" and free and self.chance(0.1):  # a diagonal write: it only sums what it reduces
+            target = f"{out}[{','.join(free + [free[0]])}]"
+            if len(self.indices) > len(free):
+                head, tail = "", ""
         return f"{head}{target} {assign} {body}{tail}"
 
     def finalizer(self, free: list[str]) -> str:
