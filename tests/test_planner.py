@@ -74,6 +74,8 @@ FORM_CORPUS = [
     ("y[i] := x[i+k]*w[k] + x[i]", {"x": (12,), "w": (4,)}),
     ("(max) y[b,i] := x[b,i+k]*w[k]", {"x": (3, 12), "w": (4,)}),
     ("y[b,i] := x[b,i+k]*w[k] |> sqrt", {"x": (3, 12), "w": (4,)}),
+    # a finaliser expression reading an array at the free indices (a bias after the window sum)
+    ("y[b,i] := x[b,i+k]*w[k] |> relu(_ + c[i])", {"x": (3, 12), "w": (4,), "c": (9,)}),
 ]
 
 

@@ -146,6 +146,16 @@ def evaluate_fixed(spec: Spec, env: Env, fixed: Mapping[str, int]):
     return _reduce(_Context(spec, env, shapes, dtype, _Grid(grid.names, lo, size)))
 
 
+def finalize_value(spec: Spec, env: Env, value):
+    """``spec``'s finaliser applied to its reduced ``value`` (free indices in lhs order), as ``_evaluate`` applies
+    it: for a form that computes the reduction its own way (``tullax.backends.xla_forms``)."""
+    import jax
+
+    shapes = input_shapes(spec, env)
+    dtype = jax.dtypes.canonicalize_dtype(result_dtype(spec, {n: _dtype_of(env[n]) for n in spec.input_names}))
+    return _finalize(_Context(spec, env, shapes, dtype, _Grid.build(spec, shapes)), value)
+
+
 def _grid_order(spec: Spec, grid: str) -> tuple[str, ...]:
     """The broadcast axes: free indices first, or every index in the order it first appears in the body."""
     names = spec.free + spec.reduced

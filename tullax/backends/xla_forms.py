@@ -56,7 +56,7 @@ class ConvShape:
 
 
 def _plain_product(spec: Spec) -> tuple[Access, Access] | None:
-    if spec.redop != "+" or spec.assign != ":=" or spec.finalizer or spec.is_scatter:
+    if spec.redop != "+" or spec.assign != ":=" or spec.finalizer is not None or spec.is_scatter:
         return None
     body = spec.body
     if not (isinstance(body, Binary) and body.op == "*" and isinstance(body.lhs, Access)
@@ -293,8 +293,8 @@ def _slices(spec: Spec, index: str, plain: Callable, env: Env):
             total = total + part
         else:
             total = (jnp.maximum if spec.redop == "max" else jnp.minimum)(total, part)
-    if spec.finalizer:
-        total = xla._apply(spec.finalizer, (total,))
+    if spec.finalizer is not None:
+        total = xla.finalize_value(spec, env, total)
     return total.astype(dtype)
 
 
