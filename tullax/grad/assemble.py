@@ -5,14 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping
 
-from tullax.grad.algebra import mul, product, sub, total
-from tullax.grad.derivative import derivative
+from tullax.grad.algebra import Maybe, call, mul, product, sub, total
+from tullax.grad.derivative import IsVar, cotangent, derivative, wirtinger
 from tullax.grad.forward import Forward
 from tullax.grad.inversion import Scatter, Term, invert
 from tullax.grad.names import fresh_index, fresh_indices
 from tullax.spec.affine import AffineForm
 from tullax.spec.ir import Access, Affine, Expr, Idx, IndexVal, Input, Num, Param, Range, Spec, map_expr, walk
 from tullax.spec.sizes import Sym
+from tullax.spec.valuetype import is_complex
 
 # Terms summed into one spec: the ranges they reduce over, and their bodies.
 Group = tuple[dict[str, Range], tuple[Expr, ...]]
@@ -26,8 +27,7 @@ def gradient_steps(fw: Forward, inp: Input, result: str) -> tuple[Spec, ...]:
     if inp.name == fw.spec.out and fw.spec.assign != ":=":
         contributions += _given_output_terms(fw)
     for occ in _occurrences(fw.spec.body, inp.name):
-        d_body = derivative(fw.spec.body, lambda node, occ=occ: node == occ)
-        term = mul(fw.factor, d_body)
+        term = _term(fw, inp.name, lambda node, occ=occ: node == occ)
         if term is not None:
             contributions.append(invert(fw, occ, term))
     return _with_prelude(fw, _assemble(fw, inp, result, contributions))
@@ -55,10 +55,21 @@ def _occurrences(body: Expr, array: str) -> list[Access]:
 
 def _scalar_step(fw: Forward, name: str, result: str) -> Spec:
     """Δa := Σ over every forward index of the seed factor times ∂body/∂a."""
-    d_body = derivative(fw.spec.body, lambda node: isinstance(node, Param) and node.name == name)
-    body = mul(fw.factor, d_body)
+    body = _term(fw, name, lambda node: isinstance(node, Param) and node.name == name)
     ranges = fw.ranges if body is not None else {}
     return fw.make_spec(result, body, ranges, rank=0)
+
+
+def _term(fw: Forward, name: str, is_var: IsVar) -> Maybe:
+    """The seed factor times ∂body/∂v for the variable ``is_var`` picks, an occurrence of input ``name``; with
+    complex values, the cotangent of jax's convention (``derivative.cotangent``), real for a real input."""
+    names = fw.complex_names
+    if not names:
+        return mul(fw.factor, derivative(fw.spec.body, is_var))
+    term = cotangent(fw.factor, wirtinger(fw.spec.body, is_var, names), names)
+    if term is not None and name not in names and is_complex(term, names):
+        return call("real", term)  # a real input's cotangent is the real part (jax's convert_element_type)
+    return term
 
 
 def _given_output_terms(fw: Forward) -> list[Term]:

@@ -41,6 +41,11 @@ class Function:
     # Julia throws DomainError where NumPy/XLA return NaN: the condition on x that gives NaN ({zero}, {one} are
     # literals of the argument's type); printers wrap such calls so NaN comes out, as on every other backend
     julia_domain: str | None = None
+    # On complex arguments: "holomorphic" (the derivative rule holds as written, jax's convention for complex
+    # gradients needs nothing more), "real-valued" (real, imag, abs: a real result; their Wirtinger rules are
+    # structural, in grad.derivative), "conjugate" (conj), "real-only" (an ordering of values: refused on complex
+    # arguments with a SpecError, see spec.valuetype)
+    on_complex: Literal["holomorphic", "real-valued", "conjugate", "real-only"] = "holomorphic"
 
 
 def _sigmoid(x):
@@ -56,10 +61,11 @@ def _relu(x):
 
 
 def _math(name: str, derivative: str | None, from_output: str | None, safe_at_pad: bool, c32: str, c64: str,
-          julia_domain: str | None = None) -> Function:
+          julia_domain: str | None = None, on_complex: str = "holomorphic") -> Function:
     """A function every target spells as a plain call of the same name (C: with an ``f`` suffix for float32)."""
     return Function(name, 1, derivative, from_output, safe_at_pad, "call", getattr(np, name), f"jax.numpy.{name}",
-                    numba=f"np.{name}", julia=name, c=(c32, c64), julia_domain=julia_domain)
+                    numba=f"np.{name}", julia=name, c=(c32, c64), julia_domain=julia_domain,
+                    on_complex=on_complex)  # type: ignore[arg-type]
 
 
 FUNCTIONS: dict[str, Function] = {f.name: f for f in (
@@ -68,21 +74,24 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     _math("log1p", "1/(1 + x)", "exp(-y)", False, "log1pf", "log1p", julia_domain="x < -{one}"),
     _math("expm1", "exp(x)", "y + 1", True, "expm1f", "expm1"),
     _math("sqrt", "0.5/y", "0.5/y", False, "sqrtf", "sqrt", julia_domain="x < {zero}"),
-    _math("abs", "(x >= 0) - (x < 0)", None, True, "fabsf", "fabs"),
+    _math("abs", "(x >= 0) - (x < 0)", None, True, "fabsf", "fabs", on_complex="real-valued"),
     _math("sin", "cos(x)", None, True, "sinf", "sin", julia_domain="isinf(x)"),
     _math("cos", "-sin(x)", None, True, "cosf", "cos", julia_domain="isinf(x)"),
     _math("tan", "1 + y^2", "1 + y^2", False, "tanf", "tan", julia_domain="isinf(x)"),
     _math("tanh", "1 - y^2", "1 - y^2", True, "tanhf", "tanh"),
     _math("sinh", "cosh(x)", "sqrt(1 + y^2)", True, "sinhf", "sinh"),
     _math("cosh", "sinh(x)", None, True, "coshf", "cosh"),
-    Function("sigmoid", 1, "y*(1 - y)", "y*(1 - y)", True, "expand", _sigmoid, "jax.nn.sigmoid"),
-    Function("softplus", 1, "sigmoid(x)", "-expm1(-y)", True, "expand", _softplus, "jax.nn.softplus"),
-    Function("relu", 1, "x > 0", "y > 0", True, "expand", _relu, "jax.nn.relu"),
-    Function("conj", 1, "1", "1", True, "structural", np.conj, "jax.numpy.conj"),
-    Function("real", 1, "1", "1", True, "structural", np.real, "jax.numpy.real"),
-    Function("imag", 1, None, None, True, "structural", np.imag, "jax.numpy.imag"),
-    Function("max", 2, None, None, True, "structural", None, "jax.numpy.maximum"),
-    Function("min", 2, None, None, True, "structural", None, "jax.numpy.minimum"),
+    Function("sigmoid", 1, "y*(1 - y)", "y*(1 - y)", True, "expand", _sigmoid, "jax.nn.sigmoid",
+             on_complex="real-only"),
+    Function("softplus", 1, "sigmoid(x)", "-expm1(-y)", True, "expand", _softplus, "jax.nn.softplus",
+             on_complex="real-only"),
+    Function("relu", 1, "x > 0", "y > 0", True, "expand", _relu, "jax.nn.relu", on_complex="real-only"),
+    # the rules here are those of a real argument; on a complex one grad.derivative has Wirtinger rules
+    Function("conj", 1, "1", "1", True, "structural", np.conj, "jax.numpy.conj", on_complex="conjugate"),
+    Function("real", 1, "1", "1", True, "structural", np.real, "jax.numpy.real", on_complex="real-valued"),
+    Function("imag", 1, None, None, True, "structural", np.imag, "jax.numpy.imag", on_complex="real-valued"),
+    Function("max", 2, None, None, True, "structural", None, "jax.numpy.maximum", on_complex="real-only"),
+    Function("min", 2, None, None, True, "structural", None, "jax.numpy.minimum", on_complex="real-only"),
     Function("ifelse", 3, None, None, True, "structural", None, "jax.numpy.where"),
 )}
 
