@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tullax.compiler.loops import FLOATS, ArrayArg, ScalarArg
+from tullax.compiler.loops import COMPLEX, FLOATS, REAL_OF, ArrayArg, ScalarArg
 from tullax.errors import TullaxError
 from tullax.spec import ir
 from tullax.spec.ir import Spec
+from tullax.spec.valuetype import complex_inputs, is_complex
 
 if TYPE_CHECKING:
     from tullax.backends.base import Signature
@@ -16,10 +17,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Params:
-    compute: str  # the dtype every value is computed in (the result's)
+    # the dtype the body's value (and the reduction) is computed in: the result's, or with complex inputs the
+    # complex dtype of the result's precision where the body is complex-valued (``abs(z[i,j]) |> sqrt``: a
+    # complex64 sum, a float32 result)
+    compute: str
     out: ArrayArg
     arrays: tuple[ArrayArg, ...]  # output first, then the arrays read, in spec input order
     scalars: tuple[ScalarArg, ...]
+
+    @property
+    def real(self) -> str:
+        """The dtype of real values (the compute dtype's precision)."""
+        return REAL_OF.get(self.compute, self.compute)
 
     def array(self, source: str) -> ArrayArg:
         """The parameter of the input array (or index array) ``source``."""
@@ -33,17 +42,17 @@ def parameters(spec: Spec, signature: Signature) -> Params:
     """Check that the loop backends can run ``signature`` and name the parameters: only inputs the spec reads
     become parameters (a derived gradient spec lists inputs it only takes shapes from)."""
     compute = str(signature.out_dtype)
-    if compute not in FLOATS:
+    if compute not in FLOATS + COMPLEX:
         raise TullaxError(
-            f"the loop backends compute in float32 or float64, not {compute}: pass float arrays "
-            "(or use backend='xla')")
+            f"the loop backends compute in float32, float64, complex64 or complex128, not {compute}: pass float "
+            "or complex arrays (or use backend='xla')")
     if len(signature.in_dtypes) != len(spec.inputs):
         raise TullaxError(f"signature has {len(signature.in_dtypes)} input dtypes, the spec "
                           f"{len(spec.inputs)} inputs")
     in_dtype = {inp.name: str(dt) for inp, dt in zip(spec.inputs, signature.in_dtypes)}
-    for inp in spec.inputs:
-        if inp.kind in ("array", "scalar") and in_dtype[inp.name].startswith("complex"):
-            raise TullaxError("complex inputs are not supported by the loop backends; use backend='xla'")
+    names = complex_inputs(spec, in_dtype)
+    if compute in FLOATS and is_complex(spec.body, names):  # a real result of a complex body (|> abs)
+        compute = COMPLEX[FLOATS.index(compute)]
     used_arrays = ir.arrays_read(spec.body, spec.lhs)
     used_scalars = {node.name for node in ir.walk(spec.body) if isinstance(node, ir.Param)}
     # '+=' and a scatter add to what is there: the host passes the existing values in the output

@@ -87,9 +87,9 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
              on_complex="real-only"),
     Function("relu", 1, "x > 0", "y > 0", True, "expand", _relu, "jax.nn.relu", on_complex="real-only"),
     # the rules here are those of a real argument; on a complex one grad.derivative has Wirtinger rules
-    Function("conj", 1, "1", "1", True, "structural", np.conj, "jax.numpy.conj", on_complex="conjugate"),
-    Function("real", 1, "1", "1", True, "structural", np.real, "jax.numpy.real", on_complex="real-valued"),
-    Function("imag", 1, None, None, True, "structural", np.imag, "jax.numpy.imag", on_complex="real-valued"),
+    Function("conj", 1, "1", "1", True, "structural", np.conj, "jax.numpy.conj", numba="np.conj", julia="conj", on_complex="conjugate"),
+    Function("real", 1, "1", "1", True, "structural", np.real, "jax.numpy.real", numba="np.real", julia="real", on_complex="real-valued"),
+    Function("imag", 1, None, None, True, "structural", np.imag, "jax.numpy.imag", numba="np.imag", julia="imag", on_complex="real-valued"),
     Function("max", 2, None, None, True, "structural", None, "jax.numpy.maximum", on_complex="real-only"),
     Function("min", 2, None, None, True, "structural", None, "jax.numpy.minimum", on_complex="real-only"),
     Function("ifelse", 3, None, None, True, "structural", None, "jax.numpy.where"),
