@@ -86,6 +86,20 @@ def test_forward_and_gradients_match_numpy_and_jax_grad(text, kinds, reference, 
 
 
 @pytest.mark.parametrize("backend", ["numba", "xla"])
+def test_abs_of_a_complex_zero_has_a_zero_gradient_as_in_jax(backend):
+    """|u|' divides by |u|: at u = 0 jax's rule divides by 1 instead (a zero gradient, not NaN), and so do we."""
+    import jax
+    import jax.numpy as jnp
+
+    x = np.array([0, 1 + 1j, 0, -2j], np.complex64)
+    kernel = tullax.einsum_kernel("y[i] := abs(x[i])^2 + abs(x[i])", backend=backend)
+    got = jax.grad(lambda x: jnp.sum(kernel(x)))(x)
+    want = jax.grad(lambda x: jnp.sum(jnp.abs(x) ** 2 + jnp.abs(x)))(x)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert np.all(np.isfinite(got))
+
+
+@pytest.mark.parametrize("backend", ["numba", "xla"])
 def test_real_of_a_complex_product_is_real(backend):
     """The issue's example: ``real(z[i]*conj(z[i]))`` returned complex64."""
     z = (np.arange(4) + 1j).astype(np.complex64)

@@ -9,7 +9,7 @@ from tullax.compiler.loops import COMPLEX, FLOATS, REAL_OF, ArrayArg, ScalarArg
 from tullax.errors import TullaxError
 from tullax.spec import ir
 from tullax.spec.ir import Spec
-from tullax.spec.valuetype import complex_inputs, is_complex
+from tullax.spec.valuetype import complex_inputs, is_complex, result_is_complex
 
 if TYPE_CHECKING:
     from tullax.backends.base import Signature
@@ -52,6 +52,9 @@ def parameters(spec: Spec, signature: Signature) -> Params:
     in_dtype = {inp.name: str(dt) for inp, dt in zip(spec.inputs, signature.in_dtypes)}
     names = complex_inputs(spec, in_dtype)
     if compute in FLOATS and is_complex(spec.body, names):  # a real result of a complex body (|> abs)
+        if result_is_complex(spec, names):
+            raise TullaxError(f"the result of this spec on complex inputs is complex: a {compute} result cannot "
+                              "hold it")
         compute = COMPLEX[FLOATS.index(compute)]
     used_arrays = ir.arrays_read(spec.body, spec.lhs)
     used_scalars = {node.name for node in ir.walk(spec.body) if isinstance(node, ir.Param)}

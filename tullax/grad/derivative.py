@@ -144,8 +144,9 @@ def _wirtinger_rule(expr: Call, d: Maybe, b: Maybe, names: frozenset[str]) -> Pa
         return mul(Num(-0.5j), sub(d, conj(b, names))), mul(Num(-0.5j), sub(b, conj(d, names)))
     assert expr.fn == "abs", expr.fn  # sqrt(u*conj(u)): (conj(u)*du + u*d(conj(u)))/(2|u|)
     cu = conj(u, names)
-    return (mul(Num(0.5), div(add(mul(cu, d), mul(u, conj(b, names))), expr)),
-            mul(Num(0.5), div(add(mul(cu, b), mul(u, conj(d, names))), expr)))
+    safe = add(expr, cmp("==", expr, Num(0)))  # |u|, or 1 at u = 0: a zero gradient there, as jax's abs rule
+    return (mul(Num(0.5), div(add(mul(cu, d), mul(u, conj(b, names))), safe)),
+            mul(Num(0.5), div(add(mul(cu, b), mul(u, conj(d, names))), safe)))
 
 
 def _ifelse_pair(expr: Call, is_var: IsVar, names: frozenset[str]) -> Pair:

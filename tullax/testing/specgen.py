@@ -24,8 +24,10 @@ class _SpecWriter:
     """Builds one random valid spec. Every index gets a plain occurrence in a 'binder' access, so ranges are
     always inferable; other accesses use shifts, constants, mod/clamp/pad and indirect indices freely."""
 
-    def __init__(self, rng: np.random.Generator, indices: list[str], n_free: int):
+    def __init__(self, rng: np.random.Generator, indices: list[str], n_free: int, complex_values: bool = False):
         self.rng = rng
+        # complex inputs: only what is defined on complex values (no orderings: comparisons, max/min, relu, ...)
+        self.complex_values = complex_values
         self.indices = indices  # the first n_free are free, the others reduced
         self.n_free = n_free
         self.ranks: dict[str, int] = {}  # arrays written so far (an access may reuse one)
@@ -100,6 +102,9 @@ class _SpecWriter:
 
     def combine(self, a: str, b: str) -> str:
         roll = self.rng.random()
+        if self.complex_values:
+            return [f"{a} + {b}", f"{a} - {b}", f"{a}*{b}", f"{a}*conj({b})", f"{a}/(1 + abs({b})^2)"][
+                int(roll * 5)]
         if roll < 0.3:
             return f"{a} + {b}"
         if roll < 0.45:
@@ -122,6 +127,10 @@ class _SpecWriter:
             f"expm1(tanh({e}))", f"sigmoid({e})", f"softplus({e})", f"relu({e})", f"({e})^2", f"({e})^3",
             f"(1 + ({e})^2)^0.5", f"(1 + ({e})^2)^-1", f"-({e})", f"real({e})", f"conj({e})", f"imag({e}) + {e}",
         ]
+        if self.complex_values:
+            choices = [f"exp(0.3*({e}))", f"abs({e})", f"abs({e})^2", f"({e})^2", f"real({e})", f"conj({e})",
+                       f"imag({e}) + {e}", f"sin(0.3*({e}))", f"log(1 + abs({e})^2)", f"-({e})",
+                       f"real({e})*imag({e})", f"sqrt(abs({e}) + 1)"]
         return self.pick(choices)
 
     def body(self, binders: list[str]) -> str:
@@ -149,14 +158,15 @@ class _SpecWriter:
             lhs = list(free)
             lhs[int(self.rng.integers(len(lhs)))] = self.scatter_position(free)
             return f"{out}[{','.join(lhs)}] += {body}"
-        redop = self.pick(["+"] * 6 + ["*", "max", "min", "logsumexp"])
+        redop = self.pick(["+"] * 6 + ["*", "max", "min", "logsumexp"]) if not self.complex_values else "+"
         head = "" if redop == "+" and self.chance(0.8) else f"({redop}) "
         target = f"{out}[{','.join(free)}]" if free or self.chance(0.5) else out
         assign = ":=" if kind == "new" else self.pick(["=", "+="])
         if assign != ":=" and self.chance(0.3):
             body = f"{body} + 0.5*{target}" if free else body
-        tail = f" |> {self.pick(['tanh', 'sigmoid', 'softplus', 'relu', 'abs', 'sin', 'cos'])}" \
-            if self.chance(0.15) else ""
+        finalizers = ['tanh', 'sigmoid', 'softplus', 'relu', 'abs', 'sin', 'cos'] if not self.complex_values \
+            else ['abs', 'sin', 'cos', 'exp', 'conj', 'real', 'imag']
+        tail = f" |> {self.pick(finalizers)}" if self.chance(0.15) else ""
         return f"{head}{target} {assign} {body}{tail}"
 
     def scatter_position(self, free: list[str]) -> str:
@@ -168,15 +178,16 @@ class _SpecWriter:
                           f"pad(2{i}+1)"])
 
 
-def random_spec(rng: Any) -> str:
+def random_spec(rng: Any, complex_values: bool = False) -> str:
     """A random VALID spec covering the grammar of DESIGN section 1 (every range inferable). ``rng``: a NumPy
-    Generator or a seed."""
+    Generator or a seed. ``complex_values``: valid on complex inputs too (sums; no comparisons, max/min, relu,
+    sigmoid, softplus; conj, real, imag, abs and holomorphic functions)."""
     rng = _as_rng(rng)
     n_free = int(rng.choice([0, 1, 1, 2, 2, 3]))
     n_reduced = int(rng.choice([0, 1, 1, 2]))
     if n_free + n_reduced == 0:
         n_free = 1
-    return _SpecWriter(rng, list(_INDICES[:n_free + n_reduced]), n_free).spec()
+    return _SpecWriter(rng, list(_INDICES[:n_free + n_reduced]), n_free, complex_values).spec()
 
 
 _NOISE = list("[](),:=+-*/^<>|!._ 0123456789ijkxyzAB\t\n") + ["αβ", "∑", "√", "ñ", "€", "𝔸", "\x00", "ü", "ℵ",
