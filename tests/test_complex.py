@@ -137,3 +137,38 @@ def test_gradient_specs_follow_jax_convention():
     _, spec = compile_spec("y[i] := x[i]*conj(x[i])")
     assert gradient_texts(spec, frozenset({"x"})) == ("Δx[i] := Δy[i]*conj(x[i]) + conj(Δy[i]*x[i])",)
     assert gradient_texts(spec) == ("Δx[i] := Δy[i]*(conj(x[i]) + x[i])",)  # real inputs: as before
+
+
+@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("text,reference", [
+    ("y[i] := abs(z[i])^2 + real(z[i])", lambda z: jnp_module().abs(z) ** 2 + jnp_module().real(z)),
+    ("y[i] := z[i]*conj(z[i]) + exp(z[i])", lambda z: z * jnp_module().conj(z) + jnp_module().exp(z)),
+])
+def test_forward_mode_vmap_and_second_order(text, reference, backend):
+    """jax.jvp (the transpose of the gradient kernels), vmap (one batched kernel), grad of vmap and grad of grad
+    of complex specs, against jnp."""
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    z, t = (np.asarray(rng.standard_normal(5) + 1j * rng.standard_normal(5), np.complex64) for _ in range(2))
+    kernel = tullax.einsum_kernel(text, backend=backend)
+    np.testing.assert_allclose(jax.jvp(kernel, (z,), (t,))[1], jax.jvp(reference, (z,), (t,))[1], rtol=1e-5)
+    batch = np.stack([z, 2 * z])
+    np.testing.assert_allclose(jax.vmap(kernel)(batch), jax.vmap(reference)(batch), rtol=1e-5)
+
+    def loss(f):
+        return lambda b: jnp.sum(jnp.real(jax.vmap(f)(b) * (1 - 2j)))
+
+    np.testing.assert_allclose(jax.grad(loss(kernel))(batch), jax.grad(loss(reference))(batch), rtol=1e-5)
+
+    def second(f):
+        return jax.grad(lambda z: jnp.sum(jnp.abs(jax.grad(lambda z: jnp.sum(jnp.real(f(z))))(z)) ** 2))
+
+    np.testing.assert_allclose(second(kernel)(z), second(reference)(z), rtol=1e-4)
+
+
+def jnp_module():
+    import jax.numpy as jnp
+
+    return jnp
