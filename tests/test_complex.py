@@ -172,3 +172,34 @@ def jnp_module():
     import jax.numpy as jnp
 
     return jnp
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+@pytest.mark.parametrize("text,kinds,reference", [c for c in CORPUS if "(max)" not in c[0]],
+                         ids=[t for t in IDS if "(max)" not in t])
+def test_printed_julia_runs_in_the_subset_evaluator(text, kinds, reference, dtype):
+    """No Julia here: the printed Julia module of the forward kernel and of every complex gradient step runs in
+    the evaluator of the Julia subset (tests/julia_subset.py, which models ComplexF32/ComplexF64 as Julia does:
+    no ordering, no DomainError), against NumPy and against the xla backend's gradient steps."""
+    import jax
+    from test_julia_printer import run_julia
+
+    from tullax.backends.xla import lower
+    from tullax.grad import gradients
+    from tullax.grad.run import gradient_env, run_gradient
+    from tullax.spec.frontend import compile_spec
+    from tullax.spec.valuetype import complex_inputs
+
+    _, spec = compile_spec(text)
+    args = _inputs(kinds, dtype)
+    env = dict(zip(spec.input_names, args))
+    expected = reference(np, *args)
+    got = run_julia(spec, env)
+    np.testing.assert_allclose(got, expected, rtol=RTOL[dtype], atol=RTOL[dtype])
+    genv = gradient_env(spec, env, expected, np.conj(_weights(expected)))
+    names = complex_inputs(spec, {n: a.dtype for n, a in env.items()})
+    for grad in gradients(spec, names):
+        ours = run_gradient(grad, spec, genv, run_julia)
+        with jax.enable_x64(dtype == "complex128"):
+            xla = run_gradient(grad, spec, genv, lambda step, e: np.asarray(lower(step)(e)))
+        np.testing.assert_allclose(ours, xla, rtol=10 * RTOL[dtype], atol=10 * RTOL[dtype], err_msg=grad.wrt)
