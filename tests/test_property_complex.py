@@ -21,7 +21,7 @@ from tullax.spec.valuetype import complex_inputs
 from tullax.testing.oracle import naive_eval
 from tullax.testing.specgen import random_spec
 
-SPECS = 40  # eager xla: about a minute on an idle core
+SPECS = 40
 RTOL, ATOL = 1e-7, 1e-9
 
 
