@@ -12,7 +12,10 @@ refuses with the reason anywhere else. Three parts:
    lowering of the same spec and, where there is one, the naive broadcast; the per-call overhead of a tiny kernel
    under jit against a jnp op; time to first kernel (forward plus gradients) in new processes, cold (empty
    cache) and warm.
-3. The targets of issue 11, each PASS or FAIL.
+3. Command buffers: the tiny kernel's per-call time and a Dist forward, in new processes with
+   ``TULLAX_CUDA_COMMAND_BUFFER`` 0 and 1 (``command_buffer_compatible`` on the buffer_callback), each checked
+   against XLA on fresh inputs every call (a replayed capture over stale buffers would show).
+4. The targets of issue 11, each PASS or FAIL.
 """
 from __future__ import annotations
 
@@ -219,6 +222,51 @@ def call_overhead(dtype: str) -> dict:
 TTFK_SPEC = "D[i,j] := (W[k,i]-X[k,j])^2"
 
 
+def command_buffer_child(dtype: str) -> None:
+    """In a new process (``TULLAX_CUDA_COMMAND_BUFFER`` set by the parent): per-call times of the tiny kernel and
+    of a Dist forward under jit, and whether every call on new inputs matched XLA."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import tullax
+
+    found: dict[str, Any] = {}
+    key = jax.random.PRNGKey(0)
+    for label, spec, shapes in (("tiny", "y[i] := 2*x[i]", [(16,)]), ("dist", TTFK_SPEC, [(256, 512), (256, 384)])):
+        kernel = jax.jit(tullax.einsum_kernel(spec, backend="cuda"))
+        oracle = jax.jit(tullax.einsum_kernel(spec, backend="xla"))
+        mismatches = 0
+        for _ in range(20):  # fresh inputs each call: a replay over the captured addresses would go stale
+            key, *keys = jax.random.split(key, len(shapes) + 1)
+            args = [jax.random.normal(k, s, dtype) for k, s in zip(keys, shapes)]
+            if not np.allclose(np.asarray(kernel(*args)), np.asarray(oracle(*args)), rtol=RTOL[dtype], atol=1e-5):
+                mismatches += 1
+        args = [jnp.ones(s, dtype) for s in shapes]
+        jax.block_until_ready(kernel(*args))
+        calls = OVERHEAD_CALLS if label == "tiny" else 200
+        start = time.perf_counter()
+        for _ in range(calls):
+            jax.block_until_ready(kernel(*args))
+        found[label] = {"per_call_us": (time.perf_counter() - start) / calls * 1e6, "mismatches": mismatches}
+    print(json.dumps(found))
+
+
+def command_buffers(dtype: str) -> dict:
+    """``command_buffer_child`` with command buffers off and on, each in a new process."""
+    found = {}
+    for flag in ("0", "1"):
+        env = {**os.environ, "TULLAX_CUDA_COMMAND_BUFFER": flag}
+        done = subprocess.run([sys.executable, __file__, "--command-buffer-child", "--dtype", dtype], env=env,
+                              capture_output=True, text=True, timeout=600)
+        label = "on" if flag == "1" else "off"
+        if done.returncode != 0:
+            found[label] = {"error": done.stderr[-500:]}
+            continue
+        found[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
 def ttfk_child(dtype: str) -> None:
     """In a new process: seconds from kernel creation to the first forward AND gradient results."""
     import jax
@@ -292,7 +340,16 @@ def markdown(report: dict) -> str:
     lines += ["", f"Per-call overhead under jit: tullax {overhead['tullax_us']:.1f} us, jnp "
               f"{overhead['jnp_us']:.1f} us (+{overhead['overhead_us']:.1f} us).",
               f"TTFK of forward plus gradients ({TTFK_SPEC}), new processes: cold {_ms(first.get('cold_s'))} s, "
-              f"warm {_ms(first.get('warm_s'))} s.", "", "## Corpus against XLA on the GPU", ""]
+              f"warm {_ms(first.get('warm_s'))} s.", ""]
+    lines += ["## Command buffers (command_buffer_compatible)", "", "| setting | tiny kernel us/call | mismatches "
+              "| Dist fwd us/call | mismatches |", "|---|---|---|---|---|"]
+    for label, row in report.get("command_buffers", {}).items():
+        if "error" in row:
+            lines.append(f"| {label} | error: {row['error'].splitlines()[-1] if row['error'] else ''} |")
+            continue
+        lines.append(f"| {label} | {row['tiny']['per_call_us']:.1f} | {row['tiny']['mismatches']}/20 | "
+                     f"{row['dist']['per_call_us']:.1f} | {row['dist']['mismatches']}/20 |")
+    lines += ["", "## Corpus against XLA on the GPU", ""]
     for dtype in ("float32", "float64"):
         rows = [r for r in report["corpus"] if r["dtype"] == dtype]
         failed = [r for r in rows if not r["passed"]]
@@ -310,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None, metavar="N", help="timed runs per measurement")
     parser.add_argument("--out-dir", default=str(RESULTS))
     parser.add_argument("--ttfk-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--command-buffer-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     import jax
@@ -317,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     jax.config.update("jax_enable_x64", True)  # float64 checks; float32 inputs stay float32
     if args.ttfk_child:
         ttfk_child(args.dtype)
+        return 0
+    if args.command_buffer_child:
+        command_buffer_child(args.dtype)
         return 0
     device_name = refuse_without_gpu()
     import tullax
@@ -331,10 +392,13 @@ def main(argv: list[str] | None = None) -> int:
         timings.append(time_case(name, spec, shapes, naive, args.dtype, repeat))
     overhead = call_overhead(args.dtype)
     first = ttfk(args.dtype)
+    print("command buffers off and on", flush=True)
+    buffers = command_buffers(args.dtype)
     report = {"device": device_name, "dtype": args.dtype, "quick": args.quick,
               "versions": {"jax": jax.__version__, "tullax": tullax.__version__,
                            "nvrtc": ".".join(map(str, nvrtc_version()))},
-              "corpus": corpus, "timings": timings, "overhead": overhead, "ttfk": first}
+              "corpus": corpus, "timings": timings, "overhead": overhead, "ttfk": first,
+              "command_buffers": buffers}
     report["targets"] = targets(timings, overhead, first)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,20 @@ CORPUS: tuple[Case, ...] = (
     Case("relu_finaliser", "h[i] := W[i,k]*x[k] |> relu"),
     Case("exp_finaliser", "(logsumexp) e[i] := x[i,j] |> exp"),
     Case("maxpool", "(max) pool[i] := x[2i+k]", ranges={"k": 2}, shapes={"x": (8,)}),
+    # -- finalisers that are expressions of _ (the reduced value), size(A,d), (k in lo:hi) clauses ----------
+    Case("bias_after_reduction", "y[i,j] := W[k,i]*X[k,j] |> relu(_ + b[j])"),
+    Case("matmul_bias", "C[i,j] := A[i,k]*B[k,j] |> _ + b[j]"),
+    Case("mean_by_size", "m[i] := x[i,j] |> _ / size(x,1)"),
+    Case("max_finaliser_array", "(max) m[i] := x[i,j] |> max(_, a*A[i])"),
+    Case("affine_finaliser_scalars", "y[i] := x[i,k]*w[k] |> c*_ + d"),
+    Case("finaliser_shifted_read", "y[i] := x[i,k] |> _ * z[i+1] + i"),
+    Case("logsumexp_finaliser_expr", "(logsumexp) e[i] := x[i,j] |> _ - b[i]"),
+    Case("finaliser_reads_body_array", "y[i] := x[i,k]^2 |> sqrt(_) / x[i,0]"),
+    Case("assign_finaliser_expr", "n[i] = x[i,j]^2 |> sqrt(_ + b[i])"),
+    Case("size_in_body", "y[i] := x[i,j]*(j + 1)/size(x,1)"),
+    Case("range_clause", "y[i] := x[i+k]*w[k]  (k in 0:3)", shapes={"x": (8,), "w": (4,)}),
+    Case("range_clause_unseen", "s[i] := x[i]  (k in 0:4)"),
+    Case("range_clause_symbolic", "y[i] := x[i,k]  (k in 1:size(x,1)-1)", shapes={"x": (3, 5)}),
     # -- indices: diagonals, shifts, scaling, constants, index values -----------------------------
     Case("diagonal", "d[i] := A[i,i]"),
     Case("trace", "t := A[i,i]"),
@@ -87,6 +101,10 @@ CORPUS: tuple[Case, ...] = (
     Case("division", "y[i] := x[i] / z[i]"),
     Case("trig", "y[i] := sin(x[i])*cos(x[i]) + tanh(x[i]) + tan(x[i])"),
     Case("hyperbolic", "y[i] := sinh(x[i]) + cosh(x[i]) + expm1(x[i]) + log1p(x[i]^2) + abs(x[i])"),
+    # erf is left out: the Julia backends refuse it (tests/test_julia_printer.py)
+    Case("more_functions", "y[i] := cbrt(x[i]) + exp2(x[i]) + log2(x[i]) + log10(w[i]) + atan(x[i]) "
+                           "+ atan(x[i], w[i]) + hypot(x[i], w[i]) + max(x[i], w[i], 1) + floor(x[i]) "
+                           "+ round(w[i]) + sign(x[i] - 1)"),
     Case("real_conj", "y[i] := real(x[i])*conj(z[i]) + imag(x[i])"),
     Case("softmax_numerator", "e[i,j] := exp(x[i,j] - m[i])"),
     Case("index_and_scalar", "y[i] := x[i] + i*a"),

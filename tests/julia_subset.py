@@ -586,6 +586,22 @@ def _float_function(name: str, fn: Callable[[Any], Any], domain: Callable[[Any],
     return apply
 
 
+def _float_pair(name: str, fn: Callable[[Any, Any], Any]):
+    """A two-argument float function (``atan(y, x)``, ``hypot``): both promoted to one float type first."""
+    def apply(x: Any, y: Any) -> Any:
+        t = _promote_type(_number(_to_float(x, name), name), _number(_to_float(y, name), name))
+        return fn(t.cast(_to_float(x, name)), t.cast(_to_float(y, name)))
+
+    return apply
+
+
+def _atan(*args: Any) -> Any:
+    """Base's atan(x) and atan(y, x) (the four-quadrant arctangent)."""
+    if len(args) == 1:
+        return _float_function("atan", np.arctan)(*args)
+    return _float_pair("atan", np.arctan2)(*args)
+
+
 def _abs(x: Any) -> Any:
     t = _number(x, "abs")
     if t.kind in ("float", "complex"):  # abs of a complex number is real of its precision
@@ -755,6 +771,17 @@ def _builtins() -> dict[str, Any]:
         _Builtin("tanh", _float_function("tanh", np.tanh)),
         _Builtin("sinh", _float_function("sinh", np.sinh)),
         _Builtin("cosh", _float_function("cosh", np.cosh)),
+        _Builtin("cbrt", _float_function("cbrt", np.cbrt)),
+        _Builtin("exp2", _float_function("exp2", np.exp2)),
+        _Builtin("log2", _float_function("log2", np.log2, lambda v: v < 0)),
+        _Builtin("log10", _float_function("log10", np.log10, lambda v: v < 0)),
+        _Builtin("atan", _atan),
+        _Builtin("hypot", _float_pair("hypot", np.hypot)),
+        _Builtin("floor", _float_function("floor", np.floor)),
+        _Builtin("ceil", _float_function("ceil", np.ceil)),
+        _Builtin("trunc", _float_function("trunc", np.trunc)),
+        _Builtin("round", _float_function("round", np.rint)),  # RoundNearest: ties go to the even neighbour
+        _Builtin("sign", _float_function("sign", np.sign)),
         _Builtin("abs", _abs),
         _Builtin("abs2", lambda x: _arith("*", x, x)),
         _Builtin("conj", lambda x: np.conj(x) if _number(x, "conj").kind == "complex" else x),

@@ -146,3 +146,33 @@ def test_warm_runs_the_forward_kernel_and_every_gradient_step():
     timings = tullax.warm("s := x[i]*y[i] |> sqrt", backend="xla", dtype="float64")
     assert list(timings)[0] == "forward" and {"gradient wrt x", "gradient wrt y"} <= set(timings)
     assert all(ms > 0 for ms in timings.values())
+
+
+_FIRST_USE = """
+import json, sys
+import jax, jax.numpy as jnp
+import tullax
+from tullax.backends import numba as nb
+k = tullax.einsum_kernel("D[i,j] := (W[k,i] - X[k,j])^2", backend="numba")
+f = jax.jit(jax.value_and_grad(lambda a, b: k(a, b).sum(), argnums=(0, 1)))
+for (k_, i, j) in ((40, 64, 96), (2, 2, 3)):  # long outer loops run the nested variants, short ones the flat
+    jax.block_until_ready(f(jnp.ones((k_, i), jnp.float32), jnp.ones((k_, j), jnp.float32)))
+print(json.dumps(nb.compile_stats()))
+"""
+
+
+def test_a_warmed_spec_compiles_nothing_on_first_real_use(tmp_path):
+    """`tullax cache warm` warms tiny shapes, which pick the flat variant of a kernel; real shapes pick the nested
+    one (issue 14: a warmed spec still compiled for 1.6 s on first use). Warm, then a new process runs forward and
+    both gradients under jit at shapes that pick each variant: everything loads from the cache, nothing compiles."""
+    import json
+    import os
+
+    env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path)}
+    warm = subprocess.run([sys.executable, "-m", "tullax.cli.main", "cache", "warm", "--backend", "numba",
+                           "D[i,j] := (W[k,i] - X[k,j])^2"], env=env, capture_output=True, text=True, timeout=600)
+    assert warm.returncode == 0, warm.stderr
+    use = subprocess.run([sys.executable, "-c", _FIRST_USE], env=env, capture_output=True, text=True, timeout=600)
+    assert use.returncode == 0, use.stderr
+    stats = json.loads(use.stdout.strip().splitlines()[-1])
+    assert stats["compiled"] == 0 and stats["loaded"] >= 3, stats

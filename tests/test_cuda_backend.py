@@ -94,8 +94,9 @@ def test_plan_of_dist_one_thread_per_output_element():
     plan = plan_launch(kernel, spec, {"W": (784, 1024), "X": (784, 512), "D": (1024, 512)}, "float32")
     assert plan.index_bits == 32 and plan.block == BLOCK_THREADS and plan.grid == 1024 * 512 // BLOCK_THREADS
     names = [p.name for p in parameters(kernel, 32) if not p.pointer]
-    assert dict(zip(names, plan.values)) == {"n0": 784, "n1": 512, "n2": 1024, "a0_e1": 512, "a1_e1": 1024,
-                                             "a2_e1": 512}
+    # n3: where the first block of the float32 sum over k ends (the ragged block first: 784 = 272 + 512)
+    assert dict(zip(names, plan.values)) == {"n0": 784, "n1": 512, "n2": 1024, "n3": 272, "a0_e1": 512,
+                                             "a1_e1": 1024, "a2_e1": 512}
     assert plan.pointers == (None, 0, 1) and plan.start == START_ANY and plan.out_bytes == 1024 * 512 * 4
 
 
@@ -168,7 +169,7 @@ def test_a_launch_enqueues_on_xlas_stream_with_the_buffer_addresses(gpu):
     ((what, function, grid, block, stream, params),) = gpu.calls
     assert (what, function, grid, block, stream) == ("launch", "function1", 1, 32, 77)
     assert gpu.last_decoded[:3] != [0xD000, 0xA000, 0xB000]  # the slots hold addresses OF the values
-    assert kernel._params.decoded() == [0xD000, 0xA000, 0xB000, 3, 5, 4, 5, 4, 5]
+    assert kernel._params.decoded() == [0xD000, 0xA000, 0xB000, 3, 5, 4, 3, 5, 4, 5]  # n3: first sum block end
 
 
 def test_updates_copy_the_given_array_unless_xla_aliased_it(gpu):
@@ -388,3 +389,14 @@ def test_the_gpu_benchmark_refuses_without_a_gpu():
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu.py"
     done = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True)
     assert done.returncode != 0 and "needs an NVIDIA GPU" in done.stderr and "Nothing was measured" in done.stderr
+
+
+@pytest.mark.parametrize("flag", ["0", "1"])
+def test_command_buffers_are_marked_only_when_asked(gpu, monkeypatch, flag):
+    """TULLAX_CUDA_COMMAND_BUFFER=1: XLA's command-buffer variant of the GPU callback (it may capture the launch
+    into a CUDA graph); off by default until benchmarks/gpu.py shows it faster and correct."""
+    monkeypatch.setenv(device.COMMAND_BUFFER_ENV, flag)
+    k = tullax.einsum_kernel("y[i] := 2*x[i]", backend="cuda")
+    text = jax.jit(k).trace(jnp.ones(3)).lower(lowering_platforms=("cuda",)).as_text()
+    assert "@xla_buffer_python_gpu_callback" in text
+    assert ("@xla_buffer_python_gpu_callback_cmd_buffer(" in text) == (flag == "1")

@@ -19,7 +19,8 @@ from tullax.errors import ShapeError
 from tullax.spec.analyze import analyze
 from tullax.spec.examples import random_inputs
 from tullax.spec.parse import parse_spec
-from tullax.spec.shapes import check_shapes, eval_shapes
+from tullax.spec.shapes import check_index_values, check_shapes, eval_shapes
+from tullax.spec.text import format_spec
 from tullax.testing.oracle import naive_eval
 
 RTOL, ATOL = 1e-10, 1e-12
@@ -230,6 +231,27 @@ def test_indirect_out_of_range_under_jit_reads_nan_and_scatter_drops():
     scatter = analyze(parse_spec("h[ix[b]] += v[b]"))
     env = {"h": np.zeros(3), "ix": np.array([1, 3, -1], np.int32), "v": np.array([1.0, 2.0, 4.0])}
     np.testing.assert_array_equal(jax.jit(lower(scatter))(env), [0.0, 1.0, 0.0])
+
+
+def test_pad_of_an_index_array_reads_zero_outside_the_axis():
+    """``pad(ix[e])`` (how a scatter's gradient reads the cotangent, issue 15): 0 where ix[e] is outside the axis,
+    on the naive evaluator, the XLA lowering (eager and jit) and the Numba backend; the text round-trips and an
+    eager call accepts any position."""
+    import tullax
+
+    spec = analyze(parse_spec("out[b,d] := W[pad(ix[b]),d]"))
+    assert format_spec(spec) == "out[b,d] := W[pad(ix[b]),d]"
+    assert format_spec(parse_spec(format_spec(spec))) == format_spec(spec)
+    env = {"W": np.arange(6.0).reshape(3, 2), "ix": np.array([2, 3, -1, 0, -(2**40)], np.int64)}
+    want = [[4.0, 5.0], [0.0, 0.0], [0.0, 0.0], [0.0, 1.0], [0.0, 0.0]]
+    np.testing.assert_array_equal(naive_eval(spec, env), want)
+    np.testing.assert_array_equal(lower(spec)(env), want)
+    np.testing.assert_array_equal(jax.jit(lower(spec))(env), want)
+    for backend in ("numba", "xla"):
+        np.testing.assert_array_equal(tullax.Kernel("out[b,d] := W[pad(ix[b]),d]", backend=backend)(
+            env["W"], env["ix"]), want)
+    with pytest.raises(ShapeError, match="must hold integers"):
+        check_index_values(spec, {"W": env["W"], "ix": np.zeros(2)})
 
 
 def test_indirect_out_of_range_in_eager_calls_is_a_shape_error():

@@ -72,8 +72,8 @@ MORE = {
     "C[i,j] += A[i,k]*B[k,j]": ("ΔC1[i,j] := ΔC[i,j]", "ΔA[i,k] := ΔC[i,j]*B[k,j]", "ΔB[k,j] := ΔC[i,j]*A[i,k]"),
     "y[i] = 2*x[i]": ("Δy1[i] := 0", "Δx[i] := 2*Δy[i]"),
     "y[i] = y[i]*x[i] + 1": ("Δy1[i] := Δy[i]*x[i]", "Δx[i] := Δy[i]*y[i]"),
-    # a scatter spec's added values get the cotangent gathered at the computed positions
-    "h[ix[b]] += v[b]": ("Δh1[m] := Δh[m]", "Δv[b] := Δh[ix[b]]"),
+    # a scatter spec's added values get the cotangent gathered at the computed positions (0 where it dropped them)
+    "h[ix[b]] += v[b]": ("Δh1[m] := Δh[m]", "Δv[b] := Δh[pad(ix[b])]"),
     # mod/clamp occurrences scatter, the plain occurrence of the same array does not
     "y[i] := x[mod(i+k)]*w[k]*x[i]": ("Δx[i] := Δy[i]*(x[mod(i+k)]*w[k]); Δx[mod(i+k)] += Δy[i]*(w[k]*x[i])",
                                       "Δw[k] := Δy[i]*(x[mod(i+k)]*x[i])"),

@@ -36,7 +36,7 @@ def test_explicit_range_that_fits_still_narrows_nothing():
     np.testing.assert_allclose(y, [x[i:i + 5].sum() for i in range(16)])
 
 
-@pytest.mark.parametrize("spec, ranges, inputs, match", [
+OVERFLOW_CASES = [
     ("s := x[k - 9223372036854775800]", None, {"x": np.ones(10)}, "index k runs over"),
     ("y[i] := x[clamp(i + 9223372036854775807)] * z[i]", None, {"x": np.arange(10.), "z": np.ones(10)},
      "can reach magnitude"),
@@ -45,7 +45,10 @@ def test_explicit_range_that_fits_still_narrows_nothing():
     ("y[i] := x[pad(1000000000000000*i)] * z[i]", None, {"x": np.ones(10), "z": np.ones(10_000)},
      "can reach magnitude"),
     ("s := x[1000000*i] * w[j]", {"i": 1000}, {"x": np.ones(10), "w": np.ones(0)}, "reaches 999000000"),
-])
+]
+
+
+@pytest.mark.parametrize("spec, ranges, inputs, match", OVERFLOW_CASES)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_positions_that_could_overflow_or_escape_are_shape_errors(spec, ranges, inputs, match, backend):
     kernel = tullax.einsum_kernel(spec, ranges=ranges, backend=backend)
@@ -53,12 +56,16 @@ def test_positions_that_could_overflow_or_escape_are_shape_errors(spec, ranges, 
         kernel(**inputs)
 
 
-def test_overflow_is_caught_at_trace_time_under_jit():
+@pytest.mark.parametrize("spec, ranges, inputs, match", OVERFLOW_CASES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overflow_is_caught_at_trace_time_under_jit(spec, ranges, inputs, match, backend):
+    """The same cases under jit: refused while tracing, before any kernel could run (the segfaults were eager
+    and under jit)."""
     import jax
 
-    kernel = tullax.einsum_kernel("y[i] := x[pad(1000000000000000*i)] * z[i]", backend="numba")
-    with pytest.raises(ShapeError, match="can reach magnitude"):
-        jax.jit(kernel).lower(np.ones(10, np.float32), np.ones(10_000, np.float32))
+    kernel = tullax.einsum_kernel(spec, ranges=ranges, backend=backend)
+    with pytest.raises(ShapeError, match=match):
+        jax.jit(kernel).lower(**{name: value.astype(np.float32) for name, value in inputs.items()})
 
 
 @pytest.mark.parametrize("ranges, error, match", [
@@ -88,7 +95,9 @@ _EDGES = [0, 1, -1, 2, -3, 7, 2**31, -(2**31), 2**40 + 3, 2**61, 2**62 - 1, 2**6
 _KINDS = ("pad", "clamp", "mod", "plain")
 
 
-def property_cases(count: int, seed: int = 0) -> list[dict]:
+def property_cases(count: int, seed: int = 0, *, reduced: bool = False) -> list[dict]:
+    """``count`` random cases of ``y[i] := x[pos(i)] * z[i]``; ``reduced``: of ``s := x[pos(i)] * z[i] * w[j]``
+    with a tiny or empty ``w`` (loads of x hoisted above an empty j loop once read past x)."""
     rng = np.random.default_rng(seed)
     cases = []
     for _ in range(count):
@@ -98,6 +107,8 @@ def property_cases(count: int, seed: int = 0) -> list[dict]:
         n_x = int(rng.choice([0, 1, 3, 10]))
         n_i = int(rng.choice([0, 1, 2, 5, 1000]))
         cases.append({"kind": kind, "coef": coef, "const": const, "n_x": n_x, "n_i": n_i})
+        if reduced:
+            cases[-1]["n_w"] = int(rng.choice([0, 0, 1, 2]))
     return cases
 
 
@@ -119,6 +130,8 @@ def expected(case: dict) -> list[float] | None:
             out.append(x[pos])
         else:
             return None
+    if "n_w" in case:  # s := sum over i, j of x[pos(i)] * 1 * 1
+        return [float(sum(out)) * case["n_w"]]
     return out
 
 
@@ -131,12 +144,13 @@ _CHILD = textwrap.dedent("""
     for case in json.loads(sys.argv[1]):
         pos = f"{case['coef']}*i + {case['const']}" if case["const"] >= 0 else f"{case['coef']}*i - {-case['const']}"
         index = pos if case["kind"] == "plain" else f"{case['kind']}({pos})"
-        spec = f"y[i] := x[{index}] * z[i]"
+        reduced = "n_w" in case
+        spec = f"s := x[{index}] * z[i] * w[j]" if reduced else f"y[i] := x[{index}] * z[i]"
         x = np.arange(1, case["n_x"] + 1, dtype=np.float64)
         z = np.ones(case["n_i"])
         try:
-            y = tullax.einsum_kernel(spec, backend="numba")(x, z)
-            results.append({"spec": spec, "value": [float(v) for v in y]})
+            y = tullax.einsum_kernel(spec, backend="numba")(x, z, *([np.ones(case["n_w"])] if reduced else []))
+            results.append({"spec": spec, "value": [float(v) for v in np.atleast_1d(y)]})
         except TullaxError as err:
             results.append({"spec": spec, "error": type(err).__name__ + ": " + str(err).splitlines()[0]})
         except BaseException as err:  # an IndexError from the bounds check is a memory-safety bug
@@ -147,7 +161,7 @@ _CHILD = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_affine_positions_near_int64_limits_under_numba_boundscheck(tmp_path):
-    cases = property_cases(40)
+    cases = property_cases(40) + property_cases(16, seed=1, reduced=True)
     env = dict(os.environ, NUMBA_BOUNDSCHECK="1", TULLAX_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cases)], capture_output=True, text=True,
                           env=env, timeout=900)

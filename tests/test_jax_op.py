@@ -212,6 +212,41 @@ def test_pure_callback_path_gives_the_same_results(monkeypatch, x64):
     np.testing.assert_allclose(batched[1], oracle(DIST)(2 * W, X), rtol=1e-12)
 
 
+@pytest.mark.parametrize("path", ["buffer", "pure"])
+def test_every_kernel_compiles_at_trace_time_never_inside_a_callback(path, monkeypatch, x64):
+    """Issue 15: with TULLAX_CALLBACK=pure (as on non-CPU platforms) the callback hands the kernel read-only
+    arrays, which Numba types apart from the writable stand-ins prepared at trace time: every kernel compiled a
+    second time inside the callback. Lowering a computation must compile (or load) every specialisation its
+    callbacks call; running it compiles and loads nothing. Specs used by no other test, so no earlier test has
+    compiled a specialisation for them."""
+    from tullax.backends.numba import compile_stats
+
+    monkeypatch.setenv("TULLAX_CALLBACK", path)
+    dist = tullax.einsum_kernel("D[i,j] := abs(W[k,i] - X[k,j])^3", backend="numba")
+    scatter = tullax.einsum_kernel("y[ix[i],d] += exp(v[i,d])*w[d]", backend="numba")
+    gather = tullax.einsum_kernel("o[b] := (T[ix[b]] - 1)^2", backend="numba")
+    W, X = dist_data()
+    ix = jnp.array([0, 2, 7, 1, 2])
+    y, v, w, T = jnp.ones((4, 3)), jnp.linspace(-1.0, 1.0, 15).reshape(5, 3), jnp.arange(3.0), jnp.arange(4.0)
+    cases = {
+        "forward": (dist, (W, X)),
+        "grad": (jax.grad(sq_loss(dist), (0, 1)), (W, X)),
+        "vmap": (jax.vmap(dist, in_axes=(0, None)), (jnp.stack([W, 2 * W]), X)),
+        "grad of vmap": (jax.grad(lambda Ws, X: jnp.sum(jax.vmap(dist, in_axes=(0, None))(Ws, X))),
+                         (jnp.stack([W, 2 * W]), X)),
+        "scatter grad": (jax.grad(lambda y, v, w: jnp.sum(scatter(y, v, w, ix) ** 2), (0, 1, 2)), (y, v, w)),
+        "gather hessian": (jax.hessian(lambda T: jnp.sum(gather(T, ix))), (T,)),
+        "gather jvp": (lambda T: jax.jvp(lambda T: gather(T, ix), (T,), (jnp.ones_like(T),)), (T,)),
+        "vmap of grad": (jax.vmap(jax.grad(lambda T: jnp.sum(gather(T, ix)))), (jnp.stack([T, T + 1]),)),
+    }
+    for name, (fn, args) in cases.items():
+        compiled = jax.jit(fn).lower(*args).compile()  # traces and lowers: every kernel is made ready here
+        before, launches = compile_stats(), stats.total()
+        jax.block_until_ready(compiled(*args))
+        assert stats.total() > launches and stats.paths[path] > 0, name  # the callbacks ran
+        assert compile_stats() == before, f"{name}: a kernel compiled or loaded inside a {path} callback"
+
+
 def test_buffer_callback_is_the_default(monkeypatch, x64):
     monkeypatch.delenv("TULLAX_CALLBACK", raising=False)
     stats.reset()
@@ -233,6 +268,43 @@ def test_out_of_range_indirect_index_under_jit_is_nan_and_skipped(x64):
     np.testing.assert_array_equal(gW, [[0.0] * 3, [1.0] * 3, [0.0] * 3, [1.0] * 3])
     with pytest.raises(tullax.ShapeError, match="outside axis 0 of W"):
         gather(np.asarray(W), np.asarray(ix))  # eager NumPy calls check the values
+
+
+SCATTER_GRAD_SPECS = ["y[ix[i]] += v[i]", "y[ix[i],d] += v[i,d]*v[i,d]"]
+
+
+@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("text", SCATTER_GRAD_SPECS)
+def test_scatter_gradient_is_zero_where_the_index_is_out_of_range(text, backend, x64):
+    """Issue 15: the gradient of a scatter with out-of-range indices was NaN in the dropped rows (eager and
+    jit), and poisoned what read it. The scatter drops those elements, so their gradient is exactly 0: as
+    ``.at[ix].add(v, mode='drop')``'s gradient (the reference), first and second order, and under vmap."""
+    kernel = tullax.einsum_kernel(text, backend=backend)
+    ix = jnp.array([0, 2, 7, -10, 1, 2, 10**9])  # in range, past the end, below -extent, far out
+    square = "*" in text
+    rng = np.random.default_rng(1)
+    v = jnp.asarray(rng.standard_normal((7,) if "d" not in text else (7, 3)))
+    y = jnp.asarray(rng.standard_normal((4,) + v.shape[1:]))
+    weights = jnp.asarray(rng.standard_normal(y.shape))
+
+    def loss(scatter):
+        return lambda y, v, ix: jnp.sum(jnp.sin(scatter(y, v, ix)) * weights)
+
+    mine = loss(kernel)
+    ref = loss(lambda y, v, ix: y.at[ix].add(v * v if square else v, mode="drop"))
+    want = jax.grad(ref, (0, 1))(y, v, ix)
+    dropped = np.array([2, 3, 6])
+    for got in (jax.grad(mine, (0, 1))(y, v, ix), jax.jit(jax.grad(mine, (0, 1)))(y, v, ix)):
+        assert np.isfinite(np.asarray(got[1])).all()
+        np.testing.assert_array_equal(np.asarray(got[1])[dropped], 0.0)
+        assert_trees_close(got, want)
+    hess = jax.jit(jax.hessian(lambda v: mine(y, v, ix)))(v)
+    assert_trees_close(hess, jax.hessian(lambda v: ref(y, v, ix))(v))
+    batched = jnp.stack([ix, ix[::-1]])
+    vs = jnp.stack([v, 2 * v])
+    per_row = jax.jit(jax.grad(lambda vs: jnp.sum(jax.vmap(lambda v, ix: mine(y, v, ix))(vs, batched))))(vs)
+    per_row_ref = jax.grad(lambda vs: jnp.sum(jax.vmap(lambda v, ix: ref(y, v, ix))(vs, batched)))(vs)
+    assert_trees_close(per_row, per_row_ref)
 
 
 @pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")

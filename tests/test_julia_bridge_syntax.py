@@ -99,7 +99,7 @@ def test_extension_only_adds_methods_to_bridge_functions():
         value, field = _named(node)
         if _text(value) == "TullaxBridge":
             extended.add(_text(field))
-    assert extended == {"cuda_backend", "run_launcher_cuda!"}
+    assert extended == {"cuda_backend", "run_launcher_cuda!", "run_launcher_cuda_device!"}
     assert extended <= _defined_names(sorted((BRIDGE / "src").glob("*.jl")))
 
 

@@ -41,7 +41,7 @@ from tullax.backends.julia import (
     launch_arguments,
     module_source,
 )
-from tullax.errors import TullaxError
+from tullax.errors import SpecError, TullaxError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
 from tullax.printers.julia import (
@@ -306,7 +306,7 @@ def test_real_functions_give_nan_outside_their_domain_instead_of_throwing(text, 
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("name", functions.CALLS)
+@pytest.mark.parametrize("name", [name for name in functions.CALLS if functions.get(name).julia is not None])
 def test_registry_julia_domains_are_where_julia_throws(name: str, dtype: str):
     """The registry's ``julia_domain`` (which calls the printer wraps in a NaN helper) against the evaluator's own
     model of Julia: the function throws DomainError exactly where the condition holds. A new registry function
@@ -315,7 +315,8 @@ def test_registry_julia_domains_are_where_julia_throws(name: str, dtype: str):
     assert fn.julia in SUPPORTED_FUNCTIONS, f"add Julia's {fn.julia} to tests/julia_subset.py"
     zero, one = format_float(0.0, dtype), format_float(1.0, dtype)
     condition = "false" if fn.julia_domain is None else fn.julia_domain.format(zero=zero, one=one)
-    module = load_module(f"module M\nf(x) = {fn.julia}(x)\noutside(x) = {condition}\nend\n")
+    args = ", ".join(["x"] * fn.arity)  # a function of two arguments (hypot) at x on the diagonal
+    module = load_module(f"module M\nf(x) = {fn.julia}({args})\noutside(x) = {condition}\nend\n")
     for value in (-math.inf, -2.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, math.inf, math.nan):
         x = np.dtype(dtype).type(value)
         try:
@@ -471,3 +472,22 @@ def test_cuda_launches_leave_the_work_group_size_to_kernelabstractions():
     source = _spec_source("D[i,j] := (W[k,i] - X[k,j])^2", target=CUDA)[2]
     assert CPU_WORKGROUP_HELPER not in source and "forward!" not in source
     assert "kernel!(backend)(a0, a1, a2, n0, n1, n2; ndrange = (n1, n2))" in source
+
+
+HALVES = [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, 0.49999997]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_round_is_half_to_even_in_printed_julia(dtype: str):
+    """``round`` prints as Julia's round (RoundNearest: ties to the even neighbour), as NumPy's rint."""
+    spec, _, source = _spec_source("y[i] := round(x[i]) + sign(x[i]) + atan(x[i], 2) + hypot(x[i], 2)", dtype)
+    assert "round(" in source and "atan(" in source and "hypot(" in source
+    env = {"x": np.asarray(HALVES, dtype)}
+    x = env["x"].astype(np.float64)
+    expected = np.rint(x) + np.sign(x) + np.arctan2(x, 2) + np.hypot(x, 2)
+    np.testing.assert_allclose(run_julia(spec, env), expected, rtol=1e-6)
+
+
+def test_erf_is_a_spec_error_on_julia():
+    with pytest.raises(SpecError, match="erf is not supported on the Julia backends.*use backend='numba' or 'xla'"):
+        _spec_source("y[i] := erf(x[i])")

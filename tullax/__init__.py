@@ -7,7 +7,7 @@ Importing tullax loads neither numba, nor juliacall, nor jax: each is imported w
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Iterable, Mapping
 
 from tullax._version import __version__
 from tullax.api.explain import explain
@@ -25,10 +25,13 @@ __all__ = [
 ]
 
 
-def einsum_kernel(spec: str, *, backend: str = "auto", ranges: Mapping | None = None) -> Kernel:
+def einsum_kernel(spec: str, *, backend: str = "auto", ranges: Mapping | None = None, init: Any = None,
+                  nograd: str | Iterable[str] = ()) -> Kernel:
     """Compile ``spec`` (DESIGN section 1) into a Kernel running on ``backend`` ('auto', 'numba', 'julia',
-    'julia-cuda' or 'xla'); ``ranges`` gives index ranges explicitly: ``{"i": 10}`` or ``{"i": (2, 12)}``."""
-    return Kernel(spec, backend=backend, ranges=ranges)
+    'julia-cuda' or 'xla'); ``ranges`` gives index ranges explicitly: ``{"i": 10}`` or ``{"i": (2, 12)}``;
+    ``init`` is the starting value of the reduction (Tullio's ``init=``); ``nograd`` names inputs that get no
+    gradient (``jax.grad`` gives zeros for them). See ``tullax.api.options``."""
+    return Kernel(spec, backend=backend, ranges=ranges, init=init, nograd=nograd)
 
 
 def generate_source(spec: str, backend: str = "numba", dtype: str = "float32",

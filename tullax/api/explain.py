@@ -5,14 +5,20 @@ from typing import Mapping
 
 from tullax.spec.frontend import compile_spec, describe_range
 from tullax.spec.ir import Spec
+from tullax.spec.text import format_finalizer
 
 
 def explain_spec(canonical: str, spec: Spec) -> str:
     from tullax.grad import gradient_texts
 
     lines = [f"spec:      {canonical}"]
-    if spec.redop != "+" or spec.finalizer:
-        lines.append(f"reduction: {spec.redop}" + (f", then |> {spec.finalizer}" if spec.finalizer else ""))
+    boolean = canonical.startswith(("(&)", "(|)"))  # all/any: run as min/max of 0/1 (spec.frontend)
+    if boolean:
+        lines.append(f"reduction: {canonical[1]} ({'all' if canonical[1] == '&' else 'any'}), run as {spec.redop} "
+                     f"of the body as 0/1; the result is bool")
+    elif spec.redop != "+" or spec.finalizer is not None:
+        then = f", then |> {format_finalizer(spec.finalizer)}" if spec.finalizer is not None else ""
+        lines.append(f"reduction: {spec.redop}{then}")
     lines.append(f"inputs:    {', '.join(f'{i.name} ({i.kind}, rank {i.rank})' for i in spec.inputs) or 'none'}")
     lines.append(f"free:      {', '.join(spec.free) or '(none: scalar or scatter result)'}")
     lines.append(f"reduced:   {', '.join(spec.reduced) or '(none)'}")
@@ -27,11 +33,11 @@ def explain_spec(canonical: str, spec: Spec) -> str:
     if spec.out_shape:
         lines.append(f"result:    {spec.out}[{', '.join(str(s) for s in spec.out_shape)}]")
     try:
-        grads = gradient_texts(spec)
+        grads = () if boolean else gradient_texts(spec)
     except ValueError as err:  # e.g. (*) reductions: say why instead of failing the whole explanation
         grads = (f"(no gradients: {err})",)
     lines.append("gradients:")
-    lines += [f"  {text}" for text in grads] or ["  (no differentiable inputs)"]
+    lines += [f"  {text}" for text in grads] or [f"  ({'a bool result' if boolean else 'no differentiable inputs'})"]
     return "\n".join(lines)
 
 

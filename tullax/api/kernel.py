@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 from functools import cached_property
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
+from tullax.api.options import finish, make_options, stop_gradients
 from tullax.errors import TullaxError, with_spec_context
 from tullax.spec.arguments import as_numpy_inputs, bind_inputs, check_call, result_dtype, weak_type
 from tullax.spec.frontend import compile_spec
@@ -16,11 +17,16 @@ class Kernel:
     """A compiled index-notation kernel. Call it with the inputs positionally (in order of first appearance
     on the right-hand side; for '=' and '+=' the existing output first) or by name."""
 
-    def __init__(self, spec: str, *, backend: str = "auto", ranges: Mapping | None = None):
+    def __init__(self, spec: str, *, backend: str = "auto", ranges: Mapping | None = None, init: Any = None,
+                 nograd: str | Iterable[str] = ()):
         from tullax import backends
 
         self.source = spec
         self.canonical, self.ir = compile_spec(spec, ranges)
+        try:
+            self.options = make_options(self.canonical, self.ir, init, nograd)
+        except TullaxError as err:
+            raise with_spec_context(err, spec) from None
         if backend != "auto":
             backends.get(backend)  # unknown names fail here, with the list of valid ones
         self.backend_name = backend
@@ -42,7 +48,15 @@ class Kernel:
         from tullax.grad import gradient_texts
 
         try:
-            return gradient_texts(self.ir)
+            if self.options.boolean is not None:  # a bool result has no gradient
+                return ()
+            texts = gradient_texts(self.ir)
+            if not self.options.nograd:
+                return texts
+            from tullax.grad import gradients
+
+            wrt = [g.wrt for g in gradients(self.ir)]  # gradient_texts follows this order
+            return tuple(t for t, name in zip(texts, wrt) if name not in self.options.nograd)
         except TullaxError as err:
             raise with_spec_context(err, self.source) from None
 
@@ -54,7 +68,9 @@ class Kernel:
         return backends.resolve(self.backend_name)
 
     def __repr__(self) -> str:
-        return f"tullax.Kernel({self.canonical!r}, backend={self.backend_name!r})"
+        extra = (f", init={self.options.init!r}" if self.options.init is not None else "") + \
+            (f", nograd={tuple(sorted(self.options.nograd))!r}" if self.options.nograd else "")
+        return f"tullax.Kernel({self.canonical!r}, backend={self.backend_name!r}{extra})"
 
     def _jax_backend(self) -> str:
         """The backend of a call on jax values: ``auto`` on a GPU platform picks a GPU backend."""
@@ -71,10 +87,15 @@ class Kernel:
         try:
             values = bind_inputs(self.ir, args, named)
             if _any_jax(values):
+                import jax.numpy as jnp
+
                 from tullax.jaxop.primitives import apply
 
-                return apply(self.ir, self._jax_backend(), values)
-            return run_eager(self.ir, self.backend, values)
+                values = stop_gradients(self.options, self.ir, values)
+                return finish(self.options, self.ir.redop, apply(self.ir, self._jax_backend(), values), jnp)
+            import numpy as np
+
+            return finish(self.options, self.ir.redop, run_eager(self.ir, self.backend, values), np)
         except TullaxError as err:
             raise with_spec_context(err, self.source) from None
 

@@ -34,7 +34,9 @@ def warm(spec: str, backend: str = "auto", dtype: str = "float32", ranges: Mappi
     """Compile and run once every kernel of ``spec`` on tiny inputs so the persistent cache holds them."""
     from tullax import backends
     from tullax.api.kernel import run_eager
+    from tullax.backends.base import Signature
     from tullax.backends.host import kernel_steps
+    from tullax.spec.arguments import result_dtype
     from tullax.spec.examples import random_inputs
 
     try:
@@ -43,8 +45,12 @@ def warm(spec: str, backend: str = "auto", dtype: str = "float32", ranges: Mappi
         timings = {}
         for step in kernel_steps(analysed, dtype):
             env = random_inputs(step.spec, dtype=dtype)
+            values = [env[name] for name in step.spec.input_names]
             start = time.perf_counter()
-            run_eager(step.spec, impl, [env[name] for name in step.spec.input_names])
+            run_eager(step.spec, impl, values)
+            built = impl.build(step.spec, Signature.of_values(values, result_dtype(step.spec, values)))
+            if hasattr(built, "prepare_every_variant"):  # the variants real shapes pick, not only the tiny ones'
+                built.prepare_every_variant()
             timings[step.label] = (time.perf_counter() - start) * 1e3
         return timings
     except TullaxError as err:

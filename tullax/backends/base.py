@@ -45,8 +45,9 @@ class HostKernel(Protocol):
     does).
 
     Two optional methods, present when the backend declares them in its ``Capabilities``:
-    ``prepare(shapes)`` compiles now what a call with these shapes will run (the JAX path calls it while
-    tracing, so compiling happens, and fails, at trace time, not inside a callback), and
+    ``prepare(shapes, *, read_only=False)`` compiles now what a call with these shapes (and read-only inputs when
+    ``read_only``) will run (the JAX path calls it while tracing, so compiling happens, and fails, at trace time,
+    not inside a callback), and
     ``run(out, inputs, shapes)`` is the call itself for a caller that already knows the shapes."""
 
     def __call__(self, out: Any, *inputs: Any) -> None:

@@ -12,8 +12,12 @@
 * Zero copy: the host kernel passes the NumPy arrays (views of XLA's buffers under jit) to
   ``TullaxBridge.run_launcher_cpu!``, which wraps each as ``unsafe_wrap(Array, pointer, reverse(size))`` (the
   printed kernels index reversed) and calls the printed launcher ``run_kernel!`` (ndrange, synchronize). Python
-  keeps the arrays alive for the call. ``julia-cuda`` copies them to the device and the output back (the host
-  kernel contract is NumPy memory). uint64 index arrays go over as their int64 view (``index_view``).
+  keeps the arrays alive for the call. uint64 index arrays go over as their int64 view (``index_view``).
+* ``julia-cuda`` inside jax on an NVIDIA GPU takes the device path (``tullax.jaxop.device``): the callback gets
+  XLA's device buffers and stream, and ``TullaxBridge.run_launcher_cuda_device!`` wraps each buffer as a
+  ``CuArray`` (``unsafe_wrap``, no copy), orders CUDA.jl's stream after XLA's and XLA's after it with two events,
+  and returns without waiting (``JuliaDeviceKernel``). Called on NumPy arrays, it copies them to the device and
+  the output back (``run_launcher_cuda!``).
 * Caching: the build sequence is ``tullax.backends.host``'s; the module text is ``kernels.jl`` in its cache entry,
   plus ``workload.json``: tiny arguments for precompiling it. ``JuliaBackend.warm_package()`` (``tullax cache
   warm --backend julia``) writes every cached CPU module into one precompiled package
@@ -28,7 +32,7 @@ import os
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -380,11 +384,75 @@ class JuliaBackend:
         return warm_package()
 
 
+@dataclass(frozen=True)
+class DevicePlan:
+    """The launcher's arguments for one call on XLA's device buffers, worked out at trace time: each array as
+    (input position, None for the output; Julia element type; Julia dims, the shape reversed), the array the
+    output starts from (``+=``, ``=``: input 0) or None, each scalar as (input position, the buffer's element
+    type, the type the kernel declares), and the size values."""
+
+    arrays: tuple[tuple[int | None, str, tuple[int, ...]], ...]
+    given: tuple[int, str, tuple[int, ...]] | None
+    scalars: tuple[tuple[int, str, str], ...]
+    sizes: tuple[int, ...]
+
+
+def device_plan(kernel: LoopKernel, spec: Spec, signature: Signature,
+                shapes: Mapping[str, tuple[int, ...]]) -> DevicePlan:
+    """The ``DevicePlan`` of ``kernel`` (lowered from ``spec`` for ``signature``) for one call's shapes (inputs by
+    name plus ``spec.out``)."""
+    names = spec.input_names
+    dtype_of = dict(zip(names, signature.in_dtypes))
+    index_arguments = _index_arguments(kernel, spec)
+    out_dims = tuple(reversed(tuple(shapes[spec.out])))
+    arrays = []
+    for position, array in enumerate(kernel.arrays):
+        if array.role != "in":
+            arrays.append((None, julia_type(signature.out_dtype), out_dims))
+            continue
+        dtype = dtype_of[array.source]
+        if position in index_arguments:
+            dtype = _INDEX_VIEWS.get(dtype, dtype)
+        arrays.append((names.index(array.source), julia_type(dtype), tuple(reversed(tuple(shapes[array.source])))))
+    given = None if spec.assign == ":=" else (0, julia_type(signature.out_dtype), out_dims)
+    scalars = tuple((names.index(s.source), julia_type(dtype_of[s.source]), julia_type(arrival_dtype(s.dtype)))
+                    for s in kernel.scalars)
+    sizes = tuple(int(size.size.eval(shapes)) for size in kernel.sizes)
+    return DevicePlan(tuple(arrays), given, scalars, sizes)
+
+
+def _device_address(buffer: Any) -> int:
+    return int(buffer.__cuda_array_interface__["data"][0])
+
+
+class JuliaDeviceKernel:
+    """``kernel(stream, out, buffers)``: the printed GPU launcher on XLA's device buffers, enqueued in order on
+    XLA's ``stream`` (``JuliaRuntime.launch_device``); returns without waiting for the GPU."""
+
+    def __init__(self, modname: str, launcher: str, plan: DevicePlan, device: int = 0):
+        self.modname, self.launcher, self.plan, self.device = modname, launcher, plan, device
+
+    def arguments(self, stream: int, out: Any, buffers: Sequence[Any]) -> tuple:
+        """What ``run_launcher_cuda_device!`` receives after the module and launcher: plain ints, strings and
+        tuples of them."""
+        plan = self.plan
+        arrays = tuple((_device_address(out if source is None else buffers[source]), eltype, dims)
+                       for source, eltype, dims in plan.arrays)
+        given = () if plan.given is None else (_device_address(buffers[plan.given[0]]),) + plan.given[1:]
+        scalars = tuple((_device_address(buffers[source]), eltype, kind) for source, eltype, kind in plan.scalars)
+        return int(stream), self.device, given, arrays, scalars, plan.sizes
+
+    def __call__(self, stream: int, out: Any, buffers: Sequence[Any]) -> None:
+        runtime().launch_device(self.modname, self.launcher, *self.arguments(stream, out, buffers))
+
+
 class JuliaCudaBackend(JuliaBackend):
-    """KernelAbstractions on ``CUDABackend()`` (CUDA.jl)."""
+    """KernelAbstractions on ``CUDABackend()`` (CUDA.jl). Inside jax on an NVIDIA GPU its kernels run on XLA's
+    own buffers, ordered on XLA's stream (``platform``, ``device_kernel``)."""
 
     name = CUDA_NAME
     target = CUDA
+    platform = "cuda"  # the jax platform whose device buffers its kernels take (tullax.jaxop.device)
     # CUDA kernels compile once per process: CUDA.jl compiles device code per session, package image or not.
     capabilities = Capabilities(host_buffers=True, module_source=True, shaped_run=True)
 
@@ -394,10 +462,20 @@ class JuliaCudaBackend(JuliaBackend):
     def _start(self) -> None:
         runtime().start_cuda(cuda_availability)
 
+    def device_kernel(self, spec: Spec, signature: Signature,
+                      shapes: Mapping[str, tuple[int, ...]]) -> JuliaDeviceKernel:
+        """At trace time: the module of ``spec`` built and loaded into Julia (a compile error is a TullaxError
+        here, never in the callback) and the call's arguments planned. Device 0: jax's buffer_callback does not
+        say which device a buffer is on, and one GPU per process is what tullax supports here."""
+        built = self.build(spec, signature)
+        plan = device_plan(built.generated.kernel, spec, signature, shapes)
+        return JuliaDeviceKernel(built.modname, built.launcher, plan)
+
     def warm_package(self) -> dict[str, Any]:
         raise TullaxError("precompiled kernel packages hold CPU kernels; CUDA kernels compile once per process "
                           "(use `tullax cache warm --backend julia`)")
 
 
-__all__ = ["JuliaBackend", "JuliaCudaBackend", "module_source", "kernel_module", "launch_arguments", "index_view",
-           "workload_call", "bridge_workload", "warm_package", "Target", "CPU", "CUDA"]
+__all__ = ["JuliaBackend", "JuliaCudaBackend", "JuliaDeviceKernel", "DevicePlan", "device_plan", "module_source",
+           "kernel_module", "launch_arguments", "index_view", "workload_call", "bridge_workload", "warm_package",
+           "Target", "CPU", "CUDA"]

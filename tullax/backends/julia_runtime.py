@@ -210,17 +210,17 @@ def start_failure_message(err: BaseException) -> str:
 
 def gpu_memory_warning(environ: Mapping[str, str], modules: Mapping[str, Any]) -> str | None:
     """The warning for ``julia-cuda`` in a process where jax may use the same GPU, else None. jax preallocates 75%
-    of the GPU's memory on its first GPU operation (jax's "GPU memory allocation" docs), and every julia-cuda
-    launch copies its arguments into new device arrays."""
+    of the GPU's memory on its first GPU operation (jax's "GPU memory allocation" docs), and CUDA.jl allocates
+    its own device memory (a julia-cuda call on NumPy inputs copies them into new device arrays)."""
     if "jax" not in modules or not any(importlib.util.find_spec(name) for name in _JAX_CUDA_PLUGINS):
         return None
     if (environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() == "false"
             or "XLA_PYTHON_CLIENT_MEM_FRACTION" in environ or environ.get("XLA_PYTHON_CLIENT_ALLOCATOR")):
         return None
     return ("julia-cuda runs next to jax, which preallocates 75% of the GPU's memory on its first GPU operation, "
-            "while every julia-cuda launch copies its arguments to the device: large kernels may run out of GPU "
-            "memory. Set XLA_PYTHON_CLIENT_PREALLOCATE=false (or XLA_PYTHON_CLIENT_MEM_FRACTION) before jax "
-            "starts.")
+            "while CUDA.jl allocates from what is left (its own kernels' state, and device copies of NumPy "
+            "inputs): large kernels may run out of GPU memory. Set XLA_PYTHON_CLIENT_PREALLOCATE=false (or "
+            "XLA_PYTHON_CLIENT_MEM_FRACTION) before jax starts.")
 
 
 def julia_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -366,6 +366,18 @@ class JuliaRuntime:
             return float(entry(module, launcher, *args))
 
         return self.run(call)
+
+    def launch_device(self, modname: str, launcher: str, stream: int, device: int, given: tuple,
+                      arrays: tuple, scalars: tuple, sizes: tuple) -> None:
+        """Enqueue the printed GPU launcher on XLA's device buffers, ordered on XLA's ``stream``
+        (``TullaxBridge.run_launcher_cuda_device!``); returns once it is enqueued. Every argument is a tuple of
+        ints and strings (juliacall hands a tuple over as a Julia ``Tuple``)."""
+
+        def call() -> None:
+            self._bridge.run_launcher_cuda_device_b(self._modules[modname], launcher, stream, device, given,
+                                                    arrays, scalars, sizes)
+
+        self.run(call)
 
     def write_package(self, directory: str, name: str, sources: tuple[str, ...],
                       workloads: tuple[tuple, ...]) -> tuple[str, float]:

@@ -172,15 +172,30 @@ class NumbaHostKernel:
         if copy_back is not None:
             out[...] = copy_back
 
-    def prepare(self, shapes: Shapes) -> None:
+    def prepare(self, shapes: Shapes, *, read_only: bool = False) -> None:
         """Load or compile now the variant that a call with these input and output shapes will run. The JAX
-        path calls it while tracing, so a compile error surfaces at trace time and never inside a callback."""
-        kernel = self.generated.kernel
-        # Stand-ins with the call's types (C-contiguous, writable, aligned: what marshal hands Numba).
-        args: list[Any] = [np.empty((1,) * max(a.rank, 1 if a.role != "in" else 0), a.dtype) for a in kernel.arrays]
-        args += [np.dtype(s.dtype).type(0) for s in kernel.scalars]
+        path calls it while tracing, so a compile error surfaces at trace time and never inside a callback.
+        ``read_only``: the call's inputs are read-only arrays (``pure_callback``'s), which Numba types apart."""
         sizes = self._plan.size_values(shapes)
-        self._load_or_compile(self._pick(sizes), args + sizes)
+        self._load_or_compile(self._pick(sizes), self._stand_ins(read_only) + sizes)
+
+    def prepare_every_variant(self) -> None:
+        """Load or compile now every variant a call may pick: the nested kernel and, where there is one, the flat
+        one. ``tullax cache warm`` calls it, since its tiny warm-up shapes pick the flat variant, which real
+        shapes do not (a warmed spec then compiled again on first use)."""
+        sizes = [0] * len(self._size_names)  # a size's Numba type does not depend on its value
+        for fn in (self._nested, self._flat):
+            if fn is not None:
+                self._load_or_compile(fn, self._stand_ins() + sizes)
+
+    def _stand_ins(self, read_only: bool = False) -> list[Any]:
+        """Arrays and scalars with the call's types (C-contiguous, aligned, writable unless ``read_only``: what
+        marshal hands Numba); the output is always writable."""
+        kernel = self.generated.kernel
+        args: list[Any] = [np.empty((1,) * max(a.rank, 1 if a.role != "in" else 0), a.dtype) for a in kernel.arrays]
+        for stand_in, array in zip(args, kernel.arrays):
+            stand_in.flags.writeable = not (read_only and array.role == "in")
+        return args + [np.dtype(s.dtype).type(0) for s in kernel.scalars]
 
     def _pick(self, sizes: Sequence[int]) -> Any:
         if self._flat is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -26,11 +26,13 @@ from tullax.spec.ir import (
     Binary,
     Call,
     Expr,
+    Hole,
     Idx,
     IndexVal,
     Indirect,
     Num,
     Param,
+    Size,
     Spec,
     Unary,
     idx_affine,
@@ -96,9 +98,21 @@ def _evaluate(spec: Spec, env: Env, einsum: bool = True, grid: str = "free-first
     if spec.is_scatter:
         return _scatter(ctx)
     value = _contract(ctx) if einsum and is_contraction(spec) and _einsum_fits(ctx) else _reduce(ctx)
-    if spec.finalizer:
-        value = _apply(spec.finalizer, (value,))
+    if spec.finalizer is not None:
+        value = _finalize(ctx, value)
     return _place(ctx, _as_array(value, ctx.dtype))
+
+
+def _finalize(ctx: "_Context", value):
+    """The finaliser on the reduced ``value`` (free indices in lhs order), its reads on a grid of the free
+    indices alone."""
+    import jax.numpy as jnp
+
+    free = ctx.spec.free
+    axes = [ctx.grid.axis(n) for n in free]
+    grid = _Grid(free, tuple(ctx.grid.lo[a] for a in axes), tuple(ctx.grid.size[a] for a in axes))
+    out = _body(replace(ctx, grid=grid, hole=value), ctx.spec.finalizer)
+    return jnp.broadcast_to(_as_array(out, ctx.dtype), grid.shape)
 
 
 def _grid_order(spec: Spec, grid: str) -> tuple[str, ...]:
@@ -170,6 +184,7 @@ class _Context:
     dtype: Any
     grid: _Grid
     complex_names: frozenset[str] = frozenset()
+    hole: Any = None  # the reduced values, while the finaliser is evaluated
 
     @property
     def compute(self) -> Any:
@@ -287,6 +302,10 @@ def _body(ctx: _Context, expr: Expr):
         return _as_array(ctx.env[expr.name], ctx.leaf(expr.name))
     if isinstance(expr, IndexVal):
         return (ctx.grid.values(expr.name) + expr.offset.eval(ctx.shapes)).astype(ctx.real)
+    if isinstance(expr, Size):
+        return _as_array(ctx.shapes[expr.array][expr.axis], ctx.real)
+    if isinstance(expr, Hole):
+        return ctx.hole
     if isinstance(expr, Access):
         return _read(ctx, expr)
     if isinstance(expr, Unary):
@@ -405,6 +424,8 @@ def _position(ctx: _Context, idx: Idx, extent: int) -> _Position:
     if isinstance(idx, Indirect):
         where = ctx.array(idx.array)[jnp.asarray(_affine(ctx, idx.inner))]
         defined = (where >= 0) & (where < extent)
+        if idx.pad:  # pad(ix[e]) reads 0 outside the axis
+            return _Position(jnp.clip(where, 0, max(extent - 1, 0)), inside=defined)
         return _Position(jnp.clip(where, 0, max(extent - 1, 0)), defined=defined)
     raw = _affine(ctx, idx.inner)
     if idx.kind == "mod":

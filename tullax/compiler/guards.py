@@ -79,6 +79,8 @@ def linear_form(expr: ir.Expr) -> LinearForm | None:
     """``expr`` as an integer linear form over index values, or None (data, division, non-integer numbers)."""
     if isinstance(expr, ir.IndexVal):
         return LinearForm(((expr.name, 1),), expr.offset)
+    if isinstance(expr, ir.Size):  # an extent: a symbolic constant, so j < size(x,1)-1 narrows j's loop
+        return LinearForm((), Sym.extent(expr.array, expr.axis))
     if isinstance(expr, ir.Num):
         is_int = isinstance(expr.value, int) and not isinstance(expr.value, bool)
         return LinearForm((), Sym(expr.value)) if is_int else None

@@ -51,7 +51,7 @@ from tullax.compiler.loops import (
 )
 from tullax.compiler.params import parameters
 from tullax.compiler.schedule import TILE, Schedule, loop_order, schedule
-from tullax.compiler.translate import Translator, as_bool, lower_call
+from tullax.compiler.translate import Translator, as_bool
 from tullax.spec import ir
 from tullax.spec.ir import Spec, Wrapped
 from tullax.spec.text import format_spec
@@ -155,12 +155,18 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
         block = [Let(ACC, Const(IDENTITY[spec.redop], compute))]
         block += nest.block([Accum(ACC, spec.redop, value)])
         result = Var(ACC, compute)
-    if spec.finalizer:
-        result = lower_call(spec.finalizer, [result], compute)
+    if spec.finalizer is not None:
+        result = finalize(spec, translator, result)
     block.append(Store(out.name, out_index, result, "add" if spec.assign == "+=" else "set"))
     if not plan.parallel and has_loops:
         block = [mark_reduce_parallel(s) for s in block]
     return nest.parallel(block)
+
+
+def finalize(spec: Spec, translator: Translator, reduced: Expr) -> Expr:
+    """The finaliser applied to the ``reduced`` value of one element: its reads happen once per element, at the
+    free indices, after the reduction (not hoisted: they sit in the per-element block)."""
+    return replace(translator, hole=reduced).value(spec.finalizer)
 
 
 def _first_block_end(spec: Spec, plan: Schedule, emit: Emitter, nest: Nest, blocked: str | None) -> Expr | None:
@@ -231,8 +237,8 @@ def _tiled(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr,
         sums = TileSum(tile, here, binop("-", Var(j, INDEX), Var(TILE_LO, INDEX)), plan.tiling.elems,
                        binop("-", emit.size(rng.hi), emit.size(rng.lo)))
         block += sums.prologue() + sums.blocked(nest.block([update]), plan.var(blocked)) + sums.epilogue()
-    if spec.finalizer:
-        block.append(over_tile(Store(out.name, out_index, lower_call(spec.finalizer, [here], compute))))
+    if spec.finalizer is not None:
+        block.append(over_tile(Store(out.name, out_index, finalize(spec, translator, here))))
     return nest.parallel(block)
 
 

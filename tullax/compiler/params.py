@@ -56,8 +56,8 @@ def parameters(spec: Spec, signature: Signature) -> Params:
             raise TullaxError(f"the result of this spec on complex inputs is complex: a {compute} result cannot "
                               "hold it")
         compute = COMPLEX[FLOATS.index(compute)]
-    used_arrays = ir.arrays_read(spec.body, spec.lhs)
-    used_scalars = {node.name for node in ir.walk(spec.body) if isinstance(node, ir.Param)}
+    used_arrays = set().union(*(ir.arrays_read(e, spec.lhs) for e in ir.spec_exprs(spec)))
+    used_scalars = {node.name for e in ir.spec_exprs(spec) for node in ir.walk(e) if isinstance(node, ir.Param)}
     # '+=' and a scatter add to what is there: the host passes the existing values in the output
     role = "out" if spec.assign in (":=", "=") and not spec.is_scatter else "inout"
     out = ArrayArg("a0", spec.out, len(spec.lhs or ()), compute, role)

@@ -55,6 +55,7 @@ class Translator:
 
     params: Params
     emit: Emitter
+    hole: Expr | None = None  # the reduced value, where a finaliser is translated (``_``)
 
     @property
     def compute(self) -> str:
@@ -85,6 +86,11 @@ class Translator:
             return cast(Var(arg.name, arg.dtype), self.leaf(arg.dtype))
         if isinstance(expr, ir.IndexVal):
             return binop("+", self.emit.index_var(expr.name), self.emit.size(expr.offset))
+        if isinstance(expr, ir.Size):
+            return self.emit.extent(expr.array, expr.axis)
+        if isinstance(expr, ir.Hole):
+            assert self.hole is not None, "_ outside a finaliser"
+            return self.hole
         if isinstance(expr, ir.Access):
             return self.access(expr)
         if isinstance(expr, ir.Unary):
@@ -161,7 +167,7 @@ class Translator:
         assert isinstance(idx, Indirect)
         temp = self.index_temp(idx)
         extent = self.emit.extent(array, axis)
-        return Position(temp, (binop(">=", temp, const(0)), binop("<", temp, extent)))
+        return Position(temp, (binop(">=", temp, const(0)), binop("<", temp, extent)), pads=idx.pad)
 
     def index_temp(self, idx: Indirect) -> Var:
         """``ix[e]`` read once into a temporary where e is known (ix[e] itself is in range by e's range)."""
@@ -207,10 +213,9 @@ def lower_call(fn: str, args: list[Expr], compute: str) -> Expr:
             return rule(args, compute)
     if entry is None or entry.lowering != "call":
         raise TullaxError(f"function {fn} is not supported by the loop backends")
-    (x,) = args
-    if fn == "abs" and x.dtype == INDEX:  # |i - j| stays index arithmetic
-        return Call("abs", (x,), INDEX)
-    return Call(fn, (cast(x, compute),), compute)
+    if fn == "abs" and args[0].dtype == INDEX:  # |i - j| stays index arithmetic
+        return Call("abs", tuple(args), INDEX)
+    return Call(fn, tuple(cast(x, compute) for x in args), compute)
 
 
 def _complex_call(fn: str, x: Expr) -> Expr:
@@ -248,6 +253,13 @@ def _relu(args: list[Expr], compute: str) -> Expr:
     return Select(binop(">", x, zero), x, zero, compute)
 
 
+def _sign(args: list[Expr], compute: str) -> Expr:
+    """x > 0 ? 1 : (x < 0 ? -1 : x): C has no sign(); zeros and NaN come out as themselves, as in jnp.sign."""
+    x, zero = cast(args[0], compute), Const(0.0, compute)
+    negative = Select(binop("<", x, zero), Const(-1.0, compute), x, compute)
+    return Select(binop(">", x, zero), Const(1.0, compute), negative, compute)
+
+
 def _exp_minus_abs(x: Expr, compute: str) -> Expr:
     """exp(-|x|): never overflows."""
     return Call("exp", (UnOp("neg", Call("abs", (x,), compute), compute),), compute)
@@ -272,5 +284,5 @@ Rule = Callable[[list[Expr], str], Expr]
 # the rules of the registry's "structural" and "expand" functions (a "call" function needs none)
 _STRUCTURAL: dict[str, Rule] = {"ifelse": _ifelse, "max": _extremum("max"), "min": _extremum("min"),
                                 "conj": _real, "real": _real, "imag": _imag}
-_EXPANSIONS: dict[str, Rule] = {"relu": _relu, "sigmoid": _sigmoid, "softplus": _softplus}
+_EXPANSIONS: dict[str, Rule] = {"relu": _relu, "sign": _sign, "sigmoid": _sigmoid, "softplus": _softplus}
 _RULES = {"structural": _STRUCTURAL, "expand": _EXPANSIONS}

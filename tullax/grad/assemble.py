@@ -22,7 +22,7 @@ Group = tuple[dict[str, Range], tuple[Expr, ...]]
 def gradient_steps(fw: Forward, inp: Input, result: str) -> tuple[Spec, ...]:
     """The steps computing the gradient w.r.t. ``inp`` into ``result``, the prelude steps they read first."""
     if inp.kind == "scalar":
-        return _with_prelude(fw, (_scalar_step(fw, inp.name, result),))
+        return _with_prelude(fw, _scalar_steps(fw, inp.name, result))
     contributions: list[Term | Scatter] = []
     if inp.name == fw.spec.out and fw.spec.assign != ":=":
         contributions += _given_output_terms(fw)
@@ -30,6 +30,11 @@ def gradient_steps(fw: Forward, inp: Input, result: str) -> tuple[Spec, ...]:
         term = _term(fw, inp.name, lambda node, occ=occ: node == occ)
         if term is not None:
             contributions.append(invert(fw, occ, term))
+    if fw.spec.finalizer is not None:  # arrays the finaliser reads at the free indices: nothing reduced
+        for occ in _occurrences(fw.spec.finalizer, inp.name):
+            term = fw.finalizer_term(lambda node, occ=occ: node == occ)
+            if term is not None:
+                contributions.append(invert(fw.free_only(), occ, term))
     return _with_prelude(fw, _assemble(fw, inp, result, contributions))
 
 
@@ -53,11 +58,21 @@ def _occurrences(body: Expr, array: str) -> list[Access]:
     return found
 
 
-def _scalar_step(fw: Forward, name: str, result: str) -> Spec:
+def _scalar_steps(fw: Forward, name: str, result: str) -> tuple[Spec, ...]:
     """Δa := Σ over every forward index of the seed factor times ∂body/∂a."""
-    body = _term(fw, name, lambda node: isinstance(node, Param) and node.name == name)
+    def is_var(node: Expr) -> bool:
+        return isinstance(node, Param) and node.name == name
+
+    body = _term(fw, name, is_var)
     ranges = fw.ranges if body is not None else {}
-    return fw.make_spec(result, body, ranges, rank=0)
+    in_body = fw.make_spec(result, body, ranges, rank=0)
+    in_finalizer = fw.finalizer_term(is_var) if fw.spec.finalizer is not None else None
+    if in_finalizer is None:
+        return (in_body,)
+    over_free = {n: fw.ranges[n] for n in fw.spec.free}  # the finaliser runs once per result element
+    if body is None:
+        return (fw.make_spec(result, in_finalizer, over_free, rank=0),)
+    return in_body, fw.make_spec(result, in_finalizer, over_free, assign="+=", rank=0)
 
 
 def _term(fw: Forward, name: str, is_var: IsVar) -> Maybe:

@@ -1,9 +1,10 @@
 """Symbolic derivatives of body expressions (jax's conventions at the kinks: |x|' = 1 at 0, relu'(0) = 0,
 max/min split ties).
 
-The rules of the one-argument functions come from the function registry (``tullax.spec.functions``): each
-is a formula in the spec language over ``x`` (the argument) and ``y`` (the value f(x)), parsed once and
-rebuilt through the simplifying constructors of ``grad.algebra`` for every use. ``max``, ``min`` and
+The rules of the "call" functions come from the function registry (``tullax.spec.functions``): each is a
+formula in the spec language over ``x`` (the argument; ``x1``, ``x2``, ... for one rule per argument of a
+function of several) and ``y`` (the value f(x)), parsed once and rebuilt through the simplifying constructors of
+``grad.algebra`` for every use; the chain rule sums over the arguments. ``max``, ``min`` and
 ``ifelse`` have structural rules here, and so do ``conj``, ``real``, ``imag`` and ``abs`` of complex values
 (``wirtinger``: jax's convention for complex gradients).
 """
@@ -12,7 +13,21 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Callable
 
-from tullax.grad.algebra import Maybe, add, call, cmp, div, is_num, literal, mul, neg, power, rebuild, sub
+from tullax.grad.algebra import (
+    Maybe,
+    add,
+    call,
+    cmp,
+    div,
+    is_num,
+    literal,
+    mul,
+    neg,
+    power,
+    rebuild,
+    sub,
+    total,
+)
 from tullax.spec import functions
 from tullax.spec.ir import COMPARISONS, Binary, Call, Expr, Num, Unary
 from tullax.spec.parse import parse_spec
@@ -70,11 +85,19 @@ def conj(expr: Maybe, names: frozenset[str]) -> Maybe:
 
 def unary_derivative(fn: str, u: Expr, node: Expr | None = None) -> Maybe:
     """f'(u) for a one-argument function; ``node`` is f(u) itself where the rule reuses it (``exp' = y``)."""
-    rule = _formula(functions.get(fn).derivative)
-    if rule is None:  # imag of a real value: zero
+    return partial_derivative(fn, 0, (u,), node)
+
+
+def partial_derivative(fn: str, position: int, args: tuple[Expr, ...], node: Expr | None = None) -> Maybe:
+    """∂f/∂(argument ``position``) at ``args``, from the registry's rule over x (one argument) or x1, x2, ...
+    and y; ``node`` is f(args) itself where the rule reuses it. None: that partial derivative is zero."""
+    entry = functions.get(fn)
+    rule = _formula(entry.partials()[position])
+    if rule is None:  # imag of a real value, floor, sign: zero
         return None
-    value = node if node is not None else call(fn, u)
-    return rebuild(rule, {"x": u, "y": value}.__getitem__)
+    value = node if node is not None else call(fn, *args)
+    names = {"x": args[0]} if entry.arity == 1 else {f"x{k + 1}": a for k, a in enumerate(args)}
+    return rebuild(rule, {**names, "y": value}.__getitem__)
 
 
 def derivative_from_output(fn: str, output: Expr) -> Maybe:
@@ -123,14 +146,19 @@ def _call_pair(expr: Call, is_var: IsVar, names: frozenset[str]) -> Pair:
         return _ifelse_pair(expr, is_var, names)
     if expr.fn in ("max", "min"):
         return _extremum_pair(expr, is_var, names)
-    (arg,) = expr.args
-    d, b = wirtinger(arg, is_var, names)
-    if d is None and b is None:
-        return None, None
-    if functions.get(expr.fn).on_complex != "holomorphic" and is_complex(arg, names):
-        return _wirtinger_rule(expr, d, b, names)
-    rule = unary_derivative(expr.fn, arg, expr)
-    return mul(rule, d), mul(rule, b)
+    if len(expr.args) == 1 and functions.get(expr.fn).on_complex != "holomorphic" \
+            and is_complex(expr.args[0], names):
+        d, b = wirtinger(expr.args[0], is_var, names)
+        return (None, None) if d is None and b is None else _wirtinger_rule(expr, d, b, names)
+    ds, bs = [], []
+    for position, arg in enumerate(expr.args):  # the chain rule over every argument
+        d, b = wirtinger(arg, is_var, names)
+        if d is None and b is None:
+            continue
+        rule = partial_derivative(expr.fn, position, expr.args, expr)
+        ds.append(mul(rule, d))
+        bs.append(mul(rule, b))
+    return total(ds), total(bs)
 
 
 def _wirtinger_rule(expr: Call, d: Maybe, b: Maybe, names: frozenset[str]) -> Pair:

@@ -13,6 +13,7 @@ from tullax.grad.algebra import Maybe, call, cmp, div, mul, sub
 from tullax.grad.bounds import Axis, KnownSizes
 from tullax.grad.derivative import (
     cotangent,
+    derivative,
     derivative_from_output,
     has_output_form,
     has_zero_derivative,
@@ -23,7 +24,24 @@ from tullax.grad.names import fresh, seed_name, spec_names
 from tullax.grad.steps import Fact, make_spec
 from tullax.spec import functions
 from tullax.spec.analyze import shift_indices
-from tullax.spec.ir import ARITHMETIC, Access, Affine, Binary, Call, Expr, Idx, IndexVal, Num, Param, Range, Spec, Unary
+from tullax.spec.ir import (
+    ARITHMETIC,
+    Access,
+    Affine,
+    Binary,
+    Call,
+    Expr,
+    Hole,
+    Idx,
+    IndexVal,
+    Indirect,
+    Num,
+    Param,
+    Range,
+    Spec,
+    Unary,
+    map_expr,
+)
 from tullax.spec.sizes import Extent, Sym
 from tullax.spec.valuetype import is_complex, result_is_complex
 
@@ -46,6 +64,7 @@ class Forward:
     # the complex arrays and scalars: inputs, and the seed, residual and prelude values that are complex
     # (``spec.valuetype``); empty for a real spec, whose gradients derive as they always did
     complex_names: frozenset[str] = frozenset()
+    hole: Expr | None = None  # what the finaliser's ``_`` reads in gradient terms (the pre-finaliser value)
 
     @property
     def indices(self) -> tuple[str, ...]:
@@ -64,6 +83,21 @@ class Forward:
         extent = Sym.extent(spec.out, axis)
         return self.sizes.at_least(Sym(0), rng.lo) and self.sizes.at_least(rng.hi, extent) \
             and self.sizes.at_least(extent, rng.hi)
+
+    def free_only(self) -> "Forward":
+        """The forward as the finaliser sees it: over the free indices alone (it runs after the reduction),
+        so a finaliser term inverts with nothing left to reduce."""
+        ranges = {name: self.ranges[name] for name in self.spec.free}
+        spec = replace(self.spec, reduced=(), ranges=tuple(ranges.items()))
+        return replace(self, spec=spec, ranges=MappingProxyType(ranges))
+
+    def finalizer_term(self, is_var) -> Maybe:
+        """ΔOUT times ∂(finaliser)/∂v, ``_`` read as the pre-finaliser value (None: zero)."""
+        d_fin = derivative(self.spec.finalizer, is_var)
+        if d_fin is None:
+            return None
+        seed = Access(self.seed, self.spec.lhs) if self.spec.lhs else Param(self.seed)
+        return mul(seed, fill_hole(d_fin, self.hole))
 
     def make_spec(self, out: str, body: Maybe, ranges: Mapping[str, Range], *, free: tuple[str, ...] = (),
                   assign: str = ":=", redop: str = "+", lhs: tuple[Idx, ...] | None = None,
@@ -148,7 +182,9 @@ def _free_step(fw: Forward, base: str, body: Expr, redop: str) -> tuple[Forward,
 def _with_seed_factor(fw: Forward) -> Forward:
     """The forward with its seed factor ΔOUT[free] * f'(pre) * ∂OUT/∂body and the prelude steps it reads."""
     spec = fw.spec
-    seed = Access(fw.seed, spec.lhs) if spec.lhs else Param(fw.seed)
+    # a scatter dropped the elements whose ix[e] is outside the result: the cotangent there reads 0, not NaN
+    seed_at = tuple(replace(i, pad=True) if isinstance(i, Indirect) else i for i in spec.lhs or ())
+    seed = Access(fw.seed, seed_at) if spec.lhs else Param(fw.seed)
     residual = (Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out)) if spec.assign == ":=" else None
 
     def pre_value(fw: Forward) -> tuple[Forward, Expr]:
@@ -159,7 +195,7 @@ def _with_seed_factor(fw: Forward) -> Forward:
 
     grad: Maybe = seed
     pre: Expr | None = None
-    finalizer = spec.finalizer
+    finalizer = _unary_finalizer(spec.finalizer)
     if finalizer and functions.get(finalizer).on_complex != "holomorphic" \
             and is_complex(spec.body, fw.complex_names):  # conj, real, imag, abs of a complex value
         fw, pre = pre_value(fw)
@@ -172,6 +208,10 @@ def _with_seed_factor(fw: Forward) -> Forward:
     elif finalizer:
         fw, pre = pre_value(fw)
         grad = mul(seed, unary_derivative(finalizer, pre))
+    elif spec.finalizer is not None:  # an expression of _: its derivative in _, at _ = pre
+        fw, pre = pre_value(fw)
+        fw = replace(fw, hole=pre)
+        grad = mul(seed, fill_hole(derivative(spec.finalizer, lambda node: isinstance(node, Hole)), pre))
     if grad is None or spec.redop == "+":
         return replace(fw, factor=grad)
     if pre is None:
@@ -189,6 +229,20 @@ def _with_seed_factor(fw: Forward) -> Forward:
 # a*b + c*d into fused multiply-adds differently in different kernels (XLA does, unconditionally), so a body
 # recomputed by a gradient kernel may differ from the forward's in the last bits.
 TIE_TOLERANCE = 1e-6
+
+
+def _unary_finalizer(finalizer: Expr | None) -> str | None:
+    """The function name of a finaliser ``f(_)`` (``|> f``), else None."""
+    if isinstance(finalizer, Call) and len(finalizer.args) == 1 and isinstance(finalizer.args[0], Hole):
+        return finalizer.fn
+    return None
+
+
+def fill_hole(expr: Maybe, value: Expr | None) -> Maybe:
+    """``expr`` with the finaliser's ``_`` replaced by ``value``."""
+    if expr is None:
+        return None
+    return map_expr(expr, lambda node: value if isinstance(node, Hole) else node)
 
 
 def _winner(body: Expr, extreme: Expr) -> Expr:

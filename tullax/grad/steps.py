@@ -17,6 +17,7 @@ from tullax.spec.ir import (
     Num,
     Param,
     Range,
+    Size,
     Spec,
     idx_affine,
     walk,
@@ -89,6 +90,8 @@ def _size_arrays(body: Expr, lhs: tuple[Idx, ...] | None, ranges: Iterable[Range
     for node in walk(body):
         if isinstance(node, IndexVal):
             syms.append(node.offset)
+        elif isinstance(node, Size):  # size(A, d) as a value (a finaliser's ``_ / size(x,1)``)
+            syms.append(Sym.extent(node.array, node.axis))
         elif isinstance(node, Access):
             syms += [idx_affine(i).const for i in node.idx]
     syms += [idx_affine(i).const for i in lhs or ()]

@@ -33,13 +33,15 @@ from tullax.spec.ir import (
     IndexVal,
     Indirect,
     Input,
+    Num,
     Param,
     Range,
+    Size,
     Spec,
     Wrapped,
-    accesses,
     idx_affine,
     map_expr,
+    spec_accesses,
 )
 from tullax.spec.sizes import (
     Extent,
@@ -60,6 +62,7 @@ def batch_spec(spec: Spec, batched_axes: Sequence[int | None],
     array). ``index_extents`` gives the per-example extent of every batched index array."""
     plan = _Plan.make(spec, tuple(batched_axes), dict(index_extents or {}))
     body = map_expr(spec.body, plan.expr)
+    finalizer = None if spec.finalizer is None else map_expr(spec.finalizer, plan.expr)
     # the batch is the first output axis (for '='/'+=' the given array is batched at axis 0 to match)
     lhs = (Affine.index(plan.b),) + tuple(plan.idx(i) for i in spec.lhs or ())
     free, reduced = ((), (plan.b,) + spec.reduced) if spec.is_scatter else ((plan.b,) + spec.free, spec.reduced)
@@ -69,8 +72,8 @@ def batch_spec(spec: Spec, batched_axes: Sequence[int | None],
         out_shape = (plan.extent,) + tuple(plan.sym(s) for s in spec.out_shape)
     else:
         out_shape = tuple(Sym.extent(spec.out, d) for d in range(len(spec.lhs or ()) + 1))
-    return replace(spec, body=body, lhs=lhs, inputs=plan.inputs(), free=free, reduced=reduced, ranges=ranges,
-                   agreements=plan.agreements(), out_shape=out_shape)
+    return replace(spec, body=body, finalizer=finalizer, lhs=lhs, inputs=plan.inputs(), free=free,
+                   reduced=reduced, ranges=ranges, agreements=plan.agreements(), out_shape=out_shape)
 
 
 class _Plan:
@@ -184,6 +187,10 @@ class _Plan:
             return replace(node, idx=idx)
         if isinstance(node, Param) and node.name in self.params:
             return Access(node.name, (Affine.index(self.b),))
+        if isinstance(node, Size):  # the per-example extent: the axis moved by the batch axis
+            if node.array in self.flat:
+                return Num(self.flat[node.array])
+            return replace(node, axis=self.axis((node.array, node.axis))[1])
         if isinstance(node, IndexVal) and node.offset != Sym(0):
             return replace(node, offset=self.sym(node.offset))
         return node
@@ -192,7 +199,7 @@ class _Plan:
 def fresh_index(spec: Spec, base: str = "b") -> str:
     """An index name that no index, input or output of ``spec`` uses (``b``, ``b1``, ``b2`` ...)."""
     taken = set(spec.indices) | set(spec.input_names) | {spec.out}
-    for acc in list(accesses(spec.body)) + [Access(spec.out, spec.lhs or ())]:
+    for acc in list(spec_accesses(spec)) + [Access(spec.out, spec.lhs or ())]:
         for idx in acc.idx:
             taken |= set(idx_affine(idx).names())
             if isinstance(idx, Indirect):

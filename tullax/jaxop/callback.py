@@ -60,7 +60,7 @@ def host_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
     kernel = backend.build(spec, Signature.of_values(args, result.dtype))
     declared = backends.capabilities(backend)
     if declared.prepare:  # compile now, while tracing: a compile error must not surface inside a callback
-        kernel.prepare(shapes)
+        kernel.prepare(shapes, read_only=path == "pure")  # pure_callback's inputs are read-only (_pure_runner)
     run_kernel = _with_shapes(kernel, shapes) if declared.shaped_run else _plain(kernel)
     text = format_spec(spec)
     if path == "buffer":
@@ -99,14 +99,14 @@ def updates_in_place(spec: Spec, args: Sequence[Any], result: Any) -> bool:
     (``ΔW[ix[b],d] += Δout[b,d]``) adds straight into its buffer of zeros. XLA keeps it functional (it copies
     input 0 first when anything else still reads it). Only when the body never reads the given array: the
     kernel must see the values from before the update, which an aliased buffer no longer holds."""
-    from tullax.spec.ir import arrays_read
+    from tullax.spec.ir import arrays_read, spec_exprs
 
     if spec.assign == ":=" or not args:
         return False
     given = args[0]
     if tuple(given.shape) != tuple(result.shape) or given.dtype != result.dtype:
         return False
-    return spec.out not in arrays_read(spec.body, spec.lhs)
+    return all(spec.out not in arrays_read(e, spec.lhs) for e in spec_exprs(spec))
 
 
 def _buffer_runner(spec: Spec, run_kernel: Runner, text: str, backend_name: str):
@@ -130,7 +130,7 @@ def _pure_runner(spec: Spec, run_kernel: Runner, text: str, backend_name: str, r
     from tullax.runtime.exchange import kernel_inputs, prepare_out
 
     def run(*arrays):
-        inputs = kernel_inputs(spec, arrays)
+        inputs = [_read_only(a) for a in kernel_inputs(spec, arrays)]
         out = np.empty(result.shape, result.dtype)
         prepare_out(spec, out, inputs)
         run_kernel(out, inputs)
@@ -138,6 +138,19 @@ def _pure_runner(spec: Spec, run_kernel: Runner, text: str, backend_name: str, r
         return out
 
     return run
+
+
+def _read_only(value: Any) -> Any:
+    """``value`` as a read-only array view (what ``host_call`` prepared the kernel for: Numba types read-only
+    arrays apart, so a writable one here would compile a new specialisation inside the callback); scalars as
+    they are."""
+    import numpy as np
+
+    if not isinstance(value, np.ndarray) or not value.flags.writeable:
+        return value
+    view = value.view()
+    view.flags.writeable = False
+    return view
 
 
 __all__ = ["callback_path", "has_buffer_callback", "host_call", "PATHS"]

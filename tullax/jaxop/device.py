@@ -8,9 +8,15 @@
   the result back; tullax warns once per process and backend.
 
 Everything that can fail (compiling, shapes) happens at trace time, in ``device_call``.
+
+``TULLAX_CUDA_COMMAND_BUFFER=1`` marks the callback ``command_buffer_compatible`` (XLA may then capture its
+launches into a CUDA graph and replay them without calling Python). Off by default: whether it is faster AND
+correct when XLA replays a capture over other buffers is what ``benchmarks/gpu.py`` measures (its
+"command buffers" part); per-call launch counts in ``tullax.runtime.stats`` count captures, not replays.
 """
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from typing import Any, Sequence
@@ -19,6 +25,7 @@ from tullax.spec.ir import Spec
 
 DEVICE_PATH = "device"
 HOST_COPY_PATH = "pure"
+COMMAND_BUFFER_ENV = "TULLAX_CUDA_COMMAND_BUFFER"
 
 _warned: set[tuple[str, str]] = set()
 _warned_lock = threading.Lock()
@@ -72,7 +79,8 @@ def device_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: A
         kernel(ctx.stream, out, buffers)
         stats.record_launch(text, backend_name, DEVICE_PATH)
 
-    return buffer_callback(run, result, input_output_aliases=aliases)(*args)
+    return buffer_callback(run, result, input_output_aliases=aliases,
+                           command_buffer_compatible=os.environ.get(COMMAND_BUFFER_ENV) == "1")(*args)
 
 
-__all__ = ["DEVICE_PATH", "HostCopyWarning", "device_call", "device_path"]
+__all__ = ["COMMAND_BUFFER_ENV", "DEVICE_PATH", "HostCopyWarning", "device_call", "device_path"]

@@ -28,7 +28,8 @@ Semantics under jit worth knowing:
   checked inside a callback.
 * The VALUES of index arrays cannot be checked at trace time. An out-of-range indirect index never reads or
   writes out of bounds: a gather gives NaN in a float result (as ``jnp.take``'s default fill), and a scatter
-  skips the element (as ``.at[].add`` with ``mode='drop'``), so an out-of-range lookup gets no gradient.
+  skips the element (as ``.at[].add`` with ``mode='drop'``), so an out-of-range lookup gets no gradient and a
+  dropped element's gradient is 0 (its gradient reads the cotangent through ``pad(ix[..])``).
   Eager calls with NumPy arrays raise a ShapeError instead.
 * Integer inputs (and index arrays) get float0 cotangents; the result dtype is ``jnp.result_type`` of the data
   inputs (float32, or float64 with x64). Kernels write only their output buffer, never an input.
@@ -197,6 +198,16 @@ def _kernel_batch(args, dims, *, op: KernelOp):
     return _prims().kernel.bind(*args, op=op.with_spec(batch_spec(op.spec, axes, extents))), 0
 
 
+def _zero_tangent(out):
+    """A symbolic zero tangent for ``out`` (``Zero.from_primal_value`` is gone from newer jax)."""
+    import jax
+    from jax.interpreters import ad
+
+    if hasattr(ad.Zero, "from_primal_value"):
+        return ad.Zero.from_primal_value(out)
+    return ad.Zero(jax.typeof(out).to_tangent_aval())
+
+
 def _kernel_jvp(primals, tangents, *, op: KernelOp):
     from jax.interpreters import ad
 
@@ -204,7 +215,7 @@ def _kernel_jvp(primals, tangents, *, op: KernelOp):
     live = tuple(type(t) is not ad.Zero and _differentiable(item, p)
                  for item, p, t in zip(op.spec.inputs, primals, tangents))
     if not any(live):
-        return out, ad.Zero.from_primal_value(out)
+        return out, _zero_tangent(out)
     live_tangents = [t for t, keep in zip(tangents, live) if keep]
     return out, _prims().linear.bind(*primals, out, *live_tangents, op=op, live=live)
 

@@ -3,7 +3,9 @@
 The mapping:
 
 * One ``@kernel function <name>!(...)`` per IR kernel, plus a host launcher ``run_<name>!(backend, params...)``
-  that launches it over the right ndrange and calls ``KernelAbstractions.synchronize(backend)``. Parameters keep
+  that launches it over the right ndrange; on ``CPU_FLAVOUR`` it then calls ``KernelAbstractions.synchronize(
+  backend)``, on ``GPU_FLAVOUR`` it returns with the work enqueued on CUDA.jl's task-local stream (the caller
+  orders it against XLA's stream, or synchronises before it copies back). Parameters keep
   the IR's order (arrays, output first; scalars; sizes). Sizes arrive as ``Int`` and scalars as Python
   floats/ints/bools do through juliacall (``Float64``/``Int``/``Bool``), converted where used (``Float32(s0)``);
   a kernel never assigns to a parameter (KernelAbstractions' CPU work-item loop would carry it over).
@@ -71,7 +73,7 @@ from tullax.compiler.loops import (
     expressions,
     walk_expr,
 )
-from tullax.errors import TullaxError
+from tullax.errors import SpecError, TullaxError
 from tullax.printers.base import (
     Infix,
     LoopPrinter,
@@ -161,10 +163,12 @@ class Flavour:
 
     const_inputs: bool  # read-only array parameters are @Const
     cpu_workgroups: bool  # launches pass workgroupsize = cpu_workgroupsize(ndrange)
+    # the launcher waits for its kernel; a GPU launcher returns at once, so XLA's stream never waits on the host
+    synchronize: bool
 
 
-CPU_FLAVOUR = Flavour(const_inputs=False, cpu_workgroups=True)
-GPU_FLAVOUR = Flavour(const_inputs=True, cpu_workgroups=False)
+CPU_FLAVOUR = Flavour(const_inputs=False, cpu_workgroups=True, synchronize=True)
+GPU_FLAVOUR = Flavour(const_inputs=True, cpu_workgroups=False, synchronize=False)
 
 CPU_WORKGROUP_HELPER = "cpu_workgroupsize"
 CPU_GROUPS_PER_THREAD = 4  # groups per Julia thread: KernelAbstractions splits the groups evenly over the threads
@@ -267,6 +271,9 @@ class JuliaPrinter(LoopPrinter):
         return julia_type(dtype)
 
     def call_name(self, fn: Function, dtype: str) -> str:
+        if fn.julia is None:  # erf: Julia's lives in SpecialFunctions.jl, which the bridge does not load
+            raise SpecError(f"{fn.name} is not supported on the Julia backends (Base Julia has no {fn.name}; it is in "
+                            f"SpecialFunctions.jl, which tullax does not load): use backend='numba' or 'xla'")
         return helper_name(fn.julia, dtype) if _wrapped(fn, dtype) else fn.julia
 
     def variable(self, var: Var) -> str:
@@ -330,7 +337,8 @@ def launcher_name(kernel: LoopKernel) -> str:
 
 
 def launcher_function(kernel: LoopKernel, flavour: Flavour) -> str:
-    """``run_<name>!(backend, params...)``: launch over the ndrange (Julia order) and synchronize."""
+    """``run_<name>!(backend, params...)``: launch over the ndrange (Julia order), then synchronize when the
+    flavour says so."""
     printer = JuliaPrinter(kernel)
     params = ", ".join(kernel.params)
     extents = ndrange_extents(kernel)
@@ -349,7 +357,9 @@ def launcher_function(kernel: LoopKernel, flavour: Flavour) -> str:
         lines.append("    end")
     else:  # one work-item does everything
         lines.append(f"    {kernel.name}!(backend, 1)({params}; ndrange = (1,))")
-    lines += ["    KernelAbstractions.synchronize(backend)", "    return nothing", "end"]
+    if flavour.synchronize:
+        lines.append("    KernelAbstractions.synchronize(backend)")
+    lines += ["    return nothing", "end"]
     return "\n".join(lines) + "\n"
 
 

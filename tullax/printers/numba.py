@@ -42,6 +42,7 @@ from tullax.printers.base import (
     left_associative,
     non_chaining,
 )
+from tullax.spec import functions
 from tullax.spec.functions import Function
 
 # fastmath without nnan/ninf: those would let LLVM assume no -inf/+inf/NaN, which breaks the -inf/+inf initial
@@ -179,29 +180,35 @@ class NumbaPrinter(LoopPrinter):
         the remainder. LLVM vectorises neither a max/min reduction (without the nnan flag, which -inf initial
         values forbid) nor Numba's builtin max; it does pack LANES independent compare-selects over consecutive
         elements into one vector max (measured: row max over 4096x4096, 4.8 ms -> 1.6 ms on 2 cores). Each lane
-        starts from the accumulator's current value, so an enclosing loop that accumulates too stays right."""
+        starts from the accumulator's current value, so an enclosing loop that accumulates too stays right.
+
+        A float lane keeps that fast compare-select (which skips a NaN) and records NaNs in a boolean flag per lane
+        beside it; the result is NaN when any flag is set. Keeping a NaN in the lane itself (``lane != lane or
+        ...``) costs a second compare and an ``or`` on every lane's dependency chain: row max over 4096x4096 on one
+        core was 3.2x slower than the fast form that way, 1.4x with the flags (``benchmarks/nan_lanes.py``)."""
         pad, var = self.indent * depth, loop.var
         inner = NumbaPlace(depth + 1, prange=False, lanes=True)
         *lets, accum = loop.body
         cmp = ">" if accum.op == "max" else "<"
-        keep = "<=" if accum.op == "max" else ">="  # the lane keeps its value
         lanes = [f"{accum.var}_l{k}" for k in range(LANES)]
         start, stop = self.expr(loop.start), self.expr(loop.stop)
         blocks = binop("*", binop("//", binop("-", loop.stop, loop.start), const(LANES)), const(LANES))
-        lines = [f"{pad}{lane} = {accum.var}" for lane in lanes]
+        flags = [f"{lane}_nan" for lane in lanes] if _propagates_nan(accum) else []
+        lines = [f"{pad}{lane} = {accum.var}" for lane in lanes] + [f"{pad}{flag} = False" for flag in flags]
         lines.append(f"{pad}{var}_top = {self.expr(binop('+', loop.start, blocks))}")
         lines.append(f"{pad}for {var}_blk in range({start}, {var}_top, {LANES}):")
         for k, lane in enumerate(lanes):
             lines.append(f"{pad}    {var} = {var}_blk + {k}")
             lines += self.block(lets, inner)
             lines.append(f"{pad}    {var}_v = {self.expr(accum.value)}")
-            if _propagates_nan(accum):  # a NaN lane stays NaN, a NaN value replaces the lane
-                lines.append(f"{pad}    {lane} = {lane} if ({lane} != {lane} or {var}_v {keep} {lane}) "
-                             f"else {var}_v")
-            else:
-                lines.append(f"{pad}    {lane} = {var}_v if {var}_v {cmp} {lane} else {lane}")
-        combine = NAN_PROPAGATING[accum.op] if _propagates_nan(accum) else accum.op
+            lines.append(f"{pad}    {lane} = {var}_v if {var}_v {cmp} {lane} else {lane}")
+            if flags:  # the compare-select above skips a NaN value: its flag makes the result NaN below
+                lines.append(f"{pad}    {flags[k]} = {flags[k]} | ({var}_v != {var}_v)")
+        combine = NAN_PROPAGATING[accum.op] if flags else accum.op
         lines += [f"{pad}{accum.var} = {combine}({accum.var}, {lane})" for lane in lanes]
+        if flags:
+            nan = self.constant(Const(math.nan, accum.value.dtype))
+            lines.append(f"{pad}if {' | '.join(flags)}:\n{pad}{self.indent}{accum.var} = {nan}")
         lines.append(f"{pad}for {var} in range({var}_top, {stop}):")
         lines += self.block(loop.body, inner)
         return lines
@@ -301,6 +308,12 @@ from tullax.backends.numba_math import exp_f32 as _exp_f32
 '''
 
 
+def _modules_called(body: str) -> list[str]:
+    """The modules (other than ``np``) of the registry's Numba spellings that ``body`` calls (``math.erf``)."""
+    spellings = {f.numba for f in functions.FUNCTIONS.values() if f.numba and "." in f.numba}
+    return sorted({name.split(".")[0] for name in spellings if f"{name}(" in body} - {"np"})
+
+
 def print_module(kernels: Sequence[LoopKernel], disk_cache: bool = True) -> str:
     """The module of ``kernels``; ``disk_cache=False`` for one that is run from memory, without a file (Numba
     can only cache functions defined in a file)."""
@@ -308,6 +321,7 @@ def print_module(kernels: Sequence[LoopKernel], disk_cache: bool = True) -> str:
     body = "\n\n".join(print_kernel(k, disk_cache) for k in kernels)
     if "_exp_f32(" in body:
         header += _EXP_IMPORT
+    header += "".join(f"import {module}\n" for module in _modules_called(body))
     if any(f"{name}(" in body for name in NAN_PROPAGATING.values()):
         header += _NAN_IMPORT
     return header + "\n\n" + body

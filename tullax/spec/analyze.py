@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Union
 
 from tullax.errors import SpecError
+from tullax.spec.clauses import check_finalizer, merge_ranges, sized_inputs
 from tullax.spec.ir import (
     INDEX_LIMIT,
     Access,
@@ -25,6 +26,8 @@ from tullax.spec.ir import (
     accesses,
     idx_affine,
     map_expr,
+    spec_accesses,
+    spec_exprs,
     walk,
 )
 from tullax.spec.sizes import (
@@ -68,16 +71,22 @@ def analyze(parsed: ParsedSpec, ranges: Mapping[str, RangeArg] | None = None) ->
     occurrences = _occurrences(parsed)
     index_names = _index_names(parsed, occurrences)
     inputs = _inputs(parsed, index_names, ctx)
-    body = _resolve_names(parsed.body, index_names, {i.name for i in inputs if i.kind != "scalar"}, ctx)
+    arrays = {i.name for i in inputs if i.kind != "scalar"}
+    body = _resolve_names(parsed.body, index_names, arrays, ctx)
     free, reduced = _free_and_reduced(parsed, body, index_names)
+    finalizer = None
+    if parsed.finalizer is not None:
+        finalizer = _resolve_names(parsed.finalizer, index_names, arrays, ctx)
+        check_finalizer(finalizer, free, ctx)
     if len(free) + len(reduced) > MAX_INDICES:
         raise ctx.error(f"the spec has {len(free) + len(reduced)} indices ({', '.join(free + reduced)}); tullax "
                         f"allows {MAX_INDICES}, one nested loop each (Python compiles at most 20 nested blocks): "
                         f"reshape the arrays to merge axes")
-    known, agreements = _infer_ranges(parsed, occurrences, free + reduced, ranges or {}, ctx)
+    explicit = merge_ranges(parsed, ranges or {}, ctx, _explicit_range)
+    known, agreements = _infer_ranges(parsed, occurrences, free + reduced, explicit, ctx)
     spec = Spec(
         redop=parsed.redop, out=parsed.out, lhs=parsed.lhs, assign=parsed.assign, body=body,
-        finalizer=parsed.finalizer, inputs=inputs, free=free, reduced=reduced,
+        finalizer=finalizer, inputs=inputs, free=free, reduced=reduced,
         ranges=tuple((name, known[name]) for name in free + reduced), agreements=agreements,
     )
     return _shift_free_to_zero(spec)
@@ -125,7 +134,7 @@ def _lhs_occurrences(parsed: ParsedSpec) -> list[Occurrence]:
 def _occurrences(parsed: ParsedSpec) -> list[Occurrence]:
     """Every bracket position, in text order; an indirect ``ix[e]`` adds the occurrence of ``ix``."""
     found: list[Occurrence] = []
-    for acc in list(_lhs_access(parsed)) + list(accesses(parsed.body)):
+    for acc in list(_lhs_access(parsed)) + list(spec_accesses(parsed)):
         for axis, idx in enumerate(acc.idx):
             found.append(Occurrence(acc.array, axis, idx))
             if isinstance(idx, Indirect):
@@ -172,7 +181,7 @@ def _inputs(parsed: ParsedSpec, index_names: list[str], ctx: _Context) -> tuple[
 
     if parsed.assign != ":=":
         note(parsed.out, len(parsed.lhs or ()), (0, 0), True)
-    for node in walk(parsed.body):
+    for node in (node for expr in spec_exprs(parsed) for node in walk(expr)):
         if isinstance(node, Access):
             if node.array == parsed.out and parsed.assign == ":=":
                 raise ctx.error(f"{node.array} is the result being defined with ':=', it cannot appear "
@@ -196,7 +205,8 @@ def _inputs(parsed: ParsedSpec, index_names: list[str], ctx: _Context) -> tuple[
     for name in order:  # a bare name that was also indexed somewhere
         if name not in ranks and any(isinstance(n, Access) and n.array == name for n in walk(parsed.body)):
             raise ctx.error(f"{name} is an array: index it, as in {name}[i]", spans[name])
-    return tuple(Input(name, _kind(name, ranks, data), ranks.get(name, 0)) for name in order)
+    found = tuple(Input(name, _kind(name, ranks, data), ranks.get(name, 0)) for name in order)
+    return found + sized_inputs(parsed, found, index_names, ctx)
 
 
 def _kind(name: str, ranks: dict[str, int], data: set[str]) -> str:
@@ -227,6 +237,7 @@ def _free_and_reduced(parsed: ParsedSpec, body: Expr, index_names: list[str]) ->
     reduced = tuple(n for n in index_names if n not in free)
     body_indices = {n.name for n in walk(body) if isinstance(n, IndexVal)}
     reduced += tuple(sorted(body_indices - set(free) - set(reduced)))
+    reduced += tuple(n for n, _ in parsed.ranges if n not in free and n not in reduced)  # (k in ..) alone
     return free, reduced
 
 
@@ -411,8 +422,9 @@ def _shift_free_to_zero(spec: Spec) -> Spec:
     if not shifts:
         return replace(spec, out_shape=out_shape)
     body = shift_indices(spec.body, shifts)
+    finalizer = None if spec.finalizer is None else shift_indices(spec.finalizer, shifts)
     new_ranges = tuple((n, Range(Sym(0), r.extent()) if n in shifts else r) for n, r in spec.ranges)
-    return replace(spec, body=body, ranges=new_ranges, out_shape=out_shape)
+    return replace(spec, body=body, finalizer=finalizer, ranges=new_ranges, out_shape=out_shape)
 
 
 def shift_affine(aff: Affine, shifts: Mapping[str, Sym]) -> Affine:

@@ -60,6 +60,10 @@ def check_call(spec: Spec, values: list[Any]) -> dict[str, tuple[int, ...]]:
             if shape != ():
                 raise ShapeError(f"{item.name} is a scalar parameter in this spec but got an array of shape "
                                  f"{shape}; index it in the spec (e.g. {item.name}[i]) to pass an array")
+        elif item.kind == "shape":  # only extents are read (size(A, d), a range): those axes must exist
+            if len(shape) < item.rank:
+                raise ShapeError(f"the spec reads axis {item.rank - 1} of {item.name} (size({item.name},"
+                                 f"{item.rank - 1})) but it has rank {len(shape)} (shape {shape})")
         elif len(shape) != item.rank:
             raise ShapeError(f"{item.name} is indexed with {item.rank} ind{'ices' if item.rank != 1 else 'ex'} "
                              f"in the spec but has rank {len(shape)} (shape {shape})")

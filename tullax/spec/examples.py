@@ -11,12 +11,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from tullax.errors import ShapeError
-from tullax.spec.ir import Affine, Binary, Call, Idx, Indirect, Spec, accesses, integer_literal, walk
+from tullax.spec.functions import FUNCTIONS
+from tullax.spec.ir import Affine, Binary, Call, Idx, Indirect, Spec, integer_literal, spec_accesses, spec_exprs, walk
 
 Axis = tuple[str, int]  # (array name, axis)
 
-# Functions whose argument must be positive (NaN below zero in NumPy and XLA; a DomainError in Julia).
-_POSITIVE_DOMAIN = ("log", "sqrt", "log1p")
+# Functions whose argument must be positive (NaN below zero in NumPy and XLA; a DomainError in Julia): those whose
+# registry entry says Julia throws below a bound (log, sqrt, log1p, log2, log10).
+_POSITIVE_DOMAIN = tuple(f.name for f in FUNCTIONS.values() if f.julia_domain and f.julia_domain.startswith("x <"))
 
 
 class _AxisClasses:
@@ -41,7 +43,7 @@ def _occurrences(spec: Spec) -> list[tuple[str, int, Idx]]:
     found = []
     if spec.assign != ":=" and spec.lhs is not None:
         found += [(spec.out, axis, idx) for axis, idx in enumerate(spec.lhs)]
-    for acc in accesses(spec.body):
+    for acc in spec_accesses(spec):
         found += [(acc.array, axis, idx) for axis, idx in enumerate(acc.idx)]
     for array, axis, idx in list(found):
         if isinstance(idx, Indirect):
@@ -89,12 +91,12 @@ def shapes_for(spec: Spec, seed: int = 0, low: int = 2, high: int = 5) -> dict[s
 
 def needs_positive(spec: Spec) -> bool:
     """True when the spec takes logs, roots, divisions or non-integer powers of its inputs."""
-    for node in walk(spec.body):
+    for node in (node for expr in spec_exprs(spec) for node in walk(expr)):
         if isinstance(node, Call) and node.fn in _POSITIVE_DOMAIN:
             return True
         if isinstance(node, Binary) and (node.op == "/" or (node.op == "^" and integer_literal(node.rhs) is None)):
             return True
-    return spec.finalizer in _POSITIVE_DOMAIN
+    return False
 
 
 def random_inputs(spec: Spec, shapes: Mapping[str, tuple[int, ...]] | None = None, seed: int = 0,

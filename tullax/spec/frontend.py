@@ -1,12 +1,13 @@
 """Text to Spec, memoised: the first stage every public entry point goes through."""
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from typing import Mapping
 
 from tullax.errors import SpecError, TullaxError, with_spec_context
 from tullax.spec.analyze import analyze
-from tullax.spec.ir import Range, Spec
+from tullax.spec.ir import BOOLEAN_REDUCTIONS, COMPARISONS, Binary, Num, ParsedSpec, Range, Spec
 from tullax.spec.parse import parse_spec
 from tullax.spec.text import format_spec
 
@@ -36,8 +37,22 @@ def ranges_key(ranges: Mapping | None) -> RangesKey:
 @lru_cache(maxsize=1024)
 def _compile(text: str, key: RangesKey) -> tuple[str, Spec]:
     parsed = parse_spec(text)
-    spec = analyze(parsed, dict(key))
+    spec = analyze(_as_extremum(parsed), dict(key))
     return format_spec(parsed), spec
+
+
+def _as_extremum(parsed: ParsedSpec) -> ParsedSpec:
+    """``(&)``/``(|)`` as ``(min)``/``(max)`` of the body as 0/1 (a comparison already is; any other body counts
+    as true where nonzero, as ``jnp.all`` does); ``tullax.api.options`` turns the result into bools."""
+    if parsed.redop not in BOOLEAN_REDUCTIONS:
+        return parsed
+    if parsed.finalizer is not None or parsed.assign == "+=":
+        raise SpecError(f"a ({parsed.redop}) reduction gives true/false: it takes no finaliser and no '+=' (use "
+                        f"':=' or '=')")
+    body = parsed.body
+    if not (isinstance(body, Binary) and body.op in COMPARISONS):
+        body = Binary("!=", body, Num(0), span=getattr(body, "span", (0, 0)))
+    return replace(parsed, redop=BOOLEAN_REDUCTIONS[parsed.redop], body=body)
 
 
 def compile_spec(text: str, ranges: Mapping | None = None) -> tuple[str, Spec]:

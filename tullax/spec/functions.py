@@ -8,10 +8,18 @@ target spells as a plain call (``cbrt``, ``atan``) is one ``Function(...)`` entr
 Derivatives are written in the spec language over ``x`` (the argument) and ``y`` (the value ``f(x)``, so a
 derivative can reuse it: ``exp' = y``); ``from_output`` writes ``f'(x)`` with ``y`` alone, so a finaliser's
 gradient can read the forward result instead of recomputing the reduction. ``None``: the function has a zero
-derivative (``imag`` of a real value) or its rule is structural (``max``, ``min``, ``ifelse``: see ``grad``).
+derivative (``imag`` of a real value, ``floor``, ``sign``) or its rule is structural (``max``, ``min``,
+``ifelse``: see ``grad``). A "call" function of several arguments has one partial derivative per argument,
+over ``x1``, ``x2``, ... and ``y`` (``hypot``: ``("x1/y", "x2/y")``): adding one is again one entry.
+
+``overloads``: the spec-language name this entry also answers to with its own number of arguments (``atan(y, x)``
+is ``atan2``, as in Julia). ``variadic``: a call with more arguments than ``arity`` is folded left into nested
+calls (``max(a, b, c)`` is ``max(max(a, b), c)``). ``julia=None``: the Julia backends cannot print it (a SpecError
+says so and what to use instead).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -24,8 +32,9 @@ Lowering = Literal["call", "expand", "structural"]
 class Function:
     name: str
     arity: int
-    # d f(x) / dx in the spec language, over x and y = f(x); None: zero or structural (see the module docstring)
-    derivative: str | None
+    # d f(x) / dx in the spec language, over x and y = f(x); for several arguments one partial derivative per
+    # argument, over x1, x2, ... and y; None: zero or structural (see the module docstring)
+    derivative: str | tuple[str, ...] | None
     # f'(x) in terms of y = f(x) alone, when it can be written so (a finaliser's gradient reads the forward result)
     from_output: str | None
     # f(t) stays finite when a term t is replaced by 0 (a new pad, an index value outside its old range)
@@ -41,11 +50,19 @@ class Function:
     # Julia throws DomainError where NumPy/XLA return NaN: the condition on x that gives NaN ({zero}, {one} are
     # literals of the argument's type); printers wrap such calls so NaN comes out, as on every other backend
     julia_domain: str | None = None
+    overloads: str | None = None  # the spec-language name this entry also answers to (see the module docstring)
+    variadic: bool = False  # more than ``arity`` arguments fold left into nested calls
     # On complex arguments: "holomorphic" (the derivative rule holds as written, jax's convention for complex
     # gradients needs nothing more), "real-valued" (real, imag, abs: a real result; their Wirtinger rules are
-    # structural, in grad.derivative), "conjugate" (conj), "real-only" (an ordering of values: refused on complex
-    # arguments with a SpecError, see spec.valuetype)
+    # structural, in grad.derivative), "conjugate" (conj), "real-only" (an ordering of values, or a function
+    # jnp/NumPy define on reals only: refused on complex arguments with a SpecError, see spec.valuetype)
     on_complex: Literal["holomorphic", "real-valued", "conjugate", "real-only"] = "holomorphic"
+
+    def partials(self) -> tuple[str | None, ...]:
+        """The derivative text per argument (None: that partial derivative is zero)."""
+        if self.derivative is None or isinstance(self.derivative, str):
+            return (self.derivative,) * self.arity
+        return self.derivative
 
 
 def _sigmoid(x):
@@ -61,11 +78,16 @@ def _relu(x):
 
 
 def _math(name: str, derivative: str | None, from_output: str | None, safe_at_pad: bool, c32: str, c64: str,
-          julia_domain: str | None = None, on_complex: str = "holomorphic") -> Function:
-    """A function every target spells as a plain call of the same name (C: with an ``f`` suffix for float32)."""
-    return Function(name, 1, derivative, from_output, safe_at_pad, "call", getattr(np, name), f"jax.numpy.{name}",
-                    numba=f"np.{name}", julia=name, c=(c32, c64), julia_domain=julia_domain,
-                    on_complex=on_complex)  # type: ignore[arg-type]
+          julia_domain: str | None = None, numpy: str | None = None, julia: str | None = None,
+          on_complex: str = "holomorphic") -> Function:
+    """A function every target spells as a plain call of the same name (C: with an ``f`` suffix for float32);
+    ``numpy`` is NumPy's name where it differs (``arctan``), ``julia`` Julia's (``round`` for NumPy's ``rint``)."""
+    return Function(name, 1, derivative, from_output, safe_at_pad, "call", getattr(np, numpy or name),
+                    f"jax.numpy.{numpy or name}", numba=f"np.{numpy or name}", julia=julia or name, c=(c32, c64),
+                    julia_domain=julia_domain, on_complex=on_complex)  # type: ignore[arg-type]
+
+
+LN2, LN10 = "0.6931471805599453", "2.302585092994046"  # log(2), log(10) as derivative literals
 
 
 FUNCTIONS: dict[str, Function] = {f.name: f for f in (
@@ -81,6 +103,27 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     _math("tanh", "1 - y^2", "1 - y^2", True, "tanhf", "tanh"),
     _math("sinh", "cosh(x)", "sqrt(1 + y^2)", True, "sinhf", "sinh"),
     _math("cosh", "sinh(x)", None, True, "coshf", "cosh"),
+    _math("cbrt", "1/(3*y^2)", "1/(3*y^2)", True, "cbrtf", "cbrt", on_complex="real-only"),
+    _math("exp2", f"{LN2}*y", f"{LN2}*y", True, "exp2f", "exp2"),
+    _math("log2", f"1/({LN2}*x)", f"exp2(-y)/{LN2}", False, "log2f", "log2", julia_domain="x < {zero}"),
+    _math("log10", f"1/({LN10}*x)", f"exp(-{LN10}*y)/{LN10}", False, "log10f", "log10", julia_domain="x < {zero}"),
+    _math("atan", "1/(1 + x^2)", "cos(y)^2", True, "atanf", "atan", numpy="arctan"),
+    # zero derivative almost everywhere, as jax.grad gives; round is half-to-even on every target (NumPy rint,
+    # jnp.round, Julia's round, C's rint under the default rounding mode)
+    _math("floor", None, None, True, "floorf", "floor", on_complex="real-only"),
+    _math("ceil", None, None, True, "ceilf", "ceil", on_complex="real-only"),
+    _math("trunc", None, None, True, "truncf", "trunc", on_complex="real-only"),
+    _math("round", None, None, True, "rintf", "rint", numpy="rint", julia="round", on_complex="real-only"),
+    Function("sign", 1, None, None, True, "expand", np.sign, "jax.numpy.sign",  # C has no sign(): expanded
+             on_complex="real-only"),
+    Function("erf", 1, "1.1283791670955126*exp(-x^2)", None, True, "call", math.erf, "jax.scipy.special.erf",
+             numba="math.erf", julia=None, c=("erff", "erf"),  # 2/sqrt(pi) exp(-x^2); Base Julia has no erf
+             on_complex="real-only"),
+    Function("atan2", 2, ("x2/(x1^2 + x2^2)", "-x1/(x1^2 + x2^2)"), None, True, "call", np.arctan2,
+             "jax.numpy.arctan2", numba="np.arctan2", julia="atan", c=("atan2f", "atan2"), overloads="atan",
+             on_complex="real-only"),
+    Function("hypot", 2, ("x1/y", "x2/y"), None, True, "call", np.hypot, "jax.numpy.hypot", numba="np.hypot",
+             julia="hypot", c=("hypotf", "hypot"), on_complex="real-only"),
     Function("sigmoid", 1, "y*(1 - y)", "y*(1 - y)", True, "expand", _sigmoid, "jax.nn.sigmoid",
              on_complex="real-only"),
     Function("softplus", 1, "sigmoid(x)", "-expm1(-y)", True, "expand", _softplus, "jax.nn.softplus",
@@ -93,8 +136,10 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
              numba="np.real", julia="real", on_complex="real-valued"),
     Function("imag", 1, None, None, True, "structural", np.imag, "jax.numpy.imag",
              numba="np.imag", julia="imag", on_complex="real-valued"),
-    Function("max", 2, None, None, True, "structural", None, "jax.numpy.maximum", on_complex="real-only"),
-    Function("min", 2, None, None, True, "structural", None, "jax.numpy.minimum", on_complex="real-only"),
+    Function("max", 2, None, None, True, "structural", None, "jax.numpy.maximum", variadic=True,
+             on_complex="real-only"),
+    Function("min", 2, None, None, True, "structural", None, "jax.numpy.minimum", variadic=True,
+             on_complex="real-only"),
     Function("ifelse", 3, None, None, True, "structural", None, "jax.numpy.where"),
 )}
 
@@ -105,3 +150,18 @@ CALLS = tuple(name for name, f in FUNCTIONS.items() if f.lowering == "call")
 def get(name: str) -> Function:
     """The entry of ``name``; a KeyError for a name the parser would have rejected."""
     return FUNCTIONS[name]
+
+
+def resolve(name: str, nargs: int) -> Function | None:
+    """The entry a spec's ``name(...)`` with ``nargs`` arguments calls: ``name`` itself when the count fits
+    (a variadic one takes ``arity`` or more), else the entry that overloads ``name`` with that many arguments
+    (``atan(y, x)`` is ``atan2``); None when nothing fits."""
+    entry = FUNCTIONS.get(name)
+    if entry is not None and (nargs == entry.arity or (entry.variadic and nargs > entry.arity)):
+        return entry
+    return next((f for f in FUNCTIONS.values() if f.overloads == name and f.arity == nargs), None)
+
+
+def arities(name: str) -> tuple[int, ...]:
+    """The argument counts ``name`` accepts (for error messages); the lowest of a variadic one."""
+    return tuple(sorted(f.arity for f in FUNCTIONS.values() if name in (f.name, f.overloads)))

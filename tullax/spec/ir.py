@@ -58,11 +58,14 @@ class Wrapped:
 
 @dataclass(frozen=True)
 class Indirect:
-    """``ix[e]``: the position is read from the integer array ``array`` at ``e``."""
+    """``ix[e]``: the position is read from the integer array ``array`` at ``e``. A read outside the axis gives
+    NaN (as ``jnp.take``'s fill), or 0 under ``pad`` (``pad(ix[e])``): how a gradient reads the cotangent at a
+    scatter's positions, where the scatter dropped the element (as ``.at[].add(mode='drop')``'s gradient)."""
 
     array: str
     inner: Affine
     span: Span = _span()
+    pad: bool = False
 
 
 Idx = Union[Affine, Wrapped, Indirect]
@@ -136,7 +139,23 @@ class Call:
     span: Span = _span()
 
 
-Expr = Union[Num, Name, Param, IndexVal, Access, Unary, Binary, Call]
+@dataclass(frozen=True)
+class Hole:
+    """``_`` in a finaliser (``|> relu(_ + b[j])``): the value the reduction produced for this element."""
+
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Size:
+    """``size(A, d)``: the extent of ``array`` along axis ``d`` (0-based, as ``explain`` prints it), an integer."""
+
+    array: str
+    axis: int
+    span: Span = _span()
+
+
+Expr = Union[Num, Name, Param, IndexVal, Access, Unary, Binary, Call, Hole, Size]
 
 COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
 ARITHMETIC = ("+", "-", "*", "/", "^")
@@ -145,6 +164,8 @@ ARITHMETIC = ("+", "-", "*", "/", "^")
 # kept within +-INDEX_LIMIT (checked for the actual shapes), so each of those plus or minus an extent still fits.
 INDEX_LIMIT = 2**62
 REDUCTIONS = ("+", "*", "max", "min", "logsumexp")
+# all/any: parsed, then analysed as (min)/(max) of 0/1 values (spec.frontend); the result is made bool by api.options
+BOOLEAN_REDUCTIONS = {"&": "min", "|": "max"}
 ASSIGNMENTS = (":=", "=", "+=")
 WRAPPERS = ("mod", "clamp", "pad")
 
@@ -181,6 +202,16 @@ def arrays_read(body: Expr, lhs: tuple[Idx, ...] | None = None) -> set[str]:
     return read
 
 
+def spec_exprs(spec: "ParsedSpec | Spec") -> tuple[Expr, ...]:
+    """The expressions of a spec: its body, then its finaliser (which reads arrays at the free indices)."""
+    return (spec.body,) if spec.finalizer is None else (spec.body, spec.finalizer)
+
+
+def spec_accesses(spec: "ParsedSpec | Spec") -> Iterator[Access]:
+    """Every access of the body and of the finaliser."""
+    return (acc for expr in spec_exprs(spec) for acc in accesses(expr))
+
+
 def map_expr(expr: Expr, fn) -> Expr:
     """Rebuild ``expr`` bottom-up, applying ``fn`` to every node after its children."""
     if isinstance(expr, Unary):
@@ -214,8 +245,9 @@ class ParsedSpec:
     lhs: tuple[Idx, ...] | None  # None: a scalar result (no brackets)
     assign: str
     body: Expr
-    finalizer: str | None
+    finalizer: Expr | None  # over Hole (``_``); ``|> f`` is ``f(_)``
     source: str = field(default="", compare=False, hash=False, repr=False)
+    ranges: tuple[tuple[str, "Range"], ...] = ()  # ``(k in lo:hi)`` clauses written after the expression
 
 
 @dataclass(frozen=True)
@@ -258,7 +290,7 @@ class Spec:
     lhs: tuple[Idx, ...] | None
     assign: str
     body: Expr
-    finalizer: str | None
+    finalizer: Expr | None  # over Hole (``_``), the reduced value; reads arrays only at the free indices
     inputs: tuple[Input, ...]
     free: tuple[str, ...]
     reduced: tuple[str, ...]

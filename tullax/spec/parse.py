@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tullax.errors import SpecError
+from tullax.spec import functions
 from tullax.spec.functions import FUNCTIONS, UNARY
 from tullax.spec.ir import (
     ASSIGNMENTS,
+    BOOLEAN_REDUCTIONS,
     COMPARISONS,
     REDUCTIONS,
     WRAPPERS,
@@ -16,6 +18,7 @@ from tullax.spec.ir import (
     Binary,
     Call,
     Expr,
+    Hole,
     Idx,
     Indirect,
     Name,
@@ -24,7 +27,9 @@ from tullax.spec.ir import (
     Unary,
     Wrapped,
     children,
+    walk,
 )
+from tullax.spec.ranges import at_range_clause, range_clauses, size_call
 from tullax.spec.sizes import Sym
 
 # Deepest expression tree accepted: every later stage (analysis, gradients, lowering, printers, Python's and
@@ -36,7 +41,7 @@ _TOKEN = re.compile(r"""
     (?P<ws>\s+)
   | (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
   | (?P<name>[^\W\d]\w*)
-  | (?P<op>:=|\+=|\|>|<=|>=|==|!=|[-+*/^<>=()\[\],])
+  | (?P<op>:=|\+=|\|>|<=|>=|==|!=|[-+*/^<>=()\[\],:&|])
 """, re.VERBOSE | re.UNICODE)
 
 
@@ -69,6 +74,7 @@ class _Parser:
         self.tokens = tokenize(source)
         self.pos = 0
         self.nesting = 0  # how deep unary() is nested right now
+        self.finalizing = False  # inside the expression after |>, where _ is the reduced value
 
     # -- helpers --------------------------------------------------------------------------------
     @property
@@ -118,24 +124,42 @@ class _Parser:
             raise SpecError(f"the expression is {expr_depth(body)} operations deep, more than tullax's limit of "
                             f"{MAX_DEPTH} (every stage after the parser recurses over it): split it into several "
                             f"kernels, or sum over an index instead of writing the terms out")
-        finalizer = None
-        if self.at("|>"):
-            self.advance()
-            tok = self.tok
-            if tok.kind != "name" or tok.text not in UNARY:
-                raise self.error(f"'|>' needs a one-argument function, one of: {', '.join(UNARY)}")
-            finalizer = self.advance().text
+        finalizer = self.finalizer() if self.at("|>") else None
+        ranges = range_clauses(self)
         if self.tok.kind != "end":
             raise self.error(f"unexpected {self.tok.text!r} after the end of the expression")
-        return ParsedSpec(redop, out, lhs, assign, body, finalizer, source=self.source)
+        return ParsedSpec(redop, out, lhs, assign, body, finalizer, source=self.source, ranges=ranges)
+
+    def finalizer(self) -> Expr:
+        """``|> f`` (a one-argument function, short for ``f(_)``) or ``|> expr`` over ``_``, the reduced value."""
+        bar = self.advance()
+        tok = self.tok
+        if tok.kind == "name" and tok.text in UNARY and (self.peek().kind == "end" or at_range_clause(self, 1)):
+            self.advance()
+            return Call(tok.text, (Hole(span=self.span(tok)),), span=self.span(tok))
+        if tok.kind == "end" or (tok.kind == "name" and (self.peek().kind == "end" or at_range_clause(self, 1))):
+            raise self.error(f"'|>' needs a one-argument function, one of: {', '.join(UNARY)}; or an expression "
+                             f"of _, the reduced value, as in |> relu(_ + b[j])")
+        self.finalizing = True
+        try:
+            value = self.expr()
+        finally:
+            self.finalizing = False
+        if expr_depth(value) > MAX_DEPTH:
+            raise self.error(f"the finaliser is {expr_depth(value)} operations deep, more than tullax's limit of "
+                             f"{MAX_DEPTH}: split it into several kernels", bar)
+        if not any(isinstance(node, Hole) for node in walk(value)):
+            raise self.error("the finaliser does not use _ (the reduced value): write |> f or an expression "
+                             "of _, as in |> _ / size(x,1)", bar)
+        return value
 
     def redop(self) -> str:
         if not self.at("("):
             return "+"
         self.advance()
         tok = self.advance()
-        if tok.text not in REDUCTIONS:
-            raise self.error(f"unknown reduction {tok.text!r}: use one of {' '.join(REDUCTIONS)}", tok)
+        if tok.text not in REDUCTIONS and tok.text not in BOOLEAN_REDUCTIONS:
+            raise self.error(f"unknown reduction {tok.text!r}: use one of {' '.join(REDUCTIONS)} & |", tok)
         self.expect(")", "')' closing the reduction")
         return tok.text
 
@@ -168,6 +192,10 @@ class _Parser:
         if tok.kind == "name" and tok.text in WRAPPERS and self.peek().text == "(":
             self.advance()
             self.advance()
+            if tok.text == "pad" and self.tok.kind == "name" and self.peek().text == "[":
+                read = self.index(end)  # pad(ix[e]): an indirect read that gives 0 outside the axis
+                self.expect(")", f"')' closing {tok.text}(")
+                return replace(read, pad=True, span=self.span(tok))
             inner = self.affine(end)
             self.expect(")", f"')' closing {tok.text}(")
             return Wrapped(tok.text, inner, span=self.span(tok))
@@ -332,6 +360,11 @@ class _Parser:
 
     def name_expr(self) -> Expr:
         tok = self.advance()
+        if tok.text == "_":
+            if not self.finalizing:
+                raise self.error("_ stands for the reduced value: it only appears after |>, as in "
+                                 "|> relu(_ + b[j])", tok)
+            return Hole(span=self.span(tok))
         if self.at("["):
             self.advance()
             if self.at("]"):
@@ -343,10 +376,13 @@ class _Parser:
         return Name(tok.text, span=self.span(tok))
 
     def call(self, tok: Token) -> Expr:
+        if tok.text == "size":
+            return size_call(self, tok)
         if tok.text in WRAPPERS:
             raise self.error(f"{tok.text}(...) wraps an index: use it inside brackets, as in x[{tok.text}(i+k)]",
                              tok)
-        if tok.text not in FUNCTIONS:
+        counts = functions.arities(tok.text)
+        if not counts:
             raise self.error(f"unknown function {tok.text!r}: allowed are {', '.join(FUNCTIONS)}", tok)
         self.advance()
         args = [self.expr()]
@@ -354,10 +390,15 @@ class _Parser:
             self.advance()
             args.append(self.expr())
         self.expect(")", "',' or ')'")
-        arity = FUNCTIONS[tok.text].arity
-        if len(args) != arity:
-            raise self.error(f"{tok.text} takes {arity} argument{'s' * (arity > 1)}, got {len(args)}", tok)
-        return Call(tok.text, tuple(args), span=self.span(tok))
+        entry = functions.resolve(tok.text, len(args))
+        if entry is None:
+            variadic = tok.text in FUNCTIONS and FUNCTIONS[tok.text].variadic
+            takes = " or ".join(map(str, counts)) + (" or more" if variadic else "")
+            raise self.error(f"{tok.text} takes {takes} argument{'s' * (counts[-1] > 1)}, got {len(args)}", tok)
+        call = Call(entry.name, tuple(args[:entry.arity]), span=self.span(tok))
+        for arg in args[entry.arity:]:  # max(a, b, c) is max(max(a, b), c)
+            call = Call(entry.name, (call, arg), span=self.span(tok))
+        return call
 
 
 def _scale(lin: dict[str, int], k: int) -> dict[str, int]:

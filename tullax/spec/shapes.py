@@ -16,9 +16,11 @@ from tullax.spec.ir import (
     Idx,
     IndexVal,
     Indirect,
+    Size,
     Spec,
     Wrapped,
-    accesses,
+    spec_accesses,
+    spec_exprs,
     walk,
 )
 from tullax.spec.sizes import Shapes, Sym
@@ -80,6 +82,9 @@ def _check_ranks(spec: Spec, shapes: Shapes) -> None:
     for _, rng in spec.ranges:  # 'shape' inputs: only the axes the ranges read must exist
         for sym in (rng.lo, rng.hi):
             _check_axes_exist(sym, shapes)
+    for node in (node for expr in spec_exprs(spec) for node in walk(expr)):
+        if isinstance(node, Size):  # size(A, d) in an expression
+            _check_axes_exist(Sym.extent(node.array, node.axis), shapes)
 
 
 def _check_axes_exist(sym: Sym, shapes: Shapes) -> None:
@@ -132,7 +137,7 @@ def _positioned(spec: Spec) -> Iterator[tuple[str, int, Idx, tuple[str, ...]]]:
         when = every if spec.is_scatter else spec.free
         for axis, idx in enumerate(spec.lhs):
             yield spec.out, axis, idx, when
-    for acc in accesses(spec.body):
+    for acc in spec_accesses(spec):
         own = tuple(dict.fromkeys(name for idx in acc.idx for name in _idx_names(idx)))
         for axis, idx in enumerate(acc.idx):
             yield acc.array, axis, idx, own
@@ -208,7 +213,7 @@ def _check_index_arithmetic(spec: Spec, shapes: Shapes, ranges: Ranges) -> None:
                 f"a position on axis {axis} of {where}, {format_affine(aff)}, can reach magnitude "
                 f"{_magnitude(aff, shapes, ranges)} ({spans or 'a constant'}), beyond the 2^62 that tullax's int64 "
                 f"index arithmetic allows: it would overflow; use smaller coefficients or constants")
-    for node in walk(spec.body):
+    for node in (node for expr in spec_exprs(spec) for node in walk(expr)):
         if isinstance(node, IndexVal):
             lo, hi = ranges[node.name]
             offset = node.offset.eval(shapes)
@@ -236,6 +241,8 @@ def check_index_values(spec: Spec, env: Mapping[str, Any]) -> None:
         if not np.issubdtype(values.dtype, np.integer):
             raise ShapeError(f"{idx.array} is used as an index ({idx.array}[..] inside {array}[..]) and must "
                              f"hold integers, got dtype {values.dtype}")
+        if idx.pad:  # pad(ix[e]) reads 0 outside the axis: any position is valid
+            continue
         extent = shapes[array][axis]
         bad = np.flatnonzero((values < 0) | (values >= extent))
         if bad.size:

@@ -7,6 +7,7 @@ from tullax.spec.ir import (
     Binary,
     Call,
     Expr,
+    Hole,
     Idx,
     IndexVal,
     Name,
@@ -14,6 +15,7 @@ from tullax.spec.ir import (
     Param,
     ParsedSpec,
     Range,
+    Size,
     Spec,
     Unary,
     Wrapped,
@@ -72,7 +74,8 @@ def format_idx(idx: Idx, end: Sym | None = None) -> str:
         return format_affine(idx, end)
     if isinstance(idx, Wrapped):
         return f"{idx.kind}({format_affine(idx.inner, end)})"
-    return f"{idx.array}[{format_affine(idx.inner, Sym.extent(idx.array, 0) - 1)}]"
+    text = f"{idx.array}[{format_affine(idx.inner, Sym.extent(idx.array, 0) - 1)}]"
+    return f"pad({text})" if idx.pad else text
 
 
 def format_access(name: str, idx: tuple[Idx, ...] | None) -> str:
@@ -87,6 +90,10 @@ def format_expr(expr: Expr, parent: int = 0) -> str:
         return f"({text})" if text.startswith("-") and parent else text
     if isinstance(expr, (Name, Param)):
         return expr.name
+    if isinstance(expr, Hole):
+        return "_"
+    if isinstance(expr, Size):
+        return f"size({expr.array},{expr.axis})"
     if isinstance(expr, IndexVal):
         if expr.offset == Sym(0):
             return expr.name
@@ -115,12 +122,19 @@ def format_spec(spec: ParsedSpec | Spec) -> str:
     """The canonical text of a spec: default reduction omitted, one space around := and |>."""
     head = "" if spec.redop == "+" else f"({spec.redop}) "
     text = f"{head}{format_access(spec.out, spec.lhs)} {spec.assign} {format_expr(spec.body)}"
-    if spec.finalizer:
-        text += f" |> {spec.finalizer}"
-    hidden = _unseen_reductions(spec)
+    if spec.finalizer is not None:
+        text += f" |> {format_finalizer(spec.finalizer)}"
+    hidden = spec.ranges if isinstance(spec, ParsedSpec) else _unseen_reductions(spec)
     if hidden:  # a sum over an index the body does not mention multiplies it by the range's length: say so
         text += "  " + " ".join(f"({name} in {rng.lo}:{rng.hi})" for name, rng in hidden)
     return text
+
+
+def format_finalizer(finalizer: Expr) -> str:
+    """``f`` for ``f(_)`` of a one-argument function, else the expression over ``_``."""
+    if isinstance(finalizer, Call) and len(finalizer.args) == 1 and isinstance(finalizer.args[0], Hole):
+        return finalizer.fn
+    return format_expr(finalizer)
 
 
 def _unseen_reductions(spec: ParsedSpec | Spec) -> list[tuple[str, Range]]:

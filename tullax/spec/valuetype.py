@@ -11,11 +11,14 @@ compile.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 from tullax.errors import SpecError
 from tullax.spec import functions
-from tullax.spec.ir import COMPARISONS, Access, Binary, Call, Expr, Num, Param, Spec, Unary
+from tullax.spec.ir import COMPARISONS, Access, Binary, Call, Expr, Hole, Num, Param, Spec, Unary, walk
+
+HOLE = "_"  # in ``names``: the finaliser's ``_`` (the reduced value) is complex
 
 __all__ = ["complex_inputs", "is_complex", "body_is_complex", "result_is_complex", "check_complex",
            "has_complex_literal"]
@@ -51,6 +54,8 @@ def is_complex(expr: Expr, names: frozenset[str]) -> bool:
         return isinstance(expr.value, complex)
     if isinstance(expr, (Access, Param)):
         return (expr.array if isinstance(expr, Access) else expr.name) in names
+    if isinstance(expr, Hole):
+        return HOLE in names
     if isinstance(expr, Unary):
         return is_complex(expr.arg, names)
     if isinstance(expr, Binary):
@@ -81,12 +86,18 @@ def body_is_complex(spec: Spec, names: frozenset[str]) -> bool:
     return is_complex(spec.body, names)
 
 
+def _finalizer_names(spec: Spec, names: frozenset[str]) -> frozenset[str]:
+    """``names`` with the finaliser's ``_`` when the reduced value is complex."""
+    return names | {HOLE} if body_is_complex(spec, names) else names
+
+
 def result_is_complex(spec: Spec, names: frozenset[str]) -> bool:
-    """The result is complex: a complex body not made real by the finaliser, or a complex given output that
-    '='/'+=' writes into."""
-    value = body_is_complex(spec, names)
-    if value and spec.finalizer and functions.get(spec.finalizer).on_complex == "real-valued":
-        value = False
+    """The result is complex: a complex body not made real by the finaliser (``|> abs``), or a complex given
+    output that '='/'+=' writes into."""
+    if spec.finalizer is not None:
+        value = is_complex(spec.finalizer, _finalizer_names(spec, names))
+    else:
+        value = body_is_complex(spec, names)
     return value or (spec.assign != ":=" and spec.out in names)
 
 
@@ -102,6 +113,14 @@ def check_complex(spec: Spec, names: frozenset[str]) -> None:
                         "real(..), imag(..) or abs(..) of them")
 
     stack = [spec.body]
+    if spec.finalizer is not None:
+        inner = _finalizer_names(spec, names)
+        if not (isinstance(spec.finalizer, Call) and len(spec.finalizer.args) == 1
+                and isinstance(spec.finalizer.args[0], Hole)) and any(
+                is_complex(node, inner) for node in walk(spec.finalizer)):
+            raise SpecError(f"a finaliser expression on complex values ({format_expr(spec.finalizer)}) is not "
+                            "supported: write the function form (|> abs) or move the expression into the body")
+        check_complex(replace(spec, body=spec.finalizer, finalizer=None, redop="+"), inner)
     while stack:
         node = stack.pop()
         if isinstance(node, Binary) and node.op in COMPARISONS and \
@@ -115,8 +134,5 @@ def check_complex(spec: Spec, names: frozenset[str]) -> None:
         stack.extend(getattr(node, "args", ()) or
                      ((node.lhs, node.rhs) if isinstance(node, Binary) else
                       (node.arg,) if isinstance(node, Unary) else ()))
-    if body_is_complex(spec, names):
-        if spec.redop in ("max", "min", "logsumexp"):
-            refuse(f"a ({spec.redop}) reduction", spec.body)
-        if spec.finalizer and functions.get(spec.finalizer).on_complex == "real-only":
-            refuse(f"the finaliser {spec.finalizer}", spec.body)
+    if body_is_complex(spec, names) and spec.redop not in ("+", "*"):
+        refuse(f"a ({spec.redop}) reduction", spec.body)

@@ -20,11 +20,13 @@ from tullax.spec.ir import (
     Binary,
     Call,
     Expr,
+    Hole,
     Idx,
     IndexVal,
     Indirect,
     Num,
     Param,
+    Size,
     Spec,
     Unary,
     Wrapped,
@@ -72,8 +74,9 @@ def _naive_reduce(ev: "_Evaluator", ranges) -> np.ndarray:
             point.update(zip(spec.reduced, reduced_values))
             terms.append(ev.body(point))
         value = _reduce(spec.redop, terms, ev.kind)
-        if spec.finalizer:
-            value = _call(spec.finalizer, (value,), ev.kind)
+        if spec.finalizer is not None:  # once per element, reading at the free indices only
+            ev.hole = value
+            value = ev.eval(spec.finalizer, dict(zip(spec.free, free_values)))
         where = tuple(v - ranges[n][0] if spec.assign == ":=" else v for n, v in zip(spec.free, free_values))
         if spec.assign == "+=":
             out[where] += value
@@ -126,8 +129,7 @@ def _call(fn: str, args: tuple, kind) -> Any:
         if np.isnan(a) or np.isnan(b):
             return kind(np.nan)
         return (a if a >= b else b) if fn == "max" else (a if a <= b else b)
-    (x,) = args
-    return kind(functions.get(fn).numpy(x))
+    return kind(functions.get(fn).numpy(*args))
 
 
 class _Evaluator:
@@ -135,6 +137,7 @@ class _Evaluator:
 
     def __init__(self, spec: Spec, arrays: dict[str, np.ndarray], shapes, kind):
         self.spec, self.arrays, self.shapes, self.kind = spec, arrays, shapes, kind
+        self.hole: Any = None  # the reduced value of the element being finalised (``_``)
 
     def body(self, point: Point) -> Any:
         return self.eval(self.spec.body, point)
@@ -147,6 +150,10 @@ class _Evaluator:
             return kind(self.arrays[expr.name])
         if isinstance(expr, IndexVal):
             return kind(point[expr.name] + expr.offset.eval(self.shapes))
+        if isinstance(expr, Size):
+            return kind(self.shapes[expr.array][expr.axis])
+        if isinstance(expr, Hole):
+            return self.hole
         if isinstance(expr, Access):
             return self.read(expr, point)
         if isinstance(expr, Unary):
@@ -181,6 +188,8 @@ class _Evaluator:
         if isinstance(idx, Indirect):
             at = self.in_bounds(idx.array, 0, self.affine(idx.inner, point))
             pos = int(self.arrays[idx.array][at])
+            if idx.pad and not 0 <= pos < extent:  # pad(ix[e]) outside the axis
+                return None
             if not 0 <= pos < extent:
                 raise ShapeError(f"{idx.array}[{at}] = {pos} is outside axis {axis} of {array} (extent {extent})")
             return pos

@@ -1,7 +1,8 @@
 """Random specs for property tests: valid ones from the grammar of DESIGN section 1, and garbage.
 
 ``random_spec`` writes specs whose every range is inferable, covering shifts, constants, mod/clamp/pad,
-indirect indices, scatters, every reduction and finaliser; ``random_garbage`` mutates them (and sometimes
+indirect indices, scatters, every reduction and finaliser (function names and expressions of ``_``), ``size(A,d)``
+values and ``(z in lo:hi)`` clauses; ``random_garbage`` mutates them (and sometimes
 writes pure noise) to feed the parser and the analysis.
 """
 from __future__ import annotations
@@ -98,6 +99,9 @@ class _SpecWriter:
             return self.pick(_SCALARS)
         if roll < 0.85:
             return self.pick(["2", "3", "0.5", "1.5", "1"])
+        if roll < 0.9 and self.ranks:  # an extent as a value (axes count from 0)
+            name = self.pick(list(self.ranks))
+            return f"size({name},{int(self.rng.integers(self.ranks[name]))})"
         return self.pick(self.indices)
 
     def combine(self, a: str, b: str) -> str:
@@ -126,6 +130,8 @@ class _SpecWriter:
             f"sin({e})", f"cos({e})", f"tan(tanh({e}))", f"tanh({e})", f"sinh(tanh({e}))", f"cosh(tanh({e}))",
             f"expm1(tanh({e}))", f"sigmoid({e})", f"softplus({e})", f"relu({e})", f"({e})^2", f"({e})^3",
             f"(1 + ({e})^2)^0.5", f"(1 + ({e})^2)^-1", f"-({e})", f"real({e})", f"conj({e})", f"imag({e}) + {e}",
+            f"cbrt(1 + ({e})^2)", f"exp2(tanh({e}))", f"log2(1 + ({e})^2)", f"log10(1 + ({e})^2)", f"atan({e})",
+            f"atan({e}, 2)", f"hypot({e}, 1)", f"erf({e})", f"max({e}, 0.1, -({e})^2)",
         ]
         if self.complex_values:
             choices = [f"exp(0.3*({e}))", f"abs({e})", f"abs({e})^2", f"({e})^2", f"real({e})", f"conj({e})",
@@ -164,10 +170,27 @@ class _SpecWriter:
         assign = ":=" if kind == "new" else self.pick(["=", "+="])
         if assign != ":=" and self.chance(0.3):
             body = f"{body} + 0.5*{target}" if free else body
-        finalizers = ['tanh', 'sigmoid', 'softplus', 'relu', 'abs', 'sin', 'cos'] if not self.complex_values \
-            else ['abs', 'sin', 'cos', 'exp', 'conj', 'real', 'imag']
-        tail = f" |> {self.pick(finalizers)}" if self.chance(0.15) else ""
+        if self.complex_values:  # finalisers defined on complex values, as functions of the reduced value
+            tail = f" |> {self.pick(['abs', 'sin', 'cos', 'exp', 'conj', 'real', 'imag'])}" if self.chance(0.15) \
+                else ""
+        else:
+            tail = f" |> {self.finalizer(free)}" if self.chance(0.2) else ""
+            if self.chance(0.08):  # a reduction over an index the body never mentions: each term counted twice
+                tail += "  (z in 0:2)"
         return f"{head}{target} {assign} {body}{tail}"
+
+    def finalizer(self, free: list[str]) -> str:
+        """A function name, or an expression of _ reading scalars, extents and arrays at the free indices."""
+        fn = self.pick(['tanh', 'sigmoid', 'softplus', 'relu', 'abs', 'sin', 'cos'])
+        if self.chance(0.5):
+            return fn
+        term = self.pick(list(_SCALARS))
+        if free and self.chance(0.6):
+            axes = [i for i in free if self.chance(0.7)] or [free[0]]
+            term = f"{self.new_array(len(axes))}[{','.join(axes)}]"
+        extent = f"size({next(iter(self.ranks))},0)"
+        return self.pick([f"{fn}(_ + {term})", f"_*{term}", f"_/{extent}", f"max(_, {term})",
+                          f"{fn}(_)*{term} + _/{extent}", f"min({term}, _ - 1)"])
 
     def scatter_position(self, free: list[str]) -> str:
         i = self.pick(free)

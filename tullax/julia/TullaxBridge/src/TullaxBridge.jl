@@ -37,7 +37,7 @@ using UUIDs
 export load_kernels, timings, clear_timings!
 export wrap_cpu
 export backend_for, launch!, launch_cpu!
-export run_launcher_cpu!, run_launcher_cuda!
+export run_launcher_cpu!, run_launcher_cuda!, run_launcher_cuda_device!
 export write_precompile_package, precompile_package, load_precompiled
 
 include("timings.jl")

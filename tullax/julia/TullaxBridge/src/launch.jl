@@ -102,6 +102,25 @@ array argument, is copied back into the host array. Implemented by `TullaxBridge
 run_launcher_cuda!(mod, launcher, args...) = throw(cuda_unavailable_error("run_launcher_cuda!"))
 
 """
+    run_launcher_cuda_device!(mod, launcher, xla_stream, device, given, arrays, scalars, sizes) -> Nothing
+
+Call the printed GPU launcher `launcher` of `mod` on device memory XLA owns, without a copy
+and without waiting for the GPU: the `julia-cuda` backend inside `jax.jit` on an NVIDIA GPU.
+`xla_stream` is XLA's `CUstream` (an integer), `device` the CUDA device ordinal of the
+buffers. Each array is `(address, eltype name, Julia dims)`, wrapped as a `CuArray` that does
+not own its memory (dims already reversed, as on the CPU); `given` is `()` or the array the
+output starts from (`+=`, `=`), copied into the output first unless it is the same memory;
+each scalar is `(address, eltype name, kernel type name)`, a one-element device array read
+once; `sizes` are integers.
+
+The work is ordered after everything XLA enqueued on `xla_stream` so far, and XLA's later
+work after it, by two events recorded and waited on the streams (no host synchronisation);
+the kernel itself runs on CUDA.jl's task-local stream. Implemented by `TullaxBridgeCUDAExt`.
+"""
+run_launcher_cuda_device!(mod, launcher, args...) =
+    throw(cuda_unavailable_error("run_launcher_cuda_device!"))
+
+"""
     instantiate(constructor, backend, workgroupsize)
 
 The kernel object for `backend`: `constructor(backend)` lets KernelAbstractions choose the

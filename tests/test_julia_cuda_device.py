@@ -1,0 +1,130 @@
+"""``julia-cuda`` inside jax on an NVIDIA GPU, without a GPU or a Julia (issue 11, item 5): the device path.
+
+A fake juliacall (``test_julia_runtime``'s) stands in for Julia. Checked here: julia-cuda takes the device path
+(buffer_callback: XLA's device buffers and stream, no pure_callback copy), what the bridge's
+``run_launcher_cuda_device!`` receives for a call (the buffers' addresses in the printed launcher's parameter
+order, Julia element types, dims reversed, the array ``+=`` starts from, device scalars, sizes: plain tuples that
+juliacall hands over as Julia ``Tuple``s), that the Julia method declares exactly that form, and that the GPU
+launcher returns without synchronising. What is NOT checked here, for want of a GPU and a Julia: that CUDA.jl
+runs the kernel on those buffers; the julia-marked tests and ``benchmarks/gpu.py`` do, where both exist.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from test_julia_runtime import FakeBridge, assert_plain, fake, julia_arrival  # noqa: F401 - the fixture
+
+import tullax
+from tullax.backends import julia
+from tullax.backends.base import Signature
+from tullax.backends.julia import CUDA, JuliaCudaBackend, device_plan, kernel_module
+from tullax.jaxop import device
+from tullax.spec.frontend import compile_spec
+
+EXT = Path(__file__).resolve().parent.parent / "tullax" / "julia" / "TullaxBridge" / "ext" / "TullaxBridgeCUDAExt.jl"
+
+
+class DeviceBuffer:
+    """What buffer_callback hands the callback: a device address behind ``__cuda_array_interface__``."""
+
+    def __init__(self, address: int, shape: tuple[int, ...]):
+        self.shape = shape
+        self.__cuda_array_interface__ = {"data": (address, False), "shape": shape, "version": 3}
+
+
+def _device_calls(bridge: FakeBridge) -> list[tuple]:
+    return [args for name, args, _ in bridge.calls if name == "run_launcher_cuda_device!"]
+
+
+@pytest.fixture
+def cuda_fake(fake, monkeypatch):  # noqa: F811 - the imported fixture
+    runtime, bridge, library = fake
+
+    def run_launcher_cuda_device_b(module, launcher, *args):
+        bridge._record("run_launcher_cuda_device!", launcher, *args)
+
+    bridge.run_launcher_cuda_device_b = run_launcher_cuda_device_b
+    monkeypatch.setattr(JuliaCudaBackend, "availability", lambda self: (True, "a fake Julia with CUDA.jl"))
+    monkeypatch.setattr(JuliaCudaBackend, "_start", lambda self: runtime.start(lambda: (True, "a fake Julia")))
+    return runtime, bridge
+
+
+def test_julia_cuda_takes_the_device_path_without_the_copy_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert device.device_path("julia-cuda", "cuda") == device.DEVICE_PATH
+
+
+def test_the_plan_reverses_dims_and_names_julia_types_in_parameter_order():
+    spec = compile_spec("D[i,j] := (W[k,i] - X[k,j])^2", None)[1]
+    signature = Signature(("float32", "float32"), "float32")
+    kernel, _ = kernel_module(spec, signature, CUDA)
+    plan = device_plan(kernel, spec, signature, {"W": (3, 4), "X": (3, 5), "D": (4, 5)})
+    sources = [None if a.role != "in" else spec.input_names.index(a.source) for a in kernel.arrays]
+    dims = {None: (5, 4), 0: (4, 3), 1: (5, 3)}
+    assert plan.arrays == tuple((s, "Float32", dims[s]) for s in sources)
+    assert plan.given is None and plan.scalars == ()
+    assert len(plan.sizes) == len(kernel.sizes) and set(plan.sizes) <= {3, 4, 5}
+
+
+def test_a_call_hands_the_bridge_xlas_stream_and_buffer_addresses_as_plain_tuples(cuda_fake):
+    runtime, bridge = cuda_fake
+    spec = compile_spec("out[b,d] := W[ix[b],d]*s", None)[1]
+    signature = Signature(("float64", "uint64", "float32"), "float64")
+    shapes = {"W": (7, 3), "ix": (5,), "s": (), "out": (5, 3)}
+    kernel = JuliaCudaBackend().device_kernel(spec, signature, shapes)
+    buffers = [DeviceBuffer(0x1000, (7, 3)), DeviceBuffer(0x2000, (5,)), DeviceBuffer(0x3000, ())]
+    kernel(0xABC, DeviceBuffer(0x9000, (5, 3)), buffers)
+    (call,) = _device_calls(bridge)
+    launcher, stream, ordinal, given, arrays, scalars, sizes = call
+    assert_plain(call)
+    assert (stream, ordinal, given) == (0xABC, 0, ())
+    assert arrays[0] == (0x9000, "Float64", (3, 5))  # the output first, dims reversed
+    assert set(arrays[1:]) == {(0x1000, "Float64", (3, 7)), (0x2000, "Int64", (5,))}  # uint64 as its Int64 view
+    assert scalars == ((0x3000, "Float32", "Float64"),)  # read on the device, converted to the declared type
+    assert all(isinstance(n, int) for n in sizes)
+    assert julia_arrival(arrays).startswith("Tuple{Tuple{Int64,String,Tuple{Int64,Int64}}")
+    assert julia_arrival((stream, ordinal)) == "Tuple{Int64,Int64}"
+
+
+def test_an_update_starts_from_the_given_buffer(cuda_fake):
+    runtime, bridge = cuda_fake
+    spec = compile_spec("y[i] += x[i,j]", None)[1]
+    kernel = JuliaCudaBackend().device_kernel(spec, Signature(("float32", "float32"), "float32"),
+                                              {"y": (4,), "x": (4, 6), spec.out: (4,)})
+    kernel(1, DeviceBuffer(0x9000, (4,)), [DeviceBuffer(0x4000, (4,)), DeviceBuffer(0x5000, (4, 6))])
+    (call,) = _device_calls(bridge)
+    assert call[3] == (0x4000, "Float32", (4,))  # copied into the output on CUDA.jl's stream unless aliased
+
+
+def test_the_julia_method_declares_the_form_python_sends():
+    text = EXT.read_text()
+    assert re.search(r"function TullaxBridge\.run_launcher_cuda_device!\(mod::Module, launcher::Union\{Symbol,"
+                     r"AbstractString\},\s+xla_stream::Integer, device::Integer, given::Tuple,\s+arrays::Tuple, "
+                     r"scalars::Tuple, sizes::Tuple\)", text)
+    body = text[text.index("function TullaxBridge.run_launcher_cuda_device!"):]
+    body = body[:body.index("\nend\n")]
+    # ordered both ways by events on the streams, never by waiting on the host
+    assert "cuStreamWaitEvent(ours, ready" in body and "cuStreamWaitEvent(theirs, done" in body
+    assert "synchronize" not in body and "CuArray(" not in body.replace("unsafe_wrap(CuArray", "")
+
+
+def test_the_gpu_launcher_returns_without_synchronising():
+    spec = compile_spec("y[i] := 2*x[i]", None)[1]
+    signature = Signature(("float32",), "float32")
+    assert "synchronize" not in kernel_module(spec, signature, CUDA)[1]
+    assert "KernelAbstractions.synchronize(backend)" in kernel_module(spec, signature, julia.CPU)[1]
+
+
+def test_jit_lowers_julia_cuda_to_a_gpu_buffer_callback(cuda_fake):
+    k = tullax.einsum_kernel("D[i,j] := (W[k,i] - X[k,j])^2", backend="julia-cuda")
+    text = jax.jit(k).trace(jnp.ones((3, 4)), jnp.ones((3, 5))).lower(lowering_platforms=("cuda",)).as_text()
+    assert "xla_buffer_python_gpu_callback" in text and "pure_callback" not in text
+    names = [name for name, _, _ in cuda_fake[1].calls]
+    assert "load_kernels" in names  # built at trace time, so a compile error is raised there
+    assert "run_launcher_cuda_device!" not in names  # lowering launches nothing
