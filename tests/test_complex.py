@@ -109,11 +109,19 @@ def test_real_of_a_complex_product_is_real(backend):
 
 
 @pytest.mark.parametrize("text", ["(max) m[i] := x[i,j]", "y[i] := max(x[i], 0)", "y[i] := x[i] > 0",
-                                  "y[i] := relu(x[i])", "y[i] := ifelse(x[i], 1, 2)"])
+                                  "y[i] := relu(x[i])", "y[i] := ifelse(x[i], 1, 2)", "y[i] := hypot(x[i], 1)",
+                                  "y[i] := floor(x[i])", "s[i] := x[i,j] |> relu"])
 def test_orderings_of_complex_values_are_a_spec_error(text):
     x = np.ones((3, 3) if "j" in text else 3, np.complex64)
     with pytest.raises(SpecError, match="complex values is not defined"):
         tullax.einsum_kernel(text, backend="xla")(x)
+
+
+def test_a_finaliser_expression_on_complex_values_is_a_spec_error_the_function_form_works():
+    x = np.ones((2, 3), np.complex64)
+    with pytest.raises(SpecError, match="finaliser expression on complex values"):
+        tullax.einsum_kernel("s[i] := x[i,j] |> abs(_) + 1", backend="xla")(x)
+    np.testing.assert_allclose(tullax.einsum_kernel("s[i] := x[i,j] |> abs", backend="xla")(x), [3, 3])
 
 
 def test_the_cuda_printer_refuses_complex_with_a_clear_error():
