@@ -60,7 +60,7 @@ def parameters(spec: Spec, signature: Signature) -> Params:
     used_scalars = {node.name for e in ir.spec_exprs(spec) for node in ir.walk(e) if isinstance(node, ir.Param)}
     # '+=' and a scatter add to what is there: the host passes the existing values in the output
     role = "out" if spec.assign in (":=", "=") and not spec.is_scatter else "inout"
-    out = ArrayArg("a0", spec.out, len(spec.lhs or ()), compute, role)
+    out = ArrayArg("a0", spec.out, len(spec.lhs or ()), str(signature.out_dtype), role)
     arrays, scalars = [out], []
     for inp in spec.inputs:
         if inp.kind in ("array", "index") and inp.name in used_arrays:
