@@ -196,7 +196,7 @@ class JuliaType:
     """A Julia number type (concrete, with a NumPy dtype) or an abstract one for annotations."""
 
     name: str
-    kind: str  # "float" | "int" | "bool" | "abstract"
+    kind: str  # "float" | "int" | "bool" | "complex" | "abstract"
     dtype: np.dtype | None = None
     covers: frozenset[str] = frozenset()  # for abstract types: the kinds they contain
 
@@ -215,15 +215,17 @@ FLOAT64 = JuliaType("Float64", "float", np.dtype(np.float64))
 INT32 = JuliaType("Int32", "int", np.dtype(np.int32))
 INT64 = JuliaType("Int64", "int", np.dtype(np.int64))
 BOOL = JuliaType("Bool", "bool", np.dtype(np.bool_))
+COMPLEXF32 = JuliaType("ComplexF32", "complex", np.dtype(np.complex64))
+COMPLEXF64 = JuliaType("ComplexF64", "complex", np.dtype(np.complex128))
 _ABSTRACT = {
     "Integer": JuliaType("Integer", "abstract", covers=frozenset({"int", "bool"})),
     "AbstractFloat": JuliaType("AbstractFloat", "abstract", covers=frozenset({"float"})),
     "Real": JuliaType("Real", "abstract", covers=frozenset({"int", "bool", "float"})),
-    "Number": JuliaType("Number", "abstract", covers=frozenset({"int", "bool", "float"})),
+    "Number": JuliaType("Number", "abstract", covers=frozenset({"int", "bool", "float", "complex"})),
 }
 CONCRETE_TYPES = {"Float32": FLOAT32, "Float64": FLOAT64, "Int32": INT32, "Int64": INT64, "Int": INT64,
-                  "Bool": BOOL}
-_BY_DTYPE = {t.dtype: t for t in (FLOAT32, FLOAT64, INT32, INT64, BOOL)}
+                  "Bool": BOOL, "ComplexF32": COMPLEXF32, "ComplexF64": COMPLEXF64}
+_BY_DTYPE = {t.dtype: t for t in (FLOAT32, FLOAT64, INT32, INT64, BOOL, COMPLEXF32, COMPLEXF64)}
 _ARRAY_ANNOTATIONS = {"AbstractArray": None, "AbstractVector": 1, "AbstractMatrix": 2}
 
 
@@ -354,6 +356,8 @@ def _normalize(x: Any) -> Any:
         return np.int64(x)
     if isinstance(x, float):
         return np.float64(x)
+    if isinstance(x, complex):  # juliacall's ComplexF64
+        return np.complex128(x)
     return x
 
 
@@ -395,12 +399,21 @@ def _promote_type(a: JuliaType, b: JuliaType) -> JuliaType:
         return a
     if a.kind == b.kind:
         return a if a.dtype.itemsize >= b.dtype.itemsize else b
+    if "complex" in (a.kind, b.kind):  # Complex{promote_type(real parts)}
+        c, other = (a, b) if a.kind == "complex" else (b, a)
+        return COMPLEXF64 if other is FLOAT64 else c
     return a if a.kind == "float" else b
 
 
 def _convert(t: JuliaType, x: Any) -> Any:
     """Julia's ``convert(T, x)``: exact for integers (InexactError), rounding for floats."""
     src = _number(x, f"convert({t.name}, x) with x")
+    if t.kind == "complex":
+        return t.dtype.type(x)
+    if src.kind == "complex":  # Julia converts a complex number to a real type only when it is real
+        if x.imag != 0:
+            raise JuliaRuntimeError(f"InexactError: {t.name}({x})")
+        x = x.real
     if t.kind == "float":
         return t.dtype.type(x)
     if t.kind == "bool":
@@ -421,7 +434,7 @@ def _convert(t: JuliaType, x: Any) -> Any:
 def _to_float(x: Any, what: str) -> Any:
     """Integer arguments of float functions become Float64, as in Julia (``exp(1) isa Float64``)."""
     t = _number(x, what)
-    return x if t.kind == "float" else np.float64(x)
+    return x if t.kind in ("float", "complex") else np.float64(x)
 
 
 def _wrap_int(value: int, t: JuliaType) -> Any:
@@ -438,7 +451,7 @@ def _arith(op: str, x: Any, y: Any) -> Any:
         return other if flag else np.copysign(_promote_type(tx, ty).cast(0), other)  # Bool is a strong zero
     t = _promote_type(tx, ty)
     if op == "/":
-        t = t if t.kind == "float" else FLOAT64
+        t = t if t.kind in ("float", "complex") else FLOAT64
         return t.cast(x) / t.cast(y)
     if t is BOOL:
         if op == "*":
@@ -453,6 +466,9 @@ def _arith(op: str, x: Any, y: Any) -> Any:
 
 def _power(x: Any, y: Any) -> Any:
     tx, ty = _number(x, "^"), _number(y, "^")
+    if "complex" in (tx.kind, ty.kind):  # complex powers never throw (principal branch, as NumPy)
+        t = tx if ty.kind == "int" else _promote_type(tx, ty)
+        return t.cast(np.power(t.cast(x), y if ty.kind == "int" else t.cast(y)))
     if tx.kind != "float" and ty.kind != "float":
         base, exponent = int(x), int(y)
         if exponent >= 0:
@@ -528,6 +544,8 @@ def _compare(op: str, x: Any, y: Any) -> bool:
         if op in ("==", "!=") and isinstance(x, (tuple, type(None))) and isinstance(y, (tuple, type(None))):
             return (x == y) == (op == "==")
         raise JuliaRuntimeError(f"MethodError: no method matching {op}(::{_type_name(x)}, ::{_type_name(y)})")
+    if op not in ("==", "!=") and "complex" in (_numtype(x).kind, _numtype(y).kind):  # no isless for Complex
+        raise JuliaRuntimeError(f"MethodError: no method matching isless(::{_type_name(x)}, ::{_type_name(y)})")
     if op == "==":
         return bool(x == y)
     if op == "!=":
@@ -554,7 +572,7 @@ def _identity_plus(x: Any) -> Any:
 
 def _negate(x: Any) -> Any:
     t = _number(x, "-")
-    if t.kind == "float":
+    if t.kind in ("float", "complex"):
         return -x
     return _wrap_int(-int(x), INT64 if t is BOOL else t)
 
@@ -562,7 +580,7 @@ def _negate(x: Any) -> Any:
 def _float_function(name: str, fn: Callable[[Any], Any], domain: Callable[[Any], bool] | None = None):
     def apply(x: Any) -> Any:
         value = _to_float(x, name)
-        if domain is not None and domain(value):
+        if domain is not None and _numtype(value).kind != "complex" and domain(value):  # complex: no throw
             raise JuliaRuntimeError(f"DomainError with {value}: {name} is not defined there")
         return fn(value)
 
@@ -587,7 +605,7 @@ def _atan(*args: Any) -> Any:
 
 def _abs(x: Any) -> Any:
     t = _number(x, "abs")
-    if t.kind == "float":
+    if t.kind in ("float", "complex"):  # abs of a complex number is real of its precision
         return np.abs(x)
     return x if t is BOOL else _wrap_int(abs(int(x)), t)
 
@@ -767,6 +785,9 @@ def _builtins() -> dict[str, Any]:
         _Builtin("sign", _float_function("sign", np.sign)),
         _Builtin("abs", _abs),
         _Builtin("abs2", lambda x: _arith("*", x, x)),
+        _Builtin("conj", lambda x: np.conj(x) if _number(x, "conj").kind == "complex" else x),
+        _Builtin("real", lambda x: x.real if _number(x, "real").kind == "complex" else x),
+        _Builtin("imag", lambda x: x.imag if _number(x, "imag").kind == "complex" else _type_of(x, "imag").cast(0)),
         _Builtin("max", _fold_extremum("max")),
         _Builtin("min", _fold_extremum("min")),
         _Builtin("clamp", _clamp),
@@ -1098,6 +1119,9 @@ def _invoke(fn: Any, args: list[Any], kwargs: dict[str, Any], frame: _Frame | No
             raise JuliaRuntimeError(f"MethodError: no method matching {fn.name} with {len(args)} "
                                     f"argument(s) ({err})") from None
         return fn.fn(*args, **kwargs)
+    if isinstance(fn, JuliaType) and fn.kind == "complex" and len(args) == 2 and not kwargs:
+        real = FLOAT32 if fn is COMPLEXF32 else FLOAT64  # ComplexF32(re, im)
+        return fn.dtype.type(complex(_convert(real, args[0]), _convert(real, args[1])))
     if isinstance(fn, JuliaType):
         if kwargs or len(args) != 1 or fn.kind == "abstract":
             raise JuliaRuntimeError(f"MethodError: no method matching {fn.name}(...) with {len(args)} arguments")
@@ -1127,6 +1151,8 @@ def _to_julia(x: Any) -> Any:
         return np.int64(x)
     if isinstance(x, float):
         return np.float64(x)
+    if isinstance(x, complex):  # juliacall's ComplexF64
+        return np.complex128(x)
     if isinstance(x, np.generic) and x.dtype in _BY_DTYPE:
         return x
     if isinstance(x, tuple):

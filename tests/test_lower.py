@@ -499,16 +499,18 @@ def test_eval_int_evaluates_loop_bounds():
         eval_int(BinOp("//", n, Const(0, "int64"), "int64"), {"n": 2})
 
 
-def test_complex_and_narrow_results_are_refused():
-    """Loop kernels compute in float32, float64 or int64: the host widens half precision and narrow integers
-    (Signature.widened) before a kernel sees them."""
+def test_narrow_results_and_real_results_of_complex_bodies_are_refused():
+    """Loop kernels compute in float32, float64, complex64, complex128 or int64: the host widens half precision
+    and narrow integers (Signature.widened) before a kernel sees them; a complex body cannot make a real result
+    unless it is real-valued."""
     spec = analysed("y[i] := x[i]")
     assert lower(spec, Signature(("int32",), "int64")).compute_dtype == "int64"
     for dtype in ("int32", "float16", "uint8"):
-        with pytest.raises(TullaxError, match="float32, float64 or int64"):
+        with pytest.raises(TullaxError, match="float32, float64, complex64, complex128 or int64"):
             lower(spec, Signature((dtype,), dtype))
-    with pytest.raises(TullaxError, match="complex"):
+    with pytest.raises(TullaxError, match="complex: a float32 result cannot hold it"):
         lower(spec, Signature(("complex64",), "float32"))
+    lower(analysed("y[i] := abs(x[i])"), Signature(("complex64",), "float32"))  # real-valued: fine
 
 
 # =============================================================================================

@@ -121,7 +121,10 @@ def run_eager(spec: Spec, backend: Any, values: list[Any]) -> Any:
     check_index_values(spec, env)
     dtype = np.dtype(result_dtype(spec, values))
     # a Python number arrives in the result's precision, as jit passes it (JAX's weak types)
-    arrays = [dtype.type(a) if weak_type(v) is not None else a for a, v in zip(arrays, values)]
+    # (a real number real, a complex one complex, whatever the result: abs(x[i] + c) is real, z[i]*2.0 complex)
+    real = np.dtype(np.finfo(dtype).dtype) if dtype.kind == "c" else dtype
+    weak = {float: real, int: real, complex: np.result_type(dtype, np.complex64)}
+    arrays = [weak[weak_type(v)].type(a) if weak_type(v) is not None else a for a, v in zip(arrays, values)]
     signature = Signature(tuple(np.dtype(a.dtype).name for a in arrays), dtype.name)
     out_shape = tuple(s.eval(shapes) for s in spec.out_shape)
     if spec.assign == ":=":

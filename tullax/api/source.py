@@ -22,7 +22,7 @@ def generate_source(spec: str, backend: str = "numba", dtype: str = "float32",
         if backends.capabilities(impl).module_source:
             return impl.module_source(analysed, dtype)
         parts = []
-        for step in kernel_steps(analysed):
+        for step in kernel_steps(analysed, dtype):
             source = impl.generate_source(step.spec, Signature.for_dtype(step.spec, dtype))
             parts.append(f"# ---- {step.label}\n{source}")
         return "\n\n".join(parts)
@@ -43,7 +43,7 @@ def warm(spec: str, backend: str = "auto", dtype: str = "float32", ranges: Mappi
         _, analysed = compile_spec(spec, ranges)
         impl = backends.resolve(backend)
         timings = {}
-        for step in kernel_steps(analysed):
+        for step in kernel_steps(analysed, dtype):
             env = random_inputs(step.spec, dtype=dtype)
             values = [env[name] for name in step.spec.input_names]
             start = time.perf_counter()

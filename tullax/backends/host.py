@@ -70,14 +70,18 @@ class KernelStep:
     label: str  # how a listing titles it: "forward", "gradient wrt W", "gradient wrt W, step 2"
 
 
-def kernel_steps(spec: Spec) -> tuple[KernelStep, ...]:
+def kernel_steps(spec: Spec, dtype: Any = None) -> tuple[KernelStep, ...]:
     """The forward kernel of ``spec`` and every step of every gradient, in order; a spec whose gradients
-    cannot be derived has its forward kernel only."""
+    cannot be derived has its forward kernel only. ``dtype``: the data inputs' dtype (a complex one derives
+    the gradients of complex inputs)."""
     from tullax.grad import gradients
 
     steps = [KernelStep(spec, "forward", "forward")]
+    complex_names = frozenset()
+    if dtype is not None and np.dtype(dtype).kind == "c":
+        complex_names = frozenset(i.name for i in spec.inputs if i.kind in ("array", "scalar"))
     try:
-        grads = gradients(spec)
+        grads = gradients(spec, complex_names)
     except TullaxError:
         grads = ()
     for grad in grads:
@@ -94,7 +98,7 @@ def module_source(spec: Spec, signature: Signature, lower: Callable[[Spec, Signa
     signature, name)``, printed together by ``print_module``. The forward kernel has ``signature``; the gradient
     steps compute in its result dtype (``Signature.for_dtype``)."""
     signature = signature.widened()  # what the kernels compute in (half precision in float32, integers in int64)
-    forward, *grads = kernel_steps(spec)
+    forward, *grads = kernel_steps(spec, signature.out_dtype)
     kernels = [lower(forward.spec, signature, forward.name)]
     for step in grads if np.dtype(signature.out_dtype).kind not in "iu" else ():  # integers have no gradient
         kernels.append(lower(step.spec, Signature.for_dtype(step.spec, signature.out_dtype), step.name))

@@ -148,6 +148,8 @@ def _python_number(value: Any, dtype: str) -> Any:
     kind = arrival_dtype(dtype)
     if kind == "bool":
         return bool(value)
+    if kind == "complex128":  # juliacall: a Python complex arrives as ComplexF64
+        return complex(value)
     return float(value) if kind == "float64" else int(value)
 
 

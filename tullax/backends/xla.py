@@ -47,6 +47,7 @@ from tullax.spec.shapes import (
     input_shapes,
     result_dtype,
 )
+from tullax.spec.valuetype import complex_inputs, has_complex_literal, is_complex
 
 __all__ = ["lower", "result_dtype", "eval_shapes", "check_shapes", "XlaBackend", "is_contraction"]
 
@@ -108,16 +109,18 @@ def _evaluate(spec: Spec, env: Env, einsum: bool = True, grid: str = "free-first
     shapes = input_shapes(spec, env)
     check_shapes(spec, shapes)
     check_dtypes(spec, {name: _np_dtype(env[name]) for name in spec.input_names})
-    dtype = jax.dtypes.canonicalize_dtype(result_dtype(spec, {n: _dtype_of(env[n]) for n in spec.input_names}))
+    dtypes = {n: _dtype_of(env[n]) for n in spec.input_names}
+    dtype = np.dtype(jax.dtypes.canonicalize_dtype(result_dtype(spec, dtypes)))
+    names = complex_inputs(spec, dtypes)
     # half precision is loaded, computed and accumulated in float32 and rounded once at the end
-    compute = np.dtype(np.float32) if np.dtype(dtype).name in HALF else dtype
-    ctx = _Context(spec, env, shapes, compute, _Grid.build(spec, shapes, _grid_order(spec, grid)))
+    compute = np.dtype(np.float32) if dtype.name in HALF else dtype
+    ctx = _Context(spec, env, shapes, compute, _Grid.build(spec, shapes, _grid_order(spec, grid)), names)
     if spec.is_scatter:
         return _scatter(ctx).astype(dtype)
     value = _contract(ctx) if einsum and is_contraction(spec) and _einsum_fits(ctx) else _reduce(ctx)
     if spec.finalizer is not None:
         value = _finalize(ctx, value)
-    return _place(ctx, value).astype(dtype)
+    return _place(ctx, _as_array(value, ctx.dtype)).astype(dtype)
 
 
 def _finalize(ctx: "_Context", value):
@@ -215,12 +218,35 @@ class _Grid:
 
 @dataclass(frozen=True)
 class _Context:
+    """``dtype`` is the result's. Values are typed as ``spec.valuetype`` infers: real ones in ``real`` (the
+    result's precision), complex ones (inputs in ``complex_names``, and what they reach) in ``compute``; without
+    complex values both are ``dtype``."""
+
     spec: Spec
     env: Env
     shapes: Mapping[str, tuple[int, ...]]
     dtype: Any
     grid: _Grid
+    complex_names: frozenset[str] = frozenset()
     hole: Any = None  # the reduced values, while the finaliser is evaluated
+
+    @property
+    def compute(self) -> Any:
+        if self.complex_names or has_complex_literal(self.spec.body):
+            return np.result_type(self.dtype, np.complex64)
+        return self.dtype
+
+    @property
+    def real(self) -> Any:
+        return np.dtype(np.finfo(self.dtype).dtype) if self.dtype.kind == "c" else self.dtype
+
+    def leaf(self, name: str) -> Any:
+        """The dtype an input's values are read in."""
+        return self.compute if name in self.complex_names else self.real
+
+    @property
+    def body_dtype(self) -> Any:
+        return self.compute if is_complex(self.spec.body, self.complex_names) else self.real
 
     def array(self, name: str):
         import jax.numpy as jnp
@@ -265,7 +291,7 @@ def _contract(ctx: _Context):
         names = [i.plain for i in factor.idx]
         window = tuple(slice(ctx.grid.lo[ctx.grid.axis(n)], ctx.grid.lo[ctx.grid.axis(n)] + ctx.grid.size[
             ctx.grid.axis(n)]) for n in names)
-        operands.append(ctx.array(factor.array)[window].astype(ctx.dtype))
+        operands.append(ctx.array(factor.array)[window].astype(ctx.leaf(factor.array)))
         terms.append("".join(letter[n] for n in names))
     out = "".join(letter[n] for n in ctx.spec.free)
     return jnp.einsum(f"{','.join(terms)}->{out}", *operands, precision=jax.lax.Precision.HIGHEST)
@@ -280,8 +306,8 @@ def _reduce(ctx: _Context):
     free = ctx.spec.free
     free_shape = tuple(ctx.grid.size[ctx.grid.axis(n)] for n in free)
     if ctx.grid.empty:  # nothing to read: every element is the reduction's identity
-        return jnp.full(free_shape, _identity(ctx.spec.redop, ctx.dtype), ctx.dtype)
-    value = jnp.broadcast_to(_as_array(_body(ctx, ctx.spec.body), ctx.dtype), ctx.grid.shape)
+        return jnp.full(free_shape, _identity(ctx.spec.redop, ctx.body_dtype), ctx.body_dtype)
+    value = jnp.broadcast_to(_as_array(_body(ctx, ctx.spec.body), ctx.body_dtype), ctx.grid.shape)
     axes = tuple(k for k, n in enumerate(ctx.grid.names) if n not in free)
     if axes:
         value = _reduce_axes(ctx.spec.redop, value, axes)
@@ -315,13 +341,13 @@ def _body(ctx: _Context, expr: Expr):
     import jax.numpy as jnp
 
     if isinstance(expr, Num):
-        return _as_array(expr.value, ctx.dtype)
+        return _as_array(expr.value, ctx.compute if isinstance(expr.value, complex) else ctx.real)
     if isinstance(expr, Param):
-        return _as_array(ctx.env[expr.name], ctx.dtype)
+        return _as_array(ctx.env[expr.name], ctx.leaf(expr.name))
     if isinstance(expr, IndexVal):
-        return (ctx.grid.values(expr.name) + expr.offset.eval(ctx.shapes)).astype(ctx.dtype)
+        return (ctx.grid.values(expr.name) + expr.offset.eval(ctx.shapes)).astype(ctx.real)
     if isinstance(expr, Size):
-        return _as_array(ctx.shapes[expr.array][expr.axis], ctx.dtype)
+        return _as_array(ctx.shapes[expr.array][expr.axis], ctx.real)
     if isinstance(expr, Hole):
         return ctx.hole
     if isinstance(expr, Access):
@@ -338,7 +364,7 @@ def _body(ctx: _Context, expr: Expr):
             return jnp.power(lhs, exponent)  # integer_pow: exact, fine for negative bases
         return jnp.power(lhs, _body(ctx, expr.rhs))
     rhs = _body(ctx, expr.rhs)
-    return _binary(expr.op, lhs, rhs, ctx.dtype)
+    return _binary(expr.op, lhs, rhs, ctx.real)
 
 
 def _integer_literal(expr: Expr) -> int | None:
@@ -372,10 +398,7 @@ def _apply(fn: str, args: tuple):
     if fn == "ifelse":  # the condition is a number of the result dtype: nonzero is true
         cond, then, other = args
         return impl(cond != 0, then, other)
-    out = impl(*args)
-    if fn in ("real", "imag"):  # the real-valued part of a value stays in the result dtype
-        return out.astype(args[0].dtype)
-    return out
+    return impl(*args)
 
 
 @functools.lru_cache(maxsize=None)
@@ -405,7 +428,7 @@ def _read(ctx: _Context, acc: Access):
         return _read_slices(ctx, acc)
     array = ctx.array(acc.array)
     positions = [_position(ctx, idx, array.shape[axis]) for axis, idx in enumerate(acc.idx)]
-    value = array[tuple(jnp.asarray(p.pos) for p in positions)].astype(ctx.dtype)
+    value = array[tuple(jnp.asarray(p.pos) for p in positions)].astype(ctx.leaf(acc.array))
     defined = _all([p.defined for p in positions])
     inside = _all([p.inside for p in positions])
     if defined is not None:
@@ -516,7 +539,7 @@ def _read_slices(ctx: _Context, acc: Access):
     order = sorted(range(len(names)), key=lambda k: ctx.grid.axis(names[k]))
     value = jnp.transpose(value, order)
     shape = [ctx.grid.size[a] if n in names else 1 for a, n in enumerate(ctx.grid.names)]
-    return value.reshape(shape).astype(ctx.dtype)
+    return value.reshape(shape).astype(ctx.leaf(acc.array))
 
 
 # ---------------------------------------------------------------------------------------------

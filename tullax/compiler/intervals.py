@@ -98,7 +98,7 @@ def _block(stmts: tuple[Stmt, ...], env: dict[str, Interval], bound: Interval) -
 def _value(expr: Expr, env: Mapping[str, Interval], bound: Interval) -> Interval | None:
     """The interval of an integer or bool ``expr`` (None for a float), checking its integer parts."""
     parts = [_value(child, env, bound) for child in children(expr)]
-    if is_float(expr.dtype):
+    if is_float(expr.dtype) or expr.dtype.startswith("complex"):
         return None
     if expr.dtype == BOOL:
         return BOOLEAN

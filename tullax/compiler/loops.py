@@ -23,7 +23,9 @@ Semantics printers must respect:
   only when the condition holds (print a ternary, never an eager ``ifelse``/``where``).
 * ``Call`` functions: the registry's ``CALLS`` (``tullax.spec.functions``: exp log log1p expm1 sqrt abs sin
   cos tan tanh sinh cosh; its "expand" functions, sigmoid softplus relu, are rewritten into these by the
-  lowering). ``abs`` of an ``int64`` is integer.
+  lowering). ``abs`` of an ``int64`` is integer. Complex values (``complex64``/``complex128``) come with
+  ``conj``, ``real``, ``imag`` calls; ``real``/``imag``/``abs`` of a complex value are real of its precision;
+  they are never compared, and max/min never see them.
 * ``Loop.parallel``: iterations write disjoint output elements; a printer may run them on different threads.
   Parallel loops always form a perfect nest at the top of the kernel body (``parallel_nest``), so a GPU
   printer can map them to its ndrange and the rest of the body is the per-element work.
@@ -51,6 +53,8 @@ from tullax.spec.sizes import Sym
 INDEX = "int64"
 BOOL = "bool"
 FLOATS = ("float32", "float64")
+COMPLEX = ("complex64", "complex128")  # the complex dtypes of FLOATS' precisions, in their order
+REAL_OF = dict(zip(COMPLEX, FLOATS))
 NAN = float("nan")  # one object: Const(NAN) compares and hashes equal to itself
 
 
@@ -59,7 +63,7 @@ NAN = float("nan")  # one object: Const(NAN) compares and hashes equal to itself
 # =============================================================================================
 @dataclass(frozen=True)
 class Const:
-    value: Union[int, float, bool]
+    value: Union[int, float, bool, complex]
     dtype: str
 
 
@@ -331,6 +335,8 @@ def cast(expr: Expr, dtype: str) -> Expr:
         return expr
     if isinstance(expr, Const) and is_float(dtype) and not isinstance(expr.value, bool):
         return Const(float(expr.value), dtype)
+    if isinstance(expr, Const) and dtype in COMPLEX and not isinstance(expr.value, bool):
+        return Const(complex(expr.value), dtype)
     return Cast(expr, dtype)
 
 

@@ -54,6 +54,7 @@ from tullax.compiler.loops import (
     Store,
     Var,
     binop,
+    cast,
     conjunction,
     const,
     is_float,
@@ -101,7 +102,8 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
     two, and tests of the loop order read the plain nest)."""
     params = parameters(spec, signature)
     guards = find_guards(spec, loop_order(spec)[1])
-    plan = schedule(spec, params.compute, guards, tile)
+    # a tile accumulates in the output elements: not when they are real and the sum complex (|> abs)
+    plan = schedule(spec, params.compute, guards, tile and params.compute == params.out.dtype)
     emit = Emitter(plan)
     translator = Translator(params, emit)
     for solution in guards.solutions:
@@ -195,7 +197,8 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
 def finalize(spec: Spec, translator: Translator, reduced: Expr) -> Expr:
     """The finaliser applied to the ``reduced`` value of one element: its reads happen once per element, at the
     free indices, after the reduction (not hoisted: they sit in the per-element block)."""
-    return replace(translator, hole=reduced).value(spec.finalizer)
+    value = replace(translator, hole=reduced).translate(spec.finalizer)
+    return cast(value, translator.params.out.dtype)  # |> abs of a complex sum: real, as the output
 
 
 def _first_block_end(spec: Spec, plan: Schedule, emit: Emitter, nest: Nest, blocked: str | None) -> Expr | None:

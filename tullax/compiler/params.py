@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tullax.compiler.loops import FLOATS, INDEX, ArrayArg, ScalarArg
+from tullax.compiler.loops import COMPLEX, FLOATS, INDEX, REAL_OF, ArrayArg, ScalarArg
 from tullax.errors import TullaxError
 from tullax.spec import ir
 from tullax.spec.ir import Spec
+from tullax.spec.valuetype import complex_inputs, is_complex, result_is_complex
 
 if TYPE_CHECKING:
     from tullax.backends.base import Signature
@@ -18,7 +19,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Params:
-    compute: str  # the dtype every value is computed in (the result's)
+    # the dtype the body's value (and the reduction) is computed in: the result's, or with complex inputs the
+    # complex dtype of the result's precision where the body is complex-valued (``abs(z[i,j]) |> sqrt``: a
+    # complex64 sum, a float32 result)
+    compute: str
     out: ArrayArg
     arrays: tuple[ArrayArg, ...]  # output first, then the arrays read, in spec input order
     scalars: tuple[ScalarArg, ...]
@@ -26,6 +30,11 @@ class Params:
     # before anything that is not arithmetic modulo 2^bits (comparisons, max/min, abs) a value is wrapped to
     # it, so the kernel sees what jnp's narrow arithmetic would (``tullax.compiler.translate``).
     wrap: str | None = None
+
+    @property
+    def real(self) -> str:
+        """The dtype of real values (the compute dtype's precision)."""
+        return REAL_OF.get(self.compute, self.compute)
 
     def array(self, source: str) -> ArrayArg:
         """The parameter of the input array (or index array) ``source``."""
@@ -39,22 +48,25 @@ def parameters(spec: Spec, signature: Signature) -> Params:
     """Check that the loop backends can run ``signature`` and name the parameters: only inputs the spec reads
     become parameters (a derived gradient spec lists inputs it only takes shapes from)."""
     compute = str(signature.out_dtype)
-    if compute not in (*FLOATS, INDEX):
+    if compute not in (*FLOATS, *COMPLEX, INDEX):
         raise TullaxError(
-            f"the loop kernels compute in float32, float64 or int64, not {compute}: the host widens half "
-            "precision and narrow integers first (Signature.widened)")
+            f"the loop kernels compute in float32, float64, complex64, complex128 or int64, not {compute}: the host "
+            "widens half precision and narrow integers first (Signature.widened)")
     if len(signature.in_dtypes) != len(spec.inputs):
         raise TullaxError(f"signature has {len(signature.in_dtypes)} input dtypes, the spec "
                           f"{len(spec.inputs)} inputs")
     in_dtype = {inp.name: str(dt) for inp, dt in zip(spec.inputs, signature.in_dtypes)}
-    for inp in spec.inputs:
-        if inp.kind in ("array", "scalar") and in_dtype[inp.name].startswith("complex"):
-            raise TullaxError("complex inputs are not supported by the loop backends; use backend='xla'")
+    names = complex_inputs(spec, in_dtype)
+    if compute in FLOATS and is_complex(spec.body, names):  # a real result of a complex body (|> abs)
+        if result_is_complex(spec, names):
+            raise TullaxError(f"the result of this spec on complex inputs is complex: a {compute} result cannot "
+                              "hold it")
+        compute = COMPLEX[FLOATS.index(compute)]
     used_arrays = set().union(*(ir.arrays_read(e, spec.lhs) for e in ir.spec_exprs(spec)))
     used_scalars = {node.name for e in ir.spec_exprs(spec) for node in ir.walk(e) if isinstance(node, ir.Param)}
     # '+=' and a scatter add to what is there: the host passes the existing values in the output
     role = "out" if spec.assign in (":=", "=") and not spec.is_scatter else "inout"
-    out = ArrayArg("a0", spec.out, len(spec.lhs or ()), compute, role)
+    out = ArrayArg("a0", spec.out, len(spec.lhs or ()), str(signature.out_dtype), role)
     arrays, scalars = [out], []
     for inp in spec.inputs:
         if inp.kind in ("array", "index") and inp.name in used_arrays:

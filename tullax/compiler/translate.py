@@ -18,8 +18,11 @@ import numpy as np
 from tullax.compiler.emit import Emitter
 from tullax.compiler.loops import (
     BOOL,
+    COMPLEX,
+    FLOATS,
     INDEX,
     NAN,
+    REAL_OF,
     BinOp,
     Call,
     Cast,
@@ -33,7 +36,6 @@ from tullax.compiler.loops import (
     cast,
     conjunction,
     const,
-    is_float,
 )
 from tullax.compiler.params import Params
 from tullax.errors import TullaxError
@@ -78,18 +80,29 @@ class Translator:
             return expr
         return Cast(Cast(cast(expr, self.compute), wrap), self.compute)
 
+    @property
+    def real(self) -> str:
+        """Real values' dtype: the compute dtype for a real spec; complex inputs stay complex where read."""
+        return self.params.real
+
+    def leaf(self, dtype: str) -> str:
+        """The dtype a value read from an input of ``dtype`` is computed in."""
+        return _COMPLEX_OF[self.real] if dtype in COMPLEX else self.real
+
     def value(self, expr: ir.Expr) -> Expr:
         """``expr`` in the compute dtype."""
         return cast(self.translate(expr), self.compute)
 
     def translate(self, expr: ir.Expr) -> Expr:
         if isinstance(expr, ir.Num):
+            if isinstance(expr.value, complex):  # a derived gradient's 0.5im
+                return Const(expr.value, _COMPLEX_OF[self.real])
             if isinstance(expr.value, bool) or not isinstance(expr.value, int):
-                return Const(float(expr.value), self.compute)
+                return Const(float(expr.value), self.real)
             return const(expr.value)
         if isinstance(expr, ir.Param):
             arg = self.params.scalar(expr.name)
-            return cast(Var(arg.name, arg.dtype), self.compute)
+            return cast(Var(arg.name, arg.dtype), self.leaf(arg.dtype))
         if isinstance(expr, ir.IndexVal):
             return binop("+", self.emit.index_var(expr.name), self.emit.size(expr.offset))
         if isinstance(expr, ir.Size):
@@ -102,7 +115,7 @@ class Translator:
         if isinstance(expr, ir.Unary):
             arg = self.translate(expr.arg)
             if arg.dtype == BOOL:
-                arg = cast(arg, self.compute)
+                arg = cast(arg, self.real)
             if isinstance(arg, Const):
                 return Const(-arg.value, arg.dtype)
             return UnOp("neg", arg, arg.dtype)
@@ -112,20 +125,22 @@ class Translator:
         args = [self.translate(a) for a in expr.args]
         if expr.fn in _WRAPPED_ARGUMENTS:
             args = [self.wrapped(a) for a in args[:_WRAPPED_ARGUMENTS[expr.fn]]] + args[_WRAPPED_ARGUMENTS[expr.fn]:]
-        return lower_call(expr.fn, args, self.compute)
+        return lower_call(expr.fn, args, self.real)
 
     def binary(self, expr: ir.Binary) -> Expr:
         lhs, rhs = self.translate(expr.lhs), self.translate(expr.rhs)
         if expr.op in ir.COMPARISONS:
-            lhs, rhs = unify(lhs, rhs, self.compute)
+            lhs, rhs = unify(lhs, rhs, self.real)
             return binop(expr.op, self.wrapped(lhs), self.wrapped(rhs))
+        wide = _wider(lhs, rhs, self.real)
         if expr.op == "^":
             if isinstance(rhs, Const) and rhs.dtype == INDEX:  # an exact integer power
-                return BinOp("^", cast(lhs, self.compute), rhs, self.compute)
-            return BinOp("^", cast(lhs, self.compute), cast(rhs, self.compute), self.compute)
+                base = cast(lhs, _wider(lhs, lhs, self.real))
+                return BinOp("^", base, rhs, base.dtype)
+            return BinOp("^", cast(lhs, wide), cast(rhs, wide), wide)
         if expr.op == "/":
-            return BinOp("/", cast(lhs, self.compute), cast(rhs, self.compute), self.compute)
-        lhs, rhs = unify(lhs, rhs, self.compute)
+            return BinOp("/", cast(lhs, wide), cast(rhs, wide), wide)
+        lhs, rhs = unify(lhs, rhs, self.real)
         return binop(expr.op, lhs, rhs)
 
     def access(self, acc: ir.Access) -> Expr:
@@ -138,13 +153,14 @@ class Translator:
             pos = self.position(idx, acc.array, axis)
             (pad_checks if pos.pads else ind_checks).extend(pos.checks)
             index.append(pos.index)
-        value: Expr = cast(Load(arg.name, tuple(index), arg.dtype), self.compute)
+        leaf = self.leaf(arg.dtype)
+        value: Expr = cast(Load(arg.name, tuple(index), arg.dtype), leaf)
         if ind_checks:  # an index array pointing outside the axis: the gather reads NaN (integers: jnp.take's fill)
-            missing = Const(NAN if is_float(self.compute) else _integer_fill(self.params.wrap or self.compute),
-                            self.compute)
-            value = Select(conjunction(ind_checks), value, missing, self.compute)
+            missing = (Const(_integer_fill(self.params.wrap or self.compute), self.compute) if self.compute == INDEX
+                       else cast(Const(NAN, self.real), leaf))
+            value = Select(conjunction(ind_checks), value, missing, leaf)
         if pad_checks:
-            value = Select(conjunction(pad_checks), value, Const(0.0, self.compute), self.compute)
+            value = Select(conjunction(pad_checks), value, cast(Const(0.0, self.real), leaf), leaf)
         return value
 
     def affine(self, aff: Affine) -> Expr:
@@ -204,14 +220,26 @@ def as_bool(expr: Expr) -> Expr:
 
 
 def unify(a: Expr, b: Expr, compute: str) -> tuple[Expr, Expr]:
-    """Both integer: stay integer; otherwise both in the compute dtype (bools become 0/1)."""
+    """Both integer: stay integer; otherwise both in the real dtype ``compute`` (bools become 0/1), or in the
+    complex dtype of either."""
     if a.dtype == INDEX and b.dtype == INDEX:
         return a, b
-    return cast(a, compute), cast(b, compute)
+    wide = _wider(a, b, compute)
+    return cast(a, wide), cast(b, wide)
+
+
+def _wider(a: Expr, b: Expr, real: str) -> str:
+    """The dtype arithmetic on ``a`` and ``b`` computes in: complex when either is, else the real ``real``."""
+    return next((x.dtype for x in (a, b) if x.dtype in COMPLEX), real)
+
+
+_COMPLEX_OF = dict(zip(FLOATS, COMPLEX))
 
 
 def lower_call(fn: str, args: list[Expr], compute: str) -> Expr:
-    """The call of registry function ``fn`` on translated ``args``."""
+    """The call of registry function ``fn`` on translated ``args`` (``compute``: the dtype of real values)."""
+    if len(args) == 1 and args[0].dtype in COMPLEX:
+        return _complex_call(fn, args[0])
     entry = functions.FUNCTIONS.get(fn)
     if entry is not None and entry.lowering in _RULES:
         rule = _RULES[entry.lowering].get(fn)
@@ -222,6 +250,13 @@ def lower_call(fn: str, args: list[Expr], compute: str) -> Expr:
     if fn == "abs" and args[0].dtype == INDEX:  # |i - j| stays index arithmetic
         return Call("abs", tuple(args), INDEX)
     return Call(fn, tuple(cast(x, compute) for x in args), compute)
+
+
+def _complex_call(fn: str, x: Expr) -> Expr:
+    """``fn`` of a complex value: ``real``/``imag``/``abs`` are real of its precision, the others (``conj``, the
+    holomorphic functions; spec.valuetype refused the rest) complex."""
+    real = functions.get(fn).on_complex == "real-valued"
+    return Call(fn, (x,), REAL_OF[x.dtype] if real else x.dtype)
 
 
 def _ifelse(args: list[Expr], compute: str) -> Expr:

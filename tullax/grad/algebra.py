@@ -40,7 +40,7 @@ def neg(a: Maybe) -> Maybe:
 
 
 def _negative(a: Expr) -> bool:
-    return isinstance(a, Unary) or (isinstance(a, Num) and a.value < 0)
+    return isinstance(a, Unary) or (isinstance(a, Num) and not isinstance(a.value, complex) and a.value < 0)
 
 
 def add(a: Maybe, b: Maybe) -> Maybe:
@@ -50,7 +50,7 @@ def add(a: Maybe, b: Maybe) -> Maybe:
         return a
     if isinstance(b, Unary):
         return Binary("-", a, b.arg)
-    if isinstance(b, Num) and b.value < 0:
+    if isinstance(b, Num) and not isinstance(b.value, complex) and b.value < 0:
         return Binary("-", a, Num(-b.value))
     return Binary("+", a, b)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping
 
-from tullax.grad.algebra import add, mul, product, sub, total
-from tullax.grad.derivative import derivative
+from tullax.grad.algebra import Maybe, add, call, mul, product, sub, total
+from tullax.grad.derivative import IsVar, cotangent, derivative, wirtinger
 from tullax.grad.forward import Forward
 from tullax.grad.inversion import Scatter, Term, invert
 from tullax.grad.names import fresh_index, fresh_indices
@@ -29,6 +29,7 @@ from tullax.spec.ir import (
     walk,
 )
 from tullax.spec.sizes import Sym
+from tullax.spec.valuetype import is_complex
 
 # Terms summed into one spec: the ranges they reduce over, and their bodies.
 Group = tuple[dict[str, Range], tuple[Expr, ...]]
@@ -42,8 +43,7 @@ def gradient_steps(fw: Forward, inp: Input, result: str) -> tuple[Spec, ...]:
     if inp.name == fw.spec.out and fw.spec.assign != ":=":
         contributions += _given_output_terms(fw)
     for occ in _occurrences(fw.spec.body, inp.name):
-        d_body = derivative(fw.spec.body, lambda node, occ=occ: node == occ)
-        term = mul(fw.factor, d_body)
+        term = _term(fw, inp.name, lambda node, occ=occ: node == occ)
         if term is not None:
             contributions.append(invert(fw, occ, term))
     if fw.spec.finalizer is not None:  # arrays the finaliser reads at the free indices: nothing reduced
@@ -79,7 +79,7 @@ def _scalar_steps(fw: Forward, name: str, result: str) -> tuple[Spec, ...]:
     def is_var(node: Expr) -> bool:
         return isinstance(node, Param) and node.name == name
 
-    body = mul(fw.factor, derivative(fw.spec.body, is_var))
+    body = _term(fw, name, is_var)
     ranges = fw.ranges if body is not None else {}
     in_body = fw.make_spec(result, body, ranges, rank=0)
     in_finalizer = fw.finalizer_term(is_var) if fw.spec.finalizer is not None else None
@@ -89,6 +89,18 @@ def _scalar_steps(fw: Forward, name: str, result: str) -> tuple[Spec, ...]:
     if body is None:
         return (fw.make_spec(result, in_finalizer, over_free, rank=0),)
     return in_body, fw.make_spec(result, in_finalizer, over_free, assign="+=", rank=0)
+
+
+def _term(fw: Forward, name: str, is_var: IsVar) -> Maybe:
+    """The seed factor times ∂body/∂v for the variable ``is_var`` picks, an occurrence of input ``name``; with
+    complex values, the cotangent of jax's convention (``derivative.cotangent``), real for a real input."""
+    names = fw.complex_names
+    if not names:
+        return mul(fw.factor, derivative(fw.spec.body, is_var))
+    term = cotangent(fw.factor, wirtinger(fw.spec.body, is_var, names), names)
+    if term is not None and name not in names and is_complex(term, names):
+        return call("real", term)  # a real input's cotangent is the real part (jax's convert_element_type)
+    return term
 
 
 def _given_output_terms(fw: Forward) -> list[Term]:

@@ -51,16 +51,18 @@ class Gradient:
 
 
 @lru_cache(maxsize=1024)
-def gradients(spec: Spec) -> tuple[Gradient, ...]:
+def gradients(spec: Spec, complex_inputs: frozenset[str] = frozenset()) -> tuple[Gradient, ...]:
     """One Gradient per differentiable input ('array' and 'scalar' kinds), in ``spec.inputs`` order.
-    Whether an array holds integers is a runtime matter: callers skip those."""
-    fw = forward_of(spec)
+    Whether an array holds integers is a runtime matter: callers skip those. ``complex_inputs``: the inputs
+    that hold complex numbers; their gradients (and those of real inputs next to them) follow jax's convention:
+    the cotangent of a real loss w.r.t. a complex input is what ``jax.grad`` returns."""
+    fw = forward_of(spec, complex_inputs)
     wrt = [inp for inp in spec.inputs if inp.kind in ("array", "scalar")]
     results = fresh_sequence(["Δ" + inp.name for inp in wrt], fw.taken)
     return tuple(Gradient(inp.name, gradient_steps(fw, inp, result), result) for inp, result in zip(wrt, results))
 
 
 @lru_cache(maxsize=1024)
-def gradient_texts(spec: Spec) -> tuple[str, ...]:
+def gradient_texts(spec: Spec, complex_inputs: frozenset[str] = frozenset()) -> tuple[str, ...]:
     """Each gradient as text, one string per differentiable input, its steps joined with '; '."""
-    return tuple("; ".join(format_spec(step) for step in grad.steps) for grad in gradients(spec))
+    return tuple("; ".join(format_spec(step) for step in grad.steps) for grad in gradients(spec, complex_inputs))

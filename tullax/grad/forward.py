@@ -12,14 +12,17 @@ from typing import Mapping
 from tullax.grad.algebra import Maybe, call, cmp, div, mul, sub
 from tullax.grad.bounds import Axis, KnownSizes
 from tullax.grad.derivative import (
+    cotangent,
     derivative,
     derivative_from_output,
     has_output_form,
     has_zero_derivative,
     unary_derivative,
+    wirtinger,
 )
 from tullax.grad.names import fresh, seed_name, spec_names
 from tullax.grad.steps import Fact, make_spec
+from tullax.spec import functions
 from tullax.spec.analyze import shift_indices
 from tullax.spec.ir import (
     ARITHMETIC,
@@ -40,6 +43,7 @@ from tullax.spec.ir import (
     map_expr,
 )
 from tullax.spec.sizes import Extent, Sym
+from tullax.spec.valuetype import is_complex, result_is_complex
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,9 @@ class Forward:
     facts: tuple[Fact, ...]
     prelude: tuple[Spec, ...] = ()
     factor: Maybe = None
+    # the complex arrays and scalars: inputs, and the seed, residual and prelude values that are complex
+    # (``spec.valuetype``); empty for a real spec, whose gradients derive as they always did
+    complex_names: frozenset[str] = frozenset()
     hole: Expr | None = None  # what the finaliser's ``_`` reads in gradient terms (the pre-finaliser value)
     multiplier: Expr | None = None  # '*=': the factor fin(prod) read at the free indices (a prelude step)
 
@@ -101,14 +108,18 @@ class Forward:
                          lhs=lhs, rank=rank)
 
 
-def forward_of(spec: Spec) -> Forward:
+def forward_of(spec: Spec, complex_inputs: frozenset[str] = frozenset()) -> Forward:
+    """``complex_inputs``: the data inputs that hold complex numbers (their gradients follow jax's convention)."""
     seed = seed_name(spec)
     rank = len(spec.lhs or ())
     ranks = {i.name: i.rank for i in spec.inputs if i.kind != "scalar"}
     ranks.update({spec.out: rank, seed: rank})
     sizes, facts = _learn_sizes(spec, seed)
+    names = frozenset(complex_inputs)
+    if result_is_complex(spec, names):
+        names |= {seed, spec.out} if spec.assign == ":=" else {seed}
     base = Forward(spec, seed, frozenset(spec_names(spec) | {seed}), MappingProxyType(ranks),
-                   MappingProxyType(dict(spec.ranges)), sizes, facts)
+                   MappingProxyType(dict(spec.ranges)), sizes, facts, complex_names=names)
     return _with_seed_factor(base)
 
 
@@ -161,8 +172,9 @@ def _free_step(fw: Forward, base: str, body: Expr, redop: str) -> tuple[Forward,
     for axis, extent in enumerate(step.out_shape):
         sizes = sizes.with_equal((name, axis), extent)
         facts += _fact_for(name, axis, extent)
+    names = fw.complex_names | ({name} if is_complex(body, fw.complex_names) else set())
     grown = replace(fw, taken=fw.taken | {name}, ranks=MappingProxyType({**fw.ranks, name: len(spec.free)}),
-                    sizes=sizes, facts=facts, prelude=fw.prelude + (step,))
+                    sizes=sizes, facts=facts, prelude=fw.prelude + (step,), complex_names=names)
     if not spec.free:
         return grown, Param(name)
     return grown, Access(name, tuple(Affine(((i, 1),), -shifts.get(i, Sym(0))) for i in spec.free))
@@ -189,6 +201,11 @@ def _with_seed_factor(fw: Forward) -> Forward:
     grad: Maybe = seed
     pre: Expr | None = None
     finalizer = _unary_finalizer(spec.finalizer)
+    if finalizer and functions.get(finalizer).on_complex != "holomorphic" \
+            and is_complex(spec.body, fw.complex_names):  # conj, real, imag, abs of a complex value
+        fw, pre = pre_value(fw)
+        pair = wirtinger(Call(finalizer, (pre,)), lambda node: node == pre, fw.complex_names)
+        return replace(fw, factor=cotangent(seed, pair, fw.complex_names))
     if finalizer and has_zero_derivative(finalizer):
         grad = None
     elif finalizer and residual is not None and has_output_form(finalizer):

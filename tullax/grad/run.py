@@ -85,4 +85,6 @@ def _cast(result: Any, like: Any) -> Any:
     dtype = np.dtype(_dtype(like))
     if not hasattr(result, "dtype") or result.dtype == dtype or not np.issubdtype(dtype, np.inexact):
         return result
+    if np.dtype(result.dtype).kind == "c" and dtype.kind != "c":  # a real input's cotangent: the real part
+        result = result.real
     return result.astype(dtype)

@@ -343,11 +343,13 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
     which runs as a tullax kernel on ``backend`` (and is differentiable again)."""
     from tullax.grad import gradients
     from tullax.grad.run import gradient_env, run_gradient
+    from tullax.spec.valuetype import complex_inputs
 
     if not wanted:
         return {}
     env = gradient_env(spec, dict(zip(spec.input_names, args)), out, cotangent)
-    by_input = {g.wrt: g for g in gradients(spec)}
+    complex_names = complex_inputs(spec, {name: a.dtype for name, a in zip(spec.input_names, args)})
+    by_input = {g.wrt: g for g in gradients(spec, complex_names)}
 
     def execute(step: Spec, step_env: dict) -> Any:
         return apply(step, backend, [step_env[name] for name in step.input_names])

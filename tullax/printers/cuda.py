@@ -261,6 +261,10 @@ class CudaPrinter(LoopPrinter):
 # =============================================================================================
 def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
     """The ``extern "C" __global__`` function of ``kernel``."""
+    dtypes = {kernel.compute_dtype, *(a.dtype for a in kernel.arrays), *(s.dtype for s in kernel.scalars)}
+    if any(d.startswith("complex") for d in dtypes):
+        raise TullaxError("the cuda backend has no complex numbers (its C printer has no complex type): run "
+                          "complex64/complex128 specs on backend='xla' (on the GPU too) or 'numba'")
     printer = CudaPrinter(index_bits)
     index = printer.index_type
     declarations = ",\n    ".join(p.declaration for p in parameters(kernel, index_bits))

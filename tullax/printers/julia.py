@@ -94,6 +94,7 @@ from tullax.spec.functions import Function
 # =============================================================================================
 JULIA_TYPES = {
     "float32": "Float32", "float64": "Float64", "float16": "Float16",
+    "complex64": "ComplexF32", "complex128": "ComplexF64",
     "int64": "Int64", "int32": "Int32", "int16": "Int16", "int8": "Int8",
     "uint64": "UInt64", "uint32": "UInt32", "uint16": "UInt16", "uint8": "UInt8",
     "bool": "Bool",
@@ -114,6 +115,8 @@ def arrival_dtype(dtype: str) -> str:
     int into Int64, a bool into Bool (the host passes plain Python numbers)."""
     if dtype == "bool":
         return "bool"
+    if dtype.startswith("complex"):  # a Python complex arrives as ComplexF64
+        return "complex128"
     return "float64" if dtype.startswith("float") else "int64"
 
 
@@ -147,6 +150,10 @@ def format_const(node: Const) -> str:
         return text if node.dtype == "bool" else f"{julia_type(node.dtype)}({text})"
     if node.dtype in ("float32", "float64"):
         return format_float(float(value), node.dtype)
+    if node.dtype in ("complex64", "complex128"):  # ComplexF32(re, im), both parts literals of the real type
+        part = "float32" if node.dtype == "complex64" else "float64"
+        value = complex(value)
+        return f"{julia_type(node.dtype)}({format_float(value.real, part)}, {format_float(value.imag, part)})"
     if node.dtype == INDEX:  # -2^63 (an integer max's start) as a literal would parse as an Int128
         return "typemin(Int64)" if int(value) == -2**63 else str(int(value))
     return f"{julia_type(node.dtype)}({int(value) if float(value).is_integer() else float(value)})"
@@ -214,7 +221,8 @@ def _helpers(kernels: Sequence[LoopKernel]) -> list[str]:
             for node in walk_expr(expr):
                 if isinstance(node, Call) and _wrapped(functions.get(node.fn), node.dtype):
                     needed.add((node.fn, node.dtype))
-                elif isinstance(node, BinOp) and node.op == "^" and not _literal_power(node):
+                elif isinstance(node, BinOp) and node.op == "^" and not _literal_power(node) \
+                        and node.dtype in _SUFFIX:
                     needed.add((POWER_HELPER, node.dtype))
     return [_helper_source(fn, dtype) for fn, dtype in sorted(needed)]
 
@@ -294,6 +302,9 @@ class JuliaPrinter(LoopPrinter):
         return self._power(expr) if expr.op == "^" else super().binary(expr)
 
     def _power(self, expr: BinOp) -> tuple[str, int]:
+        if expr.dtype.startswith("complex") and not _literal_power(expr):  # Julia's complex ^ never throws
+            lhs, rhs = self.expr(expr.lhs, Precedence.ATOM), self.expr(expr.rhs, Precedence.ATOM)
+            return f"({lhs} ^ {rhs})", Precedence.ATOM
         if _literal_power(expr):
             base = self.expr(expr.lhs, Precedence.ATOM)
             k = int(expr.rhs.value)

@@ -102,6 +102,8 @@ class NumbaPrinter(LoopPrinter):
             return "True" if value else "False"
         if node.dtype.startswith("int"):
             return str(int(value))
+        if node.dtype.startswith("complex"):  # complex(nan, 0) etc. print as Python complex literals
+            return f"np.{node.dtype}({_complex_literal(complex(value))})"
         if math.isnan(value):
             text = "np.nan"
         elif math.isinf(value):
@@ -245,6 +247,13 @@ class NumbaPrinter(LoopPrinter):
             lines.append(f"        {loop.var} = {position}" + ("" if start == "0" else f" + {start}"))
         lines += self.block(inner, NumbaPlace(2, prange=False, lanes=True))
         return lines
+
+
+def _complex_literal(value: complex) -> str:
+    """``complex(re, im)`` with each part spelled so Numba reads NaN and infinities back."""
+    def part(x: float) -> str:
+        return "np.nan" if math.isnan(x) else ("np.inf" if x > 0 else "-np.inf") if math.isinf(x) else repr(x)
+    return f"complex({part(value.real)}, {part(value.imag)})"
 
 
 def _propagates_nan(stmt: Accum) -> bool:

@@ -52,6 +52,11 @@ class Function:
     julia_domain: str | None = None
     overloads: str | None = None  # the spec-language name this entry also answers to (see the module docstring)
     variadic: bool = False  # more than ``arity`` arguments fold left into nested calls
+    # On complex arguments: "holomorphic" (the derivative rule holds as written, jax's convention for complex
+    # gradients needs nothing more), "real-valued" (real, imag, abs: a real result; their Wirtinger rules are
+    # structural, in grad.derivative), "conjugate" (conj), "real-only" (an ordering of values, or a function
+    # jnp/NumPy define on reals only: refused on complex arguments with a SpecError, see spec.valuetype)
+    on_complex: Literal["holomorphic", "real-valued", "conjugate", "real-only"] = "holomorphic"
 
     def partials(self) -> tuple[str | None, ...]:
         """The derivative text per argument (None: that partial derivative is zero)."""
@@ -73,12 +78,13 @@ def _relu(x):
 
 
 def _math(name: str, derivative: str | None, from_output: str | None, safe_at_pad: bool, c32: str, c64: str,
-          julia_domain: str | None = None, numpy: str | None = None, julia: str | None = None) -> Function:
+          julia_domain: str | None = None, numpy: str | None = None, julia: str | None = None,
+          on_complex: str = "holomorphic") -> Function:
     """A function every target spells as a plain call of the same name (C: with an ``f`` suffix for float32);
     ``numpy`` is NumPy's name where it differs (``arctan``), ``julia`` Julia's (``round`` for NumPy's ``rint``)."""
     return Function(name, 1, derivative, from_output, safe_at_pad, "call", getattr(np, numpy or name),
                     f"jax.numpy.{numpy or name}", numba=f"np.{numpy or name}", julia=julia or name, c=(c32, c64),
-                    julia_domain=julia_domain)
+                    julia_domain=julia_domain, on_complex=on_complex)  # type: ignore[arg-type]
 
 
 LN2, LN10 = "0.6931471805599453", "2.302585092994046"  # log(2), log(10) as derivative literals
@@ -90,39 +96,50 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     _math("log1p", "1/(1 + x)", "exp(-y)", False, "log1pf", "log1p", julia_domain="x < -{one}"),
     _math("expm1", "exp(x)", "y + 1", True, "expm1f", "expm1"),
     _math("sqrt", "0.5/y", "0.5/y", False, "sqrtf", "sqrt", julia_domain="x < {zero}"),
-    _math("abs", "(x >= 0) - (x < 0)", None, True, "fabsf", "fabs"),
+    _math("abs", "(x >= 0) - (x < 0)", None, True, "fabsf", "fabs", on_complex="real-valued"),
     _math("sin", "cos(x)", None, True, "sinf", "sin", julia_domain="isinf(x)"),
     _math("cos", "-sin(x)", None, True, "cosf", "cos", julia_domain="isinf(x)"),
     _math("tan", "1 + y^2", "1 + y^2", False, "tanf", "tan", julia_domain="isinf(x)"),
     _math("tanh", "1 - y^2", "1 - y^2", True, "tanhf", "tanh"),
     _math("sinh", "cosh(x)", "sqrt(1 + y^2)", True, "sinhf", "sinh"),
     _math("cosh", "sinh(x)", None, True, "coshf", "cosh"),
-    _math("cbrt", "1/(3*y^2)", "1/(3*y^2)", True, "cbrtf", "cbrt"),
+    _math("cbrt", "1/(3*y^2)", "1/(3*y^2)", True, "cbrtf", "cbrt", on_complex="real-only"),
     _math("exp2", f"{LN2}*y", f"{LN2}*y", True, "exp2f", "exp2"),
     _math("log2", f"1/({LN2}*x)", f"exp2(-y)/{LN2}", False, "log2f", "log2", julia_domain="x < {zero}"),
     _math("log10", f"1/({LN10}*x)", f"exp(-{LN10}*y)/{LN10}", False, "log10f", "log10", julia_domain="x < {zero}"),
     _math("atan", "1/(1 + x^2)", "cos(y)^2", True, "atanf", "atan", numpy="arctan"),
     # zero derivative almost everywhere, as jax.grad gives; round is half-to-even on every target (NumPy rint,
     # jnp.round, Julia's round, C's rint under the default rounding mode)
-    _math("floor", None, None, True, "floorf", "floor"),
-    _math("ceil", None, None, True, "ceilf", "ceil"),
-    _math("trunc", None, None, True, "truncf", "trunc"),
-    _math("round", None, None, True, "rintf", "rint", numpy="rint", julia="round"),
-    Function("sign", 1, None, None, True, "expand", np.sign, "jax.numpy.sign"),  # C has no sign(): expanded
+    _math("floor", None, None, True, "floorf", "floor", on_complex="real-only"),
+    _math("ceil", None, None, True, "ceilf", "ceil", on_complex="real-only"),
+    _math("trunc", None, None, True, "truncf", "trunc", on_complex="real-only"),
+    _math("round", None, None, True, "rintf", "rint", numpy="rint", julia="round", on_complex="real-only"),
+    Function("sign", 1, None, None, True, "expand", np.sign, "jax.numpy.sign",  # C has no sign(): expanded
+             on_complex="real-only"),
     Function("erf", 1, "1.1283791670955126*exp(-x^2)", None, True, "call", math.erf, "jax.scipy.special.erf",
-             numba="math.erf", julia=None, c=("erff", "erf")),  # 2/sqrt(pi) exp(-x^2); Base Julia has no erf
+             numba="math.erf", julia=None, c=("erff", "erf"),  # 2/sqrt(pi) exp(-x^2); Base Julia has no erf
+             on_complex="real-only"),
     Function("atan2", 2, ("x2/(x1^2 + x2^2)", "-x1/(x1^2 + x2^2)"), None, True, "call", np.arctan2,
-             "jax.numpy.arctan2", numba="np.arctan2", julia="atan", c=("atan2f", "atan2"), overloads="atan"),
+             "jax.numpy.arctan2", numba="np.arctan2", julia="atan", c=("atan2f", "atan2"), overloads="atan",
+             on_complex="real-only"),
     Function("hypot", 2, ("x1/y", "x2/y"), None, True, "call", np.hypot, "jax.numpy.hypot", numba="np.hypot",
-             julia="hypot", c=("hypotf", "hypot")),
-    Function("sigmoid", 1, "y*(1 - y)", "y*(1 - y)", True, "expand", _sigmoid, "jax.nn.sigmoid"),
-    Function("softplus", 1, "sigmoid(x)", "-expm1(-y)", True, "expand", _softplus, "jax.nn.softplus"),
-    Function("relu", 1, "x > 0", "y > 0", True, "expand", _relu, "jax.nn.relu"),
-    Function("conj", 1, "1", "1", True, "structural", np.conj, "jax.numpy.conj"),
-    Function("real", 1, "1", "1", True, "structural", np.real, "jax.numpy.real"),
-    Function("imag", 1, None, None, True, "structural", np.imag, "jax.numpy.imag"),
-    Function("max", 2, None, None, True, "structural", None, "jax.numpy.maximum", variadic=True),
-    Function("min", 2, None, None, True, "structural", None, "jax.numpy.minimum", variadic=True),
+             julia="hypot", c=("hypotf", "hypot"), on_complex="real-only"),
+    Function("sigmoid", 1, "y*(1 - y)", "y*(1 - y)", True, "expand", _sigmoid, "jax.nn.sigmoid",
+             on_complex="real-only"),
+    Function("softplus", 1, "sigmoid(x)", "-expm1(-y)", True, "expand", _softplus, "jax.nn.softplus",
+             on_complex="real-only"),
+    Function("relu", 1, "x > 0", "y > 0", True, "expand", _relu, "jax.nn.relu", on_complex="real-only"),
+    # the rules here are those of a real argument; on a complex one grad.derivative has Wirtinger rules
+    Function("conj", 1, "1", "1", True, "structural", np.conj, "jax.numpy.conj",
+             numba="np.conj", julia="conj", on_complex="conjugate"),
+    Function("real", 1, "1", "1", True, "structural", np.real, "jax.numpy.real",
+             numba="np.real", julia="real", on_complex="real-valued"),
+    Function("imag", 1, None, None, True, "structural", np.imag, "jax.numpy.imag",
+             numba="np.imag", julia="imag", on_complex="real-valued"),
+    Function("max", 2, None, None, True, "structural", None, "jax.numpy.maximum", variadic=True,
+             on_complex="real-only"),
+    Function("min", 2, None, None, True, "structural", None, "jax.numpy.minimum", variadic=True,
+             on_complex="real-only"),
     Function("ifelse", 3, None, None, True, "structural", None, "jax.numpy.where"),
 )}
 

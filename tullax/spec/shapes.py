@@ -315,7 +315,7 @@ def result_dtype(spec: Spec, dtypes: Mapping[str, Any] | Sequence[Any]):
     """The result dtype (a NumPy dtype): ``jnp.result_type`` of the data inputs ('array' and 'scalar' kinds;
     index arrays and shape-only inputs do not take part). Integer inputs keep an integer result only where the
     body is integer-valued (``tullax.spec.dtypes``); otherwise, and for bool-only data, the result is the default
-    float (DESIGN section 1).
+    float (DESIGN section 1); the real dtype of that precision where complex inputs make a real-valued body.
 
     ``dtypes`` maps input names (or lists, in ``spec.inputs`` order) to dtypes, Python types (``float`` is a weak
     scalar, as in jax), values, or None (unknown: left out). The promotion is computed as with x64 enabled, so
@@ -333,7 +333,9 @@ def result_dtype(spec: Spec, dtypes: Mapping[str, Any] | Sequence[Any]):
         with jax.enable_x64(True):
             found = np.dtype(jnp.result_type(*data))
         weak_float64 = found == np.float64 and not any(_strong_float64(d) for d in data)
-        if (jnp.issubdtype(found, jnp.inexact) and not weak_float64) or _keeps_integers(spec, dtypes, found):
+        if jnp.issubdtype(found, jnp.inexact) and not weak_float64:
+            return _real_where_real(spec, dtypes, found)
+        if _keeps_integers(spec, dtypes, found):
             return found
     return np.dtype(jax.dtypes.canonicalize_dtype(np.float64))
 
@@ -350,6 +352,23 @@ def _keeps_integers(spec: Spec, dtypes: Mapping[str, Any], found: Any) -> bool:
     from tullax.spec.dtypes import integer_valued, is_integer
 
     return found.kind in "iu" and integer_valued(spec, lambda name: is_integer(dtypes.get(name)))
+
+
+def _real_where_real(spec: Spec, dtypes: Mapping[str, Any], found: Any) -> Any:
+    """A complex promotion gives a real result where the body is real-valued (``real``/``imag``/``abs`` of
+    complex values: ``tullax.spec.valuetype``), as jnp does; constructs with no meaning on complex values are a
+    SpecError here."""
+    import numpy as np
+
+    from tullax.spec.valuetype import check_complex, complex_inputs, has_complex_literal, result_is_complex
+
+    if found.kind != "c" and not has_complex_literal(spec.body):  # the common case: nothing complex
+        return found
+    names = complex_inputs(spec, dtypes)
+    check_complex(spec, names)
+    if result_is_complex(spec, names):  # a derived gradient spec's literal (0.5im) makes a real one complex
+        return np.result_type(found, np.complex64)
+    return np.dtype(np.finfo(found).dtype)
 
 
 __all__ = ["shape_of", "input_shapes", "eval_shapes", "check_shapes", "check_index_values", "check_dtypes",

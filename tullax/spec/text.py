@@ -29,7 +29,10 @@ PRECEDENCE = {"<": 1, "<=": 1, ">": 1, ">=": 1, "==": 1, "!=": 1, "+": 2, "-": 2
               "neg": 4, "^": 5}
 
 
-def format_number(value: int | float) -> str:
+def format_number(value: int | float | complex) -> str:
+    if isinstance(value, complex):  # only derived gradient specs hold one (imag's rule: -0.5im), Julia's spelling
+        imag = f"{format_number(value.imag)}im"
+        return imag if value.real == 0 else f"({format_number(value.real)}{'+' * (value.imag >= 0)}{imag})"
     if isinstance(value, int):
         return str(value)
     text = repr(float(value))

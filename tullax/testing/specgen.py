@@ -26,8 +26,10 @@ class _SpecWriter:
     """Builds one random valid spec. Every index gets a plain occurrence in a 'binder' access, so ranges are
     always inferable; other accesses use shifts, constants, mod/clamp/pad and indirect indices freely."""
 
-    def __init__(self, rng: np.random.Generator, indices: list[str], n_free: int):
+    def __init__(self, rng: np.random.Generator, indices: list[str], n_free: int, complex_values: bool = False):
         self.rng = rng
+        # complex inputs: only what is defined on complex values (no orderings: comparisons, max/min, relu, ...)
+        self.complex_values = complex_values
         self.indices = indices  # the first n_free are free, the others reduced
         self.n_free = n_free
         self.ranks: dict[str, int] = {}  # arrays written so far (an access may reuse one)
@@ -105,6 +107,9 @@ class _SpecWriter:
 
     def combine(self, a: str, b: str) -> str:
         roll = self.rng.random()
+        if self.complex_values:
+            return [f"{a} + {b}", f"{a} - {b}", f"{a}*{b}", f"{a}*conj({b})", f"{a}/(1 + abs({b})^2)"][
+                int(roll * 5)]
         if roll < 0.3:
             return f"{a} + {b}"
         if roll < 0.45:
@@ -129,6 +134,10 @@ class _SpecWriter:
             f"cbrt(1 + ({e})^2)", f"exp2(tanh({e}))", f"log2(1 + ({e})^2)", f"log10(1 + ({e})^2)", f"atan({e})",
             f"atan({e}, 2)", f"hypot({e}, 1)", f"erf({e})", f"max({e}, 0.1, -({e})^2)",
         ]
+        if self.complex_values:
+            choices = [f"exp(0.3*({e}))", f"abs({e})", f"abs({e})^2", f"({e})^2", f"real({e})", f"conj({e})",
+                       f"imag({e}) + {e}", f"sin(0.3*({e}))", f"log(1 + abs({e})^2)", f"-({e})",
+                       f"real({e})*imag({e})", f"sqrt(abs({e}) + 1)"]
         return self.pick(choices)
 
     def body(self, binders: list[str]) -> str:
@@ -156,7 +165,7 @@ class _SpecWriter:
             lhs = list(free)
             lhs[int(self.rng.integers(len(lhs)))] = self.scatter_position(free)
             return f"{out}[{','.join(lhs)}] += {body}"
-        redop = self.pick(["+"] * 6 + ["*", "max", "min", "logsumexp"])
+        redop = self.pick(["+"] * 6 + ["*", "max", "min", "logsumexp"]) if not self.complex_values else "+"
         head = "" if redop == "+" and self.chance(0.8) else f"({redop}) "
         target = f"{out}[{','.join(free)}]" if free or self.chance(0.5) else out
         assign = ":=" if kind == "new" else self.pick(["=", "+=", "*="])
@@ -164,15 +173,21 @@ class _SpecWriter:
             head = self.pick(["", "(*) "])
         if assign != ":=" and self.chance(0.3):
             body = f"{body} + 0.5*{target}" if free else body
-        tail = f" |> {self.finalizer(free)}" if self.chance(0.2) else ""
-        if self.chance(0.08):  # a reduction over an index the body never mentions: each term counted twice
-            tail += "  (z in 0:2)"
-        if assign == "*=":  # no finaliser with *=; a range clause is fine
-            tail = "  (z in 0:2)" if tail.endswith("(z in 0:2)") else ""
-        if assign == ":=" and free and self.chance(0.1):  # a diagonal write: it only sums what it reduces
-            target = f"{out}[{','.join(free + [free[0]])}]"
-            if len(self.indices) > len(free):
-                head, tail = "", ""
+        if self.complex_values:  # finalisers defined on complex values, as functions of the reduced value
+            tail = f" |> {self.pick(['abs', 'sin', 'cos', 'exp', 'conj', 'real', 'imag'])}" if self.chance(0.15) \
+                else ""
+            if assign == "*=":  # no finaliser with *=
+                tail = ""
+        else:
+            tail = f" |> {self.finalizer(free)}" if self.chance(0.2) else ""
+            if self.chance(0.08):  # a reduction over an index the body never mentions: each term counted twice
+                tail += "  (z in 0:2)"
+            if assign == "*=":  # no finaliser with *=; a range clause is fine
+                tail = "  (z in 0:2)" if tail.endswith("(z in 0:2)") else ""
+            if assign == ":=" and free and self.chance(0.1):  # a diagonal write: it only sums what it reduces
+                target = f"{out}[{','.join(free + [free[0]])}]"
+                if len(self.indices) > len(free):
+                    head, tail = "", ""
         return f"{head}{target} {assign} {body}{tail}"
 
     def finalizer(self, free: list[str]) -> str:
@@ -197,15 +212,16 @@ class _SpecWriter:
                           f"pad(2{i}+1)"])
 
 
-def random_spec(rng: Any) -> str:
+def random_spec(rng: Any, complex_values: bool = False) -> str:
     """A random VALID spec covering the grammar of DESIGN section 1 (every range inferable). ``rng``: a NumPy
-    Generator or a seed."""
+    Generator or a seed. ``complex_values``: valid on complex inputs too (sums; no comparisons, max/min, relu,
+    sigmoid, softplus; conj, real, imag, abs and holomorphic functions)."""
     rng = _as_rng(rng)
     n_free = int(rng.choice([0, 1, 1, 2, 2, 3]))
     n_reduced = int(rng.choice([0, 1, 1, 2]))
     if n_free + n_reduced == 0:
         n_free = 1
-    return _SpecWriter(rng, list(_INDICES[:n_free + n_reduced]), n_free).spec()
+    return _SpecWriter(rng, list(_INDICES[:n_free + n_reduced]), n_free, complex_values).spec()
 
 
 _NOISE = list("[](),:=+-*/^<>|!._ 0123456789ijkxyzAB\t\n") + ["αβ", "∑", "√", "ñ", "€", "𝔸", "\x00", "ü", "ℵ",
