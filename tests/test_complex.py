@@ -211,3 +211,15 @@ def test_printed_julia_runs_in_the_subset_evaluator(text, kinds, reference, dtyp
         with jax.enable_x64(dtype == "complex128"):
             xla = run_gradient(grad, spec, genv, lambda step, e: np.asarray(lower(step)(e)))
         np.testing.assert_allclose(ours, xla, rtol=10 * RTOL[dtype], atol=10 * RTOL[dtype], err_msg=grad.wrt)
+
+
+def test_gradients_of_complex_products_are_refused_with_a_reason():
+    """The exact (*) gradient counts zero factors, a comparison complex values do not have: a SpecError that says
+    so, not one about a comparison the user never wrote."""
+    from tullax.grad import gradients
+    from tullax.spec.frontend import compile_spec
+
+    spec = compile_spec("(*) p[i] := z[i,j]", None)[1]
+    with pytest.raises(SpecError, match="products of complex values"):
+        gradients(spec, frozenset({"z"}))
+    assert len(gradients(spec)) == 1  # real factors: the exact gradient

@@ -169,3 +169,11 @@ def test_cli_explain_cache_warm_and_bench_accept_clauses(tmp_path, monkeypatch, 
     assert row["status"] == "ok", row
     assert main(["bench", spec, "--shape", "x=40", "--shape", "w=3", "--range", "k=4", "--quiet"]) == 2
     assert "k has the range 0:3 in the spec but ranges= gives 0:4" in capsys.readouterr().err
+
+
+def test_a_scalar_before_a_range_clause_is_not_a_call():
+    """`... |> _*a  (z in 0:2)`: `a (z in 0:2)` read as a call of a function `a` (found by the property test)."""
+    from tullax.spec.frontend import compile_spec
+
+    spec = compile_spec("y[i] := x[i] |> _*a  (z in 0:2)", None)[1]
+    assert "z" in spec.reduced

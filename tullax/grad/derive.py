@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from tullax.errors import SpecError
 from tullax.grad.assemble import gradient_steps
 from tullax.grad.forward import forward_of
 from tullax.grad.names import fresh_sequence
@@ -56,6 +57,10 @@ def gradients(spec: Spec, complex_inputs: frozenset[str] = frozenset()) -> tuple
     Whether an array holds integers is a runtime matter: callers skip those. ``complex_inputs``: the inputs
     that hold complex numbers; their gradients (and those of real inputs next to them) follow jax's convention:
     the cotangent of a real loss w.r.t. a complex input is what ``jax.grad`` returns."""
+    if complex_inputs and (spec.redop == "*" or spec.assign == "*="):
+        raise SpecError("gradients of products of complex values ((*) reductions, *= updates) are not supported: "
+                        "the exact gradient finds the zero factors, and complex values have no comparison; "
+                        "differentiate real(..)/imag(..) parts, or use the forward only")
     fw = forward_of(spec, complex_inputs)
     wrt = [inp for inp in spec.inputs if inp.kind in ("array", "scalar")]
     results = fresh_sequence(["Δ" + inp.name for inp in wrt], fw.taken)

@@ -459,7 +459,7 @@ class _Parser:
             if any(v != values[0] for v in values):
                 raise self.error("one access pads with one value: pad(.., value) differs between its axes", tok)
             return padded_read(access, self.pad_values)
-        if self.at("("):
+        if self.at("(") and not at_range_clause(self):  # `s  (k in 0:3)`: a name, then a range clause
             return self.call(tok)
         return Name(tok.text, span=self.span(tok))
 

@@ -168,7 +168,8 @@ class _SpecWriter:
         redop = self.pick(["+"] * 6 + ["*", "max", "min", "logsumexp"]) if not self.complex_values else "+"
         head = "" if redop == "+" and self.chance(0.8) else f"({redop}) "
         target = f"{out}[{','.join(free)}]" if free or self.chance(0.5) else out
-        assign = ":=" if kind == "new" else self.pick(["=", "+=", "*="])
+        # *= multiplies terms in, and its gradient, like (*)'s, finds zero factors: not on complex values
+        assign = ":=" if kind == "new" else self.pick(["=", "+="] + ([] if self.complex_values else ["*="]))
         if assign == "*=":  # multiplies with the (*) reduction
             head = self.pick(["", "(*) "])
         if assign != ":=" and self.chance(0.3):
@@ -176,8 +177,6 @@ class _SpecWriter:
         if self.complex_values:  # finalisers defined on complex values, as functions of the reduced value
             tail = f" |> {self.pick(['abs', 'sin', 'cos', 'exp', 'conj', 'real', 'imag'])}" if self.chance(0.15) \
                 else ""
-            if assign == "*=":  # no finaliser with *=
-                tail = ""
         else:
             tail = f" |> {self.finalizer(free)}" if self.chance(0.2) else ""
             if self.chance(0.08):  # a reduction over an index the body never mentions: each term counted twice
