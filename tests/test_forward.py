@@ -10,11 +10,11 @@ from corpus import CORPUS, Case
 
 from tullax.backends.base import Signature
 from tullax.backends.xla import (
-    XlaBackend,
     is_contraction,
     lower,
     result_dtype,
 )
+from tullax.backends.xla_backend import XlaBackend
 from tullax.errors import ShapeError
 from tullax.spec.analyze import analyze
 from tullax.spec.examples import random_inputs

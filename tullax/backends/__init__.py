@@ -10,7 +10,7 @@ from tullax.errors import BackendUnavailableError
 _REGISTRY: dict[str, Backend] = {}
 # Built-in backends are imported lazily, so `import tullax` loads neither numba nor juliacall nor jax.
 _BUILTIN = {
-    "xla": "tullax.backends.xla:XlaBackend",
+    "xla": "tullax.backends.xla_backend:XlaBackend",
     "numba": "tullax.backends.numba:NumbaBackend",
     "julia": "tullax.backends.julia:JuliaBackend",
     "julia-cuda": "tullax.backends.julia:JuliaCudaBackend",
