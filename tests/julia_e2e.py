@@ -158,7 +158,7 @@ def scenario_bridge_arguments() -> None:
     spec = compile_spec("y[i] := x[i+k]*w[k]", None)[1]
     signature = Signature(("float64", "float64"), "float64")
     kernel_ir, source = kernel_module(spec, signature)
-    stored = json.loads(json.dumps(workload_call(kernel_ir, spec, signature, name_of_module(source))))
+    stored = json.loads(json.dumps(workload_call(kernel_ir, spec, name_of_module(source))))
     runtime = _runtime()
     directory = tempfile.mkdtemp()
     path, seconds = runtime.write_package(directory, "TullaxE2EKernels", (source,), (bridge_workload(stored),))

@@ -276,7 +276,7 @@ def test_precompile_workload_calls_the_launcher_with_tiny_valid_arguments():
     spec = compile_spec("out[b,d] := W[ix[b],d]*s", None)[1]
     signature = Signature(("float32", "int32", "float32"), "float32")
     kernel, source = kernel_module(spec, signature)
-    call = workload_call(kernel, spec, signature, "TullaxKernels_x")
+    call = workload_call(kernel, spec, "TullaxKernels_x")
     assert call["kernel"] == "TullaxKernels_x.run_kernel!" and call["launcher"] is True
     types = [a["type"] for a in call["args"]]
     assert types == ["Float32", "Float32", "Int32", "Float64"] + ["Int64"] * len(kernel.sizes)

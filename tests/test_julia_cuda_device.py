@@ -64,7 +64,7 @@ def test_the_plan_reverses_dims_and_names_julia_types_in_parameter_order():
     spec = compile_spec("D[i,j] := (W[k,i] - X[k,j])^2", None)[1]
     signature = Signature(("float32", "float32"), "float32")
     kernel, _ = kernel_module(spec, signature, CUDA)
-    plan = device_plan(kernel, spec, signature, {"W": (3, 4), "X": (3, 5), "D": (4, 5)})
+    plan = device_plan(kernel, spec, {"W": (3, 4), "X": (3, 5), "D": (4, 5)})
     sources = [None if a.role != "in" else spec.input_names.index(a.source) for a in kernel.arrays]
     dims = {None: (5, 4), 0: (4, 3), 1: (5, 3)}
     assert plan.arrays == tuple((s, "Float32", dims[s]) for s in sources)

@@ -227,7 +227,7 @@ def test_stored_workloads_become_tuples_the_bridge_reads():
     spec = compile_spec("out[b,d] := W[ix[b],d]*s", None)[1]
     signature = Signature(("float32", "uint64", "float32"), "float32")
     kernel, source = kernel_module(spec, signature)
-    stored = json.loads(json.dumps(workload_call(kernel, spec, signature, name_of_module(source))))
+    stored = json.loads(json.dumps(workload_call(kernel, spec, name_of_module(source))))
     call = bridge_workload(stored)
     assert accepted_by_workload_call(call) and call[0].endswith(".run_kernel!") and call[1] is True
     # uint64 index arrays reach Julia as their int64 view, so the workload allocates Int64 ones

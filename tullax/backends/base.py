@@ -49,6 +49,12 @@ class Signature:
         return self if wide == self else wide
 
 
+def device_pointer(buffer: Any) -> int:
+    """The device address of a buffer_callback Buffer (or any ``__cuda_array_interface__`` array): what every GPU
+    backend hands its launch."""
+    return int(buffer.__cuda_array_interface__["data"][0])
+
+
 class HostKernel(Protocol):
     """A compiled kernel that writes the result into ``out`` in place: ``kernel(out, *inputs)`` with NumPy
     arrays (or scalars) for ALL of ``spec.inputs``, in order. For '=' and '+=' the caller has put the existing

@@ -14,7 +14,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from tullax.backends import host
-from tullax.backends.base import Capabilities, Signature
+from tullax.backends.base import Capabilities, Signature, device_pointer
 from tullax.backends.cuda_launch import START_GIVEN, LaunchPlan, ParamBlock, plan_launch
 from tullax.compiler.loops import LoopKernel
 from tullax.compiler.lower import lower
@@ -26,11 +26,6 @@ NAME = "cuda"
 PLATFORM = "cuda"  # the jax platform whose device buffers the kernels take
 KERNEL_NAME = "kernel"
 DISPLAY_INDEX_BITS = 64  # generate_source knows no shapes: print the width that is always right
-
-
-def device_pointer(buffer: Any) -> int:
-    """The device address of a buffer_callback Buffer (or any ``__cuda_array_interface__`` array)."""
-    return int(buffer.__cuda_array_interface__["data"][0])
 
 
 class DeviceKernel:

@@ -37,7 +37,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tullax.backends import host, julia_detect
-from tullax.backends.base import Capabilities, Shapes, Signature
+from tullax.backends.base import Capabilities, Shapes, Signature, device_pointer
 from tullax.backends.julia_runtime import runtime
 from tullax.compiler.loops import LoopKernel
 from tullax.compiler.lower import lower
@@ -125,6 +125,18 @@ def _index_arguments(kernel: LoopKernel, spec: Spec) -> frozenset[int]:
     return frozenset(k for k, a in enumerate(kernel.arrays) if a.role == "in" and kinds[a.source] == "index")
 
 
+def _julia_arrays(kernel: LoopKernel, spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, tuple]]:
+    """Each array parameter of ``kernel`` as Julia receives it: (element type, dims: the NumPy shape reversed),
+    a uint64 index array as its Int64 view (``index_view``). ``shapes`` holds the inputs and ``spec.out``."""
+    index_arguments = _index_arguments(kernel, spec)
+    found = []
+    for position, array in enumerate(kernel.arrays):
+        shape = shapes[spec.out] if array.role != "in" else shapes[array.source]
+        dtype = _INDEX_VIEWS.get(array.dtype, array.dtype) if position in index_arguments else array.dtype
+        found.append((julia_type(dtype), tuple(reversed(tuple(shape)))))
+    return found
+
+
 # Index dtypes that reach Julia as a view of another dtype (see index_view).
 _INDEX_VIEWS = {"uint64": "int64"}
 
@@ -153,7 +165,7 @@ def _python_number(value: Any, dtype: str) -> Any:
     return float(value) if kind == "float64" else int(value)
 
 
-def workload_call(kernel: LoopKernel, spec: Spec, signature: Signature, modname: str) -> dict | None:
+def workload_call(kernel: LoopKernel, spec: Spec, modname: str) -> dict | None:
     """A precompile workload entry (what the cache stores as JSON; ``bridge_workload`` is what the bridge takes):
     the launcher called once with arrays of tiny valid shapes (filled by the bridge: index arrays with zeros,
     data with ones) and the matching scalars and sizes; None when no small shapes fit the spec (the kernel then
@@ -164,17 +176,9 @@ def workload_call(kernel: LoopKernel, spec: Spec, signature: Signature, modname:
         shapes = dict(shapes_for(spec))
     except (ShapeError, TullaxError):
         return None
-    out_shape = tuple(int(s.eval(shapes)) for s in spec.out_shape)
-    shapes[spec.out] = out_shape
-    dtype_of = dict(zip(spec.input_names, signature.in_dtypes))
-    index_arguments = _index_arguments(kernel, spec)
-    args: list[dict[str, Any]] = []
-    for position, array in enumerate(kernel.arrays):
-        shape = out_shape if array.role != "in" else shapes[array.source]
-        dtype = array.dtype if array.role != "in" else dtype_of[array.source]
-        if position in index_arguments:
-            dtype = _INDEX_VIEWS.get(dtype, dtype)
-        args.append({"type": julia_type(dtype), "dims": list(reversed(shape))})
+    shapes[spec.out] = tuple(int(s.eval(shapes)) for s in spec.out_shape)
+    args: list[dict[str, Any]] = [{"type": eltype, "dims": list(dims)}
+                                  for eltype, dims in _julia_arrays(kernel, spec, shapes)]
     for scalar in kernel.scalars:
         kind = arrival_dtype(scalar.dtype)
         args.append({"type": julia_type(kind), "value": True if kind == "bool" else 1})
@@ -280,7 +284,7 @@ def _store_workload(target: Target, cache: CompileCache, generated: host.Generat
     """Next to a newly written CPU module: the arguments that precompile it (``workload_call``)."""
     workload = None
     if target.device == "cpu":
-        workload = workload_call(generated.kernel, generated.spec, generated.signature,
+        workload = workload_call(generated.kernel, generated.spec,
                                  name_of_module(generated.source))
     cache.write_text(generated.key, WORKLOAD_FILE, json.dumps(workload))
 
@@ -397,32 +401,18 @@ class DevicePlan:
     sizes: tuple[int, ...]
 
 
-def device_plan(kernel: LoopKernel, spec: Spec, signature: Signature,
-                shapes: Mapping[str, tuple[int, ...]]) -> DevicePlan:
-    """The ``DevicePlan`` of ``kernel`` (lowered from ``spec`` for ``signature``) for one call's shapes (inputs by
-    name plus ``spec.out``)."""
+def device_plan(kernel: LoopKernel, spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> DevicePlan:
+    """The ``DevicePlan`` of ``kernel`` (lowered from ``spec`` for the call's dtypes) for one call's shapes (inputs
+    by name plus ``spec.out``)."""
     names = spec.input_names
-    dtype_of = dict(zip(names, signature.in_dtypes))
-    index_arguments = _index_arguments(kernel, spec)
-    out_dims = tuple(reversed(tuple(shapes[spec.out])))
-    arrays = []
-    for position, array in enumerate(kernel.arrays):
-        if array.role != "in":
-            arrays.append((None, julia_type(signature.out_dtype), out_dims))
-            continue
-        dtype = dtype_of[array.source]
-        if position in index_arguments:
-            dtype = _INDEX_VIEWS.get(dtype, dtype)
-        arrays.append((names.index(array.source), julia_type(dtype), tuple(reversed(tuple(shapes[array.source])))))
-    given = None if spec.assign == ":=" else (0, julia_type(signature.out_dtype), out_dims)
-    scalars = tuple((names.index(s.source), julia_type(dtype_of[s.source]), julia_type(arrival_dtype(s.dtype)))
+    julia_arrays = _julia_arrays(kernel, spec, shapes)
+    arrays = tuple((None if array.role != "in" else names.index(array.source), eltype, dims)
+                   for array, (eltype, dims) in zip(kernel.arrays, julia_arrays))
+    given = None if spec.assign == ":=" else (0, *julia_arrays[0])  # the output's type and dims
+    scalars = tuple((names.index(s.source), julia_type(s.dtype), julia_type(arrival_dtype(s.dtype)))
                     for s in kernel.scalars)
     sizes = tuple(int(size.size.eval(shapes)) for size in kernel.sizes)
-    return DevicePlan(tuple(arrays), given, scalars, sizes)
-
-
-def _device_address(buffer: Any) -> int:
-    return int(buffer.__cuda_array_interface__["data"][0])
+    return DevicePlan(arrays, given, scalars, sizes)
 
 
 class JuliaDeviceKernel:
@@ -436,10 +426,10 @@ class JuliaDeviceKernel:
         """What ``run_launcher_cuda_device!`` receives after the module and launcher: plain ints, strings and
         tuples of them."""
         plan = self.plan
-        arrays = tuple((_device_address(out if source is None else buffers[source]), eltype, dims)
+        arrays = tuple((device_pointer(out if source is None else buffers[source]), eltype, dims)
                        for source, eltype, dims in plan.arrays)
-        given = () if plan.given is None else (_device_address(buffers[plan.given[0]]),) + plan.given[1:]
-        scalars = tuple((_device_address(buffers[source]), eltype, kind) for source, eltype, kind in plan.scalars)
+        given = () if plan.given is None else (device_pointer(buffers[plan.given[0]]),) + plan.given[1:]
+        scalars = tuple((device_pointer(buffers[source]), eltype, kind) for source, eltype, kind in plan.scalars)
         return int(stream), self.device, given, arrays, scalars, plan.sizes
 
     def __call__(self, stream: int, out: Any, buffers: Sequence[Any]) -> None:
@@ -468,7 +458,7 @@ class JuliaCudaBackend(JuliaBackend):
         here, never in the callback) and the call's arguments planned. Device 0: jax's buffer_callback does not
         say which device a buffer is on, and one GPU per process is what tullax supports here."""
         built = self.build(spec, signature)
-        plan = device_plan(built.generated.kernel, spec, signature, shapes)
+        plan = device_plan(built.generated.kernel, spec, shapes)
         return JuliaDeviceKernel(built.modname, built.launcher, plan)
 
     def warm_package(self) -> dict[str, Any]:
