@@ -17,6 +17,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from test_cuda_backend import FakeBuffer  # buffer_callback's Buffer: an address
 from test_julia_runtime import FakeBridge, assert_plain, fake, julia_arrival  # noqa: F401 - the fixture
 
 import tullax
@@ -27,14 +28,6 @@ from tullax.jaxop import device
 from tullax.spec.frontend import compile_spec
 
 EXT = Path(__file__).resolve().parent.parent / "tullax" / "julia" / "TullaxBridge" / "ext" / "TullaxBridgeCUDAExt.jl"
-
-
-class DeviceBuffer:
-    """What buffer_callback hands the callback: a device address behind ``__cuda_array_interface__``."""
-
-    def __init__(self, address: int, shape: tuple[int, ...]):
-        self.shape = shape
-        self.__cuda_array_interface__ = {"data": (address, False), "shape": shape, "version": 3}
 
 
 def _device_calls(bridge: FakeBridge) -> list[tuple]:
@@ -78,8 +71,8 @@ def test_a_call_hands_the_bridge_xlas_stream_and_buffer_addresses_as_plain_tuple
     signature = Signature(("float64", "uint64", "float32"), "float64")
     shapes = {"W": (7, 3), "ix": (5,), "s": (), "out": (5, 3)}
     kernel = JuliaCudaBackend().device_kernel(spec, signature, shapes)
-    buffers = [DeviceBuffer(0x1000, (7, 3)), DeviceBuffer(0x2000, (5,)), DeviceBuffer(0x3000, ())]
-    kernel(0xABC, DeviceBuffer(0x9000, (5, 3)), buffers)
+    buffers = [FakeBuffer(0x1000), FakeBuffer(0x2000), FakeBuffer(0x3000)]
+    kernel(0xABC, FakeBuffer(0x9000), buffers)
     (call,) = _device_calls(bridge)
     launcher, stream, ordinal, given, arrays, scalars, sizes = call
     assert_plain(call)
@@ -97,7 +90,7 @@ def test_an_update_starts_from_the_given_buffer(cuda_fake):
     spec = compile_spec("y[i] += x[i,j]", None)[1]
     kernel = JuliaCudaBackend().device_kernel(spec, Signature(("float32", "float32"), "float32"),
                                               {"y": (4,), "x": (4, 6), spec.out: (4,)})
-    kernel(1, DeviceBuffer(0x9000, (4,)), [DeviceBuffer(0x4000, (4,)), DeviceBuffer(0x5000, (4, 6))])
+    kernel(1, FakeBuffer(0x9000), [FakeBuffer(0x4000), FakeBuffer(0x5000)])
     (call,) = _device_calls(bridge)
     assert call[3] == (0x4000, "Float32", (4,))  # copied into the output on CUDA.jl's stream unless aliased
 
