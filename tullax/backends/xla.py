@@ -101,6 +101,19 @@ def lower(spec: Spec, *, einsum: bool = True, grid: str = "free-first") -> Calla
 
 
 def _evaluate(spec: Spec, env: Env, einsum: bool = True, grid: str = "free-first"):
+    ctx, dtype = _context(spec, env, grid)
+    if spec.is_scatter:
+        return _scatter(ctx).astype(dtype)
+    value = _contract(ctx) if einsum and is_contraction(spec) and _einsum_fits(ctx) else _reduce(ctx)
+    if spec.finalizer is not None:
+        value = _finalize(ctx, value)
+    return _place(ctx, _as_array(value, ctx.dtype)).astype(dtype)
+
+
+def _context(spec: Spec, env: Env, grid: str = "free-first") -> tuple["_Context", Any]:
+    """The one evaluation context of every entry point (``_evaluate``, ``evaluate_fixed``, ``finalize_value``),
+    and the result's dtype: shapes and dtypes checked, complex inputs named, half precision computed in float32
+    (loaded, computed and accumulated in float32 and rounded once at the end, by the caller)."""
     import jax
 
     shapes = input_shapes(spec, env)
@@ -108,16 +121,10 @@ def _evaluate(spec: Spec, env: Env, einsum: bool = True, grid: str = "free-first
     check_dtypes(spec, {name: _np_dtype(env[name]) for name in spec.input_names})
     dtypes = {n: _dtype_of(env[n]) for n in spec.input_names}
     dtype = np.dtype(jax.dtypes.canonicalize_dtype(result_dtype(spec, dtypes)))
-    names = complex_inputs(spec, dtypes)
-    # half precision is loaded, computed and accumulated in float32 and rounded once at the end
     compute = np.dtype(np.float32) if dtype.name in HALF else dtype
-    ctx = _Context(spec, env, shapes, compute, _Grid.build(spec, shapes, _grid_order(spec, grid)), names)
-    if spec.is_scatter:
-        return _scatter(ctx).astype(dtype)
-    value = _contract(ctx) if einsum and is_contraction(spec) and _einsum_fits(ctx) else _reduce(ctx)
-    if spec.finalizer is not None:
-        value = _finalize(ctx, value)
-    return _place(ctx, _as_array(value, ctx.dtype)).astype(dtype)
+    ctx = _Context(spec, env, shapes, compute, _Grid.build(spec, shapes, _grid_order(spec, grid)),
+                   complex_inputs(spec, dtypes))
+    return ctx, dtype
 
 
 def _finalize(ctx: "_Context", value):
@@ -134,26 +141,21 @@ def _finalize(ctx: "_Context", value):
 
 def evaluate_fixed(spec: Spec, env: Env, fixed: Mapping[str, int]):
     """The reduction of ``spec`` (a ':=' spec; no finaliser applied) with the indices of ``fixed`` held at one
-    value each: the reduced value over every other index. Accesses that an index of ``fixed`` shifts read
-    slices (see ``_live_terms``). The slices form of ``tullax.backends.xla_forms`` sums these."""
-    import jax
-
-    shapes = input_shapes(spec, env)
-    dtype = jax.dtypes.canonicalize_dtype(result_dtype(spec, {n: _dtype_of(env[n]) for n in spec.input_names}))
-    grid = _Grid.build(spec, shapes)
+    value each: the reduced value over every other index, in the compute dtype of ``_context`` (float32 for
+    half precision; the caller rounds once). Accesses that an index of ``fixed`` shifts read slices (see
+    ``_live_terms``). The slices form of ``tullax.backends.xla_forms`` sums these."""
+    ctx, _ = _context(spec, env)
+    grid = ctx.grid
     lo = tuple(fixed.get(n, lo) for n, lo in zip(grid.names, grid.lo))
     size = tuple(1 if n in fixed else sz for n, sz in zip(grid.names, grid.size))
-    return _reduce(_Context(spec, env, shapes, dtype, _Grid(grid.names, lo, size)))
+    return _reduce(replace(ctx, grid=_Grid(grid.names, lo, size)))
 
 
 def finalize_value(spec: Spec, env: Env, value):
     """``spec``'s finaliser applied to its reduced ``value`` (free indices in lhs order), as ``_evaluate`` applies
-    it: for a form that computes the reduction its own way (``tullax.backends.xla_forms``)."""
-    import jax
-
-    shapes = input_shapes(spec, env)
-    dtype = jax.dtypes.canonicalize_dtype(result_dtype(spec, {n: _dtype_of(env[n]) for n in spec.input_names}))
-    return _finalize(_Context(spec, env, shapes, dtype, _Grid.build(spec, shapes)), value)
+    it (in the same context, so in float32 for half precision): for a form that computes the reduction its own
+    way (``tullax.backends.xla_forms``)."""
+    return _finalize(_context(spec, env)[0], value)
 
 
 def _grid_order(spec: Spec, grid: str) -> tuple[str, ...]:

@@ -285,8 +285,8 @@ def _slices(spec: Spec, index: str, plain: Callable, env: Env):
     if not 0 < hi - lo <= MAX_UNROLL:
         return plain(env)
     total = None
-    for value in range(lo, hi):
-        part = xla.evaluate_fixed(spec, env, {index: value}).astype(dtype)
+    for value in range(lo, hi):  # summed in evaluate_fixed's compute dtype (float32 for half precision)
+        part = xla.evaluate_fixed(spec, env, {index: value})
         if total is None:
             total = part
         elif spec.redop == "+":
