@@ -72,7 +72,8 @@ def test_forward_and_gradients_match_jnp(spec, inputs, reference, backend):
 
 def test_a_clause_is_the_same_spec_as_ranges():
     assert compile_spec("y[i] := x[i+k]*w[k]  (k in 0:3)")[1] == compile_spec("y[i] := x[i+k]*w[k]", {"k": 3})[1]
-    assert compile_spec("y[i] := x[i+k]*w[k] (k in 1:3)")[1] == compile_spec("y[i] := x[i+k]*w[k]", {"k": (1, 3)})[1]
+    assert compile_spec("y[i] := x[i+k]*w[k] (k in range(1, 3))")[1] == \
+        compile_spec("y[i] := x[i+k]*w[k]", {"k": (1, 3)})[1]
     both = compile_spec("y[i] := x[i+k]*w[k]  (k in 0:3)", {"k": range(0, 3)})[1]
     assert both == compile_spec("y[i] := x[i+k]*w[k]", {"k": 3})[1]
 
@@ -87,13 +88,47 @@ def test_half_open_like_python_and_explain():
     got = tullax.einsum_kernel("s := x[k]  (k in 0:3)", backend="numba")(x1)
     np.testing.assert_allclose(got, x1[:3].sum())
     text = tullax.explain("y[i] := x[i+k]*w[k]  (k in 0:3)")
-    assert "spec:      y[i] := x[i+k]*w[k]  (k in 0:3)" in text and "  k in 0:3" in text
+    assert "spec:      y[i] := x[i+k]*w[k]  (k in 0:3)" in text and "  k in 0:3 -> k = 0, 1, 2\n" in text
+
+
+@pytest.mark.parametrize("text, line", [
+    ("y[i] := x[i+k]*w[k]  (k in 0:3)", "  k in 0:3 -> k = 0, 1, 2\n"),
+    ("y[i] := x[i+k]*w[k]  (k in range(1, 3))", "  k in 1:3 -> k = 1, 2\n"),
+    ("s := x[k]  (k in 2:12)", "  k in 2:12 -> k = 2, 3, ..., 11\n"),
+    ("y[i] := x[i,k]  (k in 1:size(x,1)-1)", "  k in 1:size(x,1)-1 -> k = 1, ..., size(x,1)-2\n"),
+    ("C[i,j] := A[i,k]*B[k,j]", "  k in 0:size(A,1) -> k = 0, ..., size(A,1)-1\n"),
+])
+def test_explain_spells_out_the_values_of_every_range(text, line):
+    """The half-open reading cannot be missed: explain lists the values each range gives."""
+    assert line in tullax.explain(text)
+
+
+def test_julia_style_one_based_clause_is_a_spec_error_that_says_what_to_write():
+    """A Tullio user's (k in 1:3) means the first three positions (1-based, inclusive): (k in 0:3) here. Read
+    half-open it would silently be k = 1, 2, so it is refused; range(1, 3) or ranges= says k = 1, 2 plainly."""
+    with pytest.raises(SpecError, match=r"\(k in 1:3\) reads differently in Julia.*k = 1, 2.*\(k in 0:3\) here.*"
+                                        r"\(k in range\(1, 3\)\).*ranges=\{'k': \(1, 3\)\}"):
+        compile_spec("y[i] := x[i+k]*w[k]  (k in 1:3)")
+    x, w = RNG.standard_normal(9), RNG.standard_normal(4)
+    got = tullax.einsum_kernel("y[i] := x[i+k]*w[k]  (k in range(1, 3))", backend="numba")(x, w)
+    # i runs over every value where each x[i+k] is in bounds for all k in 1, 2: i = -1, ..., 6
+    np.testing.assert_allclose(got, [sum(x[i + k] * w[k] for k in (1, 2)) for i in range(-1, 7)], rtol=1e-12)
+    # the Tullio port: the first three positions
+    got = tullax.einsum_kernel("s := w[k]  (k in 0:3)", backend="xla")(w)
+    np.testing.assert_allclose(got, w[:3].sum(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("text", ["y[i] := x[i+k]  (k in 0:end)", "y[i] := x[i+k]  (k in 0:end-1)",
+                                  "y[i] := x[i+k]  (k in end-2:3)"])
+def test_end_in_a_range_clause_is_a_spec_error_that_says_what_to_write(text):
+    with pytest.raises(SpecError, match=r"end is not a range bound.*0:size\(x,d\) runs to the last position"):
+        compile_spec(text)
 
 
 def test_clauses_combine_with_a_finaliser_and_several_indices():
-    spec = "y[i] := x[i+k]*x[i+l] |> _ / size(x,0)  (k in 0:2) (l in 1:3)"
+    spec = "y[i] := x[i+k]*x[i+l] |> _ / size(x,0)  (k in 0:2) (l in range(1,3))"
     canonical, analysed = compile_spec(spec)
-    assert canonical == "y[i] := x[i+k]*x[i+l] |> _/size(x,0)  (k in 0:2) (l in 1:3)"
+    assert canonical == "y[i] := x[i+k]*x[i+l] |> _/size(x,0)  (k in 0:2) (l in range(1, 3))"
     n = 9 - 2
     want = sum(x1[k:k + n] * x1[q:q + n] for k in range(2) for q in range(1, 3)) / 9
     for backend in ("numba", "xla"):
@@ -107,6 +142,7 @@ ROUND_TRIP = [
     "y[i] := x[i,k]  (k in 0:fld(size(x,1),2))",
     "y[i] := x[i,k]  (k in max(0, size(x,1)-4):min(3, size(x,1)))",
     "y[i] := 2*x[i]  (k in 0:2*size(x,0)+1)",
+    "y[i] := x[i+k]*w[k]  (k in range(1, 3))",
 ]
 
 
@@ -118,7 +154,8 @@ def test_canonical_text_parses_back_to_the_same_spec(text):
     assert again == canonical and respec == spec
 
 
-@pytest.mark.parametrize("forward", ["y[i] := x[i,k] + b[i]", "y[i,j] := x[i] + 0*z[j,k]"])
+@pytest.mark.parametrize("forward", ["y[i] := x[i,k] + b[i]", "y[i,j] := x[i] + 0*z[j,k]",
+                                     "y[i] := x[i,k] + b[i]  (k in range(1, 3))"])
 def test_gradient_steps_with_unseen_reductions_parse_back_and_compute_the_same(forward):
     """A gradient step that sums over an index its body never mentions prints ``(k in lo:hi)``; that text is a
     spec of its own, and it computes what the derived step computes."""

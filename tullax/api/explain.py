@@ -25,7 +25,7 @@ def explain_spec(canonical: str, spec: Spec) -> str:
     lines.append(f"reduced:   {', '.join(spec.reduced) or '(none)'}")
     lines.append("ranges:")
     for name, rng in spec.ranges:
-        lines.append(f"  {name} in {describe_range(rng)}")
+        lines.append(f"  {name} in {describe_range(rng).replace('->', f'-> {name} =')}")
     if spec.agreements:
         lines.append("must agree:")
         for agr in spec.agreements:

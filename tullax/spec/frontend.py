@@ -64,4 +64,19 @@ def compile_spec(text: str, ranges: Mapping | None = None) -> tuple[str, Spec]:
 
 
 def describe_range(rng: Range) -> str:
-    return f"{rng.lo}:{rng.hi}"
+    """``lo:hi -> k = lo, lo+1, ..., hi-1``: the half-open range with the values it gives spelled out, so nobody
+    reads ``0:3`` as Julia's inclusive range (see ``tullax.spec.ranges``)."""
+    return f"{rng.lo}:{rng.hi} -> {range_values(rng)}"
+
+
+def range_values(rng: Range, name: str = "") -> str:
+    """The values of a half-open range: ``0, 1, 2``; ``0, 1, ..., 9``; ``0, ..., size(x,0)-1``; ``(none)``."""
+    lo, last = rng.lo, rng.hi + (-1)
+    if lo.is_const and last.is_const:
+        count = last.const - lo.const + 1
+        if count <= 0:
+            return "(no values)"
+        if count <= 5:
+            return ", ".join(str(v) for v in range(lo.const, last.const + 1))
+        return f"{lo.const}, {lo.const + 1}, ..., {last.const}"
+    return f"{lo}, ..., {last}"

@@ -1,11 +1,26 @@
 """The parts of the grammar that name sizes: ``size(A, d)`` in expressions and ``(k in lo:hi)`` range clauses.
 
 A range clause gives an index its range inside the spec text, as Tullio writes it: ``y[i] := x[i+k]*w[k]
-(k in 0:3)``. Ranges are half-open and 0-based, as everywhere in tullax (``ranges={"k": (0, 3)}``, Python's
-``range(0, 3)``, and what ``explain`` prints): ``0:3`` is k = 0, 1, 2 (Julia's ``0:3`` would also include 3).
-Bounds are integer expressions in the input extents, written as ``explain`` and the canonical text print them
-(``0:size(x,1)``, ``1:size(x,0)-2``, ``0:fld(size(x,0),2)``, ``max(..)``/``min(..)``), so every canonical text
-parses back. Axes count from 0 (``size(x,0)`` is the number of rows), as ``explain`` prints them.
+(k in 0:3)``. Bounds are integer expressions in the input extents, written as ``explain`` and the canonical text
+print them (``0:size(x,1)``, ``1:size(x,0)-2``, ``0:fld(size(x,0),2)``, ``max(..)``/``min(..)``), so every
+canonical text parses back. Axes count from 0 (``size(x,0)`` is the number of rows), as ``explain`` prints them.
+
+Decision (issue 13): a clause is HALF-OPEN and 0-based. ``(k in 0:3)`` is k = 0, 1, 2, where Julia's ``0:3``
+would also include 3. Reasons:
+
+* one convention for a range in the whole library: ``ranges={"k": (0, 3)}``, the ranges ``explain`` prints for
+  every index (``i in 0:size(x,0)``), Python's ``range(0, 3)`` and slices ``x[0:3]`` are all half-open; a
+  clause that meant something else than the same two numbers in ``ranges=`` would be the trap;
+* positions are 0-based, and a half-open range over an axis is ``0:size(x,d)``, exactly the axis; an inclusive
+  one would be ``0:size(x,d)-1`` everywhere, and ``explain``/canonical texts print clauses back;
+* a Tullio clause over the positions of a 1-based array, ``(k in 1:3)`` (the first three), becomes
+  ``(k in 0:3)`` here: the same elements, the same count, the upper bound unchanged.
+
+To make the choice impossible to misread: ``explain`` spells out the values (``k in 0:3 -> k = 0, 1, 2``), and
+the forms a Julia reader would take differently are SpecErrors that say what to write: ``1:n`` with two literal
+bounds (Tullio's 1-based start: ``(k in 0:3)`` here for the first three positions; for k = 1, 2 write Python's
+``(k in range(1, 3))``, which nobody misreads, or ``ranges={"k": (1, 3)}``), ``end`` in a bound (``0:size(x,d)``
+reaches the last position), and an empty backwards range.
 """
 from __future__ import annotations
 
@@ -32,9 +47,14 @@ def range_clauses(parser: Parser) -> tuple[tuple[str, Range], ...]:
         parser.advance()
         tok = parser.advance()
         parser.advance()  # in
-        lo = _sum(parser)
-        parser.expect(":", f"':' between the bounds of {tok.text}'s range, as in ({tok.text} in 0:3)")
-        hi = _sum(parser)
+        if parser.tok.kind == "name" and parser.tok.text == "range" and parser.peek().text == "(":
+            lo, hi = _python_range(parser, tok)  # (k in range(1, 3)): Python's spelling, never misread
+        else:
+            lo = _sum(parser)
+            parser.expect(":", f"':' between the bounds of {tok.text}'s range, as in ({tok.text} in 0:3)")
+            hi = _sum(parser)
+            if lo.is_const and lo.const == 1 and hi.is_const and hi.const > 1:
+                raise parser.error(_one_based_message(tok.text, hi.const), tok)
         parser.expect(")", f"')' closing the range of {tok.text}")
         if tok.text in found:
             raise parser.error(f"index {tok.text} is given two ranges", tok)
@@ -45,6 +65,32 @@ def range_clauses(parser: Parser) -> tuple[tuple[str, Range], ...]:
     if parser.at("(") and parser.peek().kind == "name" and parser.peek(2).kind == "end":
         raise parser.error("a range clause reads (k in lo:hi)")
     return tuple(found.items())
+
+
+def _python_range(parser: Parser, tok: Any) -> tuple[Sym, Sym]:
+    parser.advance()  # range
+    parser.advance()  # (
+    lo = _sum(parser)
+    parser.expect(",", f"',' between the bounds, as in ({tok.text} in range(1, 3))")
+    hi = _sum(parser)
+    parser.expect(")", "')' closing range(")
+    return lo, hi
+
+
+def _one_based_message(name: str, hi: int) -> str:
+    values = ", ".join(str(v) for v in range(1, hi)) if hi <= 5 else f"1, 2, ..., {hi - 1}"
+    return (f"({name} in 1:{hi}) reads differently in Julia: ranges here are 0-based and half-open, so it would be "
+            f"{name} = {values}, while Tullio's 1:{hi} (the first {hi} positions of a 1-based array) is "
+            f"({name} in 0:{hi}) here; to mean {name} = {values}, write ({name} in range(1, {hi})) or pass "
+            f"ranges={{{name!r}: (1, {hi})}}")
+
+
+def format_clause(name: str, lo: Sym, hi: Sym) -> str:
+    """A range clause as the canonical text prints it: ``(k in 0:3)``; ``(k in range(1, 3))`` where ``1:3``
+    would be refused as a Julia-style range."""
+    if lo.is_const and lo.const == 1 and hi.is_const and hi.const > 1:
+        return f"({name} in range(1, {hi}))"
+    return f"({name} in {lo}:{hi})"
 
 
 def size_call(parser: Parser, tok: Any) -> Size:
@@ -122,5 +168,9 @@ def _atom(parser: Parser) -> Sym:
     if tok.text == "-":
         parser.advance()
         return -_atom(parser)
+    if tok.kind == "name" and tok.text == "end":
+        raise parser.error("end is not a range bound (it is the last position of an axis inside brackets, "
+                           "x[i,end]): ranges here are half-open, so 0:size(x,d) runs to the last position of "
+                           "axis d of x, and 0:size(x,d)-1 stops before it", tok)
     found = "the end of the spec" if tok.kind == "end" else repr(tok.text)
     raise parser.error(f"a range bound is an integer, size(A,d) or a sum of them, not {found}")

@@ -22,6 +22,7 @@ from tullax.spec.ir import (
     idx_names,
     walk,
 )
+from tullax.spec.ranges import format_clause
 from tullax.spec.sizes import Sym
 
 # precedence: higher binds tighter
@@ -132,7 +133,7 @@ def format_spec(spec: ParsedSpec | Spec) -> str:
         text += f" |> {format_finalizer(spec.finalizer)}"
     hidden = spec.ranges if isinstance(spec, ParsedSpec) else _unseen_reductions(spec)
     if hidden:  # a sum over an index the body does not mention multiplies it by the range's length: say so
-        text += "  " + " ".join(f"({name} in {rng.lo}:{rng.hi})" for name, rng in hidden)
+        text += "  " + " ".join(format_clause(name, rng.lo, rng.hi) for name, rng in hidden)
     return text
 
 
