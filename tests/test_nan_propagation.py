@@ -57,3 +57,35 @@ def test_nan_propagates_in_the_printed_julia(spec, reference):
         with np.errstate(invalid="ignore", over="ignore"):
             want = reference(x)
         np.testing.assert_allclose(run_julia(step, {"x": x}), want, rtol=1e-12, equal_nan=True, err_msg=spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# A comparison is a 0/1 number: NaN * 0 is NaN (IEEE, as NumPy), on every backend, eagerly and under jit. jnp's
+# own `x*(x > 2)` gives 0 there (it multiplies by a bool as a select; XLA rewrites a multiply by a converted
+# comparison into a select, which is what the xla backend did before): the select is `ifelse`, 0 on every backend.
+# ---------------------------------------------------------------------------------------------
+MASKS = [
+    ("y[i] := x[i]*(x[i] > 2)", lambda x: x * (x > 2)),
+    ("s := x[i]*(x[i] > 2)", lambda x: np.sum(x * (x > 2))),
+    ("y[i] := (x[i] <= 2)*x[i] + 1", lambda x: (x <= 2) * x + 1),
+    ("m[i] := x[i,j]*(w[j] > 0)", lambda x, w: (x * (w > 0)).sum(1)),  # a contraction (einsum on xla)
+    ("y[i] := ifelse(x[i] > 2, x[i], 0)", lambda x: np.where(x > 2, x, 0)),  # the select: 0 at NaN everywhere
+]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("spec, reference", MASKS, ids=[c[0] for c in MASKS])
+def test_nan_times_a_false_comparison_is_nan_as_in_numpy(spec, reference, backend, dtype, jit):
+    import jax
+
+    x = np.array([nan, 1.0, 3.0, np.inf, -np.inf, 2.0], dtype)
+    args = [x] if "w[" not in spec else [np.stack([x, x[::-1]]).T, np.array([1.0, -1.0], dtype)]
+    kernel = tullax.einsum_kernel(spec, backend=backend)
+    with np.errstate(invalid="ignore"):
+        want = np.asarray(reference(*[a.astype(np.float64) for a in args]))
+    got = np.asarray((jax.jit(kernel) if jit else kernel)(*args))
+    np.testing.assert_array_equal(got.astype(np.float64), want, err_msg=spec)
+    if "ifelse" not in spec and "w[" not in spec:
+        assert np.isnan(got.flat[0]), "NaN*0 is NaN"

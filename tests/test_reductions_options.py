@@ -172,6 +172,19 @@ def test_init_wins_an_empty_reduction_and_a_max_it_exceeds(backend):
     np.testing.assert_array_equal(grad, np.zeros((2, 4)))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_init_reaches_only_the_diagonal_of_a_diagonal_write(backend):
+    """Found by tests/test_property_options.py: ``D[i,i] := A[i,k]`` with init=1 put 1 off the diagonal, where
+    the spec writes nothing (zeros). init is the start of each reduction the spec writes: on the diagonal only."""
+    a = np.arange(6.0).reshape(3, 2)
+    want = np.diag(1.0 + a.sum(1))
+    kernel = tullax.einsum_kernel("D[i,i] := A[i,k]", backend=backend, init=1.0)
+    for label, run in modes(kernel):
+        np.testing.assert_array_equal(np.asarray(run(a)), want, err_msg=label)
+    grad = jax.grad(lambda v: jnp.sum(kernel(v) * jnp.arange(9.0).reshape(3, 3)))(jnp.asarray(a))
+    np.testing.assert_array_equal(grad, np.repeat([[0.0], [4.0], [8.0]], 2, axis=1))
+
+
 def test_init_keeps_float32():
     kernel = tullax.einsum_kernel("(max) m[i] := x[i,j]", backend="numba", init=0.5)
     x = data(3, 4).astype(np.float32)

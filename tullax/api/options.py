@@ -7,6 +7,7 @@ transformation (grad, jit, vmap) gets them through the same few lines:
 
 * ``init=v``: the result is ``v ⊕ reduction`` for the spec's reduction ⊕ (``+``: ``v + sum``, ``max``:
   ``max(v, max)``, ``logsumexp``: ``logaddexp(v, lse)``, ``&``: ``v & all``...); an empty reduction gives ``v``.
+  A diagonal write (``D[i,i] := ...``) gets it on the diagonal only: the elements it does not write stay 0.
   Differentiable by JAX like any jnp operation (a max that ``v`` wins gives the inputs zero gradient).
 * ``nograd=("x",)``: on JAX values the input goes through ``jax.lax.stop_gradient``, so ``jax.grad`` with
   respect to it is zeros (JAX's usual answer for a value that does not influence the loss) and no gradient kernel
@@ -32,11 +33,15 @@ class Options:
     boolean: str | None  # "&" or "|" when the spec's reduction is boolean
     init: Any  # the reduction's starting value, or None
     nograd: frozenset[str]
+    # a diagonal write (``D[i,i] := ...``): pairs of result axes that hold one index; init= reaches only the
+    # elements where they agree (the others are not written: they stay 0)
+    diagonal: tuple[tuple[int, int], ...] = ()
 
 
 def make_options(canonical: str, spec: Spec, init: Any = None, nograd: str | Iterable[str] = ()) -> Options:
     """Check ``init`` and ``nograd`` against the spec (SpecError on misuse) and collect them."""
-    redop = parse_spec(canonical).redop
+    parsed = parse_spec(canonical)  # the text as written: the analysed spec renames a repeated left index
+    redop = parsed.redop
     boolean = redop if redop in BOOLEAN_START else None
     if init is not None:
         _check_init(canonical, spec, init)
@@ -46,7 +51,15 @@ def make_options(canonical: str, spec: Spec, init: Any = None, nograd: str | Ite
         if name not in differentiable:
             raise SpecError(f"nograd names {name!r}, which is not an input of this spec that could have a gradient "
                             f"(those are: {', '.join(differentiable) or 'none'})", canonical)
-    return Options(boolean, init, frozenset(names))
+    return Options(boolean, init, frozenset(names), _diagonal(parsed))
+
+
+def _diagonal(parsed: Any) -> tuple[tuple[int, int], ...]:
+    if parsed.assign != ":=" or parsed.lhs is None:
+        return ()
+    names = [getattr(idx, "plain", None) for idx in parsed.lhs]
+    return tuple((a, b) for a in range(len(names)) for b in range(a + 1, len(names))
+                 if names[a] is not None and names[a] == names[b])
 
 
 def _check_init(canonical: str, spec: Spec, init: Any) -> None:
@@ -68,7 +81,19 @@ def finish(options: Options, redop: str, out: Any, xp: Any) -> Any:
     or jax.numpy, as ``out`` is (an array either way: NumPy would give a 0-d result back as a scalar)."""
     if options.boolean is None and options.init is None:
         return out
-    return xp.asarray(_finish(options, redop, out, xp))
+    value = _finish(options, redop, out, xp)
+    if options.init is not None and options.diagonal:  # init= only where the diagonal write writes
+        value = xp.where(_on_diagonal(options.diagonal, xp.shape(out), xp), value, _finish(
+            Options(options.boolean, None, options.nograd), redop, out, xp) if options.boolean else out)
+    return xp.asarray(value)
+
+
+def _on_diagonal(pairs: tuple[tuple[int, int], ...], shape: tuple[int, ...], xp: Any) -> Any:
+    grid = xp.indices(shape)
+    mask = grid[0] == grid[0]
+    for a, b in pairs:
+        mask = mask & (grid[a] == grid[b])
+    return mask
 
 
 def _finish(options: Options, redop: str, out: Any, xp: Any) -> Any:

@@ -387,7 +387,9 @@ def _binary(op: str, lhs, rhs, dtype):
         return lhs / rhs
     compare = {"<": jnp.less, "<=": jnp.less_equal, ">": jnp.greater, ">=": jnp.greater_equal,
                "==": jnp.equal, "!=": jnp.not_equal}[op]
-    return compare(lhs, rhs).astype(dtype)
+    # a select of 1/0, not a conversion of the bool: XLA rewrites x * convert(x > 2) into select(x > 2, x, 0),
+    # which gives 0 where x is NaN; tullax follows IEEE (NaN * 0 is NaN) on every backend, as NumPy does
+    return jnp.where(compare(lhs, rhs), jnp.ones((), dtype), jnp.zeros((), dtype))
 
 
 def _apply(fn: str, args: tuple):

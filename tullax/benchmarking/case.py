@@ -103,18 +103,19 @@ def _dummy(item: Any, shape: tuple[int, ...], np: Any) -> Any:
 
 def make_inputs(spec: Any, shapes: Shapes, dtype: str, seed: int = 0) -> list[Any]:
     """NumPy inputs in ``spec.inputs`` order: data standard normal in ``dtype``, index arrays uniform over
-    the axis they index, shape-only inputs zero."""
+    the values that keep their positions in range, shape-only inputs zero."""
     import numpy as np
 
-    from tullax.spec.examples import index_limits
+    from tullax.spec.examples import index_intervals
 
     rng = np.random.default_rng(seed)
-    bounds = index_limits(spec, shapes)
+    bounds = index_intervals(spec, shapes)
     values = []
     for item in spec.inputs:
         shape = tuple(shapes.get(item.name, ()))
         if item.kind == "index":
-            values.append(rng.integers(0, max(bounds.get(item.name, 1), 1), size=shape, dtype=np.int64))
+            lo, hi = bounds.get(item.name, (0, 1))
+            values.append(rng.integers(lo, max(hi, lo + 1), size=shape, dtype=np.int64))
         elif item.kind == "shape":
             values.append(np.zeros(shape, dtype))
         elif item.kind == "scalar":

@@ -65,13 +65,17 @@ def shapes_for(spec: Spec, seed: int = 0, low: int = 2, high: int = 5) -> dict[s
     roots = sorted({classes.find(a) for a in axes})
     size = {root: int(rng.integers(low, high + 1)) for root in roots}
     growing = sorted({classes.find((array, axis)) for array, axis, idx in _occurrences(spec)
-                      if isinstance(idx, Affine) and not idx.plain})
+                      if isinstance(idx, (Affine, Indirect)) and not idx.plain})
 
     def shapes_of(sizes):
         return {i.name: tuple(sizes[classes.find((i.name, ax))] for ax in range(i.rank)) for i in spec.inputs}
 
-    def deficit(sizes) -> int:  # how far the ranges are from all holding at least one value
-        return sum(max(0, lo - hi + 1) for lo, hi in eval_shapes(spec, shapes_of(sizes)).values())
+    def deficit(sizes) -> int:  # how far the ranges (and index arrays' values) are from holding one value each
+        shapes = shapes_of(sizes)
+        short = sum(max(0, lo - hi + 1) for lo, hi in eval_shapes(spec, shapes).values())
+        if short:
+            return short
+        return sum(max(0, lo - hi + 1) for lo, hi in index_intervals(spec, shapes).values())
 
     for _ in range(64):
         shapes = shapes_of(size)
@@ -109,12 +113,13 @@ def random_inputs(spec: Spec, shapes: Mapping[str, tuple[int, ...]] | None = Non
     shapes = dict(shapes) if shapes is not None else shapes_for(spec, seed)
     positive = needs_positive(spec)
     dtype = as_dtype(dtype)  # "bfloat16" too
-    limits = index_limits(spec, shapes)
+    intervals = index_intervals(spec, shapes)
     env: dict[str, Any] = {}
     for inp in spec.inputs:
         shape = tuple(shapes[inp.name])
         if inp.kind == "index":
-            env[inp.name] = rng.integers(0, max(limits.get(inp.name, 1), 1), size=shape).astype(np.int32)
+            lo, hi = intervals.get(inp.name, (0, 1))
+            env[inp.name] = rng.integers(lo, max(hi, lo + 1), size=shape).astype(np.int32)
         elif inp.kind == "shape":
             env[inp.name] = np.zeros(shape, dtype)
         else:
@@ -130,14 +135,51 @@ def _random_values(rng: np.random.Generator, shape, positive: bool, dtype: np.dt
     return np.asarray(value).astype(dtype)
 
 
-def index_limits(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
-    """For each index array, the smallest extent among the axes it indexes: its values must stay below it."""
-    limits: dict[str, int] = {}
+def index_intervals(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, int]]:
+    """For each index array, the half-open interval ``[lo, hi)`` of values it may hold: every position it gives
+    is inside its axis at every point of the index ranges. A bare ``ix[e]`` allows ``0..extent-1``; inside affine
+    arithmetic (``A[ix[i]+j]``, ``A[2K[j]+i]``) the offset's extremes over the ranges narrow that to what keeps
+    ``scale*value + offset`` in bounds. Under ``pad(...)`` every value is legal: an array read only there gets
+    its in-bounds interval widened by one on each side, so some positions fall outside and read the pad value.
+    ``lo >= hi``: no value fits these shapes."""
+    from tullax.spec.shapes import eval_shapes
+
+    ranges = eval_shapes(spec, shapes)
+    strict: dict[str, tuple[int, int]] = {}
+    padded: dict[str, tuple[int, int]] = {}
     for array, axis, idx in _occurrences(spec):
-        if isinstance(idx, Indirect):
-            extent = int(shapes[array][axis])
-            limits[idx.array] = min(limits.get(idx.array, extent), extent)
-    return limits
+        if not isinstance(idx, Indirect):
+            continue
+        lo, hi = _fitting_values(idx, int(shapes[array][axis]), ranges, shapes)
+        into = padded if idx.pad else strict
+        old = into.get(idx.array, (lo, hi))
+        into[idx.array] = (max(old[0], lo), min(old[1], hi))
+    out = dict(strict)
+    for name, (lo, hi) in padded.items():
+        if name not in out:
+            out[name] = (lo - 1, hi + 1) if lo < hi else (-1, 1)
+    return out
 
 
-__all__ = ["shapes_for", "random_inputs", "needs_positive", "index_limits"]
+def _fitting_values(idx: Indirect, extent: int, ranges: Mapping[str, tuple[int, int]], shapes) -> tuple[int, int]:
+    """The values v with ``scale*v + offset`` in ``0..extent-1`` for every offset the ranges give."""
+    low = high = idx.offset.const.eval(shapes)
+    for name, coef in idx.offset.terms:
+        first, last = ranges[name][0], ranges[name][1] - 1
+        if last < first:  # an empty range: this position is never read
+            return (-(2 ** 31), 2 ** 31)
+        low += min(coef * first, coef * last)
+        high += max(coef * first, coef * last)
+    s = idx.scale
+    # s*v >= -low and s*v <= extent-1-high
+    if s > 0:
+        return (-(low // s), (extent - 1 - high) // s + 1)
+    return (-((extent - 1 - high) // -s), low // -s + 1)
+
+
+def index_limits(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """For each index array, the bound its values must stay below (``index_intervals``' upper end)."""
+    return {name: hi for name, (lo, hi) in index_intervals(spec, shapes).items()}
+
+
+__all__ = ["shapes_for", "random_inputs", "needs_positive", "index_limits", "index_intervals"]

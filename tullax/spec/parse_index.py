@@ -56,6 +56,10 @@ class IndexGrammar:
                 if not isinstance(read, Indirect):
                     raise self.error("pad(..) of an indirect term whose factor cancels: write the position "
                                      "without it", tok)
+                if self.at(","):
+                    raise self.error("pad(ix[e], value) is not supported: a padded indirect read gives 0 outside "
+                                     "the axis; for another value v, pass x - v and add v to what pad(ix[e]) reads "
+                                     "(x[pad(ix[i]+j)] + v)", tok)
                 self.expect(")", f"')' closing {tok.text}(")
                 return replace(read, pad=True, span=self.span(tok))
             self.indirects = None  # no ix[..] inside mod/clamp/pad (but pad(ix[e]) above)

@@ -1,8 +1,11 @@
 """Random specs for property tests: valid ones from the grammar of DESIGN section 1, and garbage.
 
-``random_spec`` writes specs whose every range is inferable, covering shifts, constants, mod/clamp/pad,
-indirect indices, scatters, every reduction and finaliser (function names and expressions of ``_``), ``size(A,d)``
-values and ``(z in lo:hi)`` clauses; ``random_garbage`` mutates them (and sometimes writes pure noise) to feed the
+``random_spec`` writes specs whose every range is inferable, covering shifts, constants, ``end``, mod/clamp/pad
+(with a pad value), indirect indices (inside affine arithmetic too: ``A[ix[i]+j]``, ``A[2ix[i]+j]``,
+``pad(ix[i]+j)``), scatters, diagonal writes, ``*=``, every reduction and finaliser (function names and
+expressions of ``_``), the functions of the registry, ``size(A,d)`` values and ``(z in lo:hi)`` clauses;
+``random_call`` adds what ``einsum_kernel`` takes beside the text: ``(&)``/``(|)`` reductions over comparisons,
+``init=`` and ``nograd=``; ``random_garbage`` mutates them (and sometimes writes pure noise) to feed the
 parser and the analysis; ``random_dtypes`` picks the inputs' dtypes (half precision, integers, bool and mixtures
 of them).
 """
@@ -52,17 +55,24 @@ class _SpecWriter:
         others = [n for n in self.indices if n != i]
         choices = [f"{i}+1", f"{i}-1", f"2{i}", f"2*{i}+1", f"{i}+2", f"-{i}+3", "0", "1",
                    f"mod({i}+1)", f"mod({i}-2)", f"clamp({i}-1)", f"clamp({i}+1)", f"pad({i}+1)", f"pad({i}-2)",
-                   f"pad(2{i})", f"pad({i}-1, 0.5)", "indirect", "indirect", "indirect"]
+                   f"pad(2{i})", f"pad({i}-1, 0.5)", "indirect", "indirect", "indirect", "end", "end-1",
+                   f"-{i}+end", "indirect+", "indirect+"]
         if others:
             choices += [f"{i}+{others[0]}", f"mod({i}+{others[0]})", f"pad({i}-{others[0]})"]
         choice = self.pick(choices)
-        if choice == "indirect":
+        if choice.startswith("indirect"):
             name = self.pick(self.index_arrays) if self.index_arrays and self.chance(0.5) else \
                 ("ix", "jx", "kx")[min(len(self.index_arrays), 2)]
             if name not in self.index_arrays:
                 self.index_arrays.append(name)
             inner = self.pick([i, f"{i}+1", i])
-            return f"{name}[{inner}]"
+            if choice == "indirect":
+                return f"{name}[{inner}]"
+            # an index array's value inside affine arithmetic (examples.index_intervals keeps it in range)
+            other = self.pick(others) if others else "1"
+            return self.pick([f"{name}[{inner}]+{other}", f"2{name}[{inner}]+{other}", f"{name}[{inner}]-1",
+                              f"-{name}[{inner}]+{other}", f"pad({name}[{inner}]+{other})",
+                              f"pad({name}[{inner}]-2)"])
         return choice
 
     def access(self) -> str:
@@ -223,6 +233,35 @@ def random_spec(rng: Any, complex_values: bool = False) -> str:
     return _SpecWriter(rng, list(_INDICES[:n_free + n_reduced]), n_free, complex_values).spec()
 
 
+def random_call(rng: Any) -> tuple[str, dict[str, Any]]:
+    """A random valid spec and the keyword options of ``einsum_kernel`` to call it with: sometimes a ``(&)``/``(|)``
+    reduction over a comparison (or over any body: nonzero counts as true), ``init=`` where the spec reduces
+    (':=' or '=', no finaliser; a bool for a boolean reduction) and ``nograd=`` naming some of its data inputs."""
+    from tullax.spec.frontend import compile_spec
+
+    rng = _as_rng(rng)
+    if rng.random() < 0.3:
+        n_free = int(rng.choice([0, 1, 1, 2]))
+        writer = _SpecWriter(rng, list(_INDICES[:n_free + int(rng.choice([1, 1, 2]))]), n_free)
+        body = writer.body(writer.binders(writer.indices))
+        if rng.random() < 0.8:
+            op = writer.pick(['<', '<=', '>', '>=', '==', '!='])
+            body = f"{body} {op} {writer.pick(['0', '0.5', writer.leaf()])}"
+        free = writer.indices[:n_free]
+        text = f"({writer.pick(['&', '|'])}) O{'[' + ','.join(free) + ']' if free else ''} := {body}"
+    else:
+        text = random_spec(rng)
+    spec = compile_spec(text)[1]
+    options: dict[str, Any] = {}
+    boolean = text.startswith(("(&)", "(|)"))
+    if spec.reduced and spec.assign != "+=" and spec.finalizer is None and rng.random() < 0.5:
+        options["init"] = bool(rng.random() < 0.5) if boolean else float(rng.choice([0.0, 1.5, -2.0, 0.25]))
+    data = [i.name for i in spec.inputs if i.kind in ("array", "scalar")]
+    if data and not boolean and rng.random() < 0.5:
+        options["nograd"] = tuple(name for name in data if rng.random() < 0.5) or data[0]
+    return text, options
+
+
 _NOISE = list("[](),:=+-*/^<>|!._ 0123456789ijkxyzAB\t\n") + ["αβ", "∑", "√", "ñ", "€", "𝔸", "\x00", "ü", "ℵ",
                                                                  ":=", "+=", "|>", "[]", "()", "mod(", "pad(",
                                                                  "ix[", "(max)", "exp(", "1e400", "--", ".."]
@@ -261,7 +300,7 @@ def _mutate(text: str, rng: np.random.Generator) -> str:
     return text[:end] + text[at:end] + text[end:]
 
 
-__all__ = ["random_spec", "random_garbage"]
+__all__ = ["random_spec", "random_call", "random_garbage", "random_dtypes"]
 
 
 # =============================================================================================
