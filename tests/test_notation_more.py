@@ -258,6 +258,40 @@ def test_indirect_arithmetic_refusals() -> None:
         compile_spec("y[i] := x[mod(ix[i]+1)]")
     with pytest.raises(SpecError, match="cannot divide"):
         compile_spec("y[i] := x[(ix[i]+1)/2]")
+    with pytest.raises(SpecError, match=r"pad\(ix\[e\], value\) is not supported.*pass x - v and add v"):
+        compile_spec("y[i,j] := A[pad(ix[i]+j, 0.5)]*w[j]")
+
+
+@pytest.mark.parametrize("text", ["y[i,j] := A[inds[i]+j]*w[j]", "y[i,j] := A[2K[j]+i]*v[i]",
+                                  "y[i] := A[-ix[i]+3]*w[i]", "y[i,j] := A[ix[i]-j, j]", "O[ix[i]+1] += x[i]",
+                                  "y[i,j] := A[2*ix[i+1]+j-1]*w[j]"])
+def test_example_index_arrays_keep_offset_positions_in_range(text) -> None:
+    """``random_inputs`` (what the property tests, warm-up and generate_source run on) draws index values that
+    keep ``scale*ix[e] + offset`` inside the axis for every offset the ranges give; before, it drew them below
+    the extent, so ``A[inds[i]+j]`` read outside and the naive evaluator raised ShapeError."""
+    from tullax.spec.examples import index_intervals, random_inputs, shapes_for
+    from tullax.spec.shapes import eval_shapes
+
+    spec = compile_spec(text)[1]
+    for seed in range(5):
+        shapes = shapes_for(spec, seed=seed)
+        env = random_inputs(spec, shapes, seed=seed)
+        naive_eval(spec, env)  # a ShapeError for any position outside its axis
+        ranges = eval_shapes(spec, shapes)
+        (name,) = [i.name for i in spec.inputs if i.kind == "index"]
+        lo, hi = index_intervals(spec, shapes)[name]
+        assert lo < hi and np.all((lo <= env[name]) & (env[name] < hi)), (shapes, ranges, env[name])
+
+
+def test_example_index_arrays_under_pad_reach_outside_the_axis() -> None:
+    """An index array read only under pad may point outside: its values reach one past each end."""
+    from tullax.spec.examples import index_intervals, shapes_for
+
+    spec = compile_spec("y[i,j] := A[pad(inds[i]+j)]*w[j]")[1]
+    shapes = shapes_for(spec)
+    lo, hi = index_intervals(spec, shapes)["inds"]
+    extent, width = shapes["A"][0], shapes["w"][0]
+    assert (lo, hi) == (-1, extent - width + 2)
 
 
 # =============================================================================================
