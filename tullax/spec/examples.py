@@ -167,7 +167,7 @@ def _fitting_values(idx: Indirect, extent: int, ranges: Mapping[str, tuple[int, 
     for name, coef in idx.offset.terms:
         first, last = ranges[name][0], ranges[name][1] - 1
         if last < first:  # an empty range: this position is never read
-            return (-(2 ** 31), 2 ** 31)
+            return (-(2 ** 30), 2 ** 30)
         low += min(coef * first, coef * last)
         high += max(coef * first, coef * last)
     s = idx.scale
@@ -177,9 +177,4 @@ def _fitting_values(idx: Indirect, extent: int, ranges: Mapping[str, tuple[int, 
     return (-((extent - 1 - high) // -s), low // -s + 1)
 
 
-def index_limits(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
-    """For each index array, the bound its values must stay below (``index_intervals``' upper end)."""
-    return {name: hi for name, (lo, hi) in index_intervals(spec, shapes).items()}
-
-
-__all__ = ["shapes_for", "random_inputs", "needs_positive", "index_limits", "index_intervals"]
+__all__ = ["shapes_for", "random_inputs", "needs_positive", "index_intervals"]
