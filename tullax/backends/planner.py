@@ -12,16 +12,24 @@ The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied firs
 3. ``scatter/gather``: a spec that scatters (``ΔW[ix[b],d] += ...``) or reads through an index array: loops
    (XLA's scatter and gather are usually slower than the loop nest), timed against XLA when small enough;
 4. ``convolution``: a convolution-shaped spec: a close call between ``lax.conv_general_dilated``, the sum of
-   shifted slices (small windows) and the loops, settled by timing;
+   shifted slices (a small window along one axis only) and the loops, settled by timing;
 5. ``window``: a small reduced index that shifts an access: the sum of shifted slices or the loops, timed;
 6. ``loops``: everything else (functions, guards, comparisons, broadcast reductions like Dist): loops, which
    fuse the whole body into one pass where XLA materialises or re-reads the broadcast; timed against XLA's
-   broadcast lowering when its index space has at most ``GRID_TIMING_ITERATIONS`` points (a larger one could
-   need gigabytes for XLA's temporary, and the loops win there).
+   factored form (a sum of products, each an einsum of its factors: ``xla_forms``) where it applies and XLA's
+   broadcast lowering when its index space has at most ``GRID_ITERATIONS`` points (a larger one could
+   need gigabytes for XLA's temporary, and the loops win there). Not always the loops: XLA fuses an
+   ``exp(...)`` of the (i,j) pairs times ``b[j,d]`` into a vectorised exp and a matmul (the Gaussian kernel sum,
+   6x faster than loops whose innermost loop is the short ``d``), so this is timed, large kernels included.
 
-A close call is timed on its first use when that is cheap (estimated work, ``tullax.backends.workload``, at
-most ``TIMING_WORK_LIMIT``; ``TULLAX_PLAN_TIMING=0`` turns timing off): each candidate runs on random inputs of
-the call's shapes, best of a few runs after a warm-up, and the fastest wins (the rule's default on a tie).
+A close call is timed on its first use (``TULLAX_PLAN_TIMING=0`` turns timing off): each candidate runs on
+random inputs of the call's shapes, best of a few interleaved runs after a warm-up, and the fastest wins (the
+rule's default on a tie). A call of more estimated work (``tullax.backends.workload``) than ``SLICE_WORK`` is
+timed on a slice of it instead, so timing stays bounded whatever the size: the largest free index that only
+ever indexes input axes plainly is cut to the extent that leaves ``SLICE_WORK`` (the loops and XLA scale alike
+in a free index: each output element is the same work); a kernel with no such index is not timed. An XLA
+form that wins on the slice by less than ``CONFIRM_RATIO`` is confirmed on the full call (one run of it and
+of the rule's default): XLA's temporaries of a slice may fit in the cache where the full call's do not.
 Timed decisions are kept in the compile cache (an entry of kind ``plan`` holding ``plan.json``), keyed by the
 spec, shapes, dtypes, the loop backend and the machine's core count, so they hold across processes; every
 decision is also kept for the life of the process.
@@ -38,9 +46,17 @@ from typing import Any, Mapping
 from tullax.spec.ir import Indirect, Spec, accesses
 
 TIMING_ENV = "TULLAX_PLAN_TIMING"
-TIMING_WORK_LIMIT = 1 << 31  # time close calls only up to this much estimated work per call
-TIMING_RUNS = 5  # interleaved rounds
-GRID_TIMING_ITERATIONS = 1 << 25  # time XLA's broadcast lowering only up to this many index-space points
+# A close call with more estimated work than this is timed on a slice of this much work: 40-50 ms of loops on
+# this 2-core machine (Gaussian kernel sum forward, conv2d), so with TIMING_BUDGET_S a decision costs well
+# under a second beside the compiles. Not much smaller: on a thin slice XLA's temporaries fit in the cache
+# where at full size they do not, and lax.conv with few output features is not the GEMM it is at full size.
+SLICE_WORK = 1 << 30
+TIMING_RUNS = 5  # interleaved rounds at most
+TIMING_BUDGET_S = 0.5  # ... and no new round after this long (at least 2 rounds)
+CONFIRM_RATIO = 4.0  # an XLA form that beat the loops by less than this on a slice is confirmed in full
+# XLA's broadcast lowering is a candidate only up to this many index-space points: it may materialise them
+# (1 GiB of float32 at the limit); Dist at the suite's size (411M points, 1.6 GB) is beyond it
+GRID_ITERATIONS = 1 << 28
 PLAN_FILE = "plan.json"
 LOOPS = "loops"  # the form of a plan on the loop backend
 
@@ -116,14 +132,18 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
         return Rule("scatter/gather", "an index array: the loop nest reads or scatters in place, XLA's "
                     "gather/scatter is usually slower", LOOPS, (LOOPS, "xla:grid"))
     if "conv" in forms:
-        close = ("xla:conv",) + (("xla:slices",) if "slices" in forms else ()) + (LOOPS,)
+        # shifted slices only for one window index (conv1d): with two (conv2d) the form unrolls one and
+        # gathers the other, 10-20x slower than lax.conv, and its compile took seconds of the first call
+        one_window = "slices" in forms and len(xla_forms.window_indices(spec)) == 1
+        close = ("xla:conv",) + (("xla:slices",) if one_window else ()) + (LOOPS,)
         return Rule("convolution", "convolution-shaped: lax.conv_general_dilated, shifted slices or loops, "
                     "whichever is fastest", LOOPS, close)
     if "slices" in forms:
         return Rule("window", "a small window: XLA's sum of shifted slices or the loops, whichever is fastest",
                     LOOPS, ("xla:slices", LOOPS))
+    factored = ("xla:factored",) if "factored" in forms else ()
     return Rule("loops", "functions, guards or a broadcast reduction: the loop nest evaluates the body in one "
-                "pass, XLA materialises or re-reads the broadcast", LOOPS, (LOOPS, "xla:grid"))
+                "pass, XLA materialises or re-reads the broadcast", LOOPS, (LOOPS,) + factored + ("xla:grid",))
 
 
 def _as_plan(candidate: str, loops: str | None, rule: Rule, **extra: Any) -> Plan:
@@ -133,6 +153,13 @@ def _as_plan(candidate: str, loops: str | None, rule: Rule, **extra: Any) -> Pla
     return Plan(loops, LOOPS, rule.name, rule.reason, **extra)
 
 
+def _points(ranges: Mapping[str, tuple[int, int]], names) -> int:
+    total = 1
+    for name in names:
+        total *= max(ranges[name][1] - ranges[name][0], 0)
+    return total
+
+
 def _usable(spec: Spec, candidate: str, shapes: Shapes) -> bool:
     """Whether a candidate can run these shapes well: the slices form only for a window it can unroll, the
     broadcast lowering only for an index space small enough to materialise."""
@@ -140,7 +167,11 @@ def _usable(spec: Spec, candidate: str, shapes: Shapes) -> bool:
     from tullax.spec.shapes import eval_shapes
 
     if candidate == "xla:grid":
-        return workload.iterations(spec, shapes) <= GRID_TIMING_ITERATIONS
+        return workload.iterations(spec, shapes) <= GRID_ITERATIONS
+    if candidate == "xla:factored":  # it materialises each factor on its own indices, and their products
+        ranges = eval_shapes(spec, shapes)
+        return all(_points(ranges, xla_forms.factor_indices(f)) <= GRID_ITERATIONS
+                   for _, factors in xla_forms.product_terms(spec) or () for f in factors)
     if candidate != "xla:slices":
         return True
 
@@ -203,26 +234,105 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
     if stored is not None and stored.get("candidate") in close:
         STATS["from_cache"] += 1
         timings = tuple((c, float(ms)) for c, ms in stored.get("timings_ms", []))
-        return _as_plan(stored["candidate"], loops, rule, timings_ms=timings, source="cache")
-    if not timing or workload.work(spec, shapes) > TIMING_WORK_LIMIT:
+        why = Rule(rule.name, str(stored.get("reason", rule.reason)), rule.default)
+        return _as_plan(stored["candidate"], loops, why, timings_ms=timings, source="cache")
+    timed_shapes = shapes if workload.work(spec, shapes) <= SLICE_WORK else slice_shapes(spec, shapes, SLICE_WORK)
+    if not timing or timed_shapes is None:
         return _as_plan(rule.default, loops, Rule(rule.name, rule.reason + " (not timed: " + (
-            untimed if not timing else "too much work to time on first use") + ")", rule.default))
-    timings = _time_candidates(spec, shapes, dtypes, close, loops)
+            untimed if not timing else "too much work to time, and no free index to time a slice of") + ")",
+            rule.default))
+    timings = _time_candidates(spec, timed_shapes, dtypes, close, loops)
     STATS["timed"] += 1
     valid = {c: ms for c, ms in timings if ms is not None}
     if not valid:
         return _as_plan(rule.default, loops, rule)
     best = min(valid, key=lambda c: (valid[c], c != rule.default))
     listed = tuple((c, ms) for c, ms in valid.items())
-    _store(key, spec, {"candidate": best, "timings_ms": [list(t) for t in listed]})
-    return _as_plan(best, loops, rule, timings_ms=listed, source="timed")
+    reason = rule.reason
+    if timed_shapes != shapes:
+        cut = [f"{n} {'x'.join(map(str, shapes[n]))} -> {'x'.join(map(str, s))}"
+               for n, s in timed_shapes.items() if s != shapes[n]]
+        reason += " (timed on a slice: " + ", ".join(cut) + ")"
+        if best != rule.default and rule.default in valid and valid[rule.default] < CONFIRM_RATIO * valid[best]:
+            # XLA's temporaries of a slice may fit in the cache where the full call's do not (the Gaussian
+            # gradients: 4x faster than the loops on a slice, no faster in full): a close win of an XLA form
+            # on a slice is confirmed against the default on the full call, one run each after a warm-up
+            full = dict(_time_candidates(spec, shapes, dtypes, (rule.default, best), loops, rounds=1))
+            if full.get(best) is not None and full.get(rule.default) is not None:
+                listed += tuple((f"{c} (full)", ms) for c, ms in full.items())
+                reason += "; confirmed on the full call" if full[best] < full[rule.default] else \
+                    "; slower on the full call"
+                best = best if full[best] < full[rule.default] else rule.default
+    _store(key, spec, {"candidate": best, "timings_ms": [list(t) for t in listed], "reason": reason})
+    return _as_plan(best, loops, Rule(rule.name, reason, rule.default), timings_ms=listed, source="timed")
+
+
+def slice_shapes(spec: Spec, shapes: dict, target: int) -> dict | None:
+    """Input shapes for a slice of about ``target`` estimated work of a call with these ``shapes``: the free
+    index of largest extent that appears in accesses only as a plain index of input axes, cut on every such
+    axis. None when no index can be cut (a scatter, an accumulating ``+=``, every free index inside index
+    arithmetic or an index array) or the cut does not give the expected ranges."""
+    from tullax.backends import workload
+    from tullax.errors import TullaxError
+    from tullax.spec.ir import Affine
+    from tullax.spec.shapes import check_shapes, eval_shapes
+
+    if spec.is_scatter or spec.assign != ":=":
+        return None
+    axes: dict[str, list[tuple[str, int]]] = {name: [] for name in spec.free}
+    for acc in accesses(spec.body):
+        for axis, idx in enumerate(acc.idx):
+            if isinstance(idx, Affine) and idx.plain is not None:
+                if idx.plain in axes:
+                    axes[idx.plain].append((acc.array, axis))
+                continue
+            for name in _index_names(idx):
+                axes.pop(name, None)  # inside arithmetic, a window or an index array: cutting it is not a slice
+    ranges = eval_shapes(spec, shapes)
+    total = workload.work(spec, shapes)
+    for name in sorted((n for n, found in axes.items() if found), key=lambda n: -(ranges[n][1] - ranges[n][0])):
+        lo, hi = ranges[name]
+        if lo != 0 or hi <= 1:
+            continue
+        extent = max(1, -(-hi * target // total))
+        if extent >= hi:
+            continue
+        cut = {n: list(s) for n, s in shapes.items()}
+        # the axes it indexes, and the input that gives its range (a gradient step's shape-only input)
+        bound = dict(spec.ranges)[name].hi
+        given = {(t.array, t.axis) for t, c in bound.terms if c == 1} if len(bound.terms) == 1 else set()
+        for array, axis in set(axes[name]) | given:
+            if array not in cut or cut[array][axis] != hi:
+                break
+            cut[array][axis] = extent
+        else:
+            sliced = {n: tuple(s) for n, s in cut.items()}
+            got = eval_shapes(spec, sliced)
+            if got[name] == (0, extent) and all(got[n] == ranges[n] for n in ranges if n != name):
+                try:
+                    check_shapes(spec, sliced)
+                except TullaxError:
+                    continue
+                return sliced
+    return None
+
+
+def _index_names(idx: Any) -> tuple[str, ...]:
+    from tullax.spec.ir import Affine
+
+    if isinstance(idx, Affine):
+        return idx.names()
+    if isinstance(idx, Indirect):
+        return _index_names(idx.inner) + _index_names(idx.offset)
+    inner = getattr(idx, "inner", None)
+    return _index_names(inner) if inner is not None else ()
 
 
 # ---------------------------------------------------------------------------------------------
 # Timing the candidates
 # ---------------------------------------------------------------------------------------------
 def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[str, ...],
-                     loops: str | None) -> list[tuple[str, float | None]]:
+                     loops: str | None, rounds: int = TIMING_RUNS) -> list[tuple[str, float | None]]:
     """Best time per candidate over TIMING_RUNS rounds, the candidates interleaved within each round, so a
     burst of load from other processes slows every candidate alike instead of deciding the race."""
     import numpy as np
@@ -235,7 +345,10 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
     values = [v.astype(dtypes[item.name]) if hasattr(v, "astype") else v for item, v in zip(spec.inputs, values)]
     calls = {c: _prepared_call(spec, c, values, loops) for c in candidates}
     best: dict[str, float | None] = {c: (None if call is None else float("inf")) for c, call in calls.items()}
-    for _ in range(TIMING_RUNS):
+    began = time.perf_counter()
+    for round_ in range(rounds):
+        if round_ >= 2 and time.perf_counter() - began > TIMING_BUDGET_S:
+            break
         for candidate, call in calls.items():
             if call is None:
                 continue
