@@ -349,8 +349,13 @@ def test_the_gaussian_kernel_sum_is_timed_though_large_and_xla_wins_its_forward(
         planner.forget()
 
 
-def test_the_factored_form_of_every_gaussian_gradient_step_equals_the_plain_lowering():
-    """Sums of guarded products (m == c), a shape-only input giving m's range, the exp shared by no one."""
+@pytest.mark.parametrize("chunk", [None, 12])
+def test_the_factored_form_of_every_gaussian_gradient_step_equals_the_plain_lowering(chunk, monkeypatch):
+    """Sums of guarded products (m == c), a shape-only input giving m's range, the exp shared by no one; with
+    chunk=12 in blocks of rows (lax.map, a scan: 3 blocks of 2 of the 7 rows and a last one of 1)."""
+    if chunk is not None:
+        monkeypatch.setattr(xla_forms, "CHUNK_POINTS", chunk)
+    xla_forms.lower_form.cache_clear()  # a new function for jax to trace (its traces are cached per function)
     _, spec = compile_spec(GAUSSIAN)
     with jax.enable_x64(True):
         for label, step, shapes in planner.kernel_shapes(spec, {"x": (7, 3), "y": (5, 3), "b": (5, 2)}):
@@ -358,5 +363,7 @@ def test_the_factored_form_of_every_gaussian_gradient_step_equals_the_plain_lowe
             values = make_inputs(step, shapes, "float64", seed=4)
             env = {name: jnp.asarray(v) for name, v in zip(step.input_names, values)}
             want = np.asarray(xla.lower(step)(env))
-            got = np.asarray(jax.jit(xla_forms.lower_form(step, "factored"))(env))
+            fn = xla_forms.lower_form(step, "factored")
+            got = np.asarray(jax.jit(fn)(env))
             np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11, err_msg=label)
+            assert ("scan[" in str(jax.make_jaxpr(fn)(env))) == (chunk is not None), label

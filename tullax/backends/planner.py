@@ -269,63 +269,21 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
 
 def slice_shapes(spec: Spec, shapes: dict, target: int) -> dict | None:
     """Input shapes for a slice of about ``target`` estimated work of a call with these ``shapes``: the free
-    index of largest extent that appears in accesses only as a plain index of input axes, cut on every such
-    axis. None when no index can be cut (a scatter, an accumulating ``+=``, every free index inside index
-    arithmetic or an index array) or the cut does not give the expected ranges."""
-    from tullax.backends import workload
-    from tullax.errors import TullaxError
-    from tullax.spec.ir import Affine
-    from tullax.spec.shapes import check_shapes, eval_shapes
+    index of largest extent that ``xla_forms.cuttable`` allows, cut on every axis it indexes. None when no
+    index can be cut (a scatter, an accumulating ``+=``, every free index inside index arithmetic or an index
+    array)."""
+    from tullax.backends import workload, xla_forms
+    from tullax.spec.shapes import eval_shapes
 
-    if spec.is_scatter or spec.assign != ":=":
-        return None
-    axes: dict[str, list[tuple[str, int]]] = {name: [] for name in spec.free}
-    for acc in accesses(spec.body):
-        for axis, idx in enumerate(acc.idx):
-            if isinstance(idx, Affine) and idx.plain is not None:
-                if idx.plain in axes:
-                    axes[idx.plain].append((acc.array, axis))
-                continue
-            for name in _index_names(idx):
-                axes.pop(name, None)  # inside arithmetic, a window or an index array: cutting it is not a slice
+    axes = xla_forms.cuttable(spec)
     ranges = eval_shapes(spec, shapes)
     total = workload.work(spec, shapes)
-    for name in sorted((n for n, found in axes.items() if found), key=lambda n: -(ranges[n][1] - ranges[n][0])):
-        lo, hi = ranges[name]
-        if lo != 0 or hi <= 1:
-            continue
-        extent = max(1, -(-hi * target // total))
-        if extent >= hi:
-            continue
-        cut = {n: list(s) for n, s in shapes.items()}
-        # the axes it indexes, and the input that gives its range (a gradient step's shape-only input)
-        bound = dict(spec.ranges)[name].hi
-        given = {(t.array, t.axis) for t, c in bound.terms if c == 1} if len(bound.terms) == 1 else set()
-        for array, axis in set(axes[name]) | given:
-            if array not in cut or cut[array][axis] != hi:
-                break
-            cut[array][axis] = extent
-        else:
-            sliced = {n: tuple(s) for n, s in cut.items()}
-            got = eval_shapes(spec, sliced)
-            if got[name] == (0, extent) and all(got[n] == ranges[n] for n in ranges if n != name):
-                try:
-                    check_shapes(spec, sliced)
-                except TullaxError:
-                    continue
-                return sliced
+    for name in sorted(axes, key=lambda n: -(ranges[n][1] - ranges[n][0])):
+        extent = max(1, -(-ranges[name][1] * target // total))
+        sliced = xla_forms.cut_shapes(spec, shapes, name, extent) if extent < ranges[name][1] else None
+        if sliced is not None:
+            return sliced
     return None
-
-
-def _index_names(idx: Any) -> tuple[str, ...]:
-    from tullax.spec.ir import Affine
-
-    if isinstance(idx, Affine):
-        return idx.names()
-    if isinstance(idx, Indirect):
-        return _index_names(idx.inner) + _index_names(idx.offset)
-    inner = getattr(idx, "inner", None)
-    return _index_names(inner) if inner is not None else ()
 
 
 # ---------------------------------------------------------------------------------------------
