@@ -458,8 +458,14 @@ def explain_lines(spec: Spec, shapes: Shapes | None = None, dtype: str = "float3
             lines.append(f"  {step.label}: {_text(step.spec)}")
             lines.append(f"    -> {chosen.label}: {rule.name}: {rule.reason}{close}")
         return lines
+    # the dtype jax gives an integer index array (int32 unless x64 is on): the key a real call's decision is
+    # stored under (with int64 here, the embedding's stored decisions were never shown)
+    import jax
+    import numpy as np
+
+    index_dtype = np.dtype(jax.dtypes.canonicalize_dtype(np.int64)).name
     for label, step, step_shapes in kernel_shapes(spec, shapes):
-        dtypes = {item.name: ("int64" if item.kind == "index" else dtype) for item in step.inputs}
+        dtypes = {item.name: (index_dtype if item.kind == "index" else dtype) for item in step.inputs}
         listed = ", ".join(f"{n} {'x'.join(map(str, s)) or 'scalar'}" for n, s in step_shapes.items())
         lines.append(f"  {label}: {_text(step)}  [{listed}]")
         lines.append(f"    -> {plan(step, step_shapes, dtypes, timing=False).describe()}")
