@@ -391,3 +391,15 @@ def test_explain_shows_the_stored_decision_of_a_gather_whose_index_array_jax_mak
         assert shown.count("(decision from the compile cache)") == 1, shown
     finally:
         planner.forget()
+
+
+def test_a_second_loop_backend_is_timed_beside_the_first(monkeypatch):
+    """EXTRA_LOOPS (the coming host C backend): a "loops:<name>" candidate after "loops" where it is usable,
+    planned onto that backend; an unusable one is left out."""
+    monkeypatch.setattr(planner, "EXTRA_LOOPS", ("numba", "no-such-backend"))
+    assert planner._with_extra_loops(("loops", "xla:grid"), "julia") == ("loops", "loops:numba", "xla:grid")
+    assert planner._with_extra_loops(("loops", "xla:grid"), "numba") == ("loops", "xla:grid")
+    assert planner._with_extra_loops(("xla:einsum",), "julia") == ("xla:einsum",)
+    rule = planner.Rule("loops", "why", "loops")
+    assert planner._as_plan("loops:numba", "julia", rule).backend == "numba"
+    assert planner._as_plan("loops", "julia", rule).backend == "julia"

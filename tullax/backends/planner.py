@@ -58,7 +58,10 @@ CONFIRM_RATIO = 4.0  # an XLA form that beat the loops by less than this on a sl
 # (1 GiB of float32 at the limit); Dist at the suite's size (411M points, 1.6 GB) is beyond it
 GRID_ITERATIONS = 1 << 28
 PLAN_FILE = "plan.json"
-LOOPS = "loops"  # the form of a plan on the loop backend
+LOOPS = "loops"  # the form of a plan on the loop backend; as a candidate: the loop backend ``auto`` uses
+# Further loop backends timed beside it wherever the rules time the loops (a candidate "loops:<name>" each,
+# e.g. ("c",) for a host C backend): the plan then runs on whichever was fastest
+EXTRA_LOOPS: tuple[str, ...] = ()
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -149,8 +152,32 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
 def _as_plan(candidate: str, loops: str | None, rule: Rule, **extra: Any) -> Plan:
     if candidate.startswith("xla:"):
         return Plan("xla", candidate[4:], rule.name, rule.reason, **extra)
-    assert loops is not None
-    return Plan(loops, LOOPS, rule.name, rule.reason, **extra)
+    return Plan(_loop_name(candidate, loops), LOOPS, rule.name, rule.reason, **extra)
+
+
+def _loop_name(candidate: str, loops: str | None) -> str:
+    """The backend of a loop candidate: "loops" is ``loops``, "loops:<name>" is <name>."""
+    name = candidate.partition(":")[2] or loops
+    assert name is not None
+    return name
+
+
+def _with_extra_loops(close: tuple[str, ...], loops: str | None) -> tuple[str, ...]:
+    """``close`` with a "loops:<name>" candidate after "loops" for each usable backend of ``EXTRA_LOOPS``."""
+    if LOOPS not in close or not EXTRA_LOOPS:
+        return close
+    from tullax import backends
+    from tullax.errors import BackendUnavailableError
+
+    extra = []
+    for name in EXTRA_LOOPS:
+        try:
+            if name != loops and backends.get(name).availability()[0]:
+                extra.append(f"{LOOPS}:{name}")
+        except BackendUnavailableError:
+            continue
+    at = close.index(LOOPS) + 1
+    return close[:at] + tuple(extra) + close[at:]
 
 
 def _points(ranges: Mapping[str, tuple[int, int]], names) -> int:
@@ -226,7 +253,7 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
         return _as_plan(f"xla:{forms(spec)[0]}", loops, Rule(
             "tiny", "below the serial work threshold: XLA inside the jitted program costs no host callback per "
             "call and compiles no loop kernel", "xla"))
-    close = tuple(c for c in rule.close if _usable(spec, c, shapes))
+    close = tuple(c for c in _with_extra_loops(rule.close, loops) if _usable(spec, c, shapes))
     if len(close) < 2:
         return _as_plan(rule.default, loops, rule)
     key = _cache_key(spec, shapes, dtypes, loops)
@@ -334,7 +361,7 @@ def _prepared_call(spec: Spec, candidate: str, values: list, loops: str | None):
                 with jax.ensure_compile_time_eval():
                     jax.block_until_ready(fn(env))
         else:
-            call = _loop_call(spec, loops, values)
+            call = _loop_call(spec, _loop_name(candidate, loops), values)
         call()  # compile, first run
         return call
     except Exception:  # noqa: BLE001 - a candidate that cannot run here is simply not chosen
