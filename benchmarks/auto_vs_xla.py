@@ -1,14 +1,14 @@
 """``backend="auto"`` against the best XLA formulation (tullax's jnp lowering and the hand-written jnp of
-``tullax.benchmarking.idiomatic``), forward and backward, in ONE process with the subjects alternating, so a
-burst of load from other processes on a shared machine slows every subject alike (``make bench`` runs each
-backend in its own process, one after the other, and needs a quiet machine).
+``tullax.benchmarking.idiomatic``), forward and backward, in ONE process with the subjects alternating (in an order
+rotated each round), so a burst of load from other processes on a shared machine slows every subject alike (``make
+bench`` runs each backend in its own process, one after the other, and needs a quiet machine).
 
     PYTHONPATH=$PWD python benchmarks/auto_vs_xla.py "Gaussian kernel sum" conv2d --rounds 15
 
-Forward: ``jax.jit`` of the kernel; backward: ``jax.jit`` of the VJP w.r.t. every float input (as the bench).
-Prints the median and best wall time and the median process CPU time (every thread) per subject, and auto's
-ratio (best XLA / auto: >= 1 means auto is at least as fast) from each. The planner decides as a fresh process
-would (a temporary, empty compile cache, timing on), and its decisions are printed (``tullax explain``)."""
+Forward: ``jax.jit`` of the kernel; backward: ``jax.jit`` of the VJP w.r.t. every float input (as the bench). Prints
+the median and best wall time and the median process CPU time (every thread) per subject, and auto's ratio (best XLA
+/ auto: >= 1 means auto is at least as fast) from each. The planner decides as a fresh process would (a temporary,
+empty compile cache, timing on), and its decisions are printed (``tullax explain``)."""
 from __future__ import annotations
 
 import argparse
@@ -58,8 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {case.name}  (compiling and planning {time.perf_counter() - start:.1f} s)", flush=True)
         wall: dict = {key: [] for key in calls}
         cpu: dict = {key: [] for key in calls}
-        for _ in range(args.rounds):
-            for key, call in calls.items():
+        order = list(calls)
+        for round_ in range(args.rounds):
+            # rotated each round: no subject always runs right after the same other (after a large backward,
+            # the next call pays for the memory it left behind)
+            for key in order[round_ % len(order):] + order[:round_ % len(order)]:
+                call = calls[key]
                 t0, c0 = time.perf_counter(), time.process_time()
                 call()
                 wall[key].append((time.perf_counter() - t0) * 1e3)
