@@ -376,11 +376,14 @@ def _loop_call(spec: Spec, loops: str | None, values: list):
     import jax
     import jax.numpy as jnp
 
-    from tullax.jaxop.primitives import apply
+    from tullax.jaxop.callback import callback_path, host_call
+    from tullax.spec.shapes import result_dtype
 
-    fn = jax.jit(lambda *args: apply(spec, loops, args))
     with jax.ensure_compile_time_eval():  # planning runs while jax traces: run these now, for real
         args = [jnp.asarray(v) for v in values]
+    dtype = jax.dtypes.canonicalize_dtype(result_dtype(spec, {i.name: a.dtype for i, a in zip(spec.inputs, args)}))
+    path = callback_path()
+    fn = jax.jit(lambda *given: host_call(spec, loops, given, dtype, path))
 
     def call() -> None:
         with jax.ensure_compile_time_eval():
