@@ -23,8 +23,9 @@ The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied firs
    6x faster than loops whose innermost loop is the short ``d``), so this is timed, large kernels included.
 
 A close call is timed on its first use (``TULLAX_PLAN_TIMING=0`` turns timing off): each candidate runs on
-random inputs of the call's shapes, best of a few interleaved runs after a warm-up, and the fastest wins (the
-rule's default on a tie). A call of more estimated work (``tullax.backends.workload``) than ``SLICE_WORK`` is
+random inputs of the call's shapes as a planned kernel runs (jitted; a loop kernel through the host callback,
+whose cost the bare kernel does not show), best of a few interleaved runs after a warm-up, and the fastest wins
+(the rule's default on a tie). A call of more estimated work (``tullax.backends.workload``) than ``SLICE_WORK`` is
 timed on a slice of it instead, so timing stays bounded whatever the size: the largest free index that only
 ever indexes input axes plainly is cut to the extent that leaves ``SLICE_WORK`` (the loops and XLA scale alike
 in a free index: each output element is the same work); a kernel with no such index is not timed. An XLA
