@@ -53,8 +53,9 @@ TIMING_ENV = "TULLAX_PLAN_TIMING"
 # where at full size they do not, and lax.conv with few output features is not the GEMM it is at full size.
 SLICE_WORK = 1 << 30
 TIMING_RUNS = 5  # interleaved rounds at most
-TIMING_BUDGET_S = 0.5  # ... and no new round after this long (at least 2 rounds)
+TIMING_BUDGET_S = 0.3  # ... and no new round after this long (at least 2 rounds)
 CONFIRM_RATIO = 4.0  # an XLA form that beat the loops by less than this on a slice is confirmed in full
+DROP_RATIO = 3.0  # a candidate this much slower than the fastest after a round is not timed again
 # XLA's broadcast lowering is a candidate only up to this many index-space points: it may materialise them
 # (1 GiB of float32 at the limit); Dist at the suite's size (411M points, 1.6 GB) is beyond it
 GRID_ITERATIONS = 1 << 28
@@ -335,8 +336,9 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
     for round_ in range(rounds):
         if round_ >= 2 and time.perf_counter() - began > TIMING_BUDGET_S:
             break
+        fastest = min((ms for ms in best.values() if ms is not None), default=float("inf"))
         for candidate, call in calls.items():
-            if call is None:
+            if call is None or best[candidate] > DROP_RATIO * fastest:  # a clear loser: not run again
                 continue
             start = time.perf_counter()
             call()
