@@ -20,7 +20,8 @@ The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied firs
    broadcast lowering when its index space has at most ``GRID_ITERATIONS`` points (a larger one could
    need gigabytes for XLA's temporary, and the loops win there). Not always the loops: XLA fuses an
    ``exp(...)`` of the (i,j) pairs times ``b[j,d]`` into a vectorised exp and a matmul (the Gaussian kernel sum,
-   6x faster than loops whose innermost loop is the short ``d``), so this is timed, large kernels included.
+   6x faster than the loops, whose exp stays scalar: ``y[j,c]`` is read with stride 3, and the 4-wide ``d``
+   loop accumulates through memory), so this is timed, large kernels included.
 
 A close call is timed on its first use (``TULLAX_PLAN_TIMING=0`` turns timing off): each candidate runs on
 random inputs of the call's shapes as a planned kernel runs (jitted; a loop kernel through the host callback,
