@@ -12,16 +12,26 @@ The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied firs
 3. ``scatter/gather``: a spec that scatters (``ΔW[ix[b],d] += ...``) or reads through an index array: loops
    (XLA's scatter and gather are usually slower than the loop nest), timed against XLA when small enough;
 4. ``convolution``: a convolution-shaped spec: a close call between ``lax.conv_general_dilated``, the sum of
-   shifted slices (small windows) and the loops, settled by timing;
+   shifted slices (a small window along one axis only) and the loops, settled by timing;
 5. ``window``: a small reduced index that shifts an access: the sum of shifted slices or the loops, timed;
 6. ``loops``: everything else (functions, guards, comparisons, broadcast reductions like Dist): loops, which
    fuse the whole body into one pass where XLA materialises or re-reads the broadcast; timed against XLA's
-   broadcast lowering when its index space has at most ``GRID_TIMING_ITERATIONS`` points (a larger one could
-   need gigabytes for XLA's temporary, and the loops win there).
+   factored form (a sum of products, each an einsum of its factors: ``xla_forms``) where it applies and XLA's
+   broadcast lowering when its index space has at most ``GRID_ITERATIONS`` points (a larger one could
+   need gigabytes for XLA's temporary, and the loops win there). Not always the loops: XLA fuses an
+   ``exp(...)`` of the (i,j) pairs times ``b[j,d]`` into a vectorised exp and a matmul (the Gaussian kernel sum,
+   6x faster than the loops, whose exp stays scalar: ``y[j,c]`` is read with stride 3, and the 4-wide ``d``
+   loop accumulates through memory), so this is timed, large kernels included.
 
-A close call is timed on its first use when that is cheap (estimated work, ``tullax.backends.workload``, at
-most ``TIMING_WORK_LIMIT``; ``TULLAX_PLAN_TIMING=0`` turns timing off): each candidate runs on random inputs of
-the call's shapes, best of a few runs after a warm-up, and the fastest wins (the rule's default on a tie).
+A close call is timed on its first use (``TULLAX_PLAN_TIMING=0`` turns timing off): each candidate runs on
+random inputs of the call's shapes as a planned kernel runs (jitted; a loop kernel through the host callback,
+whose cost the bare kernel does not show), best of a few interleaved runs after a warm-up, and the fastest wins
+(the rule's default on a tie). A call of more estimated work (``tullax.backends.workload``) than ``SLICE_WORK`` is
+timed on a slice of it instead, so timing stays bounded whatever the size: the largest free index that only
+ever indexes input axes plainly is cut to the extent that leaves ``SLICE_WORK`` (the loops and XLA scale alike
+in a free index: each output element is the same work); a kernel with no such index is not timed. An XLA
+form that wins on the slice by less than ``CONFIRM_RATIO`` is confirmed on the full call (one run of it and
+of the rule's default): XLA's temporaries of a slice may fit in the cache where the full call's do not.
 Timed decisions are kept in the compile cache (an entry of kind ``plan`` holding ``plan.json``), keyed by the
 spec, shapes, dtypes, the loop backend and the machine's core count, so they hold across processes; every
 decision is also kept for the life of the process.
@@ -38,11 +48,23 @@ from typing import Any, Mapping
 from tullax.spec.ir import Indirect, Spec, accesses
 
 TIMING_ENV = "TULLAX_PLAN_TIMING"
-TIMING_WORK_LIMIT = 1 << 31  # time close calls only up to this much estimated work per call
-TIMING_RUNS = 5  # interleaved rounds
-GRID_TIMING_ITERATIONS = 1 << 25  # time XLA's broadcast lowering only up to this many index-space points
+# A close call with more estimated work than this is timed on a slice of this much work: 40-50 ms of loops on
+# this 2-core machine (Gaussian kernel sum forward, conv2d), so with TIMING_BUDGET_S a decision costs well
+# under a second beside the compiles. Not much smaller: on a thin slice XLA's temporaries fit in the cache
+# where at full size they do not, and lax.conv with few output features is not the GEMM it is at full size.
+SLICE_WORK = 1 << 30
+TIMING_RUNS = 5  # interleaved rounds at most
+TIMING_BUDGET_S = 0.3  # ... and no new round after this long (at least 2 rounds)
+CONFIRM_RATIO = 4.0  # an XLA form that beat the loops by less than this on a slice is confirmed in full
+DROP_RATIO = 3.0  # a candidate this much slower than the fastest after a round is not timed again
+# XLA's broadcast lowering is a candidate only up to this many index-space points: it may materialise them
+# (1 GiB of float32 at the limit); Dist at the suite's size (411M points, 1.6 GB) is beyond it
+GRID_ITERATIONS = 1 << 28
 PLAN_FILE = "plan.json"
-LOOPS = "loops"  # the form of a plan on the loop backend
+LOOPS = "loops"  # the form of a plan on the loop backend; as a candidate: the loop backend ``auto`` uses
+# Further loop backends timed beside it wherever the rules time the loops (a candidate "loops:<name>" each,
+# e.g. ("c",) for a host C backend): the plan then runs on whichever was fastest
+EXTRA_LOOPS: tuple[str, ...] = ()
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -116,21 +138,56 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
         return Rule("scatter/gather", "an index array: the loop nest reads or scatters in place, XLA's "
                     "gather/scatter is usually slower", LOOPS, (LOOPS, "xla:grid"))
     if "conv" in forms:
-        close = ("xla:conv",) + (("xla:slices",) if "slices" in forms else ()) + (LOOPS,)
+        # shifted slices only for one window index (conv1d): with two (conv2d) the form unrolls one and
+        # gathers the other, 10-20x slower than lax.conv, and its compile took seconds of the first call
+        one_window = "slices" in forms and len(xla_forms.window_indices(spec)) == 1
+        close = ("xla:conv",) + (("xla:slices",) if one_window else ()) + (LOOPS,)
         return Rule("convolution", "convolution-shaped: lax.conv_general_dilated, shifted slices or loops, "
                     "whichever is fastest", LOOPS, close)
     if "slices" in forms:
         return Rule("window", "a small window: XLA's sum of shifted slices or the loops, whichever is fastest",
                     LOOPS, ("xla:slices", LOOPS))
+    factored = ("xla:factored",) if "factored" in forms else ()
     return Rule("loops", "functions, guards or a broadcast reduction: the loop nest evaluates the body in one "
-                "pass, XLA materialises or re-reads the broadcast", LOOPS, (LOOPS, "xla:grid"))
+                "pass, XLA materialises or re-reads the broadcast", LOOPS, (LOOPS,) + factored + ("xla:grid",))
 
 
 def _as_plan(candidate: str, loops: str | None, rule: Rule, **extra: Any) -> Plan:
     if candidate.startswith("xla:"):
         return Plan("xla", candidate[4:], rule.name, rule.reason, **extra)
-    assert loops is not None
-    return Plan(loops, LOOPS, rule.name, rule.reason, **extra)
+    return Plan(_loop_name(candidate, loops), LOOPS, rule.name, rule.reason, **extra)
+
+
+def _loop_name(candidate: str, loops: str | None) -> str:
+    """The backend of a loop candidate: "loops" is ``loops``, "loops:<name>" is <name>."""
+    name = candidate.partition(":")[2] or loops
+    assert name is not None
+    return name
+
+
+def _with_extra_loops(close: tuple[str, ...], loops: str | None) -> tuple[str, ...]:
+    """``close`` with a "loops:<name>" candidate after "loops" for each usable backend of ``EXTRA_LOOPS``."""
+    if LOOPS not in close or not EXTRA_LOOPS:
+        return close
+    from tullax import backends
+    from tullax.errors import BackendUnavailableError
+
+    extra = []
+    for name in EXTRA_LOOPS:
+        try:
+            if name != loops and backends.get(name).availability()[0]:
+                extra.append(f"{LOOPS}:{name}")
+        except BackendUnavailableError:
+            continue
+    at = close.index(LOOPS) + 1
+    return close[:at] + tuple(extra) + close[at:]
+
+
+def _points(ranges: Mapping[str, tuple[int, int]], names) -> int:
+    total = 1
+    for name in names:
+        total *= max(ranges[name][1] - ranges[name][0], 0)
+    return total
 
 
 def _usable(spec: Spec, candidate: str, shapes: Shapes) -> bool:
@@ -140,7 +197,11 @@ def _usable(spec: Spec, candidate: str, shapes: Shapes) -> bool:
     from tullax.spec.shapes import eval_shapes
 
     if candidate == "xla:grid":
-        return workload.iterations(spec, shapes) <= GRID_TIMING_ITERATIONS
+        return workload.iterations(spec, shapes) <= GRID_ITERATIONS
+    if candidate == "xla:factored":  # it materialises each factor on its own indices, and their products
+        ranges = eval_shapes(spec, shapes)
+        return all(_points(ranges, xla_forms.factor_indices(f)) <= GRID_ITERATIONS
+                   for _, factors in xla_forms.product_terms(spec) or () for f in factors)
     if candidate != "xla:slices":
         return True
 
@@ -195,7 +256,7 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
         return _as_plan(f"xla:{forms(spec)[0]}", loops, Rule(
             "tiny", "below the serial work threshold: XLA inside the jitted program costs no host callback per "
             "call and compiles no loop kernel", "xla"))
-    close = tuple(c for c in rule.close if _usable(spec, c, shapes))
+    close = tuple(c for c in _with_extra_loops(rule.close, loops) if _usable(spec, c, shapes))
     if len(close) < 2:
         return _as_plan(rule.default, loops, rule)
     key = _cache_key(spec, shapes, dtypes, loops)
@@ -203,26 +264,63 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
     if stored is not None and stored.get("candidate") in close:
         STATS["from_cache"] += 1
         timings = tuple((c, float(ms)) for c, ms in stored.get("timings_ms", []))
-        return _as_plan(stored["candidate"], loops, rule, timings_ms=timings, source="cache")
-    if not timing or workload.work(spec, shapes) > TIMING_WORK_LIMIT:
+        why = Rule(rule.name, str(stored.get("reason", rule.reason)), rule.default)
+        return _as_plan(stored["candidate"], loops, why, timings_ms=timings, source="cache")
+    timed_shapes = shapes if workload.work(spec, shapes) <= SLICE_WORK else slice_shapes(spec, shapes, SLICE_WORK)
+    if not timing or timed_shapes is None:
         return _as_plan(rule.default, loops, Rule(rule.name, rule.reason + " (not timed: " + (
-            untimed if not timing else "too much work to time on first use") + ")", rule.default))
-    timings = _time_candidates(spec, shapes, dtypes, close, loops)
+            untimed if not timing else "too much work to time, and no free index to time a slice of") + ")",
+            rule.default))
+    timings = _time_candidates(spec, timed_shapes, dtypes, close, loops)
     STATS["timed"] += 1
     valid = {c: ms for c, ms in timings if ms is not None}
     if not valid:
         return _as_plan(rule.default, loops, rule)
     best = min(valid, key=lambda c: (valid[c], c != rule.default))
     listed = tuple((c, ms) for c, ms in valid.items())
-    _store(key, spec, {"candidate": best, "timings_ms": [list(t) for t in listed]})
-    return _as_plan(best, loops, rule, timings_ms=listed, source="timed")
+    reason = rule.reason
+    if timed_shapes != shapes:
+        cut = [f"{n} {'x'.join(map(str, shapes[n]))} -> {'x'.join(map(str, s))}"
+               for n, s in timed_shapes.items() if s != shapes[n]]
+        reason += " (timed on a slice: " + ", ".join(cut) + ")"
+        if best != rule.default and rule.default in valid and valid[rule.default] < CONFIRM_RATIO * valid[best]:
+            # XLA's temporaries of a slice may fit in the cache where the full call's do not (the Gaussian
+            # gradients: 4x faster than the loops on a slice, no faster in full): a close win of an XLA form
+            # on a slice is confirmed against the default on the full call, one run each after a warm-up
+            full = dict(_time_candidates(spec, shapes, dtypes, (rule.default, best), loops, rounds=1))
+            if full.get(best) is not None and full.get(rule.default) is not None:
+                listed += tuple((f"{c} (full)", ms) for c, ms in full.items())
+                reason += "; confirmed on the full call" if full[best] < full[rule.default] else \
+                    "; slower on the full call"
+                best = best if full[best] < full[rule.default] else rule.default
+    _store(key, spec, {"candidate": best, "timings_ms": [list(t) for t in listed], "reason": reason})
+    return _as_plan(best, loops, Rule(rule.name, reason, rule.default), timings_ms=listed, source="timed")
+
+
+def slice_shapes(spec: Spec, shapes: dict, target: int) -> dict | None:
+    """Input shapes for a slice of about ``target`` estimated work of a call with these ``shapes``: the free
+    index of largest extent that ``xla_forms.cuttable`` allows, cut on every axis it indexes. None when no
+    index can be cut (a scatter, an accumulating ``+=``, every free index inside index arithmetic or an index
+    array)."""
+    from tullax.backends import workload, xla_forms
+    from tullax.spec.shapes import eval_shapes
+
+    axes = xla_forms.cuttable(spec)
+    ranges = eval_shapes(spec, shapes)
+    total = workload.work(spec, shapes)
+    for name in sorted(axes, key=lambda n: -(ranges[n][1] - ranges[n][0])):
+        extent = max(1, -(-ranges[name][1] * target // total))
+        sliced = xla_forms.cut_shapes(spec, shapes, name, extent) if extent < ranges[name][1] else None
+        if sliced is not None:
+            return sliced
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
 # Timing the candidates
 # ---------------------------------------------------------------------------------------------
 def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[str, ...],
-                     loops: str | None) -> list[tuple[str, float | None]]:
+                     loops: str | None, rounds: int = TIMING_RUNS) -> list[tuple[str, float | None]]:
     """Best time per candidate over TIMING_RUNS rounds, the candidates interleaved within each round, so a
     burst of load from other processes slows every candidate alike instead of deciding the race."""
     import numpy as np
@@ -235,9 +333,13 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
     values = [v.astype(dtypes[item.name]) if hasattr(v, "astype") else v for item, v in zip(spec.inputs, values)]
     calls = {c: _prepared_call(spec, c, values, loops) for c in candidates}
     best: dict[str, float | None] = {c: (None if call is None else float("inf")) for c, call in calls.items()}
-    for _ in range(TIMING_RUNS):
+    began = time.perf_counter()
+    for round_ in range(rounds):
+        if round_ >= 2 and time.perf_counter() - began > TIMING_BUDGET_S:
+            break
+        fastest = min((ms for ms in best.values() if ms is not None), default=float("inf"))
         for candidate, call in calls.items():
-            if call is None:
+            if call is None or best[candidate] > DROP_RATIO * fastest:  # a clear loser: not run again
                 continue
             start = time.perf_counter()
             call()
@@ -263,7 +365,7 @@ def _prepared_call(spec: Spec, candidate: str, values: list, loops: str | None):
                 with jax.ensure_compile_time_eval():
                     jax.block_until_ready(fn(env))
         else:
-            call = _loop_call(spec, loops, values)
+            call = _loop_call(spec, _loop_name(candidate, loops), values)
         call()  # compile, first run
         return call
     except Exception:  # noqa: BLE001 - a candidate that cannot run here is simply not chosen
@@ -271,26 +373,25 @@ def _prepared_call(spec: Spec, candidate: str, values: list, loops: str | None):
 
 
 def _loop_call(spec: Spec, loops: str | None, values: list):
-    """A call of the loop backend's kernel on ``values`` (NumPy, in ``spec.inputs`` order), as an eager call
-    makes it: a new result array each time."""
-    import numpy as np
+    """A call of the loop backend's kernel on ``values`` (NumPy, in ``spec.inputs`` order) as a planned kernel
+    runs it: jitted, through the host callback. Not the bare kernel: the callback costs what the bare kernel
+    does not see (an elementwise 4096x4096 step: 13 ms bare, 48 ms through the callback, CPU time on a loaded
+    machine; XLA 44 ms), and the row norm gradient went to the loops on the bare timing, 0.8x of XLA's."""
+    import jax
+    import jax.numpy as jnp
 
-    from tullax import backends
-    from tullax.backends.base import Signature
+    from tullax.jaxop.callback import callback_path, host_call
     from tullax.spec.shapes import result_dtype
 
-    arrays = [np.asarray(v) for v in values]
-    dtype = np.dtype(result_dtype(spec, {i.name: a.dtype for i, a in zip(spec.inputs, arrays)}))
-    kernel = backends.get(loops).build(spec, Signature(tuple(a.dtype.name for a in arrays), dtype.name))
-    shapes = {i.name: a.shape for i, a in zip(spec.inputs, arrays)}
-    out_shape = tuple(int(s.eval(shapes)) for s in spec.out_shape)
+    with jax.ensure_compile_time_eval():  # planning runs while jax traces: run these now, for real
+        args = [jnp.asarray(v) for v in values]
+    dtype = jax.dtypes.canonicalize_dtype(result_dtype(spec, {i.name: a.dtype for i, a in zip(spec.inputs, args)}))
+    path = callback_path()
+    fn = jax.jit(lambda *given: host_call(spec, loops, given, dtype, path))
 
     def call() -> None:
-        if spec.assign == ":=":
-            out = np.zeros(out_shape, dtype) if spec.is_scatter else np.empty(out_shape, dtype)
-        else:
-            out = np.array(arrays[0], dtype=dtype, copy=True)
-        kernel(out, *arrays)
+        with jax.ensure_compile_time_eval():
+            jax.block_until_ready(fn(*args))
 
     return call
 
@@ -387,8 +488,14 @@ def explain_lines(spec: Spec, shapes: Shapes | None = None, dtype: str = "float3
             lines.append(f"  {step.label}: {_text(step.spec)}")
             lines.append(f"    -> {chosen.label}: {rule.name}: {rule.reason}{close}")
         return lines
+    # the dtype jax gives an integer index array (int32 unless x64 is on): the key a real call's decision is
+    # stored under (with int64 here, the embedding's stored decisions were never shown)
+    import jax
+    import numpy as np
+
+    index_dtype = np.dtype(jax.dtypes.canonicalize_dtype(np.int64)).name
     for label, step, step_shapes in kernel_shapes(spec, shapes):
-        dtypes = {item.name: ("int64" if item.kind == "index" else dtype) for item in step.inputs}
+        dtypes = {item.name: (index_dtype if item.kind == "index" else dtype) for item in step.inputs}
         listed = ", ".join(f"{n} {'x'.join(map(str, s)) or 'scalar'}" for n, s in step_shapes.items())
         lines.append(f"  {label}: {_text(step)}  [{listed}]")
         lines.append(f"    -> {plan(step, step_shapes, dtypes, timing=False).describe()}")

@@ -10,6 +10,10 @@ in on XLA, each a plain jnp/lax function of the inputs (differentiable, jit-able
   Several of each are merged into one by a reshape.
 * ``slices``: a small reduced index that shifts an access (``x[b,i+k]``) is unrolled: for each of its values
   the body reads shifted slices (no gather), and the results are summed (or maxed...). Up to ``MAX_UNROLL``.
+* ``factored``: a sum whose body is a sum of products, each product contracted by ``jnp.einsum`` over its
+  factors, each factor evaluated on its own indices only (opt_einsum picks the order). What jnp code does by
+  hand for the Gaussian kernel sum's gradients: ``ΔK[i,d]*b[j,d]`` becomes a matmul over ``d`` before the
+  ``(i,j)`` factors are multiplied in, where the broadcast lowering materialises every ``(i,j,d,m)``.
 * ``grid``: tullax's general broadcast-and-reduce lowering (``xla.lower``), which everything can use.
 
 jax is imported inside functions only.
@@ -24,6 +28,7 @@ from tullax.spec.ir import Access, Affine, Binary, Spec, Wrapped
 from tullax.spec.sizes import Sym
 
 MAX_UNROLL = 64  # the slices form unrolls a window index of at most this many values
+CHUNK_POINTS = 1 << 20  # the factored form works in blocks whose largest factor has at most this many points
 
 Env = Mapping[str, Any]
 
@@ -138,22 +143,29 @@ def _conv_roles(spec: Spec, image: Access, kernel: Access) -> ConvShape | None:
 def window_index(spec: Spec) -> str | None:
     """A reduced index that shifts an access (appears in an affine position with another index): the index
     the slices form unrolls. None when there is none, or the spec scatters."""
+    found = window_indices(spec)
+    return found[0] if found else None
+
+
+def window_indices(spec: Spec) -> tuple[str, ...]:
+    """Every reduced index that shifts an access, in order of appearance (the last one of each position
+    first); () for a scatter."""
     if spec.is_scatter or spec.assign != ":=":
-        return None
+        return ()
     from tullax.spec.ir import accesses
 
-    reduced = set(spec.reduced)
+    reduced, found = set(spec.reduced), []
     for acc in accesses(spec.body):
         for idx in acc.idx:
             if isinstance(idx, Affine) and len(idx.terms) >= 2:
                 shifting = [n for n, _ in idx.terms if n in reduced]
-                if shifting:
-                    return shifting[-1]
-    return None
+                if shifting and shifting[-1] not in found:
+                    found.append(shifting[-1])
+    return tuple(found)
 
 
 def forms(spec: Spec) -> tuple[str, ...]:
-    """The XLA forms that apply to ``spec``, best first; 'grid' always applies."""
+    """The XLA forms that apply to ``spec``, best first; 'grid' always applies (then 'factored', if it does)."""
     from tullax.backends.xla import is_contraction
 
     found = []
@@ -163,7 +175,59 @@ def forms(spec: Spec) -> tuple[str, ...]:
         found.append("conv")
     if window_index(spec) is not None and spec.redop in ("+", "max", "min"):
         found.append("slices")
-    return tuple(found) + ("grid",)
+    # 'factored' after 'grid': a default (a tiny call, no loop backend) stays on the plain lowering; only the
+    # planner's timing picks it
+    return tuple(found) + ("grid",) + (("factored",) if "einsum" not in found and _factors_apart(spec) else ())
+
+
+def product_terms(spec: Spec) -> tuple[tuple[int, tuple[Any, ...]], ...] | None:
+    """The body as signed products, ``((sign, factors), ...)``, for a plain sum (``+``, ``:=``, no scatter);
+    None for any other spec. Factors are the operands of ``*`` chains; anything else is one factor."""
+    from tullax.spec.ir import Unary
+
+    if spec.redop != "+" or spec.assign != ":=" or spec.is_scatter:
+        return None
+    terms: list[tuple[int, tuple[Any, ...]]] = []
+
+    def split(expr: Any, sign: int) -> None:
+        if isinstance(expr, Binary) and expr.op in ("+", "-"):
+            split(expr.lhs, sign)
+            split(expr.rhs, sign if expr.op == "+" else -sign)
+        elif isinstance(expr, Unary):
+            split(expr.arg, -sign)
+        else:
+            from tullax.backends.xla import _factors
+
+            terms.append((sign, tuple(_factors(expr))))
+
+    split(spec.body, 1)
+    return tuple(terms)
+
+
+def factor_indices(expr: Any) -> frozenset[str]:
+    """The indices a factor depends on (its accesses' positions, index values)."""
+    from tullax.spec.ir import IndexVal, Indirect, walk
+
+    names: set[str] = set()
+    for node in walk(expr):
+        if isinstance(node, IndexVal):
+            names.add(node.name)
+        elif isinstance(node, Access):
+            for idx in node.idx:
+                parts = [idx.inner, idx.offset] if isinstance(idx, Indirect) else [getattr(idx, "inner", idx)]
+                for part in parts:
+                    names.update(part.names())
+    return frozenset(names)
+
+
+def _factors_apart(spec: Spec) -> bool:
+    """Whether some product has factors on different indices (else einsum only re-reads the broadcast)."""
+    from tullax.spec.ir import Indirect, accesses
+
+    terms = product_terms(spec)
+    if terms is None or any(isinstance(i, Indirect) for a in accesses(spec.body) for i in a.idx):
+        return False
+    return any(len({factor_indices(f) for f in factors} - {frozenset()}) >= 2 for _, factors in terms)
 
 
 def _einsum_covers(spec: Spec) -> bool:
@@ -171,6 +235,66 @@ def _einsum_covers(spec: Spec) -> bool:
 
     used = {i.plain for acc in accesses(spec.body) for i in acc.idx}
     return set(spec.free) | set(spec.reduced) <= used
+
+
+def cuttable(spec: Spec) -> dict[str, frozenset[tuple[str, int]]]:
+    """The free indices a call can be cut along into smaller calls of the same spec (a slice of the output),
+    each with the input axes to cut: indices that appear in accesses only as a plain index, never as a value,
+    plus the input that gives the range (a gradient step's shape-only input). {} for a scatter or ``+=``."""
+    from tullax.spec.ir import IndexVal, Indirect, accesses, walk
+
+    if spec.is_scatter or spec.assign != ":=":
+        return {}
+    axes: dict[str, set[tuple[str, int]]] = {name: set() for name in spec.free}
+    exprs = (spec.body,) + ((spec.finalizer,) if spec.finalizer is not None else ())
+    for expr in exprs:
+        for node in walk(expr):
+            if isinstance(node, IndexVal):
+                axes.pop(node.name, None)  # its value is read: a cut would shift it
+    for acc in accesses(spec.body):
+        for axis, idx in enumerate(acc.idx):
+            if isinstance(idx, Affine) and idx.plain is not None:
+                if idx.plain in axes:
+                    axes[idx.plain].add((acc.array, axis))
+                continue
+            parts = [idx.inner, idx.offset] if isinstance(idx, Indirect) else [getattr(idx, "inner", idx)]
+            for part in parts:
+                for name in part.names():
+                    axes.pop(name, None)  # inside arithmetic, a window or an index array
+    ranges = dict(spec.ranges)
+    found = {}
+    for name, used in axes.items():
+        bound = ranges[name].hi
+        if used and ranges[name].lo == Sym(0):
+            given = {(t.array, t.axis) for t, c in bound.terms if c == 1} if len(bound.terms) == 1 else set()
+            found[name] = frozenset(used | given)
+    return found
+
+
+def cut_shapes(spec: Spec, shapes: Mapping[str, tuple[int, ...]], name: str, extent: int) -> dict | None:
+    """The input shapes of the call cut to ``name`` in [0, extent) (``cuttable``), or None when the cut
+    does not give exactly that (every other range unchanged, the shapes consistent)."""
+    from tullax.errors import TullaxError
+    from tullax.spec.shapes import check_shapes, eval_shapes
+
+    axes = cuttable(spec).get(name)
+    ranges = eval_shapes(spec, shapes)
+    if not axes or ranges[name][0] != 0 or not 0 < extent < ranges[name][1]:
+        return None
+    cut = {n: list(s) for n, s in shapes.items()}
+    for array, axis in axes:
+        if array not in cut or cut[array][axis] != ranges[name][1]:
+            return None
+        cut[array][axis] = extent
+    sliced = {n: tuple(s) for n, s in cut.items()}
+    got = eval_shapes(spec, sliced)
+    if got[name] != (0, extent) or any(got[n] != ranges[n] for n in ranges if n != name):
+        return None
+    try:
+        check_shapes(spec, sliced)
+    except TullaxError:
+        return None
+    return sliced
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,6 +320,10 @@ def lower_form(spec: Spec, form: str) -> Callable[[Env], Any]:
         if index is None:
             raise ValueError(f"{spec.out}: no window index to unroll")
         return functools.partial(_slices, spec, index, plain)
+    if form == "factored":
+        if product_terms(spec) is None:
+            raise ValueError(f"{spec.out}: not a sum of products")
+        return functools.partial(_factored, spec, plain)
     raise ValueError(f"unknown XLA form {form!r}")
 
 
@@ -233,16 +361,16 @@ def _conv(spec: Spec, shape: ConvShape, plain: Callable, env: Env):
             window.append(slice(0, min(image.shape[item.axis], size[item.out])))
     image = image[tuple(window)]
     kernel = kernel[tuple(slice(0, size[n]) for n in shape.kernel_idx)]
-    pads = []
+    # out[o] = sum_w img[o - w] ('full'): a correlation with the flipped kernel over the image padded by the
+    # conv itself (as jax's own transpose of a conv: a jnp.pad before it made the input gradient of conv2d 3x
+    # slower, 60 against 17 ms: XLA no longer fused the padding into the convolution)
+    padding = []
     for item in shape.spatial:
-        if item.kind == "full":  # out[o] = sum_w img[o - w]: a correlation with the flipped kernel, padded
+        if item.kind == "full":
             kernel = jnp.flip(kernel, shape.kernel_idx.index(item.win))
-            pads.append((item.axis, size[item.win] - 1, size[item.out] - image.shape[item.axis]))
-    if pads:
-        widths = [(0, 0)] * image.ndim
-        for axis, lo, hi in pads:
-            widths[axis] = (lo, hi)
-        image = jnp.pad(image, widths)
+            padding.append((size[item.win] - 1, size[item.out] - image.shape[item.axis]))
+        else:
+            padding.append((0, 0))
     # image -> (batch, infeat, spatial...), kernel -> (outfeat, infeat, spatial...)
     names = [i if isinstance(i, str) else i.out for i in shape.image_idx]
     order = [names.index(n) for n in shape.batch + shape.infeat] + [s.axis for s in shape.spatial]
@@ -257,7 +385,7 @@ def _conv(spec: Spec, shape: ConvShape, plain: Callable, env: Env):
     kernel = kernel.reshape((_prod(size[n] for n in shape.outfeat), infeat, *spatial_k))
     strides = tuple(s.stride for s in shape.spatial)
     dilation = tuple(s.dilation for s in shape.spatial)
-    out = lax.conv_general_dilated(image, kernel, strides, "VALID", rhs_dilation=dilation,
+    out = lax.conv_general_dilated(image, kernel, strides, padding, rhs_dilation=dilation,
                                    precision=jax.lax.Precision.HIGHEST)
     out_spatial = tuple(size[s.out] for s in shape.spatial)
     out = out[(slice(None), slice(None), *(slice(0, n) for n in out_spatial))]
@@ -298,4 +426,147 @@ def _slices(spec: Spec, index: str, plain: Callable, env: Env):
     return total.astype(dtype)
 
 
-__all__ = ["ConvShape", "Spatial", "conv_shape", "window_index", "forms", "lower_form", "MAX_UNROLL"]
+def _factored(spec: Spec, plain: Callable, env: Env):
+    """``_factored_block`` over the whole call, or block after block of a free index (``lax.map``) when a
+    factor would exceed ``CHUNK_POINTS``: XLA materialises each factor, and one of the Gaussian gradient's
+    (i,j) factors in full is 64 MB, out of the cache, where a block of rows stays in it (measured on a
+    222-row slice: 4x faster per row than in full)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    shapes, ranges, _ = _setup(spec, env)
+    largest = max((_points(ranges, factor_indices(f)) for _, fs in product_terms(spec) for f in fs), default=0)
+    cuts = cuttable(spec)
+    if largest <= CHUNK_POINTS or not cuts:
+        return _factored_block(spec, plain, env)
+    name = max(cuts, key=lambda n: ranges[n][1])
+    hi = ranges[name][1]
+    size = max(1, hi * CHUNK_POINTS // largest)
+    if size >= hi or cut_shapes(spec, shapes, name, size) is None:
+        return _factored_block(spec, plain, env)
+    count = hi // size
+    axes = sorted(cuts[name])
+
+    def block(start, length):
+        sub = dict(env)
+        for array, axis in axes:
+            sub[array] = lax.dynamic_slice_in_dim(jnp.asarray(env[array]), start, length, axis)
+        return _factored_block(spec, plain, sub)
+
+    where = spec.free.index(name)
+    parts = lax.map(lambda start: block(start, size), jnp.arange(count) * size)  # (count, ..., size, ...)
+    parts = jnp.moveaxis(parts, 0, where)
+    parts = parts.reshape(parts.shape[:where] + (count * size,) + parts.shape[where + 2:])
+    if count * size < hi:
+        parts = jnp.concatenate([parts, block(count * size, hi - count * size)], axis=where)
+    return parts
+
+
+def _points(ranges: Mapping[str, tuple[int, int]], names) -> int:
+    total = 1
+    for name in names:
+        total *= max(ranges[name][1] - ranges[name][0], 0)
+    return total
+
+
+def _factored_block(spec: Spec, plain: Callable, env: Env):
+    """Each signed product of ``product_terms`` as one ``jnp.einsum`` of its factors, each factor evaluated by
+    the plain lowering's own evaluator on the grid (size 1 along the indices it does not use), summed."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from tullax.backends import xla
+
+    shapes, ranges, result = _setup(spec, env)
+    grid = xla._Grid.build(spec, shapes)
+    if grid.empty:
+        return plain(env)
+    dtype = np.dtype(np.float32) if np.dtype(result).itemsize < 4 and np.dtype(result).kind == "f" else result
+    ctx = xla._Context(spec, env, shapes, np.dtype(dtype), grid)
+    if ctx.compute != ctx.dtype:  # complex values in a real result: the plain lowering's typing
+        return plain(env)
+    labels = {name: chr(ord("a") + k) for k, name in enumerate(grid.names)}
+    out = [n for n, size in zip(grid.names, grid.size) if n in spec.free and size > 1]
+    total = None
+    for sign, factors in product_terms(spec):
+        operands, subscripts, scale = [], [], float(sign)
+        for factor in factors:
+            value = jnp.asarray(xla._body(ctx, factor)).astype(dtype)
+            value = value.reshape((1,) * (len(grid.names) - value.ndim) + value.shape)
+            kept = [k for k, n in enumerate(value.shape) if n > 1]
+            operands.append(value.reshape(tuple(value.shape[k] for k in kept)))
+            subscripts.append("".join(labels[grid.names[k]] for k in kept))
+        used = set("".join(subscripts))
+        here = [n for n in out if labels[n] in used]
+        for name, size in zip(grid.names, grid.size):  # a reduced index no factor uses: the sum is a multiple
+            if name not in spec.free and labels[name] not in used:
+                scale *= size
+        part = _contract(list(zip(subscripts, operands)), "".join(labels[n] for n in here))
+        part = part * jnp.asarray(scale, dtype) if scale != 1.0 else part
+        # back to every free index (those of extent 1, or that this product does not use: broadcast)
+        full = [grid.size[grid.axis(n)] for n in spec.free]
+        part = part.reshape(tuple(full[spec.free.index(n)] if n in here else 1 for n in spec.free))
+        part = jnp.broadcast_to(part, tuple(full))
+        total = part if total is None else total + part
+    if spec.finalizer is not None:
+        total = xla.finalize_value(spec, env, total)
+    return total.astype(result)
+
+
+def _contract(operands: list[tuple[str, Any]], out: str):
+    """The einsum ``operands -> out`` in an order XLA runs well on the CPU: a factor whose indices are a subset
+    of another's is multiplied into it elementwise (no dot_general with batch dimensions: XLA's CPU runs those
+    as many small dots); an index only one operand still has, and the output lacks, is summed out at once;
+    otherwise the pair of operands with the smallest result is contracted by einsum (a GEMM for ``id,jd->ij``)."""
+    import jax
+    import jax.numpy as jnp
+
+    ops = list(operands)
+    while True:
+        merged = False
+        for a in range(len(ops)):  # subset: multiply in
+            for b in range(len(ops)):
+                if a != b and set(ops[a][0]) <= set(ops[b][0]):
+                    sub, val = ops[a]
+                    big, other = ops[b]
+                    shaped = jnp.einsum(f"{sub}->{''.join(c for c in big if c in sub)}", val)
+                    expand = tuple(slice(None) if c in sub else None for c in big)
+                    ops[b] = (big, other * shaped[expand])
+                    del ops[a]
+                    merged = True
+                    break
+            if merged:
+                break
+        if merged:
+            continue
+        for k, (sub, val) in enumerate(ops):  # indices nobody else needs: sum them out
+            others = set(out).union(*(set(o[0]) for j, o in enumerate(ops) if j != k))
+            alone = [c for c in sub if c not in others]
+            if alone:
+                keep = "".join(c for c in sub if c in others)
+                ops[k] = (keep, jnp.sum(val, axis=tuple(sub.index(c) for c in alone)))
+                merged = True
+        if merged:
+            continue
+        if len(ops) == 1:
+            sub, val = ops[0]
+            return jnp.einsum(f"{sub}->{out}", val) if sub != out else val
+        best = None
+        for a in range(len(ops)):
+            for b in range(a + 1, len(ops)):
+                others = set(out).union(*(set(o[0]) for j, o in enumerate(ops) if j not in (a, b)))
+                result = "".join(dict.fromkeys(c for c in ops[a][0] + ops[b][0] if c in others))
+                size = 1
+                for c in result:
+                    size *= (ops[a][1].shape[ops[a][0].index(c)] if c in ops[a][0]
+                             else ops[b][1].shape[ops[b][0].index(c)])
+                if best is None or size < best[0]:
+                    best = (size, a, b, result)
+        _, a, b, result = best
+        value = jnp.einsum(f"{ops[a][0]},{ops[b][0]}->{result}", ops[a][1], ops[b][1],
+                           precision=jax.lax.Precision.HIGHEST)
+        ops = [o for j, o in enumerate(ops) if j not in (a, b)] + [(result, value)]
+
+
+__all__ = ["ConvShape", "Spatial", "conv_shape", "window_index", "window_indices", "forms", "product_terms",
+           "factor_indices", "cuttable", "cut_shapes", "lower_form", "MAX_UNROLL"]
