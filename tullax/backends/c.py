@@ -227,6 +227,7 @@ class CHostKernel:
         self._ready_ms, self._compiled = ready_ms, compiled
         self._ran = False
         self._lock = threading.Lock()
+        self.teams_run: set[int] = set()  # the team sizes calls have run with (1: the serial variant)
 
     def __call__(self, out, *inputs) -> None:
         self.run(out, inputs, host.call_shapes(self.spec, out, inputs))
@@ -255,6 +256,7 @@ class CHostKernel:
         found = self._threads.get(key)
         if found is None:
             found = self._threads[key] = 1 if workload.runs_serially(self.spec, shapes) else threads()
+            self.teams_run.add(found)
         return found
 
     def _first_run(self, run_ms: float) -> None:
