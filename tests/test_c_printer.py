@@ -74,10 +74,18 @@ def test_a_scratch_declared_in_a_branch_is_hoisted_to_its_region():
 def test_non_rectangular_parallel_nests_collapse_only_their_rectangular_head():
     from tullax.compiler.loops import Loop, Var, const
 
-    inner = Loop("i1", const(0), Var("i0", "int64"), True, ())
+    reduction = (Loop("i2", const(0), Var("n2", "int64"), False, ()),)  # a per-element loop
+    inner = Loop("i1", const(0), Var("i0", "int64"), True, reduction)
     outer = Loop("i0", const(0), Var("n0", "int64"), True, (inner,))
-    assert cprinter.collapsible((outer, inner)) == 1
-    assert cprinter.collapsible((outer, Loop("i1", const(0), Var("n1", "int64"), True, ()))) == 2
+    assert cprinter.collapsible((outer, inner), reduction) == 1
+    assert cprinter.collapsible((outer, Loop("i1", const(0), Var("n1", "int64"), True, reduction)), reduction) == 2
+
+
+def test_an_elementwise_nest_keeps_its_innermost_loop_out_of_the_collapse():
+    """GCC vectorises no collapsed loop: the innermost parallel loop of an elementwise kernel stays a loop."""
+    body = module("transpose")
+    assert "collapse" not in body[body.index("void forward("):body.index("// grad")]
+    assert "collapse(2)" in module("dist")
 
 
 def test_complex_is_refused_with_the_backends_that_run_it():

@@ -150,9 +150,13 @@ def team() -> str:
     return f"num_threads({THREADS}) if({THREADS} > 1)"
 
 
-def collapsible(loops: Sequence[Loop]) -> int:
-    """How many leading loops of the parallel nest OpenMP may collapse: those whose bounds use no variable of
-    an enclosing loop of the nest (a rectangular nest)."""
+def collapsible(loops: Sequence[Loop], body: Sequence[Stmt]) -> int:
+    """How many leading loops of the parallel nest OpenMP collapses: those whose bounds use no variable of an
+    enclosing loop of the nest (a rectangular nest), but never the innermost one when the per-element body has
+    no loop of its own: that loop is the one the compiler vectorises, and GCC vectorises no collapsed loop
+    (measured: an elementwise 4096x4096 gradient 32 ms collapsed, 10 ms not)."""
+    if not any(isinstance(s, Loop) for s in _region(body)):
+        loops = loops[:-1]
     count, outer = 0, set()
     for loop in loops:
         if (expr_vars(loop.start) | expr_vars(loop.stop)) & outer:
@@ -174,7 +178,7 @@ def kernel_function(kernel: LoopKernel) -> str:
         decls, place = printer.declarations(kernel.body, CPlace(1))
         lines += decls + printer.block(kernel.body, place) + ["}"]
         return "\n".join(lines) + "\n"
-    collapse = collapsible(loops)
+    collapse = collapsible(loops, body)
     clause = f" collapse({collapse})" if collapse > 1 else ""
     lines.append(f"    #pragma omp parallel for{clause} schedule(static) {team()}")
     for depth, loop in enumerate(loops, start=1):
@@ -202,6 +206,30 @@ typedef unsigned char tx_u8;
 typedef unsigned short tx_u16;
 typedef unsigned int tx_u32;
 typedef unsigned long long tx_u64;
+
+#ifdef TX_MVEC
+// glibc's vector math (libmvec, linked by the c backend where it exists): loops calling these vectorise
+#pragma omp declare simd notinbranch
+float expf(float);
+#pragma omp declare simd notinbranch
+double exp(double);
+#pragma omp declare simd notinbranch
+float logf(float);
+#pragma omp declare simd notinbranch
+double log(double);
+#pragma omp declare simd notinbranch
+float sinf(float);
+#pragma omp declare simd notinbranch
+double sin(double);
+#pragma omp declare simd notinbranch
+float cosf(float);
+#pragma omp declare simd notinbranch
+double cos(double);
+#pragma omp declare simd notinbranch
+float powf(float, float);
+#pragma omp declare simd notinbranch
+double pow(double, double);
+#endif
 
 // IEEE infinity and quiet NaN (the module is compiled without -ffinite-math-only: they survive)
 static inline float tx_inf_f32(void) { return __builtin_inff(); }

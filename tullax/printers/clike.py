@@ -248,8 +248,11 @@ HELPERS: tuple[tuple[str, tuple[str, ...]], ...] = (
          "T tx_floordiv(T a, T b) {\n    T q = a / b;\n    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;\n}",
          "T tx_floormod(T a, T b) {\n    T r = a % b;\n    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;\n}",
          "T tx_iabs(T a) { return a < 0 ? -a : a; }")),
-    ("// x^n for an integer constant n by repeated squaring (exact signs for negative x, like lax.integer_pow)", (
+    ("// x^n for an integer constant n by repeated squaring (exact signs for negative x, like lax.integer_pow); the\n"
+     "// usual squares and cubes first, with the same products the loop would form", (
         "T tx_powi(T x, int n) {\n"
+        "    if (n == 2) return x * x;  // folded where n is a constant: no loop left to stop vectorisation\n"
+        "    if (n == 3) return x * (x * x);\n"
         "    T result = (T)1;\n"
         "    T base = x;\n"
         "    for (unsigned m = n < 0 ? 0u - (unsigned)n : (unsigned)n; m != 0; m >>= 1) {\n"

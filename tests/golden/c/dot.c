@@ -11,6 +11,30 @@ typedef unsigned short tx_u16;
 typedef unsigned int tx_u32;
 typedef unsigned long long tx_u64;
 
+#ifdef TX_MVEC
+// glibc's vector math (libmvec, linked by the c backend where it exists): loops calling these vectorise
+#pragma omp declare simd notinbranch
+float expf(float);
+#pragma omp declare simd notinbranch
+double exp(double);
+#pragma omp declare simd notinbranch
+float logf(float);
+#pragma omp declare simd notinbranch
+double log(double);
+#pragma omp declare simd notinbranch
+float sinf(float);
+#pragma omp declare simd notinbranch
+double sin(double);
+#pragma omp declare simd notinbranch
+float cosf(float);
+#pragma omp declare simd notinbranch
+double cos(double);
+#pragma omp declare simd notinbranch
+float powf(float, float);
+#pragma omp declare simd notinbranch
+double pow(double, double);
+#endif
+
 // IEEE infinity and quiet NaN (the module is compiled without -ffinite-math-only: they survive)
 static inline float tx_inf_f32(void) { return __builtin_inff(); }
 static inline float tx_nan_f32(void) { return __builtin_nanf(""); }
@@ -47,8 +71,11 @@ static inline tx_i64 tx_floormod_i64(tx_i64 a, tx_i64 b) {
 }
 static inline tx_i64 tx_iabs_i64(tx_i64 a) { return a < 0 ? -a : a; }
 
-// x^n for an integer constant n by repeated squaring (exact signs for negative x, like lax.integer_pow)
+// x^n for an integer constant n by repeated squaring (exact signs for negative x, like lax.integer_pow); the
+// usual squares and cubes first, with the same products the loop would form
 static inline float tx_powi_f32(float x, int n) {
+    if (n == 2) return x * x;  // folded where n is a constant: no loop left to stop vectorisation
+    if (n == 3) return x * (x * x);
     float result = (float)1;
     float base = x;
     for (unsigned m = n < 0 ? 0u - (unsigned)n : (unsigned)n; m != 0; m >>= 1) {
@@ -58,6 +85,8 @@ static inline float tx_powi_f32(float x, int n) {
     return n < 0 ? (float)1 / result : result;
 }
 static inline double tx_powi_f64(double x, int n) {
+    if (n == 2) return x * x;  // folded where n is a constant: no loop left to stop vectorisation
+    if (n == 3) return x * (x * x);
     double result = (double)1;
     double base = x;
     for (unsigned m = n < 0 ? 0u - (unsigned)n : (unsigned)n; m != 0; m >>= 1) {
@@ -67,6 +96,8 @@ static inline double tx_powi_f64(double x, int n) {
     return n < 0 ? (double)1 / result : result;
 }
 static inline tx_i32 tx_powi_i32(tx_i32 x, int n) {
+    if (n == 2) return x * x;  // folded where n is a constant: no loop left to stop vectorisation
+    if (n == 3) return x * (x * x);
     tx_i32 result = (tx_i32)1;
     tx_i32 base = x;
     for (unsigned m = n < 0 ? 0u - (unsigned)n : (unsigned)n; m != 0; m >>= 1) {
@@ -76,6 +107,8 @@ static inline tx_i32 tx_powi_i32(tx_i32 x, int n) {
     return n < 0 ? (tx_i32)1 / result : result;
 }
 static inline tx_i64 tx_powi_i64(tx_i64 x, int n) {
+    if (n == 2) return x * x;  // folded where n is a constant: no loop left to stop vectorisation
+    if (n == 3) return x * (x * x);
     tx_i64 result = (tx_i64)1;
     tx_i64 base = x;
     for (unsigned m = n < 0 ? 0u - (unsigned)n : (unsigned)n; m != 0; m >>= 1) {
