@@ -258,7 +258,26 @@ def test_new_process_with_a_populated_cache_compiles_nothing(tmp_path: Path):
     assert record["compile_ms"] > 0 and record["ttfk_cold_ms"] > 0 and record["ttfk_warm_ms"] > 0
     (source,) = (tmp_path / "cache" / "entries").glob("*/kernels.c")
     assert "void forward(" in source.read_text() and "void grad1_step0(" in source.read_text()
-    assert (source.parent / "kernels.so").is_file()
+    (library,) = source.parent.glob("kernels-*.so")
+    assert library.name == f"kernels-{__import__('hashlib').sha256(source.read_bytes()).hexdigest()[:16]}.so"
+
+
+def test_a_source_rewritten_in_its_entry_is_compiled_again(monkeypatch):
+    """The cache key does not hold the printer's text: when a new printer writes another source into the same
+    entry, the library compiled from the old source must not run (it once did)."""
+    from tullax.backends import c as cmod
+    from tullax.backends.host import HostBuilder
+
+    spec, other = analysed("yr[i] := xr[i]*2"), analysed("yr[i] := xr[i]*3")
+    signature = Signature(("float64",), "float64")
+    real = cmod.generate
+    x = np.arange(4.0)
+    for printed, factor in ((other, 3), (spec, 2)):  # first an "old printer" whose source computes x*3
+        monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
+        monkeypatch.setattr(cmod, "generate", lambda s, sig, printed=printed: real(printed, sig))
+        out = np.empty(4)
+        BACKEND.build(spec, signature)(out, x)
+        np.testing.assert_array_equal(out, x * factor)
 
 
 def test_a_changed_compiler_is_another_cache_entry(monkeypatch):

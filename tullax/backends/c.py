@@ -38,7 +38,15 @@ from tullax.spec.ir import Spec
 
 NAME = "c"
 SOURCE_FILE = "kernels.c"
-LIBRARY_FILE = "kernels.so"
+LIBRARY_PREFIX = "kernels-"  # + the first 16 hex digits of the source's sha256 + ".so"
+
+
+def library_file(source: str) -> str:
+    """The library's file name in the entry: named by the source it was compiled from, so a source rewritten in
+    the same entry (another tullax version printed it) never runs a library compiled from the old one."""
+    import hashlib
+
+    return f"{LIBRARY_PREFIX}{hashlib.sha256(source.encode('utf-8')).hexdigest()[:16]}.so"
 THREADS_ENV = "TULLAX_C_THREADS"
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "bool": ctypes.c_bool, "int8": ctypes.c_int8,
            "int16": ctypes.c_int16, "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint8": ctypes.c_uint8,
@@ -126,38 +134,35 @@ def _compile_into_cache(cache: CompileCache, generated: host.GeneratedModule) ->
 
 
 def _library(generated: host.GeneratedModule, cache: CompileCache) -> tuple[str, float, bool]:
-    """The path of the module's library, compiling it when the entry holds none that checks; with the seconds
-    that took and whether it compiled."""
+    """The path of the module's library, compiling it when the entry holds none for this source that checks;
+    with the seconds that took and whether it compiled."""
+    import tempfile
+    from pathlib import Path
+
     start = time.perf_counter()
+    name = library_file(generated.source)
     if generated.path is None:  # the cache stores nothing: a private temporary directory
-        import tempfile
-
-        directory = tempfile.mkdtemp(prefix="tullax-c-")
-        source = os.path.join(directory, SOURCE_FILE)
-        with open(source, "w") as f:
-            f.write(generated.source)
-        library = os.path.join(directory, LIBRARY_FILE)
-        from pathlib import Path
-
-        c_compile.compile_library(Path(source), Path(library))
+        directory = Path(tempfile.mkdtemp(prefix="tullax-c-"))
+        (directory / SOURCE_FILE).write_text(generated.source)
+        c_compile.compile_library(directory / SOURCE_FILE, directory / name)
         _count("compiled")
-        return library, time.perf_counter() - start, True
-    data, problem = cache.read_checked(generated.key, LIBRARY_FILE)
-    library = generated.path.with_name(LIBRARY_FILE)
+        return str(directory / name), time.perf_counter() - start, True
+    data, problem = cache.read_checked(generated.key, name)
     if data is not None and problem is None:
-        return str(library), time.perf_counter() - start, False
-    built = generated.path.with_name(f".{LIBRARY_FILE}.built")
+        return str(generated.path.with_name(name)), time.perf_counter() - start, False
+    built = generated.path.with_name(f".{name}.{os.getpid()}.built")
     c_compile.compile_library(generated.path, built)
     data = built.read_bytes()
-    stored = cache.write_bytes(generated.key, LIBRARY_FILE, data)
     built.unlink(missing_ok=True)
+    stale = [p.name for p in generated.path.parent.glob(f"{LIBRARY_PREFIX}*.so") if p.name != name]
+    if stale:  # libraries of an older source of this entry
+        cache.discard_files(generated.key, stale)
+    stored = cache.write_bytes(generated.key, name, data)
     if stored is None:  # could not store it after all: keep a private copy
-        import tempfile
-
-        fd, name = tempfile.mkstemp(prefix="tullax-c-", suffix=".so")
+        fd, private = tempfile.mkstemp(prefix="tullax-c-", suffix=".so")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        stored = name
+        stored = Path(private)
     _count("compiled")
     return str(stored), time.perf_counter() - start, True
 

@@ -129,6 +129,57 @@ static inline tx_i64 tx_powi_i64(tx_i64 x, int n) {
 #pragma omp declare reduction(tx_rmax_i64 : tx_i64 : omp_out = tx_max_i64(omp_out, omp_in)) initializer(omp_priv = omp_orig)
 #pragma omp declare reduction(tx_rmin_i64 : tx_i64 : omp_out = tx_min_i64(omp_out, omp_in)) initializer(omp_priv = omp_orig)
 
+// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of LANES elements, a compare-select that skips NaN
+// and a mask of the lanes that saw one
+typedef float tx_v8_f32 __attribute__((vector_size(32)));
+typedef tx_i32 tx_m8_f32 __attribute__((vector_size(32)));
+static inline tx_v8_f32 tx_vmax_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
+    tx_m8_f32 m = v > l;
+    *nan |= v != v;
+    return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
+}
+static inline tx_v8_f32 tx_vmin_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
+    tx_m8_f32 m = v < l;
+    *nan |= v != v;
+    return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
+}
+typedef double tx_v8_f64 __attribute__((vector_size(64)));
+typedef tx_i64 tx_m8_f64 __attribute__((vector_size(64)));
+static inline tx_v8_f64 tx_vmax_f64(tx_v8_f64 v, tx_v8_f64 l, tx_m8_f64* nan) {
+    tx_m8_f64 m = v > l;
+    *nan |= v != v;
+    return (tx_v8_f64)(((tx_m8_f64)v & m) | ((tx_m8_f64)l & ~m));
+}
+static inline tx_v8_f64 tx_vmin_f64(tx_v8_f64 v, tx_v8_f64 l, tx_m8_f64* nan) {
+    tx_m8_f64 m = v < l;
+    *nan |= v != v;
+    return (tx_v8_f64)(((tx_m8_f64)v & m) | ((tx_m8_f64)l & ~m));
+}
+typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
+typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
+static inline tx_v8_i32 tx_vmax_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
+    tx_m8_i32 m = v > l;
+    *nan |= v != v;
+    return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
+}
+static inline tx_v8_i32 tx_vmin_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
+    tx_m8_i32 m = v < l;
+    *nan |= v != v;
+    return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
+}
+typedef tx_i64 tx_v8_i64 __attribute__((vector_size(64)));
+typedef tx_i64 tx_m8_i64 __attribute__((vector_size(64)));
+static inline tx_v8_i64 tx_vmax_i64(tx_v8_i64 v, tx_v8_i64 l, tx_m8_i64* nan) {
+    tx_m8_i64 m = v > l;
+    *nan |= v != v;
+    return (tx_v8_i64)(((tx_m8_i64)v & m) | ((tx_m8_i64)l & ~m));
+}
+static inline tx_v8_i64 tx_vmin_i64(tx_v8_i64 v, tx_v8_i64 l, tx_m8_i64* nan) {
+    tx_m8_i64 m = v < l;
+    *nan |= v != v;
+    return (tx_v8_i64)(((tx_m8_i64)v & m) | ((tx_m8_i64)l & ~m));
+}
+
 // forward: (logsumexp) l[i] := x[i,j]
 void forward(
     float* restrict a0,
@@ -148,8 +199,38 @@ void forward(
         tx_i64 blk_lo;
         tx_i64 blk_hi;
         accm = -tx_inf_f32();
-        for (tx_i64 i1 = 0; i1 < n0; ++i1) {
-            accm = tx_max_f32(accm, a1[i0 * a1_e1 + i1]);
+        {
+            tx_v8_f32 accm_l = {accm, accm, accm, accm, accm, accm, accm, accm};
+            tx_m8_f32 accm_nan = {0};
+            float accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7;
+            tx_i64 i1;
+            const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n0, 0), 8) * 8;
+            for (tx_i64 i1_blk = 0; i1_blk < i1_top; i1_blk += 8) {
+                i1 = i1_blk + 0;
+                accm_v0 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 1;
+                accm_v1 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 2;
+                accm_v2 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 3;
+                accm_v3 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 4;
+                accm_v4 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 5;
+                accm_v5 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 6;
+                accm_v6 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 7;
+                accm_v7 = a1[i0 * a1_e1 + i1];
+                accm_l = tx_vmax_f32((tx_v8_f32){accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7}, accm_l, &accm_nan);
+            }
+            for (int tx_k = 0; tx_k < 8; ++tx_k) {
+                accm = tx_max_f32(accm, accm_l[tx_k]);
+                if (accm_nan[tx_k]) accm = tx_nan_f32();
+            }
+            for (tx_i64 i1 = i1_top; i1 < n0; ++i1) {
+                accm = tx_max_f32(accm, a1[i0 * a1_e1 + i1]);
+            }
         }
         shift = accm > (-tx_inf_f32()) && accm < tx_inf_f32() ? accm : 0.0f;
         accs_part = 0.0f;
