@@ -5,10 +5,11 @@ compilation of a translation unit to a shared library.
   the CPU's model and feature flags (``-march=native`` code is for this CPU): part of every cache key, so a
   changed compiler or a cache directory shared with another machine never loads a stale library. No
   subprocess: the key costs microseconds.
-* ``flags()``: ``-O3 -march=native -fopenmp -fPIC -shared`` plus the fast-math flags that keep NaN and infinity
-  semantics, like Numba's ``fastmath`` set (``nsz arcp contract afn reassoc``, never ``nnan``/``ninf``):
-  ``-fno-math-errno -fno-trapping-math -fno-signed-zeros -fassociative-math -freciprocal-math
+* ``flags()``: ``-O3 -march=native -fopenmp -fPIC -shared`` (on x86-64 ``-mprefer-vector-width=256``), plus
+  the fast-math flags that keep NaN and infinity semantics, like Numba's ``fastmath`` set (``nsz arcp contract
+  afn reassoc``, never ``nnan``/``ninf``): ``-fno-math-errno -fno-trapping-math -fno-signed-zeros -fassociative-math -freciprocal-math
   -ffp-contract=fast``. Never ``-ffinite-math-only`` (-inf initial values of max, NaN propagation).
+  ``$TULLAX_CFLAGS`` adds flags after ours; glibc's libmvec is linked where it exists (``vector_math``).
 * ``probe()``: whether the compiler builds an OpenMP shared library here (remembered in the compile cache per
   ``identity()``, so a warm process does not pay for it).
 * ``compile_library(source_path, library_path)``: one compiler run; a failure is a TullaxError with the
@@ -28,8 +29,13 @@ from pathlib import Path
 from tullax.errors import TullaxError
 
 CC_ENV = "TULLAX_CC"
+CFLAGS_ENV = "TULLAX_CFLAGS"  # extra flags after ours (in the cache key too): experiments, another -march
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math",
               "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math", "-ffp-contract=fast")
+# x86-64: 256-bit vectors even where AVX-512 exists, as LLVM (Numba) prefers: the reductions of a convolution's
+# gradient run ~60 iterations, which 16-float vectors mostly spend in their remainder (measured: the conv2d
+# kernel gradient on one core 64 -> 37 ms; Linear, Dist, attention unchanged or faster).
+X86_FLAGS = ("-mprefer-vector-width=256",)
 # glibc's vector math library: with it the prelude declares exp/log/sin/cos/pow as OpenMP SIMD functions, so a
 # loop calling them vectorises (measured: the float32 row logsumexp forward 71 ms -> see the report; Numba
 # prints a vectorisable exp of its own, tullax.backends.numba_math). Its functions are within 4 ulp.
@@ -46,8 +52,9 @@ def vector_math() -> bool:
 
 
 def flags() -> tuple[str, ...]:
-    """The compiler flags before the source."""
-    return BASE_FLAGS + (MVEC_FLAGS if vector_math() else ())
+    """The compiler flags before the source: ours, then ``$TULLAX_CFLAGS``."""
+    x86 = X86_FLAGS if platform.machine() in ("x86_64", "AMD64") else ()
+    return BASE_FLAGS + x86 + (MVEC_FLAGS if vector_math() else ()) + tuple(os.environ.get(CFLAGS_ENV, "").split())
 
 
 def libraries() -> tuple[str, ...]:
@@ -137,5 +144,5 @@ def _probe(ident: str) -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["BASE_FLAGS", "CC_ENV", "compile_library", "compiler", "flags", "identity", "libraries", "probe",
-           "resolved", "vector_math"]
+__all__ = ["BASE_FLAGS", "CC_ENV", "CFLAGS_ENV", "compile_library", "compiler", "flags", "identity", "libraries",
+           "probe", "resolved", "vector_math"]
