@@ -8,7 +8,8 @@ compilation of a translation unit to a shared library.
 * ``flags()``: ``-O3 -march=native -fopenmp -fPIC -shared`` (on x86-64 ``-mprefer-vector-width=256``), plus
   the fast-math flags that keep NaN and infinity semantics, like Numba's ``fastmath`` set (``nsz arcp contract
   afn reassoc``, never ``nnan``/``ninf``): ``-fno-math-errno -fno-trapping-math -fno-signed-zeros
-  -fassociative-math -freciprocal-math -ffp-contract=fast``. Never ``-ffinite-math-only`` (-inf initial values of max, NaN propagation).
+  -fassociative-math -freciprocal-math -ffp-contract=fast``. Never ``-ffinite-math-only`` (-inf initial values
+  of max, NaN propagation).
   ``$TULLAX_CFLAGS`` adds flags after ours; glibc's libmvec is linked where it exists (``vector_math``).
 * ``probe()``: whether the compiler builds an OpenMP shared library here (remembered in the compile cache per
   ``identity()``, so a warm process does not pay for it).
