@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -169,7 +170,7 @@ def main() -> int:
                 results[case.name][backend].append(measure(case, backend, args.calls, args.threads))
                 print(f"round {rep + 1}/{args.reps} {case.name} {backend} done", file=sys.stderr, flush=True)
         rows = summarise(results)
-        payload = {"command": "PYTHONPATH=$PWD python " + " ".join(sys.argv), "threads": args.threads,
+        payload = {"command": "PYTHONPATH=$PWD python " + shlex.join(sys.argv), "threads": args.threads,
                    "reps_done": rep + 1, "calls": args.calls, "loadavg_at_end": os.getloadavg(),
                    "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows, "rounds": results}
         Path(args.out).write_text(json.dumps(payload, indent=1))
