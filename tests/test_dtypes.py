@@ -10,10 +10,11 @@ from typing import Callable
 
 import numpy as np
 import pytest
+from loop_backends import c_param
 
 import tullax
 
-BACKENDS = ("numba", "xla")
+BACKENDS = ("numba", "xla", c_param())
 
 
 def _sum(v, axis=None):
@@ -394,7 +395,7 @@ def test_printed_cuda_of_integer_kernels_runs_under_gpp(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Random specs with random dtypes
 # ---------------------------------------------------------------------------------------------
-RANDOM_SPECS = {"xla": 60, "numba": 4}
+RANDOM_SPECS = {"xla": 60, "numba": 4, "c": 8}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -443,7 +444,7 @@ def test_random_specs_with_random_dtypes_match_the_naive_evaluator(backend):
             np.testing.assert_allclose(wide[usable], expected[usable], rtol=tol, atol=tol * scale,
                                        err_msg=f"{text} {dtypes}")
         checked += 1
-    assert {"float16", "bfloat16", "int32", "int64"} <= kinds or backend == "numba"
+    assert {"float16", "bfloat16", "int32", "int64"} <= kinds or backend in ("numba", "c")
 
 
 def _small_values(value, dtype):

@@ -14,11 +14,12 @@ import textwrap
 
 import numpy as np
 import pytest
+from loop_backends import c_param
 
 import tullax
 from tullax.errors import ShapeError, SpecError
 
-BACKENDS = ("numba", "xla")
+BACKENDS = ("numba", "xla", c_param())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

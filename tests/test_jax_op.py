@@ -15,6 +15,7 @@ from jax.test_util import check_grads
 
 import tullax
 from tests.corpus import CASES_BY_ID
+from tests.loop_backends import c_param
 from tullax.backends.xla import lower
 from tullax.runtime import stats
 from tullax.spec.examples import random_inputs
@@ -58,10 +59,11 @@ CHECK_GRADS_CASES = [("dist", (0, 1)), ("conv1d", (0, 1)), ("embedding", (0,)), 
                      ("scalar_params", (0, 1, 2)), ("accumulate_matmul", (0, 1, 2))]
 
 
+@pytest.mark.parametrize("backend", ["numba", c_param()])
 @pytest.mark.parametrize("case_id, wrt", CHECK_GRADS_CASES, ids=[c for c, _ in CHECK_GRADS_CASES])
-def test_check_grads_second_order_reverse(case_id, wrt, x64):
+def test_check_grads_second_order_reverse(case_id, wrt, backend, x64):
     case = CASES_BY_ID[case_id]
-    kernel = tullax.einsum_kernel(case.spec, backend="numba", ranges=case.ranges)
+    kernel = tullax.einsum_kernel(case.spec, backend=backend, ranges=case.ranges)
     spec = kernel.ir
     env = random_inputs(spec, dict(case.shapes) if case.shapes else None, seed=1)
     values = [env[name] for name in spec.input_names]
@@ -273,7 +275,7 @@ def test_out_of_range_indirect_index_under_jit_is_nan_and_skipped(x64):
 SCATTER_GRAD_SPECS = ["y[ix[i]] += v[i]", "y[ix[i],d] += v[i,d]*v[i,d]"]
 
 
-@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("backend", ["numba", "xla", c_param()])
 @pytest.mark.parametrize("text", SCATTER_GRAD_SPECS)
 def test_scatter_gradient_is_zero_where_the_index_is_out_of_range(text, backend, x64):
     """Issue 15: the gradient of a scatter with out-of-range indices was NaN in the dropped rows (eager and

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from loop_backends import c_param
 from test_julia_printer import run_julia
 
 import tullax
@@ -38,7 +39,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("backend", ["numba", "xla", c_param()])
 @pytest.mark.parametrize("spec, reference", CASES, ids=[c[0] for c in CASES])
 def test_nan_propagates(spec, reference, backend, dtype):
     kernel = tullax.einsum_kernel(spec, backend=backend)

@@ -15,6 +15,7 @@ _BUILTIN = {
     "julia": "tullax.backends.julia:JuliaBackend",
     "julia-cuda": "tullax.backends.julia:JuliaCudaBackend",
     "cuda": "tullax.backends.cuda:CudaBackend",
+    "c": "tullax.backends.c:CBackend",
 }
 # The order `auto` tries them in (DESIGN section 4): Julia when present, else Numba, else XLA.
 AUTO_ORDER = ("julia", "numba", "xla")

@@ -31,41 +31,23 @@ defines ``__global__``, ``blockIdx``... and ``atomicAdd`` (``tests/cuda_host.h``
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
 from typing import ClassVar, Mapping, Sequence
 
-import numpy as np
-
 from tullax._version import __version__
-from tullax.compiler.loops import (
-    FLOATS,
-    INDEX,
-    Accum,
-    BinOp,
-    Const,
-    Expr,
-    Let,
-    Loop,
-    LoopKernel,
-    Stmt,
-    Var,
-    binop,
-    const,
-)
+from tullax.compiler.loops import INDEX, LoopKernel, binop, const
 from tullax.errors import TullaxError
-from tullax.printers.base import (
-    Infix,
-    LoopPrinter,
-    Place,
-    Precedence,
-    Prefix,
-    arithmetic_operators,
-    left_associative,
-    non_chaining,
+from tullax.printers.base import Precedence
+from tullax.printers.clike import (
+    CLikePrinter,
+    CPlace,
+    Parameter,
+    extent_name,
+    format_float,
+    helper_definitions,
+    refuse_complex,
+    storage_type,
 )
 from tullax.printers.launch import launch_nest
-from tullax.spec.functions import Function
 
 INDEX_BITS = (32, 64)
 INDEX_TYPES = {32: "tx_i32", 64: "tx_i64"}
@@ -74,46 +56,6 @@ INDEX_TYPES = {32: "tx_i32", 64: "tx_i64"}
 # float64 logsumexp at 48 registers with 44 bytes of spills); one block per SM lets it take what it needs.
 BLOCK_THREADS = 256
 MIN_BLOCKS_PER_SM = 1
-
-C_TYPES = {
-    "float32": "float", "float64": "double", "bool": "bool",
-    "int8": "tx_i8", "int16": "tx_i16", "int32": "tx_i32", "int64": "tx_i64",
-    "uint8": "tx_u8", "uint16": "tx_u16", "uint32": "tx_u32", "uint64": "tx_u64",
-}
-_FLOAT_SUFFIX = {"float32": "f32", "float64": "f64"}
-_POWER = {"float32": "powf", "float64": "pow"}  # `^` with a non-constant exponent (an operator, not a function)
-
-
-def storage_type(dtype: str) -> str:
-    """The C type of an element of an array of ``dtype``."""
-    try:
-        return C_TYPES[str(dtype)]
-    except KeyError:
-        raise TullaxError(f"the cuda backend has no element type for dtype {dtype}; use float32/float64 data "
-                          "and integer index arrays") from None
-
-
-@dataclass(frozen=True)
-class Parameter:
-    """One kernel parameter: ``kind`` is ``array`` (a pointer to the elements of array parameter ``array``),
-    ``scalar`` (a pointer to the one element of scalar ``array``), ``size`` (the IR size parameter ``name``) or
-    ``extent`` (extent ``axis`` of the array parameter ``array``). ``ctype``: the C type it is passed as."""
-
-    name: str
-    kind: str
-    dtype: str
-    ctype: str
-    array: str = ""
-    axis: int = 0
-
-    @property
-    def pointer(self) -> bool:
-        return self.kind in ("array", "scalar")
-
-    @property
-    def declaration(self) -> str:
-        return f"{self.ctype} __restrict__ {self.name}" if self.pointer else f"const {self.ctype} {self.name}"
-
 
 def parameters(kernel: LoopKernel, index_bits: int) -> tuple[Parameter, ...]:
     """Every parameter of the printed kernel, in order: arrays, scalars, sizes, extents."""
@@ -131,129 +73,28 @@ def parameters(kernel: LoopKernel, index_bits: int) -> tuple[Parameter, ...]:
     return tuple(params)
 
 
-def extent_name(array: str, axis: int) -> str:
-    return f"{array}_e{axis}"
+CudaPlace = CPlace  # the name the CUDA tests and callers know
 
 
-def format_float(value: float, dtype: str) -> str:
-    """A C literal of the float dtype (``1.5f``, ``1e-05f``; ``1.5``), or the prelude's infinity/NaN. Float32
-    values print with NumPy's shortest round-trip digits, so the compiler reads back the same float."""
-    suffix = _FLOAT_SUFFIX[dtype]
-    if math.isnan(value):
-        return f"tx_nan_{suffix}()"
-    if math.isinf(value):
-        return f"tx_inf_{suffix}()" if value > 0 else f"-tx_inf_{suffix}()"
-    text = str(np.float32(value)) if dtype == "float32" else repr(float(value))
-    if "." not in text and "e" not in text:
-        text += ".0"
-    return text + "f" if dtype == "float32" else text
+class CudaPrinter(CLikePrinter):
+    """Loop-IR expressions and statements as CUDA C++ with ``index_bits``-bit index arithmetic: the shared C
+    printer, with the helpers as templates and ``atomicAdd`` for colliding scatter stores."""
 
-
-@dataclass(frozen=True)
-class CudaPlace(Place):
-    """``declared``: the locals (name, dtype) already declared in this C scope or an enclosing one. The loop IR
-    may bind a name again in the same block (a hoisted value placed before each pass of a logsumexp, as
-    Python and Julia rebind it); C declares once and then assigns."""
-
-    declared: frozenset[tuple[str, str]] = frozenset()
-
-
-class CudaPrinter(LoopPrinter):
-    """Loop-IR expressions and statements as CUDA C++ with ``index_bits``-bit index arithmetic."""
-
-    infix: ClassVar[Mapping[str, Infix]] = {
-        # C would parse `a < b < c`, as (a < b) < c: never print it
-        **arithmetic_operators(non_chaining),
-        "and": left_associative("&&", Precedence.AND), "or": left_associative("||", Precedence.OR),
-    }
-    prefix: ClassVar[Mapping[str, Prefix]] = {"neg": Prefix("-", Precedence.UNARY, Precedence.UNARY),
-                                              "not": Prefix("!", Precedence.UNARY, Precedence.UNARY)}
-    called: ClassVar[Mapping[str, str]] = {"//": "tx_floordiv", "mod": "tx_floormod", "max": "tx_max",
-                                           "min": "tx_min"}
-    wrap_negative_operands = True  # `- -x` would print as the decrement `--x`
-    if_head = "if ({cond}) {{"
-    else_line = "} else {"
-    block_end = "}"
-    statement_end = ";"
+    backend = "cuda"
     store_forms: ClassVar[Mapping[str, str]] = {"set": "{target} = {value}", "add": "{target} += {value}",
                                                 "atomic_add": "atomicAdd(&{target}, {value})"}
 
     def __init__(self, index_bits: int):
         if index_bits not in INDEX_BITS:
             raise TullaxError(f"internal error: index arithmetic is 32 or 64 bits, not {index_bits}")
-        self.index_type = INDEX_TYPES[index_bits]
+        super().__init__(INDEX_TYPES[index_bits])
 
-    def constant(self, node: Const) -> str:
-        value = node.value
-        if isinstance(value, (bool, np.bool_)):
-            text = "true" if value else "false"
-            return text if node.dtype == "bool" else f"{self.type_name(node.dtype)}({text})"
-        if node.dtype in FLOATS:
-            return format_float(float(value), node.dtype)
-        if int(value) == -2**63:  # an integer max's start: the literal 9223372036854775808 has no signed type
-            return "(-9223372036854775807LL - 1)"
-        return str(int(value))
-
-    def type_name(self, dtype: str) -> str:
-        return self.index_type if dtype == INDEX else storage_type(dtype)
-
-    def call_name(self, fn: Function, dtype: str) -> str:
-        if dtype not in FLOATS:  # abs of an index value: integer arithmetic
-            return "tx_iabs"
-        if fn.c is None:
-            raise TullaxError(f"internal error: the function registry has no C spelling of {fn.name}")
-        return fn.c[FLOATS.index(dtype)]
-
-    def loop_header(self, loop: Loop, place: Place) -> str:
-        v = loop.var
-        return f"for ({self.index_type} {v} = {self.expr(loop.start)}; {v} < {self.expr(loop.stop)}; ++{v}) {{"
-
-    def block(self, stmts: Sequence[Stmt], place: Place) -> list[str]:
-        assert isinstance(place, CudaPlace)
-        lines = []
-        for stmt in stmts:
-            lines += self.statement(stmt, place)
-            if isinstance(stmt, Let):
-                place = replace(place, declared=place.declared | {(stmt.var, stmt.value.dtype)})
-        return lines
-
-    def statement(self, stmt: Stmt, place: Place) -> list[str]:
-        assert isinstance(place, CudaPlace)
-        if isinstance(stmt, Let) and any(name == stmt.var for name, _ in place.declared):
-            if (stmt.var, stmt.value.dtype) not in place.declared:
-                raise TullaxError(f"internal error: the loop IR binds {stmt.var} again with another type")
-            return [self.indent * place.depth + super().let(stmt) + self.statement_end]
-        return super().statement(stmt, place)
-
-    def let(self, stmt: Let) -> str:
-        return f"{self.type_name(stmt.value.dtype)} {super().let(stmt)}"
-
-    def helper(self, op: str, dtype: str) -> str:
-        """A prelude helper of a binary IR op, instantiated for ``dtype`` (an index operand and a literal
-        would otherwise deduce two different template types in 64 bits)."""
-        return f"{self.called[op]}<{self.type_name(dtype)}>"
-
-    def accumulate(self, stmt: Accum) -> str:
-        if stmt.op in self.called:  # max/min
-            return f"{stmt.var} = {self.helper(stmt.op, stmt.value.dtype)}({stmt.var}, {self.expr(stmt.value)})"
-        return super().accumulate(stmt)
-
-    def binary(self, expr: BinOp) -> tuple[str, int]:
-        if expr.op in self.called:
-            return self.call(self.helper(expr.op, expr.lhs.dtype), (expr.lhs, expr.rhs)), Precedence.ATOM
-        if expr.op != "^":
-            return super().binary(expr)
-        if isinstance(expr.rhs, Const) and expr.rhs.dtype == INDEX:  # exact, any sign of the base
-            return f"tx_powi({self.expr(expr.lhs)}, {int(expr.rhs.value)})", Precedence.ATOM
-        return self.call(_POWER[expr.dtype], (expr.lhs, expr.rhs)), Precedence.ATOM
-
-    def element(self, array: str, index: Sequence[Expr]) -> str:
-        """``a[offset]`` with the row-major offset ``(i0 * a_e1 + i1) * a_e2 + i2``."""
-        offset: Expr = const(0)
-        for axis, position in enumerate(index):
-            scaled = binop("*", offset, Var(extent_name(array, axis), INDEX)) if axis else offset
-            offset = binop("+", scaled, position)
-        return f"{array}[{self.expr(offset)}]"
+    def helper_name(self, name: str, dtype: str) -> str:
+        """Binary helpers get their template argument (an index operand and a literal would otherwise deduce two
+        different template types in 64 bits); unary ones deduce it."""
+        if name in ("tx_powi", "tx_iabs"):
+            return name
+        return f"{name}<{self.type_name(dtype)}>"
 
 
 # =============================================================================================
@@ -262,9 +103,7 @@ class CudaPrinter(LoopPrinter):
 def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
     """The ``extern "C" __global__`` function of ``kernel``."""
     dtypes = {kernel.compute_dtype, *(a.dtype for a in kernel.arrays), *(s.dtype for s in kernel.scalars)}
-    if any(d.startswith("complex") for d in dtypes):
-        raise TullaxError("the cuda backend has no complex numbers (its C printer has no complex type): run "
-                          "complex64/complex128 specs on backend='xla' (on the GPU too) or 'numba'")
+    refuse_complex(dtypes, "cuda")
     printer = CudaPrinter(index_bits)
     index = printer.index_type
     declarations = ",\n    ".join(p.declaration for p in parameters(kernel, index_bits))
@@ -321,32 +160,7 @@ __device__ __forceinline__ float tx_nan_f32() { return __int_as_float(0x7fc00000
 __device__ __forceinline__ double tx_inf_f64() { return __longlong_as_double(0x7ff0000000000000LL); }
 __device__ __forceinline__ double tx_nan_f64() { return __longlong_as_double(0x7ff8000000000000LL); }
 
-// max/min that propagate NaN, as jnp.maximum/minimum (fmaxf/fminf return the other operand)
-template <typename T> __device__ __forceinline__ T tx_max(T a, T b) { return (a > b || a != a) ? a : b; }
-template <typename T> __device__ __forceinline__ T tx_min(T a, T b) { return (a < b || a != a) ? a : b; }
-
-// floor division and floor modulo (the sign of the divisor), as the loop IR defines them; C's / and % truncate
-template <typename T> __device__ __forceinline__ T tx_floordiv(T a, T b) {
-    T q = a / b;
-    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-template <typename T> __device__ __forceinline__ T tx_floormod(T a, T b) {
-    T r = a % b;
-    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}
-template <typename T> __device__ __forceinline__ T tx_iabs(T a) { return a < 0 ? -a : a; }
-
-// x^n for an integer constant n by repeated squaring (exact signs for negative x, like lax.integer_pow)
-template <typename T> __device__ __forceinline__ T tx_powi(T x, int n) {
-    T result = T(1);
-    T base = x;
-    for (unsigned m = n < 0 ? 0u - unsigned(n) : unsigned(n); m != 0; m >>= 1) {
-        if (m & 1u) result *= base;
-        base *= base;
-    }
-    return n < 0 ? T(1) / result : result;
-}
-#endif
+""" + helper_definitions("__device__ __forceinline__") + """#endif
 """
 
 _HEADER = "// Generated by tullax {version} for the cuda backend. Do not edit: regenerated from the spec.\n"

@@ -1,0 +1,353 @@
+"""The ``c`` backend (tullax.backends.c, tullax.printers.c): every corpus spec against the naive evaluator and
+the XLA lowering, every gradient step against XLA, float32, special values, scatters on several threads, the
+serial team of tiny calls, one compiler run per module, the compile cache across processes, and the errors it
+raises (no compiler, a compiler that fails, complex numbers). Skipped only where no C compiler works."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from corpus import CASES_BY_ID, CORPUS, Case, analysed, gradient_cases
+
+from tullax.backends.base import Signature
+from tullax.backends.c import CBackend, compile_stats, module_source
+from tullax.errors import BackendUnavailableError, TullaxError
+from tullax.grad import gradients
+from tullax.grad.run import gradient_env, run_gradient
+from tullax.spec.examples import random_inputs
+from tullax.spec.ir import Spec
+from tullax.testing.oracle import naive_eval
+
+BACKEND = CBackend()
+REPO = Path(__file__).resolve().parents[1]
+NO_CC = "no C compiler that builds OpenMP shared libraries here"
+pytestmark = pytest.mark.skipif(not BACKEND.availability()[0], reason=NO_CC)
+
+
+def run_c(spec: Spec, env: dict, dtype: str = "float64") -> np.ndarray:
+    """Build (once per process) and run the kernel of ``spec`` on ``env``, as an eager call does."""
+    inputs = [env[name] for name in spec.input_names]
+    signature = Signature(tuple(np.asarray(v).dtype.name for v in inputs), dtype)
+    shapes = {name: np.shape(v) for name, v in zip(spec.input_names, inputs)}
+    if spec.assign == ":=":
+        out = np.full(tuple(s.eval(shapes) for s in spec.out_shape), np.nan, dtype)
+        if spec.is_scatter:
+            out[...] = 0
+    else:
+        out = np.array(env[spec.out], dtype=dtype, copy=True)
+    BACKEND.build(spec, signature)(out, *inputs)
+    return out
+
+
+def xla_eval(spec: Spec, env: dict) -> np.ndarray:
+    import jax
+
+    from tullax.backends.xla import lower
+
+    with jax.enable_x64(True):
+        return np.asarray(lower(spec)(env))
+
+
+def test_available_and_registered():
+    from tullax import backends
+
+    assert BACKEND.availability() == (True, "")
+    assert backends.get("c").name == "c"
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=lambda c: c.id)
+def test_corpus_forward_matches_naive_and_xla(case: Case):
+    spec = analysed(case.spec, case.ranges)
+    env = random_inputs(spec, case.shapes, seed=7)
+    got = run_c(spec, env)
+    np.testing.assert_allclose(got, naive_eval(spec, env), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got, xla_eval(spec, env), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("case, wrt", list(gradient_cases()))
+def test_gradient_steps_match_xla(case: Case, wrt: str):
+    spec = analysed(case.spec, case.ranges)
+    grad = next(g for g in gradients(spec) if g.wrt == wrt)
+    inputs = random_inputs(spec, case.shapes, seed=8)
+    if np.asarray(inputs[wrt]).dtype.kind != "f":
+        pytest.skip("integer inputs get no gradient")
+    result = run_c(spec, inputs)
+    cotangent = np.random.default_rng(9).standard_normal(np.shape(result))
+    env = gradient_env(spec, inputs, result, cotangent)
+    got = run_gradient(grad, spec, env, run_c)
+    np.testing.assert_allclose(got, run_gradient(grad, spec, env, xla_eval), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("case_id", ("matmul", "dist", "conv1d", "row_logsumexp", "row_norm", "softplus_sum",
+                                     "embedding", "dot"))
+def test_float32_within_1e4_of_float64(case_id: str):
+    case = CASES_BY_ID[case_id]
+    spec = analysed(case.spec, case.ranges)
+    env64 = random_inputs(spec, case.shapes, seed=10)
+    env32 = {n: (v.astype(np.float32) if np.asarray(v).dtype == np.float64 else v) for n, v in env64.items()}
+    got = run_c(spec, env32, "float32")
+    assert got.dtype == np.float32
+    reference = run_c(spec, env64)
+    scale = max(float(np.abs(reference).max()), 1.0)
+    np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_long_float32_sums_use_the_irs_blocked_float64_totals():
+    """A float32 sum of 2^20 ones and one 1e-3 per element: float32 running sums stop at 2^24 (here they
+    would lose the 1e-3s); the IR's blocked sums keep them."""
+    spec = analysed("s[i] := x[i,j]")
+    x = np.full((2, 1 << 20), 1.0 + 1e-3, np.float32)
+    got = run_c(spec, {"x": x}, "float32")
+    np.testing.assert_allclose(got, x.astype(np.float64).sum(1), rtol=1e-6)
+
+
+def test_special_values():
+    x = np.array([[-np.inf, -np.inf], [1.0, np.inf], [0.0, 1.0]])
+    np.testing.assert_array_equal(run_c(analysed("(max) m[i] := x[i,j]"), {"x": x}), [-np.inf, np.inf, 1.0])
+    lse = run_c(analysed("(logsumexp) m[i] := x[i,j]"), {"x": x})
+    np.testing.assert_allclose(lse, [-np.inf, np.inf, np.logaddexp(0.0, 1.0)])
+    gather = run_c(analysed("y[b] := W[ix[b]]"), {"W": np.array([1.0, 2.0]), "ix": np.array([1, 5, -1, 0])})
+    np.testing.assert_array_equal(gather, [2.0, np.nan, np.nan, 1.0])
+    env = {"h": np.zeros(2), "ix": np.array([1, 7, -3, 1]), "v": np.array([1.0, 10.0, 100.0, 2.0])}
+    np.testing.assert_array_equal(run_c(analysed("h[ix[b]] += v[b]"), env), [0.0, 3.0])
+    x = np.arange(5.0)  # floor modulo of a negative position (C's % truncates)
+    np.testing.assert_array_equal(run_c(analysed("y[i] := x[mod(i-2)] + 10*x[clamp(i+3)]"), {"x": x}),
+                                  [x[(i - 2) % 5] + 10 * x[min(i + 3, 4)] for i in range(5)])
+
+
+def test_non_contiguous_inputs_and_output():
+    spec = analysed("C[i,j] := A[i,k]*B[k,j]")
+    rng = np.random.default_rng(1)
+    a_t = rng.standard_normal((4, 3)).T
+    b = rng.standard_normal((8, 5))[::2]
+    kernel = BACKEND.build(spec, Signature(("float64", "float64"), "float64"))
+    out = np.zeros((5, 7))[:3, 1:6]
+    kernel(out, a_t, b)
+    np.testing.assert_allclose(out, a_t @ b, rtol=1e-12)
+
+
+def test_a_module_is_one_compile_and_its_gradient_steps_are_found_in_it():
+    spec = analysed("Dm[i,j] := (Wm[k,i] - Xm[k,j])^2 + bm[j]")
+    signature = Signature(("float64",) * 3, "float64")
+    before = compile_stats()
+    BACKEND.build(spec, signature)
+    assert compile_stats()["compiled"] == before["compiled"] + 1
+    for grad in gradients(spec):
+        for step in grad.steps:
+            built = BACKEND.build(step, Signature.for_dtype(step, "float64"))
+            assert built.generated.spec == spec  # the step's function in the forward kernel's library
+    assert compile_stats()["compiled"] == before["compiled"] + 1
+    source = module_source(spec, "float64")
+    assert source.count("\nvoid ") == 1 + sum(len(g.steps) for g in gradients(spec))
+
+
+@pytest.mark.parametrize("text, small, large", [
+    ("Cs[i,j] := A[i,k]*B[k,j]", {"A": (4, 3), "B": (3, 5)}, {"A": (96, 80), "B": (80, 70)}),
+    ("(max) ms := x[i]", {"x": (9,)}, {"x": (300_000,)}),
+    ("ss := x[i]*y[i]", {"x": (9,), "y": (9,)}, {"x": (300_000,), "y": (300_000,)}),
+    ("(min) mr[i] := x[i,j]", {"x": (3, 4)}, {"x": (600, 600)}),
+    ("dWs[ix[b],d] += g[b,d]", {"dWs": (5, 3), "ix": (11,), "g": (11, 3)}, {"dWs": (50, 64), "ix": (20000,),
+                                                                             "g": (20000, 64)}),
+])
+def test_tiny_calls_run_serially_and_both_agree_with_xla(text, small, large, monkeypatch):
+    monkeypatch.setenv("TULLAX_C_THREADS", "2")
+    spec = analysed(text)
+    kernel = None
+    for shapes, serial in ((small, True), (large, False)):
+        rng = np.random.default_rng(4)
+        env = {n: rng.integers(0, shapes["dWs"][0], shapes[n]) if n == "ix" else rng.standard_normal(shapes[n])
+               for n in spec.input_names}
+        np.testing.assert_allclose(run_c(spec, env), xla_eval(spec, env), rtol=1e-10, atol=1e-10)
+        if "max" in text:  # NaN propagates through the serial and the split max (as np.max; XLA's CPU max
+            env["x"][3] = np.nan  # reduction of 300000 elements drops it)
+            assert np.isnan(run_c(spec, env))
+        kernel = BACKEND.build(spec, Signature(tuple(np.asarray(env[n]).dtype.name for n in spec.input_names),
+                                               "float64"))
+        if serial:
+            assert kernel.teams_run == {1}
+    assert kernel.teams_run == {1, 2}
+
+
+_SCATTER_SCRIPT = textwrap.dedent("""
+    import sys, numpy as np
+    from tullax.spec.analyze import analyze
+    from tullax.spec.parse import parse_spec
+    from tullax.backends.base import Signature
+    from tullax.backends.c import CBackend
+    rng = np.random.default_rng(0)
+    saved = {}
+    for number, (text, shapes) in enumerate([
+            ("dW[ix[b],d] += g[b,d]", {"dW": (50, 64), "ix": (3000,), "g": (3000, 64)}),
+            ("h[ix[b]] += v[b]", {"h": (7,), "ix": (5000,), "v": (5000,)}),
+            ("y[i+1] += x[i]*w[i]", {"y": (4001,), "x": (4000,), "w": (4000,)})]):
+        spec = analyze(parse_spec(text))
+        rows = shapes[spec.out][0]
+        env = {n: rng.integers(0, rows, shapes[n]) if n == "ix" else rng.standard_normal(shapes[n])
+               for n in spec.input_names}
+        sig = Signature(tuple(np.asarray(env[n]).dtype.name for n in spec.input_names), "float64")
+        out = np.array(env[spec.out], copy=True)
+        kernel = CBackend().build(spec, sig)
+        kernel(out, *[env[n] for n in spec.input_names])
+        assert kernel.teams_run == {int(sys.argv[1])}, kernel.teams_run
+        saved[f"out{number}"] = out
+        saved.update({f"in{number}_{k}": env[n] for k, n in enumerate(spec.input_names)})
+    np.savez(sys.argv[2], **saved)
+""")
+
+
+def test_scatter_kernels_are_race_free_on_2_and_4_threads(tmp_path: Path):
+    outputs = []
+    for threads in (2, 4):
+        target = tmp_path / f"threads{threads}.npz"
+        env = {**os.environ, "TULLAX_C_THREADS": str(threads), "PYTHONPATH": str(REPO), "TULLAX_SERIAL_WORK": "0"}
+        subprocess.run([sys.executable, "-c", _SCATTER_SCRIPT, str(threads), str(target)], check=True, env=env,
+                       cwd=REPO, timeout=600)
+        outputs.append(dict(np.load(target)))
+    first = outputs[0]
+    expected = first["in0_0"].copy()
+    np.add.at(expected, first["in0_2"], first["in0_1"])
+    histogram = first["in1_0"].copy()
+    np.add.at(histogram, first["in1_2"], first["in1_1"])
+    shifted = first["in2_0"].copy()
+    shifted[1:] += first["in2_1"] * first["in2_2"]
+    for result in outputs:
+        np.testing.assert_allclose(result["out0"], expected, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(result["out1"], histogram, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(result["out2"], shifted, rtol=1e-12, atol=1e-12)
+
+
+_CACHE_SCRIPT = textwrap.dedent("""
+    import json, sys, numpy as np
+    from tullax.spec.analyze import analyze
+    from tullax.spec.parse import parse_spec
+    from tullax.backends.base import Signature
+    from tullax.backends.c import CBackend, compile_stats
+    from tullax.grad import gradients
+    spec = analyze(parse_spec("D[i,j] := (W[k,i] - X[k,j])^2"))
+    rng = np.random.default_rng(0)
+    W, X = rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
+    out = np.empty((3, 2))
+    CBackend().build(spec, Signature(("float64", "float64"), "float64"))(out, W, X)
+    for grad in gradients(spec):
+        for step in grad.steps:
+            CBackend().build(step, Signature.for_dtype(step, "float64"))
+    print(json.dumps({"stats": compile_stats(), "out": out.tolist(), "numba": "numba" in sys.modules}))
+""")
+
+
+def test_new_process_with_a_populated_cache_compiles_nothing(tmp_path: Path):
+    env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _CACHE_SCRIPT], env=env, cwd=REPO, timeout=600,
+                              capture_output=True, text=True, check=True)
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["stats"]["compiled"] == 1 and cold["stats"]["loaded"] == 0
+    assert warm["stats"]["compiled"] == 0 and warm["stats"]["loaded"] == 1
+    assert cold["out"] == warm["out"]
+    assert not cold["numba"] and not warm["numba"]  # the c backend never imports numba
+    entries = json.loads((tmp_path / "cache" / "index.json").read_text())["entries"]
+    (record,) = [r for r in entries.values() if r.get("backend") == "c"]
+    assert record["compile_ms"] > 0 and record["ttfk_cold_ms"] > 0 and record["ttfk_warm_ms"] > 0
+    (source,) = (tmp_path / "cache" / "entries").glob("*/kernels.c")
+    assert "void forward(" in source.read_text() and "void grad1_step0(" in source.read_text()
+    (library,) = source.parent.glob("kernels-*.so")
+    assert library.name == f"kernels-{__import__('hashlib').sha256(source.read_bytes()).hexdigest()[:16]}.so"
+
+
+def test_a_source_rewritten_in_its_entry_is_compiled_again(monkeypatch):
+    """The cache key does not hold the printer's text: when a new printer writes another source into the same
+    entry, the library compiled from the old source must not run (it once did)."""
+    from tullax.backends import c as cmod
+    from tullax.backends.host import HostBuilder
+
+    spec, other = analysed("yr[i] := xr[i]*2"), analysed("yr[i] := xr[i]*3")
+    signature = Signature(("float64",), "float64")
+    real = cmod.generate
+    x = np.arange(4.0)
+    for printed, factor in ((other, 3), (spec, 2)):  # first an "old printer" whose source computes x*3
+        monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
+        monkeypatch.setattr(cmod, "generate", lambda s, sig, printed=printed: real(printed, sig))
+        out = np.empty(4)
+        BACKEND.build(spec, signature)(out, x)
+        np.testing.assert_array_equal(out, x * factor)
+
+
+def test_a_changed_compiler_is_another_cache_entry(monkeypatch):
+    from tullax.backends import c as cmod
+
+    first = cmod._recipe().options
+    monkeypatch.setenv("TULLAX_CC", "gcc")
+    assert cmod._recipe().options != first
+
+
+def test_without_a_compiler_it_says_why(monkeypatch):
+    monkeypatch.setenv("TULLAX_CC", "no-such-compiler-tullax")
+    ok, why = CBackend().availability()
+    assert not ok and "no-such-compiler-tullax" in why and "TULLAX_CC" in why
+    with pytest.raises(BackendUnavailableError, match="no-such-compiler-tullax"):
+        CBackend().build(analysed("y[i] := x[i]"), Signature(("float64",), "float64"))
+
+
+def test_a_compiler_that_cannot_build_is_unavailable(tmp_path, monkeypatch):
+    broken = tmp_path / "brokencc"
+    broken.write_text("#!/bin/sh\necho 'brokencc: internal compiler error' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("TULLAX_CC", str(broken))
+    ok, why = CBackend().availability()
+    assert not ok and "internal compiler error" in why
+
+
+def test_compile_errors_are_tullax_errors_with_the_message_and_the_source(tmp_path):
+    from tullax.backends.c_compile import compile_library
+
+    source = tmp_path / "bad.c"
+    source.write_text("void f(void) { undeclared_thing = 1; }\n")
+    with pytest.raises(TullaxError, match="undeclared_thing") as err:
+        compile_library(source, tmp_path / "bad.so")
+    assert str(source) in str(err.value)
+
+
+def test_complex_is_refused_naming_the_backends_that_run_it():
+    spec = analysed("y[i] := x[i,j]")
+    with pytest.raises(TullaxError, match="backend='xla'.*'numba'"):
+        BACKEND.build(spec, Signature(("complex128",), "complex128"))
+
+
+def test_half_precision_through_the_widened_kernel():
+    spec = analysed("y[i] := x[i,j]*x[i,j]")
+    x = np.random.default_rng(3).standard_normal((5, 7)).astype(np.float16)
+    out = np.empty(5, np.float16)
+    BACKEND.build(spec, Signature(("float16",), "float16"))(out, x)
+    np.testing.assert_allclose(out, (x.astype(np.float32) ** 2).sum(1).astype(np.float16), rtol=1e-3)
+
+
+def test_the_jax_op_jit_grad_and_vmap():
+    import jax
+    import jax.numpy as jnp
+
+    import tullax
+
+    kernel = tullax.einsum_kernel("D[i,j] := (W[k,i] - X[k,j])^2", backend="c")
+    rng = np.random.default_rng(5)
+    W, X = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 6)).astype(np.float32)
+
+    def reference(W, X):
+        return ((W[:, :, None] - X[:, None, :]) ** 2).sum(0)
+
+    np.testing.assert_allclose(jax.jit(kernel)(W, X), reference(W, X), rtol=1e-5)
+    loss = lambda f: lambda W, X: (jnp.sin(f(W, X))).sum()  # noqa: E731
+    got = jax.jit(jax.grad(loss(kernel), argnums=(0, 1)))(W, X)
+    want = jax.grad(loss(reference), argnums=(0, 1))(W, X)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    Wb = rng.standard_normal((3, 4, 3)).astype(np.float32)
+    np.testing.assert_allclose(jax.vmap(kernel, in_axes=(0, None))(Wb, X), jax.vmap(reference, (0, None))(Wb, X),
+                               rtol=1e-5)

@@ -1,0 +1,103 @@
+"""The host C printer (tullax.printers.c) without a compiler: golden files of whole modules
+(``tests/golden/c/<id>.c``; ``TULLAX_UPDATE_GOLDEN=1`` regenerates them), the OpenMP clauses it chooses, and
+the helpers it shares with the CUDA printer (tullax.printers.clike)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from corpus import CASES_BY_ID, analysed
+
+from tullax.backends.base import Signature
+from tullax.compiler.lower import lower
+from tullax.errors import TullaxError
+from tullax.printers import c as cprinter
+from tullax.printers import cuda
+from tullax.printers.clike import helper_definitions
+
+GOLDEN = Path(__file__).parent / "golden" / "c"
+UPDATE = os.environ.get("TULLAX_UPDATE_GOLDEN") == "1"
+GOLDEN_CASES = ("dist", "row_max", "row_logsumexp", "scatter_embedding_grad", "dot")
+
+
+def module(case_id: str, dtype: str = "float32") -> str:
+    from functools import partial
+
+    from tullax.backends.host import module_source
+
+    spec = analysed(CASES_BY_ID[case_id].spec, CASES_BY_ID[case_id].ranges)
+    return module_source(spec, Signature.for_dtype(spec, dtype), partial(lower, tile=True), cprinter.print_module)
+
+
+@pytest.mark.parametrize("case_id", GOLDEN_CASES)
+def test_golden(case_id: str):
+    source = module(case_id)
+    path = GOLDEN / f"{case_id}.c"
+    if UPDATE:
+        GOLDEN.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+    assert path.exists(), f"missing golden file {path}: run with TULLAX_UPDATE_GOLDEN=1"
+    assert source == path.read_text(), f"the generated C for {case_id} changed; review and regenerate with " \
+                                       "TULLAX_UPDATE_GOLDEN=1"
+
+
+def test_no_stale_golden_files():
+    assert {p.stem for p in GOLDEN.glob("*.c")} == set(GOLDEN_CASES)
+
+
+def test_parallel_nest_collapses_and_the_team_can_be_one_thread():
+    source = module("dist")
+    assert "#pragma omp parallel for collapse(2) schedule(static) num_threads(tx_threads) if(tx_threads > 1)" \
+        in source
+    assert "restrict a0" in source and "const float* restrict a1" in source
+
+
+def test_a_scalar_reduction_is_split_with_nan_propagating_max():
+    source = module("sum_all", "float64") + module("row_max", "float64")
+    assert "reduction(+:acc)" in source
+    scalar_max = cprinter.print_module([lower(analysed("(max) m := x[i]"), Signature(("float64",), "float64"),
+                                              "forward", tile=True)])
+    assert "reduction(tx_rmax_f64:acc)" in scalar_max
+    assert "omp_out = tx_max_f64(omp_out, omp_in)" in scalar_max
+
+
+def test_a_scratch_declared_in_a_branch_is_hoisted_to_its_region():
+    """The tiled float32 sum declares its float64 totals in one ``if`` and reads them in a later one: C's block
+    scope would lose them, so every local is declared at the top of its region."""
+    source = module("dist")
+    body = source[source.index("void forward("):]
+    declared, zeroed = body.index("double tile_tot[512];"), body.index("memset(tile_tot, 0")
+    assert declared < body.index("if (long_sum)") < zeroed
+
+
+def test_non_rectangular_parallel_nests_collapse_only_their_rectangular_head():
+    from tullax.compiler.loops import Loop, Var, const
+
+    reduction = (Loop("i2", const(0), Var("n2", "int64"), False, ()),)  # a per-element loop
+    inner = Loop("i1", const(0), Var("i0", "int64"), True, reduction)
+    outer = Loop("i0", const(0), Var("n0", "int64"), True, (inner,))
+    assert cprinter.collapsible((outer, inner), reduction) == 1
+    assert cprinter.collapsible((outer, Loop("i1", const(0), Var("n1", "int64"), True, reduction)), reduction) == 2
+
+
+def test_an_elementwise_nest_keeps_its_innermost_loop_out_of_the_collapse():
+    """GCC vectorises no collapsed loop: the innermost parallel loop of an elementwise kernel stays a loop."""
+    body = module("transpose")
+    assert "collapse" not in body[body.index("void forward("):body.index("// grad")]
+    assert "collapse(2)" in module("dist")
+
+
+def test_complex_is_refused_with_the_backends_that_run_it():
+    kernel = lower(analysed("y[i] := x[i,j]"), Signature(("complex64",), "complex64"), "forward", tile=True)
+    with pytest.raises(TullaxError, match="c backend has no complex numbers.*'xla'.*'numba'"):
+        cprinter.print_module([kernel])
+
+
+def test_the_helpers_are_defined_once_for_both_c_printers():
+    """CUDA gets templates, host C one function per type, from the same text."""
+    assert "template <typename T> __device__ __forceinline__ T tx_max(T a, T b)" in cuda._PRELUDE
+    host = helper_definitions("static inline", ("float32", "int64"))
+    assert "static inline float tx_max_f32(float a, float b) { return (a > b || a != a) ? a : b; }" in host
+    assert "tx_floordiv_i64" in host and "tx_floordiv_f32" not in host  # floor division: integers only
+    assert "tx_powi_f32(float x, int n)" in host

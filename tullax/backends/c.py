@@ -1,0 +1,305 @@
+"""The ``c`` backend: loop kernels printed as C with OpenMP (``tullax.printers.c``), compiled by the host C
+compiler (``tullax.backends.c_compile``) into a shared library, loaded with ctypes. Its point is the time to
+first kernel: one compiler run of ~0.1-0.3 s builds the forward kernel and every gradient step of a spec, and a
+later process only dlopens the library from the compile cache (milliseconds), where Numba's parallel pipeline
+takes 0.5-2.4 s per kernel.
+
+* One module per (spec, signature): the forward kernel and every gradient step (``host.kernel_steps``), ONE
+  translation unit, ONE compiler run. Each gradient step's host kernel is registered when its module loads,
+  under the (step spec, signature) the JAX op builds it with (``_step_signature``), so the backward pass
+  compiles nothing more. A step built with another signature gets a module of its own.
+* Caching: ``tullax.backends.host``'s build sequence; the source is ``kernels.c`` in its cache entry, the
+  library ``kernels.so`` next to it (with its checksum in the entry's manifest); the key holds the compiler's
+  identity and flags and the CPU (``c_compile.identity``).
+* Calls: arrays go over as pointers to NumPy's buffers (``host.marshal``: no copies), then the sizes, the
+  extents of every array's axes 1.. and the team size. ctypes releases the GIL for the call.
+* Threads: ``TULLAX_C_THREADS``, else ``OMP_NUM_THREADS``, else ``NUMBA_NUM_THREADS`` (so a benchmark that
+  pins Numba pins this backend the same way), else the CPUs this process may run on. A call below the serial
+  work threshold (``tullax.backends.workload``) runs with a team of 1: OpenMP's ``if`` clause skips the team.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from tullax.backends import c_compile, host, workload
+from tullax.backends.base import Capabilities, Shapes, Signature
+from tullax.compiler.loops import LoopKernel
+from tullax.errors import BackendUnavailableError, TullaxError
+from tullax.printers.c import print_module
+from tullax.runtime.cache import CompileCache, get_cache
+from tullax.spec.ir import Spec
+
+NAME = "c"
+SOURCE_FILE = "kernels.c"
+LIBRARY_PREFIX = "kernels-"  # + the first 16 hex digits of the source's sha256 + ".so"
+
+
+def library_file(source: str) -> str:
+    """The library's file name in the entry: named by the source it was compiled from, so a source rewritten in
+    the same entry (another tullax version printed it) never runs a library compiled from the old one."""
+    import hashlib
+
+    return f"{LIBRARY_PREFIX}{hashlib.sha256(source.encode('utf-8')).hexdigest()[:16]}.so"
+THREADS_ENV = "TULLAX_C_THREADS"
+_CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "bool": ctypes.c_bool, "int8": ctypes.c_int8,
+           "int16": ctypes.c_int16, "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint8": ctypes.c_uint8,
+           "uint16": ctypes.c_uint16, "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64}
+
+
+def threads() -> int:
+    """The OpenMP team size of a parallel call."""
+    for env in (THREADS_ENV, "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        value = os.environ.get(env, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# =============================================================================================
+# The module: forward and every gradient step
+# =============================================================================================
+def _step_signature(step: Spec, signature: Signature, forward: Spec) -> Signature:
+    """The signature a gradient step is called with: each input the forward spec has keeps its dtype there, the
+    cotangent (and any intermediate) has the result's dtype, and so has the step's result."""
+    dtypes = dict(zip(forward.input_names, signature.in_dtypes))
+    return Signature(tuple(dtypes.get(name, signature.out_dtype) for name in step.input_names), signature.out_dtype)
+
+
+@functools.lru_cache(maxsize=256)  # generating and loading a module both need them: lower once
+def module_kernels(spec: Spec, signature: Signature) -> tuple[tuple[LoopKernel, Spec, Signature], ...]:
+    """Every kernel of the module of ``spec``: the forward one (``forward``) and each gradient step that lowers
+    (integer results have no gradient), with the spec and signature it serves."""
+    from tullax.compiler.lower import lower
+
+    steps = host.kernel_steps(spec, signature.out_dtype)
+    kernels = [(lower(spec, signature, steps[0].name, tile=True), spec, signature)]
+    if np.dtype(signature.out_dtype).kind in "iuc":  # no gradients of integers; complex is refused anyway
+        return tuple(kernels)
+    for step in steps[1:]:
+        step_signature = _step_signature(step.spec, signature, spec)
+        try:
+            kernels.append((lower(step.spec, step_signature, step.name, tile=True), step.spec, step_signature))
+        except TullaxError:  # built on its own if it is ever called (and then it says why it fails)
+            continue
+    return tuple(kernels)
+
+
+def generate(spec: Spec, signature: Signature) -> tuple[LoopKernel, str]:
+    """The forward kernel of ``spec`` and the translation unit of the whole module."""
+    kernels = module_kernels(spec, signature)
+    return kernels[0][0], print_module([k for k, _, _ in kernels])
+
+
+def module_source(spec: Spec, dtype: str = "float32") -> str:
+    """The WHOLE module for display, data and scalars in ``dtype``, index arrays int64."""
+    return generate(spec, Signature.for_dtype(spec, dtype))[1]
+
+
+# =============================================================================================
+# Compiling and loading
+# =============================================================================================
+_COUNTS = {"compiled": 0, "loaded": 0}
+_COUNTS_LOCK = threading.Lock()
+
+
+def compile_stats() -> dict[str, int]:
+    """How many modules this process compiled and how many it loaded compiled from the cache."""
+    with _COUNTS_LOCK:
+        return dict(_COUNTS, modules=len(_BUILDER))
+
+
+def _count(what: str) -> None:
+    with _COUNTS_LOCK:
+        _COUNTS[what] += 1
+
+
+_JUST_COMPILED: dict[str, tuple[str, float]] = {}  # key -> (library, seconds) compiled by _compile_into_cache
+
+
+def _compile_into_cache(cache: CompileCache, generated: host.GeneratedModule) -> None:
+    """After the source is written: compile its library into the entry (under the entry's lock); ``_load``
+    follows at once and takes the result."""
+    library, seconds, _ = _library(generated, cache)
+    _JUST_COMPILED[generated.key] = (library, seconds)
+
+
+def _library(generated: host.GeneratedModule, cache: CompileCache) -> tuple[str, float, bool]:
+    """The path of the module's library, compiling it when the entry holds none for this source that checks;
+    with the seconds that took and whether it compiled."""
+    import tempfile
+    from pathlib import Path
+
+    start = time.perf_counter()
+    name = library_file(generated.source)
+    if generated.path is None:  # the cache stores nothing: a private temporary directory
+        directory = Path(tempfile.mkdtemp(prefix="tullax-c-"))
+        (directory / SOURCE_FILE).write_text(generated.source)
+        c_compile.compile_library(directory / SOURCE_FILE, directory / name)
+        _count("compiled")
+        return str(directory / name), time.perf_counter() - start, True
+    data, problem = cache.read_checked(generated.key, name)
+    if data is not None and problem is None:
+        return str(generated.path.with_name(name)), time.perf_counter() - start, False
+    built = generated.path.with_name(f".{name}.{os.getpid()}.built")
+    c_compile.compile_library(generated.path, built)
+    data = built.read_bytes()
+    built.unlink(missing_ok=True)
+    stale = [p.name for p in generated.path.parent.glob(f"{LIBRARY_PREFIX}*.so") if p.name != name]
+    if stale:  # libraries of an older source of this entry
+        cache.discard_files(generated.key, stale)
+    stored = cache.write_bytes(generated.key, name, data)
+    if stored is None:  # could not store it after all: keep a private copy
+        fd, private = tempfile.mkstemp(prefix="tullax-c-", suffix=".so")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        stored = Path(private)
+    _count("compiled")
+    return str(stored), time.perf_counter() - start, True
+
+
+def _load(generated: host.GeneratedModule) -> "CHostKernel":
+    """dlopen the module's library (compiling it first when the entry has none) and make the host kernels of
+    every kernel in it; the gradient steps' go into the step table."""
+    just = _JUST_COMPILED.pop(generated.key, None)
+    library, seconds, compiled = (*just, True) if just else _library(generated, get_cache())
+    start = time.perf_counter()
+    try:
+        lib = ctypes.CDLL(library)
+    except OSError as err:
+        raise TullaxError(f"the c backend could not load the library compiled from {generated.path}: {err}") \
+            from None
+    ready_ms = (seconds + time.perf_counter() - start) * 1e3
+    if not compiled:
+        _count("loaded")
+    forward = None
+    for kernel, spec, signature in module_kernels(generated.spec, generated.signature):
+        host_kernel = CHostKernel(generated, kernel, spec, getattr(lib, kernel.name), ready_ms, compiled)
+        if forward is None:
+            forward = host_kernel
+        else:
+            with _STEPS_LOCK:
+                _STEPS.setdefault((spec, signature), host_kernel)
+    assert forward is not None
+    return forward
+
+
+_BUILDER = host.HostBuilder()
+
+
+def _recipe() -> host.ModuleRecipe:
+    """The build steps, with the compiler's identity in the cache key (read now: ``TULLAX_CC`` may change)."""
+    return host.ModuleRecipe(NAME, SOURCE_FILE, {"compiler": c_compile.identity(), "printer": 1}, generate,
+                             _compile_into_cache, _load)
+
+
+_STEPS: dict[tuple[Spec, Signature], "CHostKernel"] = {}  # gradient steps of the modules loaded here
+_STEPS_LOCK = threading.Lock()
+
+
+# =============================================================================================
+# The host kernel
+# =============================================================================================
+def _numpy_scalar(value: Any, dtype: str) -> Any:
+    return np.dtype(dtype).type(value)
+
+
+class CHostKernel:
+    """``kernel(out, *inputs)``: one C function of a loaded module, called with pointers to the NumPy
+    buffers (``host.marshal``), the sizes, the extents and the team size."""
+
+    def __init__(self, generated: host.GeneratedModule, kernel: LoopKernel, spec: Spec, function: Any,
+                 ready_ms: float, compiled: bool):
+        self.generated, self.kernel, self.spec = generated, kernel, spec
+        self._plan = host.ArgumentPlan.of(kernel, spec, scalar=_numpy_scalar, rank0_as_vector=True)
+        arrays = len(kernel.arrays)
+        self._arrays = arrays
+        self._extents = tuple((k, axis) for k, a in enumerate(kernel.arrays) for axis in range(1, a.rank))
+        function.argtypes = ([ctypes.c_void_p] * arrays + [_CTYPES[s.dtype] for s in kernel.scalars]
+                             + [ctypes.c_int64] * (len(kernel.sizes) + len(self._extents)) + [ctypes.c_int])
+        function.restype = None
+        self._function = function
+        self._threads: dict[tuple[int, ...], int] = {}  # size arguments -> team size
+        self._ready_ms, self._compiled = ready_ms, compiled
+        self._ran = False
+        self._lock = threading.Lock()
+        self.teams_run: set[int] = set()  # the team sizes calls have run with (1: the serial variant)
+
+    def __call__(self, out, *inputs) -> None:
+        self.run(out, inputs, host.call_shapes(self.spec, out, inputs))
+
+    def run(self, out, inputs: Sequence[Any], shapes: Shapes) -> None:
+        args, copy_back = host.marshal(self._plan, out, inputs, shapes)
+        arrays = args[:self._arrays]
+        sizes = args[self._arrays + len(self.kernel.scalars):]
+        team = self._team(sizes, shapes)
+        call = ([a.ctypes.data for a in arrays] + args[self._arrays:]
+                + [arrays[k].shape[axis] for k, axis in self._extents] + [team])
+        if self._ran:
+            self._function(*call)
+        else:
+            start = time.perf_counter()
+            self._function(*call)
+            self._first_run((time.perf_counter() - start) * 1e3)
+        if copy_back is not None:
+            out[...] = copy_back
+
+    def prepare(self, shapes: Shapes, *, read_only: bool = False) -> None:
+        """Nothing to do: the module was compiled (or loaded) when it was built."""
+
+    def _team(self, sizes: Sequence[int], shapes: Shapes) -> int:
+        key = tuple(sizes)
+        found = self._threads.get(key)
+        if found is None:
+            found = self._threads[key] = 1 if workload.runs_serially(self.spec, shapes) else threads()
+            self.teams_run.add(found)
+        return found
+
+    def _first_run(self, run_ms: float) -> None:
+        with self._lock:
+            if self._ran:
+                return
+            self._ran = True
+        host.record_first_run(self.generated, self.kernel.name, ready_ms=self._ready_ms, run_ms=run_ms,
+                              warm=not self._compiled, ready_field="compile_ms" if self._compiled else "load_ms")
+
+
+# =============================================================================================
+# The backend object
+# =============================================================================================
+class CBackend:
+    name = NAME
+    capabilities = Capabilities(host_buffers=True, module_source=True, prepare=True, shaped_run=True)
+
+    def availability(self) -> tuple[bool, str]:
+        return c_compile.probe()
+
+    def build(self, spec: Spec, signature: Signature) -> Any:
+        """The host kernel of ``spec`` for ``signature``: a gradient step of a module loaded here, else the
+        forward kernel of its own module (from this process's table, the compile cache, or compiled now)."""
+        ok, why = self.availability()
+        if not ok:
+            raise BackendUnavailableError(why)
+        wide = signature.widened()
+        if wide != signature:
+            return host.WidenedKernel(self.build(spec, wide), signature, wide)
+        with _STEPS_LOCK:
+            step = _STEPS.get((spec, signature))
+        if step is not None:
+            return step
+        return _BUILDER.build(_recipe(), spec, signature)
+
+    def generate_source(self, spec: Spec, signature: Signature) -> str:
+        return generate(spec, signature.widened())[1]
+
+    def module_source(self, spec: Spec, dtype: str = "float32") -> str:
+        return module_source(spec, dtype)

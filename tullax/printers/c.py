@@ -1,0 +1,334 @@
+"""The host C printer: the loop IR as C99 functions with OpenMP, one translation unit per module (the forward
+kernel and every gradient step), for the ``c`` backend (``tullax.backends.c``).
+
+The mapping:
+
+* One function per kernel: ``void name(arrays..., scalars..., sizes..., extents..., int tx_threads)``. Arrays
+  are ``restrict`` pointers of their storage type (``const`` when read only); scalars are passed by value; the
+  IR's sizes; then, for every array of rank >= 2, the extents of its axes 1.. (``a1_e1``) for the row-major
+  flat offset of an element (``tullax.printers.clike``); ``tx_threads`` last.
+* Loops are nested ``for`` loops over ``tx_i64`` (64-bit index arithmetic, as Numba's). The IR's parallel nest
+  gets ``#pragma omp parallel for``, with ``collapse(k)`` over its leading loops whose bounds do not depend on
+  each other (Numba's flat variant, always); ``if(tx_threads > 1)`` makes the same function the serial variant
+  that the host picks for tiny calls (``tullax.backends.workload``), and ``num_threads(tx_threads)`` runs the
+  thread count the host chose. A kernel with no parallel loop but a ``reduce_parallel`` loop gets ``reduction``
+  clauses for the accumulators updated in it: ``+``/``*`` as OpenMP's, ``max``/``min`` as the prelude's
+  declared reductions over the NaN-propagating ``tx_max``/``tx_min``.
+* Declarations are hoisted: every local a region binds (``Let``, ``Scratch``) is declared once at the top of
+  the region (the body of the innermost parallel loop, of a reduction loop, or the function) and assigned where
+  the IR binds it. That keeps C's block scopes out of the IR's way (the tiled float32 sums declare a ``Scratch``
+  in one ``If`` and read it in a later one) and makes every local private to its OpenMP iteration.
+* ``atomic_add`` stores are a plain ``+=``: only the IR's parallel loops run on threads, and the colliding loops
+  of a scatter are serial in the nest (as in the Numba printer).
+* Expressions are the shared C ones (``tullax.printers.clike``); helpers carry their type's suffix
+  (``tx_max_f32``), casts are C casts, infinities and NaN are GCC builtins. The IR's blocked float32 sums and
+  its register tiling are in the IR, so they print as they are.
+"""
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Iterator, Mapping, Sequence
+
+from tullax._version import __version__
+from tullax.compiler.loops import (
+    FLOATS,
+    INDEX,
+    Accum,
+    Cast,
+    Const,
+    If,
+    Let,
+    Loop,
+    LoopKernel,
+    Scratch,
+    Stmt,
+    Var,
+    binop,
+    const,
+    expr_vars,
+    parallel_nest,
+)
+from tullax.errors import TullaxError
+from tullax.printers.base import Place, Precedence
+from tullax.printers.clike import (
+    TYPE_SUFFIX,
+    CLikePrinter,
+    CPlace,
+    Parameter,
+    extent_name,
+    helper_definitions,
+    refuse_complex,
+    storage_type,
+)
+
+NAME = "c"
+THREADS = "tx_threads"  # the last parameter of every function: the OpenMP team size (1: serial)
+HELPER_TYPES = ("float32", "float64", "int32", "int64")  # the types the prelude instantiates its helpers for
+LANES = 8  # independent accumulators of a max/min reduction loop (as the Numba printer's)
+_OMP_REDUCTIONS = {"+": "+", "*": "*"}  # OpenMP's own; max/min are the prelude's NaN-propagating ones
+
+
+def parameters(kernel: LoopKernel) -> tuple[Parameter, ...]:
+    """Every parameter of the printed function but ``tx_threads``, in order: arrays, scalars, sizes, extents."""
+    params = []
+    for arr in kernel.arrays:
+        qualifier = "const " if arr.role == "in" else ""
+        params.append(Parameter(arr.name, "array", arr.dtype, f"{qualifier}{storage_type(arr.dtype, NAME)}*",
+                                arr.name, restrict="restrict"))
+    params += [Parameter(s.name, "scalar", s.dtype, storage_type(s.dtype, NAME), s.name) for s in kernel.scalars]
+    params += [Parameter(size.name, "size", INDEX, "tx_i64") for size in kernel.sizes]
+    for arr in kernel.arrays:
+        for axis in range(1, arr.rank):
+            params.append(Parameter(extent_name(arr.name, axis), "extent", INDEX, "tx_i64", arr.name, axis))
+    return tuple(params)
+
+
+class CPrinter(CLikePrinter):
+    """Loop-IR expressions and statements as C99 with 64-bit index arithmetic."""
+
+    backend = NAME
+    # atomic_add: the colliding loops of a scatter stay serial in the printed nest, so += is race-free
+    store_forms: ClassVar[Mapping[str, str]] = {"set": "{target} = {value}", "add": "{target} += {value}",
+                                                "atomic_add": "{target} += {value}"}
+    # declared at the top of its region (``declarations``); here it is only zeroed
+    scratch_form = "memset({var}, 0, {length} * sizeof({type}))"
+
+    def __init__(self) -> None:
+        super().__init__("tx_i64")
+
+    def helper_name(self, name: str, dtype: str) -> str:
+        return f"{name}_{TYPE_SUFFIX[dtype]}"
+
+    def cast_text(self, dtype: str, text: str) -> str:
+        return f"(({self.type_name(dtype)}){text})"
+
+    def cast(self, expr: Cast) -> str:
+        return self.cast_text(expr.dtype, self.expr(expr.arg, Precedence.UNARY))
+
+    def loop(self, loop: Loop, place: Place) -> list[str]:
+        assert isinstance(place, CPlace)
+        if _lane_reduction(loop):
+            return self.lanes(loop, place)
+        if not loop.reduce_parallel:
+            return super().loop(loop, place)
+        dtypes = dict(place.declared)
+        accumulators = {s.var: s.op for s in _region(loop.body) if isinstance(s, Accum) and s.var in dtypes}
+        clauses = "".join(f" reduction({self._reduction(op, dtypes[var])}:{var})" for var, op in accumulators.items())
+        pad = self.indent * place.depth
+        inner = CPlace(place.depth + 1, place.declared)
+        decls, inner = self.declarations(loop.body, inner)
+        return [f"{pad}#pragma omp parallel for{clauses} schedule(static) {team()}",
+                pad + self.loop_header(loop, place), *decls, *self.block(loop.body, inner), pad + "}"]
+
+    def lanes(self, loop: Loop, place: CPlace) -> list[str]:
+        """A max/min reduction loop as LANES independent accumulators in one vector over blocks of LANES
+        iterations, then the remainder, as the Numba printer's lanes (``NumbaPrinter._lanes``): a NaN-propagating
+        max is a loop-carried compare-select no compiler vectorises, and GCC vectorises neither a float max
+        reduction without -ffinite-math-only nor LANES scalar compare-selects; a GCC/Clang vector of LANES lanes
+        does it by construction (the prelude's ``tx_vmax_f32``: the fast compare-select, which skips a NaN, and a
+        NaN mask beside it; measured: row max over 4096x4096 on one core 15 ms scalar, 3.8 ms). The result is
+        NaN when any lane saw one. Each lane starts from the accumulator, so an enclosing accumulation stays
+        right; the lanes' values are computed one by one as the IR says (any index expression)."""
+        pad, inner_pad, var = self.indent * place.depth, self.indent * (place.depth + 1), loop.var
+        deep = self.indent * (place.depth + 2)
+        *lets, accum = loop.body
+        dtype = dict(place.declared)[accum.var]
+        suffix, acc = TYPE_SUFFIX[dtype], accum.var
+        values = [f"{acc}_v{k}" for k in range(LANES)]
+        extent = binop("max", binop("-", loop.stop, loop.start), const(0))
+        top = binop("+", loop.start, binop("*", binop("//", extent, const(LANES)), const(LANES)))
+        lines = [pad + "{", f"{inner_pad}tx_v{LANES}_{suffix} {acc}_l = {{{', '.join([acc] * LANES)}}};",
+                 f"{inner_pad}tx_m{LANES}_{suffix} {acc}_nan = {{0}};",
+                 f"{inner_pad}{self.type_name(dtype)} {', '.join(values)};",
+                 f"{inner_pad}{self.index_type} {var};",
+                 f"{inner_pad}const {self.index_type} {var}_top = {self.expr(top)};",
+                 f"{inner_pad}for ({self.index_type} {var}_blk = {self.expr(loop.start)}; {var}_blk < {var}_top; "
+                 f"{var}_blk += {LANES}) {{"]
+        body = CPlace(place.depth + 2, place.declared)
+        for k, value in enumerate(values):
+            lines.append(f"{deep}{var} = {var}_blk + {k};")
+            lines += self.block(lets, body)
+            lines.append(f"{deep}{value} = {self.expr(accum.value)};")
+        lines += [f"{deep}{acc}_l = tx_v{accum.op}_{suffix}((tx_v{LANES}_{suffix}){{{', '.join(values)}}}, "
+                  f"{acc}_l, &{acc}_nan);", inner_pad + "}",
+                  f"{inner_pad}for (int tx_k = 0; tx_k < {LANES}; ++tx_k) {{",
+                  f"{deep}{acc} = {self.helper(accum.op, dtype)}({acc}, {acc}_l[tx_k]);"]
+        if dtype in FLOATS:
+            lines.append(f"{deep}if ({acc}_nan[tx_k]) {acc} = {self.constant(Const(math.nan, dtype))};")
+        lines.append(inner_pad + "}")
+        rest = Loop(var, Var(f"{var}_top", INDEX), loop.stop, False, loop.body)
+        return lines + super().loop(rest, CPlace(place.depth + 1, place.declared)) + [pad + "}"]
+
+    def _reduction(self, op: str, dtype: str) -> str:
+        if op in _OMP_REDUCTIONS:
+            return _OMP_REDUCTIONS[op]
+        if op not in ("max", "min") or dtype not in HELPER_TYPES:
+            raise TullaxError(f"internal error: no OpenMP reduction for {op} over {dtype}")
+        return f"tx_r{op}_{TYPE_SUFFIX[dtype]}"
+
+    def declarations(self, stmts: Sequence[Stmt], place: CPlace) -> tuple[list[str], CPlace]:
+        """The declarations of every local the region ``stmts`` binds (not inside a reduction loop, which is a
+        region of its own), at ``place``'s depth, and the place where they count as declared."""
+        pad = self.indent * place.depth
+        lines, declared = [], set()
+        for stmt in _region(stmts):
+            if isinstance(stmt, Let) and (stmt.var, stmt.value.dtype) not in declared:
+                if any(name == stmt.var for name, _ in declared):
+                    raise TullaxError(f"internal error: the loop IR binds {stmt.var} again with another type")
+                declared.add((stmt.var, stmt.value.dtype))
+                lines.append(f"{pad}{self.type_name(stmt.value.dtype)} {stmt.var};")
+            elif isinstance(stmt, Scratch):
+                lines.append(f"{pad}{self.type_name(stmt.dtype)} {stmt.var}[{stmt.length}];")
+        return lines, CPlace(place.depth, frozenset(place.declared) | declared)
+
+
+def _region(stmts: Sequence[Stmt]) -> Iterator[Stmt]:
+    """The statements of ``stmts`` and of the loops and branches in them, not inside a reduction loop."""
+    for stmt in stmts:
+        yield stmt
+        if isinstance(stmt, Loop) and not stmt.reduce_parallel:
+            yield from _region(stmt.body)
+        elif isinstance(stmt, If):
+            yield from _region(stmt.then)
+            yield from _region(stmt.orelse)
+
+
+def _lane_reduction(loop: Loop) -> bool:
+    """A serial loop whose body is Lets and then one max/min Accum: printed as lanes (``CPrinter.lanes``)."""
+    if loop.parallel or loop.reduce_parallel or not loop.body:
+        return False
+    *lets, last = loop.body
+    return isinstance(last, Accum) and last.op in ("max", "min") and all(isinstance(s, Let) for s in lets)
+
+
+def team() -> str:
+    """The clauses that size an OpenMP team: ``tx_threads`` threads, none at all (serial) when it is 1."""
+    return f"num_threads({THREADS}) if({THREADS} > 1)"
+
+
+def collapsible(loops: Sequence[Loop], body: Sequence[Stmt]) -> int:
+    """How many leading loops of the parallel nest OpenMP collapses: those whose bounds use no variable of an
+    enclosing loop of the nest (a rectangular nest), but never the innermost one when the per-element body has
+    no loop of its own: that loop is the one the compiler vectorises, and GCC vectorises no collapsed loop
+    (measured: an elementwise 4096x4096 gradient 32 ms collapsed, 10 ms not)."""
+    if not any(isinstance(s, Loop) for s in _region(body)):
+        loops = loops[:-1]
+    count, outer = 0, set()
+    for loop in loops:
+        if (expr_vars(loop.start) | expr_vars(loop.stop)) & outer:
+            break
+        count += 1
+        outer.add(loop.var)
+    return count
+
+
+def kernel_function(kernel: LoopKernel) -> str:
+    """The C function of ``kernel``."""
+    refuse_complex({kernel.compute_dtype, *(a.dtype for a in kernel.arrays), *(s.dtype for s in kernel.scalars)},
+                   NAME)
+    printer = CPrinter()
+    declarations = ",\n    ".join([p.declaration for p in parameters(kernel)] + [f"const int {THREADS}"])
+    lines = [f"// {kernel.name}: {kernel.spec_text}", f"void {kernel.name}(\n    {declarations})", "{"]
+    loops, body = parallel_nest(kernel)
+    if not loops:  # serial, or a scalar result whose reduction loop is split (CPrinter.loop)
+        decls, place = printer.declarations(kernel.body, CPlace(1))
+        lines += decls + printer.block(kernel.body, place) + ["}"]
+        return "\n".join(lines) + "\n"
+    collapse = collapsible(loops, body)
+    clause = f" collapse({collapse})" if collapse > 1 else ""
+    lines.append(f"    #pragma omp parallel for{clause} schedule(static) {team()}")
+    for depth, loop in enumerate(loops, start=1):
+        lines.append(printer.indent * depth + printer.loop_header(loop, CPlace(depth)))
+    decls, place = printer.declarations(body, CPlace(len(loops) + 1))
+    lines += decls + printer.block(body, place)
+    lines += [printer.indent * depth + "}" for depth in range(len(loops), 0, -1)] + ["}"]
+    return "\n".join(lines) + "\n"
+
+
+_REDUCTIONS = "".join(
+    f"#pragma omp declare reduction(tx_r{op}_{TYPE_SUFFIX[dt]} : {storage_type(dt)} : "
+    f"omp_out = tx_{op}_{TYPE_SUFFIX[dt]}(omp_out, omp_in)) initializer(omp_priv = omp_orig)\n"
+    for dt in HELPER_TYPES for op in ("max", "min"))
+
+_VECTOR_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}
+_MASK = {"float32": "tx_i32", "float64": "tx_i64", "int32": "tx_i32", "int64": "tx_i64"}
+def _lane_helpers(dtype: str) -> str:
+    """The vector and mask types of LANES elements of ``dtype`` and its lane max/min steps."""
+    vector, mask, size = f"tx_v{LANES}_{TYPE_SUFFIX[dtype]}", f"tx_m{LANES}_{TYPE_SUFFIX[dtype]}", \
+        LANES * _VECTOR_BYTES[dtype]
+    lines = [f"typedef {storage_type(dtype)} {vector} __attribute__((vector_size({size})));",
+             f"typedef {_MASK[dtype]} {mask} __attribute__((vector_size({size})));"]
+    for op, cmp in (("max", ">"), ("min", "<")):
+        lines += [f"static inline {vector} tx_v{op}_{TYPE_SUFFIX[dtype]}({vector} v, {vector} l, {mask}* nan) {{",
+                  f"    {mask} m = v {cmp} l;", "    *nan |= v != v;",
+                  f"    return ({vector})((({mask})v & m) | (({mask})l & ~m));", "}"]
+    return "\n".join(lines) + "\n"
+
+
+_LANE_HELPERS = "".join(_lane_helpers(dtype) for dtype in HELPER_TYPES)
+
+_PRELUDE = """\
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+typedef signed char tx_i8;
+typedef short tx_i16;
+typedef int tx_i32;
+typedef long long tx_i64;
+typedef unsigned char tx_u8;
+typedef unsigned short tx_u16;
+typedef unsigned int tx_u32;
+typedef unsigned long long tx_u64;
+
+#ifdef TX_MVEC
+// glibc's vector math (libmvec, linked by the c backend where it exists): loops calling these vectorise
+#pragma omp declare simd notinbranch
+float expf(float);
+#pragma omp declare simd notinbranch
+double exp(double);
+#pragma omp declare simd notinbranch
+float logf(float);
+#pragma omp declare simd notinbranch
+double log(double);
+#pragma omp declare simd notinbranch
+float sinf(float);
+#pragma omp declare simd notinbranch
+double sin(double);
+#pragma omp declare simd notinbranch
+float cosf(float);
+#pragma omp declare simd notinbranch
+double cos(double);
+#pragma omp declare simd notinbranch
+float powf(float, float);
+#pragma omp declare simd notinbranch
+double pow(double, double);
+#endif
+
+// IEEE infinity and quiet NaN (the module is compiled without -ffinite-math-only: they survive)
+static inline float tx_inf_f32(void) { return __builtin_inff(); }
+static inline float tx_nan_f32(void) { return __builtin_nanf(""); }
+static inline double tx_inf_f64(void) { return __builtin_inf(); }
+static inline double tx_nan_f64(void) { return __builtin_nan(""); }
+
+""" + helper_definitions("static inline", HELPER_TYPES) + """
+// max/min reductions of a split reduction loop: max/min are idempotent, so each thread may start from the
+// accumulator's value before the loop
+""" + _REDUCTIONS + """
+// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of LANES elements, a compare-select that skips NaN
+// and a mask of the lanes that saw one
+""" + _LANE_HELPERS
+
+_HEADER = "// Generated by tullax {version} for the c backend. Do not edit: regenerated from the spec.\n"
+
+
+def print_module(kernels: Sequence[LoopKernel]) -> str:
+    """One C translation unit for ``kernels``: header, prelude, one function per kernel."""
+    names = [k.name for k in kernels]
+    if len(set(names)) != len(names):
+        raise TullaxError(f"internal error: kernel names repeat in one C module: {names}")
+    parts = [_HEADER.format(version=__version__) + _PRELUDE]
+    parts += [kernel_function(kernel) for kernel in kernels]
+    return "\n".join(parts)
+
+
+__all__ = ["CPrinter", "THREADS", "collapsible", "kernel_function", "parameters", "print_module"]
