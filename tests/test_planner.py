@@ -28,6 +28,7 @@ CONV2D = "y[n,o,h,w] := x[n,c,h+p,w+q]*k[o,c,p,q]"
 EMBED = "out[b,d] := W[ix[b],d]"
 # forward on the loops (a sum of terms), its gradient steps pure contractions (einsum): a mixed plan
 MIXED = "C[i,j] := W[k,i]*X[k,j] + b[i]"
+LOOP_BACKEND = planner.loop_backend()  # the loop backend auto uses here: host C where a compiler works, else Numba
 
 # (spec, rule, default, close-call candidates)
 CORPUS = [
@@ -198,18 +199,18 @@ def test_tiny_calls_run_on_xla_and_larger_ones_on_the_loops(rules_only):
     tiny = planner.plan(spec, {"W": (6, 5), "X": (6, 4)}, dtypes)
     assert (tiny.backend, tiny.form, tiny.rule) == ("xla", "grid", "tiny")
     large = planner.plan(spec, {"W": (64, 40), "X": (64, 30)}, dtypes)
-    assert (large.backend, large.rule) == ("numba", "loops")
+    assert (large.backend, large.rule) == (LOOP_BACKEND, "loops")
 
 
 def test_each_gradient_step_is_planned_on_its_own(rules_only):
     auto, values = _check(MIXED, {"W": (64, 64), "X": (64, 64), "b": (64,)})
     ops = _ops(jax.grad(lambda *v: jnp.sum(auto(*v)), argnums=(0, 1, 2)), *values)
     by_out = {op.spec.out: op for op in ops}
-    assert by_out["C"].backend == "numba" and by_out["C"].path != "xla"
+    assert by_out["C"].backend == LOOP_BACKEND and by_out["C"].path != "xla"
     for grad in ("ΔW", "ΔX"):
         assert (by_out[grad].backend, by_out[grad].path, by_out[grad].form) == ("xla", "xla", "einsum"), grad
     # Δb[i] := ΔC[i,j] over k too (b[i] is added once per k): k is in no access, so no einsum: loops
-    assert by_out["Δb"].backend == "numba"
+    assert by_out["Δb"].backend == LOOP_BACKEND
 
 
 def test_linear_runs_on_blas_both_ways_and_an_explicit_backend_still_forces_one():
@@ -228,7 +229,7 @@ def test_linear_runs_on_blas_both_ways_and_an_explicit_backend_still_forces_one(
 def test_timing_off_keeps_the_rule_default(rules_only):
     _, spec = compile_spec(CONV1D)
     found = planner.plan(spec, {"x": (8, 4000), "w": (7,)}, {"x": "float32", "w": "float32"})
-    assert (found.backend, found.rule, found.timings_ms) == ("numba", "convolution", ())
+    assert (found.backend, found.rule, found.timings_ms) == (LOOP_BACKEND, "convolution", ())
     assert "timing is off" in found.reason
 
 
@@ -268,7 +269,7 @@ def test_timed_decisions_persist_in_the_compile_cache_across_processes(tmp_path)
 def test_explain_prints_the_plan_and_why():
     text = tullax.explain(MIXED)
     plan = text[text.index("plan (backend='auto'"):]
-    assert "forward: C[i,j] := W[k,i]*X[k,j] + b[i]\n    -> numba: loops:" in plan
+    assert f"forward: C[i,j] := W[k,i]*X[k,j] + b[i]\n    -> {LOOP_BACKEND}: loops:" in plan
     assert "gradient wrt W: ΔW[k,i] := ΔC[i,j]*X[k,j]\n    -> xla (einsum): contraction:" in plan
     conv = tullax.explain(CONV1D)
     assert "close call, timed on first use where cheap: xla:conv, xla:slices, loops" in conv
@@ -347,7 +348,7 @@ def test_the_gaussian_kernel_sum_is_timed_though_large_and_xla_wins_its_forward(
         # the XLA form that won on the slice was run on the full call beside the loops, and the faster kept
         assert set(timings) == {"loops", "xla:grid", "xla:factored", "loops (full)", f"{sliced} (full)"}
         kept = sliced if timings[f"{sliced} (full)"] < timings["loops (full)"] else "loops"
-        assert found.label == ("numba" if kept == "loops" else f"xla ({kept[4:]})")
+        assert found.label == (LOOP_BACKEND if kept == "loops" else f"xla ({kept[4:]})")
         assert "confirmed on the full call" in found.reason or "slower on the full call" in found.reason
         # and whatever each kernel runs on, auto equals numba and jnp, forward and gradients
         _check(GAUSSIAN, {"x": (300, 3), "y": (200, 3), "b": (200, 4)})

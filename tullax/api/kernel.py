@@ -67,6 +67,17 @@ class Kernel:
 
         return backends.resolve(self.backend_name)
 
+    def _eager_backend(self, values: list[Any]) -> Any:
+        """The backend of a call on NumPy values: ``auto`` skips a backend that refuses the call's dtypes."""
+        if self.backend_name != "auto":
+            return self.backend
+        import numpy as np
+
+        from tullax import backends
+
+        dtypes = [np.result_type(v).name for v in values]
+        return self.backend if backends.takes(self.backend, dtypes) else backends.resolve("auto", dtypes)
+
     def __repr__(self) -> str:
         extra = (f", init={self.options.init!r}" if self.options.init is not None else "") + \
             (f", nograd={tuple(sorted(self.options.nograd))!r}" if self.options.nograd else "")
@@ -98,7 +109,7 @@ class Kernel:
                 return finish(self.options, self.ir.redop, apply(self.ir, self._jax_backend(), values), jnp)
             import numpy as np
 
-            return finish(self.options, self.ir.redop, run_eager(self.ir, self.backend, values), np)
+            return finish(self.options, self.ir.redop, run_eager(self.ir, self._eager_backend(values), values), np)
         except TullaxError as err:
             raise with_spec_context(err, self.source) from None
 

@@ -3,6 +3,7 @@ it declares it can do with ``capabilities``."""
 from __future__ import annotations
 
 import importlib
+from typing import Iterable
 
 from tullax.backends.base import NO_CAPABILITIES, Backend, Capabilities
 from tullax.errors import BackendUnavailableError
@@ -17,8 +18,10 @@ _BUILTIN = {
     "cuda": "tullax.backends.cuda:CudaBackend",
     "c": "tullax.backends.c:CBackend",
 }
-# The order `auto` tries them in (DESIGN section 4): Julia when present, else Numba, else XLA.
-AUTO_ORDER = ("julia", "numba", "xla")
+# The order `auto` tries them in: Julia when present (DESIGN section 4), else host C where a C compiler works
+# (one compiler run per module: a fraction of Numba's compile time, so the first call of a kernel is fast),
+# else Numba (embedded: it needs no compiler), else XLA.
+AUTO_ORDER = ("julia", "c", "numba", "xla")
 
 
 def register(name: str, backend: Backend) -> None:
@@ -88,15 +91,21 @@ def _auto_candidates() -> tuple[str, ...]:
     return tuple(c for c in AUTO_ORDER if c not in skip)
 
 
-def resolve(name: str) -> Backend:
-    """``auto`` picks the first usable backend of AUTO_ORDER; any other name must be usable here."""
+def takes(backend: Backend, dtypes: Iterable[str]) -> bool:
+    """Whether ``backend`` computes with every dtype of ``dtypes`` (a complex one needs ``complex_numbers``)."""
+    return capabilities(backend).complex_numbers or not any(str(d).startswith("complex") for d in dtypes)
+
+
+def resolve(name: str, dtypes: Iterable[str] = ()) -> Backend:
+    """``auto`` picks the first usable backend of AUTO_ORDER that takes ``dtypes`` (the call's, when known);
+    any other name must be usable here."""
     if name == "auto":
         for candidate in _auto_candidates():
             try:
                 backend = get(candidate)
             except BackendUnavailableError:
                 continue
-            if backend.availability()[0]:
+            if takes(backend, dtypes) and backend.availability()[0]:
                 return backend
         raise BackendUnavailableError("no backend is usable here; run `tullax doctor`")
     backend = get(name)

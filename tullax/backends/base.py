@@ -89,6 +89,9 @@ class Capabilities:
     # ``warm_package()``: it writes the cached kernels into an artefact a new process loads compiled (``tullax
     # cache warm`` calls it after warming the specs).
     precompiled_package: bool = False
+    # It computes with complex64/complex128 (False: it refuses them, and ``auto`` passes such calls to the next
+    # loop backend that takes them).
+    complex_numbers: bool = True
 
 
 # What a backend that declares nothing can do: what every backend can.

@@ -278,7 +278,8 @@ class CHostKernel:
 # =============================================================================================
 class CBackend:
     name = NAME
-    capabilities = Capabilities(host_buffers=True, module_source=True, prepare=True, shaped_run=True)
+    capabilities = Capabilities(host_buffers=True, module_source=True, prepare=True, shaped_run=True,
+                                complex_numbers=False)
 
     def availability(self) -> tuple[bool, str]:
         return c_compile.probe()

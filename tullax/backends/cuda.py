@@ -109,7 +109,7 @@ def module_source(spec: Spec, dtype: Signature | str = "float32") -> str:
 class CudaBackend:
     name = NAME
     platform = PLATFORM
-    capabilities = Capabilities(module_source=True)
+    capabilities = Capabilities(module_source=True, complex_numbers=False)
 
     def availability(self) -> tuple[bool, str]:
         from tullax.backends.cuda_compile import nvrtc

@@ -43,7 +43,7 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from tullax.spec.ir import Indirect, Spec, accesses
 
@@ -108,9 +108,9 @@ class Rule:
 # ---------------------------------------------------------------------------------------------
 # The rules
 # ---------------------------------------------------------------------------------------------
-def loop_backend() -> str | None:
-    """The loop backend ``auto`` uses here (the first usable of Julia and Numba, as ``backends.resolve``),
-    or None when neither is."""
+def loop_backend(dtypes: Iterable[str] = ()) -> str | None:
+    """The loop backend ``auto`` uses here for a call with these ``dtypes`` (the first usable of Julia, host C
+    and Numba that takes them, as ``backends.resolve``), or None when none is."""
     from tullax import backends
     from tullax.errors import BackendUnavailableError
 
@@ -118,7 +118,8 @@ def loop_backend() -> str | None:
         if name == "xla":
             continue
         try:
-            if backends.get(name).availability()[0]:
+            found = backends.get(name)
+            if backends.takes(found, dtypes) and found.availability()[0]:
                 return name
         except BackendUnavailableError:
             continue
@@ -226,13 +227,13 @@ def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool 
     ``timing=False``: never time a close call (the rule's default, unless the compile cache holds a decision);
     such a plan is not remembered, so a later call may still time it."""
     if timing is False:
-        loops = loop_backend()
+        loops = loop_backend(dtypes.values())
         shapes = {name: tuple(int(e) for e in shapes[name]) for name in spec.input_names}
         return _decide(spec, shapes, {n: str(dtypes[n]) for n in spec.input_names}, loops, False,
                        "the first call times " + ", ".join(rule_for(spec, loops).close) + "")
-    loops = loop_backend()
     shapes = {name: tuple(int(e) for e in shapes[name]) for name in spec.input_names}
     dtypes = {name: str(dtypes[name]) for name in spec.input_names}
+    loops = loop_backend(dtypes.values())
     memo_key = (spec, tuple(sorted(shapes.items())), tuple(sorted(dtypes.items())), loops)
     found = _MEMO.get(memo_key)
     if found is not None:
@@ -475,7 +476,7 @@ def explain_lines(spec: Spec, shapes: Shapes | None = None, dtype: str = "float3
     decision for those shapes when the compile cache holds one (close calls are not timed here)."""
     from tullax.backends.host import kernel_steps
 
-    loops = loop_backend()
+    loops = loop_backend((dtype,))
     lines = [f"plan (backend='auto' on the CPU; loop backend: {loops or 'none'}):"]
     from tullax.backends.workload import serial_threshold
 
