@@ -45,7 +45,7 @@ from tullax.backends import host, workload
 from tullax.backends.base import Capabilities, Shapes, Signature
 from tullax.backends.numba_fastload import load_cached
 from tullax.backends.numba_helper import CompileHelper, CompileRequest
-from tullax.backends.numba_modules import import_numba, import_stored_module, module_named
+from tullax.backends.numba_modules import compile_variant, import_numba, import_stored_module, module_named
 from tullax.compiler.loops import LoopKernel, eval_int, parallel_nest
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError, TullaxError
@@ -238,7 +238,7 @@ class NumbaHostKernel:
                 if not load_cached(fn, types):
                     helped = self._compile_in_helper(fn, types) and load_cached(fn, types)
                     if not helped:
-                        fn.compile(types)
+                        compile_variant(fn, types)
         except numba.core.errors.NumbaError as err:  # a printer bug, not a user error: say where to look
             raise TullaxError(f"Numba could not compile the kernel generated for {self.generated.kernel.spec_text} "
                               f"({self.generated.path}); please report it. Numba said:\n{err}") from None

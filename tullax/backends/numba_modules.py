@@ -52,3 +52,32 @@ def import_stored_module(path: str | Path, key: str) -> types.ModuleType:
     module_spec = importlib.util.spec_from_file_location(name, path)
     return module_named(name, importlib.util.module_from_spec(module_spec),
                          module_code(module_spec.loader, Path(path)))
+
+
+# LLVM optimisation level of the ``_serial`` variants. They only run calls below the serial work threshold
+# (``tullax.backends.workload``: well under a millisecond of work), where O3's extra passes buy nothing
+# measurable, while they cost 0.2-0.6 s of each compile (benchmarks/ttfk_breakdown.py: Dist's three serial
+# kernels compile in 2.1 s at O2 against 3.1 s at O3). O2 still vectorises loops (LLVM runs its loop and SLP
+# vectorisers from O2 on), so a tiny contraction keeps its vector code. The parallel variants stay at Numba's
+# level: they run the large calls.
+SERIAL_OPT = 2
+SERIAL_SUFFIX = "_serial"
+
+
+def compile_variant(function: Any, arg_types: tuple) -> None:
+    """``function.compile(arg_types)``, a ``_serial`` variant at ``SERIAL_OPT`` (never above the level that
+    NUMBA_OPT asks for). Numba's pass builders read ``config.OPT`` when each compile optimises, so it is set
+    for this compile only, under Numba's compiler lock (which every compile holds: no other one sees it)."""
+    if not function.__name__.endswith(SERIAL_SUFFIX):
+        function.compile(arg_types)
+        return
+    from numba.core import config
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock:
+        saved = config.OPT
+        config.OPT = type(saved)(min(int(saved), SERIAL_OPT))
+        try:
+            function.compile(arg_types)
+        finally:
+            config.OPT = saved
