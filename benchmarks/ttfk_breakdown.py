@@ -106,7 +106,9 @@ def child(job: dict) -> None:
 
     record: dict = {"functions": [], "numba_import_ms": 0.0}
     _instrument(record)
+    cpu = time.process_time()
     result = worker.phase_ttfk(job)
+    record["cpu_ms"] = (time.process_time() - cpu) * 1e3  # every thread of the process: robust to a busy machine
     start = time.perf_counter()  # numba's import, measured in a process of its own (it is in TTFK, once)
     subprocess.run([sys.executable, "-c", "import numba"], check=True)
     record["numba_import_ms"] = (time.perf_counter() - start) * 1e3 - _python_startup_ms()
@@ -158,9 +160,9 @@ def measure(case, backend: str, runs: int) -> dict:
 def show(result: dict) -> None:
     cold, warm = result["cold"], result["warm"]
     compiled = [f for f in cold["functions"] if f["compiled"]]
-    print(f"\n## {result['case']}: cold {cold['ttfk_ms']:.0f} ms (fwd {cold['fwd_ms']:.0f}), "
-          f"warm {warm['ttfk_ms']:.0f} "
-          f"ms; samples cold {result['cold_samples_ms']} warm {result['warm_samples_ms']}")
+    print(f"\n## {result['case']}: cold {cold['ttfk_ms']:.0f} ms (fwd {cold['fwd_ms']:.0f}, CPU {cold['cpu_ms']:.0f}), "
+          f"warm {warm['ttfk_ms']:.0f} ms (CPU {warm['cpu_ms']:.0f}); samples cold {result['cold_samples_ms']} "
+          f"warm {result['warm_samples_ms']}")
     print(f"  cold: numba import {cold['numba_import_ms']:.0f} ms, {len(compiled)} functions compiled in "
           f"{sum(f['ms'] for f in compiled):.0f} ms (LLVM lock {cold['llvm_ms']:.0f} ms), other (jax tracing, "
           f"lowering, runs) {cold['other_ms']:.0f} ms")
