@@ -1,12 +1,12 @@
 """The host's chunk runner (tullax.backends.numba_threads): even, contiguous, complete splits, and chunks that
-really run on different threads."""
+really run on different threads, each once."""
 from __future__ import annotations
 
 import threading
 
 import pytest
 
-from tullax.backends.numba_threads import run_chunks, split
+from tullax.backends.numba_threads import CHUNKS_PER_THREAD, run_chunks, split
 
 
 @pytest.mark.parametrize("start, stop, parts", [(0, 10, 3), (5, 6, 4), (0, 0, 2), (3, 1, 2), (-4, 9, 2), (0, 7, 7)])
@@ -19,21 +19,30 @@ def test_split_covers_the_range_once_in_even_contiguous_parts(start, stop, parts
     assert not lengths or max(lengths) - min(lengths) <= 1
 
 
-def test_chunks_run_on_different_threads_and_all_before_returning():
+def test_chunks_run_once_each_on_several_threads_and_all_before_returning():
     seen: list[tuple[int, int, int]] = []
     lock = threading.Lock()
-    started = threading.Barrier(3, timeout=10)  # all three chunks run at the same time, or this times out
+    caller = threading.get_ident()
+    helped, ran_in_caller = threading.Event(), threading.Event()
 
-    def chunk(tag, lo, hi):
-        started.wait()
+    def chunk(tag, lo, hi):  # each side waits (in its first chunk) until the other side runs one too
+        assert tag == "t"
         with lock:
             seen.append((lo, hi, threading.get_ident()))
-        assert tag == "t"
+        mine, other = (ran_in_caller, helped) if threading.get_ident() == caller else (helped, ran_in_caller)
+        mine.set()
+        assert other.wait(10)
 
-    run_chunks(chunk, ("t",), 0, 10, 3)
-    assert sorted((lo, hi) for lo, hi, _ in seen) == [(0, 4), (4, 7), (7, 10)]
-    assert len({ident for *_, ident in seen}) == 3
-    assert threading.get_ident() in {ident for *_, ident in seen}  # the caller runs a chunk itself
+    run_chunks(chunk, ("t",), 0, 100, 3)
+    assert sorted((lo, hi) for lo, hi, _ in seen) == split(0, 100, 3 * CHUNKS_PER_THREAD)
+    assert len({ident for *_, ident in seen}) >= 2 and caller in {ident for *_, ident in seen}
+
+
+def test_one_thread_runs_every_chunk_in_the_caller():
+    seen = []
+    run_chunks(lambda lo, hi: seen.append((lo, hi, threading.get_ident())), (), 0, 10, 1)
+    assert [(lo, hi) for lo, hi, _ in seen] == split(0, 10, CHUNKS_PER_THREAD)
+    assert {ident for *_, ident in seen} == {threading.get_ident()}
 
 
 def test_an_exception_in_a_chunk_reaches_the_caller():

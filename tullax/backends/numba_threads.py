@@ -2,9 +2,11 @@
 
 A chunked variant (``tullax.printers.numba.chunked``) is serial code over ``range(p_lo, p_hi)`` of its
 outermost parallel loop; it is compiled with ``nogil=True``, so threads that call it run at the same time.
-Splitting one call into as many even chunks as Numba has threads (``numba.get_num_threads()``: the same
-setting, ``NUMBA_NUM_THREADS`` or ``numba.set_num_threads``) is what Numba's default static schedule does
-with a prange; the calling thread runs the first chunk itself and waits for the others.
+One call runs on as many threads as Numba has (``numba.get_num_threads()``: the same setting,
+``NUMBA_NUM_THREADS`` or ``numba.set_num_threads``), the caller's among them; the range is split into
+``CHUNKS_PER_THREAD`` even chunks per thread, and each thread takes the next chunk until none is left, so a
+thread the OS descheduled (a busy machine) delays the call by one small chunk, not by a whole share, as a
+static schedule would.
 
 Why not Numba's prange: compiling a parfor costs two to three times compiling the same loop nest serially
 (``benchmarks/ttfk_breakdown.py``), and a kernel's parallel variant is the first thing a real-sized call
@@ -16,6 +18,9 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
+# Chunks per thread: enough that a late thread costs little, few enough that dispatching a chunk (a Numba
+# call, a few microseconds) stays negligible next to a call above the serial work threshold.
+CHUNKS_PER_THREAD = 4
 _POOL: ThreadPoolExecutor | None = None
 _POOL_SIZE = 0
 _LOCK = threading.Lock()
@@ -51,18 +56,29 @@ def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
 
 
 def run_chunks(function: Callable[..., Any], args: Sequence[Any], start: int, stop: int, threads: int) -> None:
-    """``function(*args, lo, hi)`` over ``split(start, stop, threads)``, the chunks on different threads;
-    returns when every chunk has run (the first exception any chunk raised is raised here)."""
-    chunks = split(start, stop, threads)
-    if len(chunks) <= 1:
+    """``function(*args, lo, hi)`` over the chunks of ``[start, stop)`` (``split`` into ``CHUNKS_PER_THREAD``
+    per thread), on ``threads`` threads (the caller's among them) that each take the next chunk until none
+    is left; returns when every chunk has run (the first exception a chunk raised is raised here)."""
+    chunks = split(start, stop, max(threads, 1) * CHUNKS_PER_THREAD)
+    if threads <= 1 or len(chunks) <= 1:
         for lo, hi in chunks:
             function(*args, lo, hi)
         return
-    pool = _pool(len(chunks) - 1)
-    futures: list[Future] = [pool.submit(function, *args, lo, hi) for lo, hi in chunks[1:]]
+    pending = iter(chunks)
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                chunk = next(pending, None)
+            if chunk is None:
+                return
+            function(*args, *chunk)
+
+    helpers = min(threads, len(chunks)) - 1
+    futures: list[Future] = [_pool(helpers).submit(work) for _ in range(helpers)]
     try:
-        lo, hi = chunks[0]
-        function(*args, lo, hi)
+        work()
     finally:
         for future in futures:
             future.result()
