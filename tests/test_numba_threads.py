@@ -2,7 +2,10 @@
 really run on different threads, each once."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 
 import pytest
 
@@ -52,3 +55,25 @@ def test_an_exception_in_a_chunk_reaches_the_caller():
 
     with pytest.raises(ValueError, match="chunk"):
         run_chunks(chunk, (), 0, 4, 2)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_runs_chunks_on_threads_of_its_own():
+    """A child forked after the parent ran chunks inherits the pool without its threads: it must start its own
+    (before, work submitted in the child never ran and the call hung)."""
+    run_chunks(lambda lo, hi: None, (), 0, 8, 2)  # the parent's pool exists
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only when every chunk ran
+        seen = []
+        run_chunks(lambda lo, hi: seen.append((lo, hi)), (), 0, 8, 2)
+        os._exit(0 if sorted(seen) == split(0, 8, 2 * CHUNKS_PER_THREAD) else 1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's chunks never ran")

@@ -14,6 +14,7 @@ compiles.
 """
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
@@ -23,18 +24,21 @@ from typing import Any, Callable, Sequence
 CHUNKS_PER_THREAD = 4
 _POOL: ThreadPoolExecutor | None = None
 _POOL_SIZE = 0
+_POOL_PID = 0
 _LOCK = threading.Lock()
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
     """The process's worker threads, at least ``workers`` of them (grown, never shrunk: idle ones cost
-    nothing)."""
-    global _POOL, _POOL_SIZE
+    nothing). A forked child starts its own: it inherits the parent's executor without its threads, and
+    work submitted there would never run."""
+    global _POOL, _POOL_SIZE, _POOL_PID
     with _LOCK:
-        if _POOL is None or _POOL_SIZE < workers:
+        inherited = _POOL_PID != os.getpid()
+        if _POOL is None or inherited or _POOL_SIZE < workers:
             old, _POOL = _POOL, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tullax-numba")
-            _POOL_SIZE = workers
-            if old is not None:
+            _POOL_SIZE, _POOL_PID = workers, os.getpid()
+            if old is not None and not inherited:
                 old.shutdown(wait=False)
         return _POOL
 
