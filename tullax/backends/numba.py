@@ -268,7 +268,7 @@ class NumbaHostKernel:
                 if not load_cached(fn, types):
                     helped = self._compile_in_helper(fn, types) and load_cached(fn, types)
                     if not helped:
-                        compile_variant(fn, types)
+                        compile_variant(fn, types, chunk=self._chunked and fn is not self._serial)
         except numba.core.errors.NumbaError as err:  # a printer bug, not a user error: say where to look
             raise TullaxError(f"Numba could not compile the kernel generated for {self.generated.kernel.spec_text} "
                               f"({self.generated.path}); please report it. Numba said:\n{err}") from None
@@ -285,7 +285,8 @@ class NumbaHostKernel:
         if generated.path is None or not get_cache().storing.is_set() or not _HELPER.wanted():
             return False
         return _HELPER.compile(CompileRequest(str(get_cache().root), generated.key, str(generated.path),
-                                              generated.source, fn.__name__, types))
+                                              generated.source, fn.__name__, types,
+                                              chunk=self._chunked and fn is not self._serial))
 
     def _first_call(self, fn, args, whole: tuple[int, int] | None) -> None:
         """Load or compile (unless prepare() did), run, and record the timings in the cache index."""
