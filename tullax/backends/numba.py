@@ -6,6 +6,7 @@
   are serial functions over a chunk ``range(p_lo, p_hi)`` of the outermost parallel loop (flat: of the product),
   and the host splits each call into one chunk per Numba thread on its own threads
   (``tullax.backends.numba_threads``): compiling a Numba parfor costs 2-3x the same nest compiled serially.
+  Chunk variants compile with Numba's ``noalias`` flag, as a prange's gufunc does.
   Each variant is compiled on the first call that picks it, never before (``_serial`` at LLVM O2:
   ``tullax.backends.numba_modules.compile_variant``). With two or more parallel
   loops a second, ``_flat`` variant runs ONE ``prange`` over the product of their extents (divmod back to the
