@@ -420,7 +420,7 @@ _OPT_LEVELS = textwrap.dedent("""
 
 
 def test_each_call_compiles_only_its_variant_serial_at_o2_and_no_parfor_but_noalias(tmp_path):
-    """A tiny call compiles the serial variant alone, at LLVM O2 (0.2-0.6 s less per kernel than O3); a large
+    """A tiny call compiles the serial variant alone, with LLVM's O2 passes (a few % less compile time); a large
     call then compiles its chunk variant alone, at Numba's level (3), without Numba's parfor pipeline (no
     gufunc is compiled: only kernel functions); the level is restored after the serial compile."""
     env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}

@@ -54,12 +54,14 @@ def import_stored_module(path: str | Path, key: str) -> types.ModuleType:
                          module_code(module_spec.loader, Path(path)))
 
 
-# LLVM optimisation level of the ``_serial`` variants. They only run calls below the serial work threshold
-# (``tullax.backends.workload``: well under a millisecond of work), where O3's extra passes buy nothing
-# measurable, while they cost 0.2-0.6 s of each compile (benchmarks/ttfk_breakdown.py: Dist's three serial
-# kernels compile in 2.1 s at O2 against 3.1 s at O3). O2 still vectorises loops (LLVM runs its loop and SLP
-# vectorisers from O2 on), so a tiny contraction keeps its vector code. The parallel variants stay at Numba's
-# level: they run the large calls.
+# LLVM optimisation level of the ``_serial`` variants' IR passes. They only run calls below the serial work
+# threshold (``tullax.backends.workload``: well under a millisecond of work), where O3's extra passes buy
+# nothing measurable; O2 saves about 4% of the CPU time of a cold first kernel made of serial variants
+# (Dist, conv1d forward plus gradients: 2.81 s against 2.94 s, 2.65 s against 2.76 s, means of three
+# alternating processes; benchmarks/ttfk_breakdown.py). Small: most of a Numba compile is its own Python
+# passes, and the machine-code level is fixed for the process (Numba's target machine is made once). O2 still
+# runs LLVM's loop and SLP vectorisers, so a tiny contraction keeps its vector code. The parallel (chunk)
+# variants stay at Numba's level: they run the large calls.
 SERIAL_OPT = 2
 SERIAL_SUFFIX = "_serial"
 
