@@ -128,7 +128,7 @@ def test_generated_names_never_clash_with_user_names():
     env = {"np": rng.standard_normal((3, 4)), "range": rng.standard_normal((4, 5)), "njit": np.float64(0.5)}
     np.testing.assert_allclose(run_numba(spec, env), naive_eval(spec, env), rtol=1e-12)
     source = BACKEND.generate_source(spec, Signature(("float64",) * 3, "float64"))
-    allowed = re.compile(r"(a|s|n|i|t)\d+(_lo|_)?$|acc[ms]?$|shift$|tile(_lo|_hi)?$|p_flat$|p_ext\d+$")
+    allowed = re.compile(r"(a|s|n|i|t)\d+(_lo|_)?$|acc[ms]?$|shift$|tile(_lo|_hi)?$|p_flat$|p_ext\d+$|p_lo$|p_hi$")
     builtins = {"np", "njit", "prange", "range", "max", "min", "abs", "_FASTMATH", "_ix"}
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Name):
@@ -318,7 +318,7 @@ def test_module_source_holds_forward_and_every_gradient_kernel():
     names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
     assert names == ["forward", "forward_serial", "grad0_step0", "grad0_step0_serial", "grad1_step0",
                      "grad1_step0_serial"]
-    assert "np.float32(0.0)" in source and "prange(" in source
+    assert "np.float32(0.0)" in source and "range(p_lo, p_hi)" in source  # chunk variants: no prange
     assert "# forward: y[i] := x[i+k]*w[k]" in source
     assert BACKEND.module_source(spec, "float64") == module_source(spec, "float64")
 
@@ -331,6 +331,20 @@ def test_generate_source_is_one_kernel_and_its_flat_and_serial_variants():
     serial = ast.get_source_segment(source, functions[2])
     assert "prange" not in serial and "parallel=False" in ast.unparse(functions[2].decorator_list[0])
     assert "fastmath=_FASTMATH" in source and "'nnan'" not in source
+    # one parallel nest: the nested and flat variants are chunk functions, serial code over (p_lo, p_hi) of
+    # the outermost parallel loop (flat: of the product), run on the host's threads (no Numba parfor)
+    for function in functions[:2]:
+        assert [a.arg for a in function.args.args][-2:] == ["p_lo", "p_hi"]
+        assert "prange" not in ast.get_source_segment(source, function)
+        assert "parallel=False" in ast.unparse(function.decorator_list[0])
+        assert "in range(p_lo, p_hi):" in ast.get_source_segment(source, function)
+
+
+def test_a_scalar_result_and_two_parallel_nests_keep_numbas_prange():
+    """Chunks need ONE parallel loop nest: a scalar result's reduction (Numba's partial sums) keeps its prange."""
+    spec = analysed("ssum := x[i]*y[i]")
+    source = BACKEND.generate_source(spec, Signature(("float32", "float32"), "float32"))
+    assert "prange(" in source and "p_lo" not in source
 
 
 # =============================================================================================
@@ -370,3 +384,56 @@ def test_serial_variant_runs_tiny_calls_and_agrees_with_xla(text, small, large):
         if variant:
             assert kernel.variants_run == ("kernel_serial",), kernel.variants_run
     assert len(kernel.variants_run) == 2 and "kernel_serial" in kernel.variants_run
+
+
+_OPT_LEVELS = textwrap.dedent("""
+    import json
+    import numpy as np
+    from numba.core import config, event
+    import tullax
+
+    seen = []
+
+    class Levels(event.Listener):  # Numba's own compile event: which function, at which optimisation level
+        def on_start(self, ev):
+            seen.append((ev.data["dispatcher"].py_func.__name__, int(config.OPT)))
+
+        def on_end(self, ev):
+            pass
+
+    event.register("numba:compile", Levels())
+    from tullax.backends.numba import compile_stats
+    kernel = tullax.einsum_kernel("Copt[i,j] := A[i,k]*B[k,j]", backend="numba")
+    rng = np.random.default_rng(0)
+    compiled = []
+    for n in (3, 90):  # a tiny call (the serial variant), then a large one (a parallel variant)
+        a, b = rng.standard_normal((n, n + 1)), rng.standard_normal((n + 1, n))
+        np.testing.assert_allclose(np.asarray(kernel(a, b)), a @ b, rtol=1e-10)
+        compiled.append(compile_stats()["compiled"])
+    from tullax.backends.numba import _DISPATCHERS
+    parallel = {fn.__name__: fn.targetoptions.get("parallel") for fn in _DISPATCHERS if fn.signatures}
+    noalias = {fn.__name__: all(c.fndesc.noalias for c in fn.overloads.values()) for fn in _DISPATCHERS
+               if fn.signatures}
+    print(json.dumps({"seen": seen, "after": int(config.OPT), "compiled": compiled, "parallel": parallel,
+                      "noalias": noalias}))
+""")
+
+
+def test_each_call_compiles_only_its_variant_serial_at_o2_and_no_parfor_but_noalias(tmp_path):
+    """A tiny call compiles the serial variant alone, with LLVM's O2 passes (a few % less compile time); a large
+    call then compiles its chunk variant alone, at Numba's level (3), without Numba's parfor pipeline (no
+    gufunc is compiled: only kernel functions); the level is restored after the serial compile."""
+    env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    env.pop("NUMBA_OPT", None)
+    done = subprocess.run([sys.executable, "-c", _OPT_LEVELS], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    levels = {name: level for name, level in result["seen"] if name.startswith("kernel")}
+    assert levels["kernel_serial"] == 2, result
+    assert levels.get("kernel", levels.get("kernel_flat")) == 3, result
+    assert result["after"] == 3
+    assert result["compiled"] == [1, 2], result  # one function per call: nothing compiled that did not run
+    assert result["parallel"] == {"kernel_serial": False, "kernel": False}, result  # no parfor compiled
+    # the chunk variant's arrays are noalias, as in the gufunc Numba compiles for a prange (LLVM hoists and
+    # vectorises: the embedding gather was 2.6x slower without); the serial one is compiled as before
+    assert result["noalias"] == {"kernel_serial": False, "kernel": True}, result

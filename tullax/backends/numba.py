@@ -1,7 +1,14 @@
 """The Numba CPU backend: prints the loop IR as ``@njit`` Python source, caches it in a real file, runs it.
 
 * Printer: one module per (spec, signature) with one ``@njit(parallel=..., fastmath=_FASTMATH, cache=True)``
-  function per variant of the kernel. ``prange`` goes on the outermost parallel loop. With two or more parallel
+  function per variant of the kernel. ``prange`` goes on the outermost parallel loop, except where the body is
+  ONE parallel loop nest (``tullax.printers.numba.chunked``, most kernels): there the nested and flat variants
+  are serial functions over a chunk ``range(p_lo, p_hi)`` of the outermost parallel loop (flat: of the product),
+  and the host splits each call into one chunk per Numba thread on its own threads
+  (``tullax.backends.numba_threads``): compiling a Numba parfor costs 2-3x the same nest compiled serially.
+  Chunk variants compile with Numba's ``noalias`` flag, as a prange's gufunc does.
+  Each variant is compiled on the first call that picks it, never before (``_serial`` at LLVM O2:
+  ``tullax.backends.numba_modules.compile_variant``). With two or more parallel
   loops a second, ``_flat`` variant runs ONE ``prange`` over the product of their extents (divmod back to the
   indices); the host picks it at call time when the outermost extent is below 4x the thread count. A third,
   ``_serial`` variant has no ``prange`` at all: a call whose estimated work (``tullax.backends.workload``) is
@@ -41,15 +48,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tullax.backends import host, workload
+from tullax.backends import host, numba_threads, workload
 from tullax.backends.base import Capabilities, Shapes, Signature
 from tullax.backends.numba_fastload import load_cached
 from tullax.backends.numba_helper import CompileHelper, CompileRequest
-from tullax.backends.numba_modules import import_numba, import_stored_module, module_named
+from tullax.backends.numba_modules import compile_variant, import_numba, import_stored_module, module_named
 from tullax.compiler.loops import LoopKernel, eval_int, parallel_nest
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError, TullaxError
-from tullax.printers.numba import FASTMATH, print_module, variants
+from tullax.printers.numba import FASTMATH, chunked, print_module, variants
 from tullax.runtime.cache import CompileCache, get_cache
 from tullax.spec.ir import Spec
 
@@ -149,9 +156,12 @@ class NumbaHostKernel:
         self._nested = by_suffix[""]
         self._flat = by_suffix.get("_flat")
         self._serial = by_suffix.get("_serial")
-        self._picked: dict[tuple[int, ...], Any] = {}  # size arguments -> the variant that runs them
+        # size arguments -> the variant that runs them and, for a chunk variant, the range its chunks split
+        self._picked: dict[tuple[int, ...], tuple[Any, tuple[int, int] | None]] = {}
         loops, _ = parallel_nest(kernel)
         self._outer = loops[0] if loops else None
+        self._loops = loops
+        self._chunked = chunked(kernel)  # nested and flat variants take (p_lo, p_hi): numba_threads runs them
         self._numba = import_numba()
         self._lock = threading.Lock()
         self._ran: set[str] = set()  # names of the variants that have run (their first run is recorded)
@@ -170,11 +180,11 @@ class NumbaHostKernel:
     def run(self, out, inputs: Sequence[Any], shapes: Shapes) -> None:
         """The call, for a caller that knows the input and output ``shapes`` already."""
         args, copy_back = host.marshal(self._plan, out, inputs, shapes)
-        fn = self._pick(args[self._sizes_at:], shapes)
+        fn, whole = self._pick(args[self._sizes_at:], shapes)
         if fn.__name__ not in self._ran:
-            self._first_call(fn, args)
+            self._first_call(fn, args, whole)
         else:
-            fn(*args)
+            self._call(fn, args, whole)
         if copy_back is not None:
             out[...] = copy_back
 
@@ -183,7 +193,8 @@ class NumbaHostKernel:
         path calls it while tracing, so a compile error surfaces at trace time and never inside a callback.
         ``read_only``: the call's inputs are read-only arrays (``pure_callback``'s), which Numba types apart."""
         sizes = self._plan.size_values(shapes)
-        self._load_or_compile(self._pick(sizes, shapes), self._stand_ins(read_only) + sizes)
+        fn, whole = self._pick(sizes, shapes)
+        self._load_or_compile(fn, self._stand_ins(read_only) + sizes + ([0, 0] if whole else []))
 
     def prepare_every_variant(self) -> None:
         """Load or compile now every variant a call may pick: the nested kernel and, where there are, the flat
@@ -192,7 +203,8 @@ class NumbaHostKernel:
         sizes = [0] * len(self._size_names)  # a size's Numba type does not depend on its value
         for fn in (self._nested, self._flat, self._serial):
             if fn is not None:
-                self._load_or_compile(fn, self._stand_ins() + sizes)
+                bounds = [0, 0] if self._chunked and fn is not self._serial else []
+                self._load_or_compile(fn, self._stand_ins() + sizes + bounds)
 
     def _stand_ins(self, read_only: bool = False) -> list[Any]:
         """Arrays and scalars with the call's types (C-contiguous, aligned, writable unless ``read_only``: what
@@ -203,15 +215,34 @@ class NumbaHostKernel:
             stand_in.flags.writeable = not (read_only and array.role == "in")
         return args + [np.dtype(s.dtype).type(0) for s in kernel.scalars]
 
-    def _pick(self, sizes: Sequence[int], shapes: Shapes) -> Any:
+    def _pick(self, sizes: Sequence[int], shapes: Shapes) -> tuple[Any, tuple[int, int] | None]:
         """The variant for a call: serial below the work threshold (``tullax.backends.workload``), else flat
-        when the outermost parallel loop is short, else nested. Remembered per size arguments: they fix every
-        loop extent, and the estimate must not cost a tiny call more than it saves."""
+        when the outermost parallel loop is short, else nested; with, for a chunk variant, the whole range
+        its chunks split (the outermost parallel loop's, or the flat product's). Remembered per size
+        arguments: they fix every loop extent, and the estimate must not cost a tiny call more than it saves."""
         key = tuple(sizes)
         found = self._picked.get(key)
         if found is None:
-            found = self._picked[key] = self._choose(sizes, shapes)
+            fn = self._choose(sizes, shapes)
+            found = self._picked[key] = (fn, self._whole_range(fn, sizes))
         return found
+
+    def _whole_range(self, fn: Any, sizes: Sequence[int]) -> tuple[int, int] | None:
+        if not self._chunked or fn is self._serial:
+            return None
+        env = dict(zip(self._size_names, sizes))
+        if fn is self._nested:
+            return eval_int(self._outer.start, env), eval_int(self._outer.stop, env)
+        total = 1
+        for loop in self._loops:  # the flat variant's p_ext product
+            total *= max(eval_int(loop.stop, env) - eval_int(loop.start, env), 0)
+        return 0, total
+
+    def _call(self, fn, args: Sequence[Any], whole: tuple[int, int] | None) -> None:
+        if whole is None:
+            fn(*args)
+        else:
+            numba_threads.run_chunks(fn, args, whole[0], whole[1], self._numba.get_num_threads())
 
     def _choose(self, sizes: Sequence[int], shapes: Shapes) -> Any:
         if self._serial is not None and workload.runs_serially(self.generated.spec, shapes):
@@ -238,7 +269,7 @@ class NumbaHostKernel:
                 if not load_cached(fn, types):
                     helped = self._compile_in_helper(fn, types) and load_cached(fn, types)
                     if not helped:
-                        fn.compile(types)
+                        compile_variant(fn, types, chunk=self._chunked and fn is not self._serial)
         except numba.core.errors.NumbaError as err:  # a printer bug, not a user error: say where to look
             raise TullaxError(f"Numba could not compile the kernel generated for {self.generated.kernel.spec_text} "
                               f"({self.generated.path}); please report it. Numba said:\n{err}") from None
@@ -255,13 +286,14 @@ class NumbaHostKernel:
         if generated.path is None or not get_cache().storing.is_set() or not _HELPER.wanted():
             return False
         return _HELPER.compile(CompileRequest(str(get_cache().root), generated.key, str(generated.path),
-                                              generated.source, fn.__name__, types))
+                                              generated.source, fn.__name__, types,
+                                              chunk=self._chunked and fn is not self._serial))
 
-    def _first_call(self, fn, args) -> None:
+    def _first_call(self, fn, args, whole: tuple[int, int] | None) -> None:
         """Load or compile (unless prepare() did), run, and record the timings in the cache index."""
-        self._load_or_compile(fn, args)
+        self._load_or_compile(fn, list(args) + ([0, 0] if whole else []))
         start = time.perf_counter()
-        fn(*args)
+        self._call(fn, args, whole)
         run_ms = (time.perf_counter() - start) * 1e3
         with self._lock:
             self._ran.add(fn.__name__)

@@ -41,7 +41,8 @@ _STOP_WAIT_S = 5.0  # a helper told to stop (its stdin closed) that has not exit
 @dataclass(frozen=True)
 class CompileRequest:
     """Compile ``function`` of the module stored under ``key`` (file ``path``, text ``source``) in the cache
-    at ``root`` for ``arg_types`` (Numba types), storing the result in the entry."""
+    at ``root`` for ``arg_types`` (Numba types), storing the result in the entry; ``chunk``: a chunk variant
+    (``tullax.backends.numba_modules.compile_variant``)."""
 
     root: str
     key: str
@@ -49,6 +50,7 @@ class CompileRequest:
     source: str
     function: str
     arg_types: tuple
+    chunk: bool = False
 
 
 def inprocess_compiles() -> int | None:
@@ -156,7 +158,7 @@ class CompileHelper:
 def _compile(request: CompileRequest) -> str:
     """Compile one request into the cache: "ok", or what went wrong (the asking process compiles instead)."""
     from tullax.backends import numba_artefacts
-    from tullax.backends.numba_modules import import_stored_module
+    from tullax.backends.numba_modules import compile_variant, import_stored_module
     from tullax.runtime.cache import CompileCache
 
     try:
@@ -164,7 +166,7 @@ def _compile(request: CompileRequest) -> str:
         module = import_stored_module(request.path, request.key)
         function = getattr(module, request.function)
         numba_artefacts.install([function], cache, request.key, request.source)
-        function.compile(request.arg_types)
+        compile_variant(function, request.arg_types, chunk=request.chunk)
     except Exception as err:  # noqa: BLE001 - reported, and the asking process compiles the kernel itself
         return f"{type(err).__name__}: {err}"
     return _OK if cache.storing.is_set() else "the cache stores nothing (a full disk?)"

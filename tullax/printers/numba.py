@@ -1,7 +1,9 @@
 """The Numba printer: the loop IR as ``@njit`` Python source.
 
 One module per (spec, signature) with one ``@njit(parallel=..., fastmath=_FASTMATH, cache=True)`` function per
-variant of the kernel. ``prange`` goes on the outermost parallel loop. With two or more parallel loops a second,
+variant of the kernel. ``prange`` goes on the outermost parallel loop; where the body is one parallel loop nest
+(``chunked``), the nested and flat variants are instead serial chunk functions over ``range(p_lo, p_hi)`` of that
+loop, which the host runs on its own threads (no Numba parfor to compile). With two or more parallel loops a second,
 ``_flat`` variant runs ONE ``prange`` over the product of their extents (divmod back to the indices); the host
 picks it at call time. A ``_serial`` variant (every loop a ``range``, ``parallel=False``) serves calls too small to
 pay for a parallel launch. A scalar result (no parallel loop) gets ``prange`` on its reduction loop: Numba splits it
@@ -92,6 +94,7 @@ class NumbaPrinter(LoopPrinter):
     def __init__(self, kernel: LoopKernel, disk_cache: bool = True):
         self.kernel = kernel
         self.serial = False  # printing the serial variant: every loop a plain range, no parallel launch
+        self.chunk = False  # printing a chunk variant: serial, but the parallel loop runs range(p_lo, p_hi)
         self.rank0 = frozenset(a.name for a in kernel.arrays if a.rank == 0)
         self.disk_cache = disk_cache  # Numba's cache=: off for a module that only exists in memory
 
@@ -131,6 +134,8 @@ class NumbaPrinter(LoopPrinter):
 
     def loop_header(self, loop: Loop, place: Place) -> str:
         assert isinstance(place, NumbaPlace)
+        if self.chunk and loop.parallel and place.prange:
+            return f"for {loop.var} in range({CHUNK_PARAMS[0]}, {CHUNK_PARAMS[1]}):"
         use_prange = not self.serial and ((loop.parallel and place.prange) or loop.reduce_parallel)
         return f"for {loop.var} in {'prange' if use_prange else 'range'}({self.expr(loop.start)}, " \
                f"{self.expr(loop.stop)}):"
@@ -219,15 +224,17 @@ class NumbaPrinter(LoopPrinter):
     # -- functions -------------------------------------------------------------------------------
     def function(self, name: str, flat: bool, serial: bool = False) -> str:
         kernel = self.kernel
-        self.serial = serial
+        self.chunk = not serial and chunked(kernel)
+        self.serial = serial or self.chunk
         if flat:
             body = self._flat(*parallel_nest(kernel))
         else:
             body = self.block(kernel.body, NumbaPlace(1, prange=not serial, lanes=True))
-        self.serial = False
+        params = kernel.params + (CHUNK_PARAMS if self.chunk else ())
+        self.serial = self.chunk = False
         parallel = any("prange(" in line for line in body)
         head = f"@njit(parallel={parallel}, fastmath=_FASTMATH, cache={self.disk_cache}, nogil=True)"
-        return "\n".join([head, f"def {name}({', '.join(kernel.params)}):", *(body or ["    pass"])]) + "\n"
+        return "\n".join([head, f"def {name}({', '.join(params)}):", *(body or ["    pass"])]) + "\n"
 
     def _flat(self, loops: tuple[Loop, ...], inner: tuple[Stmt, ...]) -> list[str]:
         """One prange over the product of the parallel extents; the indices come back by division (never
@@ -237,7 +244,8 @@ class NumbaPrinter(LoopPrinter):
             extent = self.expr(binop("-", loop.stop, loop.start))
             lines.append(f"    p_ext{k} = max({extent}, 0)")
         total = " * ".join(f"p_ext{k}" for k in range(len(loops)))
-        lines.append(f"    for p_flat in prange({total}):")
+        whole = f"range({CHUNK_PARAMS[0]}, {CHUNK_PARAMS[1]})" if self.chunk else f"prange({total})"
+        lines.append(f"    for p_flat in {whole}:")
         for k, loop in enumerate(loops):
             inner_extents = " * ".join(f"p_ext{m}" for m in range(k + 1, len(loops)))
             position = f"p_flat // ({inner_extents})" if inner_extents else "p_flat"
@@ -284,6 +292,22 @@ def variants(kernel: LoopKernel) -> tuple[str, ...]:
     if _has_parallel_loop(kernel.body):
         names.append(f"{kernel.name}_serial")
     return tuple(names)
+
+
+# The chunk bounds a chunked variant takes after the kernel's own parameters (``chunked``).
+CHUNK_PARAMS = ("p_lo", "p_hi")
+
+
+def chunked(kernel: LoopKernel) -> bool:
+    """Whether the nested and flat variants of ``kernel`` are printed as chunk functions: serial code whose
+    outermost parallel loop (the flat variant: its one loop over the product of the parallel extents) runs
+    ``range(p_lo, p_hi)``, so the host runs the chunks of one call on its own threads
+    (``tullax.backends.numba_threads``) instead of Numba's parallel pipeline: compiling a parfor costs 2-3x
+    compiling the same nest serially (benchmarks/ttfk_breakdown.py: conv2d's weight gradient 3.8 s against
+    1.45 s). Only where the body is ONE parallel loop nest: two top-level loops need a barrier between them
+    (each of Numba's pranges is one), and a scalar result's prange reduction needs Numba's partial sums."""
+    loops, _ = parallel_nest(kernel)
+    return bool(loops)
 
 
 def _has_parallel_loop(body: Sequence[Stmt]) -> bool:
@@ -341,4 +365,5 @@ def print_module(kernels: Sequence[LoopKernel], disk_cache: bool = True) -> str:
     return header + "\n\n" + body
 
 
-__all__ = ["FASTMATH", "LANES", "REPLACEMENTS", "NumbaPrinter", "print_kernel", "print_module", "variants"]
+__all__ = ["CHUNK_PARAMS", "FASTMATH", "LANES", "REPLACEMENTS", "NumbaPrinter", "chunked", "print_kernel",
+           "print_module", "variants"]
