@@ -61,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     backends, unavailable = select_backends(requested)
     console = make_console()
     for name, why in unavailable.items():
-        if requested is not None or name == "numba":  # absent optional Julia backends: not worth a warning
+        if requested is not None or name in ("c", "numba"):  # absent optional Julia backends: not worth a warning
             console.print(f"[yellow]skipping {name}:[/] {why}", highlight=False)
     if requested is None:
-        unavailable = {name: why for name, why in unavailable.items() if name == "numba"}
+        unavailable = {name: why for name, why in unavailable.items() if name in ("c", "numba")}
     timeout = args.timeout or (QUICK_TIMEOUT_S if args.quick else FULL_TIMEOUT_S)
     config = RunConfig(backends=tuple(backends), dtype=args.dtype, repeat=args.repeat, timeout_s=timeout,
                        ttfk=not args.no_ttfk)

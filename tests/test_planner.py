@@ -106,6 +106,25 @@ def test_every_xla_form_equals_the_plain_lowering(text, shapes):
             np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10, err_msg=form)
 
 
+@pytest.mark.parametrize("text, shapes", [
+    ("y[i] := x[i,j]*conj(x[i,j]) + 2*x[i,j]", {"x": (4, 5)}),
+    ("C[i,j] := W[k,i]*X[k,j] + b[i]", {"W": (5, 3), "X": (5, 4), "b": (3,)}),
+])
+def test_every_xla_form_reads_complex_inputs_as_complex(text, shapes):
+    """The factored form once built its own evaluation context without the complex inputs' names, and read
+    them as real (the imaginary parts dropped), a 100% error in auto's complex gradients."""
+    _, spec = compile_spec(text)
+    rng = np.random.default_rng(3)
+    with jax.enable_x64(True):
+        env = {name: jnp.asarray(rng.normal(size=shapes[name]) + 1j * rng.normal(size=shapes[name]))
+               for name in spec.input_names}
+        expected = np.asarray(xla.lower(spec)(env))
+        assert np.iscomplexobj(expected) and np.abs(expected.imag).max() > 0.1
+        for form in xla_forms.forms(spec):
+            got = np.asarray(jax.jit(xla_forms.lower_form(spec, form))(env))
+            np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10, err_msg=form)
+
+
 def _reference(text: str):
     _, spec = compile_spec(text)
     lowered = xla.lower(spec)
@@ -404,3 +423,29 @@ def test_a_second_loop_backend_is_timed_beside_the_first(monkeypatch):
     rule = planner.Rule("loops", "why", "loops")
     assert planner._as_plan("loops:numba", "julia", rule).backend == "numba"
     assert planner._as_plan("loops", "julia", rule).backend == "julia"
+
+
+def test_auto_passes_complex_calls_to_a_loop_backend_that_takes_them():
+    """Host C (auto's loop backend where a compiler works) refuses complex numbers: auto must not send a
+    complex call there, eagerly, under jit or in the planner (a bug before Capabilities.complex_numbers)."""
+    from tullax import backends
+
+    complex_loops = planner.loop_backend(["complex64"])
+    assert complex_loops is not None and backends.capabilities(backends.get(complex_loops)).complex_numbers
+    assert not backends.takes(backends.get("c"), ["float32", "complex64"])
+    assert backends.takes(backends.get("c"), ["float32", "int32"])
+    text = "y[i] := x[i,j]*conj(x[i,j]) + 2*x[i,j]"
+    kernel = tullax.einsum_kernel(text)
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(200, 2000)) + 1j * rng.normal(size=(200, 2000))).astype(np.complex64)  # above "tiny"
+
+    def reference(x):
+        return jnp.sum(x * jnp.conj(x) + 2 * x, axis=1)
+
+    np.testing.assert_allclose(kernel(x), reference(x), rtol=1e-5)
+    np.testing.assert_allclose(jax.jit(kernel)(jnp.asarray(x)), reference(x), rtol=1e-5)
+    loss = lambda f: lambda x: jnp.sum(jnp.abs(f(x)) ** 2)  # noqa: E731
+    np.testing.assert_allclose(jax.grad(loss(kernel))(jnp.asarray(x)), jax.grad(loss(reference))(jnp.asarray(x)),
+                               rtol=1e-4, atol=1e-3)
+    shapes, dtypes = {"x": x.shape}, {"x": "complex64"}
+    assert planner.plan(kernel.ir, shapes, dtypes, timing=False).backend == complex_loops

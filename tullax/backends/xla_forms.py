@@ -21,7 +21,7 @@ jax is imported inside functions only.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from tullax.spec.ir import Access, Affine, Binary, Spec, Wrapped
@@ -482,7 +482,8 @@ def _factored_block(spec: Spec, plain: Callable, env: Env):
     if grid.empty:
         return plain(env)
     dtype = np.dtype(np.float32) if np.dtype(result).itemsize < 4 and np.dtype(result).kind == "f" else result
-    ctx = xla._Context(spec, env, shapes, np.dtype(dtype), grid)
+    # the one evaluation context (complex inputs named, half precision in float32), on this grid's order
+    ctx = replace(xla._context(spec, env)[0], grid=grid)
     if ctx.compute != ctx.dtype:  # complex values in a real result: the plain lowering's typing
         return plain(env)
     labels = {name: chr(ord("a") + k) for k, name in enumerate(grid.names)}
