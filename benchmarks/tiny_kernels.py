@@ -1,10 +1,13 @@
-"""Per-call cost of a tiny loop kernel under jax.jit (issue 14 item 3): a 32x48x24 matmul on the Numba backend,
-with the parallel variant (before: ``TULLAX_SERIAL_WORK=0``, every call wakes the thread pool) and with the
-serial variant below the work threshold (after: the default), each in several fresh processes; the median per
-process, the median over processes and the worst process. Also a sweep of matmul sizes, serial against
-parallel, in one process: where the threshold ``tullax.backends.workload.SERIAL_WORK`` comes from.
+"""Per-call cost of a tiny loop kernel under jax.jit (issue 14 item 3): a 32x48x24 matmul on Numba, host C and
+``auto`` (which plans a call this small onto XLA), with the parallel variant (before: ``TULLAX_SERIAL_WORK=0``,
+every call wakes the thread pool) and with the serial variant below the work threshold (after: the default),
+each in several fresh processes; the median per process, the median over processes and the worst process. Also
+a sweep of matmul sizes on Numba, serial against parallel, in one process: where the threshold
+``tullax.backends.workload.SERIAL_WORK`` comes from. For host C the parallel variant is its OpenMP team of every
+thread, the serial one a team of one.
 
-    .venv/bin/python benchmarks/tiny_kernels.py [--processes 10] [--threads 2] [--out results/tiny_kernels.json]
+    .venv/bin/python benchmarks/tiny_kernels.py [--processes 10] [--threads 2] [--backends numba,c,auto]
+                                                [--out results/tiny_kernels.json]
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ SHAPES = {"A": (32, 24), "B": (24, 48)}  # a 32x48 result, 24 terms each
 CALLS = 2000
 
 
-def per_call_us(i: int, j: int, k: int, calls: int) -> dict:
+def per_call_us(i: int, j: int, k: int, calls: int, backend: str = "numba") -> dict:
     """In this process: the median of 5 rounds of ``calls`` jitted calls, in microseconds per call."""
     import jax
     import jax.numpy as jnp
@@ -35,7 +38,7 @@ def per_call_us(i: int, j: int, k: int, calls: int) -> dict:
 
     import tullax
 
-    kernel = tullax.einsum_kernel(SPEC, backend="numba")
+    kernel = tullax.einsum_kernel(SPEC, backend=backend)
     a = jnp.asarray(np.random.default_rng(0).standard_normal((i, k)).astype(np.float32))
     b = jnp.asarray(np.random.default_rng(1).standard_normal((k, j)).astype(np.float32))
     fn = jax.jit(kernel)
@@ -46,26 +49,30 @@ def per_call_us(i: int, j: int, k: int, calls: int) -> dict:
         for _ in range(calls):
             jax.block_until_ready(fn(a, b))
         rounds.append((time.perf_counter() - start) / calls * 1e6)
-    from tullax.backends import numba as numba_backend
+    ran = []
+    if backend == "numba":
+        from tullax.backends import numba as numba_backend
 
-    ran = sorted({name for kernel in numba_backend._BUILDER._built.values()
-                  for name in getattr(kernel, "variants_run", ())})
+        ran = sorted({name for kernel in numba_backend._BUILDER._built.values()
+                      for name in getattr(kernel, "variants_run", ())})
     return {"us_per_call": statistics.median(rounds), "rounds_us": rounds, "variants_run": ran}
 
 
 def child_main(args: argparse.Namespace) -> int:
     i, j, k = args.child
-    print(json.dumps(per_call_us(i, j, k, args.calls)))
+    print(json.dumps(per_call_us(i, j, k, args.calls, args.backends)))
     return 0
 
 
-def run_child(size: tuple[int, int, int], serial_work: str | None, threads: int, cache: str, calls: int) -> dict:
-    env = {**os.environ, "NUMBA_NUM_THREADS": str(threads), "TULLAX_CACHE_DIR": cache}
+def run_child(size: tuple[int, int, int], serial_work: str | None, threads: int, cache: str, calls: int,
+              backend: str = "numba") -> dict:
+    env = {**os.environ, "NUMBA_NUM_THREADS": str(threads), "TULLAX_C_THREADS": str(threads),
+           "TULLAX_CACHE_DIR": cache}
     if serial_work is None:
         env.pop("TULLAX_SERIAL_WORK", None)
     else:
         env["TULLAX_SERIAL_WORK"] = serial_work
-    command = [sys.executable, __file__, "--child", *map(str, size), "--calls", str(calls)]
+    command = [sys.executable, __file__, "--child", *map(str, size), "--calls", str(calls), "--backends", backend]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
     if done.returncode != 0:
         raise SystemExit(f"child failed: {done.stderr[-2000:]}")
@@ -78,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="NUMBA_NUM_THREADS of the children")
     parser.add_argument("--calls", type=int, default=CALLS)
     parser.add_argument("--sweep", action="store_true", help="also time matmul sizes serial vs parallel")
+    parser.add_argument("--backends", default="numba,c,auto", help="comma-separated loop backends (a child: one)")
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--child", nargs=3, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -89,20 +97,24 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"spec": SPEC, "shapes": SHAPES, "threads": args.threads, "calls_per_round": args.calls,
                     "serial_work_threshold": SERIAL_WORK, "cpu_count": os.cpu_count(),
                     "load_average": os.getloadavg()}
-    with tempfile.TemporaryDirectory(prefix="tullax-tiny-") as cache:
-        run_child(size, None, args.threads, cache, 10)  # compile both variants into the cache first
-        run_child(size, "0", args.threads, cache, 10)
-        for label, serial_work in (("before (parallel variant)", "0"), ("after (serial below the threshold)", None)):
-            samples = [run_child(size, serial_work, args.threads, cache, args.calls)
-                       for _ in range(args.processes)]
-            per_process = [s["us_per_call"] for s in samples]
-            median = statistics.median(per_process)
-            result[label] = {"median_us": median, "worst_us": max(per_process),
-                             "worst_over_median": max(per_process) / median, "per_process_us": per_process,
-                             "variants_run": samples[0]["variants_run"]}
-            print(f"{label}: median {median:.1f} us per call over {args.processes} processes, "
-                  f"worst {max(per_process):.1f} us; ran {samples[0]['variants_run']}")
-        if args.sweep:
+    for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
+        with tempfile.TemporaryDirectory(prefix="tullax-tiny-") as cache:
+            run_child(size, None, args.threads, cache, 10, backend)  # compile both variants into the cache first
+            run_child(size, "0", args.threads, cache, 10, backend)
+            for label, serial_work in (("before (parallel variant)", "0"),
+                                       ("after (serial below the threshold)", None)):
+                samples = [run_child(size, serial_work, args.threads, cache, args.calls, backend)
+                           for _ in range(args.processes)]
+                per_process = [s["us_per_call"] for s in samples]
+                median = statistics.median(per_process)
+                key = label if backend == "numba" else f"{backend}: {label}"
+                result[key] = {"backend": backend, "median_us": median, "worst_us": max(per_process),
+                               "worst_over_median": max(per_process) / median, "per_process_us": per_process,
+                               "variants_run": samples[0]["variants_run"]}
+                print(f"{backend} {label}: median {median:.1f} us per call over {args.processes} processes, "
+                      f"worst {max(per_process):.1f} us ({max(per_process) / median:.2f}x the median)")
+    if args.sweep:
+        with tempfile.TemporaryDirectory(prefix="tullax-tiny-") as cache:
             sweep = []
             for n in (16, 32, 48, 64, 96, 128):
                 work = n * n * n * 2
