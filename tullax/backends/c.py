@@ -61,10 +61,14 @@ _GENERATOR_MODULES = ("backends/c.py", "backends/host.py", "backends/base.py")
 
 @functools.cache
 def generator_fingerprint() -> str:
-    """The sha256 of the generating modules' source files (~2 ms, once per process)."""
+    """The fingerprint of this installation's generating modules (~2 ms, once per process)."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    return fingerprint_of(Path(__file__).resolve().parents[1])
+
+
+def fingerprint_of(root: Any) -> str:
+    """A sha256 of the generating modules' source files (names and contents) in the package tree ``root``."""
     files = [f for package in _GENERATOR_PACKAGES for f in sorted((root / package).rglob("*.py"))]
     digest = hashlib.sha256()
     for path in files + [root / name for name in _GENERATOR_MODULES]:
