@@ -352,6 +352,23 @@ def test_a_corrupt_kernels_file_is_generated_again(monkeypatch):
     assert cmod._load_cached(get_cache(), key, spec, signature) is not None
 
 
+@pytest.mark.parametrize("case", CORPUS, ids=lambda c: c.id)
+def test_every_corpus_module_round_trips_through_its_kernels_file(case: Case):
+    """A hit runs the kernels unpickled from ``kernels.pickle``: they must be the lowered ones (compared by
+    their reprs, which show every field: a NaN constant is never == itself)."""
+    import pickle
+
+    from tullax.backends.c import module_kernels
+
+    spec = analysed(case.spec, case.ranges)
+    try:
+        kernels = module_kernels(spec, Signature.for_dtype(spec, "float64"))
+    except TullaxError:
+        pytest.skip("does not lower for the c backend")
+    back = pickle.loads(pickle.dumps(kernels, protocol=4))
+    assert repr(back) == repr(kernels) and "object at 0x" not in repr(kernels)
+
+
 def test_the_fingerprint_follows_every_generating_module(tmp_path: Path):
     import shutil
 

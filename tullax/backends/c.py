@@ -207,8 +207,11 @@ def _load(generated: host.GeneratedModule) -> "CHostKernel":
     library, seconds, compiled = (*just, True) if just else _library(generated, cache)
     kernels = module_kernels(generated.spec, generated.signature)
     if generated.path is not None:
-        data = pickle.dumps({"library": os.path.basename(library), "kernels": kernels}, protocol=4)
-        if cache.read_checked(generated.key, KERNELS_FILE).data != data:
+        try:
+            data = pickle.dumps({"library": os.path.basename(library), "kernels": kernels}, protocol=4)
+        except (pickle.PicklingError, TypeError, AttributeError):  # then every process generates it (correct)
+            data = None
+        if data is not None and cache.read_checked(generated.key, KERNELS_FILE).data != data:
             cache.write_bytes(generated.key, KERNELS_FILE, data)
     return _open(generated, library, kernels, seconds, compiled)
 
