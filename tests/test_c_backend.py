@@ -418,6 +418,11 @@ def test_a_changed_compiler_is_another_cache_entry(monkeypatch):
     first = cmod._recipe().options
     monkeypatch.setenv("TULLAX_CC", "gcc")
     assert cmod._recipe().options != first
+    with_gcc = cmod._recipe().options  # identity() is remembered per setting of the variables it reads
+    monkeypatch.setenv("TULLAX_CFLAGS", "-O2")
+    assert cmod._recipe().options != with_gcc and "-O2" in cmod._recipe().options["compiler"]["flags"]
+    monkeypatch.setenv("PATH", "/nonexistent-tullax")
+    assert cmod._recipe().options["compiler"]["path"] is None and not CBackend().availability()[0]
 
 
 def test_without_a_compiler_it_says_why(monkeypatch):
