@@ -14,9 +14,11 @@ reader sees the old file or the new one, never half of one. Read-modify-write up
 happen under a lock, so concurrent processes never lose each other's updates; deleting an entry (``clear``,
 ``prune``, a corrupt file) happens under its locks, so it never pulls an entry from under a process that is
 writing or loading it. A file that does not match its checksum is dropped with a warning and rebuilt; the
-index repairs itself (``tullax.runtime.cache_index``). A directory that cannot be written degrades (one warning)
-to a private temporary directory that lives as long as the process; a write that fails later (a full disk)
-stops this process from storing anything (one warning): kernels are then compiled in memory.
+index repairs itself (``tullax.runtime.cache_index``). A kernel's first call defers its index updates
+(``record_later``, ``hit_later``): they are written together by ``flush``, soon after, on reading, or at
+exit. A directory that cannot be written degrades (one warning) to a private temporary directory that lives as
+long as the process; a write that fails later (a full disk) stops this process from storing anything (one
+warning): kernels are then compiled in memory.
 """
 
 from __future__ import annotations
