@@ -200,6 +200,7 @@ class CompileCache:
         self._pending: list[tuple[str, str, dict[str, Any]]] = []  # record_later/hit_later, for flush()
         self._pending_lock = threading.Lock()
         self._flush_timer: threading.Timer | None = None
+        self._flushing = threading.RLock()  # held while flushing: the exit's flush waits for the timer's
 
     def __repr__(self) -> str:
         return f"CompileCache(root={str(self.root)!r}, writable={self.writable})"
@@ -473,6 +474,10 @@ class CompileCache:
 
     def flush(self) -> None:
         """Write the pending ``record_later``/``hit_later`` updates, in order, in one index update."""
+        with self._flushing:
+            self._flush()
+
+    def _flush(self) -> None:
         with self._pending_lock:
             pending, self._pending = self._pending, []
             if self._flush_timer is not None and self._flush_timer is not threading.current_thread():
