@@ -262,22 +262,154 @@ def test_new_process_with_a_populated_cache_compiles_nothing(tmp_path: Path):
     assert library.name == f"kernels-{__import__('hashlib').sha256(source.read_bytes()).hexdigest()[:16]}.so"
 
 
-def test_a_source_rewritten_in_its_entry_is_compiled_again(monkeypatch):
-    """The cache key does not hold the printer's text: when a new printer writes another source into the same
-    entry, the library compiled from the old source must not run (it once did)."""
+def test_an_old_generators_library_is_never_loaded(monkeypatch):
+    """The key holds the generator's fingerprint, so what an older printer wrote (here: a source computing x*3
+    under another fingerprint) is another entry; the library compiled from it never runs."""
     from tullax.backends import c as cmod
     from tullax.backends.host import HostBuilder
 
     spec, other = analysed("yr[i] := xr[i]*2"), analysed("yr[i] := xr[i]*3")
     signature = Signature(("float64",), "float64")
-    real = cmod.generate
+    real, real_fingerprint = cmod.generate, cmod.generator_fingerprint()
     x = np.arange(4.0)
-    for printed, factor in ((other, 3), (spec, 2)):  # first an "old printer" whose source computes x*3
+    for printed, fingerprint, factor in ((other, "an-old-generator", 3), (spec, real_fingerprint, 2)):
         monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
         monkeypatch.setattr(cmod, "generate", lambda s, sig, printed=printed: real(printed, sig))
+        monkeypatch.setattr(cmod, "generator_fingerprint", lambda fingerprint=fingerprint: fingerprint)
         out = np.empty(4)
         BACKEND.build(spec, signature)(out, x)
         np.testing.assert_array_equal(out, x * factor)
+
+
+def test_a_source_rewritten_in_its_entry_is_compiled_again(monkeypatch):
+    """A hit loads the library the entry's source was compiled from (its hash is in the library's name): when
+    the source in the entry was rewritten, the hit is refused and the module is generated again (its own
+    library is still in the entry, so nothing compiles) rather than running a library the source does not
+    describe."""
+    from tullax.backends import c as cmod
+    from tullax.backends.host import HostBuilder, module_key
+    from tullax.runtime.cache import get_cache
+
+    spec, other = analysed("yr[i] := xr[i]*5"), analysed("yr[i] := xr[i]*7")
+    signature = Signature(("float64",), "float64")
+    x = np.arange(4.0)
+    monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
+    BACKEND.build(spec, signature)(np.empty(4), x)
+    key = module_key(spec, signature, "c", cmod._recipe().options)
+    rewritten = cmod.generate(other, signature)[1]
+    get_cache().write_text(key, cmod.SOURCE_FILE, rewritten)
+    assert cmod._load_cached(get_cache(), key, spec, signature) is None
+    monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
+    out = np.empty(4)
+    BACKEND.build(spec, signature)(out, x)
+    np.testing.assert_array_equal(out, x * 5)
+    assert (get_cache().entry_path(key) / cmod.SOURCE_FILE).read_text() == cmod.generate(spec, signature)[1]
+
+
+def test_a_hit_generates_nothing_and_a_generator_change_misses(monkeypatch):
+    from tullax.backends import c as cmod
+    from tullax.backends.host import HostBuilder
+
+    spec, signature, x = analysed("yr[i] := xr[i]*4 + 1"), Signature(("float64",), "float64"), np.arange(4.0)
+    monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
+    BACKEND.build(spec, signature)(np.empty(4), x)  # the cache holds it now (compiled here or before)
+
+    def no_generating(*args):
+        raise AssertionError("a cache hit generated the module")
+
+    real = cmod.generate
+    monkeypatch.setattr(cmod, "generate", no_generating)
+    monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
+    before = compile_stats()
+    out = np.empty(4)
+    BACKEND.build(spec, signature)(out, x)
+    np.testing.assert_array_equal(out, x * 4 + 1)
+    assert compile_stats()["loaded"] == before["loaded"] + 1 and compile_stats()["compiled"] == before["compiled"]
+    # an edited generator has another fingerprint: a miss, generated and compiled again
+    monkeypatch.setattr(cmod, "generate", real)
+    monkeypatch.setattr(cmod, "generator_fingerprint", lambda: "an-edited-generator")
+    monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
+    BACKEND.build(spec, signature)(out, x)
+    assert compile_stats()["compiled"] == before["compiled"] + 1
+    np.testing.assert_array_equal(out, x * 4 + 1)
+
+
+def test_a_corrupt_kernels_file_is_generated_again(monkeypatch):
+    from tullax.backends import c as cmod
+    from tullax.backends.host import HostBuilder, module_key
+    from tullax.runtime.cache import get_cache
+
+    spec, signature, x = analysed("yr[i] := xr[i]*6"), Signature(("float64",), "float64"), np.arange(4.0)
+    monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
+    BACKEND.build(spec, signature)(np.empty(4), x)
+    key = module_key(spec, signature, "c", cmod._recipe().options)
+    get_cache().write_bytes(key, cmod.KERNELS_FILE, b"not a pickle")  # checksummed, but not loadable
+    assert cmod._load_cached(get_cache(), key, spec, signature) is None
+    monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
+    out = np.empty(4)
+    BACKEND.build(spec, signature)(out, x)  # generated again (the library is still good), the file rewritten
+    np.testing.assert_array_equal(out, x * 6)
+    assert cmod._load_cached(get_cache(), key, spec, signature) is not None
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=lambda c: c.id)
+def test_every_corpus_module_round_trips_through_its_kernels_file(case: Case):
+    """A hit runs the kernels unpickled from ``kernels.pickle``: they must be the lowered ones (compared by
+    their reprs, which show every field: a NaN constant is never == itself)."""
+    import pickle
+
+    from tullax.backends.c import module_kernels
+
+    spec = analysed(case.spec, case.ranges)
+    try:
+        kernels = module_kernels(spec, Signature.for_dtype(spec, "float64"))
+    except TullaxError:
+        pytest.skip("does not lower for the c backend")
+    back = pickle.loads(pickle.dumps(kernels, protocol=4))
+    assert repr(back) == repr(kernels) and "object at 0x" not in repr(kernels)
+
+
+def test_the_fingerprint_follows_every_generating_module(tmp_path: Path):
+    import shutil
+
+    from tullax.backends import c as cmod
+
+    package = REPO / "tullax"
+    copy = tmp_path / "tullax"
+    for name in cmod._GENERATOR_PACKAGES:
+        shutil.copytree(package / name, copy / name)
+    for name in cmod._GENERATOR_MODULES:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(package / name, copy / name)
+    assert cmod.fingerprint_of(copy) == cmod.generator_fingerprint()
+    seen = {cmod.generator_fingerprint()}
+    for edited in ("printers/c.py", "compiler/lower.py", "grad/derive.py", "spec/functions.py", "backends/c.py"):
+        original = (copy / edited).read_text()
+        (copy / edited).write_text(original + "\n# edited\n")
+        seen.add(cmod.fingerprint_of(copy))
+        (copy / edited).write_text(original)
+    assert len(seen) == 6
+
+
+_WARM_SCRIPT = textwrap.dedent("""
+    import json, sys, numpy as np, jax
+    import tullax
+    kernel = tullax.einsum_kernel("D[i,j] := (W[k,i] - X[k,j])^2", backend="c")
+    W, X = np.ones((4, 3), np.float32), np.ones((4, 2), np.float32)
+    out = jax.jit(kernel)(W, X)
+    heavy = sorted(m for m in ("tullax.compiler.lower", "tullax.printers.c", "numba") if m in sys.modules)
+    print(json.dumps({"heavy": heavy, "sum": float(np.asarray(out).sum())}))
+""")
+
+
+def test_a_warm_process_imports_no_compiler_printer_or_numba(tmp_path: Path):
+    env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO),
+           "JAX_PLATFORMS": "cpu"}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _WARM_SCRIPT], env=env, cwd=REPO, timeout=600,
+                                      capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+            for _ in range(2)]
+    assert runs[0]["heavy"] == ["tullax.compiler.lower", "tullax.printers.c"]  # cold: it generated the module
+    assert runs[1]["heavy"] == [] and runs[1]["sum"] == runs[0]["sum"] == 0.0
 
 
 def test_a_changed_compiler_is_another_cache_entry(monkeypatch):
@@ -286,6 +418,11 @@ def test_a_changed_compiler_is_another_cache_entry(monkeypatch):
     first = cmod._recipe().options
     monkeypatch.setenv("TULLAX_CC", "gcc")
     assert cmod._recipe().options != first
+    with_gcc = cmod._recipe().options  # identity() is remembered per setting of the variables it reads
+    monkeypatch.setenv("TULLAX_CFLAGS", "-O2")
+    assert cmod._recipe().options != with_gcc and "-O2" in cmod._recipe().options["compiler"]["flags"]
+    monkeypatch.setenv("PATH", "/nonexistent-tullax")
+    assert cmod._recipe().options["compiler"]["path"] is None and not CBackend().availability()[0]
 
 
 def test_without_a_compiler_it_says_why(monkeypatch):

@@ -138,6 +138,44 @@ def test_record_merges_fields_and_hit_counts(cache: CompileCache):
     assert entry["last_used"] >= first["last_used"]
 
 
+def test_deferred_updates_wait_for_flush_and_apply_in_order(cache: CompileCache):
+    """A kernel's first call defers its index updates (record_later, hit_later): nothing is written until a
+    flush, which applies them in order in one update; reading the index through the cache flushes first."""
+    cache.record("k1", spec="y[i] := x[i]", backend="c", kind="module", compile_ms=10.0)
+    before = cache.index_path.read_bytes()
+    cache.hit_later("k1")
+    cache.record_later("k1", spec="y[i] := x[i]", backend="c", kind="forward", ttfk_warm_ms=5.0)
+    cache.record_later("k2", spec="z[i] := x[i]", backend="c", first_run_ms=1.0)
+    cache.hit_later("k2")  # after its record: counted
+    assert cache.index_path.read_bytes() == before
+    entries = {e["key"]: e for e in cache.entries()}
+    assert entries["k1"]["hits"] == 1 and entries["k1"]["compile_ms"] == 10.0
+    assert entries["k1"]["ttfk_warm_ms"] == 5.0 and entries["k1"]["kind"] == "forward"
+    assert entries["k2"]["hits"] == 1 and entries["k2"]["first_run_ms"] == 1.0
+    with pytest.raises(TypeError, match="unknown field"):  # checked when deferred, not at the flush
+        cache.record_later("k1", spec="s", backend="c", compile_time=3)
+
+
+def test_deferred_updates_are_written_by_a_timer_and_at_exit(cache: CompileCache, monkeypatch, tmp_path: Path):
+    import time
+
+    from tullax.runtime import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "FLUSH_DELAY_S", 0.05)
+    cache.record_later("k1", spec="y[i] := x[i]", backend="c", first_run_ms=2.0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not cache.index_path.exists():
+        time.sleep(0.02)
+    assert json.loads(cache.index_path.read_text())["entries"]["k1"]["first_run_ms"] == 2.0
+    script = textwrap.dedent(f"""
+        from tullax.runtime.cache import CompileCache
+        CompileCache({str(tmp_path / "other")!r}).record_later("k9", spec="s", backend="c", first_run_ms=3.0)
+    """)  # exits long before the timer fires
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120,
+                   env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert json.loads((tmp_path / "other" / "index.json").read_text())["entries"]["k9"]["first_run_ms"] == 3.0
+
+
 def test_record_rejects_unknown_fields(cache: CompileCache):
     with pytest.raises(TypeError, match="unknown field.*compile_time"):
         cache.record("k1", spec="s", backend="numba", compile_time=3)

@@ -9,8 +9,11 @@ takes 0.5-2.4 s per kernel.
   under the (step spec, signature) the JAX op builds it with (``_step_signature``), so the backward pass
   compiles nothing more. A step built with another signature gets a module of its own.
 * Caching: ``tullax.backends.host``'s build sequence; the source is ``kernels.c`` in its cache entry, the
-  library ``kernels.so`` next to it (with its checksum in the entry's manifest); the key holds the compiler's
-  identity and flags and the CPU (``c_compile.identity``).
+  library ``kernels-<hash>.so`` next to it and the lowered kernels (what a call needs to marshal its
+  arguments) pickled in ``kernels.pickle`` (each with its checksum in the entry's manifest); the key holds the
+  compiler's identity and flags and the CPU (``c_compile.identity``) and a fingerprint of the code that
+  generates the C (``generator_fingerprint``), so it determines the source: a hit dlopens the library without
+  lowering or printing anything, and without importing the compiler or the printer (a warm first call).
 * Calls: arrays go over as pointers to NumPy's buffers (``host.marshal``: no copies), then the sizes, the
   extents of every array's axes 1.. and the team size. ctypes releases the GIL for the call.
 * Threads: ``TULLAX_C_THREADS``, else ``OMP_NUM_THREADS``, else ``NUMBA_NUM_THREADS`` (so a benchmark that
@@ -21,7 +24,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import os
+import pickle
 import threading
 import time
 from typing import Any, Sequence
@@ -32,21 +37,45 @@ from tullax.backends import c_compile, host, workload
 from tullax.backends.base import Capabilities, Shapes, Signature
 from tullax.compiler.loops import LoopKernel
 from tullax.errors import BackendUnavailableError, TullaxError
-from tullax.printers.c import print_module
 from tullax.runtime.cache import CompileCache, get_cache
 from tullax.spec.ir import Spec
 
 NAME = "c"
 SOURCE_FILE = "kernels.c"
+KERNELS_FILE = "kernels.pickle"  # {"library": its file name, "kernels": module_kernels(...)}
 LIBRARY_PREFIX = "kernels-"  # + the first 16 hex digits of the source's sha256 + ".so"
 
 
 def library_file(source: str) -> str:
     """The library's file name in the entry: named by the source it was compiled from, so a source rewritten in
     the same entry (another tullax version printed it) never runs a library compiled from the old one."""
-    import hashlib
-
     return f"{LIBRARY_PREFIX}{hashlib.sha256(source.encode('utf-8')).hexdigest()[:16]}.so"
+
+
+# The code whose output is the module's source: the spec front end and gradients, the lowering, the printers,
+# and this backend's host side. Its fingerprint is in the cache key, so an edited generator (a development
+# checkout, an upgrade that keeps the version number) never loads a library printed by the old one.
+_GENERATOR_PACKAGES = ("spec", "grad", "compiler", "printers")
+_GENERATOR_MODULES = ("backends/c.py", "backends/host.py", "backends/base.py")
+
+
+@functools.cache
+def generator_fingerprint() -> str:
+    """The fingerprint of this installation's generating modules (~2 ms, once per process)."""
+    from pathlib import Path
+
+    return fingerprint_of(Path(__file__).resolve().parents[1])
+
+
+def fingerprint_of(root: Any) -> str:
+    """A sha256 of the generating modules' source files (names and contents) in the package tree ``root``."""
+    files = [f for package in _GENERATOR_PACKAGES for f in sorted((root / package).rglob("*.py"))]
+    digest = hashlib.sha256()
+    for path in files + [root / name for name in _GENERATOR_MODULES]:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:24]
+
+
 THREADS_ENV = "TULLAX_C_THREADS"
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "bool": ctypes.c_bool, "int8": ctypes.c_int8,
            "int16": ctypes.c_int16, "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint8": ctypes.c_uint8,
@@ -96,6 +125,8 @@ def module_kernels(spec: Spec, signature: Signature) -> tuple[tuple[LoopKernel, 
 
 def generate(spec: Spec, signature: Signature) -> tuple[LoopKernel, str]:
     """The forward kernel of ``spec`` and the translation unit of the whole module."""
+    from tullax.printers.c import print_module
+
     kernels = module_kernels(spec, signature)
     return kernels[0][0], print_module([k for k, _, _ in kernels])
 
@@ -169,9 +200,52 @@ def _library(generated: host.GeneratedModule, cache: CompileCache) -> tuple[str,
 
 def _load(generated: host.GeneratedModule) -> "CHostKernel":
     """dlopen the module's library (compiling it first when the entry has none) and make the host kernels of
-    every kernel in it; the gradient steps' go into the step table."""
+    every kernel in it; the gradient steps' go into the step table. Stores the lowered kernels in the entry,
+    for ``_load_cached``."""
     just = _JUST_COMPILED.pop(generated.key, None)
-    library, seconds, compiled = (*just, True) if just else _library(generated, get_cache())
+    cache = get_cache()
+    library, seconds, compiled = (*just, True) if just else _library(generated, cache)
+    kernels = module_kernels(generated.spec, generated.signature)
+    if generated.path is not None:
+        try:
+            data = pickle.dumps({"library": os.path.basename(library), "kernels": kernels}, protocol=4)
+        except (pickle.PicklingError, TypeError, AttributeError):  # then every process generates it (correct)
+            data = None
+        if data is not None and cache.read_checked(generated.key, KERNELS_FILE).data != data:
+            cache.write_bytes(generated.key, KERNELS_FILE, data)
+    return _open(generated, library, kernels, seconds, compiled)
+
+
+def _load_cached(cache: CompileCache, key: str, spec: Spec, signature: Signature) -> "CHostKernel | None":
+    """The module of a cache hit, without lowering or printing it: its kernels from ``kernels.pickle``, its
+    library named there, both checked against the manifest, and the source in the entry the one the library
+    was compiled from (its hash is in the library's name). None, so the module is generated, when anything
+    is missing, corrupt or inconsistent."""
+    start = time.perf_counter()
+    data, problem = cache.read_checked(key, KERNELS_FILE)
+    if data is None or problem is not None:
+        return None
+    try:  # the manifest's checksum vouches for the bytes; the key (version + fingerprint) for the classes
+        stored = pickle.loads(data)
+        name, kernels = stored["library"], stored["kernels"]
+        forward, forward_spec, forward_signature = kernels[0]
+    except Exception:  # noqa: BLE001 - any unpickling failure only means "generate it again"
+        return None
+    if forward_spec != spec or forward_signature != signature:
+        return None
+    source, problem = cache.read_checked(key, SOURCE_FILE)
+    if source is None or problem is not None or library_file(source.decode("utf-8")) != name:
+        return None
+    library, problem = cache.read_checked(key, name)
+    if library is None or problem is not None:
+        return None
+    path = cache.entry_path(key) / SOURCE_FILE
+    generated = host.GeneratedModule(NAME, spec, signature, forward, source.decode("utf-8"), key, path, 0.0)
+    return _open(generated, str(path.with_name(name)), kernels, time.perf_counter() - start, False)
+
+
+def _open(generated: host.GeneratedModule, library: str, kernels: tuple[tuple[LoopKernel, Spec, Signature], ...],
+          seconds: float, compiled: bool) -> "CHostKernel":
     start = time.perf_counter()
     try:
         lib = ctypes.CDLL(library)
@@ -182,7 +256,7 @@ def _load(generated: host.GeneratedModule) -> "CHostKernel":
     if not compiled:
         _count("loaded")
     forward = None
-    for kernel, spec, signature in module_kernels(generated.spec, generated.signature):
+    for kernel, spec, signature in kernels:
         host_kernel = CHostKernel(generated, kernel, spec, getattr(lib, kernel.name), ready_ms, compiled)
         if forward is None:
             forward = host_kernel
@@ -198,8 +272,8 @@ _BUILDER = host.HostBuilder()
 
 def _recipe() -> host.ModuleRecipe:
     """The build steps, with the compiler's identity in the cache key (read now: ``TULLAX_CC`` may change)."""
-    return host.ModuleRecipe(NAME, SOURCE_FILE, {"compiler": c_compile.identity(), "printer": 1}, generate,
-                             _compile_into_cache, _load)
+    options = {"compiler": c_compile.identity(), "printer": 1, "generator": generator_fingerprint()}
+    return host.ModuleRecipe(NAME, SOURCE_FILE, options, generate, _compile_into_cache, _load, _load_cached)
 
 
 _STEPS: dict[tuple[Spec, Signature], "CHostKernel"] = {}  # gradient steps of the modules loaded here

@@ -77,11 +77,21 @@ def resolved() -> str | None:
 
 
 def identity() -> dict[str, object]:
-    """What the compiled code depends on besides the source: the compiler binary, its flags and this CPU."""
+    """What the compiled code depends on besides the source: the compiler binary, its flags and this CPU. Looked
+    up once per process for each setting of the variables it depends on (every build and availability check
+    asks, and the PATH search and stat cost ~2 ms each time): a compiler binary replaced while a process runs
+    is seen by the next process."""
+    found = _identity(compiler(), os.environ.get("PATH", ""), os.environ.get(CFLAGS_ENV, ""))
+    return {**found, "flags": list(found["flags"])}
+
+
+@functools.lru_cache(maxsize=32)
+def _identity(cc: str, search_path: str, cflags: str) -> dict[str, object]:
+    """``identity()`` for the current environment (the arguments are the variables it reads: the cache key)."""
     path = resolved()
     stat = os.stat(path) if path else None
-    return {"cc": compiler(), "path": path, "size": stat.st_size if stat else None,
-            "mtime": stat.st_mtime_ns if stat else None, "flags": list(flags() + libraries()), "cpu": _cpu()}
+    return {"cc": cc, "path": path, "size": stat.st_size if stat else None,
+            "mtime": stat.st_mtime_ns if stat else None, "flags": tuple(flags() + libraries()), "cpu": _cpu()}
 
 
 @functools.cache
@@ -120,7 +130,7 @@ def compile_library(source: Path, library: Path, timeout: float = 600.0) -> floa
 def probe() -> tuple[bool, str]:
     """(the compiler builds an OpenMP shared library here, why not): one tiny compile, remembered in the
     compile cache by ``identity()`` and in this process."""
-    if resolved() is None:
+    if identity()["path"] is None:
         return False, (f"no C compiler: {compiler()!r} is not on the PATH (install gcc, or set {CC_ENV} to a C "
                        "compiler with OpenMP)")
     return _probe(repr(sorted(identity().items())))

@@ -6,7 +6,8 @@ for this signature" and "run it on these NumPy arrays" that is not about Numba o
 * ``module_key``, ``ModuleRecipe``, ``HostBuilder``: the build sequence. The in-process table makes a second build
   of a kernel free; otherwise the module is generated (timed), compared with the compile cache's copy (a hit)
   or written there, and loaded, all under the cache entry's lock so that concurrent processes write and compile
-  an entry once. A backend supplies only the steps that are its own in a ``ModuleRecipe``.
+  an entry once. A backend supplies only the steps that are its own in a ``ModuleRecipe``; one whose key
+  determines its source (``load_cached``) loads a hit without generating it.
 * ``call_shapes``, ``ArgumentPlan``, ``marshal``: a host call's arguments in the kernel's parameter order, with
   as few copies as possible.
 * ``record_first_run``: what a kernel's first run cost, in the cache index.
@@ -140,22 +141,32 @@ class ModuleRecipe:
     generate: Callable[[Spec, Signature], tuple[LoopKernel, str]]  # lower and print: (the kernel, the module)
     store_extras: Callable[[CompileCache, GeneratedModule], None]  # the backend's other files, after a write
     load: Callable[[GeneratedModule], HostKernel]  # load the stored module into the runtime
+    # A backend whose key determines its source (it holds a fingerprint of the code generator) loads a cached
+    # module without generating it: ``load_cached(cache, key, spec, signature)`` returns the kernel, or None
+    # when the entry has no complete, checked module (then it is generated, written and loaded as usual).
+    load_cached: Callable[[CompileCache, str, Spec, Signature], HostKernel | None] | None = None
 
 
 def build_module(recipe: ModuleRecipe, spec: Spec, signature: Signature) -> HostKernel:
     """Generate the module of ``spec`` for ``signature``, keep the compile cache's copy when it holds the same
     text (a hit) or write it, and load it: all under the cache entry's lock, so that concurrent processes
     write and compile one entry once, and no process deletes the entry meanwhile. A module the cache cannot
-    store (a full disk) has no path and is loaded from memory."""
-    start = time.perf_counter()
-    kernel, source = recipe.generate(spec, signature)
-    codegen_ms = (time.perf_counter() - start) * 1e3
+    store (a full disk) has no path and is loaded from memory. A recipe with ``load_cached`` skips generating
+    on a hit: its key alone determines the source."""
     key = module_key(spec, signature, recipe.backend, recipe.options)
     cache = get_cache()
     with cache.lock(key):
+        if recipe.load_cached is not None:
+            found = recipe.load_cached(cache, key, spec, signature)
+            if found is not None:
+                cache.hit_later(key)
+                return found
+        start = time.perf_counter()
+        kernel, source = recipe.generate(spec, signature)
+        codegen_ms = (time.perf_counter() - start) * 1e3
         reused = cache.read_text(key, recipe.source_file) == source
         if reused:
-            cache.hit(key)
+            cache.hit_later(key)
             path = cache.entry_path(key) / recipe.source_file
         else:
             path = cache.write_text(key, recipe.source_file, source)
@@ -290,11 +301,12 @@ def record_first_run(generated: GeneratedModule, kind: str, *, ready_ms: float, 
                      ready_field: Literal["compile_ms", "load_ms"]) -> None:
     """Note in the cache index what the first run of one kernel of ``generated`` (``kind``: which one) cost:
     generating the module, getting it ready (``ready_field``: compiling it or loading a compiled artefact) and
-    running it. Their sum is the time to first kernel, cold or ``warm`` (a compiled artefact was reused)."""
+    running it. Their sum is the time to first kernel, cold or ``warm`` (a compiled artefact was reused). Written
+    with the process's other index updates (``CompileCache.record_later``), not during the first call."""
     ttfk_field = "ttfk_warm_ms" if warm else "ttfk_cold_ms"
     ttfk = generated.codegen_ms + ready_ms + run_ms
     try:
-        get_cache().record(generated.key, spec=generated.kernel.spec_text, backend=generated.backend, kind=kind,
+        get_cache().record_later(generated.key, spec=generated.kernel.spec_text, backend=generated.backend, kind=kind,
                            dtypes=[a.dtype for a in generated.kernel.arrays], parse_codegen_ms=generated.codegen_ms,
                            first_run_ms=run_ms, **{ready_field: ready_ms, ttfk_field: ttfk})
     except OSError:  # a read-only cache already warned; timings are a nicety

@@ -14,9 +14,11 @@ reader sees the old file or the new one, never half of one. Read-modify-write up
 happen under a lock, so concurrent processes never lose each other's updates; deleting an entry (``clear``,
 ``prune``, a corrupt file) happens under its locks, so it never pulls an entry from under a process that is
 writing or loading it. A file that does not match its checksum is dropped with a warning and rebuilt; the
-index repairs itself (``tullax.runtime.cache_index``). A directory that cannot be written degrades (one warning)
-to a private temporary directory that lives as long as the process; a write that fails later (a full disk)
-stops this process from storing anything (one warning): kernels are then compiled in memory.
+index repairs itself (``tullax.runtime.cache_index``). A kernel's first call defers its index updates
+(``record_later``, ``hit_later``): they are written together by ``flush``, soon after, on reading, or at
+exit. A directory that cannot be written degrades (one warning) to a private temporary directory that lives as
+long as the process; a write that fails later (a full disk) stops this process from storing anything (one
+warning): kernels are then compiled in memory.
 """
 
 from __future__ import annotations
@@ -195,6 +197,10 @@ class CompileCache:
         self.storing = threading.Event()
         self.storing.set()
         self._next_auto_prune = 0.0  # time.monotonic() after which a new entry checks the size limits again
+        self._pending: list[tuple[str, str, dict[str, Any]]] = []  # record_later/hit_later, for flush()
+        self._pending_lock = threading.Lock()
+        self._flush_timer: threading.Timer | None = None
+        self._flushing = threading.RLock()  # held while flushing: the exit's flush waits for the timer's
 
     def __repr__(self) -> str:
         return f"CompileCache(root={str(self.root)!r}, writable={self.writable})"
@@ -436,8 +442,74 @@ class CompileCache:
 
         self.index.update(change)
 
+    # -- deferred index updates ----------------------------------------------------------------------------
+    # A kernel's first call used to wait for one locked read-modify-write of index.json per record (~26 ms per
+    # kernel, measured): the timings it notes are a nicety, so they wait for ``flush``, which applies all that
+    # is pending in ONE update: FLUSH_DELAY_S after the first, when the index is read here, or at exit.
+
+    def record_later(self, key: str, *, spec: str, backend: str, kind: str = "kernel", **fields: Any) -> None:
+        """``record`` at the next ``flush``."""
+        _checked_name(key, "key")
+        _check_record_fields(fields)
+        self._later("record", key, dict(fields, spec=spec, backend=backend, kind=kind))
+
+    def hit_later(self, key: str) -> None:
+        """``hit`` at the next ``flush``."""
+        self._later("hit", _checked_name(key, "key"), {})
+
+    def _later(self, what: str, key: str, fields: dict[str, Any]) -> None:
+        with self._pending_lock:
+            self._pending.append((what, key, fields))
+            _UNFLUSHED.add(self)
+            if self._flush_timer is None:
+                self._flush_timer = threading.Timer(FLUSH_DELAY_S, self._flush_quietly)
+                self._flush_timer.daemon = True
+                self._flush_timer.start()
+
+    def _flush_quietly(self) -> None:
+        try:
+            self.flush()
+        except (OSError, TullaxError):  # a read-only cache or a held lock: timings are a nicety
+            pass
+
+    def flush(self) -> None:
+        """Write the pending ``record_later``/``hit_later`` updates, in order, in one index update."""
+        with self._flushing:
+            self._flush()
+
+    def _flush(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+            if self._flush_timer is not None and self._flush_timer is not threading.current_thread():
+                self._flush_timer.cancel()
+            self._flush_timer = None
+        if not pending:
+            return
+        now = time.time()
+        results: dict[str, dict[str, Any]] = {}
+
+        def change(records: Records) -> bool:
+            for what, key, fields in pending:
+                record = records.get(key)
+                if what == "hit":
+                    if record is not None:
+                        record["hits"] = record.get("hits", 0) + 1
+                        record["last_used"] = now
+                    continue
+                record = records[key] = record or {"created": now, "hits": 0}
+                record.update(fields, last_used=now)
+                results[key] = dict(record)
+            return True
+
+        self.index.update(change)
+        for key, record in results.items():
+            self._remember_meta(key, record)
+        if any(record["created"] == now for record in results.values()):
+            self._auto_prune()
+
     def entries(self) -> list[dict[str, Any]]:
         """Every index record with its ``key`` and ``size_bytes``, most recently used first."""
+        self.flush()
         rows = [
             {"key": key, **record, "size_bytes": tree_size(self.entry_path(key))}
             for key, record in self.index.read().items()
@@ -463,11 +535,13 @@ class CompileCache:
 
     def clear(self, backend: str | None = None) -> int:
         """Delete every entry (or those of one backend) and their index records; returns how many."""
+        self.flush()
         return cache_hygiene.clear(self, backend)
 
     def prune(self, limits: cache_hygiene.Limits | None = None) -> cache_hygiene.PruneReport:
         """Delete the least recently used entries beyond the size and age limits (``TULLAX_CACHE_MAX_BYTES``,
         ``TULLAX_CACHE_MAX_AGE_DAYS``) and what interrupted writes left behind."""
+        self.flush()
         return cache_hygiene.prune(self, limits or cache_hygiene.Limits.from_env())
 
 
@@ -497,6 +571,16 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------- the singleton
+
+FLUSH_DELAY_S = 2.0  # after the first deferred update: well after a first call, soon enough to survive a crash
+_UNFLUSHED: set[CompileCache] = set()  # caches that had deferred updates: flushed at exit
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for cache in list(_UNFLUSHED):
+        cache._flush_quietly()
+
 
 _caches: dict[str, CompileCache] = {}
 _caches_guard = threading.Lock()
