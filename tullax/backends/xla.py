@@ -580,14 +580,16 @@ def _scatter(ctx: _Context):
         return base
     value = jnp.broadcast_to(_as_array(_body(ctx, ctx.spec.body), ctx.dtype), ctx.grid.shape)
     windows = xla_rows.scatter_windows(ctx)
-    if windows:
-        return xla_rows.scatter_rows(ctx, base, value, windows)
-    where = []
+    places = {}
     for axis, idx in enumerate(ctx.spec.lhs):
+        if axis in windows:
+            continue
         extent = base.shape[axis]
         pos = _position(ctx, idx, extent)
         keep = _all([pos.inside, pos.defined])
-        place = jnp.asarray(pos.pos) if keep is None else jnp.where(keep, pos.pos, extent)
-        where.append(jnp.broadcast_to(place, ctx.grid.shape))
-    return base.at[tuple(where)].add(value, mode="drop")
+        places[axis] = jnp.asarray(pos.pos) if keep is None else jnp.where(keep, pos.pos, extent)
+    if windows:
+        return xla_rows.scatter_rows(ctx, base, value, windows, places)
+    where = tuple(jnp.broadcast_to(places[axis], ctx.grid.shape) for axis in range(len(ctx.spec.lhs)))
+    return base.at[where].add(value, mode="drop")
 

@@ -10,11 +10,15 @@ jax is imported inside functions only, as in ``tullax.backends.xla``, which impo
 """
 from __future__ import annotations
 
-from tullax.backends.xla import _all, _Context, _Position, _position
+from typing import Any
+
 from tullax.spec.ir import Access, Affine, Idx, idx_names
 
+# ``ctx`` below is ``tullax.backends.xla``'s evaluation context (spec, shapes, grid); the positions are its
+# ``_Position``s. Not imported: that module imports this one, and the import graph stays acyclic.
 
-def gather_windows(ctx: _Context, acc: Access, shape: tuple[int, ...]) -> dict[int, str]:
+
+def gather_windows(ctx: Any, acc: Access, shape: tuple[int, ...]) -> dict[int, str]:
     """The axes of ``acc`` that ``read_rows`` reads as whole slices (see ``_window_axes``): where another axis
     needs a coordinate per element, and no axis is empty (a clipped position on an empty axis reads nothing)."""
     windows = _window_axes(ctx, acc.idx)
@@ -23,7 +27,7 @@ def gather_windows(ctx: _Context, acc: Access, shape: tuple[int, ...]) -> dict[i
     return windows
 
 
-def read_rows(ctx: _Context, acc: Access, array, positions: list[_Position], windows: dict[int, str]):
+def read_rows(ctx: Any, acc: Access, array, positions: list[Any], windows: dict[int, str]):
     """The read as XLA's row gather (what ``jnp.take(W, ix, axis=0)`` emits): one coordinate tuple per
     combination of the other axes' positions, and a whole slice of ``windows``' axes per tuple, instead of a
     coordinate per element. Positions are clipped into the array (``_position``); the caller masks them."""
@@ -57,7 +61,7 @@ def read_rows(ctx: _Context, acc: Access, array, positions: list[_Position], win
     return jnp.transpose(value, [names.index(n) for n in grid.names])
 
 
-def _window_axes(ctx: _Context, idxs: tuple[Idx, ...]) -> dict[int, str]:
+def _window_axes(ctx: Any, idxs: tuple[Idx, ...]) -> dict[int, str]:
     """The axes of an access that a whole slice can cover: ``d`` or ``d+c`` (coefficient 1, in bounds as
     check_shapes proved) with ``d`` on a grid axis and in no other axis's position. The rest (indirect,
     wrapped, strided, diagonal positions) keep one coordinate per element."""
@@ -72,14 +76,14 @@ def _window_axes(ctx: _Context, idxs: tuple[Idx, ...]) -> dict[int, str]:
     return windows
 
 
-def scatter_windows(ctx: _Context) -> dict[int, str]:
+def scatter_windows(ctx: Any) -> dict[int, str]:
     """The output axes ``scatter_rows`` covers with slices: only where some axis still needs coordinates
     (an all-plain left-hand side is a slice update, not a scatter)."""
     windows = _window_axes(ctx, ctx.spec.lhs)
     return windows if 0 < len(windows) < len(ctx.spec.lhs) else {}
 
 
-def scatter_rows(ctx: _Context, base, value, windows: dict[int, str]):
+def scatter_rows(ctx: Any, base, value, windows: dict[int, str], places: dict[int, Any]):
     """The scatter as XLA's row scatter (what ``W.at[ix].add(rows)`` emits): one coordinate tuple per element
     of the grid's other axes, and a whole slice of ``windows``' axes per tuple, instead of a coordinate per
     element. A tuple outside the output drops its whole slice, as each of its elements is dropped one by one
@@ -94,17 +98,14 @@ def scatter_rows(ctx: _Context, base, value, windows: dict[int, str]):
     squeezed = [1 if n in window_names else sz for n, sz in zip(grid.names, grid.size)]
     columns, scatter_axes = [], []
     for axis, idx in enumerate(ctx.spec.lhs):
-        extent = base.shape[axis]
         if axis in windows:
             name = windows[axis]
             start = grid.lo[grid.axis(name)] + idx.const.eval(ctx.shapes)
             if start == 0:
                 continue
             place = jnp.asarray(start)
-        else:
-            pos = _position(ctx, idx, extent)
-            keep = _all([pos.inside, pos.defined])
-            place = jnp.asarray(pos.pos) if keep is None else jnp.where(keep, pos.pos, extent)
+        else:  # the position the caller computed, outside positions moved past the axis to be dropped
+            place = places[axis]
         place = jnp.transpose(jnp.broadcast_to(place, squeezed), order)
         columns.append(place.reshape(place.shape[:len(batch)]))
         scatter_axes.append(axis)
