@@ -20,9 +20,12 @@ from tullax.spec.ir import Access, Affine, Idx, idx_names
 
 def gather_windows(ctx: Any, acc: Access, shape: tuple[int, ...]) -> dict[int, str]:
     """The axes of ``acc`` that ``read_rows`` reads as whole slices (see ``_window_axes``): where another axis
-    needs a coordinate per element, and no axis is empty (a clipped position on an empty axis reads nothing)."""
+    needs a coordinate per element, the last axis among them, and no axis is empty (a clipped position on an
+    empty axis reads nothing)."""
     windows = _window_axes(ctx, acc.idx)
-    if not 0 < len(windows) < len(acc.idx) or 0 in shape or ctx.grid.empty:
+    # the last (contiguous) axis a window: slices over leading axes alone gather strided columns, which ran
+    # conv1d's x[b,i+k] 1.33x slower than a coordinate per element (benchmarks/results/scatter_rows.md)
+    if len(acc.idx) - 1 not in windows or len(windows) == len(acc.idx) or 0 in shape or ctx.grid.empty:
         return {}
     return windows
 
