@@ -425,11 +425,17 @@ class _Position:
 def _read(ctx: _Context, acc: Access):
     import jax.numpy as jnp
 
+    from tullax.backends import xla_rows
+
     if _sliceable(ctx, acc):
         return _read_slices(ctx, acc)
     array = ctx.array(acc.array)
     positions = [_position(ctx, idx, array.shape[axis]) for axis, idx in enumerate(acc.idx)]
-    value = array[tuple(jnp.asarray(p.pos) for p in positions)].astype(ctx.leaf(acc.array))
+    windows = xla_rows.gather_windows(ctx, acc, array.shape)
+    if windows:
+        value = xla_rows.read_rows(ctx, acc, array, positions, windows).astype(ctx.leaf(acc.array))
+    else:
+        value = array[tuple(jnp.asarray(p.pos) for p in positions)].astype(ctx.leaf(acc.array))
     defined = _all([p.defined for p in positions])
     inside = _all([p.inside for p in positions])
     if defined is not None:
@@ -567,15 +573,23 @@ def _scatter(ctx: _Context):
     """``out[computed positions] += body`` over every index; positions outside the output are dropped."""
     import jax.numpy as jnp
 
+    from tullax.backends import xla_rows
+
     base = _as_array(ctx.array(ctx.spec.out), ctx.dtype)
     if ctx.grid.empty:
         return base
     value = jnp.broadcast_to(_as_array(_body(ctx, ctx.spec.body), ctx.dtype), ctx.grid.shape)
-    where = []
+    windows = xla_rows.scatter_windows(ctx)
+    places = {}
     for axis, idx in enumerate(ctx.spec.lhs):
+        if axis in windows:
+            continue
         extent = base.shape[axis]
         pos = _position(ctx, idx, extent)
         keep = _all([pos.inside, pos.defined])
-        place = jnp.asarray(pos.pos) if keep is None else jnp.where(keep, pos.pos, extent)
-        where.append(jnp.broadcast_to(place, ctx.grid.shape))
-    return base.at[tuple(where)].add(value, mode="drop")
+        places[axis] = jnp.asarray(pos.pos) if keep is None else jnp.where(keep, pos.pos, extent)
+    if windows:
+        return xla_rows.scatter_rows(ctx, base, value, windows, places)
+    where = tuple(jnp.broadcast_to(places[axis], ctx.grid.shape) for axis in range(len(ctx.spec.lhs)))
+    return base.at[where].add(value, mode="drop")
+
