@@ -52,6 +52,7 @@ from tullax.errors import TullaxError
 from tullax.printers.base import Place, Precedence
 from tullax.printers.clike import (
     TYPE_SUFFIX,
+    TYPEDEFS,
     CLikePrinter,
     CPlace,
     Parameter,
@@ -271,15 +272,7 @@ _PRELUDE = """\
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
-typedef signed char tx_i8;
-typedef short tx_i16;
-typedef int tx_i32;
-typedef long long tx_i64;
-typedef unsigned char tx_u8;
-typedef unsigned short tx_u16;
-typedef unsigned int tx_u32;
-typedef unsigned long long tx_u64;
-
+""" + TYPEDEFS + """
 #ifdef TX_MVEC
 // glibc's vector math (libmvec, linked by the c backend where it exists): loops calling these vectorise
 #pragma omp declare simd notinbranch

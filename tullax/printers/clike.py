@@ -60,6 +60,17 @@ C_TYPES = {
 FLOAT_SUFFIX = {"float32": "f32", "float64": "f64"}
 TYPE_SUFFIX = {**FLOAT_SUFFIX, "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8",
                "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool": "b"}
+# The integer types of C_TYPES, declared at the top of every printed module (CUDA C and host C alike)
+TYPEDEFS = """\
+typedef signed char tx_i8;
+typedef short tx_i16;
+typedef int tx_i32;
+typedef long long tx_i64;
+typedef unsigned char tx_u8;
+typedef unsigned short tx_u16;
+typedef unsigned int tx_u32;
+typedef unsigned long long tx_u64;
+"""
 POWER = {"float32": "powf", "float64": "pow"}  # `^` with a non-constant exponent (an operator, not a function)
 
 

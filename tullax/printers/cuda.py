@@ -38,6 +38,7 @@ from tullax.compiler.loops import INDEX, LoopKernel, binop, const
 from tullax.errors import TullaxError
 from tullax.printers.base import Precedence
 from tullax.printers.clike import (
+    TYPEDEFS,
     CLikePrinter,
     CPlace,
     Parameter,
@@ -145,15 +146,7 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
 _PRELUDE = """\
 #ifndef TULLAX_CUDA_PRELUDE
 #define TULLAX_CUDA_PRELUDE
-typedef signed char tx_i8;
-typedef short tx_i16;
-typedef int tx_i32;
-typedef long long tx_i64;
-typedef unsigned char tx_u8;
-typedef unsigned short tx_u16;
-typedef unsigned int tx_u32;
-typedef unsigned long long tx_u64;
-
+""" + TYPEDEFS + """
 // IEEE infinity and quiet NaN from their bit patterns: NVRTC has no <cmath> and no __builtin_nan
 __device__ __forceinline__ float tx_inf_f32() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ float tx_nan_f32() { return __int_as_float(0x7fc00000); }
