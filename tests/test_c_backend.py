@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from corpus import CASES_BY_ID, CORPUS, Case, analysed, gradient_cases
+from loop_backends import run_host, xla_eval
 
 from tullax.backends.base import Signature
 from tullax.backends.c import CBackend, compile_stats, module_source
@@ -31,27 +32,7 @@ pytestmark = pytest.mark.skipif(not BACKEND.availability()[0], reason=NO_CC)
 
 
 def run_c(spec: Spec, env: dict, dtype: str = "float64") -> np.ndarray:
-    """Build (once per process) and run the kernel of ``spec`` on ``env``, as an eager call does."""
-    inputs = [env[name] for name in spec.input_names]
-    signature = Signature(tuple(np.asarray(v).dtype.name for v in inputs), dtype)
-    shapes = {name: np.shape(v) for name, v in zip(spec.input_names, inputs)}
-    if spec.assign == ":=":
-        out = np.full(tuple(s.eval(shapes) for s in spec.out_shape), np.nan, dtype)
-        if spec.is_scatter:
-            out[...] = 0
-    else:
-        out = np.array(env[spec.out], dtype=dtype, copy=True)
-    BACKEND.build(spec, signature)(out, *inputs)
-    return out
-
-
-def xla_eval(spec: Spec, env: dict) -> np.ndarray:
-    import jax
-
-    from tullax.backends.xla import lower
-
-    with jax.enable_x64(True):
-        return np.asarray(lower(spec)(env))
+    return run_host(BACKEND, spec, env, dtype)
 
 
 def test_available_and_registered():
