@@ -212,13 +212,64 @@ def test_a_planned_kernel_equals_the_loop_kernel_and_jnp(text, shapes, rules_onl
     _check(text, shapes)
 
 
-def test_tiny_calls_run_on_xla_and_larger_ones_on_the_loops(rules_only):
+@pytest.mark.parametrize("cached_modules", [True, False])
+def test_tiny_calls_run_untimed_on_cached_loops_else_on_xla_and_larger_ones_on_the_loops(rules_only, monkeypatch,
+                                                                                          cached_modules):
+    """A tiny call goes to loops whose module (with every gradient step) later processes load compiled (host C):
+    XLA would compile its form again in every process. Without such a loop backend (Numba), to XLA."""
+    monkeypatch.setattr(planner, "whole_module_cached", lambda loops: cached_modules)
     _, spec = compile_spec(DIST)
     dtypes = {"W": "float32", "X": "float32"}
     tiny = planner.plan(spec, {"W": (6, 5), "X": (6, 4)}, dtypes)
-    assert (tiny.backend, tiny.form, tiny.rule) == ("xla", "grid", "tiny")
+    expected = (LOOP_BACKEND, "loops", "tiny") if cached_modules else ("xla", "grid", "tiny")
+    assert (tiny.backend, tiny.form, tiny.rule) == expected
     large = planner.plan(spec, {"W": (64, 40), "X": (64, 30)}, dtypes)
     assert (large.backend, large.rule) == (LOOP_BACKEND, "loops")
+    # a tiny contraction stays on XLA's einsum either way
+    _, linear = compile_spec(LINEAR)
+    found = planner.plan(linear, {"W": (6, 5), "X": (6, 4)}, dtypes)
+    assert (found.backend, found.form) == ("xla", "einsum")
+
+
+def test_a_small_close_call_is_not_timed(monkeypatch):
+    """Below UNTIMED_WORK every candidate runs in a fraction of a millisecond: timing would compile them all
+    (the Gaussian kernel sum's gradients at 32 points compiled XLA's forms for 0.7 s) to win microseconds."""
+    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    planner.forget()
+    try:
+        _, spec = compile_spec(CONV1D)
+        dtypes = {"x": "float32", "w": "float32"}
+        small = planner.plan(spec, {"x": (8, 4000), "w": (7,)}, dtypes)
+        assert (small.backend, small.source, small.timings_ms) == (LOOP_BACKEND, "rules", ())
+        assert "not timed: below" in small.reason and planner.STATS["timed"] == 0
+        monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
+        timed = planner.plan(spec, {"x": (8, 4001), "w": (7,)}, dtypes)
+        assert timed.source == "timed" and planner.STATS["timed"] == 1
+    finally:
+        planner.forget()
+
+
+def test_auto_builds_one_module_for_the_gradient_steps_that_may_run_on_the_loops(rules_only):
+    """Under auto each gradient step is a kernel of its own; where the loop backend compiles one module for the
+    forward kernel and every step (host C), the steps must come from that one module. Each used to compile a
+    module of its own, with its own second-order steps: three compiler runs for the Gaussian kernel sum, 2 s."""
+    if not planner.whole_module_cached(LOOP_BACKEND):
+        pytest.skip(f"the loop backend here ({LOOP_BACKEND}) does not compile whole modules")
+    from tullax.backends import c
+
+    kernel = tullax.einsum_kernel("Kg[i,d] := exp(-((xg[i,0]-yg[j,0])^2 + (xg[i,1]-yg[j,1])^2))*bg[j,d]")
+    shapes = {"xg": (40, 2), "yg": (40, 2), "bg": (40, 3)}
+    values = [jnp.asarray(v) for v in make_inputs(kernel.ir, shapes, "float32")]
+    before = c.compile_stats()["modules"]
+    loss = lambda *v: jnp.sum(kernel(*v))  # noqa: E731
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*values)
+    ops = _ops(jax.grad(loss, argnums=(0, 1, 2)), *values)
+    assert {op.backend for op in ops} == {LOOP_BACKEND}, [(op.spec.out, op.backend) for op in ops]
+    assert c.compile_stats()["modules"] == before + 1
+    expected = jax.grad(lambda *v: jnp.sum(xla.lower(kernel.ir)(dict(zip(kernel.ir.input_names, v)))),
+                        argnums=(0, 1, 2))(*values)
+    for got, want in zip(grads, expected):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
 
 
 def test_each_gradient_step_is_planned_on_its_own(rules_only):
@@ -256,7 +307,7 @@ _CHILD = textwrap.dedent("""
     import json, jax, jax.numpy as jnp, numpy as np, tullax
     from tullax.backends import planner
     k = tullax.einsum_kernel("y[b,i] := x[b,i+k]*w[k]")
-    x, w = jnp.ones((8, 4000), jnp.float32), jnp.ones((7,), jnp.float32)
+    x, w = jnp.ones((64, 8000), jnp.float32), jnp.ones((7,), jnp.float32)  # above planner.UNTIMED_WORK
     jax.jit(jax.grad(lambda x, w: jnp.sum(k(x, w)), argnums=(0, 1)))(x, w)
     plans = {str(key[0].out): [p.backend, p.form, p.source] for key, p in planner._MEMO.items()}
     print(json.dumps({"stats": planner.STATS, "plans": plans}))
@@ -278,7 +329,7 @@ def test_timed_decisions_persist_in_the_compile_cache_across_processes(tmp_path)
     assert second["stats"] == {"timed": 0, "from_cache": 3}
     assert {out: p[:2] for out, p in second["plans"].items()} == {out: p[:2] for out, p in first["plans"].items()}
     # tullax explain with the same shapes shows the stored decisions
-    shown = subprocess.run([sys.executable, "-m", "tullax.cli.main", "explain", CONV1D, "--shape", "x=8x4000",
+    shown = subprocess.run([sys.executable, "-m", "tullax.cli.main", "explain", CONV1D, "--shape", "x=64x8000",
                             "--shape", "w=7"], capture_output=True, text=True, env=env, timeout=300)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert shown.stdout.count("(decision from the compile cache)") == 3
@@ -294,7 +345,8 @@ def test_explain_prints_the_plan_and_why():
     assert "close call, timed on first use where cheap: xla:conv, xla:slices, loops" in conv
     shaped = tullax.explain(CONV1D, shapes={"x": (2, 50), "w": (3,)})
     assert "gradient wrt x: Δx[b,m] := Δy[b,pad(m-k)]*w[k]  [Δy 2x48, w 3, x 2x50]" in shaped
-    assert "rule 'tiny'" in shaped and "-> xla (conv): tiny:" in shaped  # 2x48x3 is below the serial threshold
+    tiny = f"-> {LOOP_BACKEND}: tiny:" if planner.whole_module_cached(LOOP_BACKEND) else "-> xla (conv): tiny:"
+    assert "rule 'tiny'" in shaped and tiny in shaped  # 2x48x3 is below the serial threshold
     with pytest.raises(tullax.ShapeError, match="no shape given for w"):
         tullax.explain(CONV1D, shapes={"x": (2, 50)})
 
@@ -399,6 +451,7 @@ def test_explain_shows_the_stored_decision_of_a_gather_whose_index_array_jax_mak
     """explain keyed index arrays as int64 where a call under jax (x64 off) stores its decision under int32."""
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv(planner.TIMING_ENV, "1")
+    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)  # time this small call
     planner.forget()
     try:
         kernel = tullax.einsum_kernel(EMBED)

@@ -353,7 +353,7 @@ class CHostKernel:
 class CBackend:
     name = NAME
     capabilities = Capabilities(host_buffers=True, module_source=True, prepare=True, shaped_run=True,
-                                complex_numbers=False)
+                                complex_numbers=False, whole_module_cached=True)
 
     def availability(self) -> tuple[bool, str]:
         return c_compile.probe()

@@ -4,8 +4,13 @@ XLA's forms (``tullax.backends.xla_forms``).
 
 The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied first by ``plan``):
 
-0. ``tiny``: a call whose estimated work is below the serial threshold (``tullax.backends.workload``): XLA in its
-   best form, traced into the jitted program: no host callback per call and no loop kernel to compile;
+0. ``tiny``: a call whose estimated work is below the serial threshold (``tullax.backends.workload``) is not
+   timed (a race this small decides microseconds, its compiles cost a good part of a second). Where the loop
+   backend compiles one module for the forward kernel and every gradient step and later processes load it
+   from the compile cache (``Capabilities.whole_module_cached``: host C), the rule's default: the loops (XLA
+   compiles its form again in every process, a few hundred milliseconds per kernel and gradient), or XLA's
+   einsum for a contraction. Otherwise XLA in its best form, traced into the jitted program: no host
+   callback per call and no loop kernel to compile (Numba's take about a second each);
 1. no loop backend is usable here: XLA, in its best form;
 2. ``contraction``: a pure contraction (a product of plain accesses summed, no function, guard or offset) is
    BLAS's job: XLA ``einsum`` (``dot_general``);
@@ -22,6 +27,10 @@ The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied firs
    ``exp(...)`` of the (i,j) pairs times ``b[j,d]`` into a vectorised exp and a matmul (the Gaussian kernel sum,
    6x faster than the loops, whose exp stays scalar: ``y[j,c]`` is read with stride 3, and the 4-wide ``d``
    loop accumulates through memory), so this is timed, large kernels included.
+
+A close call of less estimated work than ``UNTIMED_WORK`` is not timed either: the rule's default runs it. Such
+a call takes a fraction of a millisecond on any candidate, while timing compiles every candidate (XLA's forms
+again in every process that runs them); the difference it could find is repaid only after thousands of calls.
 
 A close call is timed on its first use (``TULLAX_PLAN_TIMING=0`` turns timing off): each candidate runs on
 random inputs of the call's shapes as a planned kernel runs (jitted; a loop kernel through the host callback,
@@ -53,6 +62,10 @@ TIMING_ENV = "TULLAX_PLAN_TIMING"
 # under a second beside the compiles. Not much smaller: on a thin slice XLA's temporaries fit in the cache
 # where at full size they do not, and lax.conv with few output features is not the GEMM it is at full size.
 SLICE_WORK = 1 << 30
+# A close call with less estimated work than this is not timed: about 0.2 ms of loops here (the Gaussian
+# kernel sum's gradient at 32 points, 1.2M: 0.06 ms bare, 0.2 ms through the callback, XLA's forms alike),
+# while timing it compiled XLA's factored and broadcast forms for 0.7 s (benchmarks/ttfk_breakdown.py).
+UNTIMED_WORK = 1 << 22
 TIMING_RUNS = 5  # interleaved rounds at most
 TIMING_BUDGET_S = 0.3  # ... and no new round after this long (at least 2 rounds)
 CONFIRM_RATIO = 4.0  # an XLA form that beat the loops by less than this on a slice is confirmed in full
@@ -151,6 +164,45 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
     factored = ("xla:factored",) if "factored" in forms else ()
     return Rule("loops", "functions, guards or a broadcast reduction: the loop nest evaluates the body in one "
                 "pass, XLA materialises or re-reads the broadcast", LOOPS, (LOOPS,) + factored + ("xla:grid",))
+
+
+def whole_module_cached(loops: str | None) -> bool:
+    """Whether the loop backend ``loops`` compiles one module for a spec's forward kernel and every gradient step,
+    which later processes load compiled (``Capabilities.whole_module_cached``)."""
+    if loops is None:
+        return False
+    from tullax import backends
+    from tullax.errors import BackendUnavailableError
+
+    try:
+        return backends.capabilities(backends.get(loops)).whole_module_cached
+    except BackendUnavailableError:
+        return False
+
+
+def build_gradient_module(spec: Spec, args: Iterable[Any], out_dtype: str) -> None:
+    """Before ``auto`` runs the gradient steps of ``spec`` on ``args`` (its forward inputs): where the loop backend
+    compiles one module for the forward kernel and every gradient step (``whole_module_cached``) and some step
+    may run on the loops (its rule's default or a timed candidate), build that module now. Each step (and
+    its timing) then finds its kernel there, instead of compiling a module of its own that would also hold
+    the step's own (second-order) gradients: one compiler run instead of one per step. A module that fails
+    to build is left to the steps, which build their own kernels and report their own errors."""
+    from tullax import backends
+    from tullax.backends.base import Signature
+    from tullax.backends.host import kernel_steps
+    from tullax.errors import TullaxError
+
+    args = list(args)
+    loops = loop_backend(str(getattr(a, "dtype", "")) for a in args if hasattr(a, "dtype"))
+    if not whole_module_cached(loops):
+        return
+    rules = [rule_for(step.spec, loops) for step in kernel_steps(spec, out_dtype)[1:]]
+    if not any(rule.default == LOOPS or LOOPS in rule.close for rule in rules):
+        return
+    try:
+        backends.resolve(loops).build(spec, Signature.of_values(args, out_dtype))
+    except TullaxError:
+        return
 
 
 def _as_plan(candidate: str, loops: str | None, rule: Rule, **extra: Any) -> Plan:
@@ -254,6 +306,11 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
     if loops is not None and workload.runs_serially(spec, shapes):
         from tullax.backends.xla_forms import forms
 
+        if rule.default == LOOPS and whole_module_cached(loops):
+            return _as_plan(LOOPS, loops, Rule(
+                "tiny", "below the serial work threshold, not timed: the loop kernel, compiled once with every "
+                "gradient step and loaded from the compile cache by later processes (XLA would compile its form "
+                "again in each)", LOOPS))
         return _as_plan(f"xla:{forms(spec)[0]}", loops, Rule(
             "tiny", "below the serial work threshold: XLA inside the jitted program costs no host callback per "
             "call and compiles no loop kernel", "xla"))
@@ -267,7 +324,11 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
         timings = tuple((c, float(ms)) for c, ms in stored.get("timings_ms", []))
         why = Rule(rule.name, str(stored.get("reason", rule.reason)), rule.default)
         return _as_plan(stored["candidate"], loops, why, timings_ms=timings, source="cache")
-    timed_shapes = shapes if workload.work(spec, shapes) <= SLICE_WORK else slice_shapes(spec, shapes, SLICE_WORK)
+    work = workload.work(spec, shapes)
+    timed_shapes = shapes if work <= SLICE_WORK else slice_shapes(spec, shapes, SLICE_WORK)
+    if timing and work < UNTIMED_WORK:
+        timing, untimed = False, (f"below {UNTIMED_WORK} estimated operations every candidate runs in a fraction "
+                                  "of a millisecond: timing would cost more compiles than it can win back")
     if not timing or timed_shapes is None:
         return _as_plan(rule.default, loops, Rule(rule.name, rule.reason + " (not timed: " + (
             untimed if not timing else "too much work to time, and no free index to time a slice of") + ")",
@@ -480,7 +541,8 @@ def explain_lines(spec: Spec, shapes: Shapes | None = None, dtype: str = "float3
     lines = [f"plan (backend='auto' on the CPU; loop backend: {loops or 'none'}):"]
     from tullax.backends.workload import serial_threshold
 
-    lines.append(f"  (a call below {serial_threshold()} estimated operations runs on XLA: rule 'tiny')")
+    tiny_on = "its rule's default, untimed" if whole_module_cached(loops) else "XLA"
+    lines.append(f"  (a call below {serial_threshold()} estimated operations runs on {tiny_on}: rule 'tiny')")
     if shapes is None:
         for step in kernel_steps(spec):
             rule = rule_for(step.spec, loops)
@@ -521,4 +583,4 @@ def as_dict(found: Plan) -> dict:
 
 
 __all__ = ["Plan", "Rule", "plan", "rule_for", "loop_backend", "forget", "explain_lines", "kernel_shapes",
-           "TIMING_ENV", "LOOPS"]
+           "build_gradient_module", "whole_module_cached", "TIMING_ENV", "LOOPS"]

@@ -347,6 +347,10 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
 
     if not wanted:
         return {}
+    if backend == "auto":  # one compiler run for every step that may run on the loops, not one per step
+        from tullax.backends.planner import build_gradient_module
+
+        build_gradient_module(spec, args, out.dtype.name)
     env = gradient_env(spec, dict(zip(spec.input_names, args)), out, cotangent)
     complex_names = complex_inputs(spec, {name: a.dtype for name, a in zip(spec.input_names, args)})
     by_input = {g.wrt: g for g in gradients(spec, complex_names)}
