@@ -40,6 +40,7 @@ from tullax.compiler.loops import (
     Var,
     eval_int,
     parallel_nest,
+    walk_expr,
     walk_stmts,
 )
 from tullax.compiler.lower import lower
@@ -361,15 +362,41 @@ def test_loop_invariant_loads_are_hoisted():
 
 def test_tiling_makes_the_innermost_loop_contiguous():
     dist = kernel_of("D[i,j] := (W[k,i] - X[k,j])^2", tile=True, dtype="float64")
-    assert [lp.var for lp in loops(dist)] == ["i0", "tile", "i1", "i2", "i1"]  # init, k, j
-    assert [s.mode for s in stores(dist)] == ["set", "add"]
+    # init; k four at a time (tullax.compiler.reduction_jam), j; the last k, j
+    assert [lp.var for lp in loops(dist)] == ["i0", "tile", "i1", "i2_q", "i1", "i2", "i1"]
+    assert [s.mode for s in stores(dist)] == ["set", "add", "add"]
     blocked = kernel_of("D[i,j] := (W[k,i] - X[k,j])^2", tile=True)  # float32: blocks of k, totals of the tile
-    assert [lp.var for lp in loops(blocked)] == ["i0", "tile", "i1", "blk", "i2", "i1", "i1", "i1"]
-    assert [s.mode for s in stores(blocked)] == ["set", "add", "add", "set", "add"]
+    assert [lp.var for lp in loops(blocked)] == ["i0", "tile", "i1", "blk", "i2_q", "i1", "i2", "i1", "i1", "i1"]
+    assert [s.mode for s in stores(blocked)] == ["set", "add", "add", "add", "set", "add"]
     plain_rows = kernel_of("(max) m[i] := x[i,j]", tile=True)  # j already contiguous: no tiling
     assert "tile" not in [lp.var for lp in loops(plain_rows)]
     guarded = kernel_of("A[m] := x[k]*(m == 2*k)", {"m": 10}, tile=True)
     assert "tile" not in [lp.var for lp in loops(guarded)]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("k", [0, 1, 3, 4, 5, 8, 11, 515, 1030])
+def test_a_tile_adds_four_reduction_terms_per_update_and_the_rest_one_by_one(k: int, dtype: str):
+    """Dist's gradient w.r.t. X: its tile loop adds FACTOR terms of i per update of ΔX's elements
+    (``tullax.compiler.reduction_jam``), the last (i extent mod FACTOR) terms one by one; every term is added
+    exactly once for every extent of i, blocked float32 sums (several blocks, ragged ones) included."""
+    from tullax.compiler.reduction_jam import FACTOR
+
+    spec = analysed("ΔX[k,j] := -(ΔD[i,j]*(2*(W[k,i] - X[k,j])))")
+    kernel = lower(spec, signature(spec, dtype), tile=True)
+    seed = next(a.name for a in kernel.arrays if a.source == "ΔD")
+    counts = [sum(1 for n in walk_expr(s.value) if isinstance(n, Load) and n.array == seed)
+              for s in stores(kernel) if s.mode == "add" and s.array == kernel.arrays[0].name]
+    assert counts[:2] == [FACTOR, 1]  # the jammed tile, then the rest
+    env = random_inputs(spec, {"ΔD": (k, 21), "W": (3, k), "X": (3, 21)}, seed=k)
+    np.testing.assert_allclose(execute(spec, env, True, dtype), naive_eval(spec, env), rtol=1e-10, atol=1e-10)
+
+
+def test_a_tile_whose_range_moves_with_the_reduction_index_is_not_jammed():
+    """A convolution's input gradient narrows the tile's range by k (``pad(m-k)``): its loop cannot take four
+    values of k at once, and stays as it was."""
+    kernel = kernel_of("Δx[m] := Δy[pad(m-k)]*w[k]", {"m": 40}, tile=True, dtype="float64")
+    assert not any(lp.var.endswith("_q") for lp in loops(kernel))
 
 
 def test_scatter_tiles_own_contiguous_output_row_segments():

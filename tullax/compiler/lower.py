@@ -38,6 +38,7 @@ from tullax.compiler.bounds import Bound, Side, narrow
 from tullax.compiler.emit import Emitter, Phase
 from tullax.compiler.guards import Solution, find_guards
 from tullax.compiler.jam import register_tiles
+from tullax.compiler.reduction_jam import jam_reductions
 from tullax.compiler.loops import (
     INDEX,
     Accum,
@@ -124,6 +125,8 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
     if not share:
         return kernel
     kernel = register_tiles(kernel, [(plan.var(tile.index), tile) for tile in plan.register])
+    if plan.tiling:  # the tile's output elements updated FACTOR terms at a time
+        kernel = jam_reductions(kernel)
     return replace(kernel, body=share_calls(kernel.body))
 
 

@@ -202,6 +202,10 @@ void forward(
             double tile_tot[512];
             tx_i64 blk_lo;
             tx_i64 blk_hi;
+            float t0_u0;
+            float t0_u1;
+            float t0_u2;
+            float t0_u3;
             float t0;
             tile_lo = tile * 512;
             tile_hi = tx_min_i64(tile_lo + 512, n0);
@@ -215,7 +219,16 @@ void forward(
             for (tx_i64 blk = 0; blk < tx_floordiv_i64(n1 + 511, 512); ++blk) {
                 blk_lo = blk * 512;
                 blk_hi = tx_min_i64(blk_lo + 512, n1);
-                for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
+                for (tx_i64 i2_q = 0; i2_q < tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4); ++i2_q) {
+                    t0_u0 = a1[(blk_lo + i2_q * 4) * a1_e1 + i0];
+                    t0_u1 = a1[(blk_lo + (i2_q * 4 + 1)) * a1_e1 + i0];
+                    t0_u2 = a1[(blk_lo + (i2_q * 4 + 2)) * a1_e1 + i0];
+                    t0_u3 = a1[(blk_lo + (i2_q * 4 + 3)) * a1_e1 + i0];
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[i0 * a0_e1 + i1] += tx_powi_f32(t0_u0 - a2[(blk_lo + i2_q * 4) * a2_e1 + i1], 2) + tx_powi_f32(t0_u1 - a2[(blk_lo + (i2_q * 4 + 1)) * a2_e1 + i1], 2) + tx_powi_f32(t0_u2 - a2[(blk_lo + (i2_q * 4 + 2)) * a2_e1 + i1], 2) + tx_powi_f32(t0_u3 - a2[(blk_lo + (i2_q * 4 + 3)) * a2_e1 + i1], 2);
+                    }
+                }
+                for (tx_i64 i2 = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4) * 4; i2 < blk_hi; ++i2) {
                     t0 = a1[i2 * a1_e1 + i0];
                     for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
                         a0[i0 * a0_e1 + i1] += tx_powi_f32(t0 - a2[i2 * a2_e1 + i1], 2);
@@ -377,6 +390,10 @@ void grad1_step0(
             double tile_tot[512];
             tx_i64 blk_lo;
             tx_i64 blk_hi;
+            float t0_u0;
+            float t0_u1;
+            float t0_u2;
+            float t0_u3;
             float t0;
             tile_lo = tile * 512;
             tile_hi = tx_min_i64(tile_lo + 512, n0);
@@ -390,7 +407,16 @@ void grad1_step0(
             for (tx_i64 blk = 0; blk < tx_floordiv_i64(n1 + 511, 512); ++blk) {
                 blk_lo = blk * 512;
                 blk_hi = tx_min_i64(blk_lo + 512, n1);
-                for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
+                for (tx_i64 i2_q = 0; i2_q < tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4); ++i2_q) {
+                    t0_u0 = a2[i0 * a2_e1 + (blk_lo + i2_q * 4)];
+                    t0_u1 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 1))];
+                    t0_u2 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 2))];
+                    t0_u3 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 3))];
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[i0 * a0_e1 + i1] += (-(a1[(blk_lo + i2_q * 4) * a1_e1 + i1] * (2.0f * (t0_u0 - a3[i0 * a3_e1 + i1])))) + (-(a1[(blk_lo + (i2_q * 4 + 1)) * a1_e1 + i1] * (2.0f * (t0_u1 - a3[i0 * a3_e1 + i1])))) + (-(a1[(blk_lo + (i2_q * 4 + 2)) * a1_e1 + i1] * (2.0f * (t0_u2 - a3[i0 * a3_e1 + i1])))) + (-(a1[(blk_lo + (i2_q * 4 + 3)) * a1_e1 + i1] * (2.0f * (t0_u3 - a3[i0 * a3_e1 + i1]))));
+                    }
+                }
+                for (tx_i64 i2 = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4) * 4; i2 < blk_hi; ++i2) {
                     t0 = a2[i0 * a2_e1 + i2];
                     for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
                         a0[i0 * a0_e1 + i1] += -(a1[i2 * a1_e1 + i1] * (2.0f * (t0 - a3[i0 * a3_e1 + i1])));

@@ -1,0 +1,99 @@
+"""A strip-mined tile summed several reduction steps at a time: unroll-and-jam of the reduction loop around it.
+
+A strip-mined kernel (``Schedule.tiling``: Dist's gradient w.r.t. X, ``ΔX[k,j] := -ΔD[i,j]*(2*(W[k,i]-X[k,j]))``)
+keeps its accumulators in the output elements of a tile: for each step r of the innermost reduction loop, the
+tile loop (contiguous and vectorised) loads every element of the tile, adds one term and stores it back. The
+output is read and written once per term, and the tile's other loads that do not depend on r (``X[k,j]``) are
+loaded again for every r. Unrolled by ``FACTOR`` and jammed::
+
+    for r in start:stop                       for q in 0:(stop - start) // FACTOR
+        t = <lets of r>                           t_q0 = <lets of r = start + FACTOR*q>  ... t_q3
+        for j in tile                             for j in tile
+            out[.., j] += v(t, j)                     out[.., j] += v(t_q0, j) + ... + v(t_q3, j)
+                                              for r in start + FACTOR*((stop - start) // FACTOR):stop
+                                                  <the loop as it was>
+
+the tile loop reads and writes the output once per FACTOR terms, and loads what the copies have in common
+(``X[k,j]``) once. The terms of one update are
+added together before the output: a float sum in another order (the same terms, the same blocks of
+``tullax.compiler.blocking``), as a vectorised sum reorders its terms anyway.
+
+Only the exact pattern is rewritten: a serial loop whose body is Lets and then one serial loop whose body is
+Lets and one ``add`` Store, nothing else (no guard, no inner loop, no accumulator), where neither the tile
+loop's range (a convolution's window narrowed by r) nor the update's position depends on r; anything else is
+left as it was.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tullax.compiler.loops import INDEX, Let, Loop, LoopKernel, Stmt, Store, Var, binop, const, expr_vars
+from tullax.compiler.rewrite import substitute_stmts
+
+FACTOR = 4  # terms per update of the tile: on Dist's gradient (host C) 4 and 8 ran alike, 2 and 1 slower
+
+
+def jam_reductions(kernel: LoopKernel) -> LoopKernel:
+    """``kernel`` with every loop of the pattern (module doc) unrolled by ``FACTOR`` and jammed."""
+    return replace(kernel, body=_rewrite(kernel.body))
+
+
+def _rewrite(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    out: list[Stmt] = []
+    for stmt in stmts:
+        if isinstance(stmt, Loop):
+            if _jammable(stmt):
+                out += _jammed(stmt)
+            else:
+                out.append(replace(stmt, body=_rewrite(stmt.body)))
+        elif hasattr(stmt, "then"):  # an If: its branches
+            out.append(replace(stmt, then=_rewrite(stmt.then), orelse=_rewrite(stmt.orelse)))
+        else:
+            out.append(stmt)
+    return tuple(out)
+
+
+def _jammable(loop: Loop) -> bool:
+    if loop.parallel or loop.reduce_parallel or not loop.body:
+        return False
+    *lets, tile = loop.body
+    if not isinstance(tile, Loop) or tile.parallel or tile.reduce_parallel or not tile.body:
+        return False
+    if not all(isinstance(s, Let) for s in lets):
+        return False
+    *tile_lets, update = tile.body
+    if not (all(isinstance(s, Let) for s in tile_lets) and isinstance(update, Store) and update.mode == "add"):
+        return False
+    # neither the tile's range (a window narrowed by r) nor the update's position may move with r
+    varying = {loop.var} | {s.var for s in (*lets, *tile_lets)}
+    return not any(expr_vars(e) & varying for e in (tile.start, tile.stop, *update.index))
+
+
+def _jammed(loop: Loop) -> list[Stmt]:
+    *lets, tile = loop.body
+    *tile_lets, update = tile.body
+    assert isinstance(tile, Loop) and isinstance(update, Store)
+    r, start = loop.var, loop.start
+    quads = binop("//", binop("max", binop("-", loop.stop, start), const(0)), const(FACTOR))  # empty: none
+    q = f"{r}_q"
+    assigned = {s.var: s.value.dtype for s in (*lets, *tile_lets) if isinstance(s, Let)}
+    outer: list[Stmt] = []
+    inner: list[Stmt] = []
+    terms = []
+    for u in range(FACTOR):
+        values = {name: Var(f"{name}_u{u}", dtype) for name, dtype in assigned.items()}  # renamed copies
+        values[r] = binop("+", start, binop("+", binop("*", Var(q, INDEX), const(FACTOR)), const(u)))
+        outer += substitute_stmts(tuple(lets), values)
+        copy = substitute_stmts(tuple(tile_lets) + (update,), values)
+        inner += copy[:-1]
+        terms.append(copy[-1])
+    value = terms[0].value
+    for term in terms[1:]:
+        value = binop("+", value, term.value)
+    jammed_tile = replace(tile, body=tuple(inner) + (replace(update, value=value),))
+    main = Loop(q, const(0), quads, False, tuple(outer) + (jammed_tile,))
+    rest = replace(loop, start=binop("+", start, binop("*", quads, const(FACTOR))))
+    return [main, rest]
+
+
+__all__ = ["jam_reductions", "FACTOR"]
