@@ -38,7 +38,6 @@ from tullax.compiler.bounds import Bound, Side, narrow
 from tullax.compiler.emit import Emitter, Phase
 from tullax.compiler.guards import Solution, find_guards
 from tullax.compiler.jam import register_tiles
-from tullax.compiler.reduction_jam import jam_reductions
 from tullax.compiler.loops import (
     INDEX,
     Accum,
@@ -61,6 +60,7 @@ from tullax.compiler.loops import (
     is_float,
 )
 from tullax.compiler.params import parameters
+from tullax.compiler.reduction_jam import jam_reductions
 from tullax.compiler.rewrite import share_calls
 from tullax.compiler.schedule import TILE, Schedule, loop_order, schedule
 from tullax.compiler.translate import Translator, as_bool
