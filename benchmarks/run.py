@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "julia, julia-cuda)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--repeat", type=int, default=3, metavar="N", help="best of at least N timed runs")
+    parser.add_argument("--timing-processes", type=int, default=2, metavar="P",
+                        help="time forward and backward in P processes per row, best of all (default 2)")
     parser.add_argument("--timeout", type=float, metavar="S",
                         help=f"per case and backend (default {FULL_TIMEOUT_S:g} s, {QUICK_TIMEOUT_S:g} s quick)")
     parser.add_argument("--no-ttfk", action="store_true", help="skip the time-to-first-kernel measurements")
@@ -66,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     if requested is None:
         unavailable = {name: why for name, why in unavailable.items() if name in ("c", "numba")}
     timeout = args.timeout or (QUICK_TIMEOUT_S if args.quick else FULL_TIMEOUT_S)
-    config = RunConfig(backends=tuple(backends), dtype=args.dtype, repeat=args.repeat, timeout_s=timeout,
+    config = RunConfig(backends=tuple(backends), dtype=args.dtype, repeat=args.repeat,
+                       timing_processes=max(1, args.timing_processes), timeout_s=timeout,
                        ttfk=not args.no_ttfk)
     doc = run_cases(cases, config, show_progress=not args.quiet, unavailable=unavailable)
     doc["config"]["quick"] = args.quick

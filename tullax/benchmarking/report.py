@@ -203,7 +203,12 @@ def machine_line(doc: dict) -> str:
             f"Python {machine['python']}, {versions}{julia}; {machine['date']}"
             f"{', commit ' + machine['git_commit'] if machine.get('git_commit') else ''}. "
             f"{config['dtype']}, best of {config['repeat']}+ runs after a warm-up"
+            f"{_processes(config.get('timing_processes', 1))}"
             f"{', quick sizes' if config.get('quick') else ''}.")
+
+
+def _processes(count: int) -> str:
+    return f" in each of {count} processes" if count > 1 else ""
 
 
 def _md_escape(text: str) -> str:
