@@ -433,6 +433,35 @@ def test_compile_errors_are_tullax_errors_with_the_message_and_the_source(tmp_pa
     assert str(source) in str(err.value)
 
 
+def test_a_module_is_cut_into_units_each_kernel_in_exactly_one(tmp_path):
+    """A module of several kernels compiles as two translation units at once (the prelude in both, each kernel
+    function in one) linked into one library; a unit that fails reports the compiler's words."""
+    import ctypes
+
+    from tullax.backends.c_compile import compile_library, split_units
+    from tullax.printers.c import UNIT_MARK
+
+    spec = analysed("Du[i,j] := (Wu[k,i] - Xu[k,j])^2 + exp(bu[j])")
+    source = module_source(spec, "float32")
+    names = ["forward"] + [f"grad{p}_step0" for p in range(3)]
+    units = split_units(source)
+    assert len(units) == 2 and all(u.startswith(source.split(UNIT_MARK)[0]) for u in units)
+    for name in names:
+        assert sum(f"\nvoid {name}(" in unit for unit in units) == 1, name
+    assert split_units(source, units=1) == [source]
+    single = UNIT_MARK.join(source.split(UNIT_MARK)[:2])
+    assert split_units(single) == [single]
+    path = tmp_path / "module.c"
+    path.write_text(source)
+    compile_library(path, tmp_path / "module.so")
+    library = ctypes.CDLL(str(tmp_path / "module.so"))
+    assert all(hasattr(library, name) for name in names)
+    broken = source.replace("void grad1_step0(", "void grad1_step0(undeclared_type_here x, ")
+    path.write_text(broken)
+    with pytest.raises(TullaxError, match="undeclared_type_here"):
+        compile_library(path, tmp_path / "broken.so")
+
+
 def test_complex_is_refused_naming_the_backends_that_run_it():
     spec = analysed("y[i] := x[i,j]")
     with pytest.raises(TullaxError, match="backend='xla'.*'numba'"):

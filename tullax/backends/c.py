@@ -1,13 +1,14 @@
 """The ``c`` backend: loop kernels printed as C with OpenMP (``tullax.printers.c``), compiled by the host C
 compiler (``tullax.backends.c_compile``) into a shared library, loaded with ctypes. Its point is the time to
-first kernel: one compiler run of ~0.1-0.3 s builds the forward kernel and every gradient step of a spec, and a
-later process only dlopens the library from the compile cache (milliseconds), where Numba's parallel pipeline
-takes 0.5-2.4 s per kernel.
+first kernel: one compile (two translation units at once) builds the forward kernel and every gradient step
+of a spec, and a later process only dlopens the library from the compile cache (milliseconds), where Numba's
+parallel pipeline takes 0.5-2.4 s per kernel.
 
 * One module per (spec, signature): the forward kernel and every gradient step (``host.kernel_steps``), ONE
-  translation unit, ONE compiler run. Each gradient step's host kernel is registered when its module loads,
-  under the (step spec, signature) the JAX op builds it with (``_step_signature``), so the backward pass
-  compiles nothing more. A step built with another signature gets a module of its own.
+  library, compiled as two translation units at once (``c_compile.split_units``). Each gradient step's host
+  kernel is registered when its module loads, under the (step spec, signature) the JAX op builds it with
+  (``_step_signature``), so the backward pass compiles nothing more. A step built with another signature gets
+  a module of its own.
 * Caching: ``tullax.backends.host``'s build sequence; the source is ``kernels.c`` in its cache entry, the
   library ``kernels-<hash>.so`` next to it and the lowered kernels (what a call needs to marshal its
   arguments) pickled in ``kernels.pickle`` (each with its checksum in the entry's manifest); the key holds the

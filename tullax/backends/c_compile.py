@@ -13,8 +13,9 @@ compilation of a translation unit to a shared library.
   ``$TULLAX_CFLAGS`` adds flags after ours; glibc's libmvec is linked where it exists (``vector_math``).
 * ``probe()``: whether the compiler builds an OpenMP shared library here (remembered in the compile cache per
   ``identity()``, so a warm process does not pay for it).
-* ``compile_library(source_path, library_path)``: one compiler run; a failure is a TullaxError with the
-  compiler's message and the source path.
+* ``compile_library(source_path, library_path)``: a module of several kernels as ``PARALLEL_UNITS``
+  translation units compiled at once (``split_units``) and linked, else one compiler run; a failure is a
+  TullaxError with the compiler's message and the source path.
 """
 from __future__ import annotations
 
@@ -105,26 +106,72 @@ def _cpu() -> str:
     return platform.machine() + " " + hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
+PARALLEL_UNITS = 2  # translation units compiled at once: the machines we target have at least 2 cores
+
+
+def split_units(text: str, units: int | None = None) -> list[str]:
+    """The printed module ``text`` as at most ``units`` translation units of about equal length, each the prelude
+    and some of the kernel functions (every function in exactly one); ``[text]`` when it has a single kernel."""
+    from tullax.printers.c import UNIT_MARK  # compiling only: a warm process imports no printer
+
+    units = PARALLEL_UNITS if units is None else units
+    prelude, *kernels = text.split(UNIT_MARK)
+    if len(kernels) < 2 or units < 2:
+        return [text]
+    groups: list[list[str]] = [[] for _ in range(min(units, len(kernels)))]
+    for kernel in sorted(kernels, key=len, reverse=True):  # longest first, each into the shortest group
+        min(groups, key=lambda g: sum(map(len, g))).append(kernel)
+    return [UNIT_MARK.join([prelude, *group]) for group in groups]
+
+
 def compile_library(source: Path, library: Path, timeout: float = 600.0) -> float:
     """Compile ``source`` into the shared library ``library`` (written atomically: a temporary file renamed,
-    so a concurrent reader never dlopens half a file); returns the seconds the compiler ran."""
+    so a concurrent reader never dlopens half a file); returns the seconds the compiler ran. A module of
+    several kernels is compiled as ``PARALLEL_UNITS`` translation units at once and linked: the compiler's time
+    goes mostly to the kernel functions, so two units take about half the wall time of one."""
     import time
 
     cc = compiler()
     tmp = library.with_name(f".{library.name}.{os.getpid()}.tmp")
     start = time.perf_counter()
-    try:
-        done = subprocess.run([cc, *flags(), "-o", str(tmp), str(source), *libraries()], capture_output=True, text=True,
-                              timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise TullaxError(f"the c backend could not run its C compiler {cc!r} on {source}: {err}") from None
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise TullaxError(f"the C compiler {cc!r} could not compile the module generated at {source}; please "
-                          f"report it. The compiler said:\n{(done.stderr or done.stdout).strip()}")
+    units = split_units(source.read_text(encoding="utf-8"))
+    with tempfile.TemporaryDirectory(prefix="tullax-c-units-") as scratch:
+        if len(units) == 1:
+            _run([[cc, *flags(), "-o", str(tmp), str(source), *libraries()]], source, timeout)
+        else:
+            objects = []
+            for number, unit in enumerate(units):
+                path = Path(scratch) / f"unit{number}.c"
+                path.write_text(unit, encoding="utf-8")
+                objects.append(path.with_suffix(".o"))
+            _run([[cc, *flags(), "-c", "-o", str(obj), str(obj.with_suffix(".c"))] for obj in objects], source,
+                 timeout)
+            _run([[cc, *flags(), "-o", str(tmp), *map(str, objects), *libraries()]], source, timeout)
     os.replace(tmp, library)
-    return seconds
+    return time.perf_counter() - start
+
+
+def _run(commands: list[list[str]], source: Path, timeout: float) -> None:
+    """Run the compiler ``commands`` at once; a TullaxError with the compiler's words if one fails."""
+    cc = compiler()
+    try:
+        running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                   for command in commands]
+    except OSError as err:
+        raise TullaxError(f"the c backend could not run its C compiler {cc!r} on {source}: {err}") from None
+    failures = []
+    for process in running:
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for other in running:
+                other.kill()
+            raise TullaxError(f"the C compiler {cc!r} ran for more than {timeout:g} s on {source}") from None
+        if process.returncode != 0:
+            failures.append(output.strip())
+    if failures:
+        raise TullaxError(f"the C compiler {cc!r} could not compile the module generated at {source}; please "
+                          f"report it. The compiler said:\n{failures[0]}")
 
 
 def probe() -> tuple[bool, str]:
@@ -155,5 +202,5 @@ def _probe(ident: str) -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["BASE_FLAGS", "CC_ENV", "CFLAGS_ENV", "compile_library", "compiler", "flags", "identity", "libraries",
-           "probe", "resolved", "vector_math"]
+__all__ = ["BASE_FLAGS", "CC_ENV", "CFLAGS_ENV", "PARALLEL_UNITS", "compile_library", "compiler", "flags", "identity",
+           "libraries", "probe", "resolved", "split_units", "vector_math"]

@@ -180,6 +180,7 @@ static inline tx_v8_i64 tx_vmin_i64(tx_v8_i64 v, tx_v8_i64 l, tx_m8_i64* nan) {
     return (tx_v8_i64)(((tx_m8_i64)v & m) | ((tx_m8_i64)l & ~m));
 }
 
+// ---- tullax: kernel ----
 // forward: D[i,j] := (W[k,i] - X[k,j])^2
 void forward(
     float* restrict a0,
@@ -250,6 +251,7 @@ void forward(
     }
 }
 
+// ---- tullax: kernel ----
 // grad0_step0: ΔW[k,i] := ΔD[i,j]*(2*(W[k,i] - X[k,j]))
 void grad0_step0(
     float* restrict a0,
@@ -366,6 +368,7 @@ void grad0_step0(
     }
 }
 
+// ---- tullax: kernel ----
 // grad1_step0: ΔX[k,j] := -(ΔD[i,j]*(2*(W[k,i] - X[k,j])))
 void grad1_step0(
     float* restrict a0,

@@ -180,6 +180,7 @@ static inline tx_v8_i64 tx_vmin_i64(tx_v8_i64 v, tx_v8_i64 l, tx_m8_i64* nan) {
     return (tx_v8_i64)(((tx_m8_i64)v & m) | ((tx_m8_i64)l & ~m));
 }
 
+// ---- tullax: kernel ----
 // forward: s := x[i]*y[i]
 void forward(
     float* restrict a0,
@@ -206,6 +207,7 @@ void forward(
     a0[0] = ((float)acc);
 }
 
+// ---- tullax: kernel ----
 // grad0_step0: Δx[i] := Δs*y[i]
 void grad0_step0(
     float* restrict a0,
@@ -220,6 +222,7 @@ void grad0_step0(
     }
 }
 
+// ---- tullax: kernel ----
 // grad1_step0: Δy[i] := Δs*x[i]
 void grad1_step0(
     float* restrict a0,

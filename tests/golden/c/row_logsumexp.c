@@ -180,6 +180,7 @@ static inline tx_v8_i64 tx_vmin_i64(tx_v8_i64 v, tx_v8_i64 l, tx_m8_i64* nan) {
     return (tx_v8_i64)(((tx_m8_i64)v & m) | ((tx_m8_i64)l & ~m));
 }
 
+// ---- tullax: kernel ----
 // forward: (logsumexp) l[i] := x[i,j]
 void forward(
     float* restrict a0,
@@ -254,6 +255,7 @@ void forward(
     }
 }
 
+// ---- tullax: kernel ----
 // grad0_step0: Δx[i,j] := Δl[i]*exp(x[i,j] - l[i])
 void grad0_step0(
     float* restrict a0,

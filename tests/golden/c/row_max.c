@@ -180,6 +180,7 @@ static inline tx_v8_i64 tx_vmin_i64(tx_v8_i64 v, tx_v8_i64 l, tx_m8_i64* nan) {
     return (tx_v8_i64)(((tx_m8_i64)v & m) | ((tx_m8_i64)l & ~m));
 }
 
+// ---- tullax: kernel ----
 // forward: (max) m[i] := x[i,j]
 void forward(
     float* restrict a0,
@@ -230,6 +231,7 @@ void forward(
     }
 }
 
+// ---- tullax: kernel ----
 // grad0_step0: count[i] := x[i,j] == m[i]
 void grad0_step0(
     float* restrict a0,
@@ -270,6 +272,7 @@ void grad0_step0(
     }
 }
 
+// ---- tullax: kernel ----
 // grad0_step1: Δx[i,j] := Δm[i]*(x[i,j] == m[i])/count[i]
 void grad0_step1(
     float* restrict a0,

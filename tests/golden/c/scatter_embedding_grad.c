@@ -180,6 +180,7 @@ static inline tx_v8_i64 tx_vmin_i64(tx_v8_i64 v, tx_v8_i64 l, tx_m8_i64* nan) {
     return (tx_v8_i64)(((tx_m8_i64)v & m) | ((tx_m8_i64)l & ~m));
 }
 
+// ---- tullax: kernel ----
 // forward: dW[ix[b],d] += g[b,d]
 void forward(
     float* restrict a0,
@@ -210,6 +211,7 @@ void forward(
     }
 }
 
+// ---- tullax: kernel ----
 // grad0_step0: ΔdW1[m,n] := ΔdW[m,n]
 void grad0_step0(
     float* restrict a0,
@@ -228,6 +230,7 @@ void grad0_step0(
     }
 }
 
+// ---- tullax: kernel ----
 // grad1_step0: Δg[b,d] := ΔdW[pad(ix[b]),d]
 void grad1_step0(
     float* restrict a0,
