@@ -40,7 +40,6 @@ from tullax.backends import host, julia_detect
 from tullax.backends.base import Capabilities, Shapes, Signature, device_pointer
 from tullax.backends.julia_runtime import runtime
 from tullax.compiler.loops import LoopKernel
-from tullax.compiler.lower import lower
 from tullax.errors import ShapeError, TullaxError
 from tullax.printers.julia import (
     CPU_FLAVOUR,
@@ -91,12 +90,16 @@ def module_source(spec: Spec, dtype: str = "float32", *, target: Target = CPU) -
     """The whole module: the forward kernel and every gradient step kernel (``forward!``, ``grad<k>_step<n>!``
     where k is the input's position), each with its ``run_...!`` launcher; data and scalars in ``dtype``, index
     arrays int64. Gradients that cannot be derived are left out."""
+    from tullax.compiler.lower import lower  # lowering only: resolving the backend imports no compiler
+
     return host.module_source(spec, Signature.for_dtype(spec, dtype), partial(lower, tile=target.tile),
                               partial(print_module, flavour=target.flavour))
 
 
 def kernel_module(spec: Spec, signature: Signature, target: Target = CPU) -> tuple[LoopKernel, str]:
     """The kernel of ``spec`` (named ``kernel``) and the module that holds it with its launcher."""
+    from tullax.compiler.lower import lower
+
     kernel = lower(spec, signature, name=KERNEL_NAME, tile=target.tile)
     return kernel, print_module([kernel], flavour=target.flavour)
 

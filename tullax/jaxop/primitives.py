@@ -168,7 +168,7 @@ def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any]) -> KernelOp:
 @lru_cache(maxsize=None)
 def _prims() -> SimpleNamespace:
     from jax._src import dispatch
-    from jax.extend.core import Primitive
+    from jax._src.core import Primitive  # jax.extend.core's own; importing jax.extend imports all of pallas
     from jax.interpreters import ad, batching, mlir
 
     kernel = Primitive("tullax_kernel")
