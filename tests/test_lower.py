@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from enum import Enum
 from pathlib import Path
 
@@ -390,6 +391,33 @@ def test_a_tile_adds_four_reduction_terms_per_update_and_the_rest_one_by_one(k: 
     assert counts[:2] == [FACTOR, 1]  # the jammed tile, then the rest
     env = random_inputs(spec, {"ΔD": (k, 21), "W": (3, k), "X": (3, 21)}, seed=k)
     np.testing.assert_allclose(execute(spec, env, True, dtype), naive_eval(spec, env), rtol=1e-10, atol=1e-10)
+
+
+GAUSSIAN_GRAD_X = ("Δx[i,m] := -(ΔK[i,d]*(exp(-((x[i,0]-y[j,0])^2 + (x[i,1]-y[j,1])^2))*(2*(x[i,0]-y[j,0]))*b[j,d])"
+                   "*(m == 0)) - ΔK[i,d]*(exp(-((x[i,0]-y[j,0])^2 + (x[i,1]-y[j,1])^2))*(2*(x[i,1]-y[j,1]))*b[j,d])"
+                   "*(m == 1)")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("d", [0, 1, 4, 7, 600])
+def test_factors_that_do_not_change_along_an_inner_sum_are_taken_out_of_it(d: int, dtype: str):
+    """The Gaussian gradient's m cases sum ΔK[i,d]*b[j,d] over d, each times its own factor: one sum over d,
+    shared, then one multiply per case (``tullax.compiler.factor``); every extent of d, blocks included."""
+    spec = analysed(GAUSSIAN_GRAD_X, {"m": 2})
+    kernel = lower(spec, signature(spec, dtype), tile=True)
+    shared = [lp for lp in loops(kernel) if len(lp.body) == 1 and isinstance(lp.body[0], Accum)
+              and re.fullmatch(r"i\d+_s\d*", lp.body[0].var)]
+    assert shared  # the d loops: one shared sum each
+    sums_only = [lp for lp in loops(kernel) if all(isinstance(s, Accum) for s in lp.body)]
+    assert all(len(lp.body) == 1 for lp in sums_only)  # not one sum per case of m
+    env = random_inputs(spec, {"ΔK": (5, d), "x": (5, 2), "y": (6, 2), "b": (6, d)}, seed=d)
+    np.testing.assert_allclose(execute(spec, env, True, dtype), naive_eval(spec, env), rtol=1e-10, atol=1e-12)
+
+
+def test_sums_whose_terms_differ_beyond_their_factors_stay_as_they_are():
+    """Dist's 2x2 register tile sums four different products over k: nothing is common to take out."""
+    kernel = kernel_of("D[i,j] := (W[k,i] - X[k,j])^2", tile=False, dtype="float64")
+    assert not any(isinstance(s, Let) and s.var.endswith("_s") for s in walk_stmts(kernel.body))
 
 
 def test_a_tile_whose_range_moves_with_the_reduction_index_is_not_jammed():

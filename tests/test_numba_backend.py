@@ -109,7 +109,7 @@ def test_generated_names_never_clash_with_user_names():
     env = {"np": rng.standard_normal((3, 4)), "range": rng.standard_normal((4, 5)), "njit": np.float64(0.5)}
     np.testing.assert_allclose(run_numba(spec, env), naive_eval(spec, env), rtol=1e-12)
     source = BACKEND.generate_source(spec, Signature(("float64",) * 3, "float64"))
-    allowed = re.compile(r"(a|s|n|i|t)\d+(_lo|_|_q|_u\d+)?$|acc[ms]?$|shift$|tile(_lo|_hi)?$|p_flat$|p_ext\d+$"
+    allowed = re.compile(r"(a|s|n|i|t)\d+(_lo|_|_q|_u\d+|_s\d*)?$|acc[ms]?$|shift$|tile(_lo|_hi)?$|p_flat$|p_ext\d+$"
                          r"|p_lo$|p_hi$")
     builtins = {"np", "njit", "prange", "range", "max", "min", "abs", "_FASTMATH", "_ix"}
     for node in ast.walk(ast.parse(source)):

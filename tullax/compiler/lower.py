@@ -36,6 +36,7 @@ from tullax.compiler.assemble import Nest, mark_reduce_parallel
 from tullax.compiler.blocking import TileSum, blocked_index, first_block_end, peels, register_sum
 from tullax.compiler.bounds import Bound, Side, narrow
 from tullax.compiler.emit import Emitter, Phase
+from tullax.compiler.factor import factor_sums
 from tullax.compiler.guards import Solution, find_guards
 from tullax.compiler.jam import register_tiles
 from tullax.compiler.loops import (
@@ -127,6 +128,7 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
     kernel = register_tiles(kernel, [(plan.var(tile.index), tile) for tile in plan.register])
     if plan.tiling:  # the tile's output elements updated FACTOR terms at a time
         kernel = jam_reductions(kernel)
+    kernel = factor_sums(kernel)  # what an inner sum multiplies by in every term, multiplied once after it
     return replace(kernel, body=share_calls(kernel.body))
 
 

@@ -289,7 +289,9 @@ void grad0_step0(
             tx_i64 blk_hi;
             float acc_part;
             float t0;
+            float i2_s;
             double acc;
+            float i2_s1;
             i0_r0 = i0_rt * 2;
             i1_r0 = i1_rt * 2;
             if (i0_r0 + 2 <= n2 && i1_r0 + 2 <= n1) {
@@ -344,18 +346,22 @@ void grad0_step0(
                     for (tx_i64 i1 = i1_r0; i1 < tx_min_i64(i1_r0 + 2, n1); ++i1) {
                         acc_part = 0.0f;
                         t0 = a2[i0 * a2_e1 + i1];
+                        i2_s = 0.0f;
                         for (tx_i64 i2 = 0; i2 < n3; ++i2) {
-                            acc_part += a1[i1 * a1_e1 + i2] * (2.0f * (t0 - a3[i0 * a3_e1 + i2]));
+                            i2_s += a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
                         }
+                        acc_part += 2.0f * i2_s;
                         if (n0 > 512) {
                             acc = ((double)acc_part);
                             for (tx_i64 blk = 1; blk < tx_floordiv_i64(n0 + 511, 512); ++blk) {
                                 blk_lo = n3 + (blk - 1) * 512;
                                 blk_hi = tx_min_i64(blk_lo + 512, n0);
                                 acc_part = 0.0f;
+                                i2_s1 = 0.0f;
                                 for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
-                                    acc_part += a1[i1 * a1_e1 + i2] * (2.0f * (t0 - a3[i0 * a3_e1 + i2]));
+                                    i2_s1 += a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
                                 }
+                                acc_part += 2.0f * i2_s1;
                                 acc += ((double)acc_part);
                             }
                             acc_part = ((float)acc);
