@@ -218,12 +218,25 @@ def _timed_phase(job: dict, state: dict, which: str) -> dict:
     if which == "bwd" and not subject.wrt:
         return {"skipped": "no input is differentiable"}
     call = (lambda: block(subject.fwd(*args))) if which == "fwd" else (lambda: block(subject.bwd(cotangent, *args)))
+    planned_before = set(_planned(job))
     start = time.perf_counter()
     call()  # the warm-up: tracing, compiling and the first run
     first_ms = (time.perf_counter() - start) * 1e3
     best_ms, runs = best_of(call, job["repeat"])
     return {f"{which}_ms": best_ms, f"first_{which}_ms": first_ms, f"{which}_runs": runs,
-            "rss_before_mb": state["rss_before_mb"], "peak_rss_mb": peak_rss_mb()}
+            "rss_before_mb": state["rss_before_mb"], "peak_rss_mb": peak_rss_mb(),
+            **({f"{which}_plans": [f"{key[0].out}: {found.describe()}" for key, found in _planned(job).items()
+                                   if key not in planned_before]} if job["backend"] == "auto" else {})}
+
+
+def _planned(job: dict) -> dict:
+    """Under ``auto``: the planner's decisions so far in this process (kernel, shapes -> plan), so a phase can
+    report where each of its kernels ran and why."""
+    if job["backend"] != "auto" or "tullax.backends.planner" not in sys.modules:
+        return {}
+    from tullax.backends import planner
+
+    return dict(planner._MEMO)
 
 
 def best_of(call: Callable[[], Any], repeat: int) -> tuple[float, int]:
