@@ -249,6 +249,43 @@ def test_a_small_close_call_is_not_timed(monkeypatch):
         planner.forget()
 
 
+def test_a_fast_candidate_is_timed_on_its_second_run_of_each_round(monkeypatch):
+    """Interleaved, the first run after another candidate pays for the switch (the C loops' OpenMP threads
+    still spinning): conv1d's shifted slices timed 1.2 ms there against 0.6 ms back to back. A candidate under
+    SETTLE_MS runs twice per round (only the second timed), a slower one once."""
+    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    runs: dict[str, int] = {}
+    original = planner._prepared_call
+
+    def counted(spec, candidate, values, loops):
+        call = original(spec, candidate, values, loops)
+        if call is None:
+            return None
+
+        def run() -> None:
+            runs[candidate] = runs.get(candidate, 0) + 1
+            call()
+
+        return run
+
+    monkeypatch.setattr(planner, "_prepared_call", counted)
+    monkeypatch.setattr(planner, "SETTLE_MS", 1e9)  # every candidate counts as fast
+    planner.forget()
+    try:
+        _, spec = compile_spec(CONV1D)
+        planner.plan(spec, {"x": (64, 8000), "w": (7,)}, {"x": "float32", "w": "float32"})
+        # the first round runs each once (nothing is known yet); every later round twice (a loser is dropped)
+        assert max(runs.values()) > planner.TIMING_RUNS, runs  # more runs than rounds
+        assert all(count == 1 or (count - 1) % 2 == 0 for count in runs.values()), runs
+        runs.clear()
+        monkeypatch.setattr(planner, "SETTLE_MS", 0.0)  # none does
+        planner.forget()
+        planner.plan(spec, {"x": (64, 8001), "w": (7,)}, {"x": "float32", "w": "float32"})
+        assert runs and max(runs.values()) <= planner.TIMING_RUNS, runs
+    finally:
+        planner.forget()
+
+
 def test_auto_builds_one_module_for_the_gradient_steps_that_may_run_on_the_loops(rules_only):
     """Under auto each gradient step is a kernel of its own; where the loop backend compiles one module for the
     forward kernel and every step (host C), the steps must come from that one module. Each used to compile a
