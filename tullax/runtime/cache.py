@@ -394,10 +394,7 @@ class CompileCache:
         result: dict[str, Any] = {}
 
         def change(records: Records) -> bool:
-            record = records.get(key) or {"created": now, "hits": 0}
-            record.update(fields, spec=spec, backend=backend, kind=kind, last_used=now)
-            records[key] = record
-            result.update(record)
+            result.update(_apply_record(records, key, dict(fields, spec=spec, backend=backend, kind=kind), now))
             return True
 
         self.index.update(change)
@@ -431,16 +428,7 @@ class CompileCache:
     def hit(self, key: str) -> None:
         """Count one reuse of ``key`` (call it once per process and kernel, not per kernel call)."""
         _checked_name(key, "key")
-
-        def change(records: Records) -> bool:
-            record = records.get(key)
-            if record is None:
-                return False
-            record["hits"] = record.get("hits", 0) + 1
-            record["last_used"] = time.time()
-            return True
-
-        self.index.update(change)
+        self.index.update(lambda records: _apply_hit(records, key, time.time()))
 
     # -- deferred index updates ----------------------------------------------------------------------------
     # A kernel's first call used to wait for one locked read-modify-write of index.json per record (~26 ms per
@@ -490,15 +478,10 @@ class CompileCache:
 
         def change(records: Records) -> bool:
             for what, key, fields in pending:
-                record = records.get(key)
                 if what == "hit":
-                    if record is not None:
-                        record["hits"] = record.get("hits", 0) + 1
-                        record["last_used"] = now
-                    continue
-                record = records[key] = record or {"created": now, "hits": 0}
-                record.update(fields, last_used=now)
-                results[key] = dict(record)
+                    _apply_hit(records, key, now)
+                else:
+                    results[key] = dict(_apply_record(records, key, fields, now))
             return True
 
         self.index.update(change)
@@ -568,6 +551,23 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "hits": sum(int(row.get("hits") or 0) for row in rows),
         **{f"mean_{field}": _mean(rows, field) for field in _MEAN_FIELDS},
     }
+
+
+def _apply_record(records: Records, key: str, fields: dict[str, Any], now: float) -> dict[str, Any]:
+    """Create or update the index record of ``key`` in ``records`` with ``fields``; returns it."""
+    record = records[key] = records.get(key) or {"created": now, "hits": 0}
+    record.update(fields, last_used=now)
+    return record
+
+
+def _apply_hit(records: Records, key: str, now: float) -> bool:
+    """Count one reuse of ``key`` in ``records``; False (nothing changed) when it has no record."""
+    record = records.get(key)
+    if record is None:
+        return False
+    record["hits"] = record.get("hits", 0) + 1
+    record["last_used"] = now
+    return True
 
 
 # ------------------------------------------------------------------------------------------- the singleton
