@@ -474,6 +474,7 @@ def test_a_module_is_cut_into_units_each_kernel_in_exactly_one(tmp_path):
     path.write_text(broken)
     with pytest.raises(TullaxError, match="undeclared_type_here"):
         compile_library(path, tmp_path / "broken.so")
+    assert not list(tmp_path.glob(".broken.so.*")) and not (tmp_path / "broken.so").exists()  # nothing left
 
 
 def test_complex_is_refused_naming_the_backends_that_run_it():

@@ -135,18 +135,22 @@ def compile_library(source: Path, library: Path, timeout: float = 600.0) -> floa
     tmp = library.with_name(f".{library.name}.{os.getpid()}.tmp")
     start = time.perf_counter()
     units = split_units(source.read_text(encoding="utf-8"))
-    with tempfile.TemporaryDirectory(prefix="tullax-c-units-") as scratch:
+    try:
         if len(units) == 1:
             _run([[cc, *flags(), "-o", str(tmp), str(source), *libraries()]], source, timeout)
         else:
-            objects = []
-            for number, unit in enumerate(units):
-                path = Path(scratch) / f"unit{number}.c"
-                path.write_text(unit, encoding="utf-8")
-                objects.append(path.with_suffix(".o"))
-            _run([[cc, *flags(), "-c", "-o", str(obj), str(obj.with_suffix(".c"))] for obj in objects], source,
-                 timeout)
-            _run([[cc, *flags(), "-o", str(tmp), *map(str, objects), *libraries()]], source, timeout)
+            with tempfile.TemporaryDirectory(prefix="tullax-c-units-") as scratch:
+                objects = []
+                for number, unit in enumerate(units):
+                    path = Path(scratch) / f"unit{number}.c"
+                    path.write_text(unit, encoding="utf-8")
+                    objects.append(path.with_suffix(".o"))
+                _run([[cc, *flags(), "-c", "-o", str(obj), str(obj.with_suffix(".c"))] for obj in objects],
+                     source, timeout)
+                _run([[cc, *flags(), "-o", str(tmp), *map(str, objects), *libraries()]], source, timeout)
+    except TullaxError:
+        tmp.unlink(missing_ok=True)  # whatever a failed compiler or linker left behind
+        raise
     os.replace(tmp, library)
     return time.perf_counter() - start
 
