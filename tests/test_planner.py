@@ -269,6 +269,8 @@ def test_a_fast_candidate_is_timed_on_its_second_run_of_each_round(monkeypatch):
         return run
 
     monkeypatch.setattr(planner, "_prepared_call", counted)
+    monkeypatch.setattr(planner, "TIMING_BUDGET_S", 1e9)  # every round runs, however loaded the machine
+    monkeypatch.setattr(planner, "DROP_RATIO", float("inf"))  # and no candidate is dropped
     monkeypatch.setattr(planner, "SETTLE_MS", 1e9)  # every candidate counts as fast
     planner.forget()
     try:
@@ -501,18 +503,6 @@ def test_explain_shows_the_stored_decision_of_a_gather_whose_index_array_jax_mak
         assert shown.count("(decision from the compile cache)") == 1, shown
     finally:
         planner.forget()
-
-
-def test_a_second_loop_backend_is_timed_beside_the_first(monkeypatch):
-    """EXTRA_LOOPS (the coming host C backend): a "loops:<name>" candidate after "loops" where it is usable,
-    planned onto that backend; an unusable one is left out."""
-    monkeypatch.setattr(planner, "EXTRA_LOOPS", ("numba", "no-such-backend"))
-    assert planner._with_extra_loops(("loops", "xla:grid"), "julia") == ("loops", "loops:numba", "xla:grid")
-    assert planner._with_extra_loops(("loops", "xla:grid"), "numba") == ("loops", "xla:grid")
-    assert planner._with_extra_loops(("xla:einsum",), "julia") == ("xla:einsum",)
-    rule = planner.Rule("loops", "why", "loops")
-    assert planner._as_plan("loops:numba", "julia", rule).backend == "numba"
-    assert planner._as_plan("loops", "julia", rule).backend == "julia"
 
 
 def test_auto_passes_complex_calls_to_a_loop_backend_that_takes_them():

@@ -80,9 +80,6 @@ SETTLE_MS = 5.0
 GRID_ITERATIONS = 1 << 28
 PLAN_FILE = "plan.json"
 LOOPS = "loops"  # the form of a plan on the loop backend; as a candidate: the loop backend ``auto`` uses
-# Further loop backends timed beside it wherever the rules time the loops (a candidate "loops:<name>" each,
-# e.g. ("c",) for a host C backend): the plan then runs on whichever was fastest
-EXTRA_LOOPS: tuple[str, ...] = ()
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -213,32 +210,8 @@ def build_gradient_module(spec: Spec, args: Iterable[Any], out_dtype: str) -> No
 def _as_plan(candidate: str, loops: str | None, rule: Rule, **extra: Any) -> Plan:
     if candidate.startswith("xla:"):
         return Plan("xla", candidate[4:], rule.name, rule.reason, **extra)
-    return Plan(_loop_name(candidate, loops), LOOPS, rule.name, rule.reason, **extra)
-
-
-def _loop_name(candidate: str, loops: str | None) -> str:
-    """The backend of a loop candidate: "loops" is ``loops``, "loops:<name>" is <name>."""
-    name = candidate.partition(":")[2] or loops
-    assert name is not None
-    return name
-
-
-def _with_extra_loops(close: tuple[str, ...], loops: str | None) -> tuple[str, ...]:
-    """``close`` with a "loops:<name>" candidate after "loops" for each usable backend of ``EXTRA_LOOPS``."""
-    if LOOPS not in close or not EXTRA_LOOPS:
-        return close
-    from tullax import backends
-    from tullax.errors import BackendUnavailableError
-
-    extra = []
-    for name in EXTRA_LOOPS:
-        try:
-            if name != loops and backends.get(name).availability()[0]:
-                extra.append(f"{LOOPS}:{name}")
-        except BackendUnavailableError:
-            continue
-    at = close.index(LOOPS) + 1
-    return close[:at] + tuple(extra) + close[at:]
+    assert loops is not None
+    return Plan(loops, LOOPS, rule.name, rule.reason, **extra)
 
 
 def _points(ranges: Mapping[str, tuple[int, int]], names) -> int:
@@ -283,14 +256,12 @@ def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool 
     """The plan for one call of ``spec`` with inputs of these ``shapes`` and ``dtypes`` (by input name).
     ``timing=False``: never time a close call (the rule's default, unless the compile cache holds a decision);
     such a plan is not remembered, so a later call may still time it."""
-    if timing is False:
-        loops = loop_backend(dtypes.values())
-        shapes = {name: tuple(int(e) for e in shapes[name]) for name in spec.input_names}
-        return _decide(spec, shapes, {n: str(dtypes[n]) for n in spec.input_names}, loops, False,
-                       "the first call times " + ", ".join(rule_for(spec, loops).close) + "")
     shapes = {name: tuple(int(e) for e in shapes[name]) for name in spec.input_names}
     dtypes = {name: str(dtypes[name]) for name in spec.input_names}
     loops = loop_backend(dtypes.values())
+    if timing is False:
+        return _decide(spec, shapes, dtypes, loops, False,
+                       "the first call times " + ", ".join(rule_for(spec, loops).close))
     memo_key = (spec, tuple(sorted(shapes.items())), tuple(sorted(dtypes.items())), loops)
     found = _MEMO.get(memo_key)
     if found is not None:
@@ -319,7 +290,7 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
         return _as_plan(f"xla:{forms(spec)[0]}", loops, Rule(
             "tiny", "below the serial work threshold: XLA inside the jitted program costs no host callback per "
             "call and compiles no loop kernel", "xla"))
-    close = tuple(c for c in _with_extra_loops(rule.close, loops) if _usable(spec, c, shapes))
+    close = tuple(c for c in rule.close if _usable(spec, c, shapes))
     if len(close) < 2:
         return _as_plan(rule.default, loops, rule)
     key = _cache_key(spec, shapes, dtypes, loops)
@@ -434,7 +405,7 @@ def _prepared_call(spec: Spec, candidate: str, values: list, loops: str | None):
                 with jax.ensure_compile_time_eval():
                     jax.block_until_ready(fn(env))
         else:
-            call = _loop_call(spec, _loop_name(candidate, loops), values)
+            call = _loop_call(spec, loops, values)
         call()  # compile, first run
         return call
     except Exception:  # noqa: BLE001 - a candidate that cannot run here is simply not chosen
