@@ -214,13 +214,6 @@ def _as_plan(candidate: str, loops: str | None, rule: Rule, **extra: Any) -> Pla
     return Plan(loops, LOOPS, rule.name, rule.reason, **extra)
 
 
-def _points(ranges: Mapping[str, tuple[int, int]], names) -> int:
-    total = 1
-    for name in names:
-        total *= max(ranges[name][1] - ranges[name][0], 0)
-    return total
-
-
 def _usable(spec: Spec, candidate: str, shapes: Shapes) -> bool:
     """Whether a candidate can run these shapes well: the slices form only for a window it can unroll, the
     broadcast lowering only for an index space small enough to materialise."""
@@ -231,7 +224,7 @@ def _usable(spec: Spec, candidate: str, shapes: Shapes) -> bool:
         return workload.iterations(spec, shapes) <= GRID_ITERATIONS
     if candidate == "xla:factored":  # it materialises each factor on its own indices, and their products
         ranges = eval_shapes(spec, shapes)
-        return all(_points(ranges, xla_forms.factor_indices(f)) <= GRID_ITERATIONS
+        return all(xla_forms.points(ranges, xla_forms.factor_indices(f)) <= GRID_ITERATIONS
                    for _, factors in xla_forms.product_terms(spec) or () for f in factors)
     if candidate != "xla:slices":
         return True

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from tullax.spec.ir import Access, Affine, Binary, Spec, Wrapped
 from tullax.spec.sizes import Sym
@@ -206,7 +206,7 @@ def product_terms(spec: Spec) -> tuple[tuple[int, tuple[Any, ...]], ...] | None:
 
 def factor_indices(expr: Any) -> frozenset[str]:
     """The indices a factor depends on (its accesses' positions, index values)."""
-    from tullax.spec.ir import IndexVal, Indirect, walk
+    from tullax.spec.ir import IndexVal, idx_names, walk
 
     names: set[str] = set()
     for node in walk(expr):
@@ -214,9 +214,7 @@ def factor_indices(expr: Any) -> frozenset[str]:
             names.add(node.name)
         elif isinstance(node, Access):
             for idx in node.idx:
-                parts = [idx.inner, idx.offset] if isinstance(idx, Indirect) else [getattr(idx, "inner", idx)]
-                for part in parts:
-                    names.update(part.names())
+                names.update(idx_names(idx))
     return frozenset(names)
 
 
@@ -241,7 +239,7 @@ def cuttable(spec: Spec) -> dict[str, frozenset[tuple[str, int]]]:
     """The free indices a call can be cut along into smaller calls of the same spec (a slice of the output),
     each with the input axes to cut: indices that appear in accesses only as a plain index, never as a value,
     plus the input that gives the range (a gradient step's shape-only input). {} for a scatter or ``+=``."""
-    from tullax.spec.ir import IndexVal, Indirect, accesses, walk
+    from tullax.spec.ir import IndexVal, accesses, idx_names, walk
 
     if spec.is_scatter or spec.assign != ":=":
         return {}
@@ -257,10 +255,8 @@ def cuttable(spec: Spec) -> dict[str, frozenset[tuple[str, int]]]:
                 if idx.plain in axes:
                     axes[idx.plain].add((acc.array, axis))
                 continue
-            parts = [idx.inner, idx.offset] if isinstance(idx, Indirect) else [getattr(idx, "inner", idx)]
-            for part in parts:
-                for name in part.names():
-                    axes.pop(name, None)  # inside arithmetic, a window or an index array
+            for name in idx_names(idx):
+                axes.pop(name, None)  # inside arithmetic, a window or an index array
     ranges = dict(spec.ranges)
     found = {}
     for name, used in axes.items():
@@ -435,7 +431,7 @@ def _factored(spec: Spec, plain: Callable, env: Env):
     from jax import lax
 
     shapes, ranges, _ = _setup(spec, env)
-    largest = max((_points(ranges, factor_indices(f)) for _, fs in product_terms(spec) for f in fs), default=0)
+    largest = max((points(ranges, factor_indices(f)) for _, fs in product_terms(spec) for f in fs), default=0)
     cuts = cuttable(spec)
     if largest <= CHUNK_POINTS or not cuts:
         return _factored_block(spec, plain, env)
@@ -462,7 +458,8 @@ def _factored(spec: Spec, plain: Callable, env: Env):
     return parts
 
 
-def _points(ranges: Mapping[str, tuple[int, int]], names) -> int:
+def points(ranges: Mapping[str, tuple[int, int]], names: Iterable[str]) -> int:
+    """How many points the index space of ``names`` has under ``ranges`` (name -> [lo, hi))."""
     total = 1
     for name in names:
         total *= max(ranges[name][1] - ranges[name][0], 0)
@@ -570,4 +567,4 @@ def _contract(operands: list[tuple[str, Any]], out: str):
 
 
 __all__ = ["ConvShape", "Spatial", "conv_shape", "window_index", "window_indices", "forms", "product_terms",
-           "factor_indices", "cuttable", "cut_shapes", "lower_form", "MAX_UNROLL"]
+           "factor_indices", "cuttable", "cut_shapes", "lower_form", "points", "MAX_UNROLL"]
