@@ -203,7 +203,7 @@ class NumbaHostKernel:
         sizes = [0] * len(self._size_names)  # a size's Numba type does not depend on its value
         for fn in (self._nested, self._flat, self._serial):
             if fn is not None:
-                bounds = [0, 0] if self._chunked and fn is not self._serial else []
+                bounds = [0, 0] if self._is_chunk(fn) else []
                 self._load_or_compile(fn, self._stand_ins() + sizes + bounds)
 
     def _stand_ins(self, read_only: bool = False) -> list[Any]:
@@ -227,8 +227,13 @@ class NumbaHostKernel:
             found = self._picked[key] = (fn, self._whole_range(fn, sizes))
         return found
 
+    def _is_chunk(self, fn: Any) -> bool:
+        """Whether variant ``fn`` runs a chunk ``(p_lo, p_hi)`` of its range (every variant of a chunked kernel
+        but the serial one)."""
+        return self._chunked and fn is not self._serial
+
     def _whole_range(self, fn: Any, sizes: Sequence[int]) -> tuple[int, int] | None:
-        if not self._chunked or fn is self._serial:
+        if not self._is_chunk(fn):
             return None
         env = dict(zip(self._size_names, sizes))
         if fn is self._nested:
@@ -269,7 +274,7 @@ class NumbaHostKernel:
                 if not load_cached(fn, types):
                     helped = self._compile_in_helper(fn, types) and load_cached(fn, types)
                     if not helped:
-                        compile_variant(fn, types, chunk=self._chunked and fn is not self._serial)
+                        compile_variant(fn, types, chunk=self._is_chunk(fn))
         except numba.core.errors.NumbaError as err:  # a printer bug, not a user error: say where to look
             raise TullaxError(f"Numba could not compile the kernel generated for {self.generated.kernel.spec_text} "
                               f"({self.generated.path}); please report it. Numba said:\n{err}") from None
@@ -287,7 +292,7 @@ class NumbaHostKernel:
             return False
         return _HELPER.compile(CompileRequest(str(get_cache().root), generated.key, str(generated.path),
                                               generated.source, fn.__name__, types,
-                                              chunk=self._chunked and fn is not self._serial))
+                                              chunk=self._is_chunk(fn)))
 
     def _first_call(self, fn, args, whole: tuple[int, int] | None) -> None:
         """Load or compile (unless prepare() did), run, and record the timings in the cache index."""
