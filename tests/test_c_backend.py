@@ -513,3 +513,44 @@ def test_the_jax_op_jit_grad_and_vmap():
     Wb = rng.standard_normal((3, 4, 3)).astype(np.float32)
     np.testing.assert_allclose(jax.vmap(kernel, in_axes=(0, None))(Wb, X), jax.vmap(reference, (0, None))(Wb, X),
                                rtol=1e-5)
+
+
+_SPIN_SCRIPT = textwrap.dedent("""
+    import json, os, resource, sys, time
+    import numpy as np
+    import tullax
+    from tullax.backends import c
+    kernel = tullax.einsum_kernel("n[i] := x[i,j]^2 |> sqrt", backend="c")
+    x = np.ones((2000, 2000), np.float32)  # 4M operations: a parallel call
+    kernel(x)
+    def cpu_ms():
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return (usage.ru_utime + usage.ru_stime) * 1e3
+    idle = []
+    for _ in range(5):
+        kernel(x)
+        before = cpu_ms()
+        time.sleep(0.1)
+        idle.append(cpu_ms() - before)
+    print(json.dumps({"bound": c.bound_openmp_spin(), "idle_cpu_ms": min(idle),
+                      "environ": [n for n in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if n in os.environ]}))
+""")
+
+
+@pytest.mark.parametrize("user", [None, "GOMP_SPINCOUNT", "OMP_WAIT_POLICY"])
+def test_openmp_threads_stop_spinning_soon_after_a_call(user: str | None):
+    """libgomp's default spin kept a core busy for ~9 ms of CPU after every parallel call here (the XLA ops
+    after the kernel ran on the other core only); bounded, the team sleeps within a fraction of a ms. CPU time
+    of the process itself, while it sleeps: other load on the machine can only make it smaller."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env.update({"PYTHONPATH": str(REPO), "TULLAX_C_THREADS": "2"})
+    if user is not None:
+        env[user] = "100000" if user == "GOMP_SPINCOUNT" else "active"
+    done = subprocess.run([sys.executable, "-c", _SPIN_SCRIPT], env=env, cwd=REPO, timeout=600, check=True,
+                          capture_output=True, text=True)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    if user is None:
+        assert found["bound"] and found["environ"] == []  # the environment is as it was
+        assert found["idle_cpu_ms"] < 4.0, found
+    else:  # the user's setting stands, untouched
+        assert not found["bound"] and found["environ"] == [user]
