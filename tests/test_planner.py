@@ -322,6 +322,46 @@ def test_each_gradient_step_is_planned_on_its_own(rules_only):
     assert by_out["Δb"].backend == LOOP_BACKEND
 
 
+@pytest.mark.parametrize("forward_ms, step_ms, joins", [
+    ({"loops": 1.0, "xla:grid": 1.1}, {"loops": 2.0, "xla:grid": 1.0}, True),  # close; the step on XLA
+    ({"loops": 1.0, "xla:grid": 2.0}, {"loops": 2.0, "xla:grid": 1.0}, False),  # the loops win clearly
+    ({"loops": 1.0, "xla:grid": 1.1}, {"loops": 1.0, "xla:grid": 2.0}, False),  # the step on the loops
+])
+def test_a_differentiated_forward_joins_its_gradient_steps_on_xla_after_a_close_race(monkeypatch, tmp_path,
+                                                                                      forward_ms, step_ms, joins):
+    """The row norm: the loops won its forward by 5%, its gradient step ran on XLA, and the VJP (a C forward, a
+    callback, then XLA) lost 10-25% to XLA's own. Differentiated, such a forward runs on XLA with its steps;
+    alone it keeps the loops. Timings scripted: the decision, not this machine's noise, is under test."""
+    spec_text = "n[i] := x[i,j]^2 |> sqrt"
+    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))  # no decision stored by another test
+
+    def scripted(spec, shapes, dtypes, candidates, loops, rounds=planner.TIMING_RUNS):
+        table = forward_ms if spec.out == "n" else step_ms
+        return [(c, table.get(c, 99.0)) for c in candidates]
+
+    monkeypatch.setattr(planner, "_time_candidates", scripted)
+    planner.forget()
+    try:
+        kernel = tullax.einsum_kernel(spec_text)
+        x = jnp.asarray(np.random.default_rng(0).standard_normal((300, 1000)).astype(np.float32))
+        forward = _ops(kernel, x)
+        assert [(op.backend, op.path != "xla") for op in forward] == [(LOOP_BACKEND, True)]
+        ops = _ops(jax.grad(lambda v: jnp.sum(kernel(v))), x)
+        by_out = {op.spec.out: op for op in ops}
+        step = next(op for name, op in by_out.items() if name != "n")
+        assert (step.backend == "xla") == (step_ms["xla:grid"] < step_ms["loops"])
+        assert (by_out["n"].backend == "xla") == joins, by_out["n"]
+        grad = jax.jit(jax.grad(lambda v: jnp.sum(kernel(v))))(x)
+        np.testing.assert_allclose(grad, x / jnp.linalg.norm(x, axis=1, keepdims=True), rtol=1e-4, atol=1e-6)
+        planner.forget()  # explain reads the decisions back from the compile cache
+        shown = "\n".join(planner.explain_lines(kernel.ir, {"x": x.shape}))
+        assert ("forward, differentiated: -> xla (grid)" in shown) == joins, shown
+    finally:
+        planner.forget()
+
+
 def test_linear_runs_on_blas_both_ways_and_an_explicit_backend_still_forces_one():
     shapes = {"W": (6, 5), "X": (6, 4)}
     auto = tullax.einsum_kernel(LINEAR)

@@ -148,18 +148,37 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any]) -> KernelOp
 
 def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any]) -> KernelOp:
     """``backend='auto'``: the planner's choice for this kernel and these shapes (tullax.backends.planner)."""
-    import numpy as np
-
     from tullax.backends.planner import plan
     from tullax.jaxop.callback import callback_path
+
+    found = plan(spec, *_shapes_and_dtypes(spec, values))
+    if found.backend == "xla":
+        return KernelOp(spec, "xla", out_dtype, "xla", form=found.form, requested="auto")
+    return KernelOp(spec, found.backend, out_dtype, callback_path(), requested="auto")
+
+
+def _shapes_and_dtypes(spec: Spec, values: Sequence[Any]) -> tuple[dict, dict]:
+    import numpy as np
 
     shapes = {item.name: tuple(np.shape(v)) for item, v in zip(spec.inputs, values)}
     dtypes = {item.name: np.dtype(v.dtype if hasattr(v, "dtype") else np.result_type(type(v))).name
               for item, v in zip(spec.inputs, values)}
-    found = plan(spec, shapes, dtypes)
-    if found.backend == "xla":
-        return KernelOp(spec, "xla", out_dtype, "xla", form=found.form, requested="auto")
-    return KernelOp(spec, found.backend, out_dtype, callback_path(), requested="auto")
+    return shapes, dtypes
+
+
+def _differentiated_op(op: KernelOp, primals: Sequence[Any], live: tuple) -> KernelOp:
+    """The op of a planned forward in a differentiated call: XLA where the planner moves it next to gradient
+    steps that all run there (``planner.forward_for_gradients``), else ``op``."""
+    if op.requested != "auto" or op.path == "xla":
+        return op
+    from tullax.backends.planner import forward_for_gradients, plan
+
+    shapes, dtypes = _shapes_and_dtypes(op.spec, primals)
+    wrt = [item.name for item, keep in zip(op.spec.inputs, live) if keep]
+    found = forward_for_gradients(op.spec, shapes, dtypes, op.out_dtype, plan(op.spec, shapes, dtypes), wrt)
+    if found.backend != "xla":
+        return op
+    return KernelOp(op.spec, "xla", op.out_dtype, "xla", form=found.form, requested="auto")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,11 +275,12 @@ def _zero_tangent(out):
 def _kernel_jvp(primals, tangents, *, op: KernelOp):
     from jax.interpreters import ad
 
-    out = _prims().kernel.bind(*primals, op=op)
     live = tuple(type(t) is not ad.Zero and _differentiable(item, p)
                  for item, p, t in zip(op.spec.inputs, primals, tangents))
     if not any(live):
+        out = _prims().kernel.bind(*primals, op=op)
         return out, _zero_tangent(out)
+    out = _prims().kernel.bind(*primals, op=_differentiated_op(op, primals, live))
     live_tangents = [t for t, keep in zip(tangents, live) if keep]
     return out, _prims().linear.bind(*primals, out, *live_tangents, op=op, live=live)
 
