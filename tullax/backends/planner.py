@@ -41,9 +41,9 @@ ever indexes input axes plainly is cut to the extent that leaves ``SLICE_WORK`` 
 in a free index: each output element is the same work); a kernel with no such index is not timed. An XLA
 form that wins on the slice by less than ``CONFIRM_RATIO`` is confirmed on the full call (one run of it and
 of the rule's default): XLA's temporaries of a slice may fit in the cache where the full call's do not.
-Differentiated, a forward that the loops won by less than ``JOINT_MARGIN`` runs on XLA when every gradient step
-it is differentiated through runs there (``forward_for_gradients``, from the JVP rule): one XLA program with no
-callback between the forward and the steps.
+Differentiated, the forward and the gradient steps it is differentiated through run as one XLA program when each
+of them runs on XLA or its loops won by less than ``JOINT_MARGIN`` (``joint_plans``, from the JVP rule and the
+gradient's transpose): no callback between the forward and the steps, and XLA fuses across them.
 Timed decisions are kept in the compile cache (an entry of kind ``plan`` holding ``plan.json``), keyed by the
 spec, shapes, dtypes, the loop backend and the machine's core count, so they hold across processes; every
 decision is also kept for the life of the process.
@@ -81,9 +81,10 @@ SETTLE_MS = 5.0
 # XLA's broadcast lowering is a candidate only up to this many index-space points: it may materialise them
 # (1 GiB of float32 at the limit); Dist at the suite's size (411M points, 1.6 GB) is beyond it
 GRID_ITERATIONS = 1 << 28
-# A differentiated forward whose loops won its race by less than this, and whose gradient steps all run on
-# XLA, runs on XLA as well (``forward_for_gradients``)
-JOINT_MARGIN = 1.25
+# A differentiated forward and its gradient steps run as one XLA program when each of them runs on XLA or its
+# loops won by less than this (``joint_plans``)
+JOINT_MARGIN = 1.15
+JOINED = "differentiated with kernels that all run on XLA: joins them"  # in the reason of a plan moved so
 PLAN_FILE = "plan.json"
 LOOPS = "loops"  # the form of a plan on the loop backend; as a candidate: the loop backend ``auto`` uses
 
@@ -213,34 +214,39 @@ def build_gradient_module(spec: Spec, args: Iterable[Any], out_dtype: str) -> No
         return
 
 
-def forward_for_gradients(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dtype: str,
-                          forward: Plan, wrt: Iterable[str], *, timing: bool | None = None) -> Plan:
-    """The forward's plan in a call that is differentiated w.r.t. the inputs ``wrt``: ``forward`` (its plan for
-    these shapes), unless the loops won its timed race by less than ``JOINT_MARGIN`` and every gradient step
-    of those inputs runs on XLA: then the forward runs on XLA too, in its fastest timed form. One XLA program
-    then holds the forward and the steps (no host callback between them, XLA fuses across them); split, the
-    row norm's VJP (C forward, XLA step) lost 10-25% to XLA's own, for a forward 5% faster on the loops."""
-    if forward.backend == "xla" or not forward.timings_ms or any("complex" in str(d) for d in dtypes.values()):
-        return forward  # (complex inputs have gradient specs of their own: not planned here)
-    timed = dict(forward.timings_ms)
-    xla = [(ms, c) for c, ms in timed.items() if c.startswith("xla:") and " " not in c]
-    if LOOPS not in timed or not xla or min(xla)[0] > JOINT_MARGIN * timed[LOOPS]:
-        return forward
-    wanted = set(wrt)
-    forward_dtypes = {name: str(dtypes[name]) for name in spec.input_names}
+def joint_plans(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dtype: str, wrt: Iterable[str], *,
+                timing: bool | None = None) -> dict[Spec, Plan]:
+    """In a call differentiated w.r.t. the inputs ``wrt``: XLA plans for the forward kernel and every gradient
+    step of those inputs, when they should run as one XLA program: each of them runs on XLA already, or the
+    loops won its timed race by less than ``JOINT_MARGIN`` (it then runs in its fastest timed XLA form), and
+    at least one moves. Else empty: each kernel keeps its own plan. One program has no host callback between
+    the forward and the steps, and XLA fuses across them: the row norm's VJP ran 10-25% faster so than as a C
+    forward and a C (or XLA) gradient step, each of which had won its own race by 5-12%."""
+    if any("complex" in str(d) for d in dtypes.values()):
+        return {}  # complex inputs have gradient specs of their own: not the ones planned here
     from tullax.grad import gradients
 
+    wanted = set(wrt)
+    forward_dtypes = {name: str(dtypes[name]) for name in spec.input_names}
     steps = {step for grad in gradients(spec) if grad.wrt in wanted for step in grad.steps}
-    for _, step, step_shapes in kernel_shapes(spec, shapes)[1:]:
-        if step not in steps:
+    found: dict[Spec, Plan] = {}
+    moved = False
+    for _, kernel, kernel_shapes_ in kernel_shapes(spec, shapes):
+        if kernel is not spec and kernel not in steps:
             continue
-        step_dtypes = {name: forward_dtypes.get(name, out_dtype) for name in step.input_names}
-        if plan(step, step_shapes, step_dtypes, timing=timing).backend != "xla":
-            return forward
-    ms, best = min(xla)
-    return replace(forward, backend="xla", form=best[4:], reason=forward.reason + (
-        f"; differentiated, its gradient steps all on XLA: the forward joins them on {best} ({ms:.3g} ms, "
-        f"within {JOINT_MARGIN}x of the loops)"))
+        kernel_dtypes = {name: forward_dtypes.get(name, out_dtype) for name in kernel.input_names}
+        own = plan(kernel, kernel_shapes_, kernel_dtypes, timing=timing)
+        if own.backend != "xla":
+            timed = dict(own.timings_ms)
+            xla = [(ms, c) for c, ms in timed.items() if c.startswith("xla:") and " " not in c]
+            if LOOPS not in timed or not xla or min(xla)[0] > JOINT_MARGIN * timed[LOOPS]:
+                return {}
+            ms, best = min(xla)
+            own = replace(own, backend="xla", form=best[4:], reason=own.reason + (
+                f"; {JOINED} on {best} ({ms:.3g} ms, within {JOINT_MARGIN}x of the loops)"))
+            moved = True
+        found[kernel] = own
+    return found if moved else {}
 
 
 def _as_plan(candidate: str, loops: str | None, rule: Rule, **extra: Any) -> Plan:
@@ -570,12 +576,12 @@ def explain_lines(spec: Spec, shapes: Shapes | None = None, dtype: str = "float3
         lines.append(f"  {label}: {_text(step)}  [{listed}]")
         lines.append(f"    -> {plan(step, step_shapes, dtypes, timing=False).describe()}")
     forward_dtypes = {item.name: (index_dtype if item.kind == "index" else dtype) for item in spec.inputs}
-    alone = plan(spec, shapes, forward_dtypes, timing=False)
     wrt = [item.name for item in spec.inputs if item.kind in ("array", "scalar")]
-    joined = forward_for_gradients(spec, shapes, forward_dtypes, dtype, alone, wrt, timing=False)
-    if joined is not alone:
-        lines.append(f"  forward, differentiated: -> {joined.label}: its gradient steps all run on XLA and the "
-                     f"loops won its race by less than {JOINT_MARGIN}x")
+    joined = joint_plans(spec, shapes, forward_dtypes, dtype, wrt, timing=False)
+    if joined:
+        moved = ", ".join(_text(k) for k, p in joined.items() if JOINED in p.reason)
+        lines.append(f"  differentiated w.r.t. every input: one XLA program (each kernel runs on XLA or its loops won "
+                     f"by less than {JOINT_MARGIN}x); moved to XLA: {moved}")
     return lines
 
 
@@ -597,5 +603,5 @@ def as_dict(found: Plan) -> dict:
 
 
 __all__ = ["Plan", "Rule", "plan", "rule_for", "loop_backend", "forget", "explain_lines", "kernel_shapes",
-           "build_gradient_module", "whole_module_cached", "forward_for_gradients", "JOINT_MARGIN", "TIMING_ENV",
+           "build_gradient_module", "whole_module_cached", "joint_plans", "JOINT_MARGIN", "TIMING_ENV",
            "LOOPS"]

@@ -90,11 +90,12 @@ class KernelOp:
         return replace(self, spec=spec)
 
 
-def apply(spec: Spec, backend_name: str, values: Sequence[Any]) -> Any:
-    """Run ``spec`` on jax values (arrays, tracers or numbers, one per input) on backend ``backend_name``.
-    Everything is checked here, at trace time."""
+def apply(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | None = None) -> Any:
+    """Run ``spec`` on jax values (arrays, tracers or numbers, one per input) on backend ``backend_name``
+    (``auto`` with ``xla_form``: on XLA in that form, as the planner decided for it). Everything is checked
+    here, at trace time."""
     args = _same_variance(prepare_inputs(spec, values))
-    op = _kernel_op(spec, backend_name, values)
+    op = _kernel_op(spec, backend_name, values, xla_form)
     half = [item.kind in ("array", "scalar") and a.dtype.name in HALF for item, a in zip(spec.inputs, args)]
     if not any(half):
         return _prims().kernel.bind(*args, op=op)
@@ -103,7 +104,7 @@ def apply(spec: Spec, backend_name: str, values: Sequence[Any]) -> Any:
     # compare the recomputed float32 body with the result, which a half result no longer equals.
     args = [a.astype("float32") if h else a for a, h in zip(args, half)]
     wide = [a if h else v for a, v, h in zip(args, values, half)]
-    return _prims().kernel.bind(*args, op=_kernel_op(spec, backend_name, wide)).astype(op.out_dtype)
+    return _prims().kernel.bind(*args, op=_kernel_op(spec, backend_name, wide, xla_form)).astype(op.out_dtype)
 
 
 def prepare_inputs(spec: Spec, values: Sequence[Any]) -> list[Any]:
@@ -131,7 +132,7 @@ def _same_variance(args: list[Any]) -> list[Any]:
     return list(insert(*args)) if insert is not None else args
 
 
-def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any]) -> KernelOp:
+def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | None = None) -> KernelOp:
     import jax
     import numpy as np
 
@@ -141,7 +142,7 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any]) -> KernelOp
     dtype = result_dtype(spec, [v.dtype if hasattr(v, "dtype") else type(v) for v in values])  # weak floats
     dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
     if backend_name == "auto":
-        return _planned_op(spec, dtype.name, values)
+        return _planned_op(spec, dtype.name, values) if xla_form is None else _xla_op(spec, dtype.name, xla_form)
     path = "xla" if backend_name == "xla" else callback_path()
     return KernelOp(spec, backend_name, dtype.name, path)
 
@@ -153,7 +154,7 @@ def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any]) -> KernelOp:
 
     found = plan(spec, *_shapes_and_dtypes(spec, values))
     if found.backend == "xla":
-        return KernelOp(spec, "xla", out_dtype, "xla", form=found.form, requested="auto")
+        return _xla_op(spec, out_dtype, found.form)
     return KernelOp(spec, found.backend, out_dtype, callback_path(), requested="auto")
 
 
@@ -166,19 +167,17 @@ def _shapes_and_dtypes(spec: Spec, values: Sequence[Any]) -> tuple[dict, dict]:
     return shapes, dtypes
 
 
-def _differentiated_op(op: KernelOp, primals: Sequence[Any], live: tuple) -> KernelOp:
-    """The op of a planned forward in a differentiated call: XLA where the planner moves it next to gradient
-    steps that all run there (``planner.forward_for_gradients``), else ``op``."""
-    if op.requested != "auto" or op.path == "xla":
-        return op
-    from tullax.backends.planner import forward_for_gradients, plan
+def _joint_plans(spec: Spec, args: Sequence[Any], out_dtype: str, wrt: Sequence[int]) -> dict:
+    """``planner.joint_plans`` for a differentiated call of ``spec`` on ``args``: the XLA plans of the forward
+    and of the gradient steps of the inputs at positions ``wrt``, when they run as one XLA program."""
+    from tullax.backends.planner import joint_plans
 
-    shapes, dtypes = _shapes_and_dtypes(op.spec, primals)
-    wrt = [item.name for item, keep in zip(op.spec.inputs, live) if keep]
-    found = forward_for_gradients(op.spec, shapes, dtypes, op.out_dtype, plan(op.spec, shapes, dtypes), wrt)
-    if found.backend != "xla":
-        return op
-    return KernelOp(op.spec, "xla", op.out_dtype, "xla", form=found.form, requested="auto")
+    shapes, dtypes = _shapes_and_dtypes(spec, args)
+    return joint_plans(spec, shapes, dtypes, out_dtype, [spec.inputs[i].name for i in wrt])
+
+
+def _xla_op(spec: Spec, out_dtype: str, form: str) -> KernelOp:
+    return KernelOp(spec, "xla", out_dtype, "xla", form=form, requested="auto")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,7 +279,11 @@ def _kernel_jvp(primals, tangents, *, op: KernelOp):
     if not any(live):
         out = _prims().kernel.bind(*primals, op=op)
         return out, _zero_tangent(out)
-    out = _prims().kernel.bind(*primals, op=_differentiated_op(op, primals, live))
+    if op.requested == "auto" and op.path != "xla":  # one XLA program with its gradient steps, where they fit
+        joined = _joint_plans(op.spec, primals, op.out_dtype, [i for i, keep in enumerate(live) if keep])
+        if op.spec in joined:
+            op = _xla_op(op.spec, op.out_dtype, joined[op.spec].form)
+    out = _prims().kernel.bind(*primals, op=op)
     live_tangents = [t for t, keep in zip(tangents, live) if keep]
     return out, _prims().linear.bind(*primals, out, *live_tangents, op=op, live=live)
 
@@ -367,16 +370,20 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
 
     if not wanted:
         return {}
+    joined: dict = {}
     if backend == "auto":  # one compiler run for every step that may run on the loops, not one per step
         from tullax.backends.planner import build_gradient_module
 
-        build_gradient_module(spec, args, out.dtype.name)
+        joined = _joint_plans(spec, args, out.dtype.name, wanted)
+        if not joined:
+            build_gradient_module(spec, args, out.dtype.name)
     env = gradient_env(spec, dict(zip(spec.input_names, args)), out, cotangent)
     complex_names = complex_inputs(spec, {name: a.dtype for name, a in zip(spec.input_names, args)})
     by_input = {g.wrt: g for g in gradients(spec, complex_names)}
 
     def execute(step: Spec, step_env: dict) -> Any:
-        return apply(step, backend, [step_env[name] for name in step.input_names])
+        form = joined[step].form if step in joined else None  # with the forward, one XLA program
+        return apply(step, backend, [step_env[name] for name in step.input_names], form)
 
     found = {}
     for i in wanted:
