@@ -30,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "julia, julia-cuda)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--repeat", type=int, default=3, metavar="N", help="best of at least N timed runs")
-    parser.add_argument("--timing-processes", type=int, default=2, metavar="P",
-                        help="time forward and backward in P processes per row, best of all (default 2)")
+    parser.add_argument("--timing-processes", type=int, default=3, metavar="P",
+                        help="time forward and backward in P processes per row, the median process kept "
+                             "(default 3)")
     parser.add_argument("--timeout", type=float, metavar="S",
                         help=f"per case and backend (default {FULL_TIMEOUT_S:g} s, {QUICK_TIMEOUT_S:g} s quick)")
     parser.add_argument("--no-ttfk", action="store_true", help="skip the time-to-first-kernel measurements")

@@ -90,9 +90,10 @@ def test_tullax_bench_measures_a_kernel_against_xla(tmp_path):
         assert row["fwd_ms"] > 0 and row["bwd_ms"] > 0 and row["ttfk_cold_ms"] > 0 and row["peak_rss_mb"] > 0
         assert row["max_rel_err"] <= 1e-4 and set(row["rel_err"]) == {"out", "x"}
         assert row["grad_fwd_ratio"] == pytest.approx(row["bwd_ms"] / row["fwd_ms"])
-        # timed in two processes (the main child, then one more on its cache), the best kept
+        # timed in three processes (the main child, then two more on its cache), the median kept
         for which in ("fwd", "bwd"):
-            assert len(row[f"{which}_process_ms"]) == 2 and row[f"{which}_ms"] == min(row[f"{which}_process_ms"])
+            samples = row[f"{which}_process_ms"]
+            assert len(samples) == 3 and row[f"{which}_ms"] == sorted(samples)[1]
     if NUMBA_USABLE:
         numba = results["numba"]
         assert numba["ttfk_warm_ms"] > 0 and numba["cache_entries"], numba

@@ -208,7 +208,7 @@ def machine_line(doc: dict) -> str:
 
 
 def _processes(count: int) -> str:
-    return f" in each of {count} processes" if count > 1 else ""
+    return f" in each of {count} processes, the median process kept" if count > 1 else ""
 
 
 def _md_escape(text: str) -> str:

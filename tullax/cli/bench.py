@@ -32,8 +32,9 @@ def build_parser(prog: str = "tullax bench") -> argparse.ArgumentParser:
                              "one of auto, numba, julia, julia-cuda; add torch.compile where torch is installed)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--repeat", type=int, default=3, metavar="N", help="best of at least N timed runs")
-    parser.add_argument("--timing-processes", type=int, default=2, metavar="P",
-                        help="time forward and backward in P processes per row, best of all (default 2)")
+    parser.add_argument("--timing-processes", type=int, default=3, metavar="P",
+                        help="time forward and backward in P processes per row, the median process kept "
+                             "(default 3)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per backend, in seconds")
     parser.add_argument("--no-ttfk", action="store_true", help="skip the time-to-first-kernel processes")
     parser.add_argument("--no-check", action="store_true", help="skip the comparison with float64 XLA")
