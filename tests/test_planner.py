@@ -366,6 +366,34 @@ def test_a_differentiated_kernel_runs_as_one_xla_program_when_every_race_was_clo
         planner.forget()
 
 
+def test_a_race_confirmed_on_the_full_call_is_read_from_it_when_kernels_join(monkeypatch, tmp_path):
+    """On a slice XLA beat the loops 3x, on the full call the loops won 2x (the Gaussian gradients at 20000
+    points): the loops did not win "by less than JOINT_MARGIN", so the kernel keeps them, differentiated too."""
+    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
+    monkeypatch.setattr(planner, "SLICE_WORK", 1 << 16)  # time these calls on a slice, then confirm in full
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+
+    def scripted(spec, shapes, dtypes, candidates, loops, rounds=planner.TIMING_RUNS):
+        if spec.out != "n":
+            table = {"loops": 2.0, "xla:grid": 1.0}
+        else:
+            table = {"loops": 1.0, "xla:grid": 2.0} if rounds == 1 else {"loops": 3.0, "xla:grid": 1.0}
+        return [(c, table.get(c, 99.0)) for c in candidates]
+
+    monkeypatch.setattr(planner, "_time_candidates", scripted)
+    planner.forget()
+    try:
+        kernel = tullax.einsum_kernel("n[i] := x[i,j]^2 |> sqrt")
+        x = jnp.asarray(np.random.default_rng(0).standard_normal((300, 1000)).astype(np.float32))
+        ops = {op.spec.out: op for op in _ops(jax.grad(lambda v: jnp.sum(kernel(v))), x)}
+        forward = planner.plan(kernel.ir, {"x": x.shape}, {"x": "float32"})
+        assert "slower on the full call" in forward.reason and forward.backend == LOOP_BACKEND
+        assert ops["n"].backend == LOOP_BACKEND and ops["Δx"].backend == "xla", ops
+    finally:
+        planner.forget()
+
+
 def test_linear_runs_on_blas_both_ways_and_an_explicit_backend_still_forces_one():
     shapes = {"W": (6, 5), "X": (6, 4)}
     auto = tullax.einsum_kernel(LINEAR)
