@@ -601,3 +601,32 @@ def test_auto_passes_complex_calls_to_a_loop_backend_that_takes_them():
                                rtol=1e-4, atol=1e-3)
     shapes, dtypes = {"x": x.shape}, {"x": "complex64"}
     assert planner.plan(kernel.ir, shapes, dtypes, timing=False).backend == complex_loops
+
+
+def test_the_race_puts_its_inputs_on_the_device_without_compiling(caplog):
+    """Planning runs while jax traces; the race's inputs must be concrete arrays, and making them must compile
+    nothing: ``jnp.asarray`` under ``ensure_compile_time_eval`` staged each through a jitted identity, an XLA
+    compile per shape (about 100 ms of a convolution's first gradient call)."""
+    import logging
+
+    import jax
+
+    values = [np.ones((3, 4), np.float32), np.arange(5, dtype=np.int32), np.float32(2.0)]
+    made: list = []
+
+    def planning_while_traced(x):
+        made.extend(planner._on_device(values))
+        return x
+
+    previous = jax.config.jax_log_compiles
+    jax.config.update("jax_log_compiles", True)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            jax.jit(planning_while_traced)(1.0)
+    finally:
+        jax.config.update("jax_log_compiles", previous)
+    assert all(isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer) for v in made), made
+    assert [np.asarray(v).tolist() for v in made] == [v.tolist() for v in values]
+    compiled = [r.getMessage() for r in caplog.records
+                if "Compiling" in r.getMessage() and "planning_while_traced" not in r.getMessage()]
+    assert compiled == [], compiled

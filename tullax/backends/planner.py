@@ -433,13 +433,11 @@ def _prepared_call(spec: Spec, candidate: str, values: list, loops: str | None):
     try:
         if candidate.startswith("xla:"):
             import jax
-            import jax.numpy as jnp
 
             from tullax.backends.xla_forms import lower_form
 
             fn = jax.jit(lower_form(spec, candidate[4:]))
-            with jax.ensure_compile_time_eval():  # planning runs while jax traces: run these now, for real
-                env = {n: jnp.asarray(v) for n, v in zip(spec.input_names, values)}
+            env = dict(zip(spec.input_names, _on_device(values)))
 
             def call() -> None:
                 with jax.ensure_compile_time_eval():
@@ -452,19 +450,28 @@ def _prepared_call(spec: Spec, candidate: str, values: list, loops: str | None):
         return None
 
 
+def _on_device(values: list) -> list:
+    """``values`` (NumPy) as concrete JAX arrays, even while jax traces (planning runs then). Not
+    ``jnp.asarray`` under ``ensure_compile_time_eval``: that stages each value through a jitted identity, an
+    XLA compile per shape (10-30 ms each, 8 of them in a convolution's first gradient call)."""
+    import jax
+    import numpy as np
+
+    with jax.ensure_compile_time_eval():
+        return [jax.device_put(np.asarray(v)) for v in values]
+
+
 def _loop_call(spec: Spec, loops: str | None, values: list):
     """A call of the loop backend's kernel on ``values`` (NumPy, in ``spec.inputs`` order) as a planned kernel
     runs it: jitted, through the host callback. Not the bare kernel: the callback costs what the bare kernel
     does not see (an elementwise 4096x4096 step: 13 ms bare, 48 ms through the callback, CPU time on a loaded
     machine; XLA 44 ms), and the row norm gradient went to the loops on the bare timing, 0.8x of XLA's."""
     import jax
-    import jax.numpy as jnp
 
     from tullax.jaxop.callback import callback_path, host_call
     from tullax.spec.shapes import result_dtype
 
-    with jax.ensure_compile_time_eval():  # planning runs while jax traces: run these now, for real
-        args = [jnp.asarray(v) for v in values]
+    args = _on_device(values)
     dtype = jax.dtypes.canonicalize_dtype(result_dtype(spec, {i.name: a.dtype for i, a in zip(spec.inputs, args)}))
     path = callback_path()
     fn = jax.jit(lambda *given: host_call(spec, loops, given, dtype, path))
