@@ -3,7 +3,9 @@
 For every case and backend a main child runs ``ttfk`` (cold: it gets a fresh, empty ``TULLAX_CACHE_DIR``),
 ``fwd``, ``bwd`` and ``check``; for tullax backends more children then run ``ttfk`` alone: two more, each on
 another empty cache (cold is the best of the three), and five against the cache the main child filled (warm:
-best of five). XLA has no tullax cache, so it gets no warm measurement.
+best of five). XLA has no tullax cache, so it gets no warm measurement. Once every backend of a case has had
+its main child, forward and backward are timed again (``RunConfig.timing_processes``) in new processes on each
+main child's cache, in rounds over the backends, and each row keeps its median process.
 """
 from __future__ import annotations
 
@@ -160,46 +162,43 @@ def case_document(case: BenchCase, dtype: str) -> dict:
     return {**fields, "name": case.name, "canonical": canonical, "dtype": dtype}
 
 
-def run_backend(document: dict, backend: str, config: RunConfig,
-                progress: Callable[[str], None] = lambda what: None) -> dict:
-    """Every measurement of one case on one backend (a main child, then a warm TTFK child)."""
+def run_backend(document: dict, backend: str, config: RunConfig, cache_dir: str,
+                progress: Callable[[str], None] = lambda what: None) -> tuple[dict, dict]:
+    """The main child of one case on one backend, on the empty cache ``cache_dir`` (the caller's: the case's
+    later timing children run on it), then its cold and warm TTFK children: (the row, the job)."""
     phases = [p for p in MAIN_PHASES if (p != "ttfk" or config.ttfk) and (p != "check" or config.check)]
     job = {**{k: document.get(k) for k in ("spec", "ranges", "shapes", "check_shapes", "ttfk_shapes", "idiomatic")},
            "backend": backend, "dtype": config.dtype, "repeat": config.repeat, "seed": config.seed,
            "phases": phases}
-    cache_dir = tempfile.mkdtemp(prefix="tullax-bench-cache-")
-    try:
-        def report(record: dict) -> None:
-            if "begin" in record:
-                progress(record["begin"])
 
-        main = run_child(job, cache_dir, config.timeout_s, config.extra_env, report)
-        row = summarise_main(main, config.timeout_s)
-        if "fwd" in phases and row["status"] == "ok":
-            row.update(repeat_timings(job, cache_dir, config, row, progress))
-        if config.ttfk and backend not in COMPARATORS and row.get("ttfk_cold_ms") is not None:
-            row.update(repeat_cold_ttfk(job, config, row["ttfk_cold_ms"], progress))
-            row.update(warm_ttfk(job, cache_dir, config, progress))
-        return row
-    finally:
-        shutil.rmtree(cache_dir, ignore_errors=True)
+    def report(record: dict) -> None:
+        if "begin" in record:
+            progress(record["begin"])
+
+    main = run_child(job, cache_dir, config.timeout_s, config.extra_env, report)
+    row = summarise_main(main, config.timeout_s)
+    if config.ttfk and backend not in COMPARATORS and row.get("ttfk_cold_ms") is not None:
+        row.update(repeat_cold_ttfk(job, config, row["ttfk_cold_ms"], progress))
+        row.update(warm_ttfk(job, cache_dir, config, progress))
+    return row, job
 
 
-def repeat_timings(job: dict, cache_dir: str, config: RunConfig, row: dict,
-                   progress: Callable[[str], None]) -> dict:
-    """Forward and backward timed again in ``config.timing_processes - 1`` new processes (on the main child's
-    cache: nothing compiles that the main child compiled), the median of the processes' figures kept (each the
-    best of its runs), every one of them in ``<phase>_process_ms``."""
-    found = {which: [row[f"{which}_ms"]] for which in ("fwd", "bwd") if row.get(f"{which}_ms") is not None}
-    for run in range(2, config.timing_processes + 1):
-        progress(f"timings {run}/{config.timing_processes} (new process)")
-        child = run_child({**job, "phases": ["fwd", "bwd"]}, cache_dir, config.timeout_s, config.extra_env)
-        for record in child.records:
-            for which in found:
-                if record.get("phase") == which and record.get(f"{which}_ms") is not None:
-                    found[which].append(record[f"{which}_ms"])
+def timing_child(job: dict, cache_dir: str, config: RunConfig) -> dict[str, float]:
+    """Forward and backward timed again in a new process on the main child's cache (nothing compiles that the
+    main child compiled): {phase: ms}, each the best of its runs."""
+    child = run_child({**job, "phases": ["fwd", "bwd"]}, cache_dir, config.timeout_s, config.extra_env)
+    return {record["phase"]: record[f"{record['phase']}_ms"] for record in child.records
+            if record.get("phase") in ("fwd", "bwd") and record.get(f"{record['phase']}_ms") is not None}
+
+
+def median_of_processes(row: dict, later: Sequence[dict[str, float]]) -> dict:
+    """The main child's forward and backward figures with those of the later timing processes: the median
+    process kept, every one of them in ``<phase>_process_ms``."""
     update: dict[str, Any] = {}
-    for which, samples in found.items():
+    for which in ("fwd", "bwd"):
+        if row.get(f"{which}_ms") is None:
+            continue
+        samples = [row[f"{which}_ms"]] + [found[which] for found in later if which in found]
         update[f"{which}_ms"], update[f"{which}_process_ms"] = statistics.median(samples), samples
     return update
 
@@ -299,22 +298,45 @@ def run_cases(cases: Sequence[BenchCase], config: RunConfig, *, show_progress: b
 
     documents = [case_document(case, config.dtype) for case in cases]
     started = time.time()
+    rounds = max(1, config.timing_processes)
     with _progress(show_progress) as progress:
-        task = progress.add_task("starting", total=len(documents) * len(config.backends))
+        task = progress.add_task("starting", total=len(documents) * len(config.backends) * rounds)
         for document in documents:
             document["results"] = {}
-            for backend in config.backends:
-                if backend in (IDIOMATIC, TORCH) and not document.get("idiomatic"):
-                    progress.advance(task)  # no hand-written formulation of this case
-                    continue
-                label = f"{document['name']} · {backend}"
+            timed: dict[str, tuple[dict, str]] = {}  # backend -> (its job, its cache), for the timing rounds
+            with tempfile.TemporaryDirectory(prefix="tullax-bench-case-", ignore_cleanup_errors=True) as caches:
+                for backend in config.backends:
+                    if backend in (IDIOMATIC, TORCH) and not document.get("idiomatic"):
+                        progress.advance(task, rounds)  # no hand-written formulation of this case
+                        continue
+                    label = f"{document['name']} · {backend}"
 
-                def show(what: str, label: str = label) -> None:
-                    progress.update(task, description=escape(f"{label} · {what}"))
+                    def show(what: str, label: str = label) -> None:
+                        progress.update(task, description=escape(f"{label} · {what}"))
 
-                show("starting")
-                document["results"][backend] = run_backend(document, backend, config, show)
-                progress.advance(task)
+                    show("starting")
+                    cache_dir = os.path.join(caches, backend)
+                    os.makedirs(cache_dir)
+                    row, job = run_backend(document, backend, config, cache_dir, show)
+                    document["results"][backend] = row
+                    progress.advance(task)
+                    if "fwd" in job["phases"] and row["status"] == "ok":
+                        timed[backend] = (job, cache_dir)
+                    else:
+                        progress.advance(task, rounds - 1)
+                # the later timing processes run in rounds over the backends, so that a slow spell of the
+                # machine falls on every row of the case alike, not on the rows timed during it (timed row after
+                # row, auto's row max forward read 0.90x of the xla row's, the very same XLA program)
+                later: dict[str, list[dict[str, float]]] = {backend: [] for backend in timed}
+                for run in range(2, rounds + 1):
+                    for backend, (job, cache_dir) in timed.items():
+                        progress.update(task, description=escape(
+                            f"{document['name']} · {backend} · timings {run}/{rounds} (new process)"))
+                        later[backend].append(timing_child(job, cache_dir, config))
+                        progress.advance(task)
+                for backend, samples in later.items():
+                    row = document["results"][backend]
+                    row.update(median_of_processes(row, samples))
         progress.update(task, description="done")
     doc = {
         "format": 1,
