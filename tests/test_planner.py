@@ -606,7 +606,7 @@ def test_auto_passes_complex_calls_to_a_loop_backend_that_takes_them():
 def test_the_race_puts_its_inputs_on_the_device_without_compiling(caplog):
     """Planning runs while jax traces; the race's inputs must be concrete arrays, and making them must compile
     nothing: ``jnp.asarray`` under ``ensure_compile_time_eval`` staged each through a jitted identity, an XLA
-    compile per shape (about 100 ms of a convolution's first gradient call)."""
+    compile per shape (5 of them, 50-70 ms, in conv2d's first forward and gradient call)."""
     import logging
 
     import jax

@@ -453,7 +453,7 @@ def _prepared_call(spec: Spec, candidate: str, values: list, loops: str | None):
 def _on_device(values: list) -> list:
     """``values`` (NumPy) as concrete JAX arrays, even while jax traces (planning runs then). Not
     ``jnp.asarray`` under ``ensure_compile_time_eval``: that stages each value through a jitted identity, an
-    XLA compile per shape (10-30 ms each, 8 of them in a convolution's first gradient call)."""
+    XLA compile per shape (10-30 ms each, 5 of them in conv2d's first forward and gradient call)."""
     import jax
     import numpy as np
 
