@@ -247,3 +247,17 @@ def test_the_later_timing_processes_run_in_rounds_over_the_backends(monkeypatch)
     results = doc["cases"][0]["results"]
     assert results["xla"]["fwd_process_ms"] == [5.0, 9.0, 4.0] and results["xla"]["fwd_ms"] == 5.0
     assert results["auto"]["fwd_ms"] == 2.0 and results["auto"]["bwd_ms"] == 20.0
+
+
+def test_the_jax_cache_script_turns_on_jax_s_own_persistent_cache(tmp_path):
+    """``benchmarks/ttfk_jax_cache.py`` turns JAX's persistent compilation cache on through JAX's environment
+    variables: if JAX stopped reading them, its "warm + JAX cache" column would silently measure the plain warm
+    TTFK. A TTFK child given them must leave compiled programs in the directory."""
+    from benchmarks.ttfk_jax_cache import jax_cache_env, ttfk_ms
+
+    job = {"spec": NORM, "ranges": None, "shapes": {"x": [4, 4]}, "check_shapes": {"x": [4, 4]},
+           "ttfk_shapes": {"x": [4, 4]}, "idiomatic": None, "backend": "xla", "dtype": "float32", "repeat": 1,
+           "seed": 0}
+    (tmp_path / "tullax").mkdir()
+    assert ttfk_ms(job, str(tmp_path / "tullax"), jax_cache_env(str(tmp_path / "jax"))) > 0
+    assert any((tmp_path / "jax").iterdir())

@@ -1,0 +1,91 @@
+"""Warm time to first kernel with JAX's own persistent compilation cache on, next to `make bench`'s warm TTFK.
+
+Where the planner runs a kernel on XLA (conv2d at its TTFK inputs runs all three of its kernels on
+``lax.conv``), tullax's compile cache holds the plan but XLA compiles the program again in every new process,
+as it does for any jnp code. JAX can keep compiled programs across processes itself: its persistent compilation
+cache, a setting of the user's program that tullax never changes. This script measures what it does to the
+warm TTFK, as ``make bench`` measures TTFK (``tullax.benchmarking.worker``'s ``ttfk`` phase, new processes):
+
+* ``cold``: empty tullax cache and empty JAX cache (the JAX cache on);
+* ``warm``: the tullax cache populated, the JAX cache off: ``make bench``'s warm TTFK;
+* ``warm + JAX cache``: both populated.
+
+Each figure is the median of ``--runs`` processes (the warm ones interleaved). The JAX cache is turned on
+through JAX's own environment variables (``JAX_COMPILATION_CACHE_DIR``, with its minimum compile time and entry
+size at 0: by default JAX keeps only programs that took a second or more to compile)::
+
+    PYTHONPATH=$PWD python benchmarks/ttfk_jax_cache.py [--cases conv2d Dist] [--backends auto jnp] [--runs 5]
+
+writes ``benchmarks/results/ttfk_jax_cache.json`` and prints a Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def jax_cache_env(directory: str) -> dict[str, str]:
+    return {"JAX_COMPILATION_CACHE_DIR": directory, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def ttfk_ms(job: dict, cache_dir: str, env: dict[str, str]) -> float:
+    from tullax.benchmarking.runner import run_child
+
+    child = run_child({**job, "phases": ["ttfk"]}, cache_dir, 300.0, env)
+    found = [r for r in child.records if r.get("phase") == "ttfk"]
+    if not found or "error" in found[0]:
+        raise SystemExit(f"{job['backend']}: the TTFK child failed: {found or child.stderr_tail[-800:]}")
+    return float(found[0]["ttfk_ms"])
+
+
+def measure(document: dict, backend: str, runs: int) -> dict:
+    job = {**{k: document.get(k) for k in ("spec", "ranges", "shapes", "check_shapes", "ttfk_shapes", "idiomatic")},
+           "backend": backend, "dtype": "float32", "repeat": 1, "seed": 0}
+    with tempfile.TemporaryDirectory(prefix="tullax-ttfk-jc-") as root:
+        tullax_cache, jax_cache = Path(root, "tullax"), Path(root, "jax")
+        tullax_cache.mkdir()
+        cold = ttfk_ms(job, str(tullax_cache), jax_cache_env(str(jax_cache)))
+        warm, both = [], []
+        for _ in range(runs):
+            warm.append(ttfk_ms(job, str(tullax_cache), {}))
+            both.append(ttfk_ms(job, str(tullax_cache), jax_cache_env(str(jax_cache))))
+    return {"case": document["name"], "backend": backend, "ttfk_shapes": document["ttfk_shapes"],
+            "cold_ms": cold, "warm_ms": statistics.median(warm), "warm_jax_cache_ms": statistics.median(both),
+            "warm_samples_ms": warm, "warm_jax_cache_samples_ms": both}
+
+
+def main() -> None:
+    from benchmarks.cases import suite
+    from tullax.benchmarking.runner import case_document
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="*", default=["conv2d"])
+    parser.add_argument("--backends", nargs="*", default=["auto", "jnp"])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "ttfk_jax_cache.json"))
+    args = parser.parse_args()
+    rows = []
+    for case in suite(names=args.cases):
+        document = case_document(case, "float32")
+        for backend in args.backends:
+            rows.append(measure(document, backend, max(1, args.runs)))
+            row = rows[-1]
+            print(f"{row['case']} {backend}: cold {row['cold_ms']:.0f} ms, warm {row['warm_ms']:.0f} ms, "
+                  f"warm + JAX cache {row['warm_jax_cache_ms']:.0f} ms", file=sys.stderr, flush=True)
+    Path(args.out).write_text(json.dumps({"runs": args.runs, "rows": rows}, indent=1) + "\n")
+    print("| case | backend | TTFK cold | warm | warm + JAX cache |\n|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['case']} | {row['backend']} | {row['cold_ms']:.0f} ms | {row['warm_ms']:.0f} ms | "
+              f"{row['warm_jax_cache_ms']:.0f} ms |")
+
+
+if __name__ == "__main__":
+    main()
