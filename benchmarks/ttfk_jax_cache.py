@@ -37,18 +37,19 @@ def jax_cache_env(directory: str) -> dict[str, str]:
 
 
 def ttfk_ms(job: dict, cache_dir: str, env: dict[str, str]) -> float:
-    from tullax.benchmarking.runner import run_child
+    from tullax.benchmarking.runner import RunConfig, summarise_warm, ttfk_child
 
-    child = run_child({**job, "phases": ["ttfk"]}, cache_dir, 300.0, env)
-    found = [r for r in child.records if r.get("phase") == "ttfk"]
-    if not found or "error" in found[0]:
-        raise SystemExit(f"{job['backend']}: the TTFK child failed: {found or child.stderr_tail[-800:]}")
-    return float(found[0]["ttfk_ms"])
+    config = RunConfig(backends=(job["backend"],), extra_env=env)
+    found = summarise_warm(ttfk_child(job, cache_dir, config), config.ttfk_timeout_s)
+    if "ttfk_warm_error" in found:
+        raise SystemExit(f"{job['backend']}: the TTFK child failed: {found['ttfk_warm_error']}")
+    return float(found["ttfk_warm_ms"])
 
 
 def measure(document: dict, backend: str, runs: int) -> dict:
-    job = {**{k: document.get(k) for k in ("spec", "ranges", "shapes", "check_shapes", "ttfk_shapes", "idiomatic")},
-           "backend": backend, "dtype": "float32", "repeat": 1, "seed": 0}
+    from tullax.benchmarking.runner import RunConfig, backend_job
+
+    job = backend_job(document, backend, RunConfig(backends=(backend,), repeat=1))
     with tempfile.TemporaryDirectory(prefix="tullax-ttfk-jc-") as root:
         tullax_cache, jax_cache = Path(root, "tullax"), Path(root, "jax")
         tullax_cache.mkdir()

@@ -162,14 +162,19 @@ def case_document(case: BenchCase, dtype: str) -> dict:
     return {**fields, "name": case.name, "canonical": canonical, "dtype": dtype}
 
 
+def backend_job(document: dict, backend: str, config: RunConfig) -> dict:
+    """The main child's job for one case (``case_document``) on one backend."""
+    phases = [p for p in MAIN_PHASES if (p != "ttfk" or config.ttfk) and (p != "check" or config.check)]
+    return {**{k: document.get(k) for k in ("spec", "ranges", "shapes", "check_shapes", "ttfk_shapes", "idiomatic")},
+            "backend": backend, "dtype": config.dtype, "repeat": config.repeat, "seed": config.seed,
+            "phases": phases}
+
+
 def run_backend(document: dict, backend: str, config: RunConfig, cache_dir: str,
                 progress: Callable[[str], None] = lambda what: None) -> tuple[dict, dict]:
     """The main child of one case on one backend, on the empty cache ``cache_dir`` (the caller's: the case's
     later timing children run on it), then its cold and warm TTFK children: (the row, the job)."""
-    phases = [p for p in MAIN_PHASES if (p != "ttfk" or config.ttfk) and (p != "check" or config.check)]
-    job = {**{k: document.get(k) for k in ("spec", "ranges", "shapes", "check_shapes", "ttfk_shapes", "idiomatic")},
-           "backend": backend, "dtype": config.dtype, "repeat": config.repeat, "seed": config.seed,
-           "phases": phases}
+    job = backend_job(document, backend, config)
 
     def report(record: dict) -> None:
         if "begin" in record:
@@ -320,7 +325,7 @@ def run_cases(cases: Sequence[BenchCase], config: RunConfig, *, show_progress: b
                     row, job = run_backend(document, backend, config, cache_dir, show)
                     document["results"][backend] = row
                     progress.advance(task)
-                    if "fwd" in job["phases"] and row["status"] == "ok":
+                    if row["status"] == "ok":  # every main child times fwd and bwd (MAIN_PHASES)
                         timed[backend] = (job, cache_dir)
                     else:
                         progress.advance(task, rounds - 1)
