@@ -16,6 +16,8 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `tullax`
 
 from tullax.benchmarking.comparators import COMPARATORS  # noqa: E402
 from tullax.benchmarking.report import (  # noqa: E402
+    counted_slowdown,
+    counted_vs_best,
     fmt_err,
     make_console,
     plot,
@@ -51,13 +53,11 @@ def _get(field: str) -> Callable[[dict], float | None]:
 
 
 def _slowdown(row: dict) -> float | None:
-    speedup = row.get("fwd_speedup")
-    return 1 / speedup if speedup else None
+    return counted_slowdown(row, "fwd")
 
 
 def _bwd_slowdown(row: dict) -> float | None:
-    speedup = row.get("bwd_speedup")
-    return 1 / speedup if speedup else None
+    return counted_slowdown(row, "bwd")
 
 
 def _times2(value: float) -> str:
@@ -95,11 +95,12 @@ TARGETS = (
     Target("float32 max rel err <= 1e-4 vs float64 XLA, every case (worst)", None, _get("max_rel_err"), 1e-4,
            False, fmt_err),
     # issue 14: the planner is never slower than the best XLA formulation (tullax's lowering, naive, or the
-    # hand-written jnp), allowing 5% noise, and runs Linear on BLAS both ways
-    Target("auto forward >= 0.95x the best XLA formulation, every case (worst)", None, _get("fwd_vs_best_xla"),
-           0.95, True, _times2, backends=("auto",)),
-    Target("auto backward >= 0.95x the best XLA formulation, every case (worst)", None, _get("bwd_vs_best_xla"),
-           0.95, True, _times2, backends=("auto",)),
+    # hand-written jnp), allowing 5% noise, and runs Linear on BLAS both ways. A kernel that runs the best
+    # formulation's very program counts as 1x (``counted_vs_best``): its measured ratio is noise.
+    Target("auto forward >= 0.95x the best XLA formulation, every case (worst)", None,
+           lambda row: counted_vs_best(row, "fwd"), 0.95, True, _times2, backends=("auto",)),
+    Target("auto backward >= 0.95x the best XLA formulation, every case (worst)", None,
+           lambda row: counted_vs_best(row, "bwd"), 0.95, True, _times2, backends=("auto",)),
     Target("auto Linear forward within 1.1x of XLA (time / XLA time)", ("Linear",), _slowdown, 1.1, False, _times2,
            backends=("auto",)),
     Target("auto Linear backward within 1.1x of XLA (time / XLA time)", ("Linear",), _bwd_slowdown, 1.1, False,

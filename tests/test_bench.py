@@ -261,3 +261,53 @@ def test_the_jax_cache_script_turns_on_jax_s_own_persistent_cache(tmp_path):
     (tmp_path / "tullax").mkdir()
     assert ttfk_ms(job, str(tmp_path / "tullax"), jax_cache_env(str(tmp_path / "jax"))) > 0
     assert any((tmp_path / "jax").iterdir())
+
+
+def test_one_program_traced_from_two_functions_has_one_fingerprint():
+    import jax
+    import jax.numpy as jnp
+
+    from tullax.benchmarking.programs import fingerprint, normalised_hlo
+
+    x = jnp.ones((64, 32), jnp.float32)
+
+    def row_sums(a):
+        return jnp.sum(a * a, axis=1)
+
+    def squares_summed(values):  # another function, other source lines: names and metadata differ
+        squared = values * values
+        return squared.sum(axis=1)
+
+    text = jax.jit(row_sums).lower(x).compile().as_text()
+    assert "metadata=" in text or "FileNames" in text  # what the fingerprint has to see through
+    assert fingerprint(jax.jit(row_sums), x) == fingerprint(jax.jit(squares_summed), x)
+    assert fingerprint(jax.jit(row_sums), x) != fingerprint(jax.jit(lambda a: jnp.sum(a + a, axis=1)), x)
+    assert "metadata=" not in normalised_hlo(text) and "row_sums" not in normalised_hlo(text)
+    assert fingerprint(lambda a: a, x) is None  # not a jax.jit function (a torch one): nothing to compare
+
+
+def test_a_row_running_the_best_formulation_s_very_program_counts_as_1x():
+    from benchmarks.report import check_targets
+    from tullax.benchmarking.report import cells, derive
+
+    def case(auto_program):
+        return {"name": "Linear", "results": {
+            "xla": {"status": "ok", "fwd_ms": 8.0, "bwd_ms": 8.0, "fwd_program": "A", "bwd_program": "B"},
+            "jnp": {"status": "ok", "fwd_ms": 9.0, "bwd_ms": 9.0, "fwd_program": "C", "bwd_program": "D"},
+            "auto": {"status": "ok", "fwd_ms": 8.9, "bwd_ms": 8.1, "fwd_program": auto_program,
+                     "bwd_program": "E"}}}
+
+    same = derive({"config": {"backends": ["xla", "jnp", "auto"]}, "cases": [case("A")]})
+    auto = same["cases"][0]["results"]["auto"]
+    assert auto["fwd_same_program"] == ["xla"] and auto["bwd_same_program"] == []
+    assert auto["fwd_vs_best_xla"] == pytest.approx(8.0 / 8.9)  # the measurement stays in the results
+    shown = cells(same["cases"][0], "auto", auto)
+    assert "≡ (0.9x)" in shown and "0.99x" in shown  # forward: the same program; backward: measured
+    verdicts = {v.target.text: (v.status, v.measured) for v in check_targets(same)}
+    assert verdicts["auto forward >= 0.95x the best XLA formulation, every case (worst)"][0] == "PASS"
+    assert verdicts["auto Linear forward within 1.1x of XLA (time / XLA time)"] == ("PASS", "1.00x")
+
+    other = derive({"config": {"backends": ["xla", "jnp", "auto"]}, "cases": [case("F")]})
+    verdicts = {v.target.text: (v.status, v.measured) for v in check_targets(other)}
+    assert verdicts["auto forward >= 0.95x the best XLA formulation, every case (worst)"] == ("FAIL", "0.90x (Linear)")
+    assert verdicts["auto Linear forward within 1.1x of XLA (time / XLA time)"] == ("FAIL", "1.11x")

@@ -167,7 +167,7 @@ def backend_job(document: dict, backend: str, config: RunConfig) -> dict:
     phases = [p for p in MAIN_PHASES if (p != "ttfk" or config.ttfk) and (p != "check" or config.check)]
     return {**{k: document.get(k) for k in ("spec", "ranges", "shapes", "check_shapes", "ttfk_shapes", "idiomatic")},
             "backend": backend, "dtype": config.dtype, "repeat": config.repeat, "seed": config.seed,
-            "phases": phases}
+            "phases": phases, "fingerprint": True}
 
 
 def run_backend(document: dict, backend: str, config: RunConfig, cache_dir: str,
@@ -191,7 +191,8 @@ def run_backend(document: dict, backend: str, config: RunConfig, cache_dir: str,
 def timing_child(job: dict, cache_dir: str, config: RunConfig) -> dict[str, float]:
     """Forward and backward timed again in a new process on the main child's cache (nothing compiles that the
     main child compiled): {phase: ms}, each the best of its runs."""
-    child = run_child({**job, "phases": ["fwd", "bwd"]}, cache_dir, config.timeout_s, config.extra_env)
+    child = run_child({**job, "phases": ["fwd", "bwd"], "fingerprint": False}, cache_dir, config.timeout_s,
+                      config.extra_env)
     return {record["phase"]: record[f"{record['phase']}_ms"] for record in child.records
             if record.get("phase") in ("fwd", "bwd") and record.get(f"{record['phase']}_ms") is not None}
 

@@ -9,6 +9,8 @@ itself; any other name is a tullax backend through ``einsum_kernel``), the shape
   process, so it is cold or warm according to the cache directory the parent chose);
 - ``fwd`` / ``bwd``: best-of-N wall time of the jitted forward, and of the jitted VJP with a random cotangent
   w.r.t. every float input (it includes whatever forward work the gradient needs; XLA drops the rest);
+  The main child also fingerprints the two compiled XLA programs (``tullax.benchmarking.programs``), so the
+  report can tell rows that run the very same program;
 - ``check``: the float results (forward and gradients) against the float64 XLA lowering, max relative error.
 
 Each phase prints one line ``@@tullax-bench {json}`` as soon as it ends (a parent that kills a slow child
@@ -223,7 +225,13 @@ def _timed_phase(job: dict, state: dict, which: str) -> dict:
     call()  # the warm-up: tracing, compiling and the first run
     first_ms = (time.perf_counter() - start) * 1e3
     best_ms, runs = best_of(call, job["repeat"])
-    return {f"{which}_ms": best_ms, f"first_{which}_ms": first_ms, f"{which}_runs": runs,
+    program = {}
+    if job.get("fingerprint") and job["backend"] != TORCH:  # after the timings: it compiles the program again
+        from tullax.benchmarking.programs import fingerprint
+
+        program[f"{which}_program"] = (fingerprint(subject.fwd, *args) if which == "fwd"
+                                       else fingerprint(subject.bwd, cotangent, *args))
+    return {f"{which}_ms": best_ms, f"first_{which}_ms": first_ms, f"{which}_runs": runs, **program,
             "rss_before_mb": state["rss_before_mb"], "peak_rss_mb": peak_rss_mb(),
             **({f"{which}_plans": [f"{key[0].out}: {found.describe()}" for key, found in _planned(job).items()
                                    if key not in planned_before]} if job["backend"] == "auto" else {})}
