@@ -400,7 +400,8 @@ def slice_shapes(spec: Spec, shapes: dict, target: int) -> dict | None:
 def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[str, ...],
                      loops: str | None, rounds: int = TIMING_RUNS) -> list[tuple[str, float | None]]:
     """Best time per candidate over TIMING_RUNS rounds, the candidates interleaved within each round, so a
-    burst of load from other processes slows every candidate alike instead of deciding the race."""
+    burst of load from other processes slows every candidate alike instead of deciding the race. The race ends
+    early once every candidate but one was dropped."""
     import numpy as np
 
     from tullax.benchmarking.case import make_inputs
@@ -416,9 +417,11 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
         if round_ >= 2 and time.perf_counter() - began > TIMING_BUDGET_S:
             break
         fastest = min((ms for ms in best.values() if ms is not None), default=float("inf"))
-        for candidate, call in calls.items():
-            if call is None or best[candidate] > DROP_RATIO * fastest:  # a clear loser: not run again
-                continue
+        running = [c for c, call in calls.items() if call is not None and best[c] <= DROP_RATIO * fastest]
+        if round_ > 0 and len(running) < 2:
+            break  # every other candidate is a clear loser: nothing is left to decide
+        for candidate in running:
+            call = calls[candidate]
             if best[candidate] < SETTLE_MS:
                 call()  # not timed: it takes the switch from the previous candidate (see SETTLE_MS)
             start = time.perf_counter()
