@@ -252,11 +252,11 @@ def test_a_small_close_call_is_not_timed(monkeypatch):
         planner.forget()
 
 
-def test_a_fast_candidate_is_timed_on_its_second_run_of_each_round(monkeypatch):
-    """Interleaved, the first run after another candidate pays for the switch (the C loops' OpenMP threads
-    still spinning): conv1d's shifted slices timed 1.2 ms there against 0.6 ms back to back. A candidate under
-    SETTLE_MS runs twice per round (only the second timed), a slower one once."""
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
+def _count_candidate_runs(monkeypatch, slowed: str | None = None) -> dict[str, int]:
+    """Count every run of each raced candidate (the run inside its preparation aside); ``slowed``: that
+    candidate sleeps 0.2 s after each of its runs."""
+    import time as clock
+
     runs: dict[str, int] = {}
     original = planner._prepared_call
 
@@ -268,10 +268,21 @@ def test_a_fast_candidate_is_timed_on_its_second_run_of_each_round(monkeypatch):
         def run() -> None:
             runs[candidate] = runs.get(candidate, 0) + 1
             call()
+            if candidate == slowed:
+                clock.sleep(0.2)
 
         return run
 
     monkeypatch.setattr(planner, "_prepared_call", counted)
+    return runs
+
+
+def test_a_fast_candidate_is_timed_on_its_second_run_of_each_round(monkeypatch):
+    """Interleaved, the first run after another candidate pays for the switch (the C loops' OpenMP threads
+    still spinning): conv1d's shifted slices timed 1.2 ms there against 0.6 ms back to back. A candidate under
+    SETTLE_MS runs twice per round (only the second timed), a slower one once."""
+    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    runs = _count_candidate_runs(monkeypatch)
     monkeypatch.setattr(planner, "TIMING_BUDGET_S", 1e9)  # every round runs, however loaded the machine
     monkeypatch.setattr(planner, "DROP_RATIO", float("inf"))  # and no candidate is dropped
     monkeypatch.setattr(planner, "SETTLE_MS", 1e9)  # every candidate counts as fast
@@ -636,27 +647,9 @@ def test_a_race_ends_once_every_candidate_but_one_was_dropped(monkeypatch):
     """A candidate DROP_RATIO slower than the fastest after a round is not timed again; the one left then has
     nothing to be compared with, and is not run again either (conv2d at its TTFK inputs: XLA 4x faster in all
     three of its kernels, timed for four more rounds each)."""
-    import time as clock
-
     monkeypatch.setenv(planner.TIMING_ENV, "1")
     monkeypatch.setattr(planner, "TIMING_BUDGET_S", 1e9)  # every round would run, however loaded the machine
-    runs: dict[str, int] = {}
-    original = planner._prepared_call
-
-    def counted(spec, candidate, values, loops):
-        call = original(spec, candidate, values, loops)
-        if call is None:
-            return None
-
-        def run() -> None:
-            runs[candidate] = runs.get(candidate, 0) + 1
-            call()
-            if candidate == planner.LOOPS:
-                clock.sleep(0.2)  # a clear loser
-
-        return run
-
-    monkeypatch.setattr(planner, "_prepared_call", counted)
+    runs = _count_candidate_runs(monkeypatch, slowed=planner.LOOPS)  # a clear loser
     planner.forget()
     try:
         _, spec = compile_spec(CONV1D)
