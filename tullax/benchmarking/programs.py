@@ -1,9 +1,9 @@
 """Whether two rows of a benchmark case run the very same XLA program.
 
 ``auto`` often runs a kernel on XLA in the form a comparator row uses too (Linear's einsum, the attention
-scores'), and then both rows run one compiled program. Their measured ratio is the machine's noise: on the
-shared 2-core bench machine, one program timed in separate processes reads anywhere from 0.9x to 1.1x of itself.
-The report marks such rows, and the targets count them as 1x.
+scores'), and then both rows run one compiled program. Their measured ratio is the noise between processes
+(the README's benchmark reading gives its size on the bench machine). The report marks such rows, and the
+targets count them as 1x.
 
 A program is named by a fingerprint of its optimised HLO (``jax.jit(f).lower(*args).compile().as_text()``)
 without what does not change the computation: the source locations (the stack-frame tables and every op's
