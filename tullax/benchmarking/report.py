@@ -138,17 +138,22 @@ def same_program(case: dict, backend: str, which: str) -> list[str]:
             if c != backend and case["results"].get(c, {}).get(f"{which}_program") == mine]
 
 
+def runs_program_of(row: dict, which: str, comparator: str | None) -> bool:
+    """Whether the row's ``which`` program is the very one ``comparator`` ran (``derive``'s ``same_program``)."""
+    return comparator is not None and comparator in row.get(f"{which}_same_program", ())
+
+
 def counted_vs_best(row: dict, which: str) -> float | None:
     """The row's speed against the best XLA formulation as the targets count it: 1 where it runs that
     formulation's very program (what was measured is then the noise between processes), else as measured."""
-    if row.get(f"{which}_best_xla") in row.get(f"{which}_same_program", ()):
+    if runs_program_of(row, which, row.get(f"{which}_best_xla")):
         return 1.0
     return row.get(f"{which}_vs_best_xla")
 
 
 def counted_slowdown(row: dict, which: str) -> float | None:
     """The row's time over the XLA reference's, as the targets count it (1 for the very same program)."""
-    if REFERENCE in row.get(f"{which}_same_program", ()):
+    if runs_program_of(row, which, REFERENCE):
         return 1.0
     speedup = row.get(f"{which}_speedup")
     return 1 / speedup if speedup else None
@@ -196,7 +201,7 @@ def fmt_mb(value: Any) -> str:
 def fmt_against(row: dict, which: str, field: str, comparator: str | None) -> str:
     """A ratio against ``comparator``, marked ``≡`` where the row runs that comparator's very program."""
     measured = fmt_x(row.get(field))
-    return f"≡ ({measured})" if comparator and comparator in row.get(f"{which}_same_program", ()) else measured
+    return f"≡ ({measured})" if runs_program_of(row, which, comparator) else measured
 
 
 def cells(case: dict, backend: str, row: dict) -> list[str]:

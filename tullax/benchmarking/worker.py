@@ -8,8 +8,8 @@ itself; any other name is a tullax backend through ``einsum_kernel``), the shape
 - ``ttfk``: time to first kernel on tiny inputs, forward plus all gradients under jit (first thing in the
   process, so it is cold or warm according to the cache directory the parent chose);
 - ``fwd`` / ``bwd``: best-of-N wall time of the jitted forward, and of the jitted VJP with a random cotangent
-  w.r.t. every float input (it includes whatever forward work the gradient needs; XLA drops the rest);
-  The main child also fingerprints the two compiled XLA programs (``tullax.benchmarking.programs``), so the
+  w.r.t. every float input (it includes whatever forward work the gradient needs; XLA drops the rest). The
+  main child also fingerprints the two compiled XLA programs (``tullax.benchmarking.programs``), so the
   report can tell rows that run the very same program;
 - ``check``: the float results (forward and gradients) against the float64 XLA lowering, max relative error.
 
@@ -226,7 +226,8 @@ def _timed_phase(job: dict, state: dict, which: str) -> dict:
     first_ms = (time.perf_counter() - start) * 1e3
     best_ms, runs = best_of(call, job["repeat"])
     program = {}
-    if job.get("fingerprint") and job["backend"] != TORCH:  # after the timings: it compiles the program again
+    # after the timings: it traces and lowers the function again (the compiled program comes from jax's cache)
+    if job.get("fingerprint") and job["backend"] != TORCH:
         from tullax.benchmarking.programs import fingerprint
 
         program[f"{which}_program"] = (fingerprint(subject.fwd, *args) if which == "fwd"
