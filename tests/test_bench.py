@@ -311,3 +311,17 @@ def test_a_row_running_the_best_formulation_s_very_program_counts_as_1x():
     verdicts = {v.target.text: (v.status, v.measured) for v in check_targets(other)}
     assert verdicts["auto forward >= 0.95x the best XLA formulation, every case (worst)"] == ("FAIL", "0.90x (Linear)")
     assert verdicts["auto Linear forward within 1.1x of XLA (time / XLA time)"] == ("FAIL", "1.11x")
+
+
+def test_a_program_that_cannot_be_fingerprinted_keeps_its_timings(monkeypatch):
+    from tullax.benchmarking import programs, worker
+
+    def broken(jitted, *args):
+        raise RuntimeError("no HLO text here")
+
+    monkeypatch.setattr(programs, "fingerprint", broken)
+    job = {"spec": NORM, "ranges": None, "shapes": {"x": [4, 4]}, "backend": "xla", "dtype": "float32",
+           "repeat": 1, "seed": 0, "idiomatic": None, "fingerprint": True}
+    record = worker._timed_phase(job, {}, "fwd")
+    assert record["fwd_ms"] > 0 and "fwd_program" not in record
+    assert record["fwd_program_error"] == "RuntimeError: no HLO text here"

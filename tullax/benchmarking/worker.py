@@ -230,8 +230,11 @@ def _timed_phase(job: dict, state: dict, which: str) -> dict:
     if job.get("fingerprint") and job["backend"] != TORCH:
         from tullax.benchmarking.programs import fingerprint
 
-        program[f"{which}_program"] = (fingerprint(subject.fwd, *args) if which == "fwd"
-                                       else fingerprint(subject.bwd, cotangent, *args))
+        try:
+            program[f"{which}_program"] = (fingerprint(subject.fwd, *args) if which == "fwd"
+                                           else fingerprint(subject.bwd, cotangent, *args))
+        except Exception as err:  # noqa: BLE001 - a program we cannot print costs its mark, not the timings
+            program[f"{which}_program_error"] = f"{type(err).__name__}: {err}"
     return {f"{which}_ms": best_ms, f"first_{which}_ms": first_ms, f"{which}_runs": runs, **program,
             "rss_before_mb": state["rss_before_mb"], "peak_rss_mb": peak_rss_mb(),
             **({f"{which}_plans": [f"{key[0].out}: {found.describe()}" for key, found in _planned(job).items()
