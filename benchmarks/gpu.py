@@ -71,7 +71,8 @@ def best_ms(fn: Callable[[], Any], repeat: int) -> float:
 # ---------------------------------------------------------------------------------------------
 # 1. Correctness on the corpus
 # ---------------------------------------------------------------------------------------------
-def corpus_check(dtype: str) -> list[dict]:
+def corpus_check(dtype: str, shard: int = 0, shards: int = 1) -> list[dict]:
+    """Rows of the corpus cases ``shard``, ``shard + shards``, ... (one shard per process: see corpus_rows)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -84,7 +85,7 @@ def corpus_check(dtype: str) -> list[dict]:
     from tullax.spec.examples import random_inputs, shapes_for
 
     rows = []
-    for case in CORPUS:
+    for case in CORPUS[shard::shards]:
         row: dict[str, Any] = {"case": case.id, "dtype": dtype}
         try:
             cuda = tullax.einsum_kernel(case.spec, backend="cuda", ranges=case.ranges)
@@ -113,6 +114,32 @@ def corpus_check(dtype: str) -> list[dict]:
             row.update(passed=False, error=f"{type(err).__name__}: {err}"[:500])
         rows.append(row)
     return rows
+
+
+def corpus_rows(dtypes: tuple[str, ...] = ("float32", "float64")) -> list[dict]:
+    """``corpus_check`` of every dtype, the corpus split over new processes that run at once (each compiles
+    its kernels with NVRTC and XLA: one process would take minutes); rows in corpus order."""
+    shards = max(1, min(8, (os.cpu_count() or 2) // len(dtypes)))
+    running = [(dtype, subprocess.Popen([sys.executable, __file__, "--corpus-child", dtype, str(k), str(shards)],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+               for dtype in dtypes for k in range(shards)]
+    rows = []
+    for dtype, child in running:
+        out, err = child.communicate(timeout=900)
+        if child.returncode != 0:
+            rows.append({"case": f"shard of {dtype}", "dtype": dtype, "passed": False,
+                         "error": f"the process failed: {err[-400:]}"})
+            continue
+        rows += json.loads(out.strip().splitlines()[-1])
+    order = {case_id: k for k, case_id in enumerate(_corpus_ids())}
+    return sorted(rows, key=lambda r: (r["dtype"], order.get(r["case"], -1)))
+
+
+def _corpus_ids() -> list[str]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from corpus import CORPUS
+
+    return [case.id for case in CORPUS]
 
 
 def _relative_error(got, want) -> float:
@@ -185,7 +212,9 @@ def time_case(name: str, spec_text: str, shapes: dict, naive: Callable | None, d
 
             backward = pullback_of()
             row[f"{backend}_forward_ms"] = best_ms(lambda f=forward: f(*args), repeat)
+            progress(row)
             row[f"{backend}_backward_ms"] = best_ms(lambda b=backward: b(cotangent), repeat)
+            progress(row)
         if naive is not None:
             row["naive_forward_ms"] = best_ms(lambda f=jax.jit(naive): f(*args), repeat)
         row["grad_over_fwd"] = row["cuda_backward_ms"] / row["cuda_forward_ms"]
@@ -195,6 +224,32 @@ def time_case(name: str, spec_text: str, shapes: dict, naive: Callable | None, d
             row["forward_speedup_vs_naive"] = row["naive_forward_ms"] / row["cuda_forward_ms"]
     except Exception as err:  # noqa: BLE001
         row["error"] = f"{type(err).__name__}: {err}"[:500]
+    return row
+
+
+def progress(row: dict) -> None:
+    """In a case's own process: the row so far, one JSON line, so that a case cut short keeps its timings."""
+    print(json.dumps(row), flush=True)
+
+
+def timed_case(name: str, dtype: str, repeat: int, quick: bool, limit_s: float) -> dict:
+    """``time_case`` of the case called ``name`` in a new process, stopped after ``limit_s`` seconds (XLA's GPU
+    compiler can take minutes on a large broadcast); a stopped case keeps what it had measured."""
+    command = [sys.executable, __file__, "--case-child", name, "--dtype", dtype, "--repeat", str(repeat)]
+    try:
+        done = subprocess.run(command + (["--quick"] if quick else []), capture_output=True, text=True,
+                              timeout=limit_s)
+        out, err, stopped = done.stdout, done.stderr, None
+    except subprocess.TimeoutExpired as expired:
+        out, err = (expired.stdout or b""), (expired.stderr or b"")
+        out, err = (x.decode() if isinstance(x, bytes) else x for x in (out, err))
+        stopped = f"stopped after {limit_s:.0f} s"
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    row = json.loads(lines[-1]) if lines else {"case": name}
+    if stopped:
+        row["error"] = f"{stopped} (stderr: {err.strip()[-300:]})"
+    elif not lines or done.returncode != 0:
+        row.setdefault("error", f"the process failed: {err.strip()[-400:]}")
     return row
 
 
@@ -301,19 +356,29 @@ def ttfk(dtype: str) -> dict:
 # 3. Targets and the report
 # ---------------------------------------------------------------------------------------------
 def targets(timings: list[dict], overhead: dict, first: dict) -> list[tuple[str, bool | None]]:
+    """(target, PASS True / FAIL False / None where its part was not run)."""
     by_case = {row["case"]: row for row in timings if "error" not in row}
+
+    def check(value: Any, ok: Callable[[float], bool]) -> bool | None:
+        return None if value is None else bool(ok(value))
+
     found: list[tuple[str, bool | None]] = []
     for row in timings:
         found.append((f"{row['case']}: grad/fwd <= 3", row.get("grad_over_fwd", float("inf")) <= 3))
-    dist = by_case.get("Dist K=784 I=1024 J=512", {})
-    found.append(("Dist forward >= 3x the naive broadcast", dist.get("forward_speedup_vs_naive", 0) >= 3))
-    found.append(("Dist forward not slower than XLA's fused lowering", dist.get("forward_speedup_vs_xla", 0) >= 1))
-    found.append(("Dist backward >= 5x faster than XLA", dist.get("backward_speedup_vs_xla", 0) >= 5))
-    embedding = by_case.get("embedding", {})
-    found.append(("embedding gradient not slower than XLA's scatter", embedding.get("backward_speedup_vs_xla", 0) >= 1))
-    found.append(("per-call overhead <= 30 us above a jnp op", overhead.get("overhead_us", float("inf")) <= 30))
-    found.append(("TTFK warm <= 0.3 s", first.get("warm_s", float("inf")) <= 0.3))
-    found.append(("TTFK cold <= 1.5 s", first.get("cold_s", float("inf")) <= 1.5))
+    dist = by_case.get("Dist K=784 I=1024 J=512", {}) if timings else None
+    embedding = by_case.get("embedding", {}) if timings else None
+    found.append(("Dist forward >= 3x the naive broadcast",
+                  check(dist, lambda d: d.get("forward_speedup_vs_naive", 0) >= 3)))
+    found.append(("Dist forward not slower than XLA's fused lowering",
+                  check(dist, lambda d: d.get("forward_speedup_vs_xla", 0) >= 1)))
+    found.append(("Dist backward >= 5x faster than XLA",
+                  check(dist, lambda d: d.get("backward_speedup_vs_xla", 0) >= 5)))
+    found.append(("embedding gradient not slower than XLA's scatter",
+                  check(embedding, lambda e: e.get("backward_speedup_vs_xla", 0) >= 1)))
+    found.append(("per-call overhead <= 30 us above a jnp op",
+                  check(overhead or None, lambda o: o.get("overhead_us", float("inf")) <= 30)))
+    found.append(("TTFK warm <= 0.3 s", check(first or None, lambda f: f.get("warm_s", float("inf")) <= 0.3)))
+    found.append(("TTFK cold <= 1.5 s", check(first or None, lambda f: f.get("cold_s", float("inf")) <= 1.5)))
     return found
 
 
@@ -328,19 +393,23 @@ def markdown(report: dict) -> str:
              "## Timings (ms, best of the repeats)", "",
              "| case | fwd | bwd | bwd/fwd | XLA fwd | XLA bwd | fwd vs XLA | bwd vs XLA | naive fwd | fwd vs naive |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for row in report["timings"]:
-        if "error" in row:
-            lines.append(f"| {row['case']} | error: {row['error'].splitlines()[0]} |")
-            continue
+    for row in report.get("timings", []):
         lines.append("| " + " | ".join([row["case"]] + [_ms(row.get(k)) for k in (
             "cuda_forward_ms", "cuda_backward_ms", "grad_over_fwd", "xla_forward_ms", "xla_backward_ms",
             "forward_speedup_vs_xla", "backward_speedup_vs_xla", "naive_forward_ms", "forward_speedup_vs_naive")])
             + " |")
-    overhead, first = report["overhead"], report["ttfk"]
-    lines += ["", f"Per-call overhead under jit: tullax {overhead['tullax_us']:.1f} us, jnp "
-              f"{overhead['jnp_us']:.1f} us (+{overhead['overhead_us']:.1f} us).",
-              f"TTFK of forward plus gradients ({TTFK_SPEC}), new processes: cold {_ms(first.get('cold_s'))} s, "
-              f"warm {_ms(first.get('warm_s'))} s.", ""]
+    overhead, first = report.get("overhead"), report.get("ttfk")
+    lines.append("")
+    lines += [f"- {row['case']}: {row['error'].splitlines()[0]}" for row in report.get("timings", []) if "error" in row]
+    if overhead:
+        lines.append(f"Per-call overhead under jit: tullax {overhead['tullax_us']:.1f} us, jnp "
+                     f"{overhead['jnp_us']:.1f} us (+{overhead['overhead_us']:.1f} us).")
+    if first:
+        lines.append(f"TTFK of forward plus gradients ({TTFK_SPEC}), new processes: cold {_ms(first.get('cold_s'))}"
+                     f" s, warm {_ms(first.get('warm_s'))} s" + "".join(
+                         f"; {k}: {v.splitlines()[-1] if v else ''}" for k, v in first.items() if k.endswith("error"))
+                     + ".")
+    lines.append("")
     lines += ["## Command buffers (command_buffer_compatible)", "", "| setting | tiny kernel us/call | mismatches "
               "| Dist fwd us/call | mismatches |", "|---|---|---|---|---|"]
     for label, row in report.get("command_buffers", {}).items():
@@ -350,14 +419,29 @@ def markdown(report: dict) -> str:
         lines.append(f"| {label} | {row['tiny']['per_call_us']:.1f} | {row['tiny']['mismatches']}/20 | "
                      f"{row['dist']['per_call_us']:.1f} | {row['dist']['mismatches']}/20 |")
     lines += ["", "## Corpus against XLA on the GPU", ""]
-    for dtype in ("float32", "float64"):
+    for dtype in ("float32", "float64") if "corpus" in report else ():
         rows = [r for r in report["corpus"] if r["dtype"] == dtype]
         failed = [r for r in rows if not r["passed"]]
         lines.append(f"- {dtype} (rtol {RTOL[dtype]:g}): {len(rows) - len(failed)}/{len(rows)} cases pass"
                      + (": failing " + ", ".join(f"{r['case']} ({str(r.get('error') or r.get('max_error'))[:80]})"
                                                   for r in failed) if failed else ""))
-    lines += ["", "## Targets", ""] + [f"- {'PASS' if ok else 'FAIL'}: {what}" for what, ok in report["targets"]]
+    verdict = {True: "PASS", False: "FAIL", None: "NOT RUN"}
+    lines += ["", "## Targets", ""] + [f"- {verdict[ok]}: {what}" for what, ok in report["targets"]]
+    lines += ["", "Seconds per part: " + ", ".join(f"{k} {v}" for k, v in report.get("seconds", {}).items())]
     return "\n".join(lines) + "\n"
+
+
+PARTS = ("timings", "overhead", "ttfk", "buffers", "corpus")
+
+
+def save(report: dict, out_dir: Path) -> Path:
+    """Write what has been measured so far: a run cut short still leaves its finished parts."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"gpu-{slug(report['device'])}"
+    report["targets"] = targets(report.get("timings", []), report.get("overhead", {}), report.get("ttfk", {}))
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
+    stem.with_suffix(".md").write_text(markdown(report))
+    return stem
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -365,10 +449,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="of the timings")
     parser.add_argument("--repeat", type=int, default=None, metavar="N", help="timed runs per measurement")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated, in the order run (default: all of {', '.join(PARTS)})")
     parser.add_argument("--out-dir", default=str(RESULTS))
     parser.add_argument("--ttfk-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--command-buffer-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--case-limit", type=float, default=120.0, metavar="S",
+                        help="seconds each timed case may take in its own process (default 120)")
+    parser.add_argument("--case-child", help=argparse.SUPPRESS)
+    parser.add_argument("--corpus-child", nargs=3, metavar=("DTYPE", "SHARD", "SHARDS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown parts {unknown}; the parts are {', '.join(PARTS)}")
+    # every process of the benchmark shares the GPU: jax must not take 75% of its memory in each
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     sys.path.insert(0, str(ROOT))
     import jax
 
@@ -379,34 +475,48 @@ def main(argv: list[str] | None = None) -> int:
     if args.command_buffer_child:
         command_buffer_child(args.dtype)
         return 0
+    if args.case_child:
+        repeat = args.repeat or (5 if args.quick else 20)
+        found = [c for c in cases(args.quick) if c[0] == args.case_child]
+        if not found:
+            raise SystemExit(f"no case {args.case_child!r}")
+        progress(time_case(*found[0], args.dtype, repeat))
+        return 0
+    if args.corpus_child:
+        dtype, shard, shards = args.corpus_child
+        print(json.dumps(corpus_check(dtype, int(shard), int(shards))))
+        return 0
     device_name = refuse_without_gpu()
     import tullax
     from tullax.backends.cuda_compile import nvrtc_version
 
     repeat = args.repeat or (5 if args.quick else 20)
-    print(f"benchmarking the cuda backend on {device_name}", flush=True)
-    corpus = corpus_check("float32") + corpus_check("float64")
-    timings = []
-    for name, spec, shapes, naive in cases(args.quick):
-        print(f"timing {name}", flush=True)
-        timings.append(time_case(name, spec, shapes, naive, args.dtype, repeat))
-    overhead = call_overhead(args.dtype)
-    first = ttfk(args.dtype)
-    print("command buffers off and on", flush=True)
-    buffers = command_buffers(args.dtype)
-    report = {"device": device_name, "dtype": args.dtype, "quick": args.quick,
-              "versions": {"jax": jax.__version__, "tullax": tullax.__version__,
-                           "nvrtc": ".".join(map(str, nvrtc_version()))},
-              "corpus": corpus, "timings": timings, "overhead": overhead, "ttfk": first,
-              "command_buffers": buffers}
-    report["targets"] = targets(timings, overhead, first)
     out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"gpu-{slug(device_name)}"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
-    text = markdown(report)
-    stem.with_suffix(".md").write_text(text)
-    print(text)
+    report: dict[str, Any] = {
+        "device": device_name, "dtype": args.dtype, "quick": args.quick, "parts": parts, "seconds": {},
+        "versions": {"jax": jax.__version__, "tullax": tullax.__version__,
+                     "nvrtc": ".".join(map(str, nvrtc_version()))}}
+    print(f"benchmarking the cuda backend on {device_name}: {', '.join(parts)}", flush=True)
+    for part in parts:
+        start = time.perf_counter()
+        if part == "timings":
+            report["timings"] = []
+            for name, *_ in cases(args.quick):
+                print(f"timing {name}", flush=True)
+                report["timings"].append(timed_case(name, args.dtype, repeat, args.quick, args.case_limit))
+                save(report, out_dir)
+        elif part == "overhead":
+            report["overhead"] = call_overhead(args.dtype)
+        elif part == "ttfk":
+            report["ttfk"] = ttfk(args.dtype)
+        elif part == "buffers":
+            report["command_buffers"] = command_buffers(args.dtype)
+        elif part == "corpus":
+            report["corpus"] = corpus_rows()
+        report["seconds"][part] = round(time.perf_counter() - start, 1)
+        stem = save(report, out_dir)
+        print(f"{part} done in {report['seconds'][part]:.1f} s", flush=True)
+    print(markdown(report))
     print(f"wrote {stem}.json and {stem}.md")
     return 0
 
