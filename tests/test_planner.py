@@ -658,3 +658,162 @@ def test_a_race_ends_once_every_candidate_but_one_was_dropped(monkeypatch):
         assert runs == {candidate: 1 for candidate in runs}, runs  # round 0 only, for every candidate
     finally:
         planner.forget()
+
+
+@pytest.mark.parametrize("timings, winner", [
+    ({"loops": 2.59, "xla:grid": 2.65}, "xla"),  # the row norm's race: 2% is no win for a host callback
+    ({"loops": 1.0, "xla:grid": 1.1}, "loops"),  # 10%: the loops
+    ({"loops": 1.0}, "loops"),  # no XLA form ran
+    ({"loops": 3.0, "xla:grid": 1.0}, "xla"),
+])
+def test_the_loops_win_a_race_only_by_more_than_the_margin(monkeypatch, tmp_path, timings, winner):
+    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(planner, "_time_candidates", lambda spec, shapes, dtypes, candidates, loops, rounds=0: [
+        (c, timings.get(c)) for c in candidates])
+    planner.forget()
+    try:
+        _, spec = compile_spec("n[i] := x[i,j]^2 |> sqrt")
+        found = planner.plan(spec, {"x": (300, 1000)}, {"x": "float32"})
+        assert (found.backend == "xla") == (winner == "xla"), found
+        assert ("faster by less than 5%" in found.reason) == (timings == {"loops": 2.59, "xla:grid": 2.65})
+    finally:
+        planner.forget()
+
+
+def _conv2d_small():
+    _, spec = compile_spec(CONV2D)
+    shapes = {"x": (2, 16, 20, 20), "k": (16, 16, 3, 3)}  # above the serial threshold: every kernel is raced
+    return spec, [jnp.asarray(v) for v in make_inputs(spec, shapes, "float32", seed=2)]
+
+
+def test_a_process_whose_kept_decisions_are_all_xla_loads_no_loop_module(monkeypatch, tmp_path):
+    """conv2d's warm first call: every step's decision in the compile cache was lax.conv, yet the gradient
+    loaded the C module of every step (its kernels' unpickling imported the lowering: 0.1 s of a 0.5 s first
+    call). A step whose race is still to run, or whose kept decision is the loops, still gets the module."""
+    if not planner.whole_module_cached(LOOP_BACKEND):
+        pytest.skip(f"the loop backend here ({LOOP_BACKEND}) does not compile whole modules")
+    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    winner = {"Δk": "xla:conv"}  # by output name: who wins each race
+
+    def scripted(spec, shapes, dtypes, candidates, loops, rounds=0):
+        fastest = winner.get(spec.out, "xla:conv")
+        return [(c, 1.0 if c == fastest else 9.0) for c in candidates]
+
+    monkeypatch.setattr(planner, "_time_candidates", scripted)
+    spec, values = _conv2d_small()
+    planner.forget()
+    try:
+        assert planner._steps_may_run_on(LOOP_BACKEND, spec, values, "float32")  # nothing decided yet
+        jax.jit(jax.grad(lambda *v: jnp.sum(tullax.einsum_kernel(CONV2D)(*v)), argnums=(0, 1)))(*values)
+        planner.forget()  # a new process: the decisions come from the compile cache
+        assert not planner._steps_may_run_on(LOOP_BACKEND, spec, values, "float32")
+        built = []
+        from tullax import backends
+
+        monkeypatch.setattr(type(backends.resolve(LOOP_BACKEND)), "build", lambda self, *a: built.append(a))
+        planner.build_gradient_module(spec, values, "float32")
+        assert built == []
+    finally:
+        planner.forget()
+    winner["Δk"] = planner.LOOPS  # another cache: this step's race goes to the loops
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path / "other"))
+    try:
+        _, step = compile_spec("Δk[o,c,p,q] := Δy[n,o,h,w]*x[n,c,h+p,w+q]")
+        planner.plan(step, {"Δy": (2, 16, 18, 18), "x": (2, 16, 20, 20)}, {"Δy": "float32", "x": "float32"})
+        planner.forget()
+        assert planner._steps_may_run_on(LOOP_BACKEND, spec, values, "float32")
+    finally:
+        planner.forget()
+
+
+def test_a_race_compiles_the_loop_module_while_xla_compiles_its_forms(monkeypatch, tmp_path):
+    """The loop module (host C: a compiler in subprocesses) builds in a thread while XLA compiles its
+    candidates: conv2d's first call paid for the two one after the other. One module, found by the loop
+    candidate; a module that fails to build only loses the loops their place in the race."""
+    if not planner.whole_module_cached(LOOP_BACKEND):
+        pytest.skip(f"the loop backend here ({LOOP_BACKEND}) does not compile whole modules")
+    from tullax.backends import c
+
+    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    threads = []
+    original = planner._start_module_build
+
+    def recorded(*args):
+        thread = original(*args)
+        threads.append(thread)
+        return thread
+
+    monkeypatch.setattr(planner, "_start_module_build", recorded)
+    spec, values = _conv2d_small()
+    shapes = {item.name: tuple(v.shape) for item, v in zip(spec.inputs, values)}
+    planner.forget()
+    try:
+        before = c.compile_stats()["modules"]
+        found = planner.plan(spec, shapes, {"x": "float32", "k": "float32"})
+        assert len(threads) == 1 and not threads[0].is_alive()
+        assert c.compile_stats()["modules"] == before + 1  # the thread's, which the loop candidate used
+        assert {name for name, _ in found.timings_ms} == {"xla:conv", "loops"}, found
+        planner.forget()
+
+        def broken(self, *args):
+            raise tullax.TullaxError("no compiler today")
+
+        monkeypatch.setattr(type(c.CBackend()), "build", broken)
+        monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path / "other"))
+        found = planner.plan(spec, shapes, {"x": "float32", "k": "float32"})
+        assert (found.backend, found.form) == ("xla", "conv") and len(threads) == 2, found
+        assert [name for name, _ in found.timings_ms] == ["xla:conv"], found
+    finally:
+        planner.forget()
+
+
+def test_the_gradient_races_find_their_xla_candidates_compiled_ahead_all_at_once(monkeypatch, tmp_path):
+    """Differentiated, every race still to run gets its XLA candidates lowered and compiled in threads before
+    the first race starts (conv2d's two gradient races compiled lax.conv one after the other). Each race uses
+    its own; an executable that does not take the race's arguments is compiled again by the race."""
+    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    spec, values = _conv2d_small()
+    shapes = {item.name: tuple(v.shape) for item, v in zip(spec.inputs, values)}
+    dtypes = {"x": "float32", "k": "float32"}
+    kernels = [(kernel, its_shapes, {n: "float32" for n in kernel.input_names})
+               for _, kernel, its_shapes in planner.kernel_shapes(spec, shapes)]
+    used = []
+    original = planner._compiled_ahead
+
+    def recorded(*args):
+        found = original(*args)
+        used.append((args[0].out, args[1], found is not None))
+        return found
+
+    monkeypatch.setattr(planner, "_compiled_ahead", recorded)
+    planner.forget()
+    try:
+        planner.plan(spec, shapes, dtypes)  # the forward is decided first, as in a differentiated call
+        planner.compile_ahead(kernels)
+        assert {(key[0].out, key[1]) for key in planner._AHEAD} == {("Δx", "xla:conv"), ("Δk", "xla:conv")}
+        for kernel, its_shapes, its_dtypes in kernels[1:]:
+            found = planner.plan(kernel, its_shapes, its_dtypes)
+            assert "xla:conv" in dict(found.timings_ms), found
+        assert planner._AHEAD == {}
+        assert sorted(used) == [("y", "xla:conv", False), ("Δk", "xla:conv", True), ("Δx", "xla:conv", True)]
+        # an executable that rejects the race's arguments: the race compiles its own
+        planner.forget()
+        monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path / "other"))
+
+        def rejects(*args):
+            raise TypeError("argument shapes differ")
+
+        monkeypatch.setattr(planner, "_compiled_ahead", lambda *args: rejects)
+        kernel, its_shapes, its_dtypes = kernels[1]
+        found = planner.plan(kernel, its_shapes, its_dtypes)
+        assert "xla:conv" in dict(found.timings_ms), found
+    finally:
+        planner.forget()

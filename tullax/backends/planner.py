@@ -32,15 +32,16 @@ A close call of less estimated work than ``UNTIMED_WORK`` is not timed either: t
 a call takes a fraction of a millisecond on any candidate, while timing compiles every candidate (XLA's forms
 again in every process that runs them); the difference it could find is repaid only after thousands of calls.
 
-A close call is timed on its first use (``TULLAX_PLAN_TIMING=0`` turns timing off): each candidate runs on
-random inputs of the call's shapes as a planned kernel runs (jitted; a loop kernel through the host callback,
-whose cost the bare kernel does not show), best of a few interleaved runs after a warm-up, and the fastest wins
-(the rule's default on a tie). A call of more estimated work (``tullax.backends.workload``) than ``SLICE_WORK`` is
-timed on a slice of it instead, so timing stays bounded whatever the size: the largest free index that only
-ever indexes input axes plainly is cut to the extent that leaves ``SLICE_WORK`` (the loops and XLA scale alike
-in a free index: each output element is the same work); a kernel with no such index is not timed. An XLA
-form that wins on the slice by less than ``CONFIRM_RATIO`` is confirmed on the full call (one run of it and
-of the rule's default): XLA's temporaries of a slice may fit in the cache where the full call's do not.
+A close call is timed on its first use (``TULLAX_PLAN_TIMING=0`` turns timing off): each candidate runs on random
+inputs of the call's shapes as a planned kernel runs (jitted; a loop kernel through the host callback, whose cost
+the bare kernel does not show), best of a few interleaved runs after a warm-up, and the fastest wins (the rule's
+default on a tie), but the loops only when they beat the fastest XLA form by ``LOOP_MARGIN``. A call of more
+estimated work (``tullax.backends.workload``) than ``SLICE_WORK`` is timed on a slice of it instead, so timing
+stays bounded whatever the size: the largest free index that only ever indexes input axes plainly is cut to the
+extent that leaves ``SLICE_WORK`` (the loops and XLA scale alike in a free index: each output element is the same
+work); a kernel with no such index is not timed. An XLA form that wins on the slice by less than ``CONFIRM_RATIO``
+is confirmed on the full call (one run of it and of the rule's default): XLA's temporaries of a slice may fit in
+the cache where the full call's do not.
 Differentiated, the forward and the gradient steps it is differentiated through run as one XLA program when each
 of them runs on XLA or its loops won by less than ``JOINT_MARGIN`` (``joint_plans``, from the JVP rule and the
 gradient's transpose): no callback between the forward and the steps, and XLA fuses across them.
@@ -50,6 +51,7 @@ decision is also kept for the life of the process.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -85,6 +87,12 @@ GRID_ITERATIONS = 1 << 28
 # loops won by less than this (``joint_plans``)
 JOINT_MARGIN = 1.15
 JOINED = "differentiated with kernels that all run on XLA: joins them"  # in the reason of a plan moved so
+# The loops win a race only when faster than the fastest XLA form by this factor. Within it, XLA: it needs no
+# host callback around the kernel and fuses with the program around it, and one race cannot tell a few percent
+# apart (the row norm forward: the loops 2.59 ms against XLA's 2.65 ms in the race, and 0.93x of XLA's best
+# in the benchmark's processes).
+LOOP_MARGIN = 1.05
+_WITHIN_MARGIN = f" (the loops were faster by less than {round((LOOP_MARGIN - 1) * 100)}%: XLA, with no host callback)"
 FULL = " (full)"  # marks a candidate's timing on the full call, where a slice's race was confirmed
 PLAN_FILE = "plan.json"
 LOOPS = "loops"  # the form of a plan on the loop backend; as a candidate: the loop backend ``auto`` uses
@@ -199,20 +207,42 @@ def build_gradient_module(spec: Spec, args: Iterable[Any], out_dtype: str) -> No
     to build is left to the steps, which build their own kernels and report their own errors."""
     from tullax import backends
     from tullax.backends.base import Signature
-    from tullax.backends.host import kernel_steps
     from tullax.errors import TullaxError
 
     args = list(args)
     loops = loop_backend(str(getattr(a, "dtype", "")) for a in args if hasattr(a, "dtype"))
-    if not whole_module_cached(loops):
-        return
-    rules = [rule_for(step.spec, loops) for step in kernel_steps(spec, out_dtype)[1:]]
-    if not any(rule.default == LOOPS or LOOPS in rule.close for rule in rules):
+    if not whole_module_cached(loops) or not _steps_may_run_on(loops, spec, args, out_dtype):
         return
     try:
         backends.resolve(loops).build(spec, Signature.of_values(args, out_dtype))
     except TullaxError:
         return
+
+
+def _steps_may_run_on(loops: str, spec: Spec, args: list, out_dtype: str) -> bool:
+    """Whether some gradient step of ``spec`` called on ``args`` may run on the loop backend ``loops``: its plan
+    without timing (a decision kept in the compile cache, or a rule that times nothing) is the loops, or a race
+    that includes them is still to be timed. A warm process whose kept decisions are all XLA's thus loads no
+    loop module (conv2d's: unpickling its kernels imported the lowering's modules, 0.1 s of the first call)."""
+    import numpy as np
+
+    from tullax.backends.host import kernel_steps
+    from tullax.errors import TullaxError
+
+    dtypes = {item.name: np.dtype(a.dtype if hasattr(a, "dtype") else np.result_type(type(a))).name
+              for item, a in zip(spec.inputs, args)}
+    if any(np.dtype(d).kind == "c" for d in dtypes.values()):  # complex inputs derive steps of their own
+        return any(rule.default == LOOPS or LOOPS in rule.close
+                   for rule in (rule_for(step.spec, loops) for step in kernel_steps(spec, out_dtype)[1:]))
+    try:
+        steps = kernel_shapes(spec, {item.name: tuple(np.shape(a)) for item, a in zip(spec.inputs, args)})[1:]
+    except TullaxError:
+        return True  # the steps will report it; building the module costs only time
+    for _, step, shapes in steps:
+        step_dtypes = {name: dtypes.get(name, out_dtype) for name in step.input_names}
+        if _peek(step, shapes, step_dtypes, loops).backend != "xla":
+            return True
+    return False
 
 
 def joint_plans(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dtype: str, wrt: Iterable[str], *,
@@ -232,12 +262,12 @@ def joint_plans(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dtype
     wanted = set(wrt)
     forward_dtypes = {name: str(dtypes[name]) for name in spec.input_names}
     steps = {step for grad in gradients(spec) if grad.wrt in wanted for step in grad.steps}
+    kernels = [(kernel, its_shapes, {name: forward_dtypes.get(name, out_dtype) for name in kernel.input_names})
+               for _, kernel, its_shapes in kernel_shapes(spec, shapes) if kernel is spec or kernel in steps]
+    compile_ahead(kernels, timing=timing)
     found: dict[Spec, Plan] = {}
     moved = False
-    for _, kernel, its_shapes in kernel_shapes(spec, shapes):
-        if kernel is not spec and kernel not in steps:
-            continue
-        kernel_dtypes = {name: forward_dtypes.get(name, out_dtype) for name in kernel.input_names}
+    for kernel, its_shapes, kernel_dtypes in kernels:
         own = plan(kernel, its_shapes, kernel_dtypes, timing=timing)
         if own.backend != "xla":
             timed = dict(own.timings_ms)
@@ -314,8 +344,30 @@ def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool 
     return found
 
 
-def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: bool,
-            untimed: str = "timing is off") -> Plan:
+def _peek(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], loops: str | None) -> Plan:
+    """The plan of a call as far as it is known without timing, and without counting in ``STATS``: this
+    process's decision, else the compile cache's, else the rule's default (a close call not yet timed)."""
+    shapes = {name: tuple(int(e) for e in shapes[name]) for name in spec.input_names}
+    dtypes = {name: str(dtypes[name]) for name in spec.input_names}
+    found = _MEMO.get((spec, tuple(sorted(shapes.items())), tuple(sorted(dtypes.items())), loops))
+    return found if found is not None else _decide(spec, shapes, dtypes, loops, False, counted=False)
+
+
+@dataclass(frozen=True)
+class _Race:
+    """A close call that timing will settle: its rule, the candidates, the shapes to time them on and the key of
+    the decision in the compile cache."""
+
+    rule: Rule
+    close: tuple[str, ...]
+    timed_shapes: dict
+    key: str
+
+
+def _settle(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: bool,
+            untimed: str = "timing is off", *, counted: bool = True) -> "Plan | _Race":
+    """The plan of a call decided without timing (by rule, or kept in the compile cache), else the race that
+    decides it."""
     from tullax.backends import workload
 
     rule = rule_for(spec, loops)
@@ -336,7 +388,7 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
     key = _cache_key(spec, shapes, dtypes, loops)
     stored = _load(key)
     if stored is not None and stored.get("candidate") in close:
-        STATS["from_cache"] += 1
+        STATS["from_cache"] += counted
         timings = tuple((c, float(ms)) for c, ms in stored.get("timings_ms", []))
         why = Rule(rule.name, str(stored.get("reason", rule.reason)), rule.default)
         return _as_plan(stored["candidate"], loops, why, timings_ms=timings, source="cache")
@@ -349,14 +401,24 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
         return _as_plan(rule.default, loops, Rule(rule.name, rule.reason + " (not timed: " + (
             untimed if not timing else "too much work to time, and no free index to time a slice of") + ")",
             rule.default))
+    return _Race(rule, close, timed_shapes, key)
+
+
+def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: bool,
+            untimed: str = "timing is off", *, counted: bool = True) -> Plan:
+    race = _settle(spec, shapes, dtypes, loops, timing, untimed, counted=counted)
+    if isinstance(race, Plan):
+        return race
+    rule, close, timed_shapes, key = race.rule, race.close, race.timed_shapes, race.key
     timings = _time_candidates(spec, timed_shapes, dtypes, close, loops)
     STATS["timed"] += 1
     valid = {c: ms for c, ms in timings if ms is not None}
     if not valid:
         return _as_plan(rule.default, loops, rule)
-    best = min(valid, key=lambda c: (valid[c], c != rule.default))
+    best = _fastest(valid, rule.default)
     listed = tuple((c, ms) for c, ms in valid.items())
-    reason = rule.reason
+    reason = rule.reason + (_WITHIN_MARGIN if best != min(valid, key=lambda c: (valid[c], c != rule.default))
+                            else "")
     if timed_shapes != shapes:
         cut = [f"{n} {'x'.join(map(str, shapes[n]))} -> {'x'.join(map(str, s))}"
                for n, s in timed_shapes.items() if s != shapes[n]]
@@ -368,11 +430,23 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
             full = dict(_time_candidates(spec, shapes, dtypes, (rule.default, best), loops, rounds=1))
             if full.get(best) is not None and full.get(rule.default) is not None:
                 listed += tuple((f"{c}{FULL}", ms) for c, ms in full.items())
-                reason += "; confirmed on the full call" if full[best] < full[rule.default] else \
-                    "; slower on the full call"
-                best = best if full[best] < full[rule.default] else rule.default
+                won = _fastest({best: full[best], rule.default: full[rule.default]}, rule.default) == best
+                reason += "; confirmed on the full call" if won else "; slower on the full call"
+                best = best if won else rule.default
     _store(key, spec, {"candidate": best, "timings_ms": [list(t) for t in listed], "reason": reason})
     return _as_plan(best, loops, Rule(rule.name, reason, rule.default), timings_ms=listed, source="timed")
+
+
+def _fastest(times: Mapping[str, float], default: str) -> str:
+    """The winner of a race with these best ``times`` (ms by candidate): the fastest, the rule's ``default`` on
+    an exact tie; but the loops only when they beat the fastest XLA form by ``LOOP_MARGIN``."""
+    best = min(times, key=lambda c: (times[c], c != default))
+    rivals = [c for c in times if c.startswith("xla:")]
+    if best == LOOPS and rivals:
+        rival = min(rivals, key=lambda c: times[c])
+        if times[LOOPS] * LOOP_MARGIN > times[rival]:
+            return rival
+    return best
 
 
 def slice_shapes(spec: Spec, shapes: dict, target: int) -> dict | None:
@@ -410,7 +484,12 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
     data = np.dtype(result_dtype(spec, {n: np.dtype(d) for n, d in dtypes.items()})).name
     values = make_inputs(spec, shapes, data, seed=0)
     values = [v.astype(dtypes[item.name]) if hasattr(v, "astype") else v for item, v in zip(spec.inputs, values)]
-    calls = {c: _prepared_call(spec, c, values, loops) for c in candidates}
+    # the loop module compiles (a C compiler in subprocesses) while XLA compiles its forms in this thread
+    building = _start_module_build(spec, values, data, loops) if LOOPS in candidates else None
+    prepared = {c: _prepared_call(spec, c, values, loops) for c in candidates if c != LOOPS}
+    if building is not None:
+        building.join()
+    calls = {c: prepared[c] if c != LOOPS else _prepared_call(spec, c, values, loops) for c in candidates}
     best: dict[str, float | None] = {c: (None if call is None else float("inf")) for c, call in calls.items()}
     began = time.perf_counter()
     for round_ in range(rounds):
@@ -430,27 +509,140 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
     return list(best.items())
 
 
+_AHEAD: dict[tuple, Any] = {}  # (spec, form, shapes, dtypes) -> a Future of the compiled XLA candidate
+_AHEAD_LOCK = threading.Lock()
+
+
+def _ahead_key(spec: Spec, form: str, shapes: Shapes, dtypes: Mapping[str, str]) -> tuple:
+    return (spec, form, tuple(sorted((n, tuple(s)) for n, s in shapes.items())), tuple(sorted(dtypes.items())))
+
+
+def compile_ahead(kernels: Iterable[tuple[Spec, Shapes, Mapping[str, str]]], *, timing: bool | None = None) -> None:
+    """Before several kernels are planned one after the other (the gradient steps of a differentiated call):
+    every XLA candidate of the races still to run is lowered now and compiled in threads, all at once, and the
+    race of each kernel finds its candidates compiled. XLA compiles without the GIL: conv2d's two gradient
+    races compiled lax.conv for 74 and 102 ms one after the other. Nothing is timed here: timing stays one
+    candidate at a time."""
+    import jax
+
+    timing = timing_enabled() if timing is None else timing
+    if not timing:
+        return
+    from tullax.backends.xla_forms import lower_form
+
+    for spec, shapes, dtypes in kernels:
+        shapes = {name: tuple(int(e) for e in shapes[name]) for name in spec.input_names}
+        dtypes = {name: str(dtypes[name]) for name in spec.input_names}
+        loops = loop_backend(dtypes.values())
+        if (spec, tuple(sorted(shapes.items())), tuple(sorted(dtypes.items())), loops) in _MEMO:
+            continue
+        race = _settle(spec, shapes, dtypes, loops, timing, counted=False)
+        if isinstance(race, Plan):
+            continue
+        env = {name: jax.ShapeDtypeStruct(race.timed_shapes[name], jax.dtypes.canonicalize_dtype(dtypes[name]))
+               for name in spec.input_names}
+        for candidate in race.close:
+            key = _ahead_key(spec, candidate, race.timed_shapes, dtypes)
+            if not candidate.startswith("xla:") or key in _AHEAD:
+                continue
+            try:
+                lowered = jax.jit(lower_form(spec, candidate[4:])).lower(env)
+            except Exception:  # noqa: BLE001 - the race prepares it again, and reports nothing either
+                continue
+            with _AHEAD_LOCK:
+                _AHEAD[key] = _compile_pool().submit(lowered.compile)
+
+
+@functools.cache
+def _compile_pool():
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="tullax-compile")
+
+
+def _compiled_ahead(spec: Spec, form: str, shapes: Shapes, dtypes: Mapping[str, str]) -> Any:
+    """The compiled executable ``compile_ahead`` made for this candidate, or None (none was made, or it failed:
+    the race then compiles the candidate itself)."""
+    with _AHEAD_LOCK:
+        future = _AHEAD.pop(_ahead_key(spec, form, shapes, dtypes), None)
+    if future is None:
+        return None
+    try:
+        return future.result()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _start_module_build(spec: Spec, values: list, out_dtype: str, loops: str | None) -> threading.Thread | None:
+    """A thread that builds the loop backend's module of ``spec`` for ``values``, where the backend builds one
+    module for the forward kernel and every gradient step (``whole_module_cached``); the loop candidate then
+    finds its kernel built. Its compiler runs in subprocesses, so XLA's compiles of the other candidates (which
+    release the GIL) go on meanwhile. A failed build is left to the loop candidate, which then fails the same
+    way and is not chosen."""
+    if not whole_module_cached(loops):
+        return None
+    import jax
+    import numpy as np
+
+    from tullax import backends
+    from tullax.backends.base import Signature
+    from tullax.errors import TullaxError
+
+    def canonical(dtype: Any) -> str:  # as the loop candidate's jax arrays have it (``_loop_call``)
+        return np.dtype(jax.dtypes.canonicalize_dtype(dtype)).name
+
+    signature = Signature(tuple(canonical(v.dtype) for v in values), canonical(out_dtype))
+
+    def build() -> None:
+        try:
+            backends.resolve(loops).build(spec, signature)
+        except TullaxError:
+            pass
+
+    thread = threading.Thread(target=build, name="tullax-module-build", daemon=True)
+    thread.start()
+    return thread
+
+
 def _prepared_call(spec: Spec, candidate: str, values: list, loops: str | None):
     """A call of one candidate on NumPy ``values``, already compiled and run once; None when it cannot run
     (it is then never chosen)."""
     try:
         if candidate.startswith("xla:"):
-            import jax
-
-            from tullax.backends.xla_forms import lower_form
-
-            fn = jax.jit(lower_form(spec, candidate[4:]))
-            env = dict(zip(spec.input_names, _on_device(values)))
-
-            def call() -> None:
-                with jax.ensure_compile_time_eval():
-                    jax.block_until_ready(fn(env))
+            call = _xla_call(spec, candidate, values)
         else:
             call = _loop_call(spec, loops, values)
         call()  # compile, first run
         return call
     except Exception:  # noqa: BLE001 - a candidate that cannot run here is simply not chosen
         return None
+
+
+def _xla_call(spec: Spec, candidate: str, values: list):
+    """A call of the XLA form ``candidate`` on NumPy ``values``: the executable ``compile_ahead`` compiled for it
+    where that runs on them, else jitted here."""
+    import jax
+    import numpy as np
+
+    from tullax.backends.xla_forms import lower_form
+
+    env = dict(zip(spec.input_names, _on_device(values)))
+    fn = jax.jit(lower_form(spec, candidate[4:]))
+    ahead = _compiled_ahead(spec, candidate, {n: np.shape(v) for n, v in zip(spec.input_names, values)},
+                            {n: np.asarray(v).dtype.name for n, v in zip(spec.input_names, values)})
+    if ahead is not None:
+        try:
+            with jax.ensure_compile_time_eval():
+                jax.block_until_ready(ahead(env))
+            fn = ahead
+        except Exception:  # noqa: BLE001 - it does not take these arguments: the jitted form compiles them
+            pass
+
+    def call() -> None:
+        with jax.ensure_compile_time_eval():
+            jax.block_until_ready(fn(env))
+
+    return call
 
 
 def _on_device(values: list) -> list:
@@ -611,6 +803,8 @@ def forget() -> None:
     with _LOCK:
         _MEMO.clear()
         STATS.update(timed=0, from_cache=0)
+    with _AHEAD_LOCK:
+        _AHEAD.clear()
 
 
 def as_dict(found: Plan) -> dict:
