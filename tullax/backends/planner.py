@@ -326,13 +326,12 @@ def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool 
     """The plan for one call of ``spec`` with inputs of these ``shapes`` and ``dtypes`` (by input name).
     ``timing=False``: never time a close call (the rule's default, unless the compile cache holds a decision);
     such a plan is not remembered, so a later call may still time it."""
-    shapes = {name: tuple(int(e) for e in shapes[name]) for name in spec.input_names}
-    dtypes = {name: str(dtypes[name]) for name in spec.input_names}
+    shapes, dtypes = _normalised(spec, shapes, dtypes)
     loops = loop_backend(dtypes.values())
     if timing is False:
         return _decide(spec, shapes, dtypes, loops, False,
                        "the first call times " + ", ".join(rule_for(spec, loops).close))
-    memo_key = (spec, tuple(sorted(shapes.items())), tuple(sorted(dtypes.items())), loops)
+    memo_key = _memo_key(spec, shapes, dtypes, loops)
     found = _MEMO.get(memo_key)
     if found is not None:
         return found
@@ -344,12 +343,22 @@ def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool 
     return found
 
 
+def _normalised(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str]) -> tuple[dict, dict]:
+    """The shapes (tuples of ints) and dtypes (names) of ``spec``'s inputs, as every decision is keyed."""
+    return ({name: tuple(int(e) for e in shapes[name]) for name in spec.input_names},
+            {name: str(dtypes[name]) for name in spec.input_names})
+
+
+def _memo_key(spec: Spec, shapes: dict, dtypes: dict, loops: str | None) -> tuple:
+    """The key of this process's decision for a call (``_normalised`` shapes and dtypes)."""
+    return spec, tuple(sorted(shapes.items())), tuple(sorted(dtypes.items())), loops
+
+
 def _peek(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], loops: str | None) -> Plan:
     """The plan of a call as far as it is known without timing, and without counting in ``STATS``: this
     process's decision, else the compile cache's, else the rule's default (a close call not yet timed)."""
-    shapes = {name: tuple(int(e) for e in shapes[name]) for name in spec.input_names}
-    dtypes = {name: str(dtypes[name]) for name in spec.input_names}
-    found = _MEMO.get((spec, tuple(sorted(shapes.items())), tuple(sorted(dtypes.items())), loops))
+    shapes, dtypes = _normalised(spec, shapes, dtypes)
+    found = _MEMO.get(_memo_key(spec, shapes, dtypes, loops))
     return found if found is not None else _decide(spec, shapes, dtypes, loops, False, counted=False)
 
 
@@ -415,10 +424,9 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
     valid = {c: ms for c, ms in timings if ms is not None}
     if not valid:
         return _as_plan(rule.default, loops, rule)
-    best = _fastest(valid, rule.default)
+    best, by_margin = _fastest(valid, rule.default)
     listed = tuple((c, ms) for c, ms in valid.items())
-    reason = rule.reason + (_WITHIN_MARGIN if best != min(valid, key=lambda c: (valid[c], c != rule.default))
-                            else "")
+    reason = rule.reason + (_WITHIN_MARGIN if by_margin else "")
     if timed_shapes != shapes:
         cut = [f"{n} {'x'.join(map(str, shapes[n]))} -> {'x'.join(map(str, s))}"
                for n, s in timed_shapes.items() if s != shapes[n]]
@@ -430,23 +438,24 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
             full = dict(_time_candidates(spec, shapes, dtypes, (rule.default, best), loops, rounds=1))
             if full.get(best) is not None and full.get(rule.default) is not None:
                 listed += tuple((f"{c}{FULL}", ms) for c, ms in full.items())
-                won = _fastest({best: full[best], rule.default: full[rule.default]}, rule.default) == best
+                won = _fastest({best: full[best], rule.default: full[rule.default]}, rule.default)[0] == best
                 reason += "; confirmed on the full call" if won else "; slower on the full call"
                 best = best if won else rule.default
     _store(key, spec, {"candidate": best, "timings_ms": [list(t) for t in listed], "reason": reason})
     return _as_plan(best, loops, Rule(rule.name, reason, rule.default), timings_ms=listed, source="timed")
 
 
-def _fastest(times: Mapping[str, float], default: str) -> str:
+def _fastest(times: Mapping[str, float], default: str) -> tuple[str, bool]:
     """The winner of a race with these best ``times`` (ms by candidate): the fastest, the rule's ``default`` on
-    an exact tie; but the loops only when they beat the fastest XLA form by ``LOOP_MARGIN``."""
+    an exact tie; but the loops only when they beat the fastest XLA form by ``LOOP_MARGIN``. With it, whether
+    that margin moved the win from the loops to XLA."""
     best = min(times, key=lambda c: (times[c], c != default))
     rivals = [c for c in times if c.startswith("xla:")]
     if best == LOOPS and rivals:
         rival = min(rivals, key=lambda c: times[c])
         if times[LOOPS] * LOOP_MARGIN > times[rival]:
-            return rival
-    return best
+            return rival, True
+    return best, False
 
 
 def slice_shapes(spec: Spec, shapes: dict, target: int) -> dict | None:
@@ -531,10 +540,9 @@ def compile_ahead(kernels: Iterable[tuple[Spec, Shapes, Mapping[str, str]]], *, 
     from tullax.backends.xla_forms import lower_form
 
     for spec, shapes, dtypes in kernels:
-        shapes = {name: tuple(int(e) for e in shapes[name]) for name in spec.input_names}
-        dtypes = {name: str(dtypes[name]) for name in spec.input_names}
+        shapes, dtypes = _normalised(spec, shapes, dtypes)
         loops = loop_backend(dtypes.values())
-        if (spec, tuple(sorted(shapes.items())), tuple(sorted(dtypes.items())), loops) in _MEMO:
+        if _memo_key(spec, shapes, dtypes, loops) in _MEMO:
             continue
         race = _settle(spec, shapes, dtypes, loops, timing, counted=False)
         if isinstance(race, Plan):
