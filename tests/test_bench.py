@@ -235,6 +235,12 @@ def test_the_later_timing_processes_run_in_rounds_over_the_backends(monkeypatch)
 
     def fake_child(job, cache_dir, timeout_s, extra_env, on_record=None):
         log.append((job["backend"], tuple(job["phases"])))
+        if job["phases"] == ["h2h"]:  # last: auto head to head with the best XLA formulation of each phase
+            assert job["h2h"] == {"fwd": "xla", "bwd": "xla"}
+            paired = {w: {"comparator": c, "ratio": 1.5, "rounds": 15, "subject_ms": 2.0, "comparator_ms": 3.0}
+                      for w, c in job["h2h"].items()}
+            return runner.ChildResult(records=[{"phase": "h2h", "h2h": paired}], returncode=0, stderr_tail="",
+                                      wall_s=0.0)
         ms = next(figures[job["backend"]])
         records = [{"phase": "fwd", "fwd_ms": ms}, {"phase": "bwd", "bwd_ms": 10 * ms}]
         return runner.ChildResult(records=records, returncode=0, stderr_tail="", wall_s=0.0)
@@ -242,11 +248,12 @@ def test_the_later_timing_processes_run_in_rounds_over_the_backends(monkeypatch)
     monkeypatch.setattr(runner, "run_child", fake_child)
     config = runner.RunConfig(backends=("xla", "auto"), ttfk=False, check=False, timing_processes=3)
     doc = runner.run_cases([BenchCase(name="norm", spec=NORM, shapes={"x": (4, 4)})], config, show_progress=False)
-    assert [backend for backend, _ in log] == ["xla", "auto", "xla", "auto", "xla", "auto"]
-    assert all(phases == ("fwd", "bwd") for _, phases in log[2:])
+    assert [backend for backend, _ in log] == ["xla", "auto", "xla", "auto", "xla", "auto", "auto"]
+    assert all(phases == ("fwd", "bwd") for _, phases in log[2:-1]) and log[-1] == ("auto", ("h2h",))
     results = doc["cases"][0]["results"]
     assert results["xla"]["fwd_process_ms"] == [5.0, 9.0, 4.0] and results["xla"]["fwd_ms"] == 5.0
     assert results["auto"]["fwd_ms"] == 2.0 and results["auto"]["bwd_ms"] == 20.0
+    assert results["auto"]["h2h"]["fwd"]["ratio"] == 1.5 and "h2h" not in results["xla"]
 
 
 def test_the_jax_cache_script_turns_on_jax_s_own_persistent_cache(tmp_path):
@@ -304,12 +311,13 @@ def test_a_row_running_the_best_formulation_s_very_program_counts_as_1x():
     shown = cells(same["cases"][0], "auto", auto)
     assert "≡ (0.9x)" in shown and "0.99x" in shown  # forward: the same program; backward: measured
     verdicts = {v.target.text: (v.status, v.measured) for v in check_targets(same)}
-    assert verdicts["auto forward >= 0.95x the best XLA formulation, every case (worst)"][0] == "PASS"
+    assert verdicts["auto forward >= 0.95x the best XLA formulation (head to head), every case (worst)"][0] == "PASS"
     assert verdicts["auto Linear forward within 1.1x of XLA (time / XLA time)"] == ("PASS", "1.00x")
 
     other = derive({"config": {"backends": ["xla", "jnp", "auto"]}, "cases": [case("F")]})
     verdicts = {v.target.text: (v.status, v.measured) for v in check_targets(other)}
-    assert verdicts["auto forward >= 0.95x the best XLA formulation, every case (worst)"] == ("FAIL", "0.90x (Linear)")
+    forward = "auto forward >= 0.95x the best XLA formulation (head to head), every case (worst)"
+    assert verdicts[forward] == ("FAIL", "0.90x (Linear)")
     assert verdicts["auto Linear forward within 1.1x of XLA (time / XLA time)"] == ("FAIL", "1.11x")
 
 
@@ -325,3 +333,64 @@ def test_a_program_that_cannot_be_fingerprinted_keeps_its_timings(monkeypatch):
     record = worker._timed_phase(job, {}, "fwd")
     assert record["fwd_ms"] > 0 and "fwd_program" not in record
     assert record["fwd_program_error"] == "RuntimeError: no HLO text here"
+
+
+def test_auto_against_the_best_xla_formulation_counts_the_head_to_head_ratio():
+    """The rows time each backend in processes of their own; the target on auto counts the ratio measured head
+    to head in one process, where it was measured against the comparator that is best, else the rows' ratio."""
+    from benchmarks.report import check_targets
+    from tullax.benchmarking.report import derive, head_to_head_lines
+
+    def doc(h2h):
+        return derive({"config": {"backends": ["xla", "jnp", "auto"]}, "cases": [{"name": "conv2d", "results": {
+            "xla": {"status": "ok", "fwd_ms": 46.0, "bwd_ms": 950.0},
+            "jnp": {"status": "ok", "fwd_ms": 13.1, "bwd_ms": 28.5},
+            "auto": {"status": "ok", "fwd_ms": 15.7, "bwd_ms": 16.8, "h2h": h2h}}}]})
+
+    def verdicts(d):
+        return {v.target.text: (v.status, v.measured) for v in check_targets(d)}
+
+    forward = "auto forward >= 0.95x the best XLA formulation (head to head), every case (worst)"
+    backward = "auto backward >= 0.95x the best XLA formulation (head to head), every case (worst)"
+    rows_only = doc({})
+    assert verdicts(rows_only)[forward] == ("FAIL", "0.83x (conv2d)")  # 13.1 / 15.7, two processes
+    paired = {"fwd": {"comparator": "jnp", "ratio": 1.07, "rounds": 15, "subject_ms": 17.6, "comparator_ms": 18.6},
+              "bwd": {"comparator": "xla", "ratio": 0.5, "rounds": 15, "subject_ms": 17.0, "comparator_ms": 8.5}}
+    both = doc(paired)
+    assert verdicts(both)[forward] == ("PASS", "1.07x (conv2d)")
+    # measured against xla, but jnp is the best backward formulation: the rows' ratio (28.5 / 16.8) counts
+    assert verdicts(both)[backward] == ("PASS", "1.70x (conv2d)")
+    assert head_to_head_lines(both) == ["| conv2d | forward | jnp | 17.6 ms | 18.6 ms | 1.07 | 15 |"]
+
+
+def test_the_head_to_head_phase_pairs_the_two_round_by_round_in_alternating_order(monkeypatch):
+    """``phase_h2h`` on a clock that only the calls move: the subject takes 2 units, the comparator 6, so every
+    round's ratio is 3; the first of each round alternates, and a quick call runs several times per round."""
+    from types import SimpleNamespace
+
+    from tullax.benchmarking import worker
+
+    clock = [0.0]
+    calls: list[str] = []
+
+    def subject(name, cost):
+        def run(*args):
+            calls.append(name)
+            clock[0] += cost
+            return np.zeros(1)
+        return SimpleNamespace(fwd=run, bwd=run, wrt=(0,), inputs=lambda *a: ([np.ones(2)], np.ones(2)))
+
+    made = {"auto": subject("auto", 2e-3), "jnp": subject("jnp", 6e-3)}
+    monkeypatch.setattr(worker, "make_subject", lambda job: made[job["backend"]])
+    monkeypatch.setattr(worker, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(worker, "block", lambda value: value)
+    job = {"backend": "auto", "shapes": {}, "dtype": "float32", "seed": 0, "h2h": {"fwd": "jnp"}}
+    found = worker.phase_h2h(job, {})["h2h"]
+    assert set(found) == {"fwd"}
+    fwd = found["fwd"]
+    assert fwd["comparator"] == "jnp" and fwd["ratio"] == pytest.approx(3.0)
+    assert fwd["rounds"] == worker.H2H_ROUNDS and fwd["calls_per_round"] == 3  # ceil(5 ms / 2 ms)
+    assert fwd["subject_ms"] == pytest.approx(2.0) and fwd["comparator_ms"] == pytest.approx(6.0)
+    rounds = calls[4:]  # after two warm-up calls each
+    firsts = [rounds[i * 6] for i in range(worker.H2H_ROUNDS)]
+    assert firsts[:4] == ["auto", "jnp", "auto", "jnp"]

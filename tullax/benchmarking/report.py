@@ -117,15 +117,30 @@ def derive(doc: dict) -> dict:
             row["fwd_speedup"] = _ratio(reference.get("fwd_ms"), row.get("fwd_ms"))
             row["bwd_speedup"] = _ratio(reference.get("bwd_ms"), row.get("bwd_ms"))
             row["ttfk_warm_over_cold"] = _ratio(row.get("ttfk_warm_ms"), row.get("ttfk_cold_ms"))
-        for which in ("fwd", "bwd"):  # the best XLA formulation: tullax's lowering, naive, or hand-written jnp
-            times = {c: case["results"].get(c, {}).get(f"{which}_ms") for c in XLA_COMPARATORS}
-            times = {c: t for c, t in times.items() if isinstance(t, int | float) and t > 0}
-            best = min(times, key=lambda c: times[c]) if times else None
+        for which in ("fwd", "bwd"):
+            best = best_xla(case["results"], which)
             for name, row in case["results"].items():
-                row[f"{which}_vs_best_xla"] = _ratio(times[best], row.get(f"{which}_ms")) if best else None
+                row[f"{which}_vs_best_xla"] = (_ratio(case["results"][best][f"{which}_ms"], row.get(f"{which}_ms"))
+                                               if best else None)
                 row[f"{which}_best_xla"] = best
                 row[f"{which}_same_program"] = same_program(case, name, which)
     return doc
+
+
+def best_xla(results: dict, which: str) -> str | None:
+    """The best XLA formulation of a case's ``which`` phase ("fwd" or "bwd"): the XLA comparator row (tullax's
+    lowering, naive, or hand-written jnp) with the shortest time, or None when none has one."""
+    times = {c: results.get(c, {}).get(f"{which}_ms") for c in XLA_COMPARATORS}
+    times = {c: t for c, t in times.items() if isinstance(t, int | float) and t > 0}
+    return min(times, key=lambda c: times[c]) if times else None
+
+
+def head_to_head(row: dict, which: str) -> dict | None:
+    """The row's ``which`` phase timed head to head with the best XLA formulation in one process (the runner's
+    ``h2h`` child: ``tullax.benchmarking.worker.phase_h2h``), or None where it was not (or against another
+    comparator than the one that is best now)."""
+    found = (row.get("h2h") or {}).get(which)
+    return found if found and found.get("comparator") == row.get(f"{which}_best_xla") else None
 
 
 def same_program(case: dict, backend: str, which: str) -> list[str]:
@@ -145,9 +160,13 @@ def runs_program_of(row: dict, which: str, comparator: str | None) -> bool:
 
 def counted_vs_best(row: dict, which: str) -> float | None:
     """The row's speed against the best XLA formulation as the targets count it: 1 where it runs that
-    formulation's very program (what was measured is then the noise between processes), else as measured."""
+    formulation's very program (what was measured is then the noise between processes); else the median ratio of
+    the two timed head to head in one process, where they were (``head_to_head``); else the ratio of the rows."""
     if runs_program_of(row, which, row.get(f"{which}_best_xla")):
         return 1.0
+    paired = head_to_head(row, which)
+    if paired is not None:
+        return paired["ratio"]
     return row.get(f"{which}_vs_best_xla")
 
 
@@ -274,6 +293,15 @@ def to_markdown(doc: dict, title: str = "tullax benchmarks", extra: str = "") ->
     out += ["| " + " | ".join(MARKDOWN_COLUMNS) + " |", "|" + "|".join("---" for _ in MARKDOWN_COLUMNS) + "|"]
     out += ["| " + " | ".join(_md_escape(c) for c in cells(case, backend, row)) + " |"
             for case, backend, row in rows(doc)]
+    paired = head_to_head_lines(doc)
+    if paired:
+        out += ["", "auto against the best XLA formulation (the fastest of the XLA rows above), head to head: one more "
+                "process on auto's cache runs the two alternately, round after round, on the same inputs; ratio: the "
+                "median over the rounds of the XLA time over auto's in the same round (above 1: auto is faster). "
+                "The targets on auto against the best XLA formulation count this ratio.", "",
+                "| case | phase | best XLA formulation | auto | that formulation | ratio | rounds |",
+                "|---|---|---|---|---|---|---|"]
+        out += paired
     out += ["", "| case | spec | shapes |", "|---|---|---|"]
     for case in doc["cases"]:
         shapes = ", ".join(f"{name} {'x'.join(map(str, shape)) or 'scalar'}" for name, shape in case["shapes"].items())
@@ -284,6 +312,19 @@ def to_markdown(doc: dict, title: str = "tullax benchmarks", extra: str = "") ->
     if extra:
         out += ["", extra.rstrip()]
     return "\n".join(out) + "\n"
+
+
+def head_to_head_lines(doc: dict) -> list[str]:
+    """Markdown rows of auto's head-to-head timings (``head_to_head``), one per case and phase."""
+    lines = []
+    for case in doc["cases"]:
+        row = case["results"].get("auto", {})
+        for which, phase in (("fwd", "forward"), ("bwd", "backward")):
+            found = head_to_head(row, which)
+            if found is not None:
+                lines.append(f"| {case['name']} | {phase} | {found['comparator']} | {fmt_ms(found['subject_ms'])} | "
+                             f"{fmt_ms(found['comparator_ms'])} | {fmt_ratio(found['ratio'])} | {found['rounds']} |")
+    return lines
 
 
 def print_table(doc: dict, console: Any, title: str = "tullax vs XLA") -> None:

@@ -5,7 +5,9 @@ For every case and backend a main child runs ``ttfk`` (cold: it gets a fresh, em
 another empty cache (cold is the best of the three), and five against the cache the main child filled (warm:
 best of five). XLA has no tullax cache, so it gets no warm measurement. Once every backend of a case has had
 its main child, forward and backward are timed again (``RunConfig.timing_processes``) in new processes on each
-main child's cache, in rounds over the backends, and each row keeps its median process.
+main child's cache, in rounds over the backends, and each row keeps its median process. Last, the planner's
+(``auto``) forward and backward are timed head to head with the best XLA formulation of each in one more process
+(``head_to_head``): the targets on ``auto`` against the best XLA formulation count that ratio.
 """
 from __future__ import annotations
 
@@ -197,6 +199,30 @@ def timing_child(job: dict, cache_dir: str, config: RunConfig) -> dict[str, floa
             if record.get("phase") in ("fwd", "bwd") and record.get(f"{record['phase']}_ms") is not None}
 
 
+def head_to_head(results: dict, job: dict, cache_dir: str, config: RunConfig) -> dict:
+    """The planner's forward and backward against the best XLA formulation of each (the comparator rows' medians,
+    ``report.best_xla``), head to head in one new process on the planner's cache (``worker.phase_h2h``):
+    ``{"h2h": {phase: ...}}``, or the error in ``errors["h2h"]``; nothing when no comparator row has a time."""
+    from tullax.benchmarking.report import best_xla
+
+    picks = {which: best for which in ("fwd", "bwd") if (best := best_xla(results, which)) is not None}
+    if not picks:
+        return {}
+    child = run_child({**job, "phases": ["h2h"], "h2h": picks, "fingerprint": False}, cache_dir, config.timeout_s,
+                      config.extra_env)
+    for record in child.records:
+        if record.get("phase") == "h2h":
+            if "error" in record:
+                break
+            return {"h2h": record["h2h"]}
+    errors = dict(results[PLANNER].get("errors") or {})
+    found = [r["error"] for r in child.records if r.get("phase") == "h2h" and "error" in r]
+    errors["h2h"] = found[0] if found else (f"timed out after {config.timeout_s:g} s" if child.returncode is None else
+                                            f"the child exited with status {child.returncode}: "
+                                            f"{child.stderr_tail[-500:]}")
+    return {"errors": errors}
+
+
 def median_of_processes(row: dict, later: Sequence[dict[str, float]]) -> dict:
     """The main child's forward and backward figures with those of the later timing processes: the median
     process kept, every one of them in ``<phase>_process_ms``."""
@@ -306,7 +332,8 @@ def run_cases(cases: Sequence[BenchCase], config: RunConfig, *, show_progress: b
     started = time.time()
     rounds = max(1, config.timing_processes)
     with _progress(show_progress) as progress:
-        task = progress.add_task("starting", total=len(documents) * len(config.backends) * rounds)
+        per_case = len(config.backends) * rounds + (PLANNER in config.backends)  # + auto's head to head
+        task = progress.add_task("starting", total=len(documents) * per_case)
         for document in documents:
             document["results"] = {}
             timed: dict[str, tuple[dict, str]] = {}  # backend -> (its job, its cache), for the timing rounds
@@ -343,6 +370,12 @@ def run_cases(cases: Sequence[BenchCase], config: RunConfig, *, show_progress: b
                 for backend, samples in later.items():
                     row = document["results"][backend]
                     row.update(median_of_processes(row, samples))
+                if PLANNER in config.backends:
+                    if PLANNER in timed:
+                        progress.update(task, description=escape(
+                            f"{document['name']} · {PLANNER} · head to head with the best XLA formulation"))
+                        document["results"][PLANNER].update(head_to_head(document["results"], *timed[PLANNER], config))
+                    progress.advance(task)
         progress.update(task, description="done")
     doc = {
         "format": 1,

@@ -11,7 +11,9 @@ itself; any other name is a tullax backend through ``einsum_kernel``), the shape
   w.r.t. every float input (it includes whatever forward work the gradient needs; XLA drops the rest). The
   main child also fingerprints the two compiled XLA programs (``tullax.benchmarking.programs``), so the
   report can tell rows that run the very same program;
-- ``check``: the float results (forward and gradients) against the float64 XLA lowering, max relative error.
+- ``check``: the float results (forward and gradients) against the float64 XLA lowering, max relative error;
+- ``h2h`` (``auto`` only): the planner's forward and backward head to head with the best XLA formulation of each
+  (``job["h2h"]``: phase -> comparator), in this one process, alternating (``phase_h2h``).
 
 Each phase prints one line ``@@tullax-bench {json}`` as soon as it ends (a parent that kills a slow child
 keeps what was already reported); a phase that fails reports its error and the next phase still runs.
@@ -22,6 +24,7 @@ import json
 import math
 import os
 import resource
+import statistics
 import sys
 import time
 import traceback
@@ -33,6 +36,10 @@ from tullax.benchmarking.comparators import COMPARATORS, IDIOMATIC, NAIVE_XLA, T
 LINE_PREFIX = "@@tullax-bench "
 MIN_TIMING_S = 0.25  # fast kernels repeat until this much time was measured, to tame timer noise
 MAX_RUNS = 100
+H2H_ROUNDS = 15  # head-to-head rounds at most ...
+H2H_MIN_ROUNDS = 5  # ... at least ...
+H2H_BUDGET_S = 20.0  # ... and no new round after this long, per phase
+H2H_ROUND_MS = 5.0  # a subject quicker than this runs several times back to back in a round, the best kept
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -261,6 +268,52 @@ def best_of(call: Callable[[], Any], repeat: int) -> tuple[float, int]:
     return min(times) * 1e3, len(times)
 
 
+def phase_h2h(job: dict, state: dict) -> dict:
+    """The subject (``auto``) against the best XLA formulation of each phase (``job["h2h"]``: "fwd"/"bwd" ->
+    comparator), in this one process on the same inputs: both jitted and run twice, then rounds in which each runs
+    once (or a few times back to back, the best kept, where a call is quicker than H2H_ROUND_MS), the order
+    alternating from round to round; per round the ratio comparator time / subject time, and the median ratio.
+
+    The rows of the table time each backend in processes of its own, and their ratio includes what differs between
+    processes: conv2d's lax.conv read 11.7, 13.1 and 14.1 ms in three jnp processes and 12.9, 15.7 and 15.8 ms in
+    three of auto's, the very same convolution; within one process, round by round, the two read alike."""
+    subject = state.get("subject") or state.setdefault("subject", make_subject(job))
+    if "args" not in state:
+        state["args"], state["cotangent"] = subject.inputs(job["shapes"], job["dtype"], job["seed"])
+    args, cotangent = state["args"], state["cotangent"]
+    found: dict[str, dict] = {}
+    for which, comparator in sorted(job.get("h2h", {}).items()):
+        if which == "bwd" and not subject.wrt:
+            continue
+        rival = make_subject({**job, "backend": comparator})
+        calls = {name: (lambda s=s: block(s.fwd(*args))) if which == "fwd" else
+                 (lambda s=s: block(s.bwd(cotangent, *args))) for name, s in (("subject", subject), ("rival", rival))}
+        quickest = float("inf")
+        for call in calls.values():  # compile, then one warm run timed to size the rounds
+            call()
+            start = time.perf_counter()
+            call()
+            quickest = min(quickest, (time.perf_counter() - start) * 1e3)
+        inner = max(1, min(20, math.ceil(H2H_ROUND_MS / max(quickest, 1e-3))))
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        began = time.perf_counter()
+        for round_ in range(H2H_ROUNDS):
+            if round_ >= H2H_MIN_ROUNDS and time.perf_counter() - began > H2H_BUDGET_S:
+                break
+            for name in (("subject", "rival") if round_ % 2 == 0 else ("rival", "subject")):
+                best = float("inf")
+                for _ in range(inner):
+                    start = time.perf_counter()
+                    calls[name]()
+                    best = min(best, time.perf_counter() - start)
+                times[name].append(best * 1e3)
+        ratios = [r / s for s, r in zip(times["subject"], times["rival"])]
+        found[which] = {"comparator": comparator, "ratio": statistics.median(ratios), "rounds": len(ratios),
+                        "calls_per_round": inner, "subject_ms": statistics.median(times["subject"]),
+                        "comparator_ms": statistics.median(times["rival"])}
+    return {"h2h": found}
+
+
 def phase_check(job: dict, state: dict) -> dict:
     """Max relative error (max |a-b| / max |b| per result) of forward and gradients vs float64 XLA."""
     import jax
@@ -344,6 +397,7 @@ def run_job(job: dict) -> None:
         "fwd": lambda: _timed_phase(job, state, "fwd"),
         "bwd": lambda: _timed_phase(job, state, "bwd"),
         "check": lambda: phase_check(job, state),
+        "h2h": lambda: phase_h2h(job, state),
     }
     for name in job["phases"]:
         emit({"begin": name})
