@@ -22,17 +22,19 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from tullax.backends.base import HostKernel, Shapes, Signature
-from tullax.compiler.loops import LoopKernel
 from tullax.errors import TullaxError
 from tullax.runtime.cache import CompileCache, cache_key, get_cache
 from tullax.spec.ir import Spec
 from tullax.spec.sizes import Sym
 from tullax.spec.text import format_spec
+
+if TYPE_CHECKING:  # the loop IR only where a kernel is lowered: a warm process running XLA never imports it
+    from tullax.compiler.loops import LoopKernel
 
 # =============================================================================================
 # Two LLVMs in one process

@@ -32,27 +32,19 @@ import os
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from tullax.backends import host, julia_detect
 from tullax.backends.base import Capabilities, Shapes, Signature, device_pointer
-from tullax.backends.julia_runtime import runtime
-from tullax.compiler.loops import LoopKernel
 from tullax.errors import ShapeError, TullaxError
-from tullax.printers.julia import (
-    CPU_FLAVOUR,
-    GPU_FLAVOUR,
-    Flavour,
-    arrival_dtype,
-    julia_type,
-    launcher_name,
-    name_of_module,
-    print_module,
-)
 from tullax.runtime.cache import CompileCache, cache_key, get_cache
 from tullax.spec.ir import Spec
+
+if TYPE_CHECKING:  # the loop IR only where a kernel is lowered: a warm process running XLA never imports it
+    from tullax.compiler.loops import LoopKernel
+    from tullax.printers.julia import Flavour
 
 NAME = "julia"
 CUDA_NAME = "julia-cuda"
@@ -72,15 +64,34 @@ class Target:
     name: str
     tile: bool
     device: str  # "cpu" | "cuda"
-    flavour: Flavour
 
     @property
     def options(self) -> dict[str, Any]:
         return {"printer": PRINTER_VERSION, "tile": self.tile, "device": self.device}
 
+    @property
+    def flavour(self) -> Flavour:
+        """What the printer prints for the device's KernelAbstractions backend."""
+        return _printer().GPU_FLAVOUR if self.device == "cuda" else _printer().CPU_FLAVOUR
 
-CPU = Target(NAME, tile=True, device="cpu", flavour=CPU_FLAVOUR)
-CUDA = Target(CUDA_NAME, tile=False, device="cuda", flavour=GPU_FLAVOUR)
+
+def _printer() -> Any:
+    """The Julia printer, imported where a kernel is printed or its arguments laid out: resolving the backend
+    (``auto`` asks Julia first) imports neither it nor the loop IR under it."""
+    from tullax.printers import julia as printer
+
+    return printer
+
+
+def runtime() -> Any:
+    """The process's Julia (``tullax.backends.julia_runtime.runtime``), imported where Julia is started or called."""
+    from tullax.backends.julia_runtime import runtime as julia
+
+    return julia()
+
+
+CPU = Target(NAME, tile=True, device="cpu")
+CUDA = Target(CUDA_NAME, tile=False, device="cuda")
 
 
 # =============================================================================================
@@ -93,7 +104,7 @@ def module_source(spec: Spec, dtype: str = "float32", *, target: Target = CPU) -
     from tullax.compiler.lower import lower  # lowering only: resolving the backend imports no compiler
 
     return host.module_source(spec, Signature.for_dtype(spec, dtype), partial(lower, tile=target.tile),
-                              partial(print_module, flavour=target.flavour))
+                              partial(_printer().print_module, flavour=target.flavour))
 
 
 def kernel_module(spec: Spec, signature: Signature, target: Target = CPU) -> tuple[LoopKernel, str]:
@@ -101,7 +112,7 @@ def kernel_module(spec: Spec, signature: Signature, target: Target = CPU) -> tup
     from tullax.compiler.lower import lower
 
     kernel = lower(spec, signature, name=KERNEL_NAME, tile=target.tile)
-    return kernel, print_module([kernel], flavour=target.flavour)
+    return kernel, _printer().print_module([kernel], flavour=target.flavour)
 
 
 # =============================================================================================
@@ -136,7 +147,7 @@ def _julia_arrays(kernel: LoopKernel, spec: Spec, shapes: Mapping[str, tuple[int
     for position, array in enumerate(kernel.arrays):
         shape = shapes[spec.out] if array.role != "in" else shapes[array.source]
         dtype = _INDEX_VIEWS.get(array.dtype, array.dtype) if position in index_arguments else array.dtype
-        found.append((julia_type(dtype), tuple(reversed(tuple(shape)))))
+        found.append((_printer().julia_type(dtype), tuple(reversed(tuple(shape)))))
     return found
 
 
@@ -160,7 +171,7 @@ def _marshal(plan: host.ArgumentPlan, index_arguments: frozenset[int], out: Any,
 
 
 def _python_number(value: Any, dtype: str) -> Any:
-    kind = arrival_dtype(dtype)
+    kind = _printer().arrival_dtype(dtype)
     if kind == "bool":
         return bool(value)
     if kind == "complex128":  # juliacall: a Python complex arrives as ComplexF64
@@ -183,10 +194,10 @@ def workload_call(kernel: LoopKernel, spec: Spec, modname: str) -> dict | None:
     args: list[dict[str, Any]] = [{"type": eltype, "dims": list(dims)}
                                   for eltype, dims in _julia_arrays(kernel, spec, shapes)]
     for scalar in kernel.scalars:
-        kind = arrival_dtype(scalar.dtype)
-        args.append({"type": julia_type(kind), "value": True if kind == "bool" else 1})
+        kind = _printer().arrival_dtype(scalar.dtype)
+        args.append({"type": _printer().julia_type(kind), "value": True if kind == "bool" else 1})
     args += [{"type": "Int64", "value": int(size.size.eval(shapes))} for size in kernel.sizes]
-    return {"kernel": f"{modname}.{launcher_name(kernel)}", "launcher": True, "ndrange": [], "args": args}
+    return {"kernel": f"{modname}.{_printer().launcher_name(kernel)}", "launcher": True, "ndrange": [], "args": args}
 
 
 BridgeWorkload = tuple[str, bool, tuple[int, ...], tuple[tuple[str, Any], ...]]
@@ -259,7 +270,7 @@ class JuliaHostKernel:
     def __init__(self, generated: host.GeneratedModule, modname: str, target: Target, load_ms: float,
                  precompiled: bool):
         self.generated, self.modname, self.target = generated, modname, target
-        self.launcher = launcher_name(generated.kernel)
+        self.launcher = _printer().launcher_name(generated.kernel)
         self._plan = _argument_plan(generated.kernel, generated.spec)
         self._index_arguments = _index_arguments(generated.kernel, generated.spec)
         self._load_ms = load_ms
@@ -288,13 +299,13 @@ def _store_workload(target: Target, cache: CompileCache, generated: host.Generat
     workload = None
     if target.device == "cpu":
         workload = workload_call(generated.kernel, generated.spec,
-                                 name_of_module(generated.source))
+                                 _printer().name_of_module(generated.source))
     cache.write_text(generated.key, WORKLOAD_FILE, json.dumps(workload))
 
 
 def _load(target: Target, generated: host.GeneratedModule) -> JuliaHostKernel:
     """Load the module into Julia: from the precompiled package when it holds it, else from its source."""
-    modname = name_of_module(generated.source)
+    modname = _printer().name_of_module(generated.source)
     pkgdir = _package_with(modname) if target.device == "cpu" else None
     if pkgdir is not None:
         load_ms = runtime().load_from_package(modname, pkgdir)
@@ -334,7 +345,7 @@ def cached_modules() -> list[tuple[str, str, dict | None]]:
             continue
         workload_text = cache.read_text(entry["key"], WORKLOAD_FILE)
         workload = json.loads(workload_text) if workload_text else None
-        name = name_of_module(source)
+        name = _printer().name_of_module(source)
         found.setdefault(name, (name, source, workload))
     return sorted(found.values())
 
@@ -412,8 +423,9 @@ def device_plan(kernel: LoopKernel, spec: Spec, shapes: Mapping[str, tuple[int, 
     arrays = tuple((None if array.role != "in" else names.index(array.source), eltype, dims)
                    for array, (eltype, dims) in zip(kernel.arrays, julia_arrays))
     given = None if spec.assign == ":=" else (0, *julia_arrays[0])  # the output's type and dims
-    scalars = tuple((names.index(s.source), julia_type(s.dtype), julia_type(arrival_dtype(s.dtype)))
-                    for s in kernel.scalars)
+    printer = _printer()
+    scalars = tuple((names.index(s.source), printer.julia_type(s.dtype),
+                     printer.julia_type(printer.arrival_dtype(s.dtype))) for s in kernel.scalars)
     sizes = tuple(int(size.size.eval(shapes)) for size in kernel.sizes)
     return DevicePlan(arrays, given, scalars, sizes)
 
