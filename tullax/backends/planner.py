@@ -219,6 +219,18 @@ def build_gradient_module(spec: Spec, args: Iterable[Any], out_dtype: str) -> No
         return
 
 
+def call_shapes_and_dtypes(spec: Spec, values: Iterable[Any]) -> tuple[dict, dict]:
+    """The shapes and dtype names of a call's ``values`` (arrays or Python scalars, in ``spec.inputs`` order), by
+    input name: what ``plan`` and the gradient module's check read off a call."""
+    import numpy as np
+
+    values = list(values)
+    shapes = {item.name: tuple(np.shape(v)) for item, v in zip(spec.inputs, values)}
+    dtypes = {item.name: np.dtype(v.dtype if hasattr(v, "dtype") else np.result_type(type(v))).name
+              for item, v in zip(spec.inputs, values)}
+    return shapes, dtypes
+
+
 def _steps_may_run_on(loops: str, spec: Spec, args: list, out_dtype: str) -> bool:
     """Whether some gradient step of ``spec`` called on ``args`` may run on the loop backend ``loops``: its plan
     without timing (a decision kept in the compile cache, or a rule that times nothing) is the loops, or a race
@@ -229,13 +241,12 @@ def _steps_may_run_on(loops: str, spec: Spec, args: list, out_dtype: str) -> boo
     from tullax.backends.host import kernel_steps
     from tullax.errors import TullaxError
 
-    dtypes = {item.name: np.dtype(a.dtype if hasattr(a, "dtype") else np.result_type(type(a))).name
-              for item, a in zip(spec.inputs, args)}
+    shapes, dtypes = call_shapes_and_dtypes(spec, args)
     if any(np.dtype(d).kind == "c" for d in dtypes.values()):  # complex inputs derive steps of their own
         return any(rule.default == LOOPS or LOOPS in rule.close
                    for rule in (rule_for(step.spec, loops) for step in kernel_steps(spec, out_dtype)[1:]))
     try:
-        steps = kernel_shapes(spec, {item.name: tuple(np.shape(a)) for item, a in zip(spec.inputs, args)})[1:]
+        steps = kernel_shapes(spec, shapes)[1:]
     except TullaxError:
         return True  # the steps will report it; building the module costs only time
     for _, step, shapes in steps:
@@ -819,5 +830,5 @@ def as_dict(found: Plan) -> dict:
 
 
 __all__ = ["Plan", "Rule", "plan", "rule_for", "loop_backend", "forget", "explain_lines", "kernel_shapes",
-           "build_gradient_module", "whole_module_cached", "joint_plans", "JOINT_MARGIN", "TIMING_ENV",
-           "LOOPS"]
+           "build_gradient_module", "call_shapes_and_dtypes", "whole_module_cached", "joint_plans", "JOINT_MARGIN",
+           "TIMING_ENV", "LOOPS"]

@@ -149,30 +149,21 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: s
 
 def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any]) -> KernelOp:
     """``backend='auto'``: the planner's choice for this kernel and these shapes (tullax.backends.planner)."""
-    from tullax.backends.planner import plan
+    from tullax.backends.planner import call_shapes_and_dtypes, plan
     from tullax.jaxop.callback import callback_path
 
-    found = plan(spec, *_shapes_and_dtypes(spec, values))
+    found = plan(spec, *call_shapes_and_dtypes(spec, values))
     if found.backend == "xla":
         return _xla_op(spec, out_dtype, found.form)
     return KernelOp(spec, found.backend, out_dtype, callback_path(), requested="auto")
 
 
-def _shapes_and_dtypes(spec: Spec, values: Sequence[Any]) -> tuple[dict, dict]:
-    import numpy as np
-
-    shapes = {item.name: tuple(np.shape(v)) for item, v in zip(spec.inputs, values)}
-    dtypes = {item.name: np.dtype(v.dtype if hasattr(v, "dtype") else np.result_type(type(v))).name
-              for item, v in zip(spec.inputs, values)}
-    return shapes, dtypes
-
-
 def _joint_plans(spec: Spec, args: Sequence[Any], out_dtype: str, wrt: Sequence[int]) -> dict:
     """``planner.joint_plans`` for a differentiated call of ``spec`` on ``args``: the XLA plans of the forward
     and of the gradient steps of the inputs at positions ``wrt``, when they run as one XLA program."""
-    from tullax.backends.planner import joint_plans
+    from tullax.backends.planner import call_shapes_and_dtypes, joint_plans
 
-    shapes, dtypes = _shapes_and_dtypes(spec, args)
+    shapes, dtypes = call_shapes_and_dtypes(spec, args)
     return joint_plans(spec, shapes, dtypes, out_dtype, [spec.inputs[i].name for i in wrt])
 
 
