@@ -589,7 +589,7 @@ def test_explain_shows_the_stored_decision_of_a_gather_whose_index_array_jax_mak
         planner.forget()
 
 
-def test_auto_passes_complex_calls_to_a_loop_backend_that_takes_them():
+def test_auto_passes_complex_calls_to_a_loop_backend_that_takes_them(monkeypatch, tmp_path):
     """Host C (auto's loop backend where a compiler works) refuses complex numbers: auto must not send a
     complex call there, eagerly, under jit or in the planner (a bug before Capabilities.complex_numbers)."""
     from tullax import backends
@@ -611,8 +611,15 @@ def test_auto_passes_complex_calls_to_a_loop_backend_that_takes_them():
     loss = lambda f: lambda x: jnp.sum(jnp.abs(f(x)) ** 2)  # noqa: E731
     np.testing.assert_allclose(jax.grad(loss(kernel))(jnp.asarray(x)), jax.grad(loss(reference))(jnp.asarray(x)),
                                rtol=1e-4, atol=1e-3)
+    # the rule's own choice: the calls above raced the loops against XLA, and under load XLA can win (a decision
+    # this process and the cache keep; the full suite on 2 busy cores once saw it), so start from neither
+    planner.forget()
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
     shapes, dtypes = {"x": x.shape}, {"x": "complex64"}
-    assert planner.plan(kernel.ir, shapes, dtypes, timing=False).backend == complex_loops
+    try:
+        assert planner.plan(kernel.ir, shapes, dtypes, timing=False).backend == complex_loops
+    finally:
+        planner.forget()
 
 
 def test_the_race_puts_its_inputs_on_the_device_without_compiling(caplog):
