@@ -394,3 +394,23 @@ def test_the_head_to_head_phase_pairs_the_two_round_by_round_in_alternating_orde
     rounds = calls[4:]  # after two warm-up calls each
     firsts = [rounds[i * 6] for i in range(worker.H2H_ROUNDS)]
     assert firsts[:4] == ["auto", "jnp", "auto", "jnp"]
+
+
+def test_a_failed_head_to_head_child_is_reported_in_auto_s_errors(monkeypatch):
+    from tullax.benchmarking import runner
+
+    results = {"xla": {"fwd_ms": 2.0, "bwd_ms": 3.0}, "auto": {"fwd_ms": 1.0, "errors": {"check": "old"}}}
+    outcomes = iter([
+        runner.ChildResult(records=[{"phase": "h2h", "error": "ValueError: no"}], returncode=0, stderr_tail="",
+                           wall_s=0.0),
+        runner.ChildResult(records=[], returncode=None, stderr_tail="", wall_s=0.0),
+        runner.ChildResult(records=[], returncode=3, stderr_tail="Segmentation fault", wall_s=0.0),
+    ])
+    monkeypatch.setattr(runner, "run_child", lambda *args, **kwargs: next(outcomes))
+    config = runner.RunConfig(backends=("xla", "auto"), timeout_s=60.0)
+    job = {"backend": "auto", "phases": ["fwd"]}
+    found = [runner.head_to_head(results, job, "/nowhere", config) for _ in range(3)]
+    assert [f["errors"]["h2h"] for f in found] == [
+        "ValueError: no", "timed out after 60 s", "the child exited with status 3: Segmentation fault"]
+    assert all(f["errors"]["check"] == "old" and "h2h" not in f for f in found)
+    assert runner.head_to_head({"auto": {}}, job, "/nowhere", config) == {}  # no comparator timed: no child

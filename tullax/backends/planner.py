@@ -640,14 +640,12 @@ def _xla_call(spec: Spec, candidate: str, values: list):
     """A call of the XLA form ``candidate`` on NumPy ``values``: the executable ``compile_ahead`` compiled for it
     where that runs on them, else jitted here."""
     import jax
-    import numpy as np
 
     from tullax.backends.xla_forms import lower_form
 
     env = dict(zip(spec.input_names, _on_device(values)))
     fn = jax.jit(lower_form(spec, candidate[4:]))
-    ahead = _compiled_ahead(spec, candidate, {n: np.shape(v) for n, v in zip(spec.input_names, values)},
-                            {n: np.asarray(v).dtype.name for n, v in zip(spec.input_names, values)})
+    ahead = _compiled_ahead(spec, candidate, *call_shapes_and_dtypes(spec, values))
     if ahead is not None:
         try:
             with jax.ensure_compile_time_eval():

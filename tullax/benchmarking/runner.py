@@ -210,17 +210,11 @@ def head_to_head(results: dict, job: dict, cache_dir: str, config: RunConfig) ->
         return {}
     child = run_child({**job, "phases": ["h2h"], "h2h": picks, "fingerprint": False}, cache_dir, config.timeout_s,
                       config.extra_env)
-    for record in child.records:
-        if record.get("phase") == "h2h":
-            if "error" in record:
-                break
-            return {"h2h": record["h2h"]}
-    errors = dict(results[PLANNER].get("errors") or {})
-    found = [r["error"] for r in child.records if r.get("phase") == "h2h" and "error" in r]
-    errors["h2h"] = found[0] if found else (f"timed out after {config.timeout_s:g} s" if child.returncode is None else
-                                            f"the child exited with status {child.returncode}: "
-                                            f"{child.stderr_tail[-500:]}")
-    return {"errors": errors}
+    record = next((r for r in child.records if r.get("phase") == "h2h"), None)
+    if record is not None and "error" not in record:
+        return {"h2h": record["h2h"]}
+    why = record["error"] if record is not None else _child_failure(child, config.timeout_s)
+    return {"errors": {**(results[PLANNER].get("errors") or {}), "h2h": why}}
 
 
 def median_of_processes(row: dict, later: Sequence[dict[str, float]]) -> dict:
@@ -305,9 +299,14 @@ def summarise_warm(child: ChildResult, timeout_s: float) -> dict:
             return {"ttfk_warm_ms": record["ttfk_ms"], "ttfk_warm_fwd_ms": record["ttfk_fwd_ms"],
                     "ttfk_warm_load_ms": record["ttfk_load_ms"],
                     "cache_entries_warm": record["cache_entries"]}
+    return {"ttfk_warm_error": _child_failure(child, timeout_s)}
+
+
+def _child_failure(child: ChildResult, timeout_s: float) -> str:
+    """Why a child reported nothing for its phase: killed at its timeout, or exited with the tail of its stderr."""
     if child.returncode is None:
-        return {"ttfk_warm_error": f"timed out after {timeout_s:g} s"}
-    return {"ttfk_warm_error": f"the child exited with status {child.returncode}: {child.stderr_tail[-500:]}"}
+        return f"timed out after {timeout_s:g} s"
+    return f"the child exited with status {child.returncode}: {child.stderr_tail[-500:]}"
 
 
 def _status(child: ChildResult, row: dict, timeout_s: float) -> str:

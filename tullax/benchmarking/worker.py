@@ -218,15 +218,28 @@ def cache_timings(backend: str) -> list[dict]:
             for entry in get_cache().entries()]
 
 
-def _timed_phase(job: dict, state: dict, which: str) -> dict:
+def _subject_and_inputs(job: dict, state: dict) -> tuple[Any, list[Any], Any]:
+    """The process's subject and its timing inputs and cotangent, made by the first phase that needs them and
+    kept in ``state`` for the others."""
     subject = state.get("subject") or state.setdefault("subject", make_subject(job))
     if "args" not in state:
         state["rss_before_mb"] = current_rss_mb()
         state["args"], state["cotangent"] = subject.inputs(job["shapes"], job["dtype"], job["seed"])
-    args, cotangent = state["args"], state["cotangent"]
+    return subject, state["args"], state["cotangent"]
+
+
+def _phase_call(subject: Any, which: str, args: list[Any], cotangent: Any) -> Callable[[], Any]:
+    """One call of ``subject``'s jitted forward ("fwd") or VJP ("bwd"), waited for."""
+    if which == "fwd":
+        return lambda: block(subject.fwd(*args))
+    return lambda: block(subject.bwd(cotangent, *args))
+
+
+def _timed_phase(job: dict, state: dict, which: str) -> dict:
+    subject, args, cotangent = _subject_and_inputs(job, state)
     if which == "bwd" and not subject.wrt:
         return {"skipped": "no input is differentiable"}
-    call = (lambda: block(subject.fwd(*args))) if which == "fwd" else (lambda: block(subject.bwd(cotangent, *args)))
+    call = _phase_call(subject, which, args, cotangent)
     planned_before = set(_planned(job))
     start = time.perf_counter()
     call()  # the warm-up: tracing, compiling and the first run
@@ -277,17 +290,13 @@ def phase_h2h(job: dict, state: dict) -> dict:
     The rows of the table time each backend in processes of its own, and their ratio includes what differs between
     processes: conv2d's lax.conv read 11.7, 13.1 and 14.1 ms in three jnp processes and 12.9, 15.7 and 15.8 ms in
     three of auto's, the very same convolution; within one process, round by round, the two read alike."""
-    subject = state.get("subject") or state.setdefault("subject", make_subject(job))
-    if "args" not in state:
-        state["args"], state["cotangent"] = subject.inputs(job["shapes"], job["dtype"], job["seed"])
-    args, cotangent = state["args"], state["cotangent"]
+    subject, args, cotangent = _subject_and_inputs(job, state)
     found: dict[str, dict] = {}
     for which, comparator in sorted(job.get("h2h", {}).items()):
         if which == "bwd" and not subject.wrt:
             continue
         rival = make_subject({**job, "backend": comparator})
-        calls = {name: (lambda s=s: block(s.fwd(*args))) if which == "fwd" else
-                 (lambda s=s: block(s.bwd(cotangent, *args))) for name, s in (("subject", subject), ("rival", rival))}
+        calls = {name: _phase_call(s, which, args, cotangent) for name, s in (("subject", subject), ("rival", rival))}
         quickest = float("inf")
         for call in calls.values():  # compile, then one warm run timed to size the rounds
             call()
