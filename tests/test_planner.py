@@ -261,8 +261,8 @@ def _count_candidate_runs(monkeypatch, slowed: str | None = None) -> dict[str, i
     runs: dict[str, int] = {}
     original = planner._prepared_call
 
-    def counted(spec, candidate, values, loops):
-        call = original(spec, candidate, values, loops)
+    def counted(spec, candidate, values, loops, zero_start=False):
+        call = original(spec, candidate, values, loops, zero_start)
         if call is None:
             return None
 
@@ -354,7 +354,7 @@ def test_a_differentiated_kernel_runs_as_one_xla_program_when_every_race_was_clo
     monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))  # no decision stored by another test
 
-    def scripted(spec, shapes, dtypes, candidates, loops, rounds=planner.TIMING_RUNS):
+    def scripted(spec, shapes, dtypes, candidates, loops, rounds=planner.TIMING_RUNS, zero_start=False):
         table = forward_ms if spec.out == "n" else step_ms
         return [(c, table.get(c, 99.0)) for c in candidates]
 
@@ -386,7 +386,7 @@ def test_a_race_confirmed_on_the_full_call_is_read_from_it_when_kernels_join(mon
     monkeypatch.setattr(planner, "SLICE_WORK", 1 << 16)  # time these calls on a slice, then confirm in full
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
 
-    def scripted(spec, shapes, dtypes, candidates, loops, rounds=planner.TIMING_RUNS):
+    def scripted(spec, shapes, dtypes, candidates, loops, rounds=planner.TIMING_RUNS, zero_start=False):
         if spec.out != "n":
             table = {"loops": 2.0, "xla:grid": 1.0}
         else:
@@ -678,7 +678,7 @@ def test_the_loops_win_a_race_only_by_more_than_the_margin(monkeypatch, tmp_path
     monkeypatch.setenv(planner.TIMING_ENV, "1")
     monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(planner, "_time_candidates", lambda spec, shapes, dtypes, candidates, loops, rounds=0: [
+    monkeypatch.setattr(planner, "_time_candidates", lambda spec, shapes, dtypes, candidates, loops, rounds=0, zero_start=False: [
         (c, timings.get(c)) for c in candidates])
     planner.forget()
     try:
@@ -721,7 +721,7 @@ def test_a_process_whose_kept_decisions_are_all_xla_loads_no_loop_module(monkeyp
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
     winner = {"Δk": "xla:conv"}  # by output name: who wins each race
 
-    def scripted(spec, shapes, dtypes, candidates, loops, rounds=0):
+    def scripted(spec, shapes, dtypes, candidates, loops, rounds=0, zero_start=False):
         fastest = winner.get(spec.out, "xla:conv")
         return [(c, 1.0 if c == fastest else 9.0) for c in candidates]
 

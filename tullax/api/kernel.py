@@ -124,6 +124,7 @@ def run_eager(spec: Spec, backend: Any, values: list[Any]) -> Any:
     import numpy as np
 
     from tullax.backends.base import Signature
+    from tullax.runtime import hugepages
     from tullax.spec.shapes import check_index_values
 
     arrays = as_numpy_inputs(spec, values)
@@ -138,8 +139,11 @@ def run_eager(spec: Spec, backend: Any, values: list[Any]) -> Any:
     arrays = [weak[weak_type(v)].type(a) if weak_type(v) is not None else a for a, v in zip(arrays, values)]
     signature = Signature(tuple(np.dtype(a.dtype).name for a in arrays), dtype.name)
     out_shape = tuple(s.eval(shapes) for s in spec.out_shape)
-    if spec.assign == ":=":
-        out = np.empty(out_shape, dtype) if not spec.is_scatter else np.zeros(out_shape, dtype)
+    if spec.assign == ":=" and not spec.is_scatter:
+        out = np.empty(out_shape, dtype)
+        hugepages.advise(out)  # before its first write (runtime.hugepages)
+    elif spec.assign == ":=":
+        out = np.zeros(out_shape, dtype)
     else:
         out = np.array(arrays[0], dtype=dtype, copy=True)
     backend.build(spec, signature)(out, *arrays)

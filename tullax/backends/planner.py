@@ -245,13 +245,16 @@ def _steps_may_run_on(loops: str, spec: Spec, args: list, out_dtype: str) -> boo
     if any(np.dtype(d).kind == "c" for d in dtypes.values()):  # complex inputs derive steps of their own
         return any(rule.default == LOOPS or LOOPS in rule.close
                    for rule in (rule_for(step.spec, loops) for step in kernel_steps(spec, out_dtype)[1:]))
+    from tullax.grad.run import zero_start_steps
+
     try:
         steps = kernel_shapes(spec, shapes)[1:]
     except TullaxError:
         return True  # the steps will report it; building the module costs only time
+    from_zeros = zero_start_steps(spec)
     for _, step, shapes in steps:
         step_dtypes = {name: dtypes.get(name, out_dtype) for name in step.input_names}
-        if _peek(step, shapes, step_dtypes, loops).backend != "xla":
+        if _peek(step, shapes, step_dtypes, loops, step in from_zeros).backend != "xla":
             return True
     return False
 
@@ -269,17 +272,19 @@ def joint_plans(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dtype
     if any("complex" in str(d) for d in dtypes.values()):
         return {}  # complex inputs have gradient specs of their own: not the ones planned here
     from tullax.grad import gradients
+    from tullax.grad.run import zero_start_steps
 
     wanted = set(wrt)
     forward_dtypes = {name: str(dtypes[name]) for name in spec.input_names}
     steps = {step for grad in gradients(spec) if grad.wrt in wanted for step in grad.steps}
     kernels = [(kernel, its_shapes, {name: forward_dtypes.get(name, out_dtype) for name in kernel.input_names})
                for _, kernel, its_shapes in kernel_shapes(spec, shapes) if kernel is spec or kernel in steps]
-    compile_ahead(kernels, timing=timing)
+    from_zeros = zero_start_steps(spec)
+    compile_ahead(kernels, timing=timing, from_zeros=from_zeros)
     found: dict[Spec, Plan] = {}
     moved = False
     for kernel, its_shapes, kernel_dtypes in kernels:
-        own = plan(kernel, its_shapes, kernel_dtypes, timing=timing)
+        own = plan(kernel, its_shapes, kernel_dtypes, timing=timing, zero_start=kernel in from_zeros)
         if own.backend != "xla":
             timed = dict(own.timings_ms)
             full = {c.removesuffix(FULL): ms for c, ms in timed.items() if c.endswith(FULL)}
@@ -333,16 +338,20 @@ def timing_enabled() -> bool:
     return os.environ.get(TIMING_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool | None = None) -> Plan:
+def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool | None = None,
+         zero_start: bool = False) -> Plan:
     """The plan for one call of ``spec`` with inputs of these ``shapes`` and ``dtypes`` (by input name).
     ``timing=False``: never time a close call (the rule's default, unless the compile cache holds a decision);
-    such a plan is not remembered, so a later call may still time it."""
+    such a plan is not remembered, so a later call may still time it. ``zero_start``: ``spec`` is a '+=' gradient
+    step that starts from zeros (``tullax.grad.run.zero_start_steps``); its race runs both candidates so (XLA
+    fuses the zeros into its scatter, the loops clear their own output), and its decision is kept apart."""
     shapes, dtypes = _normalised(spec, shapes, dtypes)
     loops = loop_backend(dtypes.values())
+    zero_start = zero_start and spec.assign == "+="
     if timing is False:
         return _decide(spec, shapes, dtypes, loops, False,
-                       "the first call times " + ", ".join(rule_for(spec, loops).close))
-    memo_key = _memo_key(spec, shapes, dtypes, loops)
+                       "the first call times " + ", ".join(rule_for(spec, loops).close), zero_start=zero_start)
+    memo_key = _memo_key(spec, shapes, dtypes, loops, zero_start)
     found = _MEMO.get(memo_key)
     if found is not None:
         return found
@@ -350,7 +359,7 @@ def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool 
         found = _MEMO.get(memo_key)
         if found is None:
             found = _MEMO[memo_key] = _decide(spec, shapes, dtypes, loops, timing_enabled() if timing is None
-                                              else timing)
+                                              else timing, zero_start=zero_start)
     return found
 
 
@@ -360,17 +369,19 @@ def _normalised(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str]) -> tuple[
             {name: str(dtypes[name]) for name in spec.input_names})
 
 
-def _memo_key(spec: Spec, shapes: dict, dtypes: dict, loops: str | None) -> tuple:
+def _memo_key(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, zero_start: bool = False) -> tuple:
     """The key of this process's decision for a call (``_normalised`` shapes and dtypes)."""
-    return spec, tuple(sorted(shapes.items())), tuple(sorted(dtypes.items())), loops
+    return spec, tuple(sorted(shapes.items())), tuple(sorted(dtypes.items())), loops, zero_start
 
 
-def _peek(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], loops: str | None) -> Plan:
+def _peek(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], loops: str | None, zero_start: bool = False) -> Plan:
     """The plan of a call as far as it is known without timing, and without counting in ``STATS``: this
     process's decision, else the compile cache's, else the rule's default (a close call not yet timed)."""
     shapes, dtypes = _normalised(spec, shapes, dtypes)
-    found = _MEMO.get(_memo_key(spec, shapes, dtypes, loops))
-    return found if found is not None else _decide(spec, shapes, dtypes, loops, False, counted=False)
+    zero_start = zero_start and spec.assign == "+="
+    found = _MEMO.get(_memo_key(spec, shapes, dtypes, loops, zero_start))
+    return found if found is not None else _decide(spec, shapes, dtypes, loops, False, counted=False,
+                                                   zero_start=zero_start)
 
 
 @dataclass(frozen=True)
@@ -385,7 +396,7 @@ class _Race:
 
 
 def _settle(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: bool,
-            untimed: str = "timing is off", *, counted: bool = True) -> "Plan | _Race":
+            untimed: str = "timing is off", *, counted: bool = True, zero_start: bool = False) -> "Plan | _Race":
     """The plan of a call decided without timing (by rule, or kept in the compile cache), else the race that
     decides it."""
     from tullax.backends import workload
@@ -405,7 +416,7 @@ def _settle(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
     close = tuple(c for c in rule.close if _usable(spec, c, shapes))
     if len(close) < 2:
         return _as_plan(rule.default, loops, rule)
-    key = _cache_key(spec, shapes, dtypes, loops)
+    key = _cache_key(spec, shapes, dtypes, loops, zero_start)
     stored = _load(key)
     if stored is not None and stored.get("candidate") in close:
         STATS["from_cache"] += counted
@@ -425,12 +436,12 @@ def _settle(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
 
 
 def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: bool,
-            untimed: str = "timing is off", *, counted: bool = True) -> Plan:
-    race = _settle(spec, shapes, dtypes, loops, timing, untimed, counted=counted)
+            untimed: str = "timing is off", *, counted: bool = True, zero_start: bool = False) -> Plan:
+    race = _settle(spec, shapes, dtypes, loops, timing, untimed, counted=counted, zero_start=zero_start)
     if isinstance(race, Plan):
         return race
     rule, close, timed_shapes, key = race.rule, race.close, race.timed_shapes, race.key
-    timings = _time_candidates(spec, timed_shapes, dtypes, close, loops)
+    timings = _time_candidates(spec, timed_shapes, dtypes, close, loops, zero_start=zero_start)
     STATS["timed"] += 1
     valid = {c: ms for c, ms in timings if ms is not None}
     if not valid:
@@ -446,7 +457,8 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
             # XLA's temporaries of a slice may fit in the cache where the full call's do not (the Gaussian
             # gradients: 4x faster than the loops on a slice, no faster in full): a close win of an XLA form
             # on a slice is confirmed against the default on the full call, one run each after a warm-up
-            full = dict(_time_candidates(spec, shapes, dtypes, (rule.default, best), loops, rounds=1))
+            full = dict(_time_candidates(spec, shapes, dtypes, (rule.default, best), loops, rounds=1,
+                                         zero_start=zero_start))
             if full.get(best) is not None and full.get(rule.default) is not None:
                 listed += tuple((f"{c}{FULL}", ms) for c, ms in full.items())
                 won = _fastest({best: full[best], rule.default: full[rule.default]}, rule.default)[0] == best
@@ -492,10 +504,12 @@ def slice_shapes(spec: Spec, shapes: dict, target: int) -> dict | None:
 # Timing the candidates
 # ---------------------------------------------------------------------------------------------
 def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[str, ...],
-                     loops: str | None, rounds: int = TIMING_RUNS) -> list[tuple[str, float | None]]:
+                     loops: str | None, rounds: int = TIMING_RUNS,
+                     zero_start: bool = False) -> list[tuple[str, float | None]]:
     """Best time per candidate over TIMING_RUNS rounds, the candidates interleaved within each round, so a
     burst of load from other processes slows every candidate alike instead of deciding the race. The race ends
-    early once every candidate but one was dropped."""
+    early once every candidate but one was dropped. ``zero_start``: each candidate starts from zeros of its own
+    (``plan``)."""
     import numpy as np
 
     from tullax.benchmarking.case import make_inputs
@@ -506,10 +520,11 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
     values = [v.astype(dtypes[item.name]) if hasattr(v, "astype") else v for item, v in zip(spec.inputs, values)]
     # the loop module compiles (a C compiler in subprocesses) while XLA compiles its forms in this thread
     building = _start_module_build(spec, values, data, loops) if LOOPS in candidates else None
-    prepared = {c: _prepared_call(spec, c, values, loops) for c in candidates if c != LOOPS}
+    prepared = {c: _prepared_call(spec, c, values, loops, zero_start) for c in candidates if c != LOOPS}
     if building is not None:
         building.join()
-    calls = {c: prepared[c] if c != LOOPS else _prepared_call(spec, c, values, loops) for c in candidates}
+    calls = {c: prepared[c] if c != LOOPS else _prepared_call(spec, c, values, loops, zero_start)
+             for c in candidates}
     best: dict[str, float | None] = {c: (None if call is None else float("inf")) for c, call in calls.items()}
     began = time.perf_counter()
     for round_ in range(rounds):
@@ -533,39 +548,40 @@ _AHEAD: dict[tuple, Any] = {}  # (spec, form, shapes, dtypes) -> a Future of the
 _AHEAD_LOCK = threading.Lock()
 
 
-def _ahead_key(spec: Spec, form: str, shapes: Shapes, dtypes: Mapping[str, str]) -> tuple:
-    return (spec, form, tuple(sorted((n, tuple(s)) for n, s in shapes.items())), tuple(sorted(dtypes.items())))
+def _ahead_key(spec: Spec, form: str, shapes: Shapes, dtypes: Mapping[str, str], zero_start: bool) -> tuple:
+    return (spec, form, tuple(sorted((n, tuple(s)) for n, s in shapes.items())), tuple(sorted(dtypes.items())),
+            zero_start)
 
 
-def compile_ahead(kernels: Iterable[tuple[Spec, Shapes, Mapping[str, str]]], *, timing: bool | None = None) -> None:
+def compile_ahead(kernels: Iterable[tuple[Spec, Shapes, Mapping[str, str]]], *, timing: bool | None = None,
+                  from_zeros: frozenset[Spec] = frozenset()) -> None:
     """Before several kernels are planned one after the other (the gradient steps of a differentiated call):
     every XLA candidate of the races still to run is lowered now and compiled in threads, all at once, and the
     race of each kernel finds its candidates compiled. XLA compiles without the GIL: conv2d's two gradient
     races compiled lax.conv for 74 and 102 ms one after the other. Nothing is timed here: timing stays one
-    candidate at a time."""
+    candidate at a time. The kernels in ``from_zeros`` are planned with ``zero_start``."""
     import jax
 
     timing = timing_enabled() if timing is None else timing
     if not timing:
         return
-    from tullax.backends.xla_forms import lower_form
-
     for spec, shapes, dtypes in kernels:
         shapes, dtypes = _normalised(spec, shapes, dtypes)
         loops = loop_backend(dtypes.values())
-        if _memo_key(spec, shapes, dtypes, loops) in _MEMO:
+        zero_start = spec in from_zeros and spec.assign == "+="
+        if _memo_key(spec, shapes, dtypes, loops, zero_start) in _MEMO:
             continue
-        race = _settle(spec, shapes, dtypes, loops, timing, counted=False)
+        race = _settle(spec, shapes, dtypes, loops, timing, counted=False, zero_start=zero_start)
         if isinstance(race, Plan):
             continue
         env = {name: jax.ShapeDtypeStruct(race.timed_shapes[name], jax.dtypes.canonicalize_dtype(dtypes[name]))
                for name in spec.input_names}
         for candidate in race.close:
-            key = _ahead_key(spec, candidate, race.timed_shapes, dtypes)
+            key = _ahead_key(spec, candidate, race.timed_shapes, dtypes, zero_start)
             if not candidate.startswith("xla:") or key in _AHEAD:
                 continue
             try:
-                lowered = jax.jit(lower_form(spec, candidate[4:])).lower(env)
+                lowered = jax.jit(_xla_function(spec, candidate, zero_start)).lower(env)
             except Exception:  # noqa: BLE001 - the race prepares it again, and reports nothing either
                 continue
             with _AHEAD_LOCK:
@@ -579,11 +595,11 @@ def _compile_pool():
     return ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="tullax-compile")
 
 
-def _compiled_ahead(spec: Spec, form: str, shapes: Shapes, dtypes: Mapping[str, str]) -> Any:
+def _compiled_ahead(spec: Spec, form: str, shapes: Shapes, dtypes: Mapping[str, str], zero_start: bool) -> Any:
     """The compiled executable ``compile_ahead`` made for this candidate, or None (none was made, or it failed:
     the race then compiles the candidate itself)."""
     with _AHEAD_LOCK:
-        future = _AHEAD.pop(_ahead_key(spec, form, shapes, dtypes), None)
+        future = _AHEAD.pop(_ahead_key(spec, form, shapes, dtypes, zero_start), None)
     if future is None:
         return None
     try:
@@ -622,30 +638,28 @@ def _start_module_build(spec: Spec, values: list, out_dtype: str, loops: str | N
     return thread
 
 
-def _prepared_call(spec: Spec, candidate: str, values: list, loops: str | None):
+def _prepared_call(spec: Spec, candidate: str, values: list, loops: str | None, zero_start: bool = False):
     """A call of one candidate on NumPy ``values``, already compiled and run once; None when it cannot run
     (it is then never chosen)."""
     try:
         if candidate.startswith("xla:"):
-            call = _xla_call(spec, candidate, values)
+            call = _xla_call(spec, candidate, values, zero_start)
         else:
-            call = _loop_call(spec, loops, values)
+            call = _loop_call(spec, loops, values, zero_start)
         call()  # compile, first run
         return call
     except Exception:  # noqa: BLE001 - a candidate that cannot run here is simply not chosen
         return None
 
 
-def _xla_call(spec: Spec, candidate: str, values: list):
+def _xla_call(spec: Spec, candidate: str, values: list, zero_start: bool = False):
     """A call of the XLA form ``candidate`` on NumPy ``values``: the executable ``compile_ahead`` compiled for it
     where that runs on them, else jitted here."""
     import jax
 
-    from tullax.backends.xla_forms import lower_form
-
     env = dict(zip(spec.input_names, _on_device(values)))
-    fn = jax.jit(lower_form(spec, candidate[4:]))
-    ahead = _compiled_ahead(spec, candidate, *call_shapes_and_dtypes(spec, values))
+    fn = jax.jit(_xla_function(spec, candidate, zero_start))
+    ahead = _compiled_ahead(spec, candidate, *call_shapes_and_dtypes(spec, values), zero_start)
     if ahead is not None:
         try:
             with jax.ensure_compile_time_eval():
@@ -661,6 +675,25 @@ def _xla_call(spec: Spec, candidate: str, values: list):
     return call
 
 
+def _xla_function(spec: Spec, candidate: str, zero_start: bool):
+    """The function of the XLA form ``candidate`` on an environment of inputs; with ``zero_start``, it starts
+    from zeros of its own, as in a gradient (XLA writes them into the scatter's output; the given array is
+    not read)."""
+    from tullax.backends.xla_forms import lower_form
+
+    form = lower_form(spec, candidate[4:])
+    if not zero_start:
+        return form
+
+    def from_zeros(env: dict) -> Any:
+        import jax.numpy as jnp
+
+        given = env[spec.out]
+        return form({**env, spec.out: jnp.zeros(given.shape, given.dtype)})
+
+    return from_zeros
+
+
 def _on_device(values: list) -> list:
     """``values`` (NumPy) as concrete JAX arrays, even while jax traces (planning runs then). Not
     ``jnp.asarray`` under ``ensure_compile_time_eval``: that stages each value through a jitted identity, an
@@ -672,7 +705,7 @@ def _on_device(values: list) -> list:
         return [jax.device_put(np.asarray(v)) for v in values]
 
 
-def _loop_call(spec: Spec, loops: str | None, values: list):
+def _loop_call(spec: Spec, loops: str | None, values: list, zero_start: bool = False):
     """A call of the loop backend's kernel on ``values`` (NumPy, in ``spec.inputs`` order) as a planned kernel
     runs it: jitted, through the host callback. Not the bare kernel: the callback costs what the bare kernel
     does not see (an elementwise 4096x4096 step: 13 ms bare, 48 ms through the callback, CPU time on a loaded
@@ -685,7 +718,7 @@ def _loop_call(spec: Spec, loops: str | None, values: list):
     args = _on_device(values)
     dtype = jax.dtypes.canonicalize_dtype(result_dtype(spec, {i.name: a.dtype for i, a in zip(spec.inputs, args)}))
     path = callback_path()
-    fn = jax.jit(lambda *given: host_call(spec, loops, given, dtype, path))
+    fn = jax.jit(lambda *given: host_call(spec, loops, given, dtype, path, zero_start))
 
     def call() -> None:
         with jax.ensure_compile_time_eval():
@@ -697,13 +730,14 @@ def _loop_call(spec: Spec, loops: str | None, values: list):
 # ---------------------------------------------------------------------------------------------
 # The compile cache
 # ---------------------------------------------------------------------------------------------
-def _cache_key(spec: Spec, shapes: dict, dtypes: dict, loops: str | None) -> str:
+def _cache_key(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, zero_start: bool = False) -> str:
     from tullax.runtime.cache import cache_key
     from tullax.spec.text import format_spec
 
+    start = {"zero_start": True} if zero_start else {}  # a '+=' step on zeros is raced apart from one on data
     return cache_key(kind="plan", spec=format_spec(spec), shapes=sorted(shapes.items()),
                      dtypes=sorted(dtypes.items()), loops=loops, cores=os.cpu_count(),
-                     threads=os.environ.get("NUMBA_NUM_THREADS"))
+                     threads=os.environ.get("NUMBA_NUM_THREADS"), **start)
 
 
 def _load(key: str) -> dict | None:
@@ -792,12 +826,17 @@ def explain_lines(spec: Spec, shapes: Shapes | None = None, dtype: str = "float3
     import jax
     import numpy as np
 
+    from tullax.grad.run import zero_start_steps
+
     index_dtype = np.dtype(jax.dtypes.canonicalize_dtype(np.int64)).name
+    from_zeros = zero_start_steps(spec)
     for label, step, step_shapes in kernel_shapes(spec, shapes):
         dtypes = {item.name: (index_dtype if item.kind == "index" else dtype) for item in step.inputs}
         listed = ", ".join(f"{n} {'x'.join(map(str, s)) or 'scalar'}" for n, s in step_shapes.items())
-        lines.append(f"  {label}: {_text(step)}  [{listed}]")
-        lines.append(f"    -> {plan(step, step_shapes, dtypes, timing=False).describe()}")
+        zeros = ", from zeros" if step in from_zeros else ""
+        lines.append(f"  {label}: {_text(step)}  [{listed}{zeros}]")
+        found = plan(step, step_shapes, dtypes, timing=False, zero_start=step in from_zeros)
+        lines.append(f"    -> {found.describe()}")
     forward_dtypes = {item.name: (index_dtype if item.kind == "index" else dtype) for item in spec.inputs}
     wrt = [item.name for item in spec.inputs if item.kind in ("array", "scalar")]
     joined = joint_plans(spec, shapes, forward_dtypes, dtype, wrt, timing=False)

@@ -13,6 +13,7 @@ Conventions (shared with ``tullax.grad``):
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 from tullax.grad import Gradient, seed_name
@@ -21,7 +22,7 @@ from tullax.spec.ir import Spec
 Executor = Callable[[Spec, dict], Any]
 Zeros = Callable[[tuple, Any], Any]
 
-__all__ = ["run_gradient", "gradient_env"]
+__all__ = ["run_gradient", "gradient_env", "starts_from_zeros", "zero_start_steps"]
 
 
 def gradient_env(spec: Spec, inputs: Mapping[str, Any], result: Any, cotangent: Any) -> dict[str, Any]:
@@ -44,12 +45,33 @@ def run_gradient(grad: Gradient, spec: Spec, env: Mapping[str, Any], execute: Ex
         raise ValueError(f"gradient w.r.t. {grad.wrt!r} does not belong to a spec with inputs {spec.input_names}")
     local = dict(env)
     target = env[grad.wrt]
-    for step in grad.steps:
-        if step.assign == "+=" and step.out not in local:
+    for step, from_zeros in zip(grad.steps, starts_from_zeros(grad, spec)):
+        if from_zeros:
             local[step.out] = (zeros or _zeros_like_type(target))(_shape(target), _dtype(target))
         step_env = {name: local[name] for name in step.input_names}
         local[step.out] = execute(step, step_env)
     return _cast(local[grad.result], target)
+
+
+def starts_from_zeros(grad: Gradient, spec: Spec) -> tuple[bool, ...]:
+    """For each step of ``grad`` (a gradient of ``spec``): whether it is a '+=' step that starts from zeros: its
+    ``out`` is neither in the environment (``gradient_env``) nor written by an earlier step."""
+    written = {*spec.input_names, spec.out, seed_name(spec)}
+    found = []
+    for step in grad.steps:
+        found.append(step.assign == "+=" and step.out not in written)
+        written.add(step.out)
+    return tuple(found)
+
+
+@lru_cache(maxsize=1024)
+def zero_start_steps(spec: Spec, complex_inputs: frozenset[str] = frozenset()) -> frozenset[Spec]:
+    """The gradient steps of ``spec`` that start from zeros (``starts_from_zeros``): a host kernel may clear its
+    own output for them instead of taking a given array of zeros (``tullax.jaxop.callback``)."""
+    from tullax.grad import gradients
+
+    return frozenset(step for grad in gradients(spec, complex_inputs)
+                     for step, from_zeros in zip(grad.steps, starts_from_zeros(grad, spec)) if from_zeros)
 
 
 def _shape(value: Any) -> tuple:

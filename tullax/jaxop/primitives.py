@@ -65,11 +65,14 @@ class KernelOp:
     # The backend name the call asked for: 'auto' plans its gradient steps (and batched forms) afresh,
     # each one on its own (tullax.backends.planner); '' means ``backend`` itself.
     requested: str = ""
+    # A '+=' gradient step whose given array (input 0) is zeros: a host kernel clears its own output instead
+    # (``tullax.jaxop.callback.host_call``); XLA's forms and device kernels take the zeros as given.
+    zero_start: bool = False
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_hash", hash((self.spec, self.backend, self.out_dtype, self.path, self.form,
-                                                self.requested)))
+                                                self.requested, self.zero_start)))
 
     @property
     def steps_backend(self) -> str:
@@ -84,18 +87,21 @@ class KernelOp:
 
         form = f" {self.form}" if self.form else ""
         planned = ", planned" if self.requested == "auto" else ""
-        return f"'{format_spec(self.spec)}' on {self.backend}{form} ({self.path}, {self.out_dtype}{planned})"
+        zeros = ", from zeros" if self.zero_start else ""
+        return f"'{format_spec(self.spec)}' on {self.backend}{form} ({self.path}, {self.out_dtype}{planned}{zeros})"
 
     def with_spec(self, spec: Spec) -> "KernelOp":
         return replace(self, spec=spec)
 
 
-def apply(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | None = None) -> Any:
+def apply(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | None = None,
+          zero_start: bool = False) -> Any:
     """Run ``spec`` on jax values (arrays, tracers or numbers, one per input) on backend ``backend_name``
-    (``auto`` with ``xla_form``: on XLA in that form, as the planner decided for it). Everything is checked
-    here, at trace time."""
+    (``auto`` with ``xla_form``: on XLA in that form, as the planner decided for it). ``zero_start``: ``spec``
+    is a '+=' gradient step and ``values[0]`` the zeros it starts from. Everything is checked here, at trace
+    time."""
     args = _same_variance(prepare_inputs(spec, values))
-    op = _kernel_op(spec, backend_name, values, xla_form)
+    op = _kernel_op(spec, backend_name, values, xla_form, zero_start)
     half = [item.kind in ("array", "scalar") and a.dtype.name in HALF for item, a in zip(spec.inputs, args)]
     if not any(half):
         return _prims().kernel.bind(*args, op=op)
@@ -104,7 +110,8 @@ def apply(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | 
     # compare the recomputed float32 body with the result, which a half result no longer equals.
     args = [a.astype("float32") if h else a for a, h in zip(args, half)]
     wide = [a if h else v for a, v, h in zip(args, values, half)]
-    return _prims().kernel.bind(*args, op=_kernel_op(spec, backend_name, wide, xla_form)).astype(op.out_dtype)
+    return _prims().kernel.bind(*args, op=_kernel_op(spec, backend_name, wide, xla_form, zero_start)
+                                ).astype(op.out_dtype)
 
 
 def prepare_inputs(spec: Spec, values: Sequence[Any]) -> list[Any]:
@@ -132,7 +139,8 @@ def _same_variance(args: list[Any]) -> list[Any]:
     return list(insert(*args)) if insert is not None else args
 
 
-def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | None = None) -> KernelOp:
+def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | None = None,
+               zero_start: bool = False) -> KernelOp:
     import jax
     import numpy as np
 
@@ -141,21 +149,24 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: s
 
     dtype = result_dtype(spec, [v.dtype if hasattr(v, "dtype") else type(v) for v in values])  # weak floats
     dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    zero_start = zero_start and spec.assign == "+="
     if backend_name == "auto":
-        return _planned_op(spec, dtype.name, values) if xla_form is None else _xla_op(spec, dtype.name, xla_form)
-    path = "xla" if backend_name == "xla" else callback_path()
-    return KernelOp(spec, backend_name, dtype.name, path)
+        return _planned_op(spec, dtype.name, values, zero_start) if xla_form is None else \
+            _xla_op(spec, dtype.name, xla_form)
+    if backend_name == "xla":
+        return KernelOp(spec, backend_name, dtype.name, "xla")
+    return KernelOp(spec, backend_name, dtype.name, callback_path(), zero_start=zero_start)
 
 
-def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any]) -> KernelOp:
+def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any], zero_start: bool = False) -> KernelOp:
     """``backend='auto'``: the planner's choice for this kernel and these shapes (tullax.backends.planner)."""
     from tullax.backends.planner import call_shapes_and_dtypes, plan
     from tullax.jaxop.callback import callback_path
 
-    found = plan(spec, *call_shapes_and_dtypes(spec, values))
+    found = plan(spec, *call_shapes_and_dtypes(spec, values), zero_start=zero_start)
     if found.backend == "xla":
         return _xla_op(spec, out_dtype, found.form)
-    return KernelOp(spec, found.backend, out_dtype, callback_path(), requested="auto")
+    return KernelOp(spec, found.backend, out_dtype, callback_path(), requested="auto", zero_start=zero_start)
 
 
 def _joint_plans(spec: Spec, args: Sequence[Any], out_dtype: str, wrt: Sequence[int]) -> dict:
@@ -239,7 +250,7 @@ def _run(op: KernelOp, *args):
         return device_call(op.spec, op.backend, args, op.out_dtype)
     from tullax.jaxop.callback import host_call
 
-    return host_call(op.spec, op.backend, args, op.out_dtype, op.path)
+    return host_call(op.spec, op.backend, args, op.out_dtype, op.path, op.zero_start)
 
 
 def _kernel_batch(args, dims, *, op: KernelOp):
@@ -248,7 +259,10 @@ def _kernel_batch(args, dims, *, op: KernelOp):
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     args, axes, extents = batch_arguments(op.spec, args, dims, size)
     batched = batch_spec(op.spec, axes, extents)
-    new_op = _planned_op(batched, op.out_dtype, args) if op.requested == "auto" else op.with_spec(batched)
+    if op.requested == "auto":
+        new_op = _planned_op(batched, op.out_dtype, args, op.zero_start)
+    else:
+        new_op = op.with_spec(batched)
     return _prims().kernel.bind(*args, op=new_op), 0
 
 
@@ -356,7 +370,7 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
     """The cotangents of the inputs at positions ``wanted``, each from its derived gradient spec(s), each of
     which runs as a tullax kernel on ``backend`` (and is differentiable again)."""
     from tullax.grad import gradients
-    from tullax.grad.run import gradient_env, run_gradient
+    from tullax.grad.run import gradient_env, run_gradient, zero_start_steps
     from tullax.spec.valuetype import complex_inputs
 
     if not wanted:
@@ -371,10 +385,11 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
     env = gradient_env(spec, dict(zip(spec.input_names, args)), out, cotangent)
     complex_names = complex_inputs(spec, {name: a.dtype for name, a in zip(spec.input_names, args)})
     by_input = {g.wrt: g for g in gradients(spec, complex_names)}
+    from_zeros = zero_start_steps(spec, complex_names)
 
     def execute(step: Spec, step_env: dict) -> Any:
         form = joined[step].form if step in joined else None  # with the forward, one XLA program
-        return apply(step, backend, [step_env[name] for name in step.input_names], form)
+        return apply(step, backend, [step_env[name] for name in step.input_names], form, step in from_zeros)
 
     found = {}
     for i in wanted:

@@ -37,11 +37,26 @@ def kernel_inputs(spec: Spec, buffers: Sequence[Any]) -> list[Any]:
 
 def prepare_out(spec: Spec, out: Any, inputs: Sequence[Any]) -> None:
     """Put the values a kernel starts from into ``out``: for '=' and '+=' the given array (input 0); a
-    ':=' kernel writes every element itself."""
+    ':=' kernel writes every element itself. Before the first write, a large ``out`` is advised huge pages
+    (``runtime.hugepages``)."""
     import numpy as np
 
-    if spec.assign != ":=" and not _same_memory(out, inputs[0]):  # aliased by XLA: already in place
+    from tullax.runtime import hugepages
+
+    if spec.assign == ":=":
+        hugepages.advise(out)
+    elif not _same_memory(out, inputs[0]):  # aliased by XLA: already in place
+        hugepages.advise(out)
         np.copyto(out, inputs[0], casting="unsafe")
+
+
+def start_from_zeros(out: Any) -> None:
+    """Clear ``out``, a kernel's fresh output standing in for the zeros a '+=' step starts from, on huge pages
+    where they can be had (``runtime.hugepages``: the faults of its first touch are most of the cost)."""
+    from tullax.runtime import hugepages
+
+    hugepages.advise(out)
+    out.fill(0)
 
 
 def _same_memory(a: Any, b: Any) -> bool:
@@ -54,4 +69,4 @@ def data_pointer(array: Any) -> int:
     return int(array.__array_interface__["data"][0])
 
 
-__all__ = ["host_view", "kernel_inputs", "prepare_out", "data_pointer"]
+__all__ = ["host_view", "kernel_inputs", "prepare_out", "start_from_zeros", "data_pointer"]
