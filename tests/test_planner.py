@@ -678,8 +678,8 @@ def test_the_loops_win_a_race_only_by_more_than_the_margin(monkeypatch, tmp_path
     monkeypatch.setenv(planner.TIMING_ENV, "1")
     monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(planner, "_time_candidates", lambda spec, shapes, dtypes, candidates, loops, rounds=0, zero_start=False: [
-        (c, timings.get(c)) for c in candidates])
+    monkeypatch.setattr(planner, "_time_candidates", lambda spec, shapes, dtypes, candidates, loops, rounds=0,
+                        zero_start=False: [(c, timings.get(c)) for c in candidates])
     planner.forget()
     try:
         _, spec = compile_spec("n[i] := x[i,j]^2 |> sqrt")
