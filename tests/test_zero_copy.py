@@ -83,8 +83,9 @@ def test_pure_callback_path_copies_the_output(recording, monkeypatch):
 
 
 def test_scatter_gradient_adds_into_its_zeros_in_place(recording):
-    """The embedding gradient's scatter step ``ΔW[ix[b],d] += Δout[b,d]`` gets its buffer of zeros AS its
-    output (input_output_aliases): nothing copies 50 MB of zeros into a fresh output first."""
+    """The embedding gradient's scatter step ``ΔW[ix[b],d] += Δout[b,d]`` starts from zeros in its own output:
+    XLA's zeros given AS its output (input_output_aliases), or, where huge pages can be had, its fresh output
+    cleared by the callback (tests/test_zero_start.py). Nothing copies 50 MB of zeros into a fresh output."""
     kernel = tullax.einsum_kernel("out[b,d] := W[ix[b],d]", backend=recording.name)
     rng = np.random.default_rng(1)
     W = jnp.asarray(rng.standard_normal((300, 64), dtype=np.float32))
