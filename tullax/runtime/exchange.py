@@ -51,12 +51,20 @@ def prepare_out(spec: Spec, out: Any, inputs: Sequence[Any]) -> None:
 
 
 def start_from_zeros(out: Any) -> None:
-    """Clear ``out``, a kernel's fresh output standing in for the zeros a '+=' step starts from, on huge pages
-    where they can be had (``runtime.hugepages``: the faults of its first touch are most of the cost)."""
+    """Clear ``out``, a kernel's fresh output standing in for the zeros a '+=' step starts from: on huge pages
+    where they can be had (``runtime.hugepages``: the faults of its first touch are most of the cost), with one
+    ``memset`` (every dtype's zero is all bits zero; the embedding gradient's 51 MB: 4.8 ms against numpy's
+    fill's 6.5). Not split over threads: two threads' memsets took 3.1 ms, but one call in eight then took
+    20-65 ms on this 2-core machine, beside the kernel's own threads."""
+    import ctypes
+
     from tullax.runtime import hugepages
 
     hugepages.advise(out)
-    out.fill(0)
+    if out.flags.c_contiguous:
+        ctypes.memset(data_pointer(out), 0, int(out.nbytes))
+    else:
+        out.fill(0)
 
 
 def _same_memory(a: Any, b: Any) -> bool:
