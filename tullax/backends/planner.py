@@ -376,9 +376,9 @@ def _memo_key(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, zero_st
 
 def _peek(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], loops: str | None, zero_start: bool = False) -> Plan:
     """The plan of a call as far as it is known without timing, and without counting in ``STATS``: this
-    process's decision, else the compile cache's, else the rule's default (a close call not yet timed)."""
+    process's decision, else the compile cache's, else the rule's default (a close call not yet timed).
+    ``zero_start`` as ``plan`` takes it, for a step of ``zero_start_steps`` (always a '+=' step)."""
     shapes, dtypes = _normalised(spec, shapes, dtypes)
-    zero_start = zero_start and spec.assign == "+="
     found = _MEMO.get(_memo_key(spec, shapes, dtypes, loops, zero_start))
     return found if found is not None else _decide(spec, shapes, dtypes, loops, False, counted=False,
                                                    zero_start=zero_start)
@@ -559,7 +559,8 @@ def compile_ahead(kernels: Iterable[tuple[Spec, Shapes, Mapping[str, str]]], *, 
     every XLA candidate of the races still to run is lowered now and compiled in threads, all at once, and the
     race of each kernel finds its candidates compiled. XLA compiles without the GIL: conv2d's two gradient
     races compiled lax.conv for 74 and 102 ms one after the other. Nothing is timed here: timing stays one
-    candidate at a time. The kernels in ``from_zeros`` are planned with ``zero_start``."""
+    candidate at a time. The kernels in ``from_zeros`` (``zero_start_steps``: '+=' steps) are planned with
+    ``zero_start``."""
     import jax
 
     timing = timing_enabled() if timing is None else timing
@@ -568,7 +569,7 @@ def compile_ahead(kernels: Iterable[tuple[Spec, Shapes, Mapping[str, str]]], *, 
     for spec, shapes, dtypes in kernels:
         shapes, dtypes = _normalised(spec, shapes, dtypes)
         loops = loop_backend(dtypes.values())
-        zero_start = spec in from_zeros and spec.assign == "+="
+        zero_start = spec in from_zeros
         if _memo_key(spec, shapes, dtypes, loops, zero_start) in _MEMO:
             continue
         race = _settle(spec, shapes, dtypes, loops, timing, counted=False, zero_start=zero_start)
