@@ -477,6 +477,26 @@ def test_a_module_is_cut_into_units_each_kernel_in_exactly_one(tmp_path):
     assert not list(tmp_path.glob(".broken.so.*")) and not (tmp_path / "broken.so").exists()  # nothing left
 
 
+def test_a_module_that_adds_into_its_output_clears_it_in_parallel(monkeypatch):
+    """A module with a kernel that adds into its output (the embedding gradient's scatter) exports the parallel
+    clear of ``tullax.printers.c_clear``, once; ``clear_bytes`` zeroes exactly the bytes asked, on one thread and
+    on two, below and above two of its blocks. A module of ':=' kernels has none."""
+    from tullax.printers.c_clear import CLEAR_BLOCK, CLEAR_FUNCTION
+
+    spec = analysed("Ecl[b,d] := Wcl[ixcl[b],d]")
+    assert module_source(spec, "float32").count(f"\nvoid {CLEAR_FUNCTION}(") == 1
+    assert CLEAR_FUNCTION not in module_source(analysed("Ccl[i,j] := Acl[i,k]*Bcl[k,j]"), "float32")
+    kernel = BACKEND.build(spec, Signature.for_dtype(spec, "float32"))
+    assert kernel._clear is not None
+    for threads in ("1", "2"):
+        monkeypatch.setenv("TULLAX_C_THREADS", threads)
+        for nbytes in (0, 1, 4097, 2 * CLEAR_BLOCK, 3 * CLEAR_BLOCK + 5):
+            buffer = np.full(nbytes + 64, 0xAB, np.uint8)
+            kernel.clear_bytes(buffer.ctypes.data + 32, nbytes)
+            assert not buffer[32:32 + nbytes].any(), (threads, nbytes)
+            assert (buffer[:32] == 0xAB).all() and (buffer[32 + nbytes:] == 0xAB).all(), (threads, nbytes)
+
+
 def test_complex_is_refused_naming_the_backends_that_run_it():
     spec = analysed("y[i] := x[i,j]")
     with pytest.raises(TullaxError, match="backend='xla'.*'numba'"):

@@ -4,6 +4,9 @@ that the result is the same whether the output is cleared by the callback or giv
 planner races such a step as it will run."""
 from __future__ import annotations
 
+import ctypes
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,10 +15,11 @@ from loop_backends import c_param
 
 import tullax
 from tullax.backends import planner
+from tullax.backends.c import CBackend, CHostKernel
 from tullax.grad import gradients
 from tullax.grad.run import starts_from_zeros, zero_start_steps
 from tullax.jaxop import callback
-from tullax.runtime import hugepages
+from tullax.runtime import exchange, hugepages
 from tullax.spec.analyze import analyze
 from tullax.spec.parse import parse_spec
 from tullax.spec.text import format_spec
@@ -126,10 +130,10 @@ def test_a_large_scatter_gradient_under_vmap_and_grad_of_grad(backend, huge_page
     np.testing.assert_allclose(np.asarray(hvp), np.asarray(reference), rtol=1e-5, atol=1e-4)  # linear in W
 
 
-@pytest.mark.parametrize("cleared", [True, False])
+@pytest.mark.parametrize("cleared", ["by memset", "by the kernel's clear", False])
 def test_the_callback_clears_whatever_its_fresh_output_held(cleared):
     """The runner itself, on an output full of garbage: starting from zeros, it clears it before the kernel
-    adds; given the zeros, it copies them in."""
+    adds (with the kernel's own clear where it has one); given the zeros, it copies them in."""
     spec = next(iter(zero_start_steps(_spec("out[b,d] := W[ix[b],d]"))))
     ix = np.asarray([0, 2, 2], np.int32)
     cotangent = np.ones((3, 4), np.float32)
@@ -140,13 +144,52 @@ def test_the_callback_clears_whatever_its_fresh_output_held(cleared):
         np.add.at(out, inputs[2], inputs[1])
         added.append(True)
 
+    cleared_bytes = []
+
+    def clear_bytes(address, nbytes):
+        ctypes.memset(address, 0, nbytes)
+        cleared_bytes.append(nbytes)
+
     out = np.full((3, 4), 7.0, np.float32)
-    runner = callback._buffer_runner(spec, run_kernel, "ΔW[ix[b],d] += Δout[b,d]", "numba", cleared)
+    clear = {"by memset": exchange.start_from_zeros, False: None,
+             "by the kernel's clear": partial(exchange.start_from_zeros, clear_bytes=clear_bytes)}[cleared]
+    runner = callback._buffer_runner(spec, run_kernel, "ΔW[ix[b],d] += Δout[b,d]", "numba", clear)
     table = np.zeros((3, 4), np.float32)
     given = (cotangent, ix, table) if cleared else (np.zeros((3, 4), np.float32), cotangent, ix, table)
     runner(None, out, *given)
-    assert added
+    assert added and cleared_bytes == ([out.nbytes] if cleared == "by the kernel's clear" else [])
     np.testing.assert_array_equal(out, [[1] * 4, [0] * 4, [2] * 4])
+
+
+@pytest.mark.skipif(not CBackend().availability()[0], reason="no C compiler that builds OpenMP libraries here")
+def test_the_c_callback_clears_with_its_modules_parallel_clear(monkeypatch):
+    """On the c backend the scatter step's output is cleared by its module's own parallel clear
+    (``CHostKernel.clear_bytes``), on both callback paths, and the gradient is right."""
+    calls = []
+    original = CHostKernel.clear_bytes
+
+    def spy(self, address, nbytes):
+        calls.append(nbytes)
+        original(self, address, nbytes)
+
+    monkeypatch.setattr(CHostKernel, "clear_bytes", spy)
+    monkeypatch.delenv(hugepages.ENV, raising=False)
+    hugepages._madvise.cache_clear()
+    if not hugepages.enabled():
+        pytest.skip("no transparent huge pages here: the step takes XLA's zeros")
+    kernel = tullax.einsum_kernel("out[b,d] := W[ix[b],d]", backend="c")
+    rng = np.random.default_rng(5)
+    W = jnp.asarray(rng.standard_normal((3000, 512), dtype=np.float32))  # 6 MiB: three blocks of the clear
+    ix = jnp.asarray(rng.integers(0, 3000, 700).astype(np.int32))
+    cotangent = jnp.asarray(rng.standard_normal((700, 512), dtype=np.float32))
+    expected = np.zeros((3000, 512), np.float32)
+    np.add.at(expected, np.asarray(ix), np.asarray(cotangent))
+    for path in ("buffer", "pure"):
+        monkeypatch.setenv("TULLAX_CALLBACK", path)
+        calls.clear()
+        got = jax.jit(lambda c, W: jax.vjp(lambda W: kernel(W, ix), W)[1](c)[0])(cotangent, W)
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6, atol=1e-6)
+        assert calls == [W.nbytes], path
 
 
 def test_a_given_array_that_is_not_zeros_is_never_cleared():

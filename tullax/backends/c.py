@@ -39,6 +39,7 @@ import numpy as np
 from tullax.backends import c_compile, host, workload
 from tullax.backends.base import Capabilities, Shapes, Signature
 from tullax.errors import BackendUnavailableError, TullaxError
+from tullax.printers.c_clear import CLEAR_BLOCK, CLEAR_FUNCTION
 from tullax.runtime.cache import CompileCache, get_cache
 from tullax.spec.ir import Spec
 
@@ -295,9 +296,12 @@ def _open(generated: host.GeneratedModule, library: str, kernels: tuple[tuple[Lo
     ready_ms = (seconds + time.perf_counter() - start) * 1e3
     if not compiled:
         _count("loaded")
+    clear = getattr(lib, CLEAR_FUNCTION, None)  # (a missing symbol is an AttributeError: the module has none)
+    if clear is not None:
+        clear.argtypes, clear.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int], None
     forward = None
     for kernel, spec, signature in kernels:
-        host_kernel = CHostKernel(generated, kernel, spec, getattr(lib, kernel.name), ready_ms, compiled)
+        host_kernel = CHostKernel(generated, kernel, spec, getattr(lib, kernel.name), ready_ms, compiled, clear)
         if forward is None:
             forward = host_kernel
         else:
@@ -332,8 +336,9 @@ class CHostKernel:
     buffers (``host.marshal``), the sizes, the extents and the team size."""
 
     def __init__(self, generated: host.GeneratedModule, kernel: LoopKernel, spec: Spec, function: Any,
-                 ready_ms: float, compiled: bool):
+                 ready_ms: float, compiled: bool, clear: Any = None):
         self.generated, self.kernel, self.spec = generated, kernel, spec
+        self._clear = clear  # the module's parallel clear (``tullax.printers.c_clear``), if it has one
         self._plan = host.ArgumentPlan.of(kernel, spec, scalar=_numpy_scalar, rank0_as_vector=True)
         arrays = len(kernel.arrays)
         self._arrays = arrays
@@ -369,6 +374,15 @@ class CHostKernel:
 
     def prepare(self, shapes: Shapes, *, read_only: bool = False) -> None:
         """Nothing to do: the module was compiled (or loaded) when it was built."""
+
+    def clear_bytes(self, address: int, nbytes: int) -> None:
+        """Zero ``nbytes`` from ``address`` (a '+=' step's fresh output, ``runtime.exchange.start_from_zeros``):
+        in parallel on the kernel's team where the module has its clear and the output spans several of its
+        blocks, else with one memset."""
+        if self._clear is None or nbytes < 2 * CLEAR_BLOCK:
+            ctypes.memset(address, 0, nbytes)
+        else:
+            self._clear(address, nbytes, threads())
 
     def _team(self, sizes: Sequence[int], shapes: Shapes) -> int:
         key = tuple(sizes)

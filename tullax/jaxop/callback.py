@@ -71,15 +71,15 @@ def host_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
         kernel.prepare(shapes, read_only=path == "pure")  # pure_callback's inputs are read-only (_pure_runner)
     run_kernel = _with_shapes(kernel, shapes) if declared.shaped_run else _plain(kernel)
     text = format_spec(spec)
-    cleared = zero_start and clears_own_output(spec, args, result)
-    operands = args[1:] if cleared else args
+    clear = _clearer(kernel) if zero_start and clears_own_output(spec, args, result) else None
+    operands = args[1:] if clear is not None else args
     if path == "buffer":
         from jax.experimental.buffer_callback import buffer_callback
 
-        aliases = {0: 0} if not cleared and updates_in_place(spec, args, result) else None
-        return buffer_callback(_buffer_runner(spec, run_kernel, text, backend_name, cleared), result,
+        aliases = {0: 0} if clear is None and updates_in_place(spec, args, result) else None
+        return buffer_callback(_buffer_runner(spec, run_kernel, text, backend_name, clear), result,
                                input_output_aliases=aliases)(*operands)
-    return jax.pure_callback(_pure_runner(spec, run_kernel, text, backend_name, result, cleared), result,
+    return jax.pure_callback(_pure_runner(spec, run_kernel, text, backend_name, result, clear), result,
                              *operands, vmap_method="sequential")
 
 
@@ -129,15 +129,28 @@ def updates_in_place(spec: Spec, args: Sequence[Any], result: Any) -> bool:
     return all(spec.out not in arrays_read(e, spec.lhs) for e in spec_exprs(spec))
 
 
-def _buffer_runner(spec: Spec, run_kernel: Runner, text: str, backend_name: str, cleared: bool):
+def _clearer(kernel: Any) -> Callable[[Any], None]:
+    """How a callback clears the output that stands for a zero-start step's zeros: ``start_from_zeros``, with the
+    kernel's own clear where it has one (the C module's parallel clear, ``CHostKernel.clear_bytes``)."""
+    from functools import partial
+
+    from tullax.runtime.exchange import start_from_zeros
+
+    return partial(start_from_zeros, clear_bytes=getattr(kernel, "clear_bytes", None))
+
+
+def _buffer_runner(spec: Spec, run_kernel: Runner, text: str, backend_name: str,
+                   clear: Callable[[Any], None] | None):
+    """The buffer_callback of a host kernel. ``clear``: the given zeros were left out of the operands, and the
+    output, cleared by it, stands for them (``host_call``)."""
     from tullax.runtime import stats
-    from tullax.runtime.exchange import host_view, kernel_inputs, prepare_out, start_from_zeros
+    from tullax.runtime.exchange import host_view, kernel_inputs, prepare_out
 
     def run(_ctx, out, *buffers):
         target = host_view(out)
-        if cleared:  # the given zeros were left out: the output stands for them
+        if clear is not None:
             inputs = kernel_inputs(spec, (target, *buffers))
-            start_from_zeros(target)
+            clear(target)
         else:
             inputs = kernel_inputs(spec, buffers)
             prepare_out(spec, target, inputs)
@@ -147,17 +160,19 @@ def _buffer_runner(spec: Spec, run_kernel: Runner, text: str, backend_name: str,
     return run
 
 
-def _pure_runner(spec: Spec, run_kernel: Runner, text: str, backend_name: str, result: Any, cleared: bool):
+def _pure_runner(spec: Spec, run_kernel: Runner, text: str, backend_name: str, result: Any,
+                 clear: Callable[[Any], None] | None):
+    """The pure_callback of a host kernel; ``clear`` as in ``_buffer_runner``."""
     import numpy as np
 
     from tullax.runtime import stats
-    from tullax.runtime.exchange import kernel_inputs, prepare_out, start_from_zeros
+    from tullax.runtime.exchange import kernel_inputs, prepare_out
 
     def run(*arrays):
         out = np.empty(result.shape, result.dtype)
-        if cleared:  # the given zeros were left out: the output stands for them
+        if clear is not None:
             inputs = [_read_only(a) for a in kernel_inputs(spec, (out, *arrays))]
-            start_from_zeros(out)
+            clear(out)
         else:
             inputs = [_read_only(a) for a in kernel_inputs(spec, arrays)]
             prepare_out(spec, out, inputs)

@@ -21,6 +21,7 @@ The mapping:
   in one ``If`` and read it in a later one) and makes every local private to its OpenMP iteration.
 * ``atomic_add`` stores are a plain ``+=``: only the IR's parallel loops run on threads, and the colliding loops
   of a scatter are serial in the nest (as in the Numba printer).
+* A module where a kernel adds into its output also exports the parallel clear of ``tullax.printers.c_clear``.
 * Expressions are the shared C ones (``tullax.printers.clike``); helpers carry their type's suffix
   (``tx_max_f32``), casts are C casts, infinities and NaN are GCC builtins. The IR's blocked float32 sums and
   its register tiling are in the IR, so they print as they are.
@@ -51,6 +52,7 @@ from tullax.compiler.loops import (
 )
 from tullax.errors import TullaxError
 from tullax.printers.base import Place, Precedence
+from tullax.printers.c_clear import CLEAR_FUNCTION, CLEAR_SOURCE
 from tullax.printers.clike import (
     TYPE_SUFFIX,
     TYPEDEFS,
@@ -321,11 +323,16 @@ UNIT_MARK = "\n// ---- tullax: kernel ----\n"
 
 
 def print_module(kernels: Sequence[LoopKernel]) -> str:
-    """One C translation unit for ``kernels``: header, prelude, one function per kernel."""
+    """One C translation unit for ``kernels``: header, prelude, one function per kernel, and the parallel clear
+    (``CLEAR_FUNCTION``) where a kernel adds into its output."""
     names = [k.name for k in kernels]
     if len(set(names)) != len(names):
         raise TullaxError(f"internal error: kernel names repeat in one C module: {names}")
-    return UNIT_MARK.join([_HEADER.format(version=__version__) + _PRELUDE] + [kernel_function(k) for k in kernels])
+    if CLEAR_FUNCTION in names:
+        raise TullaxError(f"internal error: a kernel is named {CLEAR_FUNCTION!r}, the C module's own clear")
+    clear = [CLEAR_SOURCE] if any(k.output.role == "inout" for k in kernels) else []
+    return UNIT_MARK.join([_HEADER.format(version=__version__) + _PRELUDE] + [kernel_function(k) for k in kernels]
+                          + clear)
 
 
 __all__ = ["CPrinter", "THREADS", "UNIT_MARK", "collapsible", "kernel_function", "parameters", "print_module"]

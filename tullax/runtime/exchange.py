@@ -11,7 +11,7 @@ twice (once for eager NumPy calls, once under jit). Host kernels only ever write
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from tullax.spec.ir import Spec
 
@@ -50,21 +50,22 @@ def prepare_out(spec: Spec, out: Any, inputs: Sequence[Any]) -> None:
         np.copyto(out, inputs[0], casting="unsafe")
 
 
-def start_from_zeros(out: Any) -> None:
+def start_from_zeros(out: Any, clear_bytes: Callable[[int, int], None] | None = None) -> None:
     """Clear ``out``, a kernel's fresh output standing in for the zeros a '+=' step starts from: on huge pages
-    where they can be had (``runtime.hugepages``: the faults of its first touch are most of the cost), with one
-    ``memset`` (every dtype's zero is all bits zero; the embedding gradient's 51 MB: 4.8 ms against numpy's
-    fill's 6.5). Not split over threads: two threads' memsets took 3.1 ms, but one call in eight then took
-    20-65 ms on this 2-core machine, beside the kernel's own threads."""
+    where they can be had (``runtime.hugepages``: the faults of its first touch are most of the cost), with
+    ``clear_bytes(address, nbytes)`` where the kernel brings one (the C module's parallel clear,
+    ``tullax.printers.c_clear``), else with one ``memset`` (every dtype's zero is all bits zero)."""
     import ctypes
 
     from tullax.runtime import hugepages
 
     hugepages.advise(out)
-    if out.flags.c_contiguous:
-        ctypes.memset(data_pointer(out), 0, int(out.nbytes))
-    else:
+    if not out.flags.c_contiguous:
         out.fill(0)
+    elif clear_bytes is not None:
+        clear_bytes(data_pointer(out), int(out.nbytes))
+    else:
+        ctypes.memset(data_pointer(out), 0, int(out.nbytes))
 
 
 def _same_memory(a: Any, b: Any) -> bool:

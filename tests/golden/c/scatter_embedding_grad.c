@@ -252,3 +252,15 @@ void grad1_step0(
         }
     }
 }
+
+// ---- tullax: kernel ----
+// tx_clear: zero nbytes from p, in blocks of 2097152 bytes over tx_threads threads
+void tx_clear(char* restrict p, const tx_i64 nbytes, const int tx_threads)
+{
+    const tx_i64 blocks = (nbytes + 2097151) / 2097152;
+    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1)
+    for (tx_i64 block = 0; block < blocks; ++block) {
+        const tx_i64 lo = block * 2097152;
+        memset(p + lo, 0, (size_t)(nbytes - lo < 2097152 ? nbytes - lo : 2097152));
+    }
+}
