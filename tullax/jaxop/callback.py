@@ -86,8 +86,9 @@ def host_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
 def clears_own_output(spec: Spec, args: Sequence[Any], result: Any) -> bool:
     """Whether a kernel of ``spec`` that starts from zeros (``args[0]``) clears its own output rather than take
     XLA's zeros: where the output could stand in for the given array (``updates_in_place``) and huge pages can
-    be had (``runtime.hugepages``). Without them, a single-threaded clear of fresh 4 KiB pages is slower than
-    XLA's zeros (the embedding gradient's 51 MB: 20 ms against 10)."""
+    be had (``runtime.hugepages``). Without them, clearing fresh 4 KiB pages in the callback was slower than
+    XLA's zeros (one memset then; the team's parallel clear of ``tullax.printers.c_clear`` was not measured
+    without huge pages)."""
     from tullax.runtime import hugepages
 
     return updates_in_place(spec, args, result) and hugepages.enabled()
