@@ -5,12 +5,13 @@ team would fight its spinning threads. Each thread clears whole blocks of 2 MiB,
 advised (``tullax.runtime.hugepages``).
 
 The C printer prints ``CLEAR_SOURCE`` (``tullax.printers.c.print_module``); the ``c`` backend calls
-``CLEAR_FUNCTION`` (``CHostKernel.clear_bytes``). This module imports nothing: a warm process loads a module's
-library without importing the printer.
+``CLEAR_FUNCTION`` (``CHostKernel.clear_bytes``). This module imports only the huge page's size: a warm process
+loads a module's library without importing the printer.
 """
+from tullax.runtime.hugepages import HUGE_PAGE
 
 CLEAR_FUNCTION = "tx_clear"  # void tx_clear(char* p, tx_i64 nbytes, int tx_threads)
-CLEAR_BLOCK = 1 << 21
+CLEAR_BLOCK = HUGE_PAGE  # each thread clears whole huge pages
 
 CLEAR_SOURCE = f"""\
 // {CLEAR_FUNCTION}: zero nbytes from p, in blocks of {CLEAR_BLOCK} bytes over tx_threads threads
