@@ -52,13 +52,14 @@ def host_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
               zero_start: bool = False) -> Any:
     """Run the host kernel of ``spec`` on ``args`` (jax values) through the callback ``path``; returns the
     result as a jax value of dtype ``out_dtype``. Called while lowering, with tracers. ``zero_start``: ``spec``
-    is a '+=' step whose given array (``args[0]``) is zeros: the callback clears its output itself
-    (``clears_own_output``), and XLA drops the unused zeros."""
+    is a '+=' step whose given array (``args[0]``) is zeros: where it can, the callback clears its output itself,
+    and XLA drops the unused zeros."""
     import jax
     import numpy as np
 
     from tullax import backends
     from tullax.backends.base import Signature
+    from tullax.runtime import hugepages
     from tullax.spec.text import format_spec
 
     shapes = {name: tuple(a.shape) for name, a in zip(spec.input_names, args)}
@@ -71,27 +72,21 @@ def host_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
         kernel.prepare(shapes, read_only=path == "pure")  # pure_callback's inputs are read-only (_pure_runner)
     run_kernel = _with_shapes(kernel, shapes) if declared.shaped_run else _plain(kernel)
     text = format_spec(spec)
-    clear = _clearer(kernel) if zero_start and clears_own_output(spec, args, result) else None
+    in_place = updates_in_place(spec, args, result)
+    # A zero-start step clears its own output where that output could stand in for the given zeros and huge pages
+    # can be had (``runtime.hugepages``). Without them, clearing fresh 4 KiB pages in the callback was slower than
+    # XLA's zeros (one memset then; the team's parallel clear of ``tullax.printers.c_clear`` was not measured
+    # without huge pages).
+    clear = _clearer(kernel) if zero_start and in_place and hugepages.enabled() else None
     operands = args[1:] if clear is not None else args
     if path == "buffer":
         from jax.experimental.buffer_callback import buffer_callback
 
-        aliases = {0: 0} if clear is None and updates_in_place(spec, args, result) else None
+        aliases = {0: 0} if clear is None and in_place else None
         return buffer_callback(_buffer_runner(spec, run_kernel, text, backend_name, clear), result,
                                input_output_aliases=aliases)(*operands)
     return jax.pure_callback(_pure_runner(spec, run_kernel, text, backend_name, result, clear), result,
                              *operands, vmap_method="sequential")
-
-
-def clears_own_output(spec: Spec, args: Sequence[Any], result: Any) -> bool:
-    """Whether a kernel of ``spec`` that starts from zeros (``args[0]``) clears its own output rather than take
-    XLA's zeros: where the output could stand in for the given array (``updates_in_place``) and huge pages can
-    be had (``runtime.hugepages``). Without them, clearing fresh 4 KiB pages in the callback was slower than
-    XLA's zeros (one memset then; the team's parallel clear of ``tullax.printers.c_clear`` was not measured
-    without huge pages)."""
-    from tullax.runtime import hugepages
-
-    return updates_in_place(spec, args, result) and hugepages.enabled()
 
 
 # A host kernel as the callbacks call it: run_kernel(out, inputs).
@@ -197,4 +192,4 @@ def _read_only(value: Any) -> Any:
     return view
 
 
-__all__ = ["callback_path", "clears_own_output", "has_buffer_callback", "host_call", "PATHS"]
+__all__ = ["callback_path", "has_buffer_callback", "host_call", "PATHS"]
