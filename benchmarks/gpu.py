@@ -57,15 +57,9 @@ def slug(text: str) -> str:
 
 def best_ms(fn: Callable[[], Any], repeat: int) -> float:
     """The best wall time of ``fn()`` (blocked until ready) over ``repeat`` runs, after one warm-up."""
-    import jax
+    from tullax.benchmarking.timing import blocked, timed
 
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append((time.perf_counter() - start) * 1e3)
-    return min(times)
+    return timed(blocked(fn), repeat).best_ms
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 MARK = "@@hugepages "
 CASES = {
@@ -33,15 +32,9 @@ REPEATS = 30
 
 
 def _median_ms(call) -> float:
-    import jax
+    from tullax.benchmarking.timing import blocked, timed
 
-    jax.block_until_ready(call())
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        jax.block_until_ready(call())
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return timed(blocked(call), REPEATS).median_ms
 
 
 def child(backend: str) -> dict:

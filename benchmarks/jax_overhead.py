@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,16 +27,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "jax_overhead.json"
 def seconds_per_call(fn: Callable[[], Any], calls: int, repeat: int) -> float:
     """The best over ``repeat`` rounds of the mean time of one blocking call (after a warm-up call): on a
     shared machine the fastest round is the one least disturbed by other processes."""
-    import jax
+    from tullax.benchmarking.timing import blocked, timed
 
-    jax.block_until_ready(fn())
-    rounds = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(calls):
-            jax.block_until_ready(fn())
-        rounds.append((time.perf_counter() - start) / calls)
-    return min(rounds)
+    return timed(blocked(fn), repeat, batch=calls).best_ms / 1e3
 
 
 def with_callback_path(path: str, make: Callable[[], Callable]) -> Callable:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +44,9 @@ def row_max(form: str):
 
 
 def cpu_ms(function, repeats: int = 9) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        function()
-        times.append((time.process_time() - start) * 1e3)
-    return times
+    from tullax.benchmarking.timing import timed
+
+    return list(timed(function, repeats, warmup=0).cpu_ms)
 
 
 def main() -> None:

@@ -18,7 +18,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -29,6 +28,7 @@ def child(job: dict, repeat: int) -> None:
     import jax
 
     from tullax.benchmarking import worker
+    from tullax.benchmarking.timing import timed
 
     subject = worker.make_subject(job)
     args, cotangent = subject.inputs(job["shapes"], job["dtype"], job["seed"])
@@ -37,15 +37,8 @@ def child(job: dict, repeat: int) -> None:
     if subject.wrt:
         calls["bwd"] = lambda: jax.block_until_ready(subject.bwd(cotangent, *args))
     for name, call in calls.items():
-        call()  # tracing, compiling or loading, first run
-        call()
-        wall, cpu = [], []
-        for _ in range(repeat):
-            w, c = time.perf_counter(), time.process_time()
-            call()
-            wall.append((time.perf_counter() - w) * 1e3)
-            cpu.append((time.process_time() - c) * 1e3)
-        result[name] = {"wall_ms": statistics.median(wall), "cpu_ms": statistics.median(cpu)}
+        found = timed(call, repeat, warmup=2)  # the first: tracing, compiling or loading, first run
+        result[name] = {"wall_ms": found.median_ms, "cpu_ms": found.median_cpu_ms}
     print(MARK + json.dumps(result), flush=True)
 
 

@@ -18,7 +18,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `tullax` importable from the checkout
@@ -43,12 +42,9 @@ def per_call_us(i: int, j: int, k: int, calls: int, backend: str = "numba") -> d
     b = jnp.asarray(np.random.default_rng(1).standard_normal((k, j)).astype(np.float32))
     fn = jax.jit(kernel)
     np.testing.assert_allclose(fn(a, b), np.asarray(a) @ np.asarray(b), rtol=1e-4, atol=1e-4)
-    rounds = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(calls):
-            jax.block_until_ready(fn(a, b))
-        rounds.append((time.perf_counter() - start) / calls * 1e6)
+    from tullax.benchmarking.timing import blocked, timed
+
+    rounds = [ms * 1e3 for ms in timed(blocked(lambda: fn(a, b)), 5, warmup=0, batch=calls).wall_ms]
     ran = []
     if backend == "numba":
         from tullax.backends import numba as numba_backend

@@ -48,6 +48,7 @@ def _cpu() -> float:
 
 def child(job: dict) -> dict:
     """One process: TTFK of ``job``'s case on its backend at its shapes; with ``calls``, then the run times."""
+    from tullax.benchmarking.timing import timed
     from tullax.benchmarking.worker import Subject, block, device_inputs
     from tullax.spec.frontend import compile_spec
 
@@ -66,14 +67,9 @@ def child(job: dict) -> dict:
                             ("bwd", lambda: block(subject.bwd(cotangent, *args)))):
             if which == "bwd" and not subject.wrt:
                 continue
-            walls, cpus = [], []
-            for _ in range(job["calls"]):
-                w, c = time.perf_counter(), _cpu()
-                call()
-                walls.append((time.perf_counter() - w) * 1e3)
-                cpus.append((_cpu() - c) * 1e3)
-            record[f"{which}_ms"] = statistics.median(walls)
-            record[f"{which}_cpu_ms"] = statistics.median(cpus)
+            found = timed(call, job["calls"], warmup=0, cpu_clock=_cpu)
+            record[f"{which}_ms"] = found.median_ms
+            record[f"{which}_cpu_ms"] = found.median_cpu_ms
     if job["backend"] == "c":
         from tullax.backends.c import compile_stats
     else:

@@ -13,7 +13,11 @@ compile cache, ``warm`` on the one the cold run filled.
   of the gradient races still to run, compiled meanwhile in threads;
 * ``c module, built or loaded``: one loop module from the cache, or generated (``C codegen``) and compiled
   (``C compile``: the compiler's processes);
-* ``XLA compile``: one XLA executable: a race's candidate, a loop candidate's wrapper, the user's programs.
+* ``XLA compile``: one XLA executable: a race's candidate, a loop candidate's wrapper, the user's programs;
+* ``GC generation 2``: a pass of Python's garbage collector over every object (it holds the GIL meanwhile).
+
+Under each table: the CPU time of the process (all its threads) and of the C compiler's processes over the TTFK,
+and how many cores that kept busy on average: near the core count, only less work can shorten the TTFK.
 
 Usage: ``python benchmarks/ttfk_timeline.py [case] [--backend auto] [--runs 1] [--json out.json]``. Each run is a
 new cold process and a new warm one; every figure is wall time in ms. Spans shorter than 0.5 ms are left out of
@@ -73,6 +77,21 @@ def _instrument(spans: list) -> None:
     wrap(c_compile, "compile_library", "C compile")
     wrap(jax_compiler, "backend_compile_and_load", "XLA compile")
 
+    import gc
+
+    collecting = {}
+
+    def collection(phase: str, info: dict) -> None:  # the garbage collector's passes over the older objects
+        if info["generation"] < 2:
+            return
+        if phase == "start":
+            collecting["t"] = time.perf_counter()
+        elif "t" in collecting:
+            spans.append((collecting.pop("t"), time.perf_counter(), f"GC generation {info['generation']}",
+                          threading.current_thread().name))
+
+    gc.callbacks.append(collection)
+
 
 def child(job: dict) -> None:
     import time
@@ -89,14 +108,19 @@ def child(job: dict) -> None:
 
     def timed_subject(*args, **kwargs):  # the TTFK starts here (worker.phase_ttfk)
         began.setdefault("t", time.perf_counter())
+        began.setdefault("cpu", os.times())
         return make_subject(*args, **kwargs)
 
     worker.make_subject = timed_subject
     found = worker.phase_ttfk(job)
+    ended = os.times()
     start = began["t"]
+    cpu = {"process_cpu_ms": (ended.user + ended.system - began["cpu"].user - began["cpu"].system) * 1e3,
+           "compiler_cpu_ms": (ended.children_user + ended.children_system - began["cpu"].children_user
+                               - began["cpu"].children_system) * 1e3}
     rows = [((s - start) * 1e3, (e - start) * 1e3, label, thread) for s, e, label, thread in sorted(spans)
             if e >= start]
-    print(MARK + json.dumps({"ttfk_ms": found["ttfk_ms"], "ttfk_fwd_ms": found["ttfk_fwd_ms"], "spans": rows}),
+    print(MARK + json.dumps({"ttfk_ms": found["ttfk_ms"], "ttfk_fwd_ms": found["ttfk_fwd_ms"], "spans": rows, **cpu}),
           flush=True)
 
 
@@ -132,6 +156,10 @@ def show(title: str, record: dict) -> None:
             print(f"| {start:.1f} | {end:.1f} | {end - start:.1f} | {label} | {thread} |")
     summed = ", ".join(f"{kind} {ms:.0f} ms" for kind, ms in totals(record["spans"]).items())
     print(f"\nsummed by kind: {summed}")
+    if "process_cpu_ms" in record:  # CPU time over the TTFK: how busy the cores were, of os.cpu_count() x wall
+        busy = (record["process_cpu_ms"] + record["compiler_cpu_ms"]) / record["ttfk_ms"]
+        print(f"CPU time: this process {record['process_cpu_ms']:.0f} ms, the C compiler's processes "
+              f"{record['compiler_cpu_ms']:.0f} ms: {busy:.2f} of {os.cpu_count()} cores busy on average")
 
 
 def main() -> None:

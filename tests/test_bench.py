@@ -286,6 +286,8 @@ def test_the_ttfk_timeline_records_the_backend_the_race_and_every_compile(tmp_pa
     assert all(0 <= start <= end <= cold["ttfk_ms"] + 1 for start, end, _, _ in cold["spans"])
     assert totals(cold["spans"])["XLA compile"] > 0
     assert not any(label.startswith(("C codegen", "C compile")) for _, _, label, _ in warm["spans"])
+    # the CPU time over the TTFK: this process's threads, and the C compiler's processes (the cold one probes)
+    assert cold["process_cpu_ms"] > 0 and warm["process_cpu_ms"] > 0 and cold["compiler_cpu_ms"] > 0
 
 
 def test_one_program_traced_from_two_functions_has_one_fingerprint():
