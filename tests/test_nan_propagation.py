@@ -23,7 +23,15 @@ def _inputs() -> list[np.ndarray]:
     wide[2, 35] = nan   # in the remainder
     wide[3, :] = nan
     wide[4, 0] = -np.inf
-    return [small, wide]
+    # long rows: XLA's CPU reduction lost a NaN from 1366 elements on (jaxlib 0.10.2: the max of the rest, or
+    # -inf with the NaN last); the Numba lanes' sums turn NaN on +inf beside -inf too (the exact loop then decides)
+    long = np.random.default_rng(1).random((6, 1500))
+    long[0, 700] = nan
+    long[1, -1] = nan
+    long[2, 0] = nan
+    long[3, 10], long[3, 18] = np.inf, -np.inf  # in one lane of 8: its sum is NaN
+    long[4, :] = -np.inf
+    return [small, wide, long]
 
 
 CASES = [

@@ -323,10 +323,14 @@ def _reduce_axes(redop: str, value, axes: tuple[int, ...]):
         return jnp.sum(value, axis=axes)
     if redop == "*":
         return jnp.prod(value, axis=axes)
-    if redop == "max":
-        return jnp.max(value, axis=axes)
-    if redop == "min":
-        return jnp.min(value, axis=axes)
+    if redop in ("max", "min"):
+        found = (jnp.max if redop == "max" else jnp.min)(value, axis=axes)
+        if not jnp.issubdtype(value.dtype, jnp.inexact):
+            return found
+        # XLA's CPU reduction loses a NaN once a reduction is long enough (jaxlib 0.10.2: from 1366 elements
+        # on, it returns the max of the rest, or -inf where the NaN was last), while jnp, NumPy and every loop
+        # backend propagate it: the NaN is said explicitly (tests/test_nan_propagation.py, the long rows)
+        return jnp.where(jnp.isnan(value).any(axis=axes), jnp.array(jnp.nan, found.dtype), found)
     return jax.nn.logsumexp(value, axis=axes)
 
 
