@@ -3,7 +3,9 @@
 A row max over 4096x4096 float32 with the three forms the lanes could take (see ``NumbaPrinter._lanes``):
   fast      ``lane = v if v > lane else lane``: one compare-select, skips NaN (the form before issue 13);
   in-lane   ``lane = lane if (lane != lane or v <= lane) else v``: the lane itself keeps a NaN;
-  flags     the fast form plus ``flag = flag | (v != v)`` per lane, the result NaN when a flag is set (printed).
+  flags     the fast form plus ``flag = flag | (v != v)`` per lane, the result NaN when a flag is set;
+  sum       the fast form plus ``total = total + v`` per lane: a NaN sum (a NaN value, or +inf beside -inf) sends
+            the row to the exact NaN-propagating loop (printed; the timed rows hold no NaN).
 Each form is 8 lanes over blocks of 8 columns, compiled with Numba and timed alternately (CPU time, medians), then
 the printed tullax kernel and ``np.max``. Writes benchmarks/results/nan_lanes.json.
 
@@ -23,20 +25,23 @@ FORMS = {
     "fast": ["acc{l} = v if v > acc{l} else acc{l}"],
     "in-lane": ["acc{l} = acc{l} if (acc{l} != acc{l} or v <= acc{l}) else v"],
     "flags": ["acc{l} = v if v > acc{l} else acc{l}", "nan{l} = nan{l} | (v != v)"],
+    "sum": ["acc{l} = v if v > acc{l} else acc{l}", "nan{l} = nan{l} + v"],
 }
 
 
 def row_max(form: str):
     """A row-max kernel whose inner block is written in ``form`` (generated text, as the printer does)."""
     lines = ["def kernel(a, out):", "    for i in range(a.shape[0]):"]
-    lines += [f"        acc{lane} = np.float32(-np.inf)\n        nan{lane} = False" for lane in range(LANES)]
+    start = "np.float32(0)" if form == "sum" else "False"  # the sum form's check is a float, NaN when it fires
+    lines += [f"        acc{lane} = np.float32(-np.inf)\n        nan{lane} = {start}" for lane in range(LANES)]
     lines += [f"        top = a.shape[1] // {LANES} * {LANES}", f"        for b in range(0, top, {LANES}):"]
     for lane in range(LANES):
         lines.append(f"            v = a[i, b + {lane}]")
         lines += ["            " + line.format(l=lane) for line in FORMS[form]]
     lines.append("        acc = acc0")
     lines += [f"        acc = acc if (acc != acc or acc >= acc{lane}) else acc{lane}" for lane in range(1, LANES)]
-    lines.append("        if " + " | ".join(f"nan{lane}" for lane in range(LANES)) + ":\n            acc = np.nan")
+    fired = [f"(nan{lane} != nan{lane})" if form == "sum" else f"nan{lane}" for lane in range(LANES)]
+    lines.append("        if " + " | ".join(fired) + ":\n            acc = np.nan")  # printed: the exact loop
     lines += ["        for j in range(top, a.shape[1]):", "            acc = max(acc, a[i, j])", "        out[i] = acc"]
     namespace = {"np": np}
     exec("\n".join(lines), namespace)  # noqa: S102 - our own generated text, as in the printer

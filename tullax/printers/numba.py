@@ -190,10 +190,11 @@ class NumbaPrinter(LoopPrinter):
         elements into one vector max (measured: row max over 4096x4096, 4.8 ms -> 1.6 ms on 2 cores). Each lane
         starts from the accumulator's current value, so an enclosing loop that accumulates too stays right.
 
-        A float lane keeps that fast compare-select (which skips a NaN) and records NaNs in a boolean flag per lane
-        beside it; the result is NaN when any flag is set. Keeping a NaN in the lane itself (``lane != lane or
-        ...``) costs a second compare and an ``or`` on every lane's dependency chain: row max over 4096x4096 on one
-        core was 3.2x slower than the fast form that way, 1.4x with the flags (``benchmarks/nan_lanes.py``)."""
+        A float lane keeps that fast compare-select (which skips a NaN) and sums its values beside it: a NaN
+        value makes the sum NaN (so does +inf beside -inf). A NaN sum sends the blocks to the exact loop, which
+        propagates NaN; else the lanes stand. Marking a NaN with a compare, in the lane itself (``lane != lane
+        or ...``) or in a flag per lane (``flag | (v != v)``), kept LLVM from packing the lanes into vectors on
+        this machine's CPU: the sum is the one check that packs (``benchmarks/nan_lanes.py``)."""
         pad, var = self.indent * depth, loop.var
         inner = NumbaPlace(depth + 1, prange=False, lanes=True)
         *lets, accum = loop.body
@@ -201,8 +202,11 @@ class NumbaPrinter(LoopPrinter):
         lanes = [f"{accum.var}_l{k}" for k in range(LANES)]
         start, stop = self.expr(loop.start), self.expr(loop.stop)
         blocks = binop("*", binop("//", binop("-", loop.stop, loop.start), const(LANES)), const(LANES))
-        flags = [f"{lane}_nan" for lane in lanes] if _propagates_nan(accum) else []
-        lines = [f"{pad}{lane} = {accum.var}" for lane in lanes] + [f"{pad}{flag} = False" for flag in flags]
+        sums = [f"{lane}_sum" for lane in lanes] if _propagates_nan(accum) else []
+        zero = self.constant(Const(0.0, accum.value.dtype)) if sums else ""
+        lines = [f"{pad}{lane} = {accum.var}" for lane in lanes] + [f"{pad}{total} = {zero}" for total in sums]
+        if sums:
+            lines.append(f"{pad}{accum.var}_in = {accum.var}")
         lines.append(f"{pad}{var}_top = {self.expr(binop('+', loop.start, blocks))}")
         lines.append(f"{pad}for {var}_blk in range({start}, {var}_top, {LANES}):")
         for k, lane in enumerate(lanes):
@@ -210,13 +214,15 @@ class NumbaPrinter(LoopPrinter):
             lines += self.block(lets, inner)
             lines.append(f"{pad}    {var}_v = {self.expr(accum.value)}")
             lines.append(f"{pad}    {lane} = {var}_v if {var}_v {cmp} {lane} else {lane}")
-            if flags:  # the compare-select above skips a NaN value: its flag makes the result NaN below
-                lines.append(f"{pad}    {flags[k]} = {flags[k]} | ({var}_v != {var}_v)")
-        combine = NAN_PROPAGATING[accum.op] if flags else accum.op
+            if sums:  # the compare-select above skips a NaN value: the sum keeps it
+                lines.append(f"{pad}    {sums[k]} = {sums[k]} + {var}_v")
+        combine = NAN_PROPAGATING[accum.op] if sums else accum.op  # a lane may start from a NaN accumulator
         lines += [f"{pad}{accum.var} = {combine}({accum.var}, {lane})" for lane in lanes]
-        if flags:
-            nan = self.constant(Const(math.nan, accum.value.dtype))
-            lines.append(f"{pad}if {' | '.join(flags)}:\n{pad}{self.indent}{accum.var} = {nan}")
+        if sums:  # a NaN (or +inf and -inf) among the blocks' values: the exact loop over them instead
+            lines.append(f"{pad}if {' or '.join(f'{total} != {total}' for total in sums)}:")
+            lines.append(f"{pad}    {accum.var} = {accum.var}_in")
+            lines.append(f"{pad}    for {var} in range({start}, {var}_top):")
+            lines += self.block(loop.body, NumbaPlace(depth + 2, prange=False, lanes=True))
         lines.append(f"{pad}for {var} in range({var}_top, {stop}):")
         lines += self.block(loop.body, inner)
         return lines
