@@ -23,8 +23,9 @@ def _inputs() -> list[np.ndarray]:
     wide[2, 35] = nan   # in the remainder
     wide[3, :] = nan
     wide[4, 0] = -np.inf
-    # long rows: XLA's CPU reduction lost a NaN from 1366 elements on (jaxlib 0.10.2: the max of the rest, or
-    # -inf with the NaN last); the Numba lanes' sums turn NaN on +inf beside -inf too (the exact loop then decides)
+    # long rows (9000 elements): XLA's CPU reduction lost a NaN in arrays of 4096 elements or more (jaxlib 0.10.2:
+    # the max of the rest, or -inf with the NaN last); the Numba lanes' sums turn NaN on +inf beside -inf too (the
+    # exact loop then decides)
     long = np.random.default_rng(1).random((6, 1500))
     long[0, 700] = nan
     long[1, -1] = nan

@@ -327,9 +327,10 @@ def _reduce_axes(redop: str, value, axes: tuple[int, ...]):
         found = (jnp.max if redop == "max" else jnp.min)(value, axis=axes)
         if not jnp.issubdtype(value.dtype, jnp.inexact):
             return found
-        # XLA's CPU reduction loses a NaN once a reduction is long enough (jaxlib 0.10.2: from 1366 elements
-        # on, it returns the max of the rest, or -inf where the NaN was last), while jnp, NumPy and every loop
-        # backend propagate it: the NaN is said explicitly (tests/test_nan_propagation.py, the long rows)
+        # XLA's CPU reduction loses a NaN in an array of 4096 elements or more (jaxlib 0.10.2: 3x1366, 1x4096
+        # and 64x64 did, 3x1365 and 1x2048 did not; it returns the max of the rest, or -inf where the NaN was
+        # last), while NumPy and every loop backend propagate it: the NaN is said explicitly
+        # (tests/test_nan_propagation.py, the long rows)
         return jnp.where(jnp.isnan(value).any(axis=axes), jnp.array(jnp.nan, found.dtype), found)
     return jax.nn.logsumexp(value, axis=axes)
 
