@@ -178,8 +178,10 @@ def test_near_tie_tolerance_only_for_bodies_kernels_may_round_differently() -> N
     exact = _texts("(max) m := x[i,j]*w[j]")[0]
     assert "==" in exact and "1e-06" not in exact
     contracted = _texts("(min) m[i] := x[i,j]*w[j] + b[j]")[0]
-    assert "abs(x[i,j]*w[j] + b[j] - m[i]) <= 1e-06*abs(m[i])" in contracted
+    assert "abs(x[i,j]*w[j] + b[j] - m[i]) <= 1e-06*max(abs(m[i]), abs(x[i,j])*abs(w[j]) + abs(b[j]))" in contracted
     assert "/max(count[i], 1)" in contracted
+    unsummed = _texts("(max) m[i] := exp(x[i,j]*w[j])")[0]
+    assert "abs(exp(x[i,j]*w[j]) - m[i]) <= 1e-06*abs(m[i])" in unsummed  # no sum: relative to the max alone
 
 
 def test_affine_helpers_are_exact() -> None:

@@ -263,8 +263,11 @@ def _product_factor(fw: Forward, grad: Expr) -> Forward:
 
 
 # Relative distance under which a recomputed body value counts as reaching the max/min. Compilers contract
-# a*b + c*d into fused multiply-adds differently in different kernels (XLA does, unconditionally), so a body
-# recomputed by a gradient kernel may differ from the forward's in the last bits.
+# a*b + c*d into fused multiply-adds differently in different kernels (XLA does, unconditionally), and under
+# fast-math reassociate sums differently (the C compiler hoisted ``-c[i] + c[0]`` out of one kernel and not the
+# other), so a body recomputed by a gradient kernel may differ from the forward's in the last bits. Those bits
+# are relative to the magnitude of the terms of a sum, not to its value: a body that cancels (``x[i,j] - c[i] +
+# c[0]`` with c near 1000 and x near 1) is measured against its terms (``_magnitude``).
 TIE_TOLERANCE = 1e-6
 
 
@@ -288,7 +291,38 @@ def _winner(body: Expr, extreme: Expr) -> Expr:
     if _reproducible(body):
         return cmp("==", body, extreme)
     gap = call("abs", sub(body, extreme))
-    return cmp("<=", gap, mul(Num(TIE_TOLERANCE), call("abs", extreme)))
+    scale = call("abs", extreme)
+    if _has_sum(body):  # rounding in any order of the sum is bounded relative to its terms' magnitudes
+        scale = call("max", scale, _magnitude(body))
+    return cmp("<=", gap, mul(Num(TIE_TOLERANCE), scale))
+
+
+def _has_sum(expr: Expr) -> bool:
+    """Whether ``expr`` adds or subtracts anywhere in its arithmetic (through signs, products and quotients)."""
+    if isinstance(expr, Unary):
+        return _has_sum(expr.arg)
+    if isinstance(expr, Binary) and expr.op in ("+", "-"):
+        return True
+    if isinstance(expr, Binary) and expr.op in ("*", "/"):
+        return _has_sum(expr.lhs) or _has_sum(expr.rhs)
+    return False
+
+
+def _magnitude(expr: Expr) -> Expr:
+    """The magnitude the rounding error of ``expr`` scales with, whatever order its sums are evaluated in:
+    sums of the terms' magnitudes, products and quotients of the factors' (the standard forward error bound of
+    arithmetic); any other node its own absolute value."""
+    if isinstance(expr, Unary):
+        return _magnitude(expr.arg)
+    if isinstance(expr, Num) and not isinstance(expr.value, complex):
+        return Num(abs(expr.value))
+    if isinstance(expr, Binary) and expr.op in ("+", "-"):
+        return Binary("+", _magnitude(expr.lhs), _magnitude(expr.rhs))
+    if isinstance(expr, Binary) and expr.op == "*":
+        return Binary("*", _magnitude(expr.lhs), _magnitude(expr.rhs))
+    if isinstance(expr, Binary) and expr.op == "/":
+        return Binary("/", _magnitude(expr.lhs), call("abs", expr.rhs))
+    return call("abs", expr)
 
 
 def _reproducible(expr: Expr) -> bool:
