@@ -95,7 +95,10 @@ def assert_as_accurate_as_xla(run, text: str, shapes: dict, wrt: str | None, see
     ("C[i,j] := A[i,k]*B[k,j]", {"A": (4, 1_000_000), "B": (1_000_000, 8)}, None),  # tiled: totals per tile
     ("S[i,j] := Q[i,d]*K[j,d]", {"Q": (16, 16), "K": (1_000_000, 16)}, "Q"),  # attention: ΔQ sums over long j
     ("h[b,o] := x[b,i]*W[i,o]", {"x": (1_000_000, 4), "W": (4, 8)}, "W"),  # a weight gradient over a batch
-], ids=["dot", "row_sum", "matmul_long_k", "attention_grad_Q", "linear_grad_W"])
+    # tiled, two summed indices, the strip-mined (inner) one shorter than a block: the partials once ran over
+    # all 400k terms in float32 (the move into the totals counted the inner loop's length alone)
+    ("C[i,j] := A[i,k,l]*B[k,l,j]", {"A": (4, 4000, 100), "B": (4000, 100, 8)}, None),
+], ids=["dot", "row_sum", "matmul_long_k", "attention_grad_Q", "linear_grad_W", "two_sum_indices"])
 def test_numba_long_sums_are_as_accurate_as_xla(text: str, shapes: dict, wrt: str | None):
     assert_as_accurate_as_xla(run_numba, text, shapes, wrt)
 
@@ -107,7 +110,8 @@ def test_numba_long_sums_are_as_accurate_as_xla(text: str, shapes: dict, wrt: st
     ("s := x[i]*y[i]", {"x": (200_000,), "y": (200_000,)}, None),  # one work-item over every block
     ("r[i] := x[i,j]", {"x": (2, 50_000)}, None),
     ("S[i,j] := Q[i,d]*K[j,d]", {"Q": (2, 2), "K": (30_000, 2)}, "Q"),  # tiled, with the tile's totals
-], ids=["dot", "row_sum", "attention_grad_Q"])
+    ("C[i,j] := A[i,k,l]*B[k,l,j]", {"A": (2, 300, 50), "B": (300, 50, 2)}, None),  # the inner loop: 50
+], ids=["dot", "row_sum", "attention_grad_Q", "two_sum_indices"])
 def test_printed_julia_long_sums_are_as_accurate_as_xla(text: str, shapes: dict, wrt: str | None):
     pytest.importorskip("tree_sitter_julia")
     from test_julia_printer import run_julia

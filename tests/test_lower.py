@@ -511,7 +511,25 @@ def test_tiled_float32_sums_keep_totals_only_when_longer_than_a_block():
     guarded = [s for s in walk_stmts(kernel.body) if isinstance(s, If) and s.cond == Var("long_sum", "bool")]
     assert len(guarded) == 3  # the totals, moving a block's partials into them, adding them to the output
     lets = {s.var: s.value for s in walk_stmts(kernel.body) if isinstance(s, Let)}
-    assert lets["long_sum"] == BinOp(">", Var("n1", "int64"), Const(512, "int64"), "bool")
+    n1 = BinOp("max", Var("n1", "int64"), Const(0, "int64"), "int64")
+    assert lets["long_sum"] == BinOp(">", n1, Const(512, "int64"), "bool")
+
+
+def test_tiled_float32_sums_count_every_summed_index():
+    """With two summed indices the whole sum is long when the product of their extents is, and the partials
+    move into the totals once 512 terms went into them, however short the strip-mined (inner) loop is."""
+    kernel = kernel_of("C[i,j] := A[i,k,l]*B[k,l,j]", tile=True)
+    lets = {s.var: s.value for s in walk_stmts(kernel.body) if isinstance(s, Let)}
+    long_sum = lets["long_sum"]
+    assert long_sum.op == ">" and long_sum.rhs == Const(512, "int64") and long_sum.lhs.op == "*", long_sum
+    factors = (long_sum.lhs.lhs, long_sum.lhs.rhs)  # max(extent, 0) of k's loop and of l's
+    assert all(f.op == "max" and isinstance(f.lhs, Var) and f.rhs == Const(0, "int64") for f in factors)
+    assert factors[0].lhs != factors[1].lhs, long_sum
+    counted = [s for s in walk_stmts(kernel.body) if isinstance(s, Accum) and s.var == "tile_terms"]
+    assert len(counted) == 1
+    moves = [s for s in walk_stmts(kernel.body) if isinstance(s, If) and isinstance(s.cond, BinOp)
+             and s.cond.lhs == Var("tile_terms", "int64")]
+    assert [(m.cond.op, m.cond.rhs) for m in moves] == [(">=", Const(512, "int64"))]
 
 
 def test_float32_sums_add_block_partials_into_a_float64_total():

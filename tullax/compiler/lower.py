@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tullax.compiler.assemble import Nest, mark_reduce_parallel
-from tullax.compiler.blocking import TileSum, blocked_index, first_block_end, peels, register_sum
+from tullax.compiler.blocking import TileSum, blocked_index, first_block_end, peels, register_sum, sum_terms
 from tullax.compiler.bounds import Bound, Side, narrow
 from tullax.compiler.emit import Emitter, Phase
 from tullax.compiler.factor import factor_sums
@@ -271,9 +271,8 @@ def _tiled(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr,
     if blocked is None:
         block += nest.block([update])
     else:
-        rng = spec.range_of[blocked]
-        sums = TileSum(tile, here, binop("-", Var(j, INDEX), Var(TILE_LO, INDEX)), plan.tiling.elems,
-                       binop("-", emit.size(rng.hi), emit.size(rng.lo)))
+        terms, inner = sum_terms(spec, plan, blocked, emit.size)
+        sums = TileSum(tile, here, binop("-", Var(j, INDEX), Var(TILE_LO, INDEX)), plan.tiling.elems, terms, inner)
         block += sums.prologue() + sums.blocked(nest.block([update]), plan.var(blocked)) + sums.epilogue()
     if spec.finalizer is not None:
         block.append(over_tile(Store(out.name, out_index, finalize(spec, translator, translator.wrapped(here)))))

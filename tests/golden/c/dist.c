@@ -201,6 +201,7 @@ void forward(
             tx_i64 tile_hi;
             bool long_sum;
             double tile_tot[512];
+            tx_i64 tile_terms;
             tx_i64 blk_lo;
             tx_i64 blk_hi;
             float t0_u0;
@@ -213,9 +214,10 @@ void forward(
             for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
                 a0[i0 * a0_e1 + i1] = 0.0f;
             }
-            long_sum = n1 > 512;
+            long_sum = tx_max_i64(n1, 0) > 512;
             if (long_sum) {
                 memset(tile_tot, 0, 512 * sizeof(double));
+                tile_terms = 0;
             }
             for (tx_i64 blk = 0; blk < tx_floordiv_i64(n1 + 511, 512); ++blk) {
                 blk_lo = blk * 512;
@@ -236,9 +238,13 @@ void forward(
                     }
                 }
                 if (long_sum) {
-                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
-                        tile_tot[i1 - tile_lo] += ((double)a0[i0 * a0_e1 + i1]);
-                        a0[i0 * a0_e1 + i1] = 0.0f;
+                    tile_terms += blk_hi - blk_lo;
+                    if (tile_terms >= 512) {
+                        for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                            tile_tot[i1 - tile_lo] += ((double)a0[i0 * a0_e1 + i1]);
+                            a0[i0 * a0_e1 + i1] = 0.0f;
+                        }
+                        tile_terms = 0;
                     }
                 }
             }
@@ -397,6 +403,7 @@ void grad1_step0(
             tx_i64 tile_hi;
             bool long_sum;
             double tile_tot[512];
+            tx_i64 tile_terms;
             tx_i64 blk_lo;
             tx_i64 blk_hi;
             float t0_u0;
@@ -409,9 +416,10 @@ void grad1_step0(
             for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
                 a0[i0 * a0_e1 + i1] = 0.0f;
             }
-            long_sum = n1 > 512;
+            long_sum = tx_max_i64(n1, 0) > 512;
             if (long_sum) {
                 memset(tile_tot, 0, 512 * sizeof(double));
+                tile_terms = 0;
             }
             for (tx_i64 blk = 0; blk < tx_floordiv_i64(n1 + 511, 512); ++blk) {
                 blk_lo = blk * 512;
@@ -432,9 +440,13 @@ void grad1_step0(
                     }
                 }
                 if (long_sum) {
-                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
-                        tile_tot[i1 - tile_lo] += ((double)a0[i0 * a0_e1 + i1]);
-                        a0[i0 * a0_e1 + i1] = 0.0f;
+                    tile_terms += blk_hi - blk_lo;
+                    if (tile_terms >= 512) {
+                        for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                            tile_tot[i1 - tile_lo] += ((double)a0[i0 * a0_e1 + i1]);
+                            a0[i0 * a0_e1 + i1] = 0.0f;
+                        }
+                        tile_terms = 0;
                     }
                 }
             }
