@@ -80,6 +80,12 @@ DROP_RATIO = 3.0  # a candidate this much slower than the fastest after a round 
 # program calling one kernel again and again does not. Interleaved without it, conv1d's shifted slices timed
 # 1.2 ms against 0.6 ms back to back, and the planner kept the loops (0.7 ms) over them.
 SETTLE_MS = 5.0
+# ... and after its untimed run, is timed on up to SAMPLES runs in a row within SAMPLE_MS, keeping the best: one
+# timed run per round let a process in which XLA ran slow for five rounds in a row hand a race to the loops
+# (conv1d's shifted slices best 1.13 ms in one process of five, 0.63 ms in the others, where single calls
+# ranged 0.59-1.8 ms; the loops 0.70 ms), and the decision is kept for every later process
+SAMPLES = 8
+SAMPLE_MS = 3.0
 # XLA's broadcast lowering is a candidate only up to this many index-space points: it may materialise them
 # (1 GiB of float32 at the limit); Dist at the suite's size (411M points, 1.6 GB) is beyond it
 GRID_ITERATIONS = 1 << 28
@@ -508,7 +514,8 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
                      zero_start: bool = False) -> list[tuple[str, float | None]]:
     """Best time per candidate over TIMING_RUNS rounds, the candidates interleaved within each round, so a
     burst of load from other processes slows every candidate alike instead of deciding the race. The race ends
-    early once every candidate but one was dropped. ``zero_start``: each candidate starts from zeros of its own
+    early once every candidate but one was dropped. A candidate under SETTLE_MS is timed on a few runs in a row
+    per round (SAMPLES, SAMPLE_MS), after one untimed run. ``zero_start``: each candidate starts from zeros of its own
     (``plan``)."""
     import numpy as np
 
@@ -536,11 +543,17 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
             break  # every other candidate is a clear loser: nothing is left to decide
         for candidate in running:
             call = calls[candidate]
-            if best[candidate] < SETTLE_MS:
+            fast = best[candidate] < SETTLE_MS
+            if fast:
                 call()  # not timed: it takes the switch from the previous candidate (see SETTLE_MS)
-            start = time.perf_counter()
-            call()
-            best[candidate] = min(best[candidate], (time.perf_counter() - start) * 1e3)
+            sampling = time.perf_counter()
+            for _ in range(SAMPLES if fast else 1):
+                start = time.perf_counter()
+                call()
+                end = time.perf_counter()
+                best[candidate] = min(best[candidate], (end - start) * 1e3)
+                if (end - sampling) * 1e3 >= SAMPLE_MS:
+                    break
     return list(best.items())
 
 
