@@ -84,6 +84,9 @@ def schedule(spec: Spec, compute: str, guards: Guards, tile: bool) -> Schedule:
     if tile and _tiling_pays(spec, parallel, reductions, guards):
         tiling = Tiling(parallel[-1], tile_size(len(spec.free), compute, spec.is_scatter))
         parallel = parallel[:-1] + (TILE,)
+        ordered = tiled_reduction_order(spec, reductions)
+        if ordered != reductions:
+            reductions, serial = ordered, ordered + tuple(n for n in serial if n in solved_names)
     loops = parallel + reductions + ((tiling.index,) if tiling else ())
     top = len(parallel) - 1
     levels = {name: level for level, name in enumerate(loops)}
@@ -182,6 +185,28 @@ def _tiling_pays(spec: Spec, parallel: tuple[str, ...], reductions: tuple[str, .
         return _scatter_tiling_pays(spec, j, reads, reductions[-1])
     tiled, untiled = inner_loop_score(reads + [spec.lhs], j), inner_loop_score(reads, reductions[-1])
     return tiled > untiled or (tiled == untiled and tiled > 0 and _sliding_window(spec, j, reductions[-1]))
+
+
+def tiled_reduction_order(spec: Spec, reductions: tuple[str, ...]) -> tuple[str, ...]:
+    """The reduction loops of a strip-mined kernel, innermost last. The tile loop inside them is the contiguous
+    one, so their order is free of stride concerns; what it decides is whether the innermost one is summed
+    ``reduction_jam.FACTOR`` steps per pass over the tile: only when it neither narrows the tile's range nor
+    moves its update, and only where its trip count is long. A window index (one summed with a free index in
+    some position: a convolution's p and q in ``x[n,c,h+p,w+q]``) is short and narrows the tile of the input
+    gradient, so the innermost index that is not one (the channel c) goes innermost. Measured on conv2d
+    (x 8x32x64x64, k 32x32x3x3, host C): forward 19.4 -> 13.3 ms, input gradient 21.6 -> 10.1 ms."""
+    if spec.is_scatter or len(reductions) < 2:
+        return reductions
+    positions = [set(ir.idx_names(i)) for idx in [a.idx for a in ir.accesses(spec.body)] + [spec.lhs or ()]
+                 for i in idx]
+
+    def window(name: str) -> bool:
+        return any(name in names and not names.isdisjoint(spec.free) for names in positions)
+
+    plain = [n for n in reductions if not window(n)]
+    if not plain or plain[-1] == reductions[-1]:
+        return reductions
+    return tuple(n for n in reductions if n != plain[-1]) + (plain[-1],)
 
 
 def _scatter_tiling_pays(spec: Spec, j: str, reads: list[tuple], k: str) -> bool:
