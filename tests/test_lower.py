@@ -420,11 +420,19 @@ def test_sums_whose_terms_differ_beyond_their_factors_stay_as_they_are():
     assert not any(isinstance(s, Let) and s.var.endswith("_s") for s in walk_stmts(kernel.body))
 
 
-def test_a_tile_whose_range_moves_with_the_reduction_index_is_not_jammed():
-    """A convolution's input gradient narrows the tile's range by k (``pad(m-k)``): its loop cannot take four
-    values of k at once, and stays as it was."""
-    kernel = kernel_of("Δx[m] := Δy[pad(m-k)]*w[k]", {"m": 40}, tile=True, dtype="float64")
-    assert not any(lp.var.endswith("_q") for lp in loops(kernel))
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("m, k", [(40, 3), (40, 31), (200, 7), (200, 70), (5, 9), (1, 4), (130, 1), (700, 600)])
+def test_a_tile_whose_range_moves_with_the_reduction_index_is_jammed_over_the_range_its_terms_share(m, k, dtype):
+    """A convolution's input gradient narrows the tile's range by k (``pad(m-k)``): four values of k are summed
+    together over the part of the tile all four cover, each alone over the rest of its range (conv1d's input
+    gradient, x 64x16384, w 31, host C: 1.28 -> 0.69 ms). Windows shorter and longer than a tile (64 here),
+    outputs shorter than the window and a window of one (no quad at all) all match the naive evaluator."""
+    text = "Δx[m] := Δy[pad(m-k)]*w[k]"
+    kernel = kernel_of(text, {"m": m}, tile=True, dtype=dtype)
+    assert any(lp.var.endswith("_q") for lp in loops(kernel))
+    spec = analysed(text, {"m": m})
+    env = random_inputs(spec, {"Δy": (max(m - k + 1, 1),), "w": (k,)}, seed=m + k)
+    np.testing.assert_allclose(execute(spec, env, True, dtype), naive_eval(spec, env), rtol=1e-10, atol=1e-12)
 
 
 def test_scatter_tiles_own_contiguous_output_row_segments():

@@ -18,17 +18,23 @@ the tile loop reads and writes the output once per FACTOR terms, and loads what 
 added together before the output: a float sum in another order (the same terms, the same blocks of
 ``tullax.compiler.blocking``), as a vectorised sum reorders its terms anyway.
 
+Where the tile loop's range moves with r (a window narrowed by r: conv1d's input gradient
+``Δx[b,m] := Δy[b,pad(m-k)]*w[k]`` sums over ``max(tile_lo, k) <= m < min(tile_hi, k + n)``), the FACTOR terms
+are added together only over the part of the tile all of their ranges cover, ``lo = max(start_u)`` to
+``hi = max(lo, min(stop_u))``; each term is added alone before ``lo`` and from ``hi`` on, within its own range
+(when the common part is empty, ``hi = lo`` splits each range at ``lo``). Every element of every term's range is
+updated exactly once per term, and in the interior tiles of a convolution the edges are empty.
+
 Only the exact pattern is rewritten: a serial loop whose body is Lets and then one serial loop whose body is
-Lets and one ``add`` Store, nothing else (no guard, no inner loop, no accumulator), where neither the tile
-loop's range (a convolution's window narrowed by r) nor the update's position depends on r; anything else is
-left as it was.
+Lets and one ``add`` Store, nothing else (no guard, no inner loop, no accumulator), where the update's
+position does not depend on r; anything else is left as it was.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from tullax.compiler.loops import INDEX, Let, Loop, LoopKernel, Stmt, Store, Var, binop, const, expr_vars
-from tullax.compiler.rewrite import substitute_stmts
+from tullax.compiler.rewrite import substitute, substitute_stmts
 
 FACTOR = 4  # terms per update of the tile: on Dist's gradient (host C) 4 and 8 ran alike, 2 and 1 slower
 
@@ -64,9 +70,9 @@ def _jammable(loop: Loop) -> bool:
     *tile_lets, update = tile.body
     if not (all(isinstance(s, Let) for s in tile_lets) and isinstance(update, Store) and update.mode == "add"):
         return False
-    # neither the tile's range (a window narrowed by r) nor the update's position may move with r
+    # the update's position may not move with r (the tile's range may: ``_ranged``)
     varying = {loop.var} | {s.var for s in (*lets, *tile_lets)}
-    return not any(expr_vars(e) & varying for e in (tile.start, tile.stop, *update.index))
+    return not any(expr_vars(e) & varying for e in update.index)
 
 
 def _jammed(loop: Loop) -> list[Stmt]:
@@ -91,9 +97,38 @@ def _jammed(loop: Loop) -> list[Stmt]:
     for term in terms[1:]:
         value = binop("+", value, term.value)
     jammed_tile = replace(tile, body=tuple(inner) + (replace(update, value=value),))
-    main = Loop(q, const(0), quads, False, tuple(outer) + (jammed_tile,))
+    if (expr_vars(tile.start) | expr_vars(tile.stop)) & ({r} | {s.var for s in lets}):
+        outer += _ranged(loop, tile, jammed_tile, q)
+    else:
+        outer.append(jammed_tile)
+    main = Loop(q, const(0), quads, False, tuple(outer))
     rest = replace(loop, start=binop("+", start, binop("*", quads, const(FACTOR))))
     return [main, rest]
+
+
+def _ranged(loop: Loop, tile: Loop, jammed_tile: Loop, q: str) -> list[Stmt]:
+    """The tile's statements of one quad whose tile range moves with r (module doc): the FACTOR terms together
+    over the range they share, each term alone over the rest of its own range."""
+    *lets, _ = loop.body
+    assigned = {s.var: s.value.dtype for s in lets}
+    r, start = loop.var, loop.start
+    lo, hi = f"{q}_lo", f"{q}_hi"
+    starts, stops, singles = [], [], []
+    for u in range(FACTOR):
+        values = {name: Var(f"{name}_u{u}", dtype) for name, dtype in assigned.items()}
+        values[r] = binop("+", start, binop("+", binop("*", Var(q, INDEX), const(FACTOR)), const(u)))
+        starts.append(substitute(tile.start, values))
+        stops.append(substitute(tile.stop, values))
+        singles.append(substitute_stmts(tile.body, values))
+    shared_start, shared_stop = starts[0], stops[0]
+    for u in range(1, FACTOR):
+        shared_start, shared_stop = binop("max", shared_start, starts[u]), binop("min", shared_stop, stops[u])
+    before = [replace(tile, start=starts[u], stop=binop("min", stops[u], Var(lo, INDEX)), body=singles[u])
+              for u in range(FACTOR)]
+    after = [replace(tile, start=binop("max", starts[u], Var(hi, INDEX)), stop=stops[u], body=singles[u])
+             for u in range(FACTOR)]
+    return [Let(lo, shared_start), Let(hi, binop("max", Var(lo, INDEX), shared_stop)), *before,
+            replace(jammed_tile, start=Var(lo, INDEX), stop=Var(hi, INDEX)), *after]
 
 
 __all__ = ["jam_reductions", "FACTOR"]
