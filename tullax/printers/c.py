@@ -68,7 +68,10 @@ from tullax.printers.clike import (
 NAME = "c"
 THREADS = "tx_threads"  # the last parameter of every function: the OpenMP team size (1: serial)
 HELPER_TYPES = ("float32", "float64", "int32", "int64")  # the types the prelude instantiates its helpers for
-LANES = 8  # independent accumulators of a max/min reduction loop (as the Numba printer's)
+# A max/min reduction loop keeps one GCC/Clang vector of this many bytes of accumulators: two AVX2 registers, so
+# two independent compare-select chains (float32 row max over 4096x4096, 2 threads: 8 lanes in one register
+# 1.69 ms, 16 lanes 1.36 ms, jnp.max 1.44 ms; 32 lanes spilled: 10 ms)
+LANE_BYTES = 64
 _OMP_REDUCTIONS = {"+": "+", "*": "*"}  # OpenMP's own; max/min are the prelude's NaN-propagating ones
 
 
@@ -125,11 +128,11 @@ class CPrinter(CLikePrinter):
                 pad + self.loop_header(loop, place), *decls, *self.block(loop.body, inner), pad + "}"]
 
     def lanes(self, loop: Loop, place: CPlace) -> list[str]:
-        """A max/min reduction loop as LANES independent accumulators in one vector over blocks of LANES
-        iterations, then the remainder, as the Numba printer's lanes (``NumbaPrinter._lanes``): a NaN-propagating
-        max is a loop-carried compare-select no compiler vectorises, and GCC vectorises neither a float max
-        reduction without -ffinite-math-only nor LANES scalar compare-selects; a GCC/Clang vector of LANES lanes
-        does it by construction (the prelude's ``tx_vmax_f32``: the fast compare-select, which skips a NaN, and a
+        """A max/min reduction loop as ``lane_count(dtype)`` independent accumulators in one vector over blocks of
+        that many iterations, then the remainder, as the Numba printer's lanes (``NumbaPrinter._lanes``): a
+        NaN-propagating max is a loop-carried compare-select no compiler vectorises, and GCC vectorises neither a
+        float max reduction without -ffinite-math-only nor many scalar compare-selects; a GCC/Clang vector of
+        lanes does it by construction (the prelude's ``tx_vmax_f32``: the fast compare-select, which skips a NaN, and a
         NaN mask beside it; measured: row max over 4096x4096 on one core 15 ms scalar, 3.8 ms). The result is
         NaN when any lane saw one. Each lane starts from the accumulator, so an enclosing accumulation stays
         right; the lanes' values are computed one by one as the IR says (any index expression)."""
@@ -138,24 +141,25 @@ class CPrinter(CLikePrinter):
         *lets, accum = loop.body
         dtype = dict(place.declared)[accum.var]
         suffix, acc = TYPE_SUFFIX[dtype], accum.var
-        values = [f"{acc}_v{k}" for k in range(LANES)]
+        lanes = lane_count(dtype)
+        values = [f"{acc}_v{k}" for k in range(lanes)]
         extent = binop("max", binop("-", loop.stop, loop.start), const(0))
-        top = binop("+", loop.start, binop("*", binop("//", extent, const(LANES)), const(LANES)))
-        lines = [pad + "{", f"{inner_pad}tx_v{LANES}_{suffix} {acc}_l = {{{', '.join([acc] * LANES)}}};",
-                 f"{inner_pad}tx_m{LANES}_{suffix} {acc}_nan = {{0}};",
+        top = binop("+", loop.start, binop("*", binop("//", extent, const(lanes)), const(lanes)))
+        lines = [pad + "{", f"{inner_pad}tx_v{lanes}_{suffix} {acc}_l = {{{', '.join([acc] * lanes)}}};",
+                 f"{inner_pad}tx_m{lanes}_{suffix} {acc}_nan = {{0}};",
                  f"{inner_pad}{self.type_name(dtype)} {', '.join(values)};",
                  f"{inner_pad}{self.index_type} {var};",
                  f"{inner_pad}const {self.index_type} {var}_top = {self.expr(top)};",
                  f"{inner_pad}for ({self.index_type} {var}_blk = {self.expr(loop.start)}; {var}_blk < {var}_top; "
-                 f"{var}_blk += {LANES}) {{"]
+                 f"{var}_blk += {lanes}) {{"]
         body = CPlace(place.depth + 2, place.declared)
         for k, value in enumerate(values):
             lines.append(f"{deep}{var} = {var}_blk + {k};")
             lines += self.block(lets, body)
             lines.append(f"{deep}{value} = {self.expr(accum.value)};")
-        lines += [f"{deep}{acc}_l = tx_v{accum.op}_{suffix}((tx_v{LANES}_{suffix}){{{', '.join(values)}}}, "
+        lines += [f"{deep}{acc}_l = tx_v{accum.op}_{suffix}((tx_v{lanes}_{suffix}){{{', '.join(values)}}}, "
                   f"{acc}_l, &{acc}_nan);", inner_pad + "}",
-                  f"{inner_pad}for (int tx_k = 0; tx_k < {LANES}; ++tx_k) {{",
+                  f"{inner_pad}for (int tx_k = 0; tx_k < {lanes}; ++tx_k) {{",
                   f"{deep}{acc} = {self.helper(accum.op, dtype)}({acc}, {acc}_l[tx_k]);"]
         if dtype in FLOATS:
             lines.append(f"{deep}if ({acc}_nan[tx_k]) {acc} = {self.constant(Const(math.nan, dtype))};")
@@ -256,10 +260,15 @@ _REDUCTIONS = "".join(
 
 _VECTOR_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}
 _MASK = {"float32": "tx_i32", "float64": "tx_i64", "int32": "tx_i32", "int64": "tx_i64"}
+def lane_count(dtype: str) -> int:
+    """The lanes of a max/min reduction loop over ``dtype``: LANE_BYTES of its elements."""
+    return LANE_BYTES // _VECTOR_BYTES[dtype]
+
+
 def _lane_helpers(dtype: str) -> str:
-    """The vector and mask types of LANES elements of ``dtype`` and its lane max/min steps."""
-    vector, mask, size = f"tx_v{LANES}_{TYPE_SUFFIX[dtype]}", f"tx_m{LANES}_{TYPE_SUFFIX[dtype]}", \
-        LANES * _VECTOR_BYTES[dtype]
+    """The vector and mask types of ``lane_count(dtype)`` elements of ``dtype`` and its lane max/min steps."""
+    lanes = lane_count(dtype)
+    vector, mask, size = f"tx_v{lanes}_{TYPE_SUFFIX[dtype]}", f"tx_m{lanes}_{TYPE_SUFFIX[dtype]}", LANE_BYTES
     lines = [f"typedef {storage_type(dtype)} {vector} __attribute__((vector_size({size})));",
              f"typedef {_MASK[dtype]} {mask} __attribute__((vector_size({size})));"]
     for op, cmp in (("max", ">"), ("min", "<")):
@@ -310,7 +319,7 @@ static inline double tx_nan_f64(void) { return __builtin_nan(""); }
 // max/min reductions of a split reduction loop: max/min are idempotent, so each thread may start from the
 // accumulator's value before the loop
 """ + _REDUCTIONS + """
-// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of LANES elements, a compare-select that skips NaN
+// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of 64 bytes, a compare-select that skips NaN
 // and a mask of the lanes that saw one
 """ + _LANE_HELPERS
 

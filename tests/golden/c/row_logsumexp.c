@@ -129,19 +129,19 @@ static inline tx_i64 tx_powi_i64(tx_i64 x, int n) {
 #pragma omp declare reduction(tx_rmax_i64 : tx_i64 : omp_out = tx_max_i64(omp_out, omp_in)) initializer(omp_priv = omp_orig)
 #pragma omp declare reduction(tx_rmin_i64 : tx_i64 : omp_out = tx_min_i64(omp_out, omp_in)) initializer(omp_priv = omp_orig)
 
-// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of LANES elements, a compare-select that skips NaN
+// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of 64 bytes, a compare-select that skips NaN
 // and a mask of the lanes that saw one
-typedef float tx_v8_f32 __attribute__((vector_size(32)));
-typedef tx_i32 tx_m8_f32 __attribute__((vector_size(32)));
-static inline tx_v8_f32 tx_vmax_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
-    tx_m8_f32 m = v > l;
+typedef float tx_v16_f32 __attribute__((vector_size(64)));
+typedef tx_i32 tx_m16_f32 __attribute__((vector_size(64)));
+static inline tx_v16_f32 tx_vmax_f32(tx_v16_f32 v, tx_v16_f32 l, tx_m16_f32* nan) {
+    tx_m16_f32 m = v > l;
     *nan |= v != v;
-    return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
+    return (tx_v16_f32)(((tx_m16_f32)v & m) | ((tx_m16_f32)l & ~m));
 }
-static inline tx_v8_f32 tx_vmin_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
-    tx_m8_f32 m = v < l;
+static inline tx_v16_f32 tx_vmin_f32(tx_v16_f32 v, tx_v16_f32 l, tx_m16_f32* nan) {
+    tx_m16_f32 m = v < l;
     *nan |= v != v;
-    return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
+    return (tx_v16_f32)(((tx_m16_f32)v & m) | ((tx_m16_f32)l & ~m));
 }
 typedef double tx_v8_f64 __attribute__((vector_size(64)));
 typedef tx_i64 tx_m8_f64 __attribute__((vector_size(64)));
@@ -155,17 +155,17 @@ static inline tx_v8_f64 tx_vmin_f64(tx_v8_f64 v, tx_v8_f64 l, tx_m8_f64* nan) {
     *nan |= v != v;
     return (tx_v8_f64)(((tx_m8_f64)v & m) | ((tx_m8_f64)l & ~m));
 }
-typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
-typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
-static inline tx_v8_i32 tx_vmax_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
-    tx_m8_i32 m = v > l;
+typedef tx_i32 tx_v16_i32 __attribute__((vector_size(64)));
+typedef tx_i32 tx_m16_i32 __attribute__((vector_size(64)));
+static inline tx_v16_i32 tx_vmax_i32(tx_v16_i32 v, tx_v16_i32 l, tx_m16_i32* nan) {
+    tx_m16_i32 m = v > l;
     *nan |= v != v;
-    return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
+    return (tx_v16_i32)(((tx_m16_i32)v & m) | ((tx_m16_i32)l & ~m));
 }
-static inline tx_v8_i32 tx_vmin_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
-    tx_m8_i32 m = v < l;
+static inline tx_v16_i32 tx_vmin_i32(tx_v16_i32 v, tx_v16_i32 l, tx_m16_i32* nan) {
+    tx_m16_i32 m = v < l;
     *nan |= v != v;
-    return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
+    return (tx_v16_i32)(((tx_m16_i32)v & m) | ((tx_m16_i32)l & ~m));
 }
 typedef tx_i64 tx_v8_i64 __attribute__((vector_size(64)));
 typedef tx_i64 tx_m8_i64 __attribute__((vector_size(64)));
@@ -201,12 +201,12 @@ void forward(
         tx_i64 blk_hi;
         accm = -tx_inf_f32();
         {
-            tx_v8_f32 accm_l = {accm, accm, accm, accm, accm, accm, accm, accm};
-            tx_m8_f32 accm_nan = {0};
-            float accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7;
+            tx_v16_f32 accm_l = {accm, accm, accm, accm, accm, accm, accm, accm, accm, accm, accm, accm, accm, accm, accm, accm};
+            tx_m16_f32 accm_nan = {0};
+            float accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7, accm_v8, accm_v9, accm_v10, accm_v11, accm_v12, accm_v13, accm_v14, accm_v15;
             tx_i64 i1;
-            const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n0, 0), 8) * 8;
-            for (tx_i64 i1_blk = 0; i1_blk < i1_top; i1_blk += 8) {
+            const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n0, 0), 16) * 16;
+            for (tx_i64 i1_blk = 0; i1_blk < i1_top; i1_blk += 16) {
                 i1 = i1_blk + 0;
                 accm_v0 = a1[i0 * a1_e1 + i1];
                 i1 = i1_blk + 1;
@@ -223,9 +223,25 @@ void forward(
                 accm_v6 = a1[i0 * a1_e1 + i1];
                 i1 = i1_blk + 7;
                 accm_v7 = a1[i0 * a1_e1 + i1];
-                accm_l = tx_vmax_f32((tx_v8_f32){accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7}, accm_l, &accm_nan);
+                i1 = i1_blk + 8;
+                accm_v8 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 9;
+                accm_v9 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 10;
+                accm_v10 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 11;
+                accm_v11 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 12;
+                accm_v12 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 13;
+                accm_v13 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 14;
+                accm_v14 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 15;
+                accm_v15 = a1[i0 * a1_e1 + i1];
+                accm_l = tx_vmax_f32((tx_v16_f32){accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7, accm_v8, accm_v9, accm_v10, accm_v11, accm_v12, accm_v13, accm_v14, accm_v15}, accm_l, &accm_nan);
             }
-            for (int tx_k = 0; tx_k < 8; ++tx_k) {
+            for (int tx_k = 0; tx_k < 16; ++tx_k) {
                 accm = tx_max_f32(accm, accm_l[tx_k]);
                 if (accm_nan[tx_k]) accm = tx_nan_f32();
             }

@@ -129,19 +129,19 @@ static inline tx_i64 tx_powi_i64(tx_i64 x, int n) {
 #pragma omp declare reduction(tx_rmax_i64 : tx_i64 : omp_out = tx_max_i64(omp_out, omp_in)) initializer(omp_priv = omp_orig)
 #pragma omp declare reduction(tx_rmin_i64 : tx_i64 : omp_out = tx_min_i64(omp_out, omp_in)) initializer(omp_priv = omp_orig)
 
-// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of LANES elements, a compare-select that skips NaN
+// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of 64 bytes, a compare-select that skips NaN
 // and a mask of the lanes that saw one
-typedef float tx_v8_f32 __attribute__((vector_size(32)));
-typedef tx_i32 tx_m8_f32 __attribute__((vector_size(32)));
-static inline tx_v8_f32 tx_vmax_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
-    tx_m8_f32 m = v > l;
+typedef float tx_v16_f32 __attribute__((vector_size(64)));
+typedef tx_i32 tx_m16_f32 __attribute__((vector_size(64)));
+static inline tx_v16_f32 tx_vmax_f32(tx_v16_f32 v, tx_v16_f32 l, tx_m16_f32* nan) {
+    tx_m16_f32 m = v > l;
     *nan |= v != v;
-    return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
+    return (tx_v16_f32)(((tx_m16_f32)v & m) | ((tx_m16_f32)l & ~m));
 }
-static inline tx_v8_f32 tx_vmin_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
-    tx_m8_f32 m = v < l;
+static inline tx_v16_f32 tx_vmin_f32(tx_v16_f32 v, tx_v16_f32 l, tx_m16_f32* nan) {
+    tx_m16_f32 m = v < l;
     *nan |= v != v;
-    return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
+    return (tx_v16_f32)(((tx_m16_f32)v & m) | ((tx_m16_f32)l & ~m));
 }
 typedef double tx_v8_f64 __attribute__((vector_size(64)));
 typedef tx_i64 tx_m8_f64 __attribute__((vector_size(64)));
@@ -155,17 +155,17 @@ static inline tx_v8_f64 tx_vmin_f64(tx_v8_f64 v, tx_v8_f64 l, tx_m8_f64* nan) {
     *nan |= v != v;
     return (tx_v8_f64)(((tx_m8_f64)v & m) | ((tx_m8_f64)l & ~m));
 }
-typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
-typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
-static inline tx_v8_i32 tx_vmax_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
-    tx_m8_i32 m = v > l;
+typedef tx_i32 tx_v16_i32 __attribute__((vector_size(64)));
+typedef tx_i32 tx_m16_i32 __attribute__((vector_size(64)));
+static inline tx_v16_i32 tx_vmax_i32(tx_v16_i32 v, tx_v16_i32 l, tx_m16_i32* nan) {
+    tx_m16_i32 m = v > l;
     *nan |= v != v;
-    return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
+    return (tx_v16_i32)(((tx_m16_i32)v & m) | ((tx_m16_i32)l & ~m));
 }
-static inline tx_v8_i32 tx_vmin_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
-    tx_m8_i32 m = v < l;
+static inline tx_v16_i32 tx_vmin_i32(tx_v16_i32 v, tx_v16_i32 l, tx_m16_i32* nan) {
+    tx_m16_i32 m = v < l;
     *nan |= v != v;
-    return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
+    return (tx_v16_i32)(((tx_m16_i32)v & m) | ((tx_m16_i32)l & ~m));
 }
 typedef tx_i64 tx_v8_i64 __attribute__((vector_size(64)));
 typedef tx_i64 tx_m8_i64 __attribute__((vector_size(64)));
@@ -195,12 +195,12 @@ void forward(
         float acc;
         acc = -tx_inf_f32();
         {
-            tx_v8_f32 acc_l = {acc, acc, acc, acc, acc, acc, acc, acc};
-            tx_m8_f32 acc_nan = {0};
-            float acc_v0, acc_v1, acc_v2, acc_v3, acc_v4, acc_v5, acc_v6, acc_v7;
+            tx_v16_f32 acc_l = {acc, acc, acc, acc, acc, acc, acc, acc, acc, acc, acc, acc, acc, acc, acc, acc};
+            tx_m16_f32 acc_nan = {0};
+            float acc_v0, acc_v1, acc_v2, acc_v3, acc_v4, acc_v5, acc_v6, acc_v7, acc_v8, acc_v9, acc_v10, acc_v11, acc_v12, acc_v13, acc_v14, acc_v15;
             tx_i64 i1;
-            const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n0, 0), 8) * 8;
-            for (tx_i64 i1_blk = 0; i1_blk < i1_top; i1_blk += 8) {
+            const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n0, 0), 16) * 16;
+            for (tx_i64 i1_blk = 0; i1_blk < i1_top; i1_blk += 16) {
                 i1 = i1_blk + 0;
                 acc_v0 = a1[i0 * a1_e1 + i1];
                 i1 = i1_blk + 1;
@@ -217,9 +217,25 @@ void forward(
                 acc_v6 = a1[i0 * a1_e1 + i1];
                 i1 = i1_blk + 7;
                 acc_v7 = a1[i0 * a1_e1 + i1];
-                acc_l = tx_vmax_f32((tx_v8_f32){acc_v0, acc_v1, acc_v2, acc_v3, acc_v4, acc_v5, acc_v6, acc_v7}, acc_l, &acc_nan);
+                i1 = i1_blk + 8;
+                acc_v8 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 9;
+                acc_v9 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 10;
+                acc_v10 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 11;
+                acc_v11 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 12;
+                acc_v12 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 13;
+                acc_v13 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 14;
+                acc_v14 = a1[i0 * a1_e1 + i1];
+                i1 = i1_blk + 15;
+                acc_v15 = a1[i0 * a1_e1 + i1];
+                acc_l = tx_vmax_f32((tx_v16_f32){acc_v0, acc_v1, acc_v2, acc_v3, acc_v4, acc_v5, acc_v6, acc_v7, acc_v8, acc_v9, acc_v10, acc_v11, acc_v12, acc_v13, acc_v14, acc_v15}, acc_l, &acc_nan);
             }
-            for (int tx_k = 0; tx_k < 8; ++tx_k) {
+            for (int tx_k = 0; tx_k < 16; ++tx_k) {
                 acc = tx_max_f32(acc, acc_l[tx_k]);
                 if (acc_nan[tx_k]) acc = tx_nan_f32();
             }
