@@ -186,8 +186,10 @@ def test_the_chart_shows_linear_speed_up_bars_with_the_cases_named_in_full(tmp_p
     forward, backward = figure.axes[:2]
     assert forward.get_xscale() == "linear" and backward.get_xscale() == "linear"
     assert [t.get_text() for t in forward.get_yticklabels()] == ["Gaussian kernel sum", "attention scores"]
+    # one bar per backend that is no XLA comparator, against the fastest XLA formulation of each case (jnp's
+    # 2 ms for the Gaussian kernel sum, xla's 1 ms for the attention scores): auto 2x and 1x
     widths = sorted(round(p.get_width(), 6) for p in forward.patches)
-    assert widths == sorted([2.0, 4.0, 1.0, 0.0])  # jnp 2x, auto 4x and 1x; jnp has no attention row
+    assert widths == [1.0, 2.0]
     assert figure.legends and not forward.get_legend()  # the legend sits off the bars, below the panels
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
