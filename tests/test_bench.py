@@ -192,6 +192,19 @@ def test_the_chart_shows_linear_speed_up_bars_with_the_cases_named_in_full(tmp_p
     assert widths == [1.0, 2.0]
     assert figure.legends and not forward.get_legend()  # the legend sits off the bars, below the panels
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a run of XLA comparators alone has no bar to draw, and says so instead of failing on an empty legend
+    shown.clear()
+    for case in doc["cases"]:
+        del case["results"]["auto"]
+    doc["config"]["backends"].remove("auto")
+    plt.Figure.savefig = keep
+    try:
+        plot(doc, tmp_path / "xla_only.png")
+    finally:
+        plt.Figure.savefig = monkeypatch_savefig
+    (figure,) = shown
+    assert not figure.legends and not figure.axes[0].patches
+    assert "no tullax backend in this run" in [t.get_text() for t in figure.axes[0].texts]
 
 
 def test_targets_are_judged_on_ratios():

@@ -419,7 +419,13 @@ def plot(doc: dict, path: str | os.PathLike[str]) -> None:
         axis.set_yticks(rows_y, names)
         axis.grid(axis="x", alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=8, frameon=False)
+    if handles:
+        figure.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=8,
+                      frameon=False)
+    else:  # a run of XLA comparators alone: nothing of tullax's to draw against them
+        for axis in axes[0]:
+            axis.text(0.5, 0.5, "no tullax backend in this run", transform=axis.transAxes, ha="center",
+                      va="center", fontsize=10)
     machine = doc["machine"]
     figure.suptitle(f"tullax vs XLA, {doc['config']['dtype']}: {machine['cpu']}, {machine['usable_cores']} cores "
                     "(dashed line: the fastest of tullax's jnp lowering, the naive broadcast and hand-written jnp)",
