@@ -84,21 +84,20 @@ def _jammed(loop: Loop) -> list[Stmt]:
     q = f"{r}_q"
     assigned = {s.var: s.value.dtype for s in (*lets, *tile_lets) if isinstance(s, Let)}
     outer: list[Stmt] = []
-    inner: list[Stmt] = []
-    terms = []
+    copies, ranges = [], []  # per term: the tile's body, and the tile's range
     for u in range(FACTOR):
         values = {name: Var(f"{name}_u{u}", dtype) for name, dtype in assigned.items()}  # renamed copies
         values[r] = binop("+", start, binop("+", binop("*", Var(q, INDEX), const(FACTOR)), const(u)))
         outer += substitute_stmts(tuple(lets), values)
-        copy = substitute_stmts(tuple(tile_lets) + (update,), values)
-        inner += copy[:-1]
-        terms.append(copy[-1])
-    value = terms[0].value
-    for term in terms[1:]:
-        value = binop("+", value, term.value)
-    jammed_tile = replace(tile, body=tuple(inner) + (replace(update, value=value),))
+        copies.append(substitute_stmts(tuple(tile_lets) + (update,), values))
+        ranges.append((substitute(tile.start, values), substitute(tile.stop, values)))
+    value = copies[0][-1].value
+    for copy in copies[1:]:
+        value = binop("+", value, copy[-1].value)
+    inner = tuple(stmt for copy in copies for stmt in copy[:-1])
+    jammed_tile = replace(tile, body=inner + (replace(update, value=value),))
     if (expr_vars(tile.start) | expr_vars(tile.stop)) & ({r} | {s.var for s in lets}):
-        outer += _ranged(loop, tile, jammed_tile, q)
+        outer += _ranged(tile, jammed_tile, q, ranges, copies)
     else:
         outer.append(jammed_tile)
     main = Loop(q, const(0), quads, False, tuple(outer))
@@ -106,29 +105,19 @@ def _jammed(loop: Loop) -> list[Stmt]:
     return [main, rest]
 
 
-def _ranged(loop: Loop, tile: Loop, jammed_tile: Loop, q: str) -> list[Stmt]:
+def _ranged(tile: Loop, jammed_tile: Loop, q: str, ranges: list[tuple], copies: list[tuple]) -> list[Stmt]:
     """The tile's statements of one quad whose tile range moves with r (module doc): the FACTOR terms together
-    over the range they share, each term alone over the rest of its own range."""
-    *lets, _ = loop.body
-    assigned = {s.var: s.value.dtype for s in lets}
-    r, start = loop.var, loop.start
-    lo, hi = f"{q}_lo", f"{q}_hi"
-    starts, stops, singles = [], [], []
-    for u in range(FACTOR):
-        values = {name: Var(f"{name}_u{u}", dtype) for name, dtype in assigned.items()}
-        values[r] = binop("+", start, binop("+", binop("*", Var(q, INDEX), const(FACTOR)), const(u)))
-        starts.append(substitute(tile.start, values))
-        stops.append(substitute(tile.stop, values))
-        singles.append(substitute_stmts(tile.body, values))
-    shared_start, shared_stop = starts[0], stops[0]
-    for u in range(1, FACTOR):
-        shared_start, shared_stop = binop("max", shared_start, starts[u]), binop("min", shared_stop, stops[u])
-    before = [replace(tile, start=starts[u], stop=binop("min", stops[u], Var(lo, INDEX)), body=singles[u])
-              for u in range(FACTOR)]
-    after = [replace(tile, start=binop("max", starts[u], Var(hi, INDEX)), stop=stops[u], body=singles[u])
-             for u in range(FACTOR)]
-    return [Let(lo, shared_start), Let(hi, binop("max", Var(lo, INDEX), shared_stop)), *before,
-            replace(jammed_tile, start=Var(lo, INDEX), stop=Var(hi, INDEX)), *after]
+    over the range they share, each term alone (``copies[u]``, over ``ranges[u]``) over the rest of its own."""
+    lo, hi = Var(f"{q}_lo", INDEX), Var(f"{q}_hi", INDEX)
+    shared_start, shared_stop = ranges[0]
+    for start_u, stop_u in ranges[1:]:
+        shared_start, shared_stop = binop("max", shared_start, start_u), binop("min", shared_stop, stop_u)
+    before = [replace(tile, start=start_u, stop=binop("min", stop_u, lo), body=copy)
+              for (start_u, stop_u), copy in zip(ranges, copies)]
+    after = [replace(tile, start=binop("max", start_u, hi), stop=stop_u, body=copy)
+             for (start_u, stop_u), copy in zip(ranges, copies)]
+    return [Let(lo.name, shared_start), Let(hi.name, binop("max", lo, shared_stop)), *before,
+            replace(jammed_tile, start=lo, stop=hi), *after]
 
 
 __all__ = ["jam_reductions", "FACTOR"]
