@@ -170,19 +170,24 @@ def test_the_chart_shows_linear_speed_up_bars_with_the_cases_named_in_full(tmp_p
                   "cases": [{"name": "Gaussian kernel sum", "results": {"xla": row(4, 8), "jnp": row(2, 8),
                                                                         "auto": row(1, 2)}},
                             {"name": "attention scores", "results": {"xla": row(1, 1), "auto": row(1, 1)}}]})
-    shown = []
-    monkeypatch_savefig = plt.Figure.savefig
+    def drawn(name: str):
+        """The one figure ``plot`` saves as ``name``."""
+        shown = []
+        savefig = plt.Figure.savefig
 
-    def keep(figure, *args, **kwargs):
-        shown.append(figure)
-        return monkeypatch_savefig(figure, *args, **kwargs)
+        def keep(figure, *args, **kwargs):
+            shown.append(figure)
+            return savefig(figure, *args, **kwargs)
 
-    plt.Figure.savefig = keep
-    try:
-        plot(doc, tmp_path / "chart.png")
-    finally:
-        plt.Figure.savefig = monkeypatch_savefig
-    (figure,) = shown
+        plt.Figure.savefig = keep
+        try:
+            plot(doc, tmp_path / name)
+        finally:
+            plt.Figure.savefig = savefig
+        (figure,) = shown
+        return figure
+
+    figure = drawn("chart.png")
     forward, backward = figure.axes[:2]
     assert forward.get_xscale() == "linear" and backward.get_xscale() == "linear"
     assert [t.get_text() for t in forward.get_yticklabels()] == ["Gaussian kernel sum", "attention scores"]
@@ -193,16 +198,10 @@ def test_the_chart_shows_linear_speed_up_bars_with_the_cases_named_in_full(tmp_p
     assert figure.legends and not forward.get_legend()  # the legend sits off the bars, below the panels
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a run of XLA comparators alone has no bar to draw, and says so instead of failing on an empty legend
-    shown.clear()
     for case in doc["cases"]:
         del case["results"]["auto"]
     doc["config"]["backends"].remove("auto")
-    plt.Figure.savefig = keep
-    try:
-        plot(doc, tmp_path / "xla_only.png")
-    finally:
-        plt.Figure.savefig = monkeypatch_savefig
-    (figure,) = shown
+    figure = drawn("xla_only.png")
     assert not figure.legends and not figure.axes[0].patches
     assert "no tullax backend in this run" in [t.get_text() for t in figure.axes[0].texts]
 

@@ -158,15 +158,16 @@ def runs_program_of(row: dict, which: str, comparator: str | None) -> bool:
     return comparator is not None and comparator in row.get(f"{which}_same_program", ())
 
 
-def counted_vs_best(row: dict, which: str) -> float | None:
+def counted_vs_best(row: dict, which: str, *, paired: bool = True) -> float | None:
     """The row's speed against the best XLA formulation as the targets count it: 1 where it runs that
     formulation's very program (what was measured is then the noise between processes); else the median ratio of
-    the two timed head to head in one process, where they were (``head_to_head``); else the ratio of the rows."""
+    the two timed head to head in one process, where they were (``head_to_head``; not with ``paired=False``, which
+    the chart uses so that every bar is a ratio of rows timed alike); else the ratio of the rows."""
     if runs_program_of(row, which, row.get(f"{which}_best_xla")):
         return 1.0
-    paired = head_to_head(row, which)
-    if paired is not None:
-        return paired["ratio"]
+    found = head_to_head(row, which) if paired else None
+    if found is not None:
+        return found["ratio"]
     return row.get(f"{which}_vs_best_xla")
 
 
@@ -374,12 +375,6 @@ def plotting_available() -> tuple[bool, str]:
     return True, ""
 
 
-def _charted_vs_best(row: dict, which: str) -> float | None:
-    if runs_program_of(row, which, row.get(f"{which}_best_xla")):
-        return 1.0
-    return row.get(f"{which}_vs_best_xla")
-
-
 def plot(doc: dict, path: str | os.PathLike[str]) -> None:
     """Speed against the best XLA formulation of each case and phase (the fastest of the XLA comparator rows; 1
     where a row runs that formulation's very program), forward and backward, every bar a ratio of rows timed
@@ -405,7 +400,7 @@ def plot(doc: dict, path: str | os.PathLike[str]) -> None:
     for axis, (which, title) in zip(axes[0], (("fwd", "forward"), ("bwd", "backward (all gradients)"))):
         top = 1.0
         for number, backend in enumerate(backends):
-            values = [_charted_vs_best(case["results"].get(backend, {}), which) for case in cases]
+            values = [counted_vs_best(case["results"].get(backend, {}), which, paired=False) for case in cases]
             widths = [v if isinstance(v, int | float) and v > 0 else 0.0 for v in values]
             top = max([top, *widths])
             ys = rows_y + (len(backends) - 1) / 2 * height - number * height
