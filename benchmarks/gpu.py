@@ -12,6 +12,8 @@ refuses with the reason anywhere else. Three parts:
    lowering of the same spec and, where there is one, the naive broadcast; the per-call overhead of a tiny kernel
    under jit against a jnp op; time to first kernel (forward plus gradients) in new processes, cold (empty
    cache) and warm.
+   The "unsplit" part times the cases whose gradients the cuda backend splits (few output elements, long sums:
+   ``tullax.compiler.split``) again with ``TULLAX_CUDA_SPLIT=0``, one thread per output element.
 3. Command buffers: the tiny kernel's per-call time and a Dist forward, in new processes with
    ``TULLAX_CUDA_COMMAND_BUFFER`` 0 and 1 (``command_buffer_compatible`` on the buffer_callback), each checked
    against XLA on fresh inputs every call (a replayed capture over stale buffers would show).
@@ -226,13 +228,14 @@ def progress(row: dict) -> None:
     print(json.dumps(row), flush=True)
 
 
-def timed_case(name: str, dtype: str, repeat: int, quick: bool, limit_s: float) -> dict:
-    """``time_case`` of the case called ``name`` in a new process, stopped after ``limit_s`` seconds (XLA's GPU
-    compiler can take minutes on a large broadcast); a stopped case keeps what it had measured."""
+def timed_case(name: str, dtype: str, repeat: int, quick: bool, limit_s: float, env: dict | None = None) -> dict:
+    """``time_case`` of the case called ``name`` in a new process (with ``env`` added to its environment),
+    stopped after ``limit_s`` seconds (XLA's GPU compiler can take minutes on a large broadcast); a stopped case
+    keeps what it had measured."""
     command = [sys.executable, __file__, "--case-child", name, "--dtype", dtype, "--repeat", str(repeat)]
     try:
         done = subprocess.run(command + (["--quick"] if quick else []), capture_output=True, text=True,
-                              timeout=limit_s)
+                              timeout=limit_s, env={**os.environ, **(env or {})})
         out, err, stopped = done.stdout, done.stderr, None
     except subprocess.TimeoutExpired as expired:
         out, err = (expired.stdout or b""), (expired.stderr or b"")
@@ -245,6 +248,19 @@ def timed_case(name: str, dtype: str, repeat: int, quick: bool, limit_s: float) 
     elif not lines or done.returncode != 0:
         row.setdefault("error", f"the process failed: {err.strip()[-400:]}")
     return row
+
+
+# The cases whose gradients have few output elements and long sums: the cuda backend splits those sums over
+# more threads (tullax.compiler.split); the "unsplit" part times them with splitting off, for comparison
+SPLIT_CASES = ("conv1d", "conv2d")
+
+
+def unsplit_rows(dtype: str, repeat: int, quick: bool, limit_s: float, names: list[str]) -> list[dict]:
+    """The SPLIT_CASES among ``names`` timed again with ``TULLAX_CUDA_SPLIT=0``: one thread per output element."""
+    from tullax.backends.cuda_launch import SPLIT_ENV
+
+    return [timed_case(name, dtype, repeat, quick, limit_s, {SPLIT_ENV: "0"}) for name in names
+            if name in SPLIT_CASES]
 
 
 def call_overhead(dtype: str) -> dict:
@@ -404,6 +420,16 @@ def markdown(report: dict) -> str:
                          f"; {k}: {v.splitlines()[-1] if v else ''}" for k, v in first.items() if k.endswith("error"))
                      + ".")
     lines.append("")
+    if report.get("unsplit"):
+        timed = {row["case"]: row for row in report.get("timings", [])}
+        lines += ["## Split sums (tullax.compiler.split) against one thread per output element", "",
+                  "| case | bwd split | bwd unsplit | unsplit / split |", "|---|---|---|---|"]
+        for row in report["unsplit"]:
+            split, unsplit = timed.get(row["case"], {}).get("cuda_backward_ms"), row.get("cuda_backward_ms")
+            ratio = unsplit / split if isinstance(split, float) and isinstance(unsplit, float) else None
+            lines.append(f"| {row['case']} | {_ms(split)} | {_ms(unsplit)} | {_ms(ratio)} |"
+                         + (f" {row['error'].splitlines()[0]}" if "error" in row else ""))
+        lines.append("")
     lines += ["## Command buffers (command_buffer_compatible)", "", "| setting | tiny kernel us/call | mismatches "
               "| Dist fwd us/call | mismatches |", "|---|---|---|---|---|"]
     for label, row in report.get("command_buffers", {}).items():
@@ -425,7 +451,7 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-PARTS = ("timings", "overhead", "ttfk", "buffers", "corpus")
+PARTS = ("timings", "unsplit", "overhead", "ttfk", "buffers", "corpus")
 
 
 def save(report: dict, out_dir: Path) -> Path:
@@ -445,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None, metavar="N", help="timed runs per measurement")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated, in the order run (default: all of {', '.join(PARTS)})")
+    parser.add_argument("--cases", default=None, metavar="NAMES",
+                        help="comma-separated case names of the timings (default: every case)")
     parser.add_argument("--out-dir", default=str(RESULTS))
     parser.add_argument("--ttfk-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--command-buffer-child", action="store_true", help=argparse.SUPPRESS)
@@ -480,6 +508,13 @@ def main(argv: list[str] | None = None) -> int:
         dtype, shard, shards = args.corpus_child
         print(json.dumps(corpus_check(dtype, int(shard), int(shards))))
         return 0
+    names = [name for name, *_ in cases(args.quick)]
+    if args.cases:
+        chosen = [c.strip() for c in args.cases.split(",") if c.strip()]
+        unknown_cases = sorted(set(chosen) - set(names))
+        if unknown_cases:
+            parser.error(f"unknown cases {unknown_cases}; the cases are {', '.join(names)}")
+        names = [name for name in names if name in chosen]
     device_name = refuse_without_gpu()
     import tullax
     from tullax.backends.cuda_compile import nvrtc_version
@@ -495,10 +530,12 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         if part == "timings":
             report["timings"] = []
-            for name, *_ in cases(args.quick):
+            for name in names:
                 print(f"timing {name}", flush=True)
                 report["timings"].append(timed_case(name, args.dtype, repeat, args.quick, args.case_limit))
                 save(report, out_dir)
+        elif part == "unsplit":
+            report["unsplit"] = unsplit_rows(args.dtype, repeat, args.quick, args.case_limit, names)
         elif part == "overhead":
             report["overhead"] = call_overhead(args.dtype)
         elif part == "ttfk":

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tullax.compiler.loops import LoopKernel
+from tullax.compiler.split import SplitPolicy
 from tullax.printers.cuda import INDEX_TYPES, parameters, print_module
 
 HEADER = Path(__file__).parent / "cuda_host.h"
@@ -28,6 +29,9 @@ GPP = shutil.which("g++")
 WORKERS = 3  # OS threads per launch: more than the 2 cores, so blocks interleave
 GEOMETRIES = ((3, 4), (2, 1), (5, 3), (1, 8), (4, 2))  # (blocks, threads per block), cycled over launches
 _INT = struct.Struct("<q")
+# Every plain sum split, however short (the corpus's sizes are small), into up to 3 pieces per output element:
+# most cut a loop into chunks (a power of two long), so ragged last chunks run too
+SPLIT_EVERYTHING = SplitPolicy(threads=1 << 12, below=1 << 30, min_work=2, min_terms=1, max_pieces=3)
 
 
 class RaceError(AssertionError):

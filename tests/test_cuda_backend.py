@@ -58,6 +58,9 @@ class FakeDriver:
     def copy(self, target, source, nbytes, stream):
         self.calls.append(("copy", target, source, nbytes, stream))
 
+    def clear(self, target, nbytes, stream):
+        self.calls.append(("clear", target, nbytes, stream))
+
 
 class FakeBuffer:
     def __init__(self, address: int):
@@ -185,6 +188,21 @@ def test_updates_copy_the_given_array_unless_xla_aliased_it(gpu):
     gpu.calls.clear()
     kernel(5, FakeBuffer(0x200), (FakeBuffer(0x200), FakeBuffer(0x300), FakeBuffer(0x400)))
     assert [c[0] for c in gpu.calls] == ["launch"]
+
+
+def test_a_split_sum_clears_its_output_on_the_stream_before_the_launch(gpu):
+    """Few output elements with long sums: the pieces add into the output, which starts at zero."""
+    spec = analysed("y[b,i] := x[b,i+k]*w[k]")
+    from tullax.backends.planner import kernel_shapes
+
+    label, grad, shapes = kernel_shapes(spec, {"x": (64, 16384), "w": (31,)})[2]
+    assert label.endswith("w")
+    shapes = {**shapes, grad.out: (31,)}
+    kernel = cuda.device_kernel(grad, Signature.for_dtype(grad, "float32"), shapes)
+    assert kernel.kernel.split
+    kernel(9, FakeBuffer(0x100), tuple(FakeBuffer(0x200 + 0x100 * k) for k in range(len(grad.inputs))))
+    assert gpu.calls[0] == ("clear", 0x100, 31 * 4, 9) and gpu.calls[1][0] == "launch"
+    assert gpu.calls[1][2] * gpu.calls[1][3] >= 1 << 16  # blocks x threads: far more than 31
 
 
 def test_nothing_to_compute_launches_nothing(gpu):

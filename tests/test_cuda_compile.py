@@ -1,7 +1,8 @@
 """NVRTC compiles every corpus kernel (forward and every gradient step, float32 and float64) to sm_90 and sm_80
 cubins; cuobjdump (PyPI nvidia-cuda-cuobjdump, with nvidia-cuda-nvdisasm for the SASS) shows no register
-spill, and an atomic instruction exactly in the kernels that have an ``atomic_add`` store (all of them
-scatters). The cache and the compile errors of ``tullax.backends.cuda_compile``."""
+spill, and an atomic instruction exactly in the kernels that have an ``atomic_add`` store (scatters, and the
+sums split over several threads per output element). The cache and the compile errors of
+``tullax.backends.cuda_compile``."""
 from __future__ import annotations
 
 import base64
@@ -13,13 +14,17 @@ from pathlib import Path
 
 import pytest
 from corpus import CORPUS
+from cuda_harness import SPLIT_EVERYTHING
 
 from tullax.backends.base import Signature
+from tullax.backends.cuda_launch import device_lowering
 from tullax.backends.host import kernel_steps
+from tullax.backends.planner import kernel_shapes
 from tullax.compiler.loops import Store, walk_stmts
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.printers.cuda import BLOCK_THREADS, print_module
+from tullax.spec.examples import shapes_for
 from tullax.spec.frontend import compile_spec
 
 try:
@@ -52,11 +57,20 @@ NVDISASM = _tool("nvdisasm")
 
 
 def corpus_kernels(dtype: str):
+    """Every corpus kernel, and each plain sum among them split as the cuda backend splits long ones (at the
+    corpus's small sizes, by a policy that splits from two terms per output element)."""
     kernels = []
     for case in CORPUS:
         spec = compile_spec(case.spec, case.ranges)[1]
         for number, step in enumerate(kernel_steps(spec)):
             kernels.append(lower(step.spec, Signature.for_dtype(step.spec, dtype), name=f"{case.id}_{number}"))
+        shapes = {**shapes_for(spec, seed=0), **(case.shapes or {})}
+        for number, (_, step, its_shapes) in enumerate(kernel_shapes(spec, shapes)):
+            its_shapes = {**its_shapes, step.out: tuple(s.eval(its_shapes) for s in step.out_shape)}
+            cut, _ = device_lowering(step, Signature.for_dtype(step, dtype), its_shapes, f"{case.id}_split{number}",
+                                     SPLIT_EVERYTHING)
+            if cut.split:
+                kernels.append(cut)
     return kernels
 
 
@@ -117,7 +131,8 @@ def test_atomics_only_where_the_loop_ir_asks_for_them(cubin):
     asked = {k.name for k in kernels if any(isinstance(s, Store) and s.mode == "atomic_add"
                                             for s in walk_stmts(k.body))}
     assert asked and atomic == asked
-    assert all(k.is_scatter for k in kernels if k.name in asked)
+    assert all(k.is_scatter or k.split for k in kernels if k.name in asked)
+    assert any(k.split for k in kernels) and any(k.is_scatter for k in kernels)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,12 +13,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from corpus import CORPUS, Case
-from cuda_harness import GPP, Launch, RaceError, build, run, sanitizer_works
+from cuda_harness import GPP, SPLIT_EVERYTHING, Launch, RaceError, build, run, sanitizer_works
 
 from tullax.backends.base import Signature
-from tullax.backends.cuda_launch import START_GIVEN, plan_launch
-from tullax.compiler.loops import Store, walk_stmts
-from tullax.compiler.lower import lower
+from tullax.backends.cuda_launch import START_GIVEN, START_ZERO, device_lowering
+from tullax.compiler.loops import Loop, Store, walk_stmts
+from tullax.compiler.split import CHUNK, SplitPolicy
 from tullax.errors import TullaxError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
@@ -67,9 +67,10 @@ def naive_result(step, step_env) -> np.ndarray:
     return naive_eval(step, step_env).astype(result_dtype(step, arrays))
 
 
-def launch_for(step, env, name: str, wide: bool) -> Launch:
-    """The launch of ``step`` on ``env`` with the arguments the host's launch plan gives (the output filled
-    as the plan's ``start`` says; NaN where the kernel must write)."""
+def launch_for(step, env, name: str, wide: bool, policy: SplitPolicy = SplitPolicy()) -> Launch:
+    """The launch of ``step`` on ``env``: the kernel the cuda backend lowers for these shapes (split as
+    ``policy`` says) with the arguments the host's launch plan gives (the output filled as the plan's ``start``
+    says; NaN where the kernel must write)."""
     arrays = as_numpy_inputs(step, [env[n] for n in step.input_names])
     if wide:
         arrays = [a.astype(np.int64) if i.kind == "index" else a for i, a in zip(step.inputs, arrays)]
@@ -78,10 +79,11 @@ def launch_for(step, env, name: str, wide: bool) -> Launch:
     signature = Signature(tuple(np.dtype(a.dtype).name for a in arrays), dtype.name)
     shapes = {n: np.shape(a) for n, a in zip(step.input_names, arrays)}
     shapes[step.out] = tuple(s.eval(shapes) for s in step.out_shape)
-    kernel = lower(step, signature, name=name)
-    plan = plan_launch(kernel, step, shapes, dtype.name)
+    kernel, plan = device_lowering(step, signature, shapes, name, policy)
     if plan.start == START_GIVEN:
         out = np.array(arrays[0], dtype=dtype, copy=True)
+    elif plan.start == START_ZERO:
+        out = np.zeros(shapes[step.out], dtype)
     else:
         out = np.full(shapes[step.out], np.nan, dtype)
     pointers = [out if source is None else arrays[source] for source in plan.pointers]
@@ -109,14 +111,14 @@ def random_envs(count: int):
     return found
 
 
-def collect():
-    """Every (label, launch, expected result, dtype) of the module."""
+def collect(policy: SplitPolicy = SplitPolicy()):
+    """Every (label, launch, expected result, dtype) of the module, sums split as ``policy`` says."""
     jobs = []
 
     def add(label, spec, env, dtype, gradients_compared=True):
         for step, step_env in kernel_runs(spec, env, dtype):
             wide = dtype == np.float64
-            launch = launch_for(step, step_env, f"k{len(jobs)}", wide)
+            launch = launch_for(step, step_env, f"k{len(jobs)}", wide, policy)
             expected = naive_eval(step, step_env) if step is spec or gradients_compared else None
             jobs.append((f"{label}: {step.out}", launch, expected, dtype))
 
@@ -149,6 +151,11 @@ def results(tmp_path_factory):
 
 def test_every_kernel_matches_the_naive_evaluator(results):
     jobs, outputs, _ = results
+    failures = _differences(jobs, outputs)
+    assert not failures, f"{len(failures)} of {len(jobs)} kernels differ:\n" + "\n".join(failures[:10])
+
+
+def _differences(jobs, outputs) -> list[str]:
     failures = []
     for (label, launch, expected, dtype), got in zip(jobs, outputs):
         if expected is None:
@@ -159,6 +166,25 @@ def test_every_kernel_matches_the_naive_evaluator(results):
                                        atol=tol)
         except AssertionError as err:
             failures.append(f"{label} ({launch.kernel.name}):\n{err}")
+    return failures
+
+
+@pytest.fixture(scope="module")
+def split_results(tmp_path_factory):
+    jobs = collect(SPLIT_EVERYTHING)
+    exe = build([(launch.kernel, launch.index_bits) for _, launch, _, _ in jobs], tmp_path_factory.mktemp("split"))
+    return jobs, run(exe, list(enumerate(launch for _, launch, _, _ in jobs)), seed=5)
+
+
+def test_every_split_sum_matches_the_naive_evaluator(split_results):
+    """The corpus and the random specs again, with every plain sum split over several threads per output
+    element: their pieces meet in the output through atomicAdd, blocks in shuffled order on several threads."""
+    jobs, outputs = split_results
+    split = [launch.kernel for _, launch, _, _ in jobs if launch.kernel.split]
+    assert len(split) > 300 and sum(any(isinstance(s, Loop) and s.var == CHUNK for s in walk_stmts(k.body))
+                                    for k in split) > 200
+    assert all(s.mode == "atomic_add" for k in split for s in walk_stmts(k.body) if isinstance(s, Store))
+    failures = _differences(jobs, outputs)
     assert not failures, f"{len(failures)} of {len(jobs)} kernels differ:\n" + "\n".join(failures[:10])
 
 
@@ -187,6 +213,22 @@ def test_a_scatter_without_its_atomic_is_caught_as_a_race(tmp_path):
     exe = build([(launch.kernel, launch.index_bits)], tmp_path)
     (got,) = run(exe, [(0, launch)])
     np.testing.assert_allclose(got, naive_eval(spec, env))
+
+
+@pytest.mark.skipif(not sanitizer_works(), reason="g++'s thread sanitizer does not run on this machine")
+def test_a_split_sum_without_its_atomic_is_caught_as_a_race(tmp_path):
+    spec, env = case_env(next(c for c in CORPUS if c.id == "conv1d"), np.float64)
+    grad = next(step for g in gradients(spec) if g.wrt == "w" for step in g.steps)
+    genv = gradient_env(spec, env, naive_result(spec, env), np.ones_like(naive_result(spec, env)))
+    launch = launch_for(grad, genv, "split", wide=False, policy=SPLIT_EVERYTHING)
+    assert launch.kernel.split
+
+    def plain(stmts):
+        return tuple(_plain_store(s, plain) for s in stmts)
+
+    racy = replace(launch.kernel, body=plain(launch.kernel.body))
+    with pytest.raises(RaceError):
+        run(build([(racy, launch.index_bits)], tmp_path), [(0, replace(launch, kernel=racy))])
 
 
 def _plain_store(stmt, plain):

@@ -40,6 +40,15 @@ SPECS = [
     ("(max) m[i] := x[i,j]", {"x": (13, 70)}),
     ("y[n,o,h,w] := x[n,c,h+p,w+q]*k[o,c,p,q]", {"x": (2, 3, 9, 9), "k": (4, 3, 3, 3)}),
 ]
+# Long sums over few output elements, which the cuda backend splits over more threads (tullax.compiler.split):
+# conv1d's filter gradient, conv2d's, a sum to one element, row sums
+SPLIT_SPECS = [
+    ("y[b,i] := x[b,i+k]*w[k]", {"x": (16, 3000), "w": (7,)}),
+    ("y[n,o,h,w] := x[n,c,h+p,w+q]*k[o,c,p,q]", {"x": (4, 3, 40, 40), "k": (4, 3, 3, 3)}),
+    ("s := x[i,j]*y[i,j]", {"x": (300, 500), "y": (300, 500)}),
+    ("r[i] := x[i,j]", {"x": (3, 100000)}),
+]
+SPECS += SPLIT_SPECS
 
 
 def _inputs(kernel, shapes: dict, dtype) -> list:
@@ -135,6 +144,26 @@ def test_a_host_backend_on_the_gpu_copies_with_a_warning_and_is_right():
         warnings.simplefilter("always")
         out = jax.jit(kernel)(x)
     np.testing.assert_allclose(out, np.arange(12.0).reshape(3, 4).sum(1) * 3)
+
+
+def test_long_sums_over_few_outputs_run_split():
+    from tullax.backends import cuda as cuda_backend
+
+    kernel = tullax.einsum_kernel(SPLIT_SPECS[0][0], backend="cuda")
+    x, w = _inputs(kernel, SPLIT_SPECS[0][1], np.float32)
+    jax.block_until_ready(jax.jit(jax.grad(lambda a, b: kernel(a, b).sum(), argnums=1))(x, w))
+    assert any(built.kernel.split for built in cuda_backend._BUILT.values())
+
+
+def test_a_split_sum_clears_its_output_on_every_call():
+    """A split sum adds its pieces into the output, which the launch zeroes first on XLA's stream: without that,
+    a buffer XLA hands out again would keep the last call's sum."""
+    cuda = jax.jit(tullax.einsum_kernel("r[i] := x[i,j]", backend="cuda"))
+    key = jax.random.PRNGKey(1)
+    for _ in range(30):
+        key, a = jax.random.split(key)
+        x = jax.random.normal(a, (3, 100000), jnp.float32)
+        np.testing.assert_allclose(cuda(x), np.asarray(x, np.float64).sum(1), rtol=1e-4, atol=1e-2)
 
 
 def test_many_calls_on_fresh_buffers_stay_right():

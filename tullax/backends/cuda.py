@@ -5,7 +5,8 @@ XLA's own device buffers (``tullax.jaxop.device``): no copy, no synchronisation,
 It runs only inside JAX on an NVIDIA GPU: ``device_kernel`` prepares one kernel for one call's static shapes
 at trace time (print, compile or load from the cache, load the cubin, plan the launch), so a compile error
 is a TullaxError at trace time; the callback then only fills in the buffer addresses and enqueues the launch.
-NumPy inputs need a host backend. The lowering keeps the default one element per thread (no CPU tiling).
+NumPy inputs need a host backend. The lowering keeps the default one element per thread (no CPU tiling), or
+register tiles; a plain sum over few output elements is split over more threads (``tullax.compiler.split``).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from tullax.backends import host
 from tullax.backends.base import Capabilities, Signature, device_pointer
-from tullax.backends.cuda_launch import START_GIVEN, LaunchPlan, ParamBlock, plan_launch
+from tullax.backends.cuda_launch import START_GIVEN, START_ZERO, LaunchPlan, ParamBlock, device_lowering
 from tullax.compiler.loops import LoopKernel
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError
@@ -45,6 +46,8 @@ class DeviceKernel:
             given = device_pointer(buffers[0])
             if given != target:  # XLA aliased the given array to the output: already in place
                 self._driver.copy(target, given, plan.out_bytes, stream)
+        elif plan.start == START_ZERO:  # a split sum adds every thread's piece into the output
+            self._driver.clear(target, plan.out_bytes, stream)
         if not plan.grid:
             return
         pointers = [target if source is None else device_pointer(buffers[source]) for source in plan.pointers]
@@ -70,8 +73,7 @@ def device_kernel(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[i
         if found is not None:
             return found
         start = time.perf_counter()
-        kernel = lower(spec, signature, name=KERNEL_NAME)
-        plan = plan_launch(kernel, spec, shapes, signature.out_dtype)
+        kernel, plan = device_lowering(spec, signature, shapes, KERNEL_NAME)
         source = print_module([(kernel, plan.index_bits)])
         codegen_ms = (time.perf_counter() - start) * 1e3
         dtypes = [a.dtype for a in kernel.arrays]

@@ -1,5 +1,5 @@
 """The few CUDA driver calls the cuda backend makes, through ``cuda.bindings.driver`` (PyPI ``cuda-bindings``),
-imported on first use: load a cubin, launch a kernel on a stream, copy device memory on a stream,
+imported on first use: load a cubin, launch a kernel on a stream, copy or clear device memory on a stream,
 and describe the device for ``tullax doctor``.
 
 Cubins are loaded as context-independent libraries (``cuLibraryLoadData``, CUDA 12+): loaded once per process,
@@ -71,6 +71,10 @@ class Driver:
     def copy(self, target: int, source: int, nbytes: int, stream: int) -> None:
         self._check(self._cu.cuMemcpyDtoDAsync(target, source, nbytes, self._cu.CUstream(stream)),
                     "cuMemcpyDtoDAsync")
+
+    def clear(self, target: int, nbytes: int, stream: int) -> None:
+        """Zero ``nbytes`` at ``target``, enqueued on ``stream``."""
+        self._check(self._cu.cuMemsetD8Async(target, 0, nbytes, self._cu.CUstream(stream)), "cuMemsetD8Async")
 
     def device(self, ordinal: int = 0) -> DeviceInfo:
         cu = self._cu

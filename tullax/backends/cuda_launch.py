@@ -1,5 +1,6 @@
-"""How the host launches one printed CUDA kernel for one call's static shapes: the index width, the grid, the
-values of the integer parameters, what the output must hold first, and the packed parameter block.
+"""How the host launches one printed CUDA kernel for one call's static shapes: which kernel (a plain sum over few
+output elements split over more threads, ``device_lowering``), the index width, the grid, the values of the
+integer parameters, what the output must hold first, and the packed parameter block.
 
 Pure Python and ctypes, no CUDA library: everything here is decided at trace time (shapes are static under
 ``jax.jit``) and tested without a GPU.
@@ -8,16 +9,20 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from tullax.compiler.intervals import dtype_interval, fits
-from tullax.compiler.loops import LoopKernel, eval_int
+from tullax.compiler.loops import FLOATS, LoopKernel, eval_int
+from tullax.compiler.lower import lower
+from tullax.compiler.split import SplitPolicy, split_sums
 from tullax.printers.cuda import BLOCK_THREADS, Parameter, parameters
 from tullax.printers.launch import ndrange_extents
 from tullax.spec.ir import Spec
+from tullax.spec.shapes import eval_shapes
 
 INT32 = dtype_interval("int32")
 WARP_THREADS = 32  # a block smaller than BLOCK_THREADS is rounded up to whole warps
@@ -26,6 +31,8 @@ MAX_GRID_BLOCKS = 2**31 - 1  # CUDA's limit on gridDim.x; the grid-stride loop c
 # What the output buffer must hold before the kernel runs
 START_ANY = "any"  # ':=': the kernel writes every element
 START_GIVEN = "given"  # '=' and '+=' (scatters too): the given array (input 0), unless XLA aliased it
+START_ZERO = "zero"  # ':=' split over threads that add into the output (tullax.compiler.split)
+SPLIT_ENV = "TULLAX_CUDA_SPLIT"  # 0: never split a sum (benchmarks/gpu.py compares both)
 
 
 @dataclass(frozen=True)
@@ -70,9 +77,39 @@ def plan_launch(kernel: LoopKernel, spec: Spec, shapes: Mapping[str, tuple[int, 
             values.append(array_shapes[param.array][param.axis])
         else:
             pointers.append(_source_position(kernel, spec, param))
-    start = START_ANY if spec.assign == ":=" else START_GIVEN  # the parser has no ':=' into computed places
+    start = START_GIVEN  # the parser has no ':=' into computed places
+    if spec.assign == ":=":
+        start = START_ZERO if kernel.split else START_ANY
     return LaunchPlan(bits, grid, block, tuple(values), tuple(pointers), start,
                       math.prod(shapes[spec.out]) * np.dtype(out_dtype).itemsize)
+
+
+def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, ...]], name: str,
+                    policy: SplitPolicy = SplitPolicy()) -> tuple[LoopKernel, LaunchPlan]:
+    """The kernel the cuda backend launches for one call's shapes (inputs by name plus ``spec.out``), and its
+    launch: a plain sum over few output elements split over more threads (``tullax.compiler.split``), else the
+    default lowering, one thread per output element (or per register tile)."""
+    if _may_split(spec, signature, shapes, policy):
+        plain = lower(spec, signature, name=name, share=False, block_sums=False)
+        sizes = {s.name: int(s.size.eval(shapes)) for s in plain.sizes}
+        cut = split_sums(plain, sizes, policy)
+        if cut is not None:
+            return cut, plan_launch(cut, spec, shapes, signature.out_dtype)
+    kernel = lower(spec, signature, name=name)
+    return kernel, plan_launch(kernel, spec, shapes, signature.out_dtype)
+
+
+def _may_split(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, ...]], policy: SplitPolicy) -> bool:
+    """Whether ``spec`` is a plain float sum over fewer output elements than ``policy.below`` (checked before
+    lowering it a second time)."""
+    if os.environ.get(SPLIT_ENV, "1").strip() == "0":
+        return False
+    if spec.redop != "+" or spec.finalizer is not None or spec.assign not in (":=", "+=") or spec.is_scatter:
+        return False
+    if signature.out_dtype not in FLOATS or not spec.reduced:
+        return False
+    ranges = eval_shapes(spec, shapes)
+    return math.prod(max(hi - lo, 0) for lo, hi in (ranges[n] for n in spec.free)) < policy.below
 
 
 def _source_position(kernel: LoopKernel, spec: Spec, param: Parameter) -> int | None:
@@ -113,4 +150,5 @@ class ParamBlock:
         return out
 
 
-__all__ = ["LaunchPlan", "ParamBlock", "plan_launch", "START_ANY", "START_GIVEN"]
+__all__ = ["LaunchPlan", "ParamBlock", "device_lowering", "plan_launch", "SPLIT_ENV", "START_ANY", "START_GIVEN",
+           "START_ZERO"]

@@ -28,7 +28,10 @@ Semantics printers must respect:
   they are never compared, and max/min never see them.
 * ``Loop.parallel``: iterations write disjoint output elements; a printer may run them on different threads.
   Parallel loops always form a perfect nest at the top of the kernel body (``parallel_nest``), so a GPU
-  printer can map them to its ndrange and the rest of the body is the per-element work.
+  printer can map them to its ndrange and the rest of the body is the per-element work. In a ``split`` kernel
+  some parallel loops cut a sum, so several iterations add into one element: only with ``atomic_add``.
+* ``LoopKernel.split``: a split sum (``tullax.compiler.split``, GPU printers only): every store is ``atomic_add``
+  and the host starts the output at zero (``:=``) or at the given array (``+=``).
 * ``Loop.reduce_parallel``: set only on the outermost loop of a kernel with NO parallel loops (a scalar
   result); its iterations only combine into accumulators declared outside it with ``Accum`` (+ * max min), so
   a printer may split it across threads with per-thread partials and a final combine (Numba's prange
@@ -208,6 +211,7 @@ class LoopKernel:
     body: tuple[Stmt, ...]
     compute_dtype: str
     is_scatter: bool = False
+    split: bool = False
 
     @property
     def params(self) -> tuple[str, ...]:

@@ -87,7 +87,7 @@ def identity(redop: str, compute: str, wrap: str | None = None) -> Const:
 
 
 def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool = False,
-          share: bool = True) -> LoopKernel:
+          share: bool = True, block_sums: bool = True) -> LoopKernel:
     """The loop-nest kernel of ``spec`` for ``signature`` (a ``backends.base.Signature``).
 
     ``tile=True`` (CPU printers): when the innermost reduction index is strided but the last parallel index j
@@ -101,7 +101,10 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
 
     ``share`` (the default): the schedule's register tiles (``tullax.compiler.jam``) and calls computed once per
     block (``tullax.compiler.rewrite``); ``share=False`` gives the kernel without them (benchmarks compare the
-    two, and tests of the loop order read the plain nest)."""
+    two, and tests of the loop order read the plain nest).
+
+    ``block_sums=False``: a float32 sum accumulates in one float32 register, not in blocks with a float64 total.
+    For a kernel whose sums ``tullax.compiler.split`` cuts into short pieces, one per GPU thread."""
     params = parameters(spec, signature)
     guards = find_guards(spec, loop_order(spec)[1])
     # a tile accumulates in the output elements: not when they are real and the sum complex (|> abs)
@@ -118,7 +121,7 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
     elif plan.tiling:
         stmts = _tiled(spec, plan, translator, guards.body, narrowing)
     else:
-        stmts = _reduction(spec, plan, translator, guards.body, narrowing)
+        stmts = _reduction(spec, plan, translator, guards.body, narrowing, block_sums)
     kernel = LoopKernel(
         name=name, spec_text=format_spec(spec).replace("\n", " "), arrays=params.arrays, scalars=params.scalars,
         sizes=emit.size_args(), body=tuple(stmts), compute_dtype=params.compute,
@@ -169,15 +172,16 @@ def _nest(spec: Spec, plan: Schedule, emit: Emitter, narrowing: tuple[Bound, ...
 
 
 def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr,
-               narrowing: tuple[Bound, ...]) -> list[Stmt]:
-    """One output element per parallel iteration, reduced in a register (or computed directly)."""
+               narrowing: tuple[Bound, ...], block_sums: bool = True) -> list[Stmt]:
+    """One output element per parallel iteration, reduced in a register (or computed directly); a float32 sum
+    in blocks unless ``block_sums`` is False."""
     emit, compute, out = translator.emit, translator.compute, translator.params.out
     value = emit.hoist(translator.value(body))
     out_index = tuple(emit.index_var(n) for n in spec.free)
     nest = _nest(spec, plan, emit, narrowing)
     has_loops = plan.innermost > plan.top
     result: Expr
-    blocked = blocked_index(spec, plan, compute)
+    blocked = blocked_index(spec, plan, compute) if block_sums else None
     first_hi = _first_block_end(spec, plan, emit, nest, blocked)
     if spec.redop == "logsumexp":
         block, result = _logsumexp(nest, value, compute, blocked, first_hi)
