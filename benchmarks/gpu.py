@@ -9,7 +9,8 @@ refuses with the reason anywhere else. Three parts:
 1. Correctness: every corpus kernel (tests/corpus.py), forward and the gradient of every differentiable input,
    float32 (rtol 1e-4) and float64 (rtol 1e-9), backend='cuda' against backend='xla', both jitted on the GPU.
 2. Timings per case: forward, backward (the pullback alone), backward/forward, speed-up against XLA's jnp
-   lowering of the same spec and, where there is one, the naive broadcast; the per-call overhead of a tiny kernel
+   lowering of the same spec and, where there is one, the naive broadcast; the same for ``backend='auto'``
+   (the planner: cuda or an XLA form per kernel); the per-call overhead of a tiny kernel
    under jit against a jnp op; time to first kernel (forward plus gradients) in new processes, cold (empty
    cache) and warm.
    The "unsplit" part times the cases whose gradients the cuda backend splits (few output elements, long sums:
@@ -187,7 +188,7 @@ def time_case(name: str, spec_text: str, shapes: dict, naive: Callable | None, d
 
     row: dict[str, Any] = {"case": name, "spec": spec_text, "shapes": shapes, "dtype": dtype}
     try:
-        kernels = {b: tullax.einsum_kernel(spec_text, backend=b) for b in ("cuda", "xla")}
+        kernels = {b: tullax.einsum_kernel(spec_text, backend=b) for b in BACKENDS}
         spec = kernels["cuda"].ir
         env = random_inputs(spec, shapes, seed=0, dtype=getattr(np, dtype))
         args = [jnp.asarray(env[n]) for n in spec.input_names]
@@ -211,6 +212,11 @@ def time_case(name: str, spec_text: str, shapes: dict, naive: Callable | None, d
             progress(row)
             row[f"{backend}_backward_ms"] = best_ms(lambda b=backward: b(cotangent), repeat)
             progress(row)
+        from tullax.backends import planner
+        from tullax.spec.text import format_spec
+
+        row["auto_plans"] = sorted({f"{format_spec(key[0])}: {found.describe()}"
+                                    for key, found in planner._MEMO.items()})
         if naive is not None:
             row["naive_forward_ms"] = best_ms(lambda f=jax.jit(naive): f(*args), repeat)
         row["grad_over_fwd"] = row["cuda_backward_ms"] / row["cuda_forward_ms"]
@@ -218,9 +224,18 @@ def time_case(name: str, spec_text: str, shapes: dict, naive: Callable | None, d
         row["backward_speedup_vs_xla"] = row["xla_backward_ms"] / row["cuda_backward_ms"]
         if naive is not None:
             row["forward_speedup_vs_naive"] = row["naive_forward_ms"] / row["cuda_forward_ms"]
+        best_xla_forward = min(row["xla_forward_ms"], row.get("naive_forward_ms", float("inf")))
+        row["auto_grad_over_fwd"] = row["auto_backward_ms"] / row["auto_forward_ms"]
+        row["auto_forward_vs_best_xla"] = best_xla_forward / row["auto_forward_ms"]
+        row["auto_backward_vs_xla"] = row["xla_backward_ms"] / row["auto_backward_ms"]
     except Exception as err:  # noqa: BLE001
         row["error"] = f"{type(err).__name__}: {err}"[:500]
     return row
+
+
+# the cuda backend alone, XLA's lowering of the same spec, and ``auto``: the planner, which runs each kernel
+# (forward, each gradient step) on cuda or in one of XLA's forms, whichever it timed faster on this GPU
+BACKENDS = ("cuda", "xla", "auto")
 
 
 def progress(row: dict) -> None:
@@ -332,7 +347,7 @@ def command_buffers(dtype: str) -> dict:
     return found
 
 
-def ttfk_child(dtype: str) -> None:
+def ttfk_child(dtype: str, backend: str) -> None:
     """In a new process: seconds from kernel creation to the first forward AND gradient results."""
     import jax
     import jax.numpy as jnp
@@ -341,24 +356,26 @@ def ttfk_child(dtype: str) -> None:
 
     w, x = jnp.ones((64, 32), dtype), jnp.ones((64, 48), dtype)
     start = time.perf_counter()
-    kernel = tullax.einsum_kernel(TTFK_SPEC, backend="cuda")
+    kernel = tullax.einsum_kernel(TTFK_SPEC, backend=backend)
     value, grads = jax.jit(jax.value_and_grad(lambda a, b: kernel(a, b).sum(), argnums=(0, 1)))(w, x)
     jax.block_until_ready((value, grads))
     print(json.dumps({"seconds": time.perf_counter() - start}))
 
 
 def ttfk(dtype: str) -> dict:
-    """Cold (empty cache directory) then warm (the same directory), each in a new process."""
+    """Cold (empty cache directory) then warm (the same directory), each in a new process, for ``cuda`` (keys
+    ``cold_s``, ``warm_s``) and for ``auto`` (``auto_cold_s``, ``auto_warm_s``)."""
     found = {}
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "TULLAX_CACHE_DIR": cache}
-        for label in ("cold", "warm"):
-            done = subprocess.run([sys.executable, __file__, "--ttfk-child", "--dtype", dtype], env=env,
-                                  capture_output=True, text=True, timeout=600)
-            if done.returncode != 0:
-                found[f"{label}_error"] = done.stderr[-500:]
-                continue
-            found[f"{label}_s"] = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+    for backend, prefix in (("cuda", ""), ("auto", "auto_")):
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "TULLAX_CACHE_DIR": cache}
+            for label in ("cold", "warm"):
+                done = subprocess.run([sys.executable, __file__, "--ttfk-child", backend, "--dtype", dtype],
+                                      env=env, capture_output=True, text=True, timeout=600)
+                if done.returncode != 0:
+                    found[f"{prefix}{label}_error"] = done.stderr[-500:]
+                    continue
+                found[f"{prefix}{label}_s"] = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
     return found
 
 
@@ -389,6 +406,10 @@ def targets(timings: list[dict], overhead: dict, first: dict) -> list[tuple[str,
                   check(overhead or None, lambda o: o.get("overhead_us", float("inf")) <= 30)))
     found.append(("TTFK warm <= 0.3 s", check(first or None, lambda f: f.get("warm_s", float("inf")) <= 0.3)))
     found.append(("TTFK cold <= 1.5 s", check(first or None, lambda f: f.get("cold_s", float("inf")) <= 1.5)))
+    for row in timings:  # issue 14 on the GPU: the planner never slower than XLA
+        if "auto_forward_ms" in row and "auto_backward_ms" in row:
+            found.append((f"auto, {row['case']}: >= 0.95x XLA forward and backward",
+                          min(row.get("auto_forward_vs_best_xla", 0), row.get("auto_backward_vs_xla", 0)) >= 0.95))
     return found
 
 
@@ -408,6 +429,12 @@ def markdown(report: dict) -> str:
             "cuda_forward_ms", "cuda_backward_ms", "grad_over_fwd", "xla_forward_ms", "xla_backward_ms",
             "forward_speedup_vs_xla", "backward_speedup_vs_xla", "naive_forward_ms", "forward_speedup_vs_naive")])
             + " |")
+    lines += ["", "## backend='auto': each kernel on cuda or in an XLA form, whichever the planner timed faster", "",
+              "| case | auto fwd | auto bwd | bwd/fwd | fwd vs best XLA | bwd vs XLA |", "|---|---|---|---|---|---|"]
+    for row in report.get("timings", []):
+        lines.append("| " + " | ".join([row["case"]] + [_ms(row.get(k)) for k in (
+            "auto_forward_ms", "auto_backward_ms", "auto_grad_over_fwd", "auto_forward_vs_best_xla",
+            "auto_backward_vs_xla")]) + " |")
     overhead, first = report.get("overhead"), report.get("ttfk")
     lines.append("")
     lines += [f"- {row['case']}: {row['error'].splitlines()[0]}" for row in report.get("timings", []) if "error" in row]
@@ -416,7 +443,8 @@ def markdown(report: dict) -> str:
                      f"{overhead['jnp_us']:.1f} us (+{overhead['overhead_us']:.1f} us).")
     if first:
         lines.append(f"TTFK of forward plus gradients ({TTFK_SPEC}), new processes: cold {_ms(first.get('cold_s'))}"
-                     f" s, warm {_ms(first.get('warm_s'))} s" + "".join(
+                     f" s, warm {_ms(first.get('warm_s'))} s; under auto cold {_ms(first.get('auto_cold_s'))} s, "
+                     f"warm {_ms(first.get('auto_warm_s'))} s" + "".join(
                          f"; {k}: {v.splitlines()[-1] if v else ''}" for k, v in first.items() if k.endswith("error"))
                      + ".")
     lines.append("")
@@ -474,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default=None, metavar="NAMES",
                         help="comma-separated case names of the timings (default: every case)")
     parser.add_argument("--out-dir", default=str(RESULTS))
-    parser.add_argument("--ttfk-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ttfk-child", choices=("cuda", "auto"), help=argparse.SUPPRESS)
     parser.add_argument("--command-buffer-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--case-limit", type=float, default=120.0, metavar="S",
                         help="seconds each timed case may take in its own process (default 120)")
@@ -492,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
 
     jax.config.update("jax_enable_x64", True)  # float64 checks; float32 inputs stay float32
     if args.ttfk_child:
-        ttfk_child(args.dtype)
+        ttfk_child(args.dtype, args.ttfk_child)
         return 0
     if args.command_buffer_child:
         command_buffer_child(args.dtype)

@@ -305,9 +305,16 @@ def test_device_backends_take_the_device_path_host_backends_copy_with_one_warnin
 
 
 @pytest.mark.parametrize("usable, chosen", [({"julia-cuda", "cuda"}, "julia-cuda"), ({"cuda"}, "cuda"),
-                                            (set(), "numba")])
-def test_auto_on_a_gpu_prefers_julia_cuda_then_cuda_then_the_host(monkeypatch, usable, chosen):
+                                            (set(), "xla")])
+def test_auto_on_a_gpu_races_julia_cuda_then_cuda_against_xla_and_never_a_host_backend(monkeypatch, usable, chosen):
+    """On a GPU ``auto`` stays ``auto``: the planner's loop backend is the GPU's (julia-cuda, else cuda); without
+    one, XLA's forms run (a host backend would copy every input to the host and back)."""
+    from tullax.backends import planner
+
     class Stub:
+        platform = "cuda"
+        capabilities = backends.Capabilities()
+
         def __init__(self, name):
             self.name = name
 
@@ -316,15 +323,15 @@ def test_auto_on_a_gpu_prefers_julia_cuda_then_cuda_then_the_host(monkeypatch, u
 
     real_get = backends.get
     monkeypatch.setattr(backends, "get", lambda name: Stub(name) if name in gpu_select.GPU_ORDER else real_get(name))
-    monkeypatch.setattr(backends, "resolve", lambda name: Stub("numba"))
     gpu_select.gpu_choice.cache_clear()
     try:
         name, why = gpu_select.gpu_choice()
-        assert name == chosen and (chosen != "numba" or "copies" in why)
+        assert name == chosen and (chosen != "xla" or "copy" in why)
         monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-        assert tullax.einsum_kernel("y[i] := x[i]")._jax_backend() == chosen
+        assert tullax.einsum_kernel("y[i] := x[i]")._jax_backend() == "auto"
+        assert planner.on_gpu() and planner.loop_backend(("float32",)) == (None if chosen == "xla" else chosen)
         monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-        assert gpu_select.auto_backend_for_jax() is None
+        assert not planner.on_gpu() and planner.loop_backend(("float32",)) not in gpu_select.GPU_ORDER
     finally:
         gpu_select.gpu_choice.cache_clear()
 

@@ -172,5 +172,27 @@ def test_cubins_are_cached_by_source_arch_and_nvrtc_version(tmp_path, monkeypatc
 
 def test_the_key_includes_the_nvrtc_version(monkeypatch):
     key = cuda_compile.cubin_key(SOURCE, "sm_90")
-    monkeypatch.setattr(cuda_compile, "nvrtc_version", lambda: (99, 0))
+    monkeypatch.setattr(cuda_compile, "nvrtc_wheel", lambda: "99.0.1")  # the wheel's version
     assert cuda_compile.cubin_key(SOURCE, "sm_90") != key
+    monkeypatch.setattr(cuda_compile, "nvrtc_wheel", lambda: None)  # a toolkit's: the loaded library's version
+    toolkit = cuda_compile.cubin_key(SOURCE, "sm_90")
+    monkeypatch.setattr(cuda_compile, "nvrtc_version", lambda: (99, 0))
+    assert cuda_compile.cubin_key(SOURCE, "sm_90") != toolkit
+
+
+@pytest.mark.skipif(cuda_compile.nvrtc_wheel() is None or not Path("/proc/self/maps").exists(),
+                    reason="needs the nvidia-cuda-nvrtc wheel and /proc")
+def test_a_cached_cubin_is_read_without_loading_nvrtc(tmp_path):
+    """A warm process finds its cubins by the wheel's version: libnvrtc stays unloaded (it costs a tenth of a
+    second and more of every warm first call)."""
+    import os
+    import sys
+
+    code = ("import sys\nfrom tullax.backends import cuda_compile\n"
+            f"cubin = cuda_compile.cached_cubin({SOURCE!r}, 'sm_90', spec_text='a', dtypes=['float32'])\n"
+            "maps = open('/proc/self/maps').read()\n"
+            "print(cubin.compile_ms is None, 'libnvrtc' in maps)\n")
+    env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+            for _ in range(2)]
+    assert runs == ["False True\n", "True False\n"]  # cold: compiled with NVRTC; warm: read, NVRTC never loaded

@@ -126,15 +126,43 @@ def test_shard_map_over_the_gpus_matches_xla():
         np.testing.assert_allclose(g, w, rtol=1e-10)
 
 
-def test_auto_runs_the_cuda_backend_without_the_copy_warning():
-    from tullax.backends import gpu_select
+def test_auto_runs_without_the_copy_warning():
+    from tullax.backends import planner
 
-    assert gpu_select.auto_backend_for_jax() in ("cuda", "julia-cuda")
+    assert planner.on_gpu() and planner.loop_backend(("float32",)) in ("cuda", "julia-cuda")
     x = jnp.asarray(np.arange(12.0).reshape(3, 4))
     with warnings.catch_warnings():
         warnings.simplefilter("error", device.HostCopyWarning)
         out = jax.jit(tullax.einsum_kernel("s[i] := x[i,j]^2"))(x)
     np.testing.assert_allclose(out, (np.arange(12.0).reshape(3, 4) ** 2).sum(1))
+
+
+@pytest.mark.parametrize("text, shapes", [
+    ("C[i,j] := W[k,i]*X[k,j]", {"W": (256, 384), "X": (256, 320)}),  # a contraction: cuBLAS, by rule
+    ("y[b,i] := x[b,i+k]*w[k]", {"x": (64, 8192), "w": (31,)}),  # timed: slices, cuDNN or cuda
+    (DIST, {"W": (128, 1024), "X": (128, 512)}),  # timed: cuda, XLA's factored form or its broadcast
+])
+def test_auto_plans_each_kernel_on_the_gpu_and_matches_xla(text, shapes):
+    """On a GPU ``auto`` races the cuda kernels against XLA's forms on the GPU, per kernel; whatever wins, the
+    forward and the gradients match XLA and stay on the GPU."""
+    from tullax.backends import planner
+
+    auto, xla = (tullax.einsum_kernel(text, backend=b) for b in ("auto", "xla"))
+    args = _inputs(auto, shapes, np.float32)
+    got = jax.jit(auto)(*args)
+    assert got.devices() == {jax.devices()[0]}
+    np.testing.assert_allclose(got, jax.jit(xla)(*args), rtol=1e-4, atol=1e-4)
+    cot = jnp.asarray(np.random.default_rng(0).standard_normal(got.shape), got.dtype)
+
+    def grads(kernel):
+        return jax.jit(jax.grad(lambda *a: (kernel(*a) * cot).sum(), argnums=(0, 1)))(*args)
+
+    for g, w in zip(grads(auto), grads(xla)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-3)
+    plans = [found for key, found in planner._MEMO.items() if key[0] == auto.ir]
+    assert plans and all(p.backend in ("xla", "cuda", "julia-cuda") for p in plans)
+    if text.startswith("C[i,j]"):
+        assert plans[0].backend == "xla" and plans[0].rule == "contraction"
 
 
 def test_a_host_backend_on_the_gpu_copies_with_a_warning_and_is_right():

@@ -84,17 +84,10 @@ class Kernel:
         return f"tullax.Kernel({self.canonical!r}, backend={self.backend_name!r}{extra})"
 
     def _jax_backend(self) -> str:
-        """The backend of a call on jax values: ``auto`` on a GPU platform picks a GPU backend; on the CPU it
-        stays ``auto``: the planner (``tullax.backends.planner``) chooses the loop backend or an XLA form for
-        the forward kernel and for each gradient step, from the call's shapes."""
-        if self.backend_name == "auto":
-            from tullax.backends.gpu_select import auto_backend_for_jax
-
-            found = auto_backend_for_jax()
-            if found is not None:
-                return found
-            return "auto"
-        return self.backend.name
+        """The backend of a call on jax values: ``auto`` stays ``auto``: the planner (``tullax.backends.planner``)
+        chooses the loop backend or an XLA form for the forward kernel and for each gradient step, from the
+        call's shapes; on a GPU the loop backend is the GPU's own (cuda or julia-cuda)."""
+        return "auto" if self.backend_name == "auto" else self.backend.name
 
     # -- calling ----------------------------------------------------------------------------------
     def __call__(self, *args: Any, **named: Any) -> Any:

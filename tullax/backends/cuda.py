@@ -114,11 +114,11 @@ class CudaBackend:
     capabilities = Capabilities(module_source=True, complex_numbers=False)
 
     def availability(self) -> tuple[bool, str]:
-        from tullax.backends.cuda_compile import nvrtc
+        from tullax.backends.cuda_compile import nvrtc_usable
         from tullax.backends.cuda_driver import driver
 
         try:
-            nvrtc()
+            nvrtc_usable()
             driver()
         except BackendUnavailableError as err:
             return False, str(err)

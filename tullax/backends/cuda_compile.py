@@ -4,7 +4,9 @@ A cubin is machine code for ONE exact architecture (``sm_90``): PTX from a newer
 older driver, a cubin for the device's own architecture does. Cubins live in tullax's cache directory
 (``tullax.runtime.cache``: atomic, locked writes, checksums), base64-encoded because its entries are text,
 under a key of the generated source, the architecture and NVRTC's version (``cache_key`` adds tullax's own).
-A compile error is a TullaxError carrying NVRTC's log. NVRTC is imported on first use only.
+A compile error is a TullaxError carrying NVRTC's log. NVRTC is imported on first use only, and where it comes as
+the ``nvidia-cuda-nvrtc`` wheel the library is loaded only to compile: the wheel's version keys the cache, so a
+process whose kernels are all cached never loads it (a tenth of a second and more of every warm first call).
 """
 from __future__ import annotations
 
@@ -49,6 +51,32 @@ def nvrtc() -> Any:
 def nvrtc_version() -> tuple[int, int]:
     _, major, minor = _checked(nvrtc().nvrtcVersion(), "nvrtcVersion")
     return int(major), int(minor)
+
+
+NVRTC_WHEEL = "nvidia-cuda-nvrtc"
+
+
+@lru_cache(maxsize=None)
+def nvrtc_wheel() -> str | None:
+    """The version of the installed ``nvidia-cuda-nvrtc`` wheel (which ships the library) when cuda-bindings'
+    ``nvrtc`` module is installed too, found without loading either; None otherwise (NVRTC from a CUDA
+    toolkit, or none)."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("cuda.bindings.nvrtc") is None:
+            return None
+        return importlib.metadata.version(NVRTC_WHEEL)
+    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
+        return None
+
+
+def nvrtc_usable() -> None:
+    """BackendUnavailableError unless NVRTC can compile here: the wheel and the binding installed, or else the
+    library loaded (``nvrtc``)."""
+    if nvrtc_wheel() is None:
+        nvrtc()
 
 
 def check_arch(arch: str) -> str:
@@ -105,7 +133,9 @@ def _checked(returned: tuple, call: str) -> tuple:
 def cubin_key(source: str, arch: str) -> str:
     from tullax.runtime.cache import cache_key
 
-    return cache_key(source=source, arch=check_arch(arch), nvrtc=list(nvrtc_version()), backend="cuda")
+    wheel = nvrtc_wheel()  # a wheel's exact version, else the loaded library's major.minor
+    nvrtc_id = f"{NVRTC_WHEEL} {wheel}" if wheel else list(nvrtc_version())
+    return cache_key(source=source, arch=check_arch(arch), nvrtc=nvrtc_id, backend="cuda")
 
 
 def cached_cubin(source: str, arch: str, *, spec_text: str, dtypes: Sequence[str]) -> Cubin:
@@ -133,5 +163,5 @@ def cached_cubin(source: str, arch: str, *, spec_text: str, dtypes: Sequence[str
     return Cubin(key, image, compile_ms)
 
 
-__all__ = ["Cubin", "cached_cubin", "check_arch", "compile_cubin", "cubin_key", "nvrtc", "nvrtc_version",
-           "compile_with_report"]
+__all__ = ["Cubin", "cached_cubin", "check_arch", "compile_cubin", "cubin_key", "nvrtc", "nvrtc_usable",
+           "nvrtc_version", "nvrtc_wheel", "compile_with_report"]

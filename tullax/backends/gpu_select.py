@@ -1,8 +1,10 @@
-"""Which backend ``backend='auto'`` runs on a GPU platform, and what ``tullax doctor`` says about the GPU.
+"""The GPU's loop backend, which ``backend='auto'`` races against XLA's forms on a GPU platform
+(``tullax.backends.planner``), and what ``tullax doctor`` says about the GPU.
 
 On a GPU: ``julia-cuda`` when Julia with CUDA.jl is installed, else ``cuda`` when NVRTC and a driver are
-usable, else the host backend ``auto`` picks on the CPU, whose kernels then copy every input to the host and the
-result back through ``pure_callback`` (tullax warns once, at lowering: ``tullax.jaxop.device``).
+usable. Without either, ``auto`` runs XLA's forms on the GPU: the host backend's kernels would copy every input to
+the host and the result back through ``pure_callback`` (tullax warns once when one is asked for by name, at
+lowering: ``tullax.jaxop.device``).
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ JAX_GPU_PLATFORM = "gpu"  # jax.default_backend() of an NVIDIA (or AMD) GPU
 
 @lru_cache(maxsize=None)
 def gpu_choice() -> tuple[str, str]:
-    """(backend name, why) for ``auto`` on a GPU platform; decided once per process."""
+    """(the GPU's loop backend, why) for ``auto`` on a GPU platform, "xla" when none is usable; decided once per
+    process."""
     from tullax import backends
 
     reasons = []
@@ -28,18 +31,7 @@ def gpu_choice() -> tuple[str, str]:
         if ok:
             return name, f"{name} is usable" + (f" ({'; '.join(reasons)})" if reasons else "")
         reasons.append(f"{name}: {why}")
-    try:
-        host = backends.resolve("auto").name
-    except BackendUnavailableError as err:
-        return "xla", f"no GPU backend ({'; '.join(reasons)}) and no host backend ({err})"
-    return host, f"no GPU backend ({'; '.join(reasons)}): the host backend {host} copies to the host and back"
-
-
-def auto_backend_for_jax() -> str | None:
-    """The GPU backend ``auto`` means for jax inputs when jax computes on a GPU; None on the CPU."""
-    import jax
-
-    return gpu_choice()[0] if jax.default_backend() == JAX_GPU_PLATFORM else None
+    return "xla", f"no GPU loop backend ({'; '.join(reasons)}): a host backend would copy to the host and back"
 
 
 def gpu_report() -> str:
@@ -59,8 +51,11 @@ def gpu_report() -> str:
     except BackendUnavailableError as err:
         lines.append(f"NVRTC: {err}")
     name, why = gpu_choice()
-    lines.append(f"on a GPU, backend='auto' runs {name}: {why}")
+    if name in GPU_ORDER:
+        lines.append(f"on a GPU, backend='auto' runs each kernel on {name} or XLA, whichever it times faster: {why}")
+    else:
+        lines.append(f"on a GPU, backend='auto' runs XLA's forms: {why}")
     return "\n".join(lines)
 
 
-__all__ = ["GPU_ORDER", "auto_backend_for_jax", "gpu_choice", "gpu_report"]
+__all__ = ["GPU_ORDER", "JAX_GPU_PLATFORM", "gpu_choice", "gpu_report"]

@@ -1,6 +1,8 @@
-"""The planner behind ``backend="auto"`` on the CPU: for ONE kernel (the forward spec, or one gradient step) and
-the shapes and dtypes of a call, choose the loop backend (Numba, or Julia where it is the loop backend) or one of
-XLA's forms (``tullax.backends.xla_forms``).
+"""The planner behind ``backend="auto"``: for ONE kernel (the forward spec, or one gradient step) and the shapes and
+dtypes of a call, choose the loop backend (host C, Numba, or Julia where it is the loop backend) or one of XLA's
+forms (``tullax.backends.xla_forms``). Where jax computes on a GPU, the loop backend is the GPU's (``cuda`` or
+``julia-cuda``: kernels on XLA's own device buffers), raced against XLA's forms on the GPU (cuBLAS for a
+contraction, cuDNN for a convolution), and decisions are kept per GPU model.
 
 The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied first by ``plan``):
 
@@ -147,10 +149,21 @@ class Rule:
 # ---------------------------------------------------------------------------------------------
 def loop_backend(dtypes: Iterable[str] = ()) -> str | None:
     """The loop backend ``auto`` uses here for a call with these ``dtypes`` (the first usable of Julia, host C
-    and Numba that takes them, as ``backends.resolve``), or None when none is."""
+    and Numba that takes them, as ``backends.resolve``), or None when none is. Where jax computes on a GPU: the
+    GPU's own loop backend (``gpu_select``: julia-cuda or cuda), whose kernels run on XLA's buffers; None
+    without one (a host backend would copy every input to the host and back: XLA's forms run instead)."""
     from tullax import backends
     from tullax.errors import BackendUnavailableError
 
+    if on_gpu():
+        from tullax.backends.gpu_select import gpu_choice
+
+        name = gpu_choice()[0]
+        try:
+            found = backends.get(name)
+        except BackendUnavailableError:
+            return None
+        return name if getattr(found, "platform", None) and backends.takes(found, dtypes) else None
     for name in backends._auto_candidates():
         if name == "xla":
             continue
@@ -161,6 +174,21 @@ def loop_backend(dtypes: Iterable[str] = ()) -> str | None:
         except BackendUnavailableError:
             continue
     return None
+
+
+def on_gpu() -> bool:
+    """Whether jax computes on a GPU here (``auto``'s kernels then run on the GPU: the loops as device kernels)."""
+    import sys
+
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return False
+    from tullax.backends.gpu_select import JAX_GPU_PLATFORM
+
+    try:
+        return jax.default_backend() == JAX_GPU_PLATFORM
+    except RuntimeError:  # no backend initialises
+        return False
 
 
 def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
@@ -726,13 +754,19 @@ def _loop_call(spec: Spec, loops: str | None, values: list, zero_start: bool = F
     machine; XLA 44 ms), and the row norm gradient went to the loops on the bare timing, 0.8x of XLA's."""
     import jax
 
+    from tullax import backends
     from tullax.jaxop.callback import callback_path, host_call
     from tullax.spec.shapes import result_dtype
 
     args = _on_device(values)
     dtype = jax.dtypes.canonicalize_dtype(result_dtype(spec, {i.name: a.dtype for i, a in zip(spec.inputs, args)}))
-    path = callback_path()
-    fn = jax.jit(lambda *given: host_call(spec, loops, given, dtype, path, zero_start))
+    if getattr(backends.get(loops), "platform", None):  # a GPU loop backend: its kernel on XLA's device buffers
+        from tullax.jaxop.device import device_call
+
+        fn = jax.jit(lambda *given: device_call(spec, loops, given, dtype))
+    else:
+        path = callback_path()
+        fn = jax.jit(lambda *given: host_call(spec, loops, given, dtype, path, zero_start))
 
     def call() -> None:
         with jax.ensure_compile_time_eval():
@@ -749,6 +783,10 @@ def _cache_key(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, zero_s
     from tullax.spec.text import format_spec
 
     start = {"zero_start": True} if zero_start else {}  # a '+=' step on zeros is raced apart from one on data
+    if on_gpu():  # a GPU's race is decided by the GPU, not by the host's cores
+        import jax
+
+        start["gpu"] = jax.devices()[0].device_kind
     return cache_key(kind="plan", spec=format_spec(spec), shapes=sorted(shapes.items()),
                      dtypes=sorted(dtypes.items()), loops=loops, cores=os.cpu_count(),
                      threads=os.environ.get("NUMBA_NUM_THREADS"), **start)
@@ -822,7 +860,8 @@ def explain_lines(spec: Spec, shapes: Shapes | None = None, dtype: str = "float3
     from tullax.backends.host import kernel_steps
 
     loops = loop_backend((dtype,))
-    lines = [f"plan (backend='auto' on the CPU; loop backend: {loops or 'none'}):"]
+    where = "a GPU" if on_gpu() else "the CPU"
+    lines = [f"plan (backend='auto' on {where}; loop backend: {loops or 'none'}):"]
     from tullax.backends.workload import serial_threshold
 
     tiny_on = "its rule's default, untimed" if whole_module_cached(loops) else "XLA"
