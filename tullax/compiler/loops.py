@@ -43,7 +43,8 @@ Semantics printers must respect:
   printers) hold them: the float64 running totals of a tile's blocked float32 sum.
 * ``Store.mode``: ``set``, ``add`` (read-modify-write; no other iteration of a parallel loop touches the
   element) or ``atomic_add`` (a scatter whose serial loops may hit the same element twice: serial printing is
-  race-free, a printer that parallelises those loops too must make the addition atomic).
+  race-free, a printer that parallelises those loops too must make the addition atomic; in a ``split`` kernel
+  parallel iterations add into one element, so it must always be atomic).
 """
 from __future__ import annotations
 

@@ -9,16 +9,20 @@ chunks (``chunk``). Every thread sums its piece in a register, then adds it into
 ``atomic_add``; the kernel is marked ``split`` and the host starts the output at zero (``:=``) or at the given
 array (``+=``).
 
-The cut is decided with the call's sizes (shapes are static under jit): the launch nest grows, outermost loop
-first, towards ``SplitPolicy.threads`` threads, while each thread keeps at least ``min_terms`` terms; the chunk
-length is a power of two, so few variants compile. Only plain sums qualify: the kernel's one store writes the
-accumulator of a ``+`` reduction, with no finaliser, in a float dtype (``atomicAdd`` of float and double). Loops
-move into the launch nest only where their bounds are sizes (the grid is a box) and the statements before them
-are ``Let``s and guards without an ``else``, which every thread can then run for itself.
+The cut is decided with the call's sizes (shapes are static under jit): each output element gets up to
+``SplitPolicy.threads / outputs`` threads (its pieces), at most ``max_pieces`` of them (they contend for its
+atomic) and no more than leave each thread ``min_terms`` terms, but as many as keep a float32 piece within
+``max_float32_terms``. Outermost loop first, whole loops join the launch while the pieces allow, then the next
+loop is cut; the chunk length is a power of two, so few variants compile.
+
+Only plain sums qualify: the kernel's one store writes the accumulator of a ``+`` reduction, with no finaliser,
+in a float dtype (``atomicAdd`` of float and double). Loops move into the launch nest only where their bounds are
+sizes (the grid is a box) and the statements before them are ``Let``s and guards without an ``else``, which every
+thread can then run for itself.
 
 The kernel to split is lowered with ``share=False`` (register tiles would cut the thread count further) and
-``block_sums=False``: a thread's piece is short, and a float32 piece is kept to at most ``max_float32_terms``
-terms (rounding like a block of the blocked sum); the pieces meet in the output in no fixed order.
+``block_sums=False``: a thread's piece is short (a float32 piece at most ``max_float32_terms`` terms, where the
+unsplit kernel's float64 totals take float32 blocks of 512), and the pieces meet in the output in no fixed order.
 """
 from __future__ import annotations
 
