@@ -68,6 +68,7 @@ def test_conv2d_filter_gradient_is_split_and_its_input_gradient_is_not():
     ("(logsumexp) l[i] := x[i,j]", {"x": (8, 100000)}, "not a plain sum"),
     ("n[i] := x[i,j]^2 |> sqrt", {"x": (8, 100000)}, "a finaliser"),
     ("out[b,d] := W[ix[b],d]", {"W": (50, 4), "ix": (9,)}, "no reduction"),
+    ("y[i] := x[i,j]", {"x": (0, 100000)}, "no output element"),
 ])
 def test_what_is_not_split(text, shapes, why):
     kernel, plan, _, _ = lowered(text, shapes)

@@ -87,7 +87,7 @@ def split_sums(kernel: LoopKernel, sizes: Mapping[str, int], policy: SplitPolicy
     size_names = set(sizes)
     outputs = math.prod(max(_value(binop("-", loop.stop, loop.start), sizes), 0) for loop in loops)
     work = _work(block, sizes)
-    if outputs >= policy.below or work < policy.min_work:
+    if not 0 < outputs < policy.below or work < policy.min_work:
         return None
     wanted = min(-(-policy.threads // max(outputs, 1)), policy.max_pieces, work // policy.min_terms)
     if kernel.compute_dtype == "float32":
