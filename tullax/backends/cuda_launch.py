@@ -53,7 +53,7 @@ def plan_launch(kernel: LoopKernel, spec: Spec, shapes: Mapping[str, tuple[int, 
     """The launch of ``kernel`` (lowered from ``spec``) for the input and output shapes of one call
     (``shapes``: input name -> shape, plus ``spec.out`` -> the result's shape)."""
     array_shapes = {a.name: tuple(shapes[a.source]) for a in kernel.arrays}
-    sizes = {s.name: int(s.size.eval(shapes)) for s in kernel.sizes}
+    sizes = size_values(kernel, shapes)
     extents = [max(eval_int(e, sizes), 0) for e in ndrange_extents(kernel)]
     total = math.prod(extents)
     if not extents:  # a scalar result: one thread
@@ -84,6 +84,11 @@ def plan_launch(kernel: LoopKernel, spec: Spec, shapes: Mapping[str, tuple[int, 
                       math.prod(shapes[spec.out]) * np.dtype(out_dtype).itemsize)
 
 
+def size_values(kernel: LoopKernel, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """The value of each of ``kernel``'s size parameters for a call with these shapes."""
+    return {s.name: int(s.size.eval(shapes)) for s in kernel.sizes}
+
+
 def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, ...]], name: str,
                     policy: SplitPolicy = SplitPolicy()) -> tuple[LoopKernel, LaunchPlan]:
     """The kernel the cuda backend launches for one call's shapes (inputs by name plus ``spec.out``), and its
@@ -91,8 +96,7 @@ def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, 
     default lowering, one thread per output element (or per register tile)."""
     if _may_split(spec, signature, shapes, policy):
         plain = lower(spec, signature, name=name, share=False, block_sums=False)
-        sizes = {s.name: int(s.size.eval(shapes)) for s in plain.sizes}
-        cut = split_sums(plain, sizes, policy)
+        cut = split_sums(plain, size_values(plain, shapes), policy)
         if cut is not None:
             return cut, plan_launch(cut, spec, shapes, signature.out_dtype)
     kernel = lower(spec, signature, name=name)

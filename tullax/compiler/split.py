@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from tullax.compiler.loops import (
     FLOATS,
@@ -85,7 +85,7 @@ def split_sums(kernel: LoopKernel, sizes: Mapping[str, int], policy: SplitPolicy
     if not _plain_sum(block, store.value.name, kernel.output.name):
         return None
     size_names = set(sizes)
-    outputs = math.prod(max(_value(binop("-", loop.stop, loop.start), sizes), 0) for loop in loops)
+    outputs = math.prod(_extent(loop, sizes) for loop in loops)
     work = _work(block, sizes)
     if not 0 < outputs < policy.below or work < policy.min_work:
         return None
@@ -95,7 +95,7 @@ def split_sums(kernel: LoopKernel, sizes: Mapping[str, int], policy: SplitPolicy
     pieces, launch, chunk = 1, [], None  # pieces: threads per output element
     while pieces < wanted and (found := _chain(block, size_names)) is not None:
         loop, rebuild = found
-        extent = max(_value(binop("-", loop.stop, loop.start), sizes), 0)
+        extent = _extent(loop, sizes)
         inner = _work(loop.body, sizes)
         if pieces * extent <= wanted:
             launch.append(replace(loop, parallel=True, reduce_parallel=False, body=()))
@@ -141,7 +141,7 @@ def _chain(block: tuple[Stmt, ...], sizes: set[str]) -> tuple[Loop, Callable[[tu
     if not block or not all(isinstance(s, Let) for s in block[:-1]):
         return None
     head, last = tuple(block[:-1]), block[-1]
-    if isinstance(last, Loop) and not last.parallel and (expr_vars(last.start) | expr_vars(last.stop)) <= sizes:
+    if isinstance(last, Loop) and not last.parallel and _sized(last, sizes):
         return last, lambda stmts: head + tuple(stmts)
     if isinstance(last, If) and not last.orelse:
         inner = _chain(last.then, sizes)
@@ -157,16 +157,21 @@ def _work(stmts: tuple[Stmt, ...], sizes: Mapping[str, int]) -> int:
     total = 0
     for stmt in stmts:
         if isinstance(stmt, Loop):
-            span = binop("-", stmt.stop, stmt.start)
-            extent = max(_value(span, sizes), 0) if expr_vars(span) <= set(sizes) else 1
+            extent = _extent(stmt, sizes) if _sized(stmt, sizes) else 1
             total += extent * _work(stmt.body, sizes)
         elif isinstance(stmt, If):
             total += max(_work(stmt.then, sizes), _work(stmt.orelse, sizes))
     return max(total, 1)
 
 
-def _value(expr, sizes: Mapping[str, int]) -> int:
-    return eval_int(expr, dict(sizes))
+def _sized(loop: Loop, sizes: Iterable[str]) -> bool:
+    """Whether ``loop``'s bounds are expressions of the size parameters ``sizes`` alone."""
+    return (expr_vars(loop.start) | expr_vars(loop.stop)) <= set(sizes)
+
+
+def _extent(loop: Loop, sizes: Mapping[str, int]) -> int:
+    """The trip count of ``loop``, whose bounds are sizes, for these ``sizes``."""
+    return max(eval_int(binop("-", loop.stop, loop.start), dict(sizes)), 0)
 
 
 __all__ = ["CHUNK", "SplitPolicy", "split_sums"]
