@@ -304,6 +304,34 @@ def test_device_backends_take_the_device_path_host_backends_copy_with_one_warnin
         assert device.device_path("numba", "cuda") == device.HOST_COPY_PATH
 
 
+def test_the_lowering_and_the_planners_loop_candidate_take_one_path_choice(monkeypatch):
+    """``tullax.jaxop.loop_path`` decides for both the primitive's lowering and the planner's loop candidate, so
+    the planner times the path a planned kernel takes: the device kernel for a GPU backend (here with its call
+    recorded instead of launched: no GPU needed), the host callback for a host backend."""
+    from tullax.backends import planner
+    from tullax.jaxop import loop_path
+    from tullax.jaxop.callback import callback_path
+
+    monkeypatch.setattr(device, "_warned", set())
+    assert loop_path.lowered_path("xla", "cuda", "cuda") == "xla"
+    assert loop_path.lowered_path("buffer", "c", "cpu") == "buffer"
+    assert loop_path.lowered_path("buffer", "cuda", "cuda") == device.DEVICE_PATH
+    assert loop_path.backend_path("cuda") == device.DEVICE_PATH
+    assert loop_path.backend_path("numba") == callback_path()
+
+    launched = []
+
+    def recorded(spec, backend_name, args, out_dtype):
+        launched.append(backend_name)
+        return jnp.zeros(tuple(s.eval({n: tuple(a.shape) for n, a in zip(spec.input_names, args)})
+                               for s in spec.out_shape), out_dtype)
+
+    monkeypatch.setattr(device, "device_call", recorded)
+    spec = analysed("y[i] := 2*x[i]")
+    planner._loop_call(spec, "cuda", [np.ones(8, np.float32)])()
+    assert launched == ["cuda"]
+
+
 @pytest.mark.parametrize("usable, chosen", [({"julia-cuda", "cuda"}, "julia-cuda"), ({"cuda"}, "cuda"),
                                             (set(), "xla")])
 def test_auto_on_a_gpu_races_julia_cuda_then_cuda_against_xla_and_never_a_host_backend(monkeypatch, usable, chosen):

@@ -749,24 +749,19 @@ def _on_device(values: list) -> list:
 
 def _loop_call(spec: Spec, loops: str | None, values: list, zero_start: bool = False):
     """A call of the loop backend's kernel on ``values`` (NumPy, in ``spec.inputs`` order) as a planned kernel
-    runs it: jitted, through the host callback. Not the bare kernel: the callback costs what the bare kernel
+    runs it: jitted, on the path the tullax primitive's lowering takes (``tullax.jaxop.loop_path``: the host
+    callback, or a GPU backend's device kernel). Not the bare kernel: the callback costs what the bare kernel
     does not see (an elementwise 4096x4096 step: 13 ms bare, 48 ms through the callback, CPU time on a loaded
     machine; XLA 44 ms), and the row norm gradient went to the loops on the bare timing, 0.8x of XLA's."""
     import jax
 
-    from tullax import backends
-    from tullax.jaxop.callback import callback_path, host_call
+    from tullax.jaxop.loop_path import backend_path, run_loops
     from tullax.spec.shapes import result_dtype
 
     args = _on_device(values)
     dtype = jax.dtypes.canonicalize_dtype(result_dtype(spec, {i.name: a.dtype for i, a in zip(spec.inputs, args)}))
-    if getattr(backends.get(loops), "platform", None):  # a GPU loop backend: its kernel on XLA's device buffers
-        from tullax.jaxop.device import device_call
-
-        fn = jax.jit(lambda *given: device_call(spec, loops, given, dtype))
-    else:
-        path = callback_path()
-        fn = jax.jit(lambda *given: host_call(spec, loops, given, dtype, path, zero_start))
+    path = backend_path(loops)  # the choice the primitive's lowering makes: the host callback or the device kernel
+    fn = jax.jit(lambda *given: run_loops(spec, loops, given, dtype, path, zero_start))
 
     def call() -> None:
         with jax.ensure_compile_time_eval():

@@ -231,11 +231,9 @@ def _kernel_abstract_eval(*avals, op: KernelOp):
 def _kernel_lowering(ctx, *args, op: KernelOp):
     from jax.interpreters import mlir
 
-    platform = ctx.module_context.platforms[0]
-    if op.path != "xla" and platform != "cpu":  # a device kernel on XLA's buffers, or pure_callback's copies
-        from tullax.jaxop.device import device_path
+    from tullax.jaxop.loop_path import lowered_path
 
-        op = replace(op, path=device_path(op.backend, platform))
+    op = replace(op, path=lowered_path(op.path, op.backend, ctx.module_context.platforms[0]))
     return mlir.lower_fun(partial(_run, op), multiple_results=False)(ctx, *args)
 
 
@@ -244,13 +242,9 @@ def _run(op: KernelOp, *args):
         from tullax.backends.xla_forms import lower_form
 
         return lower_form(op.spec, op.form)(dict(zip(op.spec.input_names, args))).astype(op.out_dtype)
-    if op.path == "device":
-        from tullax.jaxop.device import device_call
+    from tullax.jaxop.loop_path import run_loops
 
-        return device_call(op.spec, op.backend, args, op.out_dtype)
-    from tullax.jaxop.callback import host_call
-
-    return host_call(op.spec, op.backend, args, op.out_dtype, op.path, op.zero_start)
+    return run_loops(op.spec, op.backend, args, op.out_dtype, op.path, op.zero_start)
 
 
 def _kernel_batch(args, dims, *, op: KernelOp):
