@@ -120,3 +120,20 @@ def test_cache_commands_import_no_compiler_runtime(tmp_path: Path):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["root"] == str(tmp_path)
+
+
+@pytest.mark.parametrize("cache_dir, min_secs, says", [
+    (None, None, "compiled again in every new process"),
+    ("{tmp}", "0", "keeps every program in {tmp}"),
+    ("{tmp}", "1.5", "keeps programs that took 1.5 s or more to compile in {tmp}"),
+])
+def test_doctor_says_whether_xla_programs_are_kept_across_processes(tmp_path: Path, cache_dir, min_secs, says):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    if cache_dir:
+        env["JAX_COMPILATION_CACHE_DIR"] = cache_dir.format(tmp=tmp_path)
+    if min_secs:
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = min_secs
+    report = subprocess.run([sys.executable, "-c", "from tullax.cli.main import main; main(['doctor'])"],
+                            capture_output=True, text=True, env=env, check=True).stdout
+    line = next(line for line in report.splitlines() if line.startswith("XLA programs:"))
+    assert says.format(tmp=tmp_path) in " ".join(report[report.index(line):].split())

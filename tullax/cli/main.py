@@ -266,7 +266,25 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     console.print(table)
     console.print(_require("tullax.backends.gpu_select", "gpu_report")(), markup=False)
     console.print(_julia_verification_layers(), markup=False)
+    console.print(_xla_startup(), markup=False)
     return 0
+
+
+def _xla_startup() -> str:
+    """Whether XLA's programs are kept across processes: tullax's cache keeps its loop modules and the planner's
+    decisions, but a new process compiles every XLA program again (the whole time to first kernel of a kernel
+    the planner runs on XLA's forms) unless jax's own persistent compilation cache is on: a setting of the
+    user's program, which tullax reports and never changes."""
+    import jax
+
+    where = jax.config.jax_compilation_cache_dir
+    least = jax.config.jax_persistent_cache_min_compile_time_secs
+    if not where:
+        return ("XLA programs: compiled again in every new process (jax's persistent compilation cache is off); to "
+                "keep them: jax.config.update('jax_compilation_cache_dir', <dir>) and "
+                "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0) (README: Time to first kernel)")
+    kept = "every program" if least <= 0 else f"programs that took {least:g} s or more to compile"
+    return f"XLA programs: jax's persistent compilation cache keeps {kept} in {where}"
 
 
 def _julia_verification_layers() -> str:
