@@ -150,7 +150,7 @@ _CHILD = textwrap.dedent("""
         x = np.arange(1, case["n_x"] + 1, dtype=np.float64)
         z = np.ones(case["n_i"])
         try:
-            y = tullax.einsum_kernel(spec, backend="numba")(x, z, *([np.ones(case["n_w"])] if reduced else []))
+            y = tullax.einsum_kernel(spec, backend=sys.argv[2])(x, z, *([np.ones(case["n_w"])] if reduced else []))
             results.append({"spec": spec, "value": [float(v) for v in np.atleast_1d(y)]})
         except TullaxError as err:
             results.append({"spec": spec, "error": type(err).__name__ + ": " + str(err).splitlines()[0]})
@@ -164,11 +164,16 @@ _CHILD = textwrap.dedent("""
 def test_affine_positions_near_int64_limits_under_numba_boundscheck(tmp_path):
     cases = property_cases(40) + property_cases(16, seed=1, reduced=True)
     env = dict(os.environ, NUMBA_BOUNDSCHECK="1", TULLAX_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cases)], capture_output=True, text=True,
-                          env=env, timeout=900)
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cases), "numba"], capture_output=True,
+                          text=True, env=env, timeout=900)
+    check_affine_results(cases, proc)
+
+
+def check_affine_results(cases: list[dict], proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS"))
     results = json.loads(line[len("RESULTS"):])
+    assert len(results) == len(cases)
     for case, result in zip(cases, results):
         assert "crash" not in result, (case, result)
         want = expected(case)
@@ -218,7 +223,7 @@ _INDIRECT_CHILD = textwrap.dedent("""
     jax.config.update("jax_enable_x64", True)
     results = []
     for case in json.loads(sys.argv[1]):
-      for backend in ("numba", "xla"):
+      for backend in sys.argv[2].split(","):
         const = f"+{case['const']}" if case["const"] >= 0 else f"-{-case['const']}"
         spec = f"y[i] := x[{case['scale']}*ix[i]{const}] * z[i]"
         x = jnp.arange(1, case["n_x"] + 1, dtype=jnp.float64)
@@ -241,13 +246,17 @@ def test_indirect_affine_positions_near_int64_limits_under_numba_boundscheck(tmp
     cases = indirect_cases(12) + [{"scale": 3, "const": 0, "values": [6148914691236517206, 1, 0, 2, 3], "n_x": 4},
                                   {"scale": 2**62, "const": 1, "values": [4, 0, -4, 1, 0], "n_x": 4}]
     env = dict(os.environ, NUMBA_BOUNDSCHECK="1", TULLAX_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-c", _INDIRECT_CHILD, json.dumps(cases)], capture_output=True,
-                          text=True, env=env, timeout=900)
+    proc = subprocess.run([sys.executable, "-c", _INDIRECT_CHILD, json.dumps(cases), "numba,xla"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    check_indirect_results(cases, proc, 2)
+
+
+def check_indirect_results(cases: list[dict], proc: subprocess.CompletedProcess, backends: int) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS"))
     results = json.loads(line[len("RESULTS"):])
-    assert len(results) == 2 * len(cases)
-    for case, result in zip([c for c in cases for _ in range(2)], results):  # numba, then xla
+    assert len(results) == backends * len(cases)
+    for case, result in zip([c for c in cases for _ in range(backends)], results):  # in the child's order
         assert "crash" not in result, (case, result)
         if "value" in result:
             np.testing.assert_array_equal(result["value"], indirect_expected(case), err_msg=result["spec"])
