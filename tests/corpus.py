@@ -75,6 +75,11 @@ CORPUS: tuple[Case, ...] = (
     Case("laplace", "L[i,j] := x[i+1,j] + x[i,j+1] - 2*x[i,j]", shapes={"x": (4, 5)}),
     Case("constant_position", "o[i] := x[0,i]"),
     Case("constant_position_late", "o[i] := x[i,2]*x[1,i]", shapes={"x": (4, 4)}),
+    # a register tile over literal cases whose guarded terms read nothing of the tiled index: the copies of the
+    # tile shared one accumulator, so A[i] landed in every column (and x[i,1]'s gradient, ΔO[i]*(m == 1), in
+    # column 0 too) on the loop backends
+    Case("literal_case_guard", "O[i,m] := A[i]*(m == 1)  (m in 0:2)"),
+    Case("constant_position_one", "o[i] := x[i,1]*w[i]"),
     Case("index_values", "y[i] := i*x[i]"),
     Case("index_value_reduced", "y[i] := (j + 1)*A[i,j]"),
     Case("explicit_subrange", "y[i] := x[i]", ranges={"i": (1, 4)}, shapes={"x": (5,)}),

@@ -84,19 +84,35 @@ def _reads(expr: Expr) -> set[str]:
 def dependent(stmts: tuple[Stmt, ...], tiled: set[str]) -> set[str]:
     """The variables ``tiled`` and every local whose value depends on one: Lets, accumulators and scratch
     arrays (fixed point; the kernel's arrays are not locals: a store into the output depends on a tiled variable
-    through its position)."""
+    through its position). A value depends on what it reads, and on every guard and loop bound around its
+    assignment: ``acc += A[i]`` under ``if (m == 1)`` reads no m, yet each copy of the tile needs its own ``acc``
+    (one shared accumulator stored for every m put A[i] where m != 1 too)."""
     scratch = {s.var for s in walk_stmts(stmts) if isinstance(s, Scratch)}
     found = set(tiled)
     while True:
         before = len(found)
-        for stmt in walk_stmts(stmts):
-            if isinstance(stmt, (Let, Accum)) and _reads(stmt.value) & found:
-                found.add(stmt.var)
-            elif isinstance(stmt, Store) and stmt.array in scratch and any(
-                    _reads(e) & found for e in stmt.index + (stmt.value,)):
-                found.add(stmt.array)
+        _mark_dependent(stmts, found, scratch, False)
         if len(found) == before:
             return found
+
+
+def _mark_dependent(stmts: tuple[Stmt, ...], found: set[str], scratch: set[str], guarded: bool) -> None:
+    """Add to ``found`` what ``stmts`` assign from it, or assign at all where ``guarded`` (under a guard or loop
+    bound that reads it)."""
+    for stmt in stmts:
+        if isinstance(stmt, (Let, Accum)):
+            if guarded or _reads(stmt.value) & found:
+                found.add(stmt.var)
+        elif isinstance(stmt, Store):
+            if stmt.array in scratch and (guarded or any(_reads(e) & found for e in stmt.index + (stmt.value,))):
+                found.add(stmt.array)
+        elif isinstance(stmt, If):
+            inner = guarded or bool(_reads(stmt.cond) & found)
+            _mark_dependent(stmt.then, found, scratch, inner)
+            _mark_dependent(stmt.orelse, found, scratch, inner)
+        elif isinstance(stmt, Loop):
+            bounds = _reads(stmt.start) | _reads(stmt.stop)
+            _mark_dependent(stmt.body, found, scratch, guarded or bool(bounds & found))
 
 
 class _NotJammable(Exception):
