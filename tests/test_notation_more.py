@@ -377,3 +377,19 @@ def test_padded_indirect_window_reads_zero_outside() -> None:
         out, vjp = jax.vjp(lambda A: jax.jit(lambda A: kernel(A=A, w=w, inds=inds))(A), a)
         np.testing.assert_array_equal(out, want)
         np.testing.assert_array_equal(vjp(np.ones_like(want))[0], [2, 2, 1, 0, 1, 1])
+
+
+@pytest.mark.parametrize("text, canonical", [
+    ("y[i] := (x[i] < 0) < 1", "y[i] := (x[i] < 0) < 1"),
+    ("y[i] := x[i] >= (z[i] == 1)", "y[i] := x[i] >= (z[i] == 1)"),
+    ("y[i] := ((x[i] < 0) == (z[i] > 0))+1", "y[i] := ((x[i] < 0) == (z[i] > 0)) + 1"),
+])
+def test_a_comparison_of_comparisons_keeps_its_parentheses_in_the_canonical_text(text, canonical):
+    """Comparisons do not chain, so the canonical text (the cache key, which ``einsum_kernel`` parses again)
+    must keep the parentheses around a comparison inside another: it printed ``x[i] < 0 < 1``, and every
+    backend refused the spec as a chained comparison."""
+    source, spec = compile_spec(text)
+    assert source == canonical
+    env = {"x": np.array([-1.0, 2.0, 0.0]), "z": np.array([1.0, -3.0, 1.0])}
+    args = [env[name] for name in spec.input_names]
+    np.testing.assert_array_equal(np.asarray(tullax.einsum_kernel(text, backend="xla")(*args)), naive_eval(spec, env))

@@ -115,6 +115,8 @@ def format_expr(expr: Expr, parent: int = 0) -> str:
     prec = PRECEDENCE[expr.op]
     if expr.op == "^":  # right-associative
         left, right = format_expr(expr.lhs, prec + 1), format_expr(expr.rhs, prec)
+    elif prec == PRECEDENCE["=="]:  # comparisons do not chain: one on either side keeps its parentheses
+        left, right = format_expr(expr.lhs, prec + 1), format_expr(expr.rhs, prec + 1)
     else:
         left, right = format_expr(expr.lhs, prec), format_expr(expr.rhs, prec + 1)
     sep = " " if prec <= 2 else ""
