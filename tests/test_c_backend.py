@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 from corpus import CASES_BY_ID, CORPUS, Case, analysed, gradient_cases
 from loop_backends import run_host, xla_eval
 
+from tullax.backends import c as cmod
 from tullax.backends.base import Signature
 from tullax.backends.c import CBackend, compile_stats, module_source
 from tullax.errors import BackendUnavailableError, TullaxError
@@ -113,17 +115,21 @@ def test_non_contiguous_inputs_and_output():
     np.testing.assert_allclose(out, a_t @ b, rtol=1e-12)
 
 
-def test_a_module_is_one_compile_and_its_gradient_steps_are_found_in_it():
+def test_two_modules_compile_at_once_and_the_gradient_steps_are_found_in_the_second():
+    """The forward module and the steps module of a spec compile at once; the steps are found in the steps module
+    (waiting for it while it builds), and nothing else compiles."""
     spec = analysed("Dm[i,j] := (Wm[k,i] - Xm[k,j])^2 + bm[j]")
     signature = Signature(("float64",) * 3, "float64")
+    cmod.finish_step_builds()
     before = compile_stats()
-    BACKEND.build(spec, signature)
-    assert compile_stats()["compiled"] == before["compiled"] + 1
+    forward = BACKEND.build(spec, signature)
+    assert [k.name for k, _, _ in cmod.part_kernels(spec, signature, cmod.FORWARD)] == [forward.kernel.name]
     for grad in gradients(spec):
         for step in grad.steps:
             built = BACKEND.build(step, Signature.for_dtype(step, "float64"))
-            assert built.generated.spec == spec  # the step's function in the forward kernel's library
-    assert compile_stats()["compiled"] == before["compiled"] + 1
+            assert built.generated.spec == spec  # the step's function in the steps module of the forward spec
+            assert built.generated.key != forward.generated.key
+    assert compile_stats()["compiled"] == before["compiled"] + 2
     source = module_source(spec, "float64")
     assert source.count("\nvoid ") == 1 + sum(len(g.steps) for g in gradients(spec))
 
@@ -230,17 +236,21 @@ def test_new_process_with_a_populated_cache_compiles_nothing(tmp_path: Path):
                               capture_output=True, text=True, check=True)
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     cold, warm = runs
-    assert cold["stats"]["compiled"] == 1 and cold["stats"]["loaded"] == 0
-    assert warm["stats"]["compiled"] == 0 and warm["stats"]["loaded"] == 1
+    assert cold["stats"]["compiled"] == 2 and cold["stats"]["loaded"] == 0  # the forward and the steps modules
+    assert warm["stats"]["compiled"] == 0 and warm["stats"]["loaded"] == 2
     assert cold["out"] == warm["out"]
     assert not cold["numba"] and not warm["numba"]  # the c backend never imports numba
     entries = json.loads((tmp_path / "cache" / "index.json").read_text())["entries"]
-    (record,) = [r for r in entries.values() if r.get("backend") == "c"]
+    (record,) = [r for r in entries.values() if r.get("backend") == "c"]  # the forward's: the steps never ran
     assert record["compile_ms"] > 0 and record["ttfk_cold_ms"] > 0 and record["ttfk_warm_ms"] > 0
-    (source,) = (tmp_path / "cache" / "entries").glob("*/kernels.c")
-    assert "void forward(" in source.read_text() and "void grad1_step0(" in source.read_text()
-    (library,) = source.parent.glob("kernels-*.so")
-    assert library.name == f"kernels-{__import__('hashlib').sha256(source.read_bytes()).hexdigest()[:16]}.so"
+    sources = sorted((tmp_path / "cache" / "entries").glob("*/kernels.c"),
+                     key=lambda p: "void forward(" in p.read_text())
+    steps, forward = (p.read_text() for p in sources)
+    assert "void forward(" in forward and "void grad" not in forward
+    assert "void grad0_step0(" in steps and "void grad1_step0(" in steps and "void forward(" not in steps
+    for source in sources:
+        (library,) = source.parent.glob("kernels-*.so")
+        assert library.name == f"kernels-{__import__('hashlib').sha256(source.read_bytes()).hexdigest()[:16]}.so"
 
 
 def test_an_old_generators_library_is_never_loaded(monkeypatch):
@@ -251,11 +261,11 @@ def test_an_old_generators_library_is_never_loaded(monkeypatch):
 
     spec, other = analysed("yr[i] := xr[i]*2"), analysed("yr[i] := xr[i]*3")
     signature = Signature(("float64",), "float64")
-    real, real_fingerprint = cmod.generate, cmod.generator_fingerprint()
+    real, real_fingerprint = cmod.generate_part, cmod.generator_fingerprint()
     x = np.arange(4.0)
     for printed, fingerprint, factor in ((other, "an-old-generator", 3), (spec, real_fingerprint, 2)):
         monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
-        monkeypatch.setattr(cmod, "generate", lambda s, sig, printed=printed: real(printed, sig))
+        monkeypatch.setattr(cmod, "generate_part", lambda s, sig, part, printed=printed: real(printed, sig, part))
         monkeypatch.setattr(cmod, "generator_fingerprint", lambda fingerprint=fingerprint: fingerprint)
         out = np.empty(4)
         BACKEND.build(spec, signature)(out, x)
@@ -277,14 +287,15 @@ def test_a_source_rewritten_in_its_entry_is_compiled_again(monkeypatch):
     monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
     BACKEND.build(spec, signature)(np.empty(4), x)
     key = module_key(spec, signature, "c", cmod._recipe().options)
-    rewritten = cmod.generate(other, signature)[1]
+    rewritten = cmod.generate_part(other, signature, cmod.FORWARD)[1]
     get_cache().write_text(key, cmod.SOURCE_FILE, rewritten)
     assert cmod._load_cached(get_cache(), key, spec, signature) is None
     monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
     out = np.empty(4)
     BACKEND.build(spec, signature)(out, x)
     np.testing.assert_array_equal(out, x * 5)
-    assert (get_cache().entry_path(key) / cmod.SOURCE_FILE).read_text() == cmod.generate(spec, signature)[1]
+    assert (get_cache().entry_path(key) / cmod.SOURCE_FILE).read_text() == \
+        cmod.generate_part(spec, signature, cmod.FORWARD)[1]
 
 
 def test_a_hit_generates_nothing_and_a_generator_change_misses(monkeypatch):
@@ -298,16 +309,17 @@ def test_a_hit_generates_nothing_and_a_generator_change_misses(monkeypatch):
     def no_generating(*args):
         raise AssertionError("a cache hit generated the module")
 
-    real = cmod.generate
-    monkeypatch.setattr(cmod, "generate", no_generating)
+    real = cmod.generate_part
+    monkeypatch.setattr(cmod, "generate_part", no_generating)
     monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
+    cmod.finish_step_builds()
     before = compile_stats()
     out = np.empty(4)
     BACKEND.build(spec, signature)(out, x)
     np.testing.assert_array_equal(out, x * 4 + 1)
     assert compile_stats()["loaded"] == before["loaded"] + 1 and compile_stats()["compiled"] == before["compiled"]
     # an edited generator has another fingerprint: a miss, generated and compiled again
-    monkeypatch.setattr(cmod, "generate", real)
+    monkeypatch.setattr(cmod, "generate_part", real)
     monkeypatch.setattr(cmod, "generator_fingerprint", lambda: "an-edited-generator")
     monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
     BACKEND.build(spec, signature)(out, x)
@@ -486,8 +498,11 @@ def test_a_module_that_adds_into_its_output_clears_it_in_parallel(monkeypatch):
     spec = analysed("Ecl[b,d] := Wcl[ixcl[b],d]")
     assert module_source(spec, "float32").count(f"\nvoid {CLEAR_FUNCTION}(") == 1
     assert CLEAR_FUNCTION not in module_source(analysed("Ccl[i,j] := Acl[i,k]*Bcl[k,j]"), "float32")
-    kernel = BACKEND.build(spec, Signature.for_dtype(spec, "float32"))
-    assert kernel._clear is not None
+    signature = Signature.for_dtype(spec, "float32")
+    assert BACKEND.build(spec, signature)._clear is None  # the forward module: a gather, no kernel adds
+    (step,) = [s for g in gradients(spec) for s in g.steps]  # the scatter, in the steps module
+    kernel = BACKEND.build(step, cmod._step_signature(step, signature, spec))
+    assert kernel.generated.spec == spec and kernel._clear is not None
     for threads in ("1", "2"):
         monkeypatch.setenv("TULLAX_C_THREADS", threads)
         for nbytes in (0, 1, 4097, 2 * CLEAR_BLOCK, 3 * CLEAR_BLOCK + 5):
@@ -574,3 +589,41 @@ def test_openmp_threads_stop_spinning_soon_after_a_call(user: str | None):
         assert found["idle_cpu_ms"] < 4.0, found
     else:  # the user's setting stands, untouched
         assert not found["bound"] and found["environ"] == [user]
+
+
+def test_the_forward_kernel_is_ready_while_its_steps_module_still_compiles(monkeypatch, tmp_path):
+    """The forward module does not wait for the steps module compiling beside it (held here until released);
+    a gradient step asked for meanwhile waits for the steps module and comes from it, not from a module of its
+    own."""
+    from tullax.backends import c_compile
+
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    release = threading.Event()
+    real = c_compile.compile_library
+
+    def held(source, library, timeout=600.0, units=None):
+        if "void grad" in Path(source).read_text():
+            assert release.wait(120), "never released"
+        return real(source, library, timeout, units)
+
+    monkeypatch.setattr(c_compile, "compile_library", held)
+    spec = analysed("Fq[i] := xq[i,j]*wq[j] + 1")
+    signature = Signature(("float64", "float64"), "float64")
+    try:
+        forward = BACKEND.build(spec, signature)
+        build = cmod._STEP_BUILDS[(spec, signature)]
+        assert not build.done.is_set()
+        out, x, w = np.empty(3), np.arange(6.0).reshape(3, 2), np.array([1.0, -1.0])
+        forward(out, x, w)
+        np.testing.assert_array_equal(out, x @ w + 2)  # the 1 is summed over j too
+        step = next(s for g in gradients(spec) if g.wrt == "xq" for s in g.steps)
+        found = []
+        asking = threading.Thread(target=lambda: found.append(
+            BACKEND.build(step, cmod._step_signature(step, signature, spec))))
+        asking.start()
+        asking.join(0.5)
+        assert asking.is_alive()  # waiting for the steps module
+    finally:
+        release.set()
+    asking.join(120)
+    assert found and found[0].generated.spec == spec and found[0].generated.key != forward.generated.key

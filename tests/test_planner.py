@@ -349,9 +349,10 @@ def test_a_candidate_slow_on_its_first_runs_of_every_round_is_timed_at_its_speed
 
 
 def test_auto_builds_one_module_for_the_gradient_steps_that_may_run_on_the_loops(rules_only):
-    """Under auto each gradient step is a kernel of its own; where the loop backend compiles one module for the
-    forward kernel and every step (host C), the steps must come from that one module. Each used to compile a
-    module of its own, with its own second-order steps: three compiler runs for the Gaussian kernel sum, 2 s."""
+    """Under auto each gradient step is a kernel of its own; where the loop backend compiles the forward kernel
+    and every step together (host C: the forward module and the steps module, at once), the steps must come from
+    the steps module. Each used to compile a module of its own, with its own second-order steps: three compiler
+    runs for the Gaussian kernel sum, 2 s."""
     if not planner.whole_module_cached(LOOP_BACKEND):
         pytest.skip(f"the loop backend here ({LOOP_BACKEND}) does not compile whole modules")
     from tullax.backends import c
@@ -359,12 +360,14 @@ def test_auto_builds_one_module_for_the_gradient_steps_that_may_run_on_the_loops
     kernel = tullax.einsum_kernel("Kg[i,d] := exp(-((xg[i,0]-yg[j,0])^2 + (xg[i,1]-yg[j,1])^2))*bg[j,d]")
     shapes = {"xg": (40, 2), "yg": (40, 2), "bg": (40, 3)}
     values = [jnp.asarray(v) for v in make_inputs(kernel.ir, shapes, "float32")]
+    c.finish_step_builds()
     before = c.compile_stats()["modules"]
     loss = lambda *v: jnp.sum(kernel(*v))  # noqa: E731
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*values)
     ops = _ops(jax.grad(loss, argnums=(0, 1, 2)), *values)
     assert {op.backend for op in ops} == {LOOP_BACKEND}, [(op.spec.out, op.backend) for op in ops]
-    assert c.compile_stats()["modules"] == before + 1
+    c.finish_step_builds()
+    assert c.compile_stats()["modules"] == before + 2
     expected = jax.grad(lambda *v: jnp.sum(xla.lower(kernel.ir)(dict(zip(kernel.ir.input_names, v)))),
                         argnums=(0, 1, 2))(*values)
     for got, want in zip(grads, expected):
@@ -821,10 +824,13 @@ def test_a_race_compiles_the_loop_module_while_xla_compiles_its_forms(monkeypatc
     shapes = {item.name: tuple(v.shape) for item, v in zip(spec.inputs, values)}
     planner.forget()
     try:
+        c.finish_step_builds()
         before = c.compile_stats()["modules"]
         found = planner.plan(spec, shapes, {"x": "float32", "k": "float32"})
         assert len(threads) == 1 and not threads[0].is_alive()
-        assert c.compile_stats()["modules"] == before + 1  # the thread's, which the loop candidate used
+        c.finish_step_builds()
+        # the thread's forward module, which the loop candidate used, and the steps module compiled beside it
+        assert c.compile_stats()["modules"] == before + 2
         assert {name for name, _ in found.timings_ms} == {"xla:conv", "loops"}, found
         planner.forget()
 

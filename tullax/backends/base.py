@@ -92,10 +92,10 @@ class Capabilities:
     # It computes with complex64/complex128 (False: it refuses them, and ``auto`` passes such calls to the next
     # loop backend that takes them).
     complex_numbers: bool = True
-    # ``build(spec)`` compiles ONE module holding the forward kernel and every gradient step (so a gradient step
-    # of a spec built here costs nothing more), and a later process loads it compiled from the compile cache in
-    # milliseconds. ``auto`` then sends a tiny call to these loops rather than to XLA, which compiles its form
-    # again in every process.
+    # ``build(spec)`` compiles the forward kernel and every gradient step together (host C: two modules at once,
+    # so a gradient step of a spec built here costs nothing more), and a later process loads them compiled from
+    # the compile cache in milliseconds. ``auto`` then sends a tiny call to these loops rather than to XLA, which
+    # compiles its form again in every process.
     whole_module_cached: bool = False
 
 

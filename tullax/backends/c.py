@@ -1,15 +1,18 @@
 """The ``c`` backend: loop kernels printed as C with OpenMP (``tullax.printers.c``), compiled by the host C
-compiler (``tullax.backends.c_compile``) into a shared library, loaded with ctypes. Its point is the time to
-first kernel: one compile (two translation units at once) builds the forward kernel and every gradient step
-of a spec, and a later process only dlopens the library from the compile cache (milliseconds), where Numba's
-parallel pipeline takes 0.5-2.4 s per kernel.
+compiler (``tullax.backends.c_compile``) into shared libraries, loaded with ctypes. Its point is the time to
+first kernel: two compiles at once build the forward kernel and every gradient step of a spec, and a later
+process only dlopens the libraries from the compile cache (milliseconds), where Numba's parallel pipeline takes
+0.5-2.4 s per kernel.
 
-* One module per (spec, signature): the forward kernel and every gradient step (``host.kernel_steps``), ONE
-  library, compiled as two translation units at once (``c_compile.split_units``). Each gradient step's host
-  kernel is registered when its module loads, under the (step spec, signature) the JAX op builds it with
-  (``_step_signature``), so the backward pass compiles nothing more. A step built with another signature gets
-  a module of its own.
-* Caching: ``tullax.backends.host``'s build sequence; the source is ``kernels.c`` in its cache entry, the
+* Two modules per (spec, signature), each ONE library: ``FORWARD``, the forward kernel, and ``STEPS``, every
+  gradient step (``host.kernel_steps``). The first build of a forward kernel starts its steps module in a thread
+  (``_start_steps``), then builds the forward module: the two compilers run at once, and the forward kernel is
+  ready (a forward-only call, or the planner's race of the forward) as soon as its own library is, without
+  waiting for the gradients' (conv2d's three kernels: one compiler run each of 0.4-0.5 s). Each gradient step's
+  host kernel is registered when the steps module loads, under the (step spec, signature) the JAX op builds it
+  with (``_step_signature``); a step asked for while its module builds waits for it, so the backward pass
+  compiles nothing more. A step built with another signature gets a module of its own.
+* Caching: ``tullax.backends.host``'s build sequence, one entry per module; the source is ``kernels.c`` in it, the
   library ``kernels-<hash>.so`` next to it and the lowered kernels (what a call needs to marshal its
   arguments) pickled in ``kernels.pickle`` (each with its checksum in the entry's manifest); the key holds the
   compiler's identity and flags and the CPU (``c_compile.identity``) and a fingerprint of the code that
@@ -48,7 +51,7 @@ if TYPE_CHECKING:  # the loop IR only where a kernel is lowered: a warm process 
 
 NAME = "c"
 SOURCE_FILE = "kernels.c"
-KERNELS_FILE = "kernels.pickle"  # {"library": its file name, "kernels": module_kernels(...)}
+KERNELS_FILE = "kernels.pickle"  # {"library": its file name, "kernels": part_kernels(...), "of": (spec, signature)}
 LIBRARY_PREFIX = "kernels-"  # + the first 16 hex digits of the source's sha256 + ".so"
 
 
@@ -144,16 +147,21 @@ def _step_signature(step: Spec, signature: Signature, forward: Spec) -> Signatur
     return Signature(tuple(dtypes.get(name, signature.out_dtype) for name in step.input_names), signature.out_dtype)
 
 
+FORWARD, STEPS = "forward", "steps"  # the two modules of a spec: its forward kernel, and its gradient steps
+
+
 @functools.lru_cache(maxsize=256)  # generating and loading a module both need them: lower once
-def module_kernels(spec: Spec, signature: Signature) -> tuple[tuple[LoopKernel, Spec, Signature], ...]:
-    """Every kernel of the module of ``spec``: the forward one (``forward``) and each gradient step that lowers
-    (integer results have no gradient), with the spec and signature it serves."""
+def part_kernels(spec: Spec, signature: Signature, part: str) -> tuple[tuple[LoopKernel, Spec, Signature], ...]:
+    """The kernels of one module of ``spec``, with the spec and signature each serves: ``FORWARD``, the forward
+    kernel; ``STEPS``, each gradient step that lowers (none for integer results, which have no gradient)."""
     from tullax.compiler.lower import lower
 
     steps = host.kernel_steps(spec, signature.out_dtype)
-    kernels = [(lower(spec, signature, steps[0].name, tile=True), spec, signature)]
+    if part == FORWARD:
+        return ((lower(spec, signature, steps[0].name, tile=True), spec, signature),)
     if np.dtype(signature.out_dtype).kind in "iuc":  # no gradients of integers; complex is refused anyway
-        return tuple(kernels)
+        return ()
+    kernels = []
     for step in steps[1:]:
         step_signature = _step_signature(step.spec, signature, spec)
         try:
@@ -163,8 +171,21 @@ def module_kernels(spec: Spec, signature: Signature) -> tuple[tuple[LoopKernel, 
     return tuple(kernels)
 
 
+def module_kernels(spec: Spec, signature: Signature) -> tuple[tuple[LoopKernel, Spec, Signature], ...]:
+    """Every kernel of ``spec``: the forward one, then each gradient step that lowers."""
+    return part_kernels(spec, signature, FORWARD) + part_kernels(spec, signature, STEPS)
+
+
+def generate_part(spec: Spec, signature: Signature, part: str) -> tuple[LoopKernel, str]:
+    """The first kernel of one module of ``spec`` and its translation unit."""
+    from tullax.printers.c import print_module
+
+    kernels = part_kernels(spec, signature, part)
+    return kernels[0][0], print_module([k for k, _, _ in kernels])
+
+
 def generate(spec: Spec, signature: Signature) -> tuple[LoopKernel, str]:
-    """The forward kernel of ``spec`` and the translation unit of the whole module."""
+    """The forward kernel of ``spec`` and one translation unit of every kernel (what ``module_source`` shows)."""
     from tullax.printers.c import print_module
 
     kernels = module_kernels(spec, signature)
@@ -172,7 +193,8 @@ def generate(spec: Spec, signature: Signature) -> tuple[LoopKernel, str]:
 
 
 def module_source(spec: Spec, dtype: str = "float32") -> str:
-    """The WHOLE module for display, data and scalars in ``dtype``, index arrays int64."""
+    """Every kernel, forward and gradient steps, as one source for display, data and scalars in ``dtype``, index
+    arrays int64 (compiled, they are two modules: ``FORWARD`` and ``STEPS``)."""
     return generate(spec, Signature.for_dtype(spec, dtype))[1]
 
 
@@ -186,7 +208,7 @@ _COUNTS_LOCK = threading.Lock()
 def compile_stats() -> dict[str, int]:
     """How many modules this process compiled and how many it loaded compiled from the cache."""
     with _COUNTS_LOCK:
-        return dict(_COUNTS, modules=len(_BUILDER))
+        return dict(_COUNTS, modules=len(_BUILDER) + len(_STEP_BUILDER))
 
 
 def _count(what: str) -> None:
@@ -197,14 +219,20 @@ def _count(what: str) -> None:
 _JUST_COMPILED: dict[str, tuple[str, float]] = {}  # key -> (library, seconds) compiled by _compile_into_cache
 
 
-def _compile_into_cache(cache: CompileCache, generated: host.GeneratedModule) -> None:
+def _units(part: str) -> int:
+    """Translation units to compile a module in: the forward kernel is one; the steps module compiles beside it
+    (``CBackend.build``), so it takes the other cores: ``PARALLEL_UNITS - 1`` units, at least one."""
+    return 1 if part == FORWARD else max(1, c_compile.PARALLEL_UNITS - 1)
+
+
+def _compile_into_cache(cache: CompileCache, generated: host.GeneratedModule, part: str = FORWARD) -> None:
     """After the source is written: compile its library into the entry (under the entry's lock); ``_load``
     follows at once and takes the result."""
-    library, seconds, _ = _library(generated, cache)
+    library, seconds, _ = _library(generated, cache, part)
     _JUST_COMPILED[generated.key] = (library, seconds)
 
 
-def _library(generated: host.GeneratedModule, cache: CompileCache) -> tuple[str, float, bool]:
+def _library(generated: host.GeneratedModule, cache: CompileCache, part: str = FORWARD) -> tuple[str, float, bool]:
     """The path of the module's library, compiling it when the entry holds none for this source that checks;
     with the seconds that took and whether it compiled."""
     import tempfile
@@ -215,14 +243,14 @@ def _library(generated: host.GeneratedModule, cache: CompileCache) -> tuple[str,
     if generated.path is None:  # the cache stores nothing: a private temporary directory
         directory = Path(tempfile.mkdtemp(prefix="tullax-c-"))
         (directory / SOURCE_FILE).write_text(generated.source)
-        c_compile.compile_library(directory / SOURCE_FILE, directory / name)
+        c_compile.compile_library(directory / SOURCE_FILE, directory / name, units=_units(part))
         _count("compiled")
         return str(directory / name), time.perf_counter() - start, True
     data, problem = cache.read_checked(generated.key, name)
     if data is not None and problem is None:
         return str(generated.path.with_name(name)), time.perf_counter() - start, False
     built = generated.path.with_name(f".{name}.{os.getpid()}.built")
-    c_compile.compile_library(generated.path, built)
+    c_compile.compile_library(generated.path, built, units=_units(part))
     data = built.read_bytes()
     built.unlink(missing_ok=True)
     stale = [p.name for p in generated.path.parent.glob(f"{LIBRARY_PREFIX}*.so") if p.name != name]
@@ -238,25 +266,27 @@ def _library(generated: host.GeneratedModule, cache: CompileCache) -> tuple[str,
     return str(stored), time.perf_counter() - start, True
 
 
-def _load(generated: host.GeneratedModule) -> "CHostKernel":
+def _load(generated: host.GeneratedModule, part: str = FORWARD) -> "CHostKernel":
     """dlopen the module's library (compiling it first when the entry has none) and make the host kernels of
     every kernel in it; the gradient steps' go into the step table. Stores the lowered kernels in the entry,
     for ``_load_cached``."""
     just = _JUST_COMPILED.pop(generated.key, None)
     cache = get_cache()
-    library, seconds, compiled = (*just, True) if just else _library(generated, cache)
-    kernels = module_kernels(generated.spec, generated.signature)
+    library, seconds, compiled = (*just, True) if just else _library(generated, cache, part)
+    kernels = part_kernels(generated.spec, generated.signature, part)
     if generated.path is not None:
         try:
-            data = pickle.dumps({"library": os.path.basename(library), "kernels": kernels}, protocol=4)
+            data = pickle.dumps({"library": os.path.basename(library), "kernels": kernels,
+                                 "of": (generated.spec, generated.signature)}, protocol=4)
         except (pickle.PicklingError, TypeError, AttributeError):  # then every process generates it (correct)
             data = None
         if data is not None and cache.read_checked(generated.key, KERNELS_FILE).data != data:
             cache.write_bytes(generated.key, KERNELS_FILE, data)
-    return _open(generated, library, kernels, seconds, compiled)
+    return _open(generated, library, kernels, seconds, compiled, part)
 
 
-def _load_cached(cache: CompileCache, key: str, spec: Spec, signature: Signature) -> "CHostKernel | None":
+def _load_cached(cache: CompileCache, key: str, spec: Spec, signature: Signature,
+                 part: str = FORWARD) -> "CHostKernel | None":
     """The module of a cache hit, without lowering or printing it: its kernels from ``kernels.pickle``, its
     library named there, both checked against the manifest, and the source in the entry the one the library
     was compiled from (its hash is in the library's name). None, so the module is generated, when anything
@@ -267,11 +297,11 @@ def _load_cached(cache: CompileCache, key: str, spec: Spec, signature: Signature
         return None
     try:  # the manifest's checksum vouches for the bytes; the key (version + fingerprint) for the classes
         stored = pickle.loads(data)
-        name, kernels = stored["library"], stored["kernels"]
-        forward, forward_spec, forward_signature = kernels[0]
+        name, kernels, (of_spec, of_signature) = stored["library"], stored["kernels"], stored["of"]
+        first = kernels[0][0]
     except Exception:  # noqa: BLE001 - any unpickling failure only means "generate it again"
         return None
-    if forward_spec != spec or forward_signature != signature:
+    if of_spec != spec or of_signature != signature:
         return None
     source, problem = cache.read_checked(key, SOURCE_FILE)
     if source is None or problem is not None or library_file(source.decode("utf-8")) != name:
@@ -280,12 +310,12 @@ def _load_cached(cache: CompileCache, key: str, spec: Spec, signature: Signature
     if library is None or problem is not None:
         return None
     path = cache.entry_path(key) / SOURCE_FILE
-    generated = host.GeneratedModule(NAME, spec, signature, forward, source.decode("utf-8"), key, path, 0.0)
-    return _open(generated, str(path.with_name(name)), kernels, time.perf_counter() - start, False)
+    generated = host.GeneratedModule(NAME, spec, signature, first, source.decode("utf-8"), key, path, 0.0)
+    return _open(generated, str(path.with_name(name)), kernels, time.perf_counter() - start, False, part)
 
 
 def _open(generated: host.GeneratedModule, library: str, kernels: tuple[tuple[LoopKernel, Spec, Signature], ...],
-          seconds: float, compiled: bool) -> "CHostKernel":
+          seconds: float, compiled: bool, part: str) -> "CHostKernel":
     start = time.perf_counter()
     bound_openmp_spin()
     try:
@@ -299,29 +329,100 @@ def _open(generated: host.GeneratedModule, library: str, kernels: tuple[tuple[Lo
     clear = getattr(lib, CLEAR_FUNCTION, None)  # (a missing symbol is an AttributeError: the module has none)
     if clear is not None:
         clear.argtypes, clear.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int], None
-    forward = None
+    first = None
     for kernel, spec, signature in kernels:
         host_kernel = CHostKernel(generated, kernel, spec, getattr(lib, kernel.name), ready_ms, compiled, clear)
-        if forward is None:
-            forward = host_kernel
-        else:
+        first = first or host_kernel
+        if part == STEPS:
             with _STEPS_LOCK:
                 _STEPS.setdefault((spec, signature), host_kernel)
-    assert forward is not None
-    return forward
+    assert first is not None
+    return first
 
 
-_BUILDER = host.HostBuilder()
+_BUILDER = host.HostBuilder()  # forward modules
+_STEP_BUILDER = host.HostBuilder()  # steps modules: built in a thread of their own, beside the forward's
 
 
-def _recipe() -> host.ModuleRecipe:
-    """The build steps, with the compiler's identity in the cache key (read now: ``TULLAX_CC`` may change)."""
-    options = {"compiler": c_compile.identity(), "printer": 1, "generator": generator_fingerprint()}
-    return host.ModuleRecipe(NAME, SOURCE_FILE, options, generate, _compile_into_cache, _load, _load_cached)
+def _recipe(part: str = FORWARD) -> host.ModuleRecipe:
+    """The build steps of one module, with the compiler's identity in the cache key (read now: ``TULLAX_CC`` may
+    change)."""
+    options = {"compiler": c_compile.identity(), "printer": 1, "generator": generator_fingerprint(), "part": part}
+    return host.ModuleRecipe(NAME, SOURCE_FILE, options, functools.partial(generate_part, part=part),
+                             functools.partial(_compile_into_cache, part=part), functools.partial(_load, part=part),
+                             functools.partial(_load_cached, part=part))
 
 
 _STEPS: dict[tuple[Spec, Signature], "CHostKernel"] = {}  # gradient steps of the modules loaded here
 _STEPS_LOCK = threading.Lock()
+
+
+class _StepsBuild:
+    """The steps module of one forward (spec, signature), building in a thread: which (step spec, signature) it
+    holds once ``known`` is set, and ``done`` once it is loaded (or failed: each step then builds its own)."""
+
+    def __init__(self) -> None:
+        self.known = threading.Event()
+        self.done = threading.Event()
+        self.keys: frozenset[tuple[Spec, Signature]] = frozenset()
+
+
+_STEP_BUILDS: dict[tuple[Spec, Signature], _StepsBuild] = {}
+
+
+def _start_steps(spec: Spec, signature: Signature) -> None:
+    """Build (compile, or load from the cache) the steps module of ``spec`` in a thread, once per process, so it
+    compiles beside the forward module instead of after it, and the forward kernel is ready as soon as its own
+    module is."""
+    if np.dtype(signature.out_dtype).kind in "iuc":  # no gradients of integers; complex is refused anyway
+        return
+    with _STEPS_LOCK:
+        if (spec, signature) in _STEP_BUILDS:
+            return
+        build = _STEP_BUILDS[(spec, signature)] = _StepsBuild()
+    # not a daemon: a process that ends meanwhile (a forward-only script) waits for the compile, which it stores,
+    # instead of leaving every later process to compile it again
+    threading.Thread(target=_build_steps, args=(spec, signature, build), name="tullax-c-steps").start()
+
+
+def finish_step_builds() -> None:
+    """Wait until every steps module building in this process is loaded (or has failed)."""
+    with _STEPS_LOCK:
+        builds = list(_STEP_BUILDS.values())
+    for build in builds:
+        build.done.wait()
+
+
+def _build_steps(spec: Spec, signature: Signature, build: _StepsBuild) -> None:
+    try:
+        try:
+            build.keys = frozenset((step.spec, _step_signature(step.spec, signature, spec))
+                                   for step in host.kernel_steps(spec, signature.out_dtype)[1:])
+        finally:
+            build.known.set()
+        if build.keys:
+            _STEP_BUILDER.build(_recipe(STEPS), spec, signature)
+    except Exception:  # noqa: BLE001 - a step this module does not hold builds its own, and says why it fails
+        pass
+    finally:
+        build.done.set()
+
+
+def _built_step(spec: Spec, signature: Signature) -> "CHostKernel | None":
+    """The host kernel of a gradient step loaded here, waiting for the steps module that will hold it while it
+    builds; None when no steps module holds it."""
+    with _STEPS_LOCK:
+        found = _STEPS.get((spec, signature))
+        builds = list(_STEP_BUILDS.values())
+    if found is not None:
+        return found
+    for build in builds:
+        build.known.wait()
+        if (spec, signature) in build.keys:
+            build.done.wait()
+            with _STEPS_LOCK:
+                return _STEPS.get((spec, signature))
+    return None
 
 
 # =============================================================================================
@@ -425,7 +526,14 @@ class CBackend:
             step = _STEPS.get((spec, signature))
         if step is not None:
             return step
-        return _BUILDER.build(_recipe(), spec, signature)
+        forward = _BUILDER.built(spec, signature, NAME)
+        if forward is not None:
+            return forward
+        step = _built_step(spec, signature)
+        if step is not None:
+            return step
+        _start_steps(spec, signature)  # first: its compiler runs beside the forward's
+        return _BUILDER.build(_recipe(FORWARD), spec, signature)
 
     def generate_source(self, spec: Spec, signature: Signature) -> str:
         return generate(spec, signature.widened())[1]

@@ -124,17 +124,18 @@ def split_units(text: str, units: int | None = None) -> list[str]:
     return [UNIT_MARK.join([prelude, *group]) for group in groups]
 
 
-def compile_library(source: Path, library: Path, timeout: float = 600.0) -> float:
+def compile_library(source: Path, library: Path, timeout: float = 600.0, units: int | None = None) -> float:
     """Compile ``source`` into the shared library ``library`` (written atomically: a temporary file renamed,
     so a concurrent reader never dlopens half a file); returns the seconds the compiler ran. A module of
     several kernels is compiled as ``PARALLEL_UNITS`` translation units at once and linked: the compiler's time
-    goes mostly to the kernel functions, so two units take about half the wall time of one."""
+    goes mostly to the kernel functions, so two units take about half the wall time of one. ``units``: at most
+    that many instead."""
     import time
 
     cc = compiler()
     tmp = library.with_name(f".{library.name}.{os.getpid()}.tmp")
     start = time.perf_counter()
-    units = split_units(source.read_text(encoding="utf-8"))
+    units = split_units(source.read_text(encoding="utf-8"), units)
     try:
         if len(units) == 1:
             _run([[cc, *flags(), "-o", str(tmp), str(source), *libraries()]], source, timeout)

@@ -189,6 +189,11 @@ class HostBuilder:
     def __len__(self) -> int:
         return len(self._built)
 
+    def built(self, spec: Spec, signature: Signature, backend: str) -> HostKernel | None:
+        """The kernel built here for (``spec``, ``signature``) on ``backend``, without waiting for a build in
+        progress (a dict read: atomic)."""
+        return self._built.get((spec, signature, backend))
+
     def build(self, recipe: ModuleRecipe, spec: Spec, signature: Signature) -> HostKernel:
         wide = signature.widened()
         if wide != signature:  # half precision or a narrow integer result: the kernel of the wide signature

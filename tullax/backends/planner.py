@@ -8,7 +8,7 @@ The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied firs
 
 0. ``tiny``: a call whose estimated work is below the serial threshold (``tullax.backends.workload``) is not
    timed (a race this small decides microseconds, its compiles cost a good part of a second). Where the loop
-   backend compiles one module for the forward kernel and every gradient step and later processes load it
+   backend compiles the forward kernel and every gradient step together and later processes load them
    from the compile cache (``Capabilities.whole_module_cached``: host C), the rule's default: the loops (XLA
    compiles its form again in every process, a few hundred milliseconds per kernel and gradient), or XLA's
    einsum for a contraction. Otherwise XLA in its best form, traced into the jitted program: no host
@@ -219,7 +219,7 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
 
 
 def whole_module_cached(loops: str | None) -> bool:
-    """Whether the loop backend ``loops`` compiles one module for a spec's forward kernel and every gradient step,
+    """Whether the loop backend ``loops`` compiles a spec's forward kernel and every gradient step together,
     which later processes load compiled (``Capabilities.whole_module_cached``)."""
     if loops is None:
         return False
@@ -234,9 +234,9 @@ def whole_module_cached(loops: str | None) -> bool:
 
 def build_gradient_module(spec: Spec, args: Iterable[Any], out_dtype: str) -> None:
     """Before ``auto`` runs the gradient steps of ``spec`` on ``args`` (its forward inputs): where the loop backend
-    compiles one module for the forward kernel and every gradient step (``whole_module_cached``) and some step
-    may run on the loops (its rule's default or a timed candidate), build that module now. Each step (and
-    its timing) then finds its kernel there, instead of compiling a module of its own that would also hold
+    compiles the forward kernel and every gradient step together (``whole_module_cached``) and some step may run
+    on the loops (its rule's default or a timed candidate), build them now. Each step (and its timing) then finds
+    its kernel there, instead of compiling a module of its own that would also hold
     the step's own (second-order) gradients: one compiler run instead of one per step. A module that fails
     to build is left to the steps, which build their own kernels and report their own errors."""
     from tullax import backends
@@ -651,11 +651,11 @@ def _compiled_ahead(spec: Spec, form: str, shapes: Shapes, dtypes: Mapping[str, 
 
 
 def _start_module_build(spec: Spec, values: list, out_dtype: str, loops: str | None) -> threading.Thread | None:
-    """A thread that builds the loop backend's module of ``spec`` for ``values``, where the backend builds one
-    module for the forward kernel and every gradient step (``whole_module_cached``); the loop candidate then
-    finds its kernel built. Its compiler runs in subprocesses, so XLA's compiles of the other candidates (which
-    release the GIL) go on meanwhile. A failed build is left to the loop candidate, which then fails the same
-    way and is not chosen."""
+    """A thread that builds the loop backend's kernel of ``spec`` for ``values``, where the backend builds the
+    forward kernel and every gradient step together (``whole_module_cached``); the loop candidate then finds its
+    kernel built (host C: the forward module, while the steps module goes on compiling beside it). Its compiler
+    runs in subprocesses, so XLA's compiles of the other candidates (which release the GIL) go on meanwhile. A
+    failed build is left to the loop candidate, which then fails the same way and is not chosen."""
     if not whole_module_cached(loops):
         return None
     import jax

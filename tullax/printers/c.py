@@ -1,6 +1,6 @@
-"""The host C printer: the loop IR as C99 functions with OpenMP, one module per spec (the forward kernel
-and every gradient step; ``UNIT_MARK`` between the functions lets the backend compile it as several translation
-units at once), for the ``c`` backend (``tullax.backends.c``).
+"""The host C printer: the loop IR as C99 functions with OpenMP, one module per set of kernels (the backend
+prints two per spec: its forward kernel, and every gradient step; ``UNIT_MARK`` between the functions lets it
+compile a module as several translation units at once), for the ``c`` backend (``tullax.backends.c``).
 
 The mapping:
 
