@@ -589,7 +589,9 @@ def test_the_gaussian_kernel_sum_is_timed_though_large_and_xla_wins_its_forward(
         assert sliced != "loops"  # 6x apart on the suite's machine: not a close call
         # the XLA form that won on the slice was run on the full call beside the loops, and the faster kept
         assert set(timings) == {"loops", "xla:grid", "xla:factored", "loops (full)", f"{sliced} (full)"}
-        kept = sliced if timings[f"{sliced} (full)"] < timings["loops (full)"] else "loops"
+        # the loops only where they beat it by LOOP_MARGIN (a run lost this test to a win of the loops inside it)
+        loops_win = timings["loops (full)"] * planner.LOOP_MARGIN <= timings[f"{sliced} (full)"]
+        kept = "loops" if loops_win else sliced
         assert found.label == (LOOP_BACKEND if kept == "loops" else f"xla ({kept[4:]})")
         assert "confirmed on the full call" in found.reason or "slower on the full call" in found.reason
         # and whatever each kernel runs on, auto equals numba and jnp, forward and gradients
