@@ -156,13 +156,12 @@ def part_kernels(spec: Spec, signature: Signature, part: str) -> tuple[tuple[Loo
     kernel; ``STEPS``, each gradient step that lowers (none for integer results, which have no gradient)."""
     from tullax.compiler.lower import lower
 
-    steps = host.kernel_steps(spec, signature.out_dtype)
-    if part == FORWARD:
-        return ((lower(spec, signature, steps[0].name, tile=True), spec, signature),)
-    if np.dtype(signature.out_dtype).kind in "iuc":  # no gradients of integers; complex is refused anyway
+    if part == FORWARD:  # no gradient derived: the forward module is what a forward-only call waits for
+        return ((lower(spec, signature, host.FORWARD_KERNEL, tile=True), spec, signature),)
+    if not _has_gradients(signature):
         return ()
     kernels = []
-    for step in steps[1:]:
+    for step in host.kernel_steps(spec, signature.out_dtype)[1:]:
         step_signature = _step_signature(step.spec, signature, spec)
         try:
             kernels.append((lower(step.spec, step_signature, step.name, tile=True), step.spec, step_signature))
@@ -176,20 +175,26 @@ def module_kernels(spec: Spec, signature: Signature) -> tuple[tuple[LoopKernel, 
     return part_kernels(spec, signature, FORWARD) + part_kernels(spec, signature, STEPS)
 
 
-def generate_part(spec: Spec, signature: Signature, part: str) -> tuple[LoopKernel, str]:
-    """The first kernel of one module of ``spec`` and its translation unit."""
+def _has_gradients(signature: Signature) -> bool:
+    """Whether a result of this signature has gradient steps: integers have none; complex is refused anyway."""
+    return np.dtype(signature.out_dtype).kind not in "iuc"
+
+
+def _printed(kernels: tuple[tuple[LoopKernel, Spec, Signature], ...]) -> tuple[LoopKernel, str]:
+    """The first of ``kernels`` and the translation unit of all of them."""
     from tullax.printers.c import print_module
 
-    kernels = part_kernels(spec, signature, part)
     return kernels[0][0], print_module([k for k, _, _ in kernels])
+
+
+def generate_part(spec: Spec, signature: Signature, part: str) -> tuple[LoopKernel, str]:
+    """The first kernel of one module of ``spec`` and its translation unit."""
+    return _printed(part_kernels(spec, signature, part))
 
 
 def generate(spec: Spec, signature: Signature) -> tuple[LoopKernel, str]:
     """The forward kernel of ``spec`` and one translation unit of every kernel (what ``module_source`` shows)."""
-    from tullax.printers.c import print_module
-
-    kernels = module_kernels(spec, signature)
-    return kernels[0][0], print_module([k for k, _, _ in kernels])
+    return _printed(module_kernels(spec, signature))
 
 
 def module_source(spec: Spec, dtype: str = "float32") -> str:
@@ -374,7 +379,7 @@ def _start_steps(spec: Spec, signature: Signature) -> None:
     """Build (compile, or load from the cache) the steps module of ``spec`` in a thread, once per process, so it
     compiles beside the forward module instead of after it, and the forward kernel is ready as soon as its own
     module is."""
-    if np.dtype(signature.out_dtype).kind in "iuc":  # no gradients of integers; complex is refused anyway
+    if not _has_gradients(signature):
         return
     with _STEPS_LOCK:
         if (spec, signature) in _STEP_BUILDS:
@@ -409,13 +414,10 @@ def _build_steps(spec: Spec, signature: Signature, build: _StepsBuild) -> None:
 
 
 def _built_step(spec: Spec, signature: Signature) -> "CHostKernel | None":
-    """The host kernel of a gradient step loaded here, waiting for the steps module that will hold it while it
-    builds; None when no steps module holds it."""
+    """The host kernel of a gradient step not loaded yet, once the steps module that holds it has built; None
+    when no steps module holds it."""
     with _STEPS_LOCK:
-        found = _STEPS.get((spec, signature))
         builds = list(_STEP_BUILDS.values())
-    if found is not None:
-        return found
     for build in builds:
         build.known.wait()
         if (spec, signature) in build.keys:

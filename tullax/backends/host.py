@@ -73,13 +73,16 @@ class KernelStep:
     label: str  # how a listing titles it: "forward", "gradient wrt W", "gradient wrt W, step 2"
 
 
+FORWARD_KERNEL = "forward"  # the forward kernel's function name in every generated module
+
+
 def kernel_steps(spec: Spec, dtype: Any = None) -> tuple[KernelStep, ...]:
     """The forward kernel of ``spec`` and every step of every gradient, in order; a spec whose gradients
     cannot be derived has its forward kernel only. ``dtype``: the data inputs' dtype (a complex one derives
     the gradients of complex inputs)."""
     from tullax.grad import gradients
 
-    steps = [KernelStep(spec, "forward", "forward")]
+    steps = [KernelStep(spec, FORWARD_KERNEL, "forward")]
     complex_names = frozenset()
     if dtype is not None and np.dtype(dtype).kind == "c":
         complex_names = frozenset(i.name for i in spec.inputs if i.kind in ("array", "scalar"))
