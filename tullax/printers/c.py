@@ -68,10 +68,13 @@ from tullax.printers.clike import (
 NAME = "c"
 THREADS = "tx_threads"  # the last parameter of every function: the OpenMP team size (1: serial)
 HELPER_TYPES = ("float32", "float64", "int32", "int64")  # the types the prelude instantiates its helpers for
-# A max/min reduction loop keeps one GCC/Clang vector of this many bytes of accumulators: two AVX2 registers, so
-# two independent compare-select chains (float32 row max over 4096x4096, 2 threads: 8 lanes in one register
-# 1.69 ms, 16 lanes 1.36 ms, jnp.max 1.44 ms; 32 lanes spilled: 10 ms)
+# A max/min reduction loop keeps this many bytes of accumulators: two independent compare-select chains (float32
+# row max over 4096x4096, 2 threads: 8 lanes in one register 1.69 ms, 16 lanes 1.36 ms, jnp.max 1.44 ms; 32
+# lanes spilled: 10 ms), each a GCC/Clang vector of VECTOR_BYTES, one AVX2 register. One vector of 64 bytes ran
+# as fast on a CPU with AVX-512, but without it GCC 12 compared its lanes one by one, with branches: 18-22 ms
+# (make bench at 203bf5e on an AMD EPYC without AVX-512; benchmarks/nan_lanes.py)
 LANE_BYTES = 64
+VECTOR_BYTES = 32
 _OMP_REDUCTIONS = {"+": "+", "*": "*"}  # OpenMP's own; max/min are the prelude's NaN-propagating ones
 
 
@@ -128,25 +131,30 @@ class CPrinter(CLikePrinter):
                 pad + self.loop_header(loop, place), *decls, *self.block(loop.body, inner), pad + "}"]
 
     def lanes(self, loop: Loop, place: CPlace) -> list[str]:
-        """A max/min reduction loop as ``lane_count(dtype)`` independent accumulators in one vector over blocks of
-        that many iterations, then the remainder, as the Numba printer's lanes (``NumbaPrinter._lanes``): a
-        NaN-propagating max is a loop-carried compare-select no compiler vectorises, and GCC vectorises neither a
-        float max reduction without -ffinite-math-only nor many scalar compare-selects; a GCC/Clang vector of
-        lanes does it by construction (the prelude's ``tx_vmax_f32``: the fast compare-select, which skips a NaN, and a
-        NaN mask beside it; measured: row max over 4096x4096 on one core 15 ms scalar, 3.8 ms). The result is
-        NaN when any lane saw one. Each lane starts from the accumulator, so an enclosing accumulation stays
-        right; the lanes' values are computed one by one as the IR says (any index expression)."""
+        """A max/min reduction loop as ``lane_count(dtype)`` independent accumulators in vectors of
+        ``vector_lanes(dtype)`` (two compare-select chains) over blocks of that many iterations, then the
+        remainder, as the Numba printer's lanes (``NumbaPrinter._lanes``): a NaN-propagating max is a loop-carried
+        compare-select no compiler vectorises, and GCC vectorises neither a float max reduction without
+        -ffinite-math-only nor many scalar compare-selects; GCC/Clang vectors of lanes do it by construction (the
+        prelude's ``tx_vmax_f32``: the fast compare-select, which skips a NaN, and a NaN mask beside it;
+        measured: row max over 4096x4096 on one core 15 ms scalar, 3.8 ms). The result is NaN when any lane saw
+        one. Each lane starts from the accumulator, so an enclosing accumulation stays right; the lanes' values
+        are computed one by one as the IR says (any index expression)."""
         pad, inner_pad, var = self.indent * place.depth, self.indent * (place.depth + 1), loop.var
         deep = self.indent * (place.depth + 2)
         *lets, accum = loop.body
         dtype = dict(place.declared)[accum.var]
         suffix, acc = TYPE_SUFFIX[dtype], accum.var
-        lanes = lane_count(dtype)
+        lanes, width = lane_count(dtype), vector_lanes(dtype)
+        chains = range(lanes // width)
+        vector, mask = f"tx_v{width}_{suffix}", f"tx_m{width}_{suffix}"
         values = [f"{acc}_v{k}" for k in range(lanes)]
         extent = binop("max", binop("-", loop.stop, loop.start), const(0))
         top = binop("+", loop.start, binop("*", binop("//", extent, const(lanes)), const(lanes)))
-        lines = [pad + "{", f"{inner_pad}tx_v{lanes}_{suffix} {acc}_l = {{{', '.join([acc] * lanes)}}};",
-                 f"{inner_pad}tx_m{lanes}_{suffix} {acc}_nan = {{0}};",
+        lines = [pad + "{",
+                 f"{inner_pad}{vector} {', '.join(f'{acc}_l{c}' for c in chains)};",
+                 f"{inner_pad}{mask} {', '.join(f'{acc}_nan{c} = {{0}}' for c in chains)};",
+                 *(f"{inner_pad}{acc}_l{c} = ({vector}){{{', '.join([acc] * width)}}};" for c in chains),
                  f"{inner_pad}{self.type_name(dtype)} {', '.join(values)};",
                  f"{inner_pad}{self.index_type} {var};",
                  f"{inner_pad}const {self.index_type} {var}_top = {self.expr(top)};",
@@ -157,12 +165,15 @@ class CPrinter(CLikePrinter):
             lines.append(f"{deep}{var} = {var}_blk + {k};")
             lines += self.block(lets, body)
             lines.append(f"{deep}{value} = {self.expr(accum.value)};")
-        lines += [f"{deep}{acc}_l = tx_v{accum.op}_{suffix}((tx_v{lanes}_{suffix}){{{', '.join(values)}}}, "
-                  f"{acc}_l, &{acc}_nan);", inner_pad + "}",
-                  f"{inner_pad}for (int tx_k = 0; tx_k < {lanes}; ++tx_k) {{",
-                  f"{deep}{acc} = {self.helper(accum.op, dtype)}({acc}, {acc}_l[tx_k]);"]
-        if dtype in FLOATS:
-            lines.append(f"{deep}if ({acc}_nan[tx_k]) {acc} = {self.constant(Const(math.nan, dtype))};")
+        for c in chains:
+            chain = ", ".join(values[c * width:(c + 1) * width])
+            step = f"tx_v{accum.op}_{suffix}(({vector}){{{chain}}}, {acc}_l{c}, &{acc}_nan{c})"
+            lines.append(f"{deep}{acc}_l{c} = {step};")
+        lines += [inner_pad + "}", f"{inner_pad}for (int tx_k = 0; tx_k < {width}; ++tx_k) {{"]
+        for c in chains:
+            lines.append(f"{deep}{acc} = {self.helper(accum.op, dtype)}({acc}, {acc}_l{c}[tx_k]);")
+            if dtype in FLOATS:
+                lines.append(f"{deep}if ({acc}_nan{c}[tx_k]) {acc} = {self.constant(Const(math.nan, dtype))};")
         lines.append(inner_pad + "}")
         rest = Loop(var, Var(f"{var}_top", INDEX), loop.stop, False, loop.body)
         return lines + super().loop(rest, CPlace(place.depth + 1, place.declared)) + [pad + "}"]
@@ -265,10 +276,15 @@ def lane_count(dtype: str) -> int:
     return LANE_BYTES // _VECTOR_BYTES[dtype]
 
 
+def vector_lanes(dtype: str) -> int:
+    """The lanes of one vector of a max/min reduction loop over ``dtype``: VECTOR_BYTES of its elements."""
+    return VECTOR_BYTES // _VECTOR_BYTES[dtype]
+
+
 def _lane_helpers(dtype: str) -> str:
-    """The vector and mask types of ``lane_count(dtype)`` elements of ``dtype`` and its lane max/min steps."""
-    lanes = lane_count(dtype)
-    vector, mask, size = f"tx_v{lanes}_{TYPE_SUFFIX[dtype]}", f"tx_m{lanes}_{TYPE_SUFFIX[dtype]}", LANE_BYTES
+    """The vector and mask types of ``vector_lanes(dtype)`` elements of ``dtype`` and its lane max/min steps."""
+    lanes = vector_lanes(dtype)
+    vector, mask, size = f"tx_v{lanes}_{TYPE_SUFFIX[dtype]}", f"tx_m{lanes}_{TYPE_SUFFIX[dtype]}", VECTOR_BYTES
     lines = [f"typedef {storage_type(dtype)} {vector} __attribute__((vector_size({size})));",
              f"typedef {_MASK[dtype]} {mask} __attribute__((vector_size({size})));"]
     for op, cmp in (("max", ">"), ("min", "<")):

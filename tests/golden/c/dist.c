@@ -131,53 +131,53 @@ static inline tx_i64 tx_powi_i64(tx_i64 x, int n) {
 
 // max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of 64 bytes, a compare-select that skips NaN
 // and a mask of the lanes that saw one
-typedef float tx_v16_f32 __attribute__((vector_size(64)));
-typedef tx_i32 tx_m16_f32 __attribute__((vector_size(64)));
-static inline tx_v16_f32 tx_vmax_f32(tx_v16_f32 v, tx_v16_f32 l, tx_m16_f32* nan) {
-    tx_m16_f32 m = v > l;
+typedef float tx_v8_f32 __attribute__((vector_size(32)));
+typedef tx_i32 tx_m8_f32 __attribute__((vector_size(32)));
+static inline tx_v8_f32 tx_vmax_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
+    tx_m8_f32 m = v > l;
     *nan |= v != v;
-    return (tx_v16_f32)(((tx_m16_f32)v & m) | ((tx_m16_f32)l & ~m));
+    return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
 }
-static inline tx_v16_f32 tx_vmin_f32(tx_v16_f32 v, tx_v16_f32 l, tx_m16_f32* nan) {
-    tx_m16_f32 m = v < l;
+static inline tx_v8_f32 tx_vmin_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
+    tx_m8_f32 m = v < l;
     *nan |= v != v;
-    return (tx_v16_f32)(((tx_m16_f32)v & m) | ((tx_m16_f32)l & ~m));
+    return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
 }
-typedef double tx_v8_f64 __attribute__((vector_size(64)));
-typedef tx_i64 tx_m8_f64 __attribute__((vector_size(64)));
-static inline tx_v8_f64 tx_vmax_f64(tx_v8_f64 v, tx_v8_f64 l, tx_m8_f64* nan) {
-    tx_m8_f64 m = v > l;
+typedef double tx_v4_f64 __attribute__((vector_size(32)));
+typedef tx_i64 tx_m4_f64 __attribute__((vector_size(32)));
+static inline tx_v4_f64 tx_vmax_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
+    tx_m4_f64 m = v > l;
     *nan |= v != v;
-    return (tx_v8_f64)(((tx_m8_f64)v & m) | ((tx_m8_f64)l & ~m));
+    return (tx_v4_f64)(((tx_m4_f64)v & m) | ((tx_m4_f64)l & ~m));
 }
-static inline tx_v8_f64 tx_vmin_f64(tx_v8_f64 v, tx_v8_f64 l, tx_m8_f64* nan) {
-    tx_m8_f64 m = v < l;
+static inline tx_v4_f64 tx_vmin_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
+    tx_m4_f64 m = v < l;
     *nan |= v != v;
-    return (tx_v8_f64)(((tx_m8_f64)v & m) | ((tx_m8_f64)l & ~m));
+    return (tx_v4_f64)(((tx_m4_f64)v & m) | ((tx_m4_f64)l & ~m));
 }
-typedef tx_i32 tx_v16_i32 __attribute__((vector_size(64)));
-typedef tx_i32 tx_m16_i32 __attribute__((vector_size(64)));
-static inline tx_v16_i32 tx_vmax_i32(tx_v16_i32 v, tx_v16_i32 l, tx_m16_i32* nan) {
-    tx_m16_i32 m = v > l;
+typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
+typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
+static inline tx_v8_i32 tx_vmax_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
+    tx_m8_i32 m = v > l;
     *nan |= v != v;
-    return (tx_v16_i32)(((tx_m16_i32)v & m) | ((tx_m16_i32)l & ~m));
+    return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
 }
-static inline tx_v16_i32 tx_vmin_i32(tx_v16_i32 v, tx_v16_i32 l, tx_m16_i32* nan) {
-    tx_m16_i32 m = v < l;
+static inline tx_v8_i32 tx_vmin_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
+    tx_m8_i32 m = v < l;
     *nan |= v != v;
-    return (tx_v16_i32)(((tx_m16_i32)v & m) | ((tx_m16_i32)l & ~m));
+    return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
 }
-typedef tx_i64 tx_v8_i64 __attribute__((vector_size(64)));
-typedef tx_i64 tx_m8_i64 __attribute__((vector_size(64)));
-static inline tx_v8_i64 tx_vmax_i64(tx_v8_i64 v, tx_v8_i64 l, tx_m8_i64* nan) {
-    tx_m8_i64 m = v > l;
+typedef tx_i64 tx_v4_i64 __attribute__((vector_size(32)));
+typedef tx_i64 tx_m4_i64 __attribute__((vector_size(32)));
+static inline tx_v4_i64 tx_vmax_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
+    tx_m4_i64 m = v > l;
     *nan |= v != v;
-    return (tx_v8_i64)(((tx_m8_i64)v & m) | ((tx_m8_i64)l & ~m));
+    return (tx_v4_i64)(((tx_m4_i64)v & m) | ((tx_m4_i64)l & ~m));
 }
-static inline tx_v8_i64 tx_vmin_i64(tx_v8_i64 v, tx_v8_i64 l, tx_m8_i64* nan) {
-    tx_m8_i64 m = v < l;
+static inline tx_v4_i64 tx_vmin_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
+    tx_m4_i64 m = v < l;
     *nan |= v != v;
-    return (tx_v8_i64)(((tx_m8_i64)v & m) | ((tx_m8_i64)l & ~m));
+    return (tx_v4_i64)(((tx_m4_i64)v & m) | ((tx_m4_i64)l & ~m));
 }
 
 // ---- tullax: kernel ----

@@ -131,53 +131,53 @@ static inline tx_i64 tx_powi_i64(tx_i64 x, int n) {
 
 // max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of 64 bytes, a compare-select that skips NaN
 // and a mask of the lanes that saw one
-typedef float tx_v16_f32 __attribute__((vector_size(64)));
-typedef tx_i32 tx_m16_f32 __attribute__((vector_size(64)));
-static inline tx_v16_f32 tx_vmax_f32(tx_v16_f32 v, tx_v16_f32 l, tx_m16_f32* nan) {
-    tx_m16_f32 m = v > l;
+typedef float tx_v8_f32 __attribute__((vector_size(32)));
+typedef tx_i32 tx_m8_f32 __attribute__((vector_size(32)));
+static inline tx_v8_f32 tx_vmax_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
+    tx_m8_f32 m = v > l;
     *nan |= v != v;
-    return (tx_v16_f32)(((tx_m16_f32)v & m) | ((tx_m16_f32)l & ~m));
+    return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
 }
-static inline tx_v16_f32 tx_vmin_f32(tx_v16_f32 v, tx_v16_f32 l, tx_m16_f32* nan) {
-    tx_m16_f32 m = v < l;
+static inline tx_v8_f32 tx_vmin_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
+    tx_m8_f32 m = v < l;
     *nan |= v != v;
-    return (tx_v16_f32)(((tx_m16_f32)v & m) | ((tx_m16_f32)l & ~m));
+    return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
 }
-typedef double tx_v8_f64 __attribute__((vector_size(64)));
-typedef tx_i64 tx_m8_f64 __attribute__((vector_size(64)));
-static inline tx_v8_f64 tx_vmax_f64(tx_v8_f64 v, tx_v8_f64 l, tx_m8_f64* nan) {
-    tx_m8_f64 m = v > l;
+typedef double tx_v4_f64 __attribute__((vector_size(32)));
+typedef tx_i64 tx_m4_f64 __attribute__((vector_size(32)));
+static inline tx_v4_f64 tx_vmax_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
+    tx_m4_f64 m = v > l;
     *nan |= v != v;
-    return (tx_v8_f64)(((tx_m8_f64)v & m) | ((tx_m8_f64)l & ~m));
+    return (tx_v4_f64)(((tx_m4_f64)v & m) | ((tx_m4_f64)l & ~m));
 }
-static inline tx_v8_f64 tx_vmin_f64(tx_v8_f64 v, tx_v8_f64 l, tx_m8_f64* nan) {
-    tx_m8_f64 m = v < l;
+static inline tx_v4_f64 tx_vmin_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
+    tx_m4_f64 m = v < l;
     *nan |= v != v;
-    return (tx_v8_f64)(((tx_m8_f64)v & m) | ((tx_m8_f64)l & ~m));
+    return (tx_v4_f64)(((tx_m4_f64)v & m) | ((tx_m4_f64)l & ~m));
 }
-typedef tx_i32 tx_v16_i32 __attribute__((vector_size(64)));
-typedef tx_i32 tx_m16_i32 __attribute__((vector_size(64)));
-static inline tx_v16_i32 tx_vmax_i32(tx_v16_i32 v, tx_v16_i32 l, tx_m16_i32* nan) {
-    tx_m16_i32 m = v > l;
+typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
+typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
+static inline tx_v8_i32 tx_vmax_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
+    tx_m8_i32 m = v > l;
     *nan |= v != v;
-    return (tx_v16_i32)(((tx_m16_i32)v & m) | ((tx_m16_i32)l & ~m));
+    return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
 }
-static inline tx_v16_i32 tx_vmin_i32(tx_v16_i32 v, tx_v16_i32 l, tx_m16_i32* nan) {
-    tx_m16_i32 m = v < l;
+static inline tx_v8_i32 tx_vmin_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
+    tx_m8_i32 m = v < l;
     *nan |= v != v;
-    return (tx_v16_i32)(((tx_m16_i32)v & m) | ((tx_m16_i32)l & ~m));
+    return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
 }
-typedef tx_i64 tx_v8_i64 __attribute__((vector_size(64)));
-typedef tx_i64 tx_m8_i64 __attribute__((vector_size(64)));
-static inline tx_v8_i64 tx_vmax_i64(tx_v8_i64 v, tx_v8_i64 l, tx_m8_i64* nan) {
-    tx_m8_i64 m = v > l;
+typedef tx_i64 tx_v4_i64 __attribute__((vector_size(32)));
+typedef tx_i64 tx_m4_i64 __attribute__((vector_size(32)));
+static inline tx_v4_i64 tx_vmax_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
+    tx_m4_i64 m = v > l;
     *nan |= v != v;
-    return (tx_v8_i64)(((tx_m8_i64)v & m) | ((tx_m8_i64)l & ~m));
+    return (tx_v4_i64)(((tx_m4_i64)v & m) | ((tx_m4_i64)l & ~m));
 }
-static inline tx_v8_i64 tx_vmin_i64(tx_v8_i64 v, tx_v8_i64 l, tx_m8_i64* nan) {
-    tx_m8_i64 m = v < l;
+static inline tx_v4_i64 tx_vmin_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
+    tx_m4_i64 m = v < l;
     *nan |= v != v;
-    return (tx_v8_i64)(((tx_m8_i64)v & m) | ((tx_m8_i64)l & ~m));
+    return (tx_v4_i64)(((tx_m4_i64)v & m) | ((tx_m4_i64)l & ~m));
 }
 
 // ---- tullax: kernel ----
@@ -201,8 +201,10 @@ void forward(
         tx_i64 blk_hi;
         accm = -tx_inf_f32();
         {
-            tx_v16_f32 accm_l = {accm, accm, accm, accm, accm, accm, accm, accm, accm, accm, accm, accm, accm, accm, accm, accm};
-            tx_m16_f32 accm_nan = {0};
+            tx_v8_f32 accm_l0, accm_l1;
+            tx_m8_f32 accm_nan0 = {0}, accm_nan1 = {0};
+            accm_l0 = (tx_v8_f32){accm, accm, accm, accm, accm, accm, accm, accm};
+            accm_l1 = (tx_v8_f32){accm, accm, accm, accm, accm, accm, accm, accm};
             float accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7, accm_v8, accm_v9, accm_v10, accm_v11, accm_v12, accm_v13, accm_v14, accm_v15;
             tx_i64 i1;
             const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n0, 0), 16) * 16;
@@ -239,11 +241,14 @@ void forward(
                 accm_v14 = a1[i0 * a1_e1 + i1];
                 i1 = i1_blk + 15;
                 accm_v15 = a1[i0 * a1_e1 + i1];
-                accm_l = tx_vmax_f32((tx_v16_f32){accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7, accm_v8, accm_v9, accm_v10, accm_v11, accm_v12, accm_v13, accm_v14, accm_v15}, accm_l, &accm_nan);
+                accm_l0 = tx_vmax_f32((tx_v8_f32){accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7}, accm_l0, &accm_nan0);
+                accm_l1 = tx_vmax_f32((tx_v8_f32){accm_v8, accm_v9, accm_v10, accm_v11, accm_v12, accm_v13, accm_v14, accm_v15}, accm_l1, &accm_nan1);
             }
-            for (int tx_k = 0; tx_k < 16; ++tx_k) {
-                accm = tx_max_f32(accm, accm_l[tx_k]);
-                if (accm_nan[tx_k]) accm = tx_nan_f32();
+            for (int tx_k = 0; tx_k < 8; ++tx_k) {
+                accm = tx_max_f32(accm, accm_l0[tx_k]);
+                if (accm_nan0[tx_k]) accm = tx_nan_f32();
+                accm = tx_max_f32(accm, accm_l1[tx_k]);
+                if (accm_nan1[tx_k]) accm = tx_nan_f32();
             }
             for (tx_i64 i1 = i1_top; i1 < n0; ++i1) {
                 accm = tx_max_f32(accm, a1[i0 * a1_e1 + i1]);
