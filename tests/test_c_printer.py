@@ -109,17 +109,9 @@ def test_reduction_lanes_are_vectors_of_one_avx2_register(dtype: str):
     """The max/min lanes are vectors of at most 32 bytes, one AVX2 register: one vector of 64 bytes compiled, on a
     CPU without AVX-512, into a compare and a branch per lane (GCC 12: a row max 10x slower than jnp.max, make
     bench at 203bf5e); two vectors of 32 bytes keep the two compare-select chains it was for."""
-    spec = analysed("(max) m[i] := x[i,j]")
-    source = module_source_of(spec, dtype)
+    source = module("row_max", dtype)  # (max) m[i] := x[i,j]
     sizes = {int(n) for n in re.findall(r"vector_size\((\d+)\)", source)}
     assert sizes and max(sizes) <= 32
     kernel = source[source.index("void forward("):]
     assert kernel.count("= tx_vmax_") == 2  # two chains
 
-
-def module_source_of(spec, dtype: str) -> str:
-    from functools import partial
-
-    from tullax.backends.host import module_source
-
-    return module_source(spec, Signature.for_dtype(spec, dtype), partial(lower, tile=True), cprinter.print_module)
