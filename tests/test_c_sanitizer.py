@@ -35,10 +35,12 @@ CASE_IDS = (
     "range_clause_symbolic", "explicit_subrange",
 )
 # (spec, shapes): a float32 sum of more than one block of terms, and max/min rows longer than their lanes
+# (and than schedule.STREAM_MIN_BYTES)
 LONG = (
     ("s := x[i]", {"x": (3001,)}),
     ("r[i] := A[i,j]*B[j]", {"A": (3, 1100), "B": (1100,)}),
     ("(max) m[i] := x[i,j]", {"x": (5, 1037)}),
+    ("(min) m[b,i] := x[b,i,j]", {"x": (2, 7, 2053)}),  # rows long enough to be read 4 at once, and the rest
     ("(min) m[i] := x[i,j]*w[j]", {"x": (3, 70), "w": (70,)}),
     ("(logsumexp) l[i] := x[i,j]", {"x": (4, 531)}),
 )

@@ -150,21 +150,27 @@ def _step_signature(step: Spec, signature: Signature, forward: Spec) -> Signatur
 FORWARD, STEPS = "forward", "steps"  # the two modules of a spec: its forward kernel, and its gradient steps
 
 
+def lowered(spec: Spec, signature: Signature, name: str) -> LoopKernel:
+    """``spec`` lowered as the C printer wants it: strip-mined tiles (``tile``), and max/min reductions that read
+    several contiguous rows at once (``streams``: its lanes take one accumulator per row)."""
+    from tullax.compiler.lower import lower
+
+    return lower(spec, signature, name, tile=True, streams=True)
+
+
 @functools.lru_cache(maxsize=256)  # generating and loading a module both need them: lower once
 def part_kernels(spec: Spec, signature: Signature, part: str) -> tuple[tuple[LoopKernel, Spec, Signature], ...]:
     """The kernels of one module of ``spec``, with the spec and signature each serves: ``FORWARD``, the forward
     kernel; ``STEPS``, each gradient step that lowers (none for integer results, which have no gradient)."""
-    from tullax.compiler.lower import lower
-
     if part == FORWARD:  # no gradient derived: the forward module is what a forward-only call waits for
-        return ((lower(spec, signature, host.FORWARD_KERNEL, tile=True), spec, signature),)
+        return ((lowered(spec, signature, host.FORWARD_KERNEL), spec, signature),)
     if not _has_gradients(signature):
         return ()
     kernels = []
     for step in host.kernel_steps(spec, signature.out_dtype)[1:]:
         step_signature = _step_signature(step.spec, signature, spec)
         try:
-            kernels.append((lower(step.spec, step_signature, step.name, tile=True), step.spec, step_signature))
+            kernels.append((lowered(step.spec, step_signature, step.name), step.spec, step_signature))
         except TullaxError:  # built on its own if it is ever called (and then it says why it fails)
             continue
     return tuple(kernels)

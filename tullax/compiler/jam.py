@@ -69,6 +69,7 @@ class RegisterTile:
     index: str  # the spec index whose parallel loop is tiled
     factor: int  # outputs per tile along it
     literal: bool = False  # the first tile substitutes the literals start .. start + factor - 1
+    min_trips: int = 0  # jammed only where the innermost loop of the body runs this many iterations (else ragged)
 
 
 def _reads(expr: Expr) -> set[str]:
@@ -160,6 +161,9 @@ def register_tiles(kernel: LoopKernel, tiles: Sequence[tuple[str, RegisterTile]]
     if any(isinstance(s, Loop) and any(isinstance(t, Scratch) for t in walk_stmts(s.body)) for s in walk_stmts(body)):
         return kernel  # declared anew in each iteration of a loop: not one segment per copy
     tiled = {var for var, _ in tiles}
+    long_enough = _long_enough(body, max(tile.min_trips for _, tile in tiles))
+    if long_enough is None:
+        return kernel
     dep = dependent(body, tiled)
     lows = {var: Var(f"{var}_r0", INDEX) for var in tiled}
     per_var: list[list[Expr]] = []
@@ -196,7 +200,7 @@ def register_tiles(kernel: LoopKernel, tiles: Sequence[tuple[str, RegisterTile]]
         Let(lows[var].name, binop("+", by_var[var].start, binop("*", Var(f"{var}_rt", INDEX), const(tile.factor))))
         for var, tile in tiles)
     tiled_body += tuple(Scratch(name, length * len(copies), dtype) for name, (length, dtype) in scratch.items())
-    tiled_body += (If(conjunction(whole), jammed, ragged),)
+    tiled_body += (If(conjunction(whole + long_enough), jammed, ragged),)
     factors = dict(tiles)
     nest: tuple[Stmt, ...] = tiled_body
     for loop in reversed(loops):  # a loop over tiles where a tiled loop was: the same traversal order
@@ -207,6 +211,25 @@ def register_tiles(kernel: LoopKernel, tiles: Sequence[tuple[str, RegisterTile]]
         else:
             nest = (replace(loop, body=nest),)
     return replace(kernel, body=nest)
+
+
+def _long_enough(body: tuple[Stmt, ...], trips: int) -> list[Expr] | None:
+    """The condition that the innermost loop of ``body`` (the first loop with none inside) runs at least ``trips``
+    iterations (empty when it always does), or None when it never does or its bounds read a local of the body
+    (the condition stands before it)."""
+    if not trips:
+        return []
+    loop = next((s for s in walk_stmts(body) if isinstance(s, Loop)
+                 and not any(isinstance(t, Loop) for t in walk_stmts(s.body))), None)
+    if loop is None:
+        return None
+    bound = {s.var for s in walk_stmts(body) if isinstance(s, (Let, Accum, Loop))}
+    if (_reads(loop.start) | _reads(loop.stop)) & bound:
+        return None
+    extent = binop("-", loop.stop, loop.start)
+    if isinstance(extent, Const):
+        return [] if extent.value >= trips else None
+    return [binop(">=", extent, const(trips))]
 
 
 def _copy_number(tiles: Sequence[tuple[str, RegisterTile]], lows: dict[str, Var]) -> Expr:

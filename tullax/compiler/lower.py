@@ -87,7 +87,7 @@ def identity(redop: str, compute: str, wrap: str | None = None) -> Const:
 
 
 def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool = False,
-          share: bool = True, block_sums: bool = True) -> LoopKernel:
+          share: bool = True, block_sums: bool = True, streams: bool = False) -> LoopKernel:
     """The loop-nest kernel of ``spec`` for ``signature`` (a ``backends.base.Signature``).
 
     ``tile=True`` (CPU printers): when the innermost reduction index is strided but the last parallel index j
@@ -104,11 +104,14 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
     two, and tests of the loop order read the plain nest).
 
     ``block_sums=False``: a float32 sum accumulates in one float32 register, not in blocks with a float64 total.
-    For a kernel whose sums ``tullax.compiler.split`` cuts into short pieces, one per GPU thread."""
+    For a kernel whose sums ``tullax.compiler.split`` cuts into short pieces, one per GPU thread.
+
+    ``streams=True`` (a printer whose max/min lanes take several accumulators, the C printer's): a max/min
+    reduction along contiguous rows reads several rows at once (``schedule.register_tiles``)."""
     params = parameters(spec, signature)
     guards = find_guards(spec, loop_order(spec)[1])
     # a tile accumulates in the output elements: not when they are real and the sum complex (|> abs)
-    plan = schedule(spec, params.compute, guards, tile and params.compute == params.out.dtype)
+    plan = schedule(spec, params.compute, guards, tile and params.compute == params.out.dtype, streams)
     emit = Emitter(plan)
     translator = Translator(params, emit)
     for solution in guards.solutions:

@@ -75,8 +75,9 @@ class Schedule:
         return any(n not in solved for n in self.serial)
 
 
-def schedule(spec: Spec, compute: str, guards: Guards, tile: bool) -> Schedule:
-    """The schedule of ``spec`` computing in dtype ``compute``, once ``guards`` solved what it could."""
+def schedule(spec: Spec, compute: str, guards: Guards, tile: bool, streams: bool = False) -> Schedule:
+    """The schedule of ``spec`` computing in dtype ``compute``, once ``guards`` solved what it could;
+    ``streams``: a max/min reduction along rows reads ``STREAM_ROWS`` of them at once (``register_tiles``)."""
     parallel, serial = loop_order(spec)
     solved_names = {s.index for s in guards.solutions}
     reductions = tuple(n for n in serial if n not in solved_names)
@@ -94,7 +95,7 @@ def schedule(spec: Spec, compute: str, guards: Guards, tile: bool) -> Schedule:
         others = [n for n in solution.cond.names() if n != solution.index]
         levels[solution.index] = max([top] + [levels[n] for n in others])
     variables = tuple((index, f"i{n}") for n, index in enumerate(spec.indices)) + ((TILE, TILE_VAR),)
-    register = register_tiles(spec, parallel, reductions, tiling)
+    register = register_tiles(spec, parallel, reductions, tiling, compute if streams else None)
     return Schedule(parallel, serial, loops, tuple((s.index, levels[s.index]) for s in guards.solutions),
                     variables, tiling, register)
 
@@ -241,6 +242,8 @@ MAX_CASES = 8  # literal cases of a small output index split into per-case code
 CALL_TILE = 4  # outputs per tile along an index a call does not depend on
 LOAD_TILE = 2  # ... along each of two indices that each leave some load shared (a 2x2 tile)
 SINGLE_TILE = 4  # ... along the one index that leaves loads shared
+STREAM_ROWS = 4  # rows of a max/min reduction read at once (benchmarks/row_streams.py)
+STREAM_MIN_BYTES = 8192  # ... when a row is this long: shorter ones read one after the other stream better
 
 
 def _node_indices(node: ir.Expr) -> set[str]:
@@ -265,7 +268,7 @@ def literal_cases(spec: Spec, index: str) -> tuple[int, ...]:
 
 
 def register_tiles(spec: Spec, parallel: tuple[str, ...], reductions: tuple[str, ...],
-                   tiling: Tiling | None) -> tuple[RegisterTile, ...]:
+                   tiling: Tiling | None, streams: str | None = None) -> tuple[RegisterTile, ...]:
     """Which parallel loops to unroll-and-jam (``tullax.compiler.jam``), by how much.
 
     * A free index compared with literals ``lo .. lo+c-1`` (its range starting at the constant ``lo``, c at most
@@ -278,7 +281,14 @@ def register_tiles(spec: Spec, parallel: tuple[str, ...], reductions: tuple[str,
     * A strip-mined kernel (``tiling``) is not tiled: 4 rows per iteration, each updating its row of the strip in
       memory, measured slower or no faster (matmul, Linear, Dist forward: 0.8-1.0x; ``benchmarks/sharing.py``).
       Its innermost loop is already contiguous and vectorised; a win there needs the strip's partial sums in
-      registers, which this IR does not express."""
+      registers, which this IR does not express.
+    * With ``streams`` (the dtype of the computation, given for the C printer, whose max/min lanes take one
+      vector per row of a tile), a max/min reduction whose innermost loop reads its rows contiguously and shares
+      nothing reads ``STREAM_ROWS`` rows at once where a row holds at least ``STREAM_MIN_BYTES`` (a condition
+      at run time: shorter rows run one by one, as without it). One long row at a time left the loads waiting
+      on memory (a row max over 4096x4096 read at about 20 GB/s where XLA's reads at 30); rows of 2 KB or less,
+      read one by one, are one sequential stream that the interleaved short ones lose to
+      (``benchmarks/row_streams.py``)."""
     if spec.is_scatter or not parallel:
         return ()
     ranges = spec.range_of
@@ -301,6 +311,10 @@ def register_tiles(spec: Spec, parallel: tuple[str, ...], reductions: tuple[str,
         if any(inner in used and name not in used for used in calls):
             return (RegisterTile(name, CALL_TILE),)
     sharing = [n for n in candidates if any(inner in used and n not in used for used in loads)]
+    if not sharing and streams and candidates and spec.redop in ("max", "min") and (
+            inner_loop_score([a.idx for a in ir.accesses(spec.body)], inner) > 0):
+        itemsize = 4 if streams in ("float32", "int32") else 8  # streams: the dtype computed in
+        return (RegisterTile(candidates[-1], STREAM_ROWS, min_trips=STREAM_MIN_BYTES // itemsize),)
     if len(sharing) == 2:
         return tuple(RegisterTile(n, LOAD_TILE) for n in sharing)
     return tuple(RegisterTile(n, SINGLE_TILE) for n in sharing)

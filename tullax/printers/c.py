@@ -28,7 +28,6 @@ The mapping:
 """
 from __future__ import annotations
 
-import math
 from typing import ClassVar, Iterator, Mapping, Sequence
 
 from tullax._version import __version__
@@ -37,7 +36,6 @@ from tullax.compiler.loops import (
     INDEX,
     Accum,
     Cast,
-    Const,
     If,
     Let,
     Loop,
@@ -131,50 +129,63 @@ class CPrinter(CLikePrinter):
                 pad + self.loop_header(loop, place), *decls, *self.block(loop.body, inner), pad + "}"]
 
     def lanes(self, loop: Loop, place: CPlace) -> list[str]:
-        """A max/min reduction loop as ``lane_count(dtype)`` independent accumulators in vectors of
-        ``vector_lanes(dtype)`` (two compare-select chains) over blocks of that many iterations, then the
-        remainder, as the Numba printer's lanes (``NumbaPrinter._lanes``): a NaN-propagating max is a loop-carried
-        compare-select no compiler vectorises, and GCC vectorises neither a float max reduction without
-        -ffinite-math-only nor many scalar compare-selects; GCC/Clang vectors of lanes do it by construction (the
-        prelude's ``tx_vmax_f32``: the fast compare-select, which skips a NaN, and a NaN mask beside it;
-        measured: row max over 4096x4096 on one core 15 ms scalar, 3.8 ms). The result is NaN when any lane saw
-        one. Each lane starts from the accumulator, so an enclosing accumulation stays right; the lanes' values
-        are computed one by one as the IR says (any index expression)."""
+        """A max/min reduction loop as independent accumulators in vectors of ``vector_lanes(dtype)`` over blocks
+        of as many iterations, then the remainder, as the Numba printer's lanes (``NumbaPrinter._lanes``): a
+        NaN-propagating max is a loop-carried compare-select no compiler vectorises, and GCC vectorises neither a
+        float max reduction without -ffinite-math-only nor many scalar compare-selects; GCC/Clang vectors of lanes
+        do it by construction (the prelude's ``tx_vmax_f32``: the fast compare-select, which skips a NaN, and a
+        NaN mask beside it; measured: row max over 4096x4096 on one core 15 ms scalar, 3.8 ms). The result is
+        NaN when any lane saw one. Each lane starts from the accumulator, so an enclosing accumulation stays
+        right; the lanes' values are computed one by one as the IR says (any index expression).
+
+        One accumulator gets ``lane_count(dtype)`` lanes (two compare-select chains). Several (the rows of a
+        register tile, ``schedule.STREAM_ROWS``: one loop reads that many rows at once) get one vector each, so
+        the chains of all of them fit the registers."""
         pad, inner_pad, var = self.indent * place.depth, self.indent * (place.depth + 1), loop.var
         deep = self.indent * (place.depth + 2)
-        *lets, accum = loop.body
-        dtype = dict(place.declared)[accum.var]
-        suffix, acc = TYPE_SUFFIX[dtype], accum.var
-        lanes, width = lane_count(dtype), vector_lanes(dtype)
+        lets = [s for s in loop.body if isinstance(s, Let)]
+        accums = [s for s in loop.body if isinstance(s, Accum)]
+        declared = dict(place.declared)
+        dtypes = {declared[a.var] for a in accums}
+        if len(dtypes) != 1:
+            raise TullaxError(f"internal error: max/min lanes over accumulators of several types: {sorted(dtypes)}")
+        dtype = dtypes.pop()
+        suffix, width = TYPE_SUFFIX[dtype], vector_lanes(dtype)
+        lanes = lane_count(dtype) if len(accums) == 1 else width
         chains = range(lanes // width)
         vector, mask = f"tx_v{width}_{suffix}", f"tx_m{width}_{suffix}"
-        values = [f"{acc}_v{k}" for k in range(lanes)]
+        names = [a.var for a in accums]
         extent = binop("max", binop("-", loop.stop, loop.start), const(0))
         top = binop("+", loop.start, binop("*", binop("//", extent, const(lanes)), const(lanes)))
         lines = [pad + "{",
-                 f"{inner_pad}{vector} {', '.join(f'{acc}_l{c}' for c in chains)};",
-                 f"{inner_pad}{mask} {', '.join(f'{acc}_nan{c} = {{0}}' for c in chains)};",
-                 *(f"{inner_pad}{acc}_l{c} = ({vector}){{{', '.join([acc] * width)}}};" for c in chains),
-                 f"{inner_pad}{self.type_name(dtype)} {', '.join(values)};",
+                 f"{inner_pad}{vector} {', '.join(f'{acc}_l{c}' for acc in names for c in chains)};",
+                 f"{inner_pad}{mask} {', '.join(f'{acc}_nan{c} = {{0}}' for acc in names for c in chains)};",
+                 *(f"{inner_pad}{acc}_l{c} = ({vector}){{{', '.join([acc] * width)}}};" for acc in names
+                   for c in chains),
+                 f"{inner_pad}{self.type_name(dtype)} "
+                 f"{', '.join(f'{acc}_v{k}' for acc in names for k in range(lanes))};",
                  f"{inner_pad}{self.index_type} {var};",
                  f"{inner_pad}const {self.index_type} {var}_top = {self.expr(top)};",
                  f"{inner_pad}for ({self.index_type} {var}_blk = {self.expr(loop.start)}; {var}_blk < {var}_top; "
                  f"{var}_blk += {lanes}) {{"]
         body = CPlace(place.depth + 2, place.declared)
-        for k, value in enumerate(values):
+        for k in range(lanes):
             lines.append(f"{deep}{var} = {var}_blk + {k};")
             lines += self.block(lets, body)
-            lines.append(f"{deep}{value} = {self.expr(accum.value)};")
-        for c in chains:
-            chain = ", ".join(values[c * width:(c + 1) * width])
-            step = f"tx_v{accum.op}_{suffix}(({vector}){{{chain}}}, {acc}_l{c}, &{acc}_nan{c})"
-            lines.append(f"{deep}{acc}_l{c} = {step};")
-        lines += [inner_pad + "}", f"{inner_pad}for (int tx_k = 0; tx_k < {width}; ++tx_k) {{"]
-        for c in chains:
-            lines.append(f"{deep}{acc} = {self.helper(accum.op, dtype)}({acc}, {acc}_l{c}[tx_k]);")
-            if dtype in FLOATS:
-                lines.append(f"{deep}if ({acc}_nan{c}[tx_k]) {acc} = {self.constant(Const(math.nan, dtype))};")
+            lines += [f"{deep}{accum.var}_v{k} = {self.expr(accum.value)};" for accum in accums]
+        for accum in accums:
+            acc = accum.var
+            for c in chains:
+                chain = ", ".join(f"{acc}_v{k}" for k in range(c * width, (c + 1) * width))
+                step = f"tx_v{accum.op}_{suffix}(({vector}){{{chain}}}, {acc}_l{c}, &{acc}_nan{c})"
+                lines.append(f"{deep}{acc}_l{c} = {step};")
         lines.append(inner_pad + "}")
+        for accum in accums:  # the chains into the first, then its lanes into the accumulator
+            acc = accum.var
+            for c in chains[1:]:
+                lines += [f"{inner_pad}{acc}_l0 = tx_v{accum.op}_{suffix}({acc}_l{c}, {acc}_l0, &{acc}_nan0);",
+                          f"{inner_pad}{acc}_nan0 |= {acc}_nan{c};"]
+            lines.append(f"{inner_pad}{acc} = tx_vfold{accum.op}_{suffix}({acc}_l0, {acc}_nan0, {acc});")
         rest = Loop(var, Var(f"{var}_top", INDEX), loop.stop, False, loop.body)
         return lines + super().loop(rest, CPlace(place.depth + 1, place.declared)) + [pad + "}"]
 
@@ -213,11 +224,13 @@ def _region(stmts: Sequence[Stmt]) -> Iterator[Stmt]:
 
 
 def _lane_reduction(loop: Loop) -> bool:
-    """A serial loop whose body is Lets and then one max/min Accum: printed as lanes (``CPrinter.lanes``)."""
+    """A serial loop whose body is Lets and then max/min Accums (one per row of a register tile): printed as
+    lanes (``CPrinter.lanes``)."""
     if loop.parallel or loop.reduce_parallel or not loop.body:
         return False
-    *lets, last = loop.body
-    return isinstance(last, Accum) and last.op in ("max", "min") and all(isinstance(s, Let) for s in lets)
+    count = next((n for n, s in enumerate(loop.body) if not isinstance(s, Let)), len(loop.body))
+    accums = loop.body[count:]
+    return bool(accums) and all(isinstance(s, Accum) and s.op in ("max", "min") for s in accums)
 
 
 def team() -> str:
@@ -282,15 +295,32 @@ def vector_lanes(dtype: str) -> int:
 
 
 def _lane_helpers(dtype: str) -> str:
-    """The vector and mask types of ``vector_lanes(dtype)`` elements of ``dtype`` and its lane max/min steps."""
-    lanes = vector_lanes(dtype)
-    vector, mask, size = f"tx_v{lanes}_{TYPE_SUFFIX[dtype]}", f"tx_m{lanes}_{TYPE_SUFFIX[dtype]}", VECTOR_BYTES
+    """The vector and mask types of ``vector_lanes(dtype)`` elements of ``dtype``, its lane max/min steps and the
+    folds of a vector of lanes into the accumulator (``tx_vfoldmax_f32``): halves compared with halves, in
+    vectors; the lanes and the NaN mask read one by one, a compare and a branch each, cost more than the loop over
+    a row of 256 (``benchmarks/row_streams.py``). The result is NaN when a lane saw one, or holds one (it started
+    from a NaN accumulator); else the accumulator's max/min with the lanes'."""
+    lanes, suffix = vector_lanes(dtype), TYPE_SUFFIX[dtype]
+    vector, mask, size = f"tx_v{lanes}_{suffix}", f"tx_m{lanes}_{suffix}", VECTOR_BYTES
     lines = [f"typedef {storage_type(dtype)} {vector} __attribute__((vector_size({size})));",
              f"typedef {_MASK[dtype]} {mask} __attribute__((vector_size({size})));"]
+    halves = []
+    width = lanes // 2
+    while width:  # lane k against lane k ^ width: after the last, lane 0 holds the fold
+        halves.append(", ".join(str(k ^ width) for k in range(lanes)))
+        width //= 2
     for op, cmp in (("max", ">"), ("min", "<")):
-        lines += [f"static inline {vector} tx_v{op}_{TYPE_SUFFIX[dtype]}({vector} v, {vector} l, {mask}* nan) {{",
+        lines += [f"static inline {vector} tx_v{op}_{suffix}({vector} v, {vector} l, {mask}* nan) {{",
                   f"    {mask} m = v {cmp} l;", "    *nan |= v != v;",
                   f"    return ({vector})((({mask})v & m) | (({mask})l & ~m));", "}"]
+        lines += [f"static inline {storage_type(dtype)} tx_vfold{op}_{suffix}({vector} l, {mask} nan, "
+                  f"{storage_type(dtype)} acc) {{",
+                  "    nan |= l != l;"]
+        for half in halves:
+            lines += [f"    l = tx_v{op}_{suffix}(TX_SHUFFLE(l, {mask}, {half}), l, &nan);",
+                      f"    nan |= TX_SHUFFLE(nan, {mask}, {half});"]
+        nan = f"nan[0] ? tx_nan_{suffix}() : " if dtype in FLOATS else ""
+        lines += [f"    return {nan}tx_{op}_{suffix}(acc, l[0]);", "}"]
     return "\n".join(lines) + "\n"
 
 
@@ -335,8 +365,13 @@ static inline double tx_nan_f64(void) { return __builtin_nan(""); }
 // max/min reductions of a split reduction loop: max/min are idempotent, so each thread may start from the
 // accumulator's value before the loop
 """ + _REDUCTIONS + """
-// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of 64 bytes, a compare-select that skips NaN
-// and a mask of the lanes that saw one
+// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of 32 bytes, a compare-select that skips NaN
+// and a mask of the lanes that saw one; the fold of the lanes into the accumulator
+#if defined(__clang__) || __GNUC__ >= 12
+#define TX_SHUFFLE(v, mask, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#else
+#define TX_SHUFFLE(v, mask, ...) __builtin_shuffle(v, (mask){__VA_ARGS__})
+#endif
 """ + _LANE_HELPERS
 
 _HEADER = "// Generated by tullax {version} for the c backend. Do not edit: regenerated from the spec.\n"

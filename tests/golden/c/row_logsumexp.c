@@ -129,8 +129,13 @@ static inline tx_i64 tx_powi_i64(tx_i64 x, int n) {
 #pragma omp declare reduction(tx_rmax_i64 : tx_i64 : omp_out = tx_max_i64(omp_out, omp_in)) initializer(omp_priv = omp_orig)
 #pragma omp declare reduction(tx_rmin_i64 : tx_i64 : omp_out = tx_min_i64(omp_out, omp_in)) initializer(omp_priv = omp_orig)
 
-// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of 64 bytes, a compare-select that skips NaN
-// and a mask of the lanes that saw one
+// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of 32 bytes, a compare-select that skips NaN
+// and a mask of the lanes that saw one; the fold of the lanes into the accumulator
+#if defined(__clang__) || __GNUC__ >= 12
+#define TX_SHUFFLE(v, mask, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#else
+#define TX_SHUFFLE(v, mask, ...) __builtin_shuffle(v, (mask){__VA_ARGS__})
+#endif
 typedef float tx_v8_f32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_f32 __attribute__((vector_size(32)));
 static inline tx_v8_f32 tx_vmax_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
@@ -138,10 +143,30 @@ static inline tx_v8_f32 tx_vmax_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
     *nan |= v != v;
     return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
 }
+static inline float tx_vfoldmax_f32(tx_v8_f32 l, tx_m8_f32 nan, float acc) {
+    nan |= l != l;
+    l = tx_vmax_f32(TX_SHUFFLE(l, tx_m8_f32, 4, 5, 6, 7, 0, 1, 2, 3), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_f32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = tx_vmax_f32(TX_SHUFFLE(l, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = tx_vmax_f32(TX_SHUFFLE(l, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return nan[0] ? tx_nan_f32() : tx_max_f32(acc, l[0]);
+}
 static inline tx_v8_f32 tx_vmin_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
     tx_m8_f32 m = v < l;
     *nan |= v != v;
     return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
+}
+static inline float tx_vfoldmin_f32(tx_v8_f32 l, tx_m8_f32 nan, float acc) {
+    nan |= l != l;
+    l = tx_vmin_f32(TX_SHUFFLE(l, tx_m8_f32, 4, 5, 6, 7, 0, 1, 2, 3), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_f32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = tx_vmin_f32(TX_SHUFFLE(l, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = tx_vmin_f32(TX_SHUFFLE(l, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return nan[0] ? tx_nan_f32() : tx_min_f32(acc, l[0]);
 }
 typedef double tx_v4_f64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_f64 __attribute__((vector_size(32)));
@@ -150,10 +175,26 @@ static inline tx_v4_f64 tx_vmax_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
     *nan |= v != v;
     return (tx_v4_f64)(((tx_m4_f64)v & m) | ((tx_m4_f64)l & ~m));
 }
+static inline double tx_vfoldmax_f64(tx_v4_f64 l, tx_m4_f64 nan, double acc) {
+    nan |= l != l;
+    l = tx_vmax_f64(TX_SHUFFLE(l, tx_m4_f64, 2, 3, 0, 1), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_f64, 2, 3, 0, 1);
+    l = tx_vmax_f64(TX_SHUFFLE(l, tx_m4_f64, 1, 0, 3, 2), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_f64, 1, 0, 3, 2);
+    return nan[0] ? tx_nan_f64() : tx_max_f64(acc, l[0]);
+}
 static inline tx_v4_f64 tx_vmin_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
     tx_m4_f64 m = v < l;
     *nan |= v != v;
     return (tx_v4_f64)(((tx_m4_f64)v & m) | ((tx_m4_f64)l & ~m));
+}
+static inline double tx_vfoldmin_f64(tx_v4_f64 l, tx_m4_f64 nan, double acc) {
+    nan |= l != l;
+    l = tx_vmin_f64(TX_SHUFFLE(l, tx_m4_f64, 2, 3, 0, 1), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_f64, 2, 3, 0, 1);
+    l = tx_vmin_f64(TX_SHUFFLE(l, tx_m4_f64, 1, 0, 3, 2), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_f64, 1, 0, 3, 2);
+    return nan[0] ? tx_nan_f64() : tx_min_f64(acc, l[0]);
 }
 typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
@@ -162,10 +203,30 @@ static inline tx_v8_i32 tx_vmax_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
     *nan |= v != v;
     return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
 }
+static inline tx_i32 tx_vfoldmax_i32(tx_v8_i32 l, tx_m8_i32 nan, tx_i32 acc) {
+    nan |= l != l;
+    l = tx_vmax_i32(TX_SHUFFLE(l, tx_m8_i32, 4, 5, 6, 7, 0, 1, 2, 3), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_i32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = tx_vmax_i32(TX_SHUFFLE(l, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = tx_vmax_i32(TX_SHUFFLE(l, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return tx_max_i32(acc, l[0]);
+}
 static inline tx_v8_i32 tx_vmin_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
     tx_m8_i32 m = v < l;
     *nan |= v != v;
     return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
+}
+static inline tx_i32 tx_vfoldmin_i32(tx_v8_i32 l, tx_m8_i32 nan, tx_i32 acc) {
+    nan |= l != l;
+    l = tx_vmin_i32(TX_SHUFFLE(l, tx_m8_i32, 4, 5, 6, 7, 0, 1, 2, 3), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_i32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = tx_vmin_i32(TX_SHUFFLE(l, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = tx_vmin_i32(TX_SHUFFLE(l, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return tx_min_i32(acc, l[0]);
 }
 typedef tx_i64 tx_v4_i64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_i64 __attribute__((vector_size(32)));
@@ -174,10 +235,26 @@ static inline tx_v4_i64 tx_vmax_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
     *nan |= v != v;
     return (tx_v4_i64)(((tx_m4_i64)v & m) | ((tx_m4_i64)l & ~m));
 }
+static inline tx_i64 tx_vfoldmax_i64(tx_v4_i64 l, tx_m4_i64 nan, tx_i64 acc) {
+    nan |= l != l;
+    l = tx_vmax_i64(TX_SHUFFLE(l, tx_m4_i64, 2, 3, 0, 1), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_i64, 2, 3, 0, 1);
+    l = tx_vmax_i64(TX_SHUFFLE(l, tx_m4_i64, 1, 0, 3, 2), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_i64, 1, 0, 3, 2);
+    return tx_max_i64(acc, l[0]);
+}
 static inline tx_v4_i64 tx_vmin_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
     tx_m4_i64 m = v < l;
     *nan |= v != v;
     return (tx_v4_i64)(((tx_m4_i64)v & m) | ((tx_m4_i64)l & ~m));
+}
+static inline tx_i64 tx_vfoldmin_i64(tx_v4_i64 l, tx_m4_i64 nan, tx_i64 acc) {
+    nan |= l != l;
+    l = tx_vmin_i64(TX_SHUFFLE(l, tx_m4_i64, 2, 3, 0, 1), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_i64, 2, 3, 0, 1);
+    l = tx_vmin_i64(TX_SHUFFLE(l, tx_m4_i64, 1, 0, 3, 2), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_i64, 1, 0, 3, 2);
+    return tx_min_i64(acc, l[0]);
 }
 
 // ---- tullax: kernel ----
@@ -244,12 +321,9 @@ void forward(
                 accm_l0 = tx_vmax_f32((tx_v8_f32){accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7}, accm_l0, &accm_nan0);
                 accm_l1 = tx_vmax_f32((tx_v8_f32){accm_v8, accm_v9, accm_v10, accm_v11, accm_v12, accm_v13, accm_v14, accm_v15}, accm_l1, &accm_nan1);
             }
-            for (int tx_k = 0; tx_k < 8; ++tx_k) {
-                accm = tx_max_f32(accm, accm_l0[tx_k]);
-                if (accm_nan0[tx_k]) accm = tx_nan_f32();
-                accm = tx_max_f32(accm, accm_l1[tx_k]);
-                if (accm_nan1[tx_k]) accm = tx_nan_f32();
-            }
+            accm_l0 = tx_vmax_f32(accm_l1, accm_l0, &accm_nan0);
+            accm_nan0 |= accm_nan1;
+            accm = tx_vfoldmax_f32(accm_l0, accm_nan0, accm);
             for (tx_i64 i1 = i1_top; i1 < n0; ++i1) {
                 accm = tx_max_f32(accm, a1[i0 * a1_e1 + i1]);
             }

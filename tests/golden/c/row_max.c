@@ -129,8 +129,13 @@ static inline tx_i64 tx_powi_i64(tx_i64 x, int n) {
 #pragma omp declare reduction(tx_rmax_i64 : tx_i64 : omp_out = tx_max_i64(omp_out, omp_in)) initializer(omp_priv = omp_orig)
 #pragma omp declare reduction(tx_rmin_i64 : tx_i64 : omp_out = tx_min_i64(omp_out, omp_in)) initializer(omp_priv = omp_orig)
 
-// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of 64 bytes, a compare-select that skips NaN
-// and a mask of the lanes that saw one
+// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of 32 bytes, a compare-select that skips NaN
+// and a mask of the lanes that saw one; the fold of the lanes into the accumulator
+#if defined(__clang__) || __GNUC__ >= 12
+#define TX_SHUFFLE(v, mask, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#else
+#define TX_SHUFFLE(v, mask, ...) __builtin_shuffle(v, (mask){__VA_ARGS__})
+#endif
 typedef float tx_v8_f32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_f32 __attribute__((vector_size(32)));
 static inline tx_v8_f32 tx_vmax_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
@@ -138,10 +143,30 @@ static inline tx_v8_f32 tx_vmax_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
     *nan |= v != v;
     return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
 }
+static inline float tx_vfoldmax_f32(tx_v8_f32 l, tx_m8_f32 nan, float acc) {
+    nan |= l != l;
+    l = tx_vmax_f32(TX_SHUFFLE(l, tx_m8_f32, 4, 5, 6, 7, 0, 1, 2, 3), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_f32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = tx_vmax_f32(TX_SHUFFLE(l, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = tx_vmax_f32(TX_SHUFFLE(l, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return nan[0] ? tx_nan_f32() : tx_max_f32(acc, l[0]);
+}
 static inline tx_v8_f32 tx_vmin_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
     tx_m8_f32 m = v < l;
     *nan |= v != v;
     return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
+}
+static inline float tx_vfoldmin_f32(tx_v8_f32 l, tx_m8_f32 nan, float acc) {
+    nan |= l != l;
+    l = tx_vmin_f32(TX_SHUFFLE(l, tx_m8_f32, 4, 5, 6, 7, 0, 1, 2, 3), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_f32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = tx_vmin_f32(TX_SHUFFLE(l, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = tx_vmin_f32(TX_SHUFFLE(l, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return nan[0] ? tx_nan_f32() : tx_min_f32(acc, l[0]);
 }
 typedef double tx_v4_f64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_f64 __attribute__((vector_size(32)));
@@ -150,10 +175,26 @@ static inline tx_v4_f64 tx_vmax_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
     *nan |= v != v;
     return (tx_v4_f64)(((tx_m4_f64)v & m) | ((tx_m4_f64)l & ~m));
 }
+static inline double tx_vfoldmax_f64(tx_v4_f64 l, tx_m4_f64 nan, double acc) {
+    nan |= l != l;
+    l = tx_vmax_f64(TX_SHUFFLE(l, tx_m4_f64, 2, 3, 0, 1), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_f64, 2, 3, 0, 1);
+    l = tx_vmax_f64(TX_SHUFFLE(l, tx_m4_f64, 1, 0, 3, 2), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_f64, 1, 0, 3, 2);
+    return nan[0] ? tx_nan_f64() : tx_max_f64(acc, l[0]);
+}
 static inline tx_v4_f64 tx_vmin_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
     tx_m4_f64 m = v < l;
     *nan |= v != v;
     return (tx_v4_f64)(((tx_m4_f64)v & m) | ((tx_m4_f64)l & ~m));
+}
+static inline double tx_vfoldmin_f64(tx_v4_f64 l, tx_m4_f64 nan, double acc) {
+    nan |= l != l;
+    l = tx_vmin_f64(TX_SHUFFLE(l, tx_m4_f64, 2, 3, 0, 1), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_f64, 2, 3, 0, 1);
+    l = tx_vmin_f64(TX_SHUFFLE(l, tx_m4_f64, 1, 0, 3, 2), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_f64, 1, 0, 3, 2);
+    return nan[0] ? tx_nan_f64() : tx_min_f64(acc, l[0]);
 }
 typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
@@ -162,10 +203,30 @@ static inline tx_v8_i32 tx_vmax_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
     *nan |= v != v;
     return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
 }
+static inline tx_i32 tx_vfoldmax_i32(tx_v8_i32 l, tx_m8_i32 nan, tx_i32 acc) {
+    nan |= l != l;
+    l = tx_vmax_i32(TX_SHUFFLE(l, tx_m8_i32, 4, 5, 6, 7, 0, 1, 2, 3), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_i32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = tx_vmax_i32(TX_SHUFFLE(l, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = tx_vmax_i32(TX_SHUFFLE(l, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return tx_max_i32(acc, l[0]);
+}
 static inline tx_v8_i32 tx_vmin_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
     tx_m8_i32 m = v < l;
     *nan |= v != v;
     return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
+}
+static inline tx_i32 tx_vfoldmin_i32(tx_v8_i32 l, tx_m8_i32 nan, tx_i32 acc) {
+    nan |= l != l;
+    l = tx_vmin_i32(TX_SHUFFLE(l, tx_m8_i32, 4, 5, 6, 7, 0, 1, 2, 3), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_i32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = tx_vmin_i32(TX_SHUFFLE(l, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = tx_vmin_i32(TX_SHUFFLE(l, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return tx_min_i32(acc, l[0]);
 }
 typedef tx_i64 tx_v4_i64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_i64 __attribute__((vector_size(32)));
@@ -174,10 +235,26 @@ static inline tx_v4_i64 tx_vmax_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
     *nan |= v != v;
     return (tx_v4_i64)(((tx_m4_i64)v & m) | ((tx_m4_i64)l & ~m));
 }
+static inline tx_i64 tx_vfoldmax_i64(tx_v4_i64 l, tx_m4_i64 nan, tx_i64 acc) {
+    nan |= l != l;
+    l = tx_vmax_i64(TX_SHUFFLE(l, tx_m4_i64, 2, 3, 0, 1), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_i64, 2, 3, 0, 1);
+    l = tx_vmax_i64(TX_SHUFFLE(l, tx_m4_i64, 1, 0, 3, 2), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_i64, 1, 0, 3, 2);
+    return tx_max_i64(acc, l[0]);
+}
 static inline tx_v4_i64 tx_vmin_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
     tx_m4_i64 m = v < l;
     *nan |= v != v;
     return (tx_v4_i64)(((tx_m4_i64)v & m) | ((tx_m4_i64)l & ~m));
+}
+static inline tx_i64 tx_vfoldmin_i64(tx_v4_i64 l, tx_m4_i64 nan, tx_i64 acc) {
+    nan |= l != l;
+    l = tx_vmin_i64(TX_SHUFFLE(l, tx_m4_i64, 2, 3, 0, 1), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_i64, 2, 3, 0, 1);
+    l = tx_vmin_i64(TX_SHUFFLE(l, tx_m4_i64, 1, 0, 3, 2), l, &nan);
+    nan |= TX_SHUFFLE(nan, tx_m4_i64, 1, 0, 3, 2);
+    return tx_min_i64(acc, l[0]);
 }
 
 // ---- tullax: kernel ----
@@ -191,64 +268,147 @@ void forward(
     const int tx_threads)
 {
     #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1)
-    for (tx_i64 i0 = 0; i0 < n1; ++i0) {
+    for (tx_i64 i0_rt = 0; i0_rt < tx_floordiv_i64(n1 + 3, 4); ++i0_rt) {
+        tx_i64 i0_r0;
+        float acc_0;
+        float acc_1;
+        float acc_2;
+        float acc_3;
         float acc;
-        acc = -tx_inf_f32();
-        {
-            tx_v8_f32 acc_l0, acc_l1;
-            tx_m8_f32 acc_nan0 = {0}, acc_nan1 = {0};
-            acc_l0 = (tx_v8_f32){acc, acc, acc, acc, acc, acc, acc, acc};
-            acc_l1 = (tx_v8_f32){acc, acc, acc, acc, acc, acc, acc, acc};
-            float acc_v0, acc_v1, acc_v2, acc_v3, acc_v4, acc_v5, acc_v6, acc_v7, acc_v8, acc_v9, acc_v10, acc_v11, acc_v12, acc_v13, acc_v14, acc_v15;
-            tx_i64 i1;
-            const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n0, 0), 16) * 16;
-            for (tx_i64 i1_blk = 0; i1_blk < i1_top; i1_blk += 16) {
-                i1 = i1_blk + 0;
-                acc_v0 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 1;
-                acc_v1 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 2;
-                acc_v2 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 3;
-                acc_v3 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 4;
-                acc_v4 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 5;
-                acc_v5 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 6;
-                acc_v6 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 7;
-                acc_v7 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 8;
-                acc_v8 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 9;
-                acc_v9 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 10;
-                acc_v10 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 11;
-                acc_v11 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 12;
-                acc_v12 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 13;
-                acc_v13 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 14;
-                acc_v14 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 15;
-                acc_v15 = a1[i0 * a1_e1 + i1];
-                acc_l0 = tx_vmax_f32((tx_v8_f32){acc_v0, acc_v1, acc_v2, acc_v3, acc_v4, acc_v5, acc_v6, acc_v7}, acc_l0, &acc_nan0);
-                acc_l1 = tx_vmax_f32((tx_v8_f32){acc_v8, acc_v9, acc_v10, acc_v11, acc_v12, acc_v13, acc_v14, acc_v15}, acc_l1, &acc_nan1);
+        i0_r0 = i0_rt * 4;
+        if (i0_r0 + 4 <= n1 && n0 >= 2048) {
+            acc_0 = -tx_inf_f32();
+            acc_1 = -tx_inf_f32();
+            acc_2 = -tx_inf_f32();
+            acc_3 = -tx_inf_f32();
+            {
+                tx_v8_f32 acc_0_l0, acc_1_l0, acc_2_l0, acc_3_l0;
+                tx_m8_f32 acc_0_nan0 = {0}, acc_1_nan0 = {0}, acc_2_nan0 = {0}, acc_3_nan0 = {0};
+                acc_0_l0 = (tx_v8_f32){acc_0, acc_0, acc_0, acc_0, acc_0, acc_0, acc_0, acc_0};
+                acc_1_l0 = (tx_v8_f32){acc_1, acc_1, acc_1, acc_1, acc_1, acc_1, acc_1, acc_1};
+                acc_2_l0 = (tx_v8_f32){acc_2, acc_2, acc_2, acc_2, acc_2, acc_2, acc_2, acc_2};
+                acc_3_l0 = (tx_v8_f32){acc_3, acc_3, acc_3, acc_3, acc_3, acc_3, acc_3, acc_3};
+                float acc_0_v0, acc_0_v1, acc_0_v2, acc_0_v3, acc_0_v4, acc_0_v5, acc_0_v6, acc_0_v7, acc_1_v0, acc_1_v1, acc_1_v2, acc_1_v3, acc_1_v4, acc_1_v5, acc_1_v6, acc_1_v7, acc_2_v0, acc_2_v1, acc_2_v2, acc_2_v3, acc_2_v4, acc_2_v5, acc_2_v6, acc_2_v7, acc_3_v0, acc_3_v1, acc_3_v2, acc_3_v3, acc_3_v4, acc_3_v5, acc_3_v6, acc_3_v7;
+                tx_i64 i1;
+                const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n0, 0), 8) * 8;
+                for (tx_i64 i1_blk = 0; i1_blk < i1_top; i1_blk += 8) {
+                    i1 = i1_blk + 0;
+                    acc_0_v0 = a1[i0_r0 * a1_e1 + i1];
+                    acc_1_v0 = a1[(i0_r0 + 1) * a1_e1 + i1];
+                    acc_2_v0 = a1[(i0_r0 + 2) * a1_e1 + i1];
+                    acc_3_v0 = a1[(i0_r0 + 3) * a1_e1 + i1];
+                    i1 = i1_blk + 1;
+                    acc_0_v1 = a1[i0_r0 * a1_e1 + i1];
+                    acc_1_v1 = a1[(i0_r0 + 1) * a1_e1 + i1];
+                    acc_2_v1 = a1[(i0_r0 + 2) * a1_e1 + i1];
+                    acc_3_v1 = a1[(i0_r0 + 3) * a1_e1 + i1];
+                    i1 = i1_blk + 2;
+                    acc_0_v2 = a1[i0_r0 * a1_e1 + i1];
+                    acc_1_v2 = a1[(i0_r0 + 1) * a1_e1 + i1];
+                    acc_2_v2 = a1[(i0_r0 + 2) * a1_e1 + i1];
+                    acc_3_v2 = a1[(i0_r0 + 3) * a1_e1 + i1];
+                    i1 = i1_blk + 3;
+                    acc_0_v3 = a1[i0_r0 * a1_e1 + i1];
+                    acc_1_v3 = a1[(i0_r0 + 1) * a1_e1 + i1];
+                    acc_2_v3 = a1[(i0_r0 + 2) * a1_e1 + i1];
+                    acc_3_v3 = a1[(i0_r0 + 3) * a1_e1 + i1];
+                    i1 = i1_blk + 4;
+                    acc_0_v4 = a1[i0_r0 * a1_e1 + i1];
+                    acc_1_v4 = a1[(i0_r0 + 1) * a1_e1 + i1];
+                    acc_2_v4 = a1[(i0_r0 + 2) * a1_e1 + i1];
+                    acc_3_v4 = a1[(i0_r0 + 3) * a1_e1 + i1];
+                    i1 = i1_blk + 5;
+                    acc_0_v5 = a1[i0_r0 * a1_e1 + i1];
+                    acc_1_v5 = a1[(i0_r0 + 1) * a1_e1 + i1];
+                    acc_2_v5 = a1[(i0_r0 + 2) * a1_e1 + i1];
+                    acc_3_v5 = a1[(i0_r0 + 3) * a1_e1 + i1];
+                    i1 = i1_blk + 6;
+                    acc_0_v6 = a1[i0_r0 * a1_e1 + i1];
+                    acc_1_v6 = a1[(i0_r0 + 1) * a1_e1 + i1];
+                    acc_2_v6 = a1[(i0_r0 + 2) * a1_e1 + i1];
+                    acc_3_v6 = a1[(i0_r0 + 3) * a1_e1 + i1];
+                    i1 = i1_blk + 7;
+                    acc_0_v7 = a1[i0_r0 * a1_e1 + i1];
+                    acc_1_v7 = a1[(i0_r0 + 1) * a1_e1 + i1];
+                    acc_2_v7 = a1[(i0_r0 + 2) * a1_e1 + i1];
+                    acc_3_v7 = a1[(i0_r0 + 3) * a1_e1 + i1];
+                    acc_0_l0 = tx_vmax_f32((tx_v8_f32){acc_0_v0, acc_0_v1, acc_0_v2, acc_0_v3, acc_0_v4, acc_0_v5, acc_0_v6, acc_0_v7}, acc_0_l0, &acc_0_nan0);
+                    acc_1_l0 = tx_vmax_f32((tx_v8_f32){acc_1_v0, acc_1_v1, acc_1_v2, acc_1_v3, acc_1_v4, acc_1_v5, acc_1_v6, acc_1_v7}, acc_1_l0, &acc_1_nan0);
+                    acc_2_l0 = tx_vmax_f32((tx_v8_f32){acc_2_v0, acc_2_v1, acc_2_v2, acc_2_v3, acc_2_v4, acc_2_v5, acc_2_v6, acc_2_v7}, acc_2_l0, &acc_2_nan0);
+                    acc_3_l0 = tx_vmax_f32((tx_v8_f32){acc_3_v0, acc_3_v1, acc_3_v2, acc_3_v3, acc_3_v4, acc_3_v5, acc_3_v6, acc_3_v7}, acc_3_l0, &acc_3_nan0);
+                }
+                acc_0 = tx_vfoldmax_f32(acc_0_l0, acc_0_nan0, acc_0);
+                acc_1 = tx_vfoldmax_f32(acc_1_l0, acc_1_nan0, acc_1);
+                acc_2 = tx_vfoldmax_f32(acc_2_l0, acc_2_nan0, acc_2);
+                acc_3 = tx_vfoldmax_f32(acc_3_l0, acc_3_nan0, acc_3);
+                for (tx_i64 i1 = i1_top; i1 < n0; ++i1) {
+                    acc_0 = tx_max_f32(acc_0, a1[i0_r0 * a1_e1 + i1]);
+                    acc_1 = tx_max_f32(acc_1, a1[(i0_r0 + 1) * a1_e1 + i1]);
+                    acc_2 = tx_max_f32(acc_2, a1[(i0_r0 + 2) * a1_e1 + i1]);
+                    acc_3 = tx_max_f32(acc_3, a1[(i0_r0 + 3) * a1_e1 + i1]);
+                }
             }
-            for (int tx_k = 0; tx_k < 8; ++tx_k) {
-                acc = tx_max_f32(acc, acc_l0[tx_k]);
-                if (acc_nan0[tx_k]) acc = tx_nan_f32();
-                acc = tx_max_f32(acc, acc_l1[tx_k]);
-                if (acc_nan1[tx_k]) acc = tx_nan_f32();
-            }
-            for (tx_i64 i1 = i1_top; i1 < n0; ++i1) {
-                acc = tx_max_f32(acc, a1[i0 * a1_e1 + i1]);
+            a0[i0_r0] = acc_0;
+            a0[i0_r0 + 1] = acc_1;
+            a0[i0_r0 + 2] = acc_2;
+            a0[i0_r0 + 3] = acc_3;
+        } else {
+            for (tx_i64 i0 = i0_r0; i0 < tx_min_i64(i0_r0 + 4, n1); ++i0) {
+                acc = -tx_inf_f32();
+                {
+                    tx_v8_f32 acc_l0, acc_l1;
+                    tx_m8_f32 acc_nan0 = {0}, acc_nan1 = {0};
+                    acc_l0 = (tx_v8_f32){acc, acc, acc, acc, acc, acc, acc, acc};
+                    acc_l1 = (tx_v8_f32){acc, acc, acc, acc, acc, acc, acc, acc};
+                    float acc_v0, acc_v1, acc_v2, acc_v3, acc_v4, acc_v5, acc_v6, acc_v7, acc_v8, acc_v9, acc_v10, acc_v11, acc_v12, acc_v13, acc_v14, acc_v15;
+                    tx_i64 i1;
+                    const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n0, 0), 16) * 16;
+                    for (tx_i64 i1_blk = 0; i1_blk < i1_top; i1_blk += 16) {
+                        i1 = i1_blk + 0;
+                        acc_v0 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 1;
+                        acc_v1 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 2;
+                        acc_v2 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 3;
+                        acc_v3 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 4;
+                        acc_v4 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 5;
+                        acc_v5 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 6;
+                        acc_v6 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 7;
+                        acc_v7 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 8;
+                        acc_v8 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 9;
+                        acc_v9 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 10;
+                        acc_v10 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 11;
+                        acc_v11 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 12;
+                        acc_v12 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 13;
+                        acc_v13 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 14;
+                        acc_v14 = a1[i0 * a1_e1 + i1];
+                        i1 = i1_blk + 15;
+                        acc_v15 = a1[i0 * a1_e1 + i1];
+                        acc_l0 = tx_vmax_f32((tx_v8_f32){acc_v0, acc_v1, acc_v2, acc_v3, acc_v4, acc_v5, acc_v6, acc_v7}, acc_l0, &acc_nan0);
+                        acc_l1 = tx_vmax_f32((tx_v8_f32){acc_v8, acc_v9, acc_v10, acc_v11, acc_v12, acc_v13, acc_v14, acc_v15}, acc_l1, &acc_nan1);
+                    }
+                    acc_l0 = tx_vmax_f32(acc_l1, acc_l0, &acc_nan0);
+                    acc_nan0 |= acc_nan1;
+                    acc = tx_vfoldmax_f32(acc_l0, acc_nan0, acc);
+                    for (tx_i64 i1 = i1_top; i1 < n0; ++i1) {
+                        acc = tx_max_f32(acc, a1[i0 * a1_e1 + i1]);
+                    }
+                }
+                a0[i0] = acc;
             }
         }
-        a0[i0] = acc;
     }
 }
 
