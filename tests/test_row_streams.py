@@ -104,6 +104,7 @@ def _values(dtype: str, rows: int, length: int) -> np.ndarray:
     x[1, -1] = np.nan  # ... in the remainder
     x[2, :] = -np.inf
     x[3, at[2]] = np.inf
+    x[4, max(length - 5, 0)] = np.nan  # in the last vector after the blocks of two (a row of 28: 16 + 8 + 4)
     x[-1, 0] = np.nan  # the ragged tile's last row
     x[-2, at[3]], x[-2, at[4]] = np.inf, -np.inf
     return x
@@ -116,7 +117,7 @@ def test_c_rows_match_numpy_on_every_path(op: str, backend: str, dtype: str):
     kernel = tullax.einsum_kernel(f"({op}) m[i] := x[i,j]", backend=backend)
     reference = np.max if op == "max" else np.min
     long = STREAM_MIN_BYTES // ITEMSIZE[dtype]
-    for rows, length in ((11, long + 37), (6, long), (7, long - 1), (9, 12), (5, 3)):
+    for rows, length in ((11, long + 37), (6, long), (7, long - 1), (9, 28), (9, 12), (5, 3)):
         x = _values(dtype, rows, length)
         with np.errstate(invalid="ignore"):
             np.testing.assert_array_equal(np.asarray(kernel(x)), reference(x, axis=1), err_msg=f"{x.shape}")
@@ -139,7 +140,7 @@ def test_the_lane_fold_compiles_and_runs_with_the_shuffle_of_older_gcc(tmp_path)
     c_compile.compile_library(path, library)
     function = ctypes.CDLL(str(library)).forward
     function.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    for rows, length in ((9, 2100), (5, 40)):
+    for rows, length in ((9, 2100), (5, 40), (6, 3)):
         x = _values("float32", rows, length)
         out = np.zeros(rows, np.float32)
         function(out.ctypes.data, x.ctypes.data, length, rows, length, 1)

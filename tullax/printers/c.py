@@ -142,7 +142,7 @@ class CPrinter(CLikePrinter):
         register tile, ``schedule.STREAM_ROWS``: one loop reads that many rows at once) get one vector each, so
         the chains of all of them fit the registers."""
         pad, inner_pad, var = self.indent * place.depth, self.indent * (place.depth + 1), loop.var
-        deep = self.indent * (place.depth + 2)
+        if_pad, deep = self.indent * (place.depth + 2), self.indent * (place.depth + 3)
         lets = [s for s in loop.body if isinstance(s, Let)]
         accums = [s for s in loop.body if isinstance(s, Accum)]
         declared = dict(place.declared)
@@ -157,37 +157,61 @@ class CPrinter(CLikePrinter):
         names = [a.var for a in accums]
         extent = binop("max", binop("-", loop.stop, loop.start), const(0))
         top = binop("+", loop.start, binop("*", binop("//", extent, const(lanes)), const(lanes)))
+        tail = binop("+", loop.start, binop("*", binop("//", extent, const(width)), const(width)))
+        start = self.expr(loop.start)
+        # no whole vector (a short window, a short row): neither the lanes nor their fold, only the remainder; with
+        # two chains, a last vector of the first after the blocks (a row of 12 is one vector and 4 values)
         lines = [pad + "{",
-                 f"{inner_pad}{vector} {', '.join(f'{acc}_l{c}' for acc in names for c in chains)};",
-                 f"{inner_pad}{mask} {', '.join(f'{acc}_nan{c} = {{0}}' for acc in names for c in chains)};",
-                 *(f"{inner_pad}{acc}_l{c} = ({vector}){{{', '.join([acc] * width)}}};" for acc in names
-                   for c in chains),
-                 f"{inner_pad}{self.type_name(dtype)} "
-                 f"{', '.join(f'{acc}_v{k}' for acc in names for k in range(lanes))};",
-                 f"{inner_pad}{self.index_type} {var};",
-                 f"{inner_pad}const {self.index_type} {var}_top = {self.expr(top)};",
-                 f"{inner_pad}for ({self.index_type} {var}_blk = {self.expr(loop.start)}; {var}_blk < {var}_top; "
-                 f"{var}_blk += {lanes}) {{"]
-        body = CPlace(place.depth + 2, place.declared)
-        for k in range(lanes):
-            lines.append(f"{deep}{var} = {var}_blk + {k};")
-            lines += self.block(lets, body)
-            lines += [f"{deep}{accum.var}_v{k} = {self.expr(accum.value)};" for accum in accums]
+                 f"{inner_pad}const {self.index_type} {var}_top = {self.expr(top)};"]
+        if len(chains) > 1:
+            lines.append(f"{inner_pad}const {self.index_type} {var}_tail = {self.expr(tail)};")
+        end = f"{var}_tail" if len(chains) > 1 else f"{var}_top"
+        lines += [f"{inner_pad}if ({end} > {start}) {{",
+                  f"{if_pad}{vector} {', '.join(f'{acc}_l{c}' for acc in names for c in chains)};",
+                  f"{if_pad}{mask} {', '.join(f'{acc}_nan{c} = {{0}}' for acc in names for c in chains)};",
+                  *(f"{if_pad}{acc}_l{c} = ({vector}){{{', '.join([acc] * width)}}};" for acc in names
+                    for c in chains),
+                  f"{if_pad}{self.type_name(dtype)} "
+                  f"{', '.join(f'{acc}_v{k}' for acc in names for k in range(lanes))};",
+                  f"{if_pad}{self.index_type} {var};",
+                  f"{if_pad}for ({self.index_type} {var}_blk = {start}; {var}_blk < {var}_top; "
+                  f"{var}_blk += {lanes}) {{"]
+        body = CPlace(place.depth + 3, place.declared)
+        lines += self._lane_block(var, lets, accums, chains, width, dtype, body)
+        lines.append(if_pad + "}")
+        if len(chains) > 1:
+            lines += [f"{if_pad}if ({var}_top < {var}_tail) {{",
+                      f"{deep}const {self.index_type} {var}_blk = {var}_top;"]
+            lines += self._lane_block(var, lets, accums, chains[:1], width, dtype, body)
+            lines.append(if_pad + "}")
+        for accum in accums:  # the chains into the first, then its lanes into the accumulator
+            acc = accum.var
+            for c in chains[1:]:
+                lines += [f"{if_pad}{acc}_l0 = tx_v{accum.op}_{suffix}({acc}_l{c}, {acc}_l0, &{acc}_nan0);",
+                          f"{if_pad}{acc}_nan0 |= {acc}_nan{c};"]
+            lines.append(f"{if_pad}{acc} = tx_vfold{accum.op}_{suffix}({acc}_l0, {acc}_nan0, {acc});")
+        lines.append(inner_pad + "}")
+        rest = Loop(var, Var(end, INDEX), loop.stop, False, loop.body)
+        return lines + super().loop(rest, CPlace(place.depth + 1, place.declared)) + [pad + "}"]
+
+    def _lane_block(self, var: str, lets: Sequence[Let], accums: Sequence[Accum], chains: range, width: int,
+                    dtype: str, place: CPlace) -> list[str]:
+        """One block of the lanes from ``{var}_blk``: the values of ``chains`` vectors, one by one as the IR says,
+        then one compare-select step per chain and accumulator."""
+        pad, suffix = self.indent * place.depth, TYPE_SUFFIX[dtype]
+        vector = f"tx_v{width}_{suffix}"
+        lines: list[str] = []
+        for k in range(len(chains) * width):
+            lines.append(f"{pad}{var} = {var}_blk + {k};")
+            lines += self.block(lets, place)
+            lines += [f"{pad}{accum.var}_v{k} = {self.expr(accum.value)};" for accum in accums]
         for accum in accums:
             acc = accum.var
             for c in chains:
                 chain = ", ".join(f"{acc}_v{k}" for k in range(c * width, (c + 1) * width))
-                step = f"tx_v{accum.op}_{suffix}(({vector}){{{chain}}}, {acc}_l{c}, &{acc}_nan{c})"
-                lines.append(f"{deep}{acc}_l{c} = {step};")
-        lines.append(inner_pad + "}")
-        for accum in accums:  # the chains into the first, then its lanes into the accumulator
-            acc = accum.var
-            for c in chains[1:]:
-                lines += [f"{inner_pad}{acc}_l0 = tx_v{accum.op}_{suffix}({acc}_l{c}, {acc}_l0, &{acc}_nan0);",
-                          f"{inner_pad}{acc}_nan0 |= {acc}_nan{c};"]
-            lines.append(f"{inner_pad}{acc} = tx_vfold{accum.op}_{suffix}({acc}_l0, {acc}_nan0, {acc});")
-        rest = Loop(var, Var(f"{var}_top", INDEX), loop.stop, False, loop.body)
-        return lines + super().loop(rest, CPlace(place.depth + 1, place.declared)) + [pad + "}"]
+                lines.append(f"{pad}{acc}_l{c} = tx_v{accum.op}_{suffix}(({vector}){{{chain}}}, {acc}_l{c}, "
+                             f"&{acc}_nan{c});")
+        return lines
 
     def _reduction(self, op: str, dtype: str) -> str:
         if op in _OMP_REDUCTIONS:

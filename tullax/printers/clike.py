@@ -251,9 +251,11 @@ class CLikePrinter(LoopPrinter):
 # Each helper over a type T, written once as the body of a C++ template; ``helper_definitions`` renders it as a
 # template (CUDA) or once per C type with the type's suffix on its name (host C). ``T`` is the only type name.
 HELPERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("// max/min that propagate NaN, as jnp.maximum/minimum (fmaxf/fminf return the other operand)", (
-        "T tx_max(T a, T b) { return (a > b || a != a) ? a : b; }",
-        "T tx_min(T a, T b) { return (a < b || a != a) ? a : b; }")),
+    ("// max/min that propagate NaN, as jnp.maximum/minimum (fmaxf/fminf return the other operand): the plain\n"
+     "// compare-select (maxss/minss), then a's NaN; `a > b || a != a` compiled to two branches\n"
+     "// (benchmarks/row_streams.py, the max pool)", (
+        "T tx_max(T a, T b) { T m = a > b ? a : b; return a != a ? a : m; }",
+        "T tx_min(T a, T b) { T m = a < b ? a : b; return a != a ? a : m; }")),
     ("// floor division and floor modulo (the sign of the divisor), as the loop IR defines them; C's / and % "
      "truncate", (
          "T tx_floordiv(T a, T b) {\n    T q = a / b;\n    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;\n}",

@@ -41,15 +41,17 @@ static inline float tx_nan_f32(void) { return __builtin_nanf(""); }
 static inline double tx_inf_f64(void) { return __builtin_inf(); }
 static inline double tx_nan_f64(void) { return __builtin_nan(""); }
 
-// max/min that propagate NaN, as jnp.maximum/minimum (fmaxf/fminf return the other operand)
-static inline float tx_max_f32(float a, float b) { return (a > b || a != a) ? a : b; }
-static inline float tx_min_f32(float a, float b) { return (a < b || a != a) ? a : b; }
-static inline double tx_max_f64(double a, double b) { return (a > b || a != a) ? a : b; }
-static inline double tx_min_f64(double a, double b) { return (a < b || a != a) ? a : b; }
-static inline tx_i32 tx_max_i32(tx_i32 a, tx_i32 b) { return (a > b || a != a) ? a : b; }
-static inline tx_i32 tx_min_i32(tx_i32 a, tx_i32 b) { return (a < b || a != a) ? a : b; }
-static inline tx_i64 tx_max_i64(tx_i64 a, tx_i64 b) { return (a > b || a != a) ? a : b; }
-static inline tx_i64 tx_min_i64(tx_i64 a, tx_i64 b) { return (a < b || a != a) ? a : b; }
+// max/min that propagate NaN, as jnp.maximum/minimum (fmaxf/fminf return the other operand): the plain
+// compare-select (maxss/minss), then a's NaN; `a > b || a != a` compiled to two branches
+// (benchmarks/row_streams.py, the max pool)
+static inline float tx_max_f32(float a, float b) { float m = a > b ? a : b; return a != a ? a : m; }
+static inline float tx_min_f32(float a, float b) { float m = a < b ? a : b; return a != a ? a : m; }
+static inline double tx_max_f64(double a, double b) { double m = a > b ? a : b; return a != a ? a : m; }
+static inline double tx_min_f64(double a, double b) { double m = a < b ? a : b; return a != a ? a : m; }
+static inline tx_i32 tx_max_i32(tx_i32 a, tx_i32 b) { tx_i32 m = a > b ? a : b; return a != a ? a : m; }
+static inline tx_i32 tx_min_i32(tx_i32 a, tx_i32 b) { tx_i32 m = a < b ? a : b; return a != a ? a : m; }
+static inline tx_i64 tx_max_i64(tx_i64 a, tx_i64 b) { tx_i64 m = a > b ? a : b; return a != a ? a : m; }
+static inline tx_i64 tx_min_i64(tx_i64 a, tx_i64 b) { tx_i64 m = a < b ? a : b; return a != a ? a : m; }
 
 // floor division and floor modulo (the sign of the divisor), as the loop IR defines them; C's / and % truncate
 static inline tx_i32 tx_floordiv_i32(tx_i32 a, tx_i32 b) {

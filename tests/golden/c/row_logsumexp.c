@@ -41,15 +41,17 @@ static inline float tx_nan_f32(void) { return __builtin_nanf(""); }
 static inline double tx_inf_f64(void) { return __builtin_inf(); }
 static inline double tx_nan_f64(void) { return __builtin_nan(""); }
 
-// max/min that propagate NaN, as jnp.maximum/minimum (fmaxf/fminf return the other operand)
-static inline float tx_max_f32(float a, float b) { return (a > b || a != a) ? a : b; }
-static inline float tx_min_f32(float a, float b) { return (a < b || a != a) ? a : b; }
-static inline double tx_max_f64(double a, double b) { return (a > b || a != a) ? a : b; }
-static inline double tx_min_f64(double a, double b) { return (a < b || a != a) ? a : b; }
-static inline tx_i32 tx_max_i32(tx_i32 a, tx_i32 b) { return (a > b || a != a) ? a : b; }
-static inline tx_i32 tx_min_i32(tx_i32 a, tx_i32 b) { return (a < b || a != a) ? a : b; }
-static inline tx_i64 tx_max_i64(tx_i64 a, tx_i64 b) { return (a > b || a != a) ? a : b; }
-static inline tx_i64 tx_min_i64(tx_i64 a, tx_i64 b) { return (a < b || a != a) ? a : b; }
+// max/min that propagate NaN, as jnp.maximum/minimum (fmaxf/fminf return the other operand): the plain
+// compare-select (maxss/minss), then a's NaN; `a > b || a != a` compiled to two branches
+// (benchmarks/row_streams.py, the max pool)
+static inline float tx_max_f32(float a, float b) { float m = a > b ? a : b; return a != a ? a : m; }
+static inline float tx_min_f32(float a, float b) { float m = a < b ? a : b; return a != a ? a : m; }
+static inline double tx_max_f64(double a, double b) { double m = a > b ? a : b; return a != a ? a : m; }
+static inline double tx_min_f64(double a, double b) { double m = a < b ? a : b; return a != a ? a : m; }
+static inline tx_i32 tx_max_i32(tx_i32 a, tx_i32 b) { tx_i32 m = a > b ? a : b; return a != a ? a : m; }
+static inline tx_i32 tx_min_i32(tx_i32 a, tx_i32 b) { tx_i32 m = a < b ? a : b; return a != a ? a : m; }
+static inline tx_i64 tx_max_i64(tx_i64 a, tx_i64 b) { tx_i64 m = a > b ? a : b; return a != a ? a : m; }
+static inline tx_i64 tx_min_i64(tx_i64 a, tx_i64 b) { tx_i64 m = a < b ? a : b; return a != a ? a : m; }
 
 // floor division and floor modulo (the sign of the divisor), as the loop IR defines them; C's / and % truncate
 static inline tx_i32 tx_floordiv_i32(tx_i32 a, tx_i32 b) {
@@ -278,53 +280,76 @@ void forward(
         tx_i64 blk_hi;
         accm = -tx_inf_f32();
         {
-            tx_v8_f32 accm_l0, accm_l1;
-            tx_m8_f32 accm_nan0 = {0}, accm_nan1 = {0};
-            accm_l0 = (tx_v8_f32){accm, accm, accm, accm, accm, accm, accm, accm};
-            accm_l1 = (tx_v8_f32){accm, accm, accm, accm, accm, accm, accm, accm};
-            float accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7, accm_v8, accm_v9, accm_v10, accm_v11, accm_v12, accm_v13, accm_v14, accm_v15;
-            tx_i64 i1;
             const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n0, 0), 16) * 16;
-            for (tx_i64 i1_blk = 0; i1_blk < i1_top; i1_blk += 16) {
-                i1 = i1_blk + 0;
-                accm_v0 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 1;
-                accm_v1 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 2;
-                accm_v2 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 3;
-                accm_v3 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 4;
-                accm_v4 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 5;
-                accm_v5 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 6;
-                accm_v6 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 7;
-                accm_v7 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 8;
-                accm_v8 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 9;
-                accm_v9 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 10;
-                accm_v10 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 11;
-                accm_v11 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 12;
-                accm_v12 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 13;
-                accm_v13 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 14;
-                accm_v14 = a1[i0 * a1_e1 + i1];
-                i1 = i1_blk + 15;
-                accm_v15 = a1[i0 * a1_e1 + i1];
-                accm_l0 = tx_vmax_f32((tx_v8_f32){accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7}, accm_l0, &accm_nan0);
-                accm_l1 = tx_vmax_f32((tx_v8_f32){accm_v8, accm_v9, accm_v10, accm_v11, accm_v12, accm_v13, accm_v14, accm_v15}, accm_l1, &accm_nan1);
+            const tx_i64 i1_tail = tx_floordiv_i64(tx_max_i64(n0, 0), 8) * 8;
+            if (i1_tail > 0) {
+                tx_v8_f32 accm_l0, accm_l1;
+                tx_m8_f32 accm_nan0 = {0}, accm_nan1 = {0};
+                accm_l0 = (tx_v8_f32){accm, accm, accm, accm, accm, accm, accm, accm};
+                accm_l1 = (tx_v8_f32){accm, accm, accm, accm, accm, accm, accm, accm};
+                float accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7, accm_v8, accm_v9, accm_v10, accm_v11, accm_v12, accm_v13, accm_v14, accm_v15;
+                tx_i64 i1;
+                for (tx_i64 i1_blk = 0; i1_blk < i1_top; i1_blk += 16) {
+                    i1 = i1_blk + 0;
+                    accm_v0 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 1;
+                    accm_v1 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 2;
+                    accm_v2 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 3;
+                    accm_v3 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 4;
+                    accm_v4 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 5;
+                    accm_v5 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 6;
+                    accm_v6 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 7;
+                    accm_v7 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 8;
+                    accm_v8 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 9;
+                    accm_v9 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 10;
+                    accm_v10 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 11;
+                    accm_v11 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 12;
+                    accm_v12 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 13;
+                    accm_v13 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 14;
+                    accm_v14 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 15;
+                    accm_v15 = a1[i0 * a1_e1 + i1];
+                    accm_l0 = tx_vmax_f32((tx_v8_f32){accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7}, accm_l0, &accm_nan0);
+                    accm_l1 = tx_vmax_f32((tx_v8_f32){accm_v8, accm_v9, accm_v10, accm_v11, accm_v12, accm_v13, accm_v14, accm_v15}, accm_l1, &accm_nan1);
+                }
+                if (i1_top < i1_tail) {
+                    const tx_i64 i1_blk = i1_top;
+                    i1 = i1_blk + 0;
+                    accm_v0 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 1;
+                    accm_v1 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 2;
+                    accm_v2 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 3;
+                    accm_v3 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 4;
+                    accm_v4 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 5;
+                    accm_v5 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 6;
+                    accm_v6 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 7;
+                    accm_v7 = a1[i0 * a1_e1 + i1];
+                    accm_l0 = tx_vmax_f32((tx_v8_f32){accm_v0, accm_v1, accm_v2, accm_v3, accm_v4, accm_v5, accm_v6, accm_v7}, accm_l0, &accm_nan0);
+                }
+                accm_l0 = tx_vmax_f32(accm_l1, accm_l0, &accm_nan0);
+                accm_nan0 |= accm_nan1;
+                accm = tx_vfoldmax_f32(accm_l0, accm_nan0, accm);
             }
-            accm_l0 = tx_vmax_f32(accm_l1, accm_l0, &accm_nan0);
-            accm_nan0 |= accm_nan1;
-            accm = tx_vfoldmax_f32(accm_l0, accm_nan0, accm);
-            for (tx_i64 i1 = i1_top; i1 < n0; ++i1) {
+            for (tx_i64 i1 = i1_tail; i1 < n0; ++i1) {
                 accm = tx_max_f32(accm, a1[i0 * a1_e1 + i1]);
             }
         }
