@@ -26,6 +26,10 @@ factor - 1``, the Kronecker deltas of a gradient w.r.t. a coordinate), the first
 literals for p and folds (``tullax.compiler.rewrite``): each case keeps only its own terms. Every other tile
 (p beyond the cases) runs the plain body.
 
+With a length condition (``RegisterTile.min_trips``: the row streams of a max/min reduction, which pay only on
+long rows), the whole tile also needs the innermost loop of the body to run that many iterations; shorter rows
+take the ragged branch, one by one, as the untiled kernel runs them.
+
 A ``Scratch`` array (a tile's float64 totals) is declared once, as many times longer as there are copies,
 before the ``if``: copy u (in the ragged tile, the iteration at p_r0 + u) uses segment u. Numba's prange
 miscomputes (even corrupts memory) with a Scratch declared in both branches of an ``if``; one declaration
