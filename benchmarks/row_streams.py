@@ -103,6 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", help="also the c backend of this commit (a git worktree of it)")
     args = parser.parse_args(argv)
     before = _worktree(args.before) if args.before else None
+    try:
+        return _run(args, before)
+    finally:
+        if before is not None:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], check=False,
+                           capture_output=True)
+
+
+def _run(args: argparse.Namespace, before: Path | None) -> int:
     rows = []
     first = ["before"] if before else []
     print("| case | shapes | 1 thread, CPU ms: " + " | ".join(first + ["rows", "streams"]) + " | speed-up "
@@ -134,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _worktree(rev: str) -> Path:
-    """A git worktree of ``rev`` in a temporary folder (detached; git's own worktree list keeps it until pruned)."""
+    """A git worktree of ``rev`` in a temporary folder (detached; removed when the run ends)."""
     path = Path(tempfile.mkdtemp(prefix="tullax-before-")) / "tree"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev], check=True,
                    capture_output=True)
