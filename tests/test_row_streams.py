@@ -17,10 +17,10 @@ from loop_backends import c_param, c_unavailable
 from test_lower import assert_close, run_kernel, signature
 
 import tullax
+from tullax.backends.c import lowered
 from tullax.compiler.guards import find_guards
 from tullax.compiler.jam import RegisterTile, _long_enough
 from tullax.compiler.loops import INDEX, Accum, If, Load, Loop, Var, binop, const, walk_stmts
-from tullax.compiler.lower import lower
 from tullax.compiler.schedule import STREAM_MIN_BYTES, STREAM_ROWS, loop_order, schedule
 from tullax.testing.oracle import naive_eval
 
@@ -61,7 +61,7 @@ def test_streamed_rows_match_naive(rows: int, length: int):
     """float64 (tiles of rows of 1024 or more): whole tiles, the ragged last tile, rows one short of the
     condition, fewer rows than a tile, rows shorter than a vector of lanes."""
     spec = analysed("(max) m[b,i] := abs(x[b,i,j]) * 2")
-    kernel = lower(spec, signature(spec, "float64"), tile=True, streams=True)
+    kernel = lowered(spec, signature(spec, "float64"), "kernel")
     (tile,) = _rows(kernel)
     assert "1024" in repr(tile.cond)
     rng = np.random.default_rng(rows)
@@ -88,7 +88,7 @@ def test_the_length_condition_is_known_where_it_can_be():
     assert condition == binop(">=", n, const(1024))
     assert _long_enough(body(n), 0) == []
     spec = analysed("(max) m[i] := x[i, mod(j+k)]", {"k": 3})  # its innermost loop: k, 3 iterations
-    assert not _rows(lower(spec, signature(spec, "float64"), tile=True, streams=True))
+    assert not _rows(lowered(spec, signature(spec, "float64"), "kernel"))
 
 
 def _values(dtype: str, rows: int, length: int) -> np.ndarray:
@@ -131,7 +131,7 @@ def test_the_lane_fold_compiles_and_runs_with_the_shuffle_of_older_gcc(tmp_path)
     from tullax.printers.c import print_module
 
     spec = analysed(ROW_MAX)
-    source = print_module([lower(spec, signature(spec, "float32"), "forward", tile=True, streams=True)])
+    source = print_module([lowered(spec, signature(spec, "float32"), "forward")])
     condition = "#if defined(__clang__) || __GNUC__ >= 12"
     assert source.count(condition) == 1
     path = tmp_path / "fallback.c"

@@ -105,10 +105,15 @@ def tile_size(parallel_count: int, dtype: str, scatter: bool = False) -> int:
     parallel loop, whose tiles are then the only parallelism. A scatter's tile is one row segment per colliding
     iteration, streamed rather than kept: 128 bytes (two cache lines, so tiles never share one when the row
     starts on a line) leaves 4 tiles per thread on 2 threads for a 256-wide embedding."""
-    itemsize = 4 if dtype == "float32" else 8
+    itemsize = _itemsize(dtype)
     if scatter:
         return SCATTER_TILE_BYTES // itemsize
     return TILE_BYTES // itemsize if parallel_count > 1 else SINGLE_LOOP_TILE_ELEMS
+
+
+def _itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype a kernel computes in (narrower ones are widened to float32 or int64)."""
+    return 4 if dtype in ("float32", "int32") else 8
 
 
 # =============================================================================================
@@ -313,8 +318,7 @@ def register_tiles(spec: Spec, parallel: tuple[str, ...], reductions: tuple[str,
     sharing = [n for n in candidates if any(inner in used and n not in used for used in loads)]
     if not sharing and streams and candidates and spec.redop in ("max", "min") and (
             inner_loop_score([a.idx for a in ir.accesses(spec.body)], inner) > 0):
-        itemsize = 4 if streams in ("float32", "int32") else 8  # streams: the dtype computed in
-        return (RegisterTile(candidates[-1], STREAM_ROWS, min_trips=STREAM_MIN_BYTES // itemsize),)
+        return (RegisterTile(candidates[-1], STREAM_ROWS, min_trips=STREAM_MIN_BYTES // _itemsize(streams)),)
     if len(sharing) == 2:
         return tuple(RegisterTile(n, LOAD_TILE) for n in sharing)
     return tuple(RegisterTile(n, SINGLE_TILE) for n in sharing)
