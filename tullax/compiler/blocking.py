@@ -37,6 +37,14 @@ average out instead of accumulating. float64 sums stay as they are.
   (``long_sum``, known before the loops), and then once at least ``BLOCK`` terms went into the partials since
   the last move (``tile_terms`` counts them). Counting the strip-mined loop alone once let a sum of 128x80
   terms (80 in the strip-mined loop, 128 around it) run in float32 from end to end: 7e-5 relative error.
+
+A float32 product (``product_total``) runs in one float64 register instead, not blocked: the range, not the
+rounding, is what a running product loses. Its partial products wander over many more decades than the product
+itself: a float32 running product of 600 terms reached inf where the product was 2.5e36 (a random spec of the
+fuzzing, ``(*) O[i,j] := B[l,i] + C[k] - tan(tanh(A[j,k]))``; XLA's pairwise product and a float32 product in
+the naive evaluator's order stayed finite), and one that passes below 1e-38 on the way flushes to a zero it
+never leaves. float64's range holds any float32 terms' partial products over a run of practical length; the
+result is rounded to float32 once. Such a product is never tiled (a tile accumulates in the float32 output).
 """
 from __future__ import annotations
 
@@ -91,6 +99,12 @@ def blocked_index(spec: Spec, plan: Schedule, compute: str) -> str | None:
         if elems > BLOCK:
             return name
     return None
+
+
+def product_total(spec: Spec, compute: str) -> str | None:
+    """The dtype a product reduction of ``spec`` computed in ``compute`` accumulates in when that is wider than
+    ``compute``: ``TOTAL`` for a float32 product (see the module docstring), else None."""
+    return TOTAL if compute == "float32" and spec.redop == "*" and not spec.is_scatter else None
 
 
 def sum_terms(spec: Spec, plan: Schedule, index: str, size: Callable[[Sym], Expr]) -> tuple[Expr, int]:

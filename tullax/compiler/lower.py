@@ -33,7 +33,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tullax.compiler.assemble import Nest, mark_reduce_parallel
-from tullax.compiler.blocking import TileSum, blocked_index, first_block_end, peels, register_sum, sum_terms
+from tullax.compiler.blocking import (
+    TileSum,
+    blocked_index,
+    first_block_end,
+    peels,
+    product_total,
+    register_sum,
+    sum_terms,
+)
 from tullax.compiler.bounds import Bound, Side, narrow
 from tullax.compiler.emit import Emitter, Phase
 from tullax.compiler.factor import factor_sums
@@ -110,8 +118,10 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
     reduction along contiguous rows reads several rows at once (``schedule.register_tiles``)."""
     params = parameters(spec, signature)
     guards = find_guards(spec, loop_order(spec)[1])
-    # a tile accumulates in the output elements: not when they are real and the sum complex (|> abs)
-    plan = schedule(spec, params.compute, guards, tile and params.compute == params.out.dtype, streams)
+    # a tile accumulates in the output elements: not when they are real and the sum complex (|> abs), nor for a
+    # product that accumulates in a wider register (blocking.product_total)
+    tiles = tile and params.compute == params.out.dtype and product_total(spec, params.compute) is None
+    plan = schedule(spec, params.compute, guards, tiles, streams)
     emit = Emitter(plan)
     translator = Translator(params, emit)
     for solution in guards.solutions:
@@ -192,6 +202,9 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
         block, result = nest.block([]), value
     elif spec.redop == "+":
         block, result = register_sum(nest, ACC, value, compute, blocked, first_hi)
+    elif (total := product_total(spec, compute)) is not None:
+        block = [Let(ACC, identity("*", total))] + nest.block([Accum(ACC, "*", cast(value, total))])
+        result = cast(Var(ACC, total), compute)
     else:
         block = [Let(ACC, identity(spec.redop, compute, translator.params.wrap))]
         block += nest.block([Accum(ACC, spec.redop, translator.wrapped(value) if spec.redop != "*" else value)])

@@ -1,0 +1,57 @@
+"""The deep fuzzer (``tullax.testing.fuzz``): its comparison rules, and a few seeds end to end on the xla backend
+(no compiler: milliseconds per spec) and on the c backend, whose float32 products it found overflowing."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from loop_backends import c_param
+
+jax = pytest.importorskip("jax")
+
+from tullax.testing import fuzz  # noqa: E402
+
+
+def test_compare_accepts_what_is_within_the_tolerance_of_the_largest_magnitude():
+    expected = np.array([1000.0, 1e-3, -2.0])
+    assert fuzz._compare(expected + np.array([1e-5, 1e-5, 0.0]), expected, 1e-7, "float64") == ""
+    assert "at flat 0" in fuzz._compare(expected + np.array([1.0, 0.0, 0.0]), expected, 1e-7, "float64")
+    assert "at flat 0" in fuzz._compare(np.array(3.0), np.array(2.0), 1e-7, "float64")  # a 0-d result
+    assert fuzz._compare(np.array(2.0), np.array(2.0), 1e-7, "float64") == ""
+
+
+def test_compare_reports_a_nan_the_oracle_does_not_have_and_a_missing_one():
+    expected = np.array([1.0, np.nan])
+    assert "NaN" in fuzz._compare(np.array([np.nan, np.nan]), expected, 1e-7, "float64")
+    assert "NaN" in fuzz._compare(np.array([1.0, 2.0]), expected, 1e-7, "float64")
+    assert fuzz._compare(np.array([1.0, np.nan]), expected, 1e-7, "float64") == ""
+
+
+def test_compare_reports_an_overflow_within_float32s_range_and_skips_values_beyond_it():
+    expected = np.array([2.5e36, 1e300, 1.0])
+    assert "inf" in fuzz._compare(np.array([np.inf, np.inf, 1.0]), expected, 2e-3, "float32")
+    assert fuzz._compare(np.array([2.5e36, np.inf, 1.0]), expected, 2e-3, "float32") == ""
+    assert "shape" in fuzz._compare(np.ones(2), np.ones(3), 1e-7, "float64")
+
+
+def test_a_few_seeds_on_the_xla_backend_check_clean():
+    with jax.enable_x64(True):
+        outcomes = [fuzz.check_seed(seed, "xla", "float64") for seed in range(6)]
+    assert sum(o.checked for o in outcomes) >= 3
+    assert [f for o in outcomes for f in o.findings] == []
+
+
+@pytest.mark.parametrize("backend", [c_param()])
+def test_the_seed_that_found_the_float32_product_overflow_checks_clean(backend: str):
+    outcome = fuzz.check_seed(1074, backend, "float32", grads=False)
+    assert outcome.checked and outcome.findings == ()
+
+
+def test_main_counts_and_writes_its_findings(tmp_path, monkeypatch):
+    monkeypatch.setattr(jax.config, "update", lambda *args: None)  # the CLI's x64 would leak into other tests
+    out = tmp_path / "fuzz.json"
+    with jax.enable_x64(True):
+        status = fuzz.main(["--backend", "xla", "--seeds", "0:3", "--no-grad", "--json", str(out)])
+    found = json.loads(out.read_text())
+    assert status == 0 and found["findings"] == [] and found["checked"] + found["skipped"] == 3

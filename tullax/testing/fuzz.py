@@ -1,0 +1,194 @@
+"""Deep fuzzing of one backend: random specs (``tullax.testing.specgen``) at random sizes, the forward result
+against the naive evaluator (``tullax.testing.oracle``, float64 on the same inputs) and the VJP w.r.t. every float
+array input against the ``xla`` backend's (which ``tests/test_grad_oracle.py`` holds to ``jax.grad``).
+
+``make test`` runs a few random specs per backend; this runs hundreds, at sizes from 1 to 70 per axis (tiles,
+ragged tiles and blocked float32 sums included), which takes seconds per spec on a compiled backend. Found so
+far: float32 products whose running product left float32's range (``tests/test_float32_products.py``).
+
+Usage: ``python -m tullax.testing.fuzz --backend c --dtype float32 --seeds 0:200 [--no-grad] [--json out.json]``.
+Each mismatch is printed with its seed, spec and shapes as it is found; the exit status is 1 when there was one.
+Specs that do not compile, find no shapes or run into a ``TullaxError`` are skipped and counted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+# (low, high) extent of an axis, by seed modulo 4: sizes below a vector, around one, several tiles, many
+SIZE_CLASSES = ((1, 3), (2, 9), (5, 40), (30, 70))
+MAX_WORK = 5e7  # the product of every input's element count: the naive evaluator's time stays in seconds
+# relative to the largest magnitude of the expected result: float64 computes as the oracle, float32 rounds terms
+TOLERANCE = {"float64": 1e-7, "float32": 2e-3}
+GRAD_FACTOR = 10  # gradients run more steps (and more roundings) than the forward kernel
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One mismatch: the seed that reproduces it, the spec, its input shapes, what differed, and by how much."""
+
+    seed: int
+    spec: str
+    shapes: dict
+    what: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one seed gave: ``checked`` (the forward, and the gradients when asked), else why it was skipped;
+    ``findings`` when something differed."""
+
+    checked: bool
+    skipped: str = ""
+    findings: tuple[Finding, ...] = ()
+
+
+def check_seed(seed: int, backend: str, dtype: str = "float64", grads: bool = True) -> Outcome:
+    """Generate the spec of ``seed`` with inputs of its size class and check ``backend`` on it in ``dtype``."""
+    import tullax
+    from tullax.errors import TullaxError
+    from tullax.spec.examples import random_inputs, shapes_for
+    from tullax.spec.frontend import compile_spec
+    from tullax.testing.oracle import naive_eval
+    from tullax.testing.specgen import random_spec
+
+    text = random_spec(seed)
+    try:
+        spec = compile_spec(text)[1]
+        low, high = SIZE_CLASSES[seed % len(SIZE_CLASSES)]
+        shapes = shapes_for(spec, seed, low, high)
+    except TullaxError as err:
+        return Outcome(False, f"no spec or shapes: {err}")
+    if np.prod([float(max(1, np.prod(s))) for s in shapes.values()]) > MAX_WORK:
+        return Outcome(False, "too large for the naive evaluator")
+    env = random_inputs(spec, shapes, seed=seed)
+    try:
+        with np.errstate(all="ignore"):
+            expected = np.asarray(naive_eval(spec, env), np.float64)
+    except TullaxError as err:
+        return Outcome(False, f"the naive evaluator refused it: {err}")
+    args = [_as(env[name], dtype) for name in spec.input_names]
+    shapes = {name: tuple(int(e) for e in s) for name, s in shapes.items()}
+    try:
+        kernel = tullax.einsum_kernel(text, backend=backend)
+        got = np.asarray(kernel(*args), np.float64)
+    except TullaxError as err:
+        return Outcome(False, f"{backend} refused it: {err}")
+    problem = _compare(got, expected, TOLERANCE[dtype], dtype)
+    if problem:
+        return Outcome(True, findings=(Finding(seed, text, shapes, "forward", problem),))
+    if not grads:
+        return Outcome(True)
+    wrt = [k for k, (item, a) in enumerate(zip(spec.inputs, args))
+           if item.kind == "array" and np.asarray(a).dtype.kind == "f"]
+    if not wrt:
+        return Outcome(True)
+    cotangent = np.random.default_rng(seed + 1).standard_normal(np.shape(got)).astype(dtype)
+    try:
+        mine = _vjp(kernel, args, wrt, cotangent)
+        reference = _vjp(tullax.einsum_kernel(text, backend="xla"), args, wrt, cotangent)
+    except TullaxError as err:
+        return Outcome(True, f"gradients refused: {err}")
+    findings = []
+    for k, a, b in zip(wrt, mine, reference):
+        problem = _compare(a, b, GRAD_FACTOR * TOLERANCE[dtype], dtype)
+        if problem:
+            findings.append(Finding(seed, text, shapes, f"gradient w.r.t. {spec.inputs[k].name}", problem))
+    return Outcome(True, findings=tuple(findings))
+
+
+def _as(value: Any, dtype: str) -> Any:
+    """Float arrays and scalars in ``dtype``; index arrays as they are."""
+    array = np.asarray(value)
+    if array.dtype.kind != "f":
+        return value
+    return array.astype(dtype) if array.ndim else np.dtype(dtype).type(value)
+
+
+def _vjp(kernel: Any, args: list, wrt: Sequence[int], cotangent: np.ndarray) -> list[np.ndarray]:
+    import jax
+
+    def partial(*chosen):
+        full = list(args)
+        for k, value in zip(wrt, chosen):
+            full[k] = value
+        return kernel(*full)
+
+    out, pullback = jax.vjp(partial, *[args[k] for k in wrt])
+    return [np.asarray(g, np.float64) for g in pullback(jax.numpy.asarray(cotangent, out.dtype))]
+
+
+def _compare(got: np.ndarray, expected: np.ndarray, tolerance: float, dtype: str) -> str:
+    """Why ``got`` is not ``expected`` within ``tolerance`` of the largest expected magnitude ("" when it is).
+    Where the expected value is beyond float32's range, a float32 result is not compared."""
+    if got.shape != expected.shape:
+        return f"shape {got.shape}, expected {expected.shape}"
+    got, expected = got.ravel(), expected.ravel()  # a 0-d result too; positions are flat
+    compared = np.abs(expected) <= FLOAT32_MAX if dtype == "float32" else np.ones(expected.shape, bool)
+    compared &= ~np.isinf(expected)
+    nan_got, nan_expected = np.isnan(got) & compared, np.isnan(expected) & compared
+    if not np.array_equal(nan_got, nan_expected):
+        return f"NaN at flat {np.flatnonzero(nan_got != nan_expected)[:3].tolist()} (got NaN: {bool(nan_got.any())})"
+    compared &= ~nan_expected
+    if not compared.any():
+        return ""
+    scale = max(1.0, float(np.max(np.abs(expected[compared]))))
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where a value is not compared
+        error = np.where(compared, np.abs(got - expected), 0.0)
+    worst = int(np.argmax(np.where(np.isnan(error), np.inf, error)))
+    if not np.isfinite(error[worst]) or error[worst] > tolerance * scale:
+        return f"at flat {worst}: {got[worst]!r}, expected {expected[worst]!r} (scale {scale:.3g})"
+    return ""
+
+
+def _seeds(text: str) -> range:
+    start, _, stop = text.partition(":")
+    return range(int(start), int(stop)) if stop else range(int(start), int(start) + 1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tullax.testing.fuzz", description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", default="c")
+    parser.add_argument("--dtype", default="float64", choices=sorted(TOLERANCE))
+    parser.add_argument("--seeds", default="0:100", help="START:STOP (or one seed)")
+    parser.add_argument("--no-grad", dest="grads", action="store_false", help="check the forward kernel only")
+    parser.add_argument("--json", help="write the findings and the counts here")
+    options = parser.parse_args(argv)
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # the float64 runs compute in float64; float32 stays float32
+    from rich.progress import Progress
+
+    seeds = _seeds(options.seeds)
+    findings: list[Finding] = []
+    checked, skipped = 0, 0
+    with Progress(transient=True) as progress:
+        task = progress.add_task(f"{options.backend} {options.dtype}", total=len(seeds))
+        for seed in seeds:
+            outcome = check_seed(seed, options.backend, options.dtype, options.grads)
+            checked += outcome.checked
+            skipped += not outcome.checked
+            for found in outcome.findings:
+                findings.append(found)
+                progress.console.print(f"MISMATCH seed {found.seed}: {found.spec}  {found.shapes}  "
+                                       f"{found.what}: {found.detail}", markup=False)
+            progress.advance(task)
+    print(f"{options.backend} {options.dtype}, seeds {options.seeds}: {checked} checked, {skipped} skipped, "
+          f"{len(findings)} mismatches")
+    if options.json:
+        with open(options.json, "w", encoding="utf-8") as out:
+            json.dump({"backend": options.backend, "dtype": options.dtype, "seeds": options.seeds,
+                       "checked": checked, "skipped": skipped, "findings": [asdict(f) for f in findings]},
+                      out, indent=1)
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
