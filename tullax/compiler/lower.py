@@ -102,9 +102,10 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
     is unit-stride in more accesses (``D[i,j] := (W[k,i]-X[k,j])^2``, a matmul), j is strip-mined: a parallel
     loop over tiles of j, the reductions inside it, and j innermost over the tile, accumulating straight into
     the output elements of the tile (initialised first, finalised after), so the inner loop is contiguous and
-    vectorises. Only without guards on j and for + * max min reductions (and '+=' only with + and no
-    finaliser). A scatter is tiled when its last parallel (collision-free) index is the last output axis and
-    colliding loops run inside it: tiles own disjoint output columns, so it stays race-free. A GPU printer
+    vectorises. Only without guards on j and for + * max min reductions (not a float32 product, which
+    accumulates in float64: ``blocking.product_total``; and '+=' only with + and no finaliser). A scatter is
+    tiled when its last parallel (collision-free) index is the last output axis and colliding loops run inside
+    it: tiles own disjoint output columns, so it stays race-free. A GPU printer
     keeps the default: one element per work item.
 
     ``share`` (the default): the schedule's register tiles (``tullax.compiler.jam``) and calls computed once per
