@@ -24,7 +24,7 @@ import numpy as np
 SIZE_CLASSES = ((1, 3), (2, 9), (5, 40), (30, 70))
 # points of the index space: the naive evaluator interprets each in Python (tens of microseconds), so a spec stays
 # within seconds; larger ones are skipped
-MAX_POINTS = 200_000
+MAX_POINTS = 250_000
 # relative to the largest magnitude of the expected result: float64 computes as the oracle, float32 rounds terms
 TOLERANCE = {"float64": 1e-7, "float32": 2e-3}
 GRAD_FACTOR = 10  # gradients run more steps (and more roundings) than the forward kernel
