@@ -12,6 +12,7 @@ import pytest
 from corpus import analysed
 from loop_backends import c_param, run_host
 
+from tullax import backends
 from tullax.backends.base import Signature
 from tullax.compiler.blocking import TOTAL
 from tullax.compiler.loops import Let, walk_stmts
@@ -36,10 +37,11 @@ def _out_of_range(count: int, n: int, axis: int) -> np.ndarray:
     return x if axis == 1 else np.ascontiguousarray(x.T)
 
 
-def _backend(name: str):
-    from tullax import backends
-
-    return backends.get(name)
+def _accumulator_dtypes(text: str, dtype: str) -> set[str]:
+    """The dtypes of the reduction accumulators in the loop IR of ``text`` computed in ``dtype``."""
+    spec = analysed(text)
+    kernel = lower(spec, Signature.for_dtype(spec, dtype), "product", tile=True)
+    return {s.value.dtype for s in walk_stmts(kernel.body) if isinstance(s, Let) and s.var.startswith(ACC)}
 
 
 def _expected(spec, env: dict) -> np.ndarray:
@@ -65,7 +67,7 @@ def test_float32_products_whose_running_product_leaves_the_range(backend: str, t
     env = make()
     expected = _expected(spec, env)
     assert np.all(np.isfinite(expected)) and np.all(np.abs(expected) > 0.1)
-    got = run_host(_backend(backend), spec, env, "float32")
+    got = run_host(backends.get(backend), spec, env, "float32")
     np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=text)
 
 
@@ -73,10 +75,7 @@ def test_float32_products_whose_running_product_leaves_the_range(backend: str, t
 def test_the_loop_ir_of_a_float32_product_keeps_its_running_product_in_float64(text: str, make):
     """Every printer prints the IR: its accumulators are float64 (``test_lower``'s interpreter computes in float64
     whatever the IR says, so it cannot show the range)."""
-    spec = analysed(text)
-    kernel = lower(spec, Signature.for_dtype(spec, "float32"), "product", tile=True)
-    accumulators = {s.value.dtype for s in walk_stmts(kernel.body) if isinstance(s, Let) and s.var.startswith(ACC)}
-    assert accumulators == {TOTAL}
+    assert _accumulator_dtypes(text, "float32") == {TOTAL}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -86,7 +85,7 @@ def test_the_fuzzed_product_that_overflowed(backend: str):
     shapes = {"B": (15, 17), "C": (40,), "A": (23, 40)}
     env = {k: np.asarray(v, np.float32) for k, v in random_inputs(spec, shapes, seed=1074).items()}
     expected = _expected(spec, env)
-    got = run_host(_backend(backend), spec, env, "float32")
+    got = run_host(backends.get(backend), spec, env, "float32")
     assert np.all(np.isfinite(got)), "a running float32 product overflowed"
     # float32 terms (tan of tanh) against float64 ones, some near zero (4e-4 relative in one element here);
     # below float32's smallest normal the result is a subnormal or zero
@@ -95,8 +94,5 @@ def test_the_fuzzed_product_that_overflowed(backend: str):
 
 def test_float64_and_integer_products_are_unchanged():
     """Only float32 products widen: float64 ones already have the range, integer ones wrap as their type does."""
-    spec = analysed("(*) p[i] := x[i,j]")
     for dtype in ("float64", "int64"):
-        kernel = lower(spec, Signature.for_dtype(spec, dtype), "product", tile=True)
-        accumulators = {s.value.dtype for s in walk_stmts(kernel.body) if isinstance(s, Let) and s.var.startswith(ACC)}
-        assert accumulators == {dtype}
+        assert _accumulator_dtypes("(*) p[i] := x[i,j]", dtype) == {dtype}
