@@ -35,6 +35,13 @@ def test_compare_reports_an_overflow_within_float32s_range_and_skips_values_beyo
     assert "shape" in fuzz._compare(np.ones(2), np.ones(3), 1e-7, "float64")
 
 
+def test_compare_matches_a_float64_infinity_exactly():
+    expected = np.array([np.inf, -np.inf, 1.0])
+    assert fuzz._compare(expected.copy(), expected, 1e-7, "float64") == ""
+    assert "at flat 1" in fuzz._compare(np.array([np.inf, np.inf, 1.0]), expected, 1e-7, "float64")
+    assert "at flat 0" in fuzz._compare(np.array([1e300, -np.inf, 1.0]), expected, 1e-7, "float64")
+
+
 def test_a_few_seeds_on_the_xla_backend_check_clean():
     with jax.enable_x64(True):
         outcomes = [fuzz.check_seed(seed, "xla", "float64") for seed in range(6)]

@@ -129,13 +129,18 @@ def _vjp(kernel: Any, args: list, wrt: Sequence[int], cotangent: np.ndarray) -> 
 
 
 def _compare(got: np.ndarray, expected: np.ndarray, tolerance: float, dtype: str) -> str:
-    """Why ``got`` is not ``expected`` within ``tolerance`` of the largest expected magnitude ("" when it is).
-    Where the expected value is beyond float32's range, a float32 result is not compared."""
+    """Why ``got`` is not ``expected`` within ``tolerance`` of the largest expected magnitude ("" when it is); an
+    infinity must be matched exactly. Where the expected value is beyond float32's range, a float32 result is not
+    compared."""
     if got.shape != expected.shape:
         return f"shape {got.shape}, expected {expected.shape}"
     got, expected = got.ravel(), expected.ravel()  # a 0-d result too; positions are flat
     compared = np.abs(expected) <= FLOAT32_MAX if dtype == "float32" else np.ones(expected.shape, bool)
-    compared &= ~np.isinf(expected)
+    infinite = compared & np.isinf(expected)  # float64: an infinity is matched exactly, sign included
+    if np.any(got[infinite] != expected[infinite]):
+        worst = int(np.flatnonzero(infinite & (got != expected))[0])
+        return f"at flat {worst}: {got[worst]!r}, expected {expected[worst]!r}"
+    compared &= ~infinite
     nan_got, nan_expected = np.isnan(got) & compared, np.isnan(expected) & compared
     if not np.array_equal(nan_got, nan_expected):
         return f"NaN at flat {np.flatnonzero(nan_got != nan_expected)[:3].tolist()} (got NaN: {bool(nan_got.any())})"
