@@ -62,3 +62,14 @@ def test_main_counts_and_writes_its_findings(tmp_path, monkeypatch):
         status = fuzz.main(["--backend", "xla", "--seeds", "0:3", "--no-grad", "--json", str(out)])
     found = json.loads(out.read_text())
     assert status == 0 and found["findings"] == [] and found["checked"] + found["skipped"] == 3
+
+
+def test_malformed_seeds_and_an_unknown_backend_are_usage_errors(monkeypatch):
+    monkeypatch.setattr(jax.config, "update", lambda *args: None)  # the CLI's x64 would leak into other tests
+    with pytest.raises(SystemExit) as exited:
+        fuzz.main(["--seeds", "0-10"])
+    assert exited.value.code == 2
+    with pytest.raises(SystemExit) as exited:
+        fuzz.main(["--backend", "no-such-backend", "--seeds", "0:2"])
+    assert exited.value.code == 2
+    assert fuzz.main(["--backend", "auto", "--seeds", "3:3", "--no-grad"]) == 0  # an empty range: 'auto' is taken

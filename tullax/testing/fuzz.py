@@ -157,24 +157,35 @@ def _compare(got: np.ndarray, expected: np.ndarray, tolerance: float, dtype: str
 
 
 def _seeds(text: str) -> range:
+    """``START:STOP`` or one seed, as argparse's type (a malformed one is a usage error, not a traceback)."""
     start, _, stop = text.partition(":")
-    return range(int(start), int(stop)) if stop else range(int(start), int(start) + 1)
+    try:
+        return range(int(start), int(stop)) if stop else range(int(start), int(start) + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds are START:STOP or one seed (integers), not {text!r}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tullax.testing.fuzz", description=__doc__.split("\n")[0])
     parser.add_argument("--backend", default="c")
     parser.add_argument("--dtype", default="float64", choices=sorted(TOLERANCE))
-    parser.add_argument("--seeds", default="0:100", help="START:STOP (or one seed)")
+    parser.add_argument("--seeds", default="0:100", type=_seeds, help="START:STOP (or one seed)")
     parser.add_argument("--no-grad", dest="grads", action="store_false", help="check the forward kernel only")
     parser.add_argument("--json", help="write the findings and the counts here")
     options = parser.parse_args(argv)
+    from tullax import backends
+    from tullax.errors import TullaxError
+
+    try:  # an unknown or unusable backend would skip every seed: say so once, with the valid names
+        backends.resolve(options.backend)
+    except TullaxError as err:
+        parser.error(str(err))
     import jax
 
     jax.config.update("jax_enable_x64", True)  # the float64 runs compute in float64; float32 stays float32
     from rich.progress import Progress
 
-    seeds = _seeds(options.seeds)
+    seeds = options.seeds
     findings: list[Finding] = []
     checked, skipped = 0, 0
     with Progress(transient=True) as progress:
@@ -188,11 +199,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress.console.print(f"MISMATCH seed {found.seed}: {found.spec}  {found.shapes}  "
                                        f"{found.what}: {found.detail}", markup=False)
             progress.advance(task)
-    print(f"{options.backend} {options.dtype}, seeds {options.seeds}: {checked} checked, {skipped} skipped, "
+    span = f"{seeds.start}:{seeds.stop}"
+    print(f"{options.backend} {options.dtype}, seeds {span}: {checked} checked, {skipped} skipped, "
           f"{len(findings)} mismatches")
     if options.json:
         with open(options.json, "w", encoding="utf-8") as out:
-            json.dump({"backend": options.backend, "dtype": options.dtype, "seeds": options.seeds,
+            json.dump({"backend": options.backend, "dtype": options.dtype, "seeds": span,
                        "checked": checked, "skipped": skipped, "findings": [asdict(f) for f in findings]},
                       out, indent=1)
     return 1 if findings else 0
