@@ -124,6 +124,54 @@ def test_a_call_used_twice_in_a_block_is_computed_once():
     assert_close(execute(spec, env, tile=False), naive_eval(spec, env))
 
 
+# A product whose body is large enough to be named once (rewrite.SPECULATED_MIN_NODES): its gradient's factor
+# reads the body in every case of the zero-count rule (grad.forward._product_factor), all inside Select branches.
+PRODUCT = "(*) p[i] := x[i,j]*w[j] - atan(y[j] + x[i,j])"
+# Found by tullax.testing.fuzz (seed 4000): one statement of its gradient printed the body's atan 28 times (19k
+# characters of Numba on one line), and Numba was still compiling that kernel after twenty minutes.
+FUZZED_PRODUCT = ("(*) O[i,j,k] *= C[pad(2i),pad(j-1, 0.5)] - (B[i,i] == A[j,k,l]) - atan(A[i-1,l,i+j]) "
+                  "+ 0.5*O[i,j,k]")
+
+
+@pytest.mark.parametrize("tile", [False, True])
+def test_a_product_gradient_computes_its_body_once(tile: bool):
+    spec = analysed(PRODUCT)
+    step = next(g for g in gradients(spec) if g.wrt == "x").steps[-1]
+    assert _calls(lower(step, signature(step), tile=tile, share=False).body, "atan") >= 7
+    kernel = lower(step, signature(step), tile=tile)
+    blocks = [s.body for s in walk_stmts(kernel.body) if isinstance(s, Loop) and _calls(s.body, "atan")]
+    innermost = [b for b in blocks if not any(isinstance(s, Loop) for s in b)]
+    assert innermost and all(_calls(b, "atan") == 1 for b in innermost)
+
+
+@pytest.mark.parametrize("text, shapes", [
+    (PRODUCT, {"x": (3, 5), "w": (5,), "y": (5,)}),
+    (FUZZED_PRODUCT, None),
+    # a shared body holding pad and index checks: their loads stay behind their checks
+    ("(*) p[i] := x[pad(i+j-1)]*W[pad(ix[i]),j] - atan(x[pad(i+j-1)] + W[pad(ix[i]),j])",
+     {"x": (6,), "W": (4, 3), "ix": (5,)}),
+])
+def test_gradients_that_share_subexpressions_match_naive_and_stay_in_range(text: str, shapes: dict):
+    """Every gradient step run by the bounds-checking interpreter of test_lower, tiled and not: a subexpression
+    computed before its Select reads nothing that only the Select's condition kept in range."""
+    spec = analysed(text)
+    inputs = random_inputs(spec, shapes, seed=11)
+    if "ix" in inputs:
+        inputs["ix"] = np.array([0, 3, 7, -1, 2])  # two positions outside W's rows, read as zeros
+    inputs = {k: np.where(np.arange(np.size(v)).reshape(np.shape(v)) % 5 == 1, 0.0, v)
+              if k not in ("ix",) else v for k, v in inputs.items()}  # zero factors: every case of the rule runs
+    result = naive_eval(spec, inputs)
+    env = gradient_env(spec, inputs, result, np.random.default_rng(12).standard_normal(np.shape(result)))
+    for grad in gradients(spec):
+        if grad.wrt == "ix":
+            continue
+        expected = run_gradient(grad, spec, env, naive_eval)
+        for tile in (False, True):
+            got = run_gradient(grad, spec, env, lambda s, e: execute(s, e, tile=tile))
+            np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12, equal_nan=True,
+                                       err_msg=f"{grad.wrt}, tile={tile}")
+
+
 def _numba_run(spec, kernel, out, inputs) -> None:
     from tullax.backends.numba import _load
 

@@ -35,7 +35,8 @@ before the ``if``: copy u (in the ragged tile, the iteration at p_r0 + u) uses s
 miscomputes (even corrupts memory) with a Scratch declared in both branches of an ``if``; one declaration
 avoids that.
 
-After jamming, calls evaluated twice in one block are computed once (``rewrite.share_calls``).
+After jamming, calls and larger expressions evaluated twice in one block are computed once
+(``rewrite.share_subexpressions``).
 """
 from __future__ import annotations
 

@@ -20,7 +20,10 @@ Semantics printers must respect:
   FLOOR modulo, the sign of the divisor, as Python and Julia's ``fld``/``mod``; C's ``/`` and ``%`` are NOT),
   ``max min``, comparisons ``< <= > >= == !=`` (dtype bool), ``and or`` on bools.
 * ``Select(cond, then, orelse)`` evaluates ONLY the chosen branch: branches may hold loads that are in range
-  only when the condition holds (print a ternary, never an eager ``ifelse``/``where``).
+  only when the condition holds (print a ternary, never an eager ``ifelse``/``where``). The lowering makes such
+  a load only as a checked read: the ``then`` of a pad or index check, itself a load (perhaps cast) or a nested
+  check; every other load is in range in every iteration of its loops (the inferred ranges), which is what lets
+  ``tullax.compiler.rewrite`` compute a shared expression before a Select whose branches repeat it.
 * ``Call`` functions: the registry's ``CALLS`` (``tullax.spec.functions``: exp log log1p expm1 sqrt abs sin
   cos tan tanh sinh cosh; its "expand" functions, sigmoid softplus relu, are rewritten into these by the
   lowering). ``abs`` of an ``int64`` is integer. Complex values (``complex64``/``complex128``) come with

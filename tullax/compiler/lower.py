@@ -70,7 +70,7 @@ from tullax.compiler.loops import (
 )
 from tullax.compiler.params import parameters
 from tullax.compiler.reduction_jam import jam_reductions
-from tullax.compiler.rewrite import share_calls
+from tullax.compiler.rewrite import share_subexpressions
 from tullax.compiler.schedule import TILE, Schedule, loop_order, schedule
 from tullax.compiler.translate import Translator, as_bool
 from tullax.spec import ir
@@ -108,9 +108,9 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
     it: tiles own disjoint output columns, so it stays race-free. A GPU printer
     keeps the default: one element per work item.
 
-    ``share`` (the default): the schedule's register tiles (``tullax.compiler.jam``) and calls computed once per
-    block (``tullax.compiler.rewrite``); ``share=False`` gives the kernel without them (benchmarks compare the
-    two, and tests of the loop order read the plain nest).
+    ``share`` (the default): the schedule's register tiles (``tullax.compiler.jam``) and subexpressions computed
+    once per block (``tullax.compiler.rewrite``); ``share=False`` gives the kernel without them (benchmarks compare
+    the two, and tests of the loop order read the plain nest).
 
     ``block_sums=False``: a float32 sum accumulates in one float32 register, not in blocks with a float64 total.
     For a kernel whose sums ``tullax.compiler.split`` cuts into short pieces, one per GPU thread.
@@ -146,7 +146,7 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
     if plan.tiling:  # the tile's output elements updated FACTOR terms at a time
         kernel = jam_reductions(kernel)
     kernel = factor_sums(kernel)  # what an inner sum multiplies by in every term, multiplied once after it
-    return replace(kernel, body=share_calls(kernel.body))
+    return replace(kernel, body=share_subexpressions(kernel.body))
 
 
 def _solved_value(solution: Solution, emit: Emitter) -> Expr:

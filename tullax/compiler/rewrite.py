@@ -7,14 +7,19 @@
   function of ``x[i,0], x[i,1], ...`` w.r.t. ``x[i,m]`` is a sum of terms each multiplied by ``(m == c)``, and
   at a known ``m`` the other terms are not part of the derivative (jax.grad never evaluates them either).
   A sum then loses its zero terms, and ``acc += 0`` disappears.
-* ``share_calls``: a function call (``exp``, ``log`` ...) that a straight-line block evaluates twice or more is
-  bound once to a ``Let`` before its first use (``cs0``, ``cs1`` ...), when nothing it reads is reassigned
-  from there on in that block. Never out of a ``Select`` branch, never across blocks.
+* ``share_subexpressions``: an expression that a straight-line block evaluates twice or more is bound once to a
+  ``Let`` before its first use (``cs0``, ``cs1`` ...), when nothing it reads is reassigned from there on in that block,
+  the largest first: any function call (``exp``, ``log`` ...), and any other expression of
+  ``SHARED_MIN_NODES`` nodes or more that reads data (index arithmetic is the compilers' to share). One found
+  only inside ``Select`` branches is computed before the statement whichever branch runs, so only from
+  ``SPECULATED_MIN_NODES`` nodes on (a product gradient's body appears in every case of its zero-count rule),
+  and only when nothing in it can trap: no integer division by a variable, no read from inside a pad or index
+  check (the one kind of load that may be out of range, ``tullax.compiler.loops``). Never across blocks.
 * ``drop_dead_lets``: a ``Let`` whose name nothing reads any more (after the folds) is removed.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from tullax.compiler.loops import (
@@ -222,30 +227,96 @@ def _prune(stmts: tuple[Stmt, ...], reads: set[str]) -> tuple[Stmt, ...]:
 
 
 # =============================================================================================
-# Shared calls
+# Shared subexpressions
 # =============================================================================================
-def _calls(expr: Expr) -> list[Call]:
-    """The calls of ``expr`` outside Select branches (those may be valid only under their condition)."""
+# A repeated expression of at least this many nodes is bound once (a call of any size: its evaluation is the cost).
+# Smaller arithmetic is left to the compilers, which share it themselves; binding it would only rename it.
+SHARED_MIN_NODES = 4
+# A repeated expression found only inside Select branches is computed before the statement, whichever branch
+# runs, from this many nodes on: a product gradient's body appears in every case of the zero-count rule (seven
+# times per term), and printed once per case it made modules of hundreds of kilobytes that Numba compiled for
+# minutes. Smaller ones stay in their branches, where they may never run.
+SPECULATED_MIN_NODES = 12
+
+
+@dataclass
+class _Seen:
+    """One candidate of a straight-line block: where it is first used, how often, whether once outside every
+    Select branch, and its size in nodes."""
+
+    first: int
+    count: int
+    unconditional: bool
+    size: int
+
+
+def _guard_branch(expr: Expr) -> bool:
+    """A Select branch that only reads (a load, a cast load, a nested check): the loads of a pad or indirect read
+    may be in range only under the Select's condition, so nothing inside it is ever moved out of it."""
+    while isinstance(expr, Cast):
+        expr = expr.arg
+    return isinstance(expr, (Load, Select))
+
+
+def _unsafe(expr: Expr) -> bool:
+    """An integer division or modulo by something other than a nonzero constant: it may trap where the branch
+    that held it would not have run."""
+    return isinstance(expr, BinOp) and expr.op in ("//", "mod") and not (
+        isinstance(expr.rhs, Const) and expr.rhs.value != 0)
+
+
+@dataclass(frozen=True)
+class _Node:
+    """What ``_collect`` learns of a subexpression: its size in nodes, whether it may be evaluated anywhere in
+    its statement's block (nothing in it can trap) and whether it reads data (a load or a call; index arithmetic
+    and its comparisons are the compilers' to share)."""
+
+    size: int
+    movable: bool
+    data: bool
+
+
+def _collect(expr: Expr, pos: int, unconditional: bool, seen: dict[Expr, _Seen]) -> _Node:
+    """Record every candidate in ``expr`` (the statement at ``pos``) in ``seen``."""
+    if isinstance(expr, (Const, Var)):
+        return _Node(1, True, False)
+    if isinstance(expr, Load):  # positions are index arithmetic: never shared
+        return _Node(_size(expr), True, True)
+    parts: list[_Node] = []
     if isinstance(expr, Select):
-        return _calls(expr.cond)
-    found = [expr] if isinstance(expr, Call) else []
-    for child in children(expr):
-        found += _calls(child)
-    return found
+        parts.append(_collect(expr.cond, pos, unconditional, seen))
+        for branch in (expr.then, expr.orelse):
+            if _guard_branch(branch):
+                parts.append(_Node(_size(branch), True, True))
+            else:
+                parts.append(_collect(branch, pos, False, seen))
+    else:
+        parts += [_collect(child, pos, unconditional, seen) for child in children(expr)]
+    node = _Node(1 + sum(p.size for p in parts), not _unsafe(expr) and all(p.movable for p in parts),
+                 isinstance(expr, Call) or any(p.data for p in parts))
+    if node.movable and node.data and expr.dtype != INDEX and (isinstance(expr, Call) or node.size >= SHARED_MIN_NODES):
+        entry = seen.get(expr)
+        if entry is None:
+            seen[expr] = _Seen(pos, 1, unconditional, node.size)
+        else:
+            entry.count += 1
+            entry.unconditional = entry.unconditional or unconditional
+    return node
 
 
-def _replace_call(expr: Expr, call: Call, var: Var) -> Expr:
-    if expr == call:
+def _replace_expr(expr: Expr, old: Expr, var: Var) -> Expr:
+    if expr == old:
         return var
     if isinstance(expr, Select):
-        return replace(expr, cond=_replace_call(expr.cond, call, var))
+        return replace(expr, cond=_replace_expr(expr.cond, old, var), then=_replace_expr(expr.then, old, var),
+                       orelse=_replace_expr(expr.orelse, old, var))
     if isinstance(expr, BinOp):
-        return replace(expr, lhs=_replace_call(expr.lhs, call, var), rhs=_replace_call(expr.rhs, call, var))
+        return replace(expr, lhs=_replace_expr(expr.lhs, old, var), rhs=_replace_expr(expr.rhs, old, var))
     if isinstance(expr, (UnOp, Cast)):
-        return replace(expr, arg=_replace_call(expr.arg, call, var))
+        return replace(expr, arg=_replace_expr(expr.arg, old, var))
     if isinstance(expr, Call):
-        return replace(expr, args=tuple(_replace_call(a, call, var) for a in expr.args))
-    return expr  # a Load's index holds no calls worth sharing
+        return replace(expr, args=tuple(_replace_expr(a, old, var) for a in expr.args))
+    return expr  # a Load's positions hold no candidates
 
 
 def _own_exprs(stmt: Stmt) -> tuple[Expr, ...]:
@@ -290,10 +361,11 @@ class _Sharer:
             found = self._candidate(stmts)
             if found is None:
                 return stmts
-            call, first = found
-            var = Var(self._fresh(), call.dtype)
-            later = tuple(_replace_exprs(s, call, var) for s in stmts[first:])
-            stmts = stmts[:first] + (Let(var.name, call),) + later
+            expr, first = found
+            at = _earliest(stmts, first, _reads_of(expr))
+            var = Var(self._fresh(), expr.dtype)
+            later = tuple(_replace_exprs(s, expr, var) for s in stmts[at:])
+            stmts = stmts[:at] + (Let(var.name, expr),) + later
 
     def _nested(self, stmt: Stmt) -> Stmt:
         if isinstance(stmt, Loop):
@@ -303,41 +375,54 @@ class _Sharer:
         return stmt
 
     @staticmethod
-    def _candidate(stmts: tuple[Stmt, ...]) -> tuple[Call, int] | None:
-        """The largest call evaluated twice or more by the straight-line statements of ``stmts`` from its first
-        use on, with nothing it reads reassigned from there (nested statements included), and the position of
-        its first use."""
-        seen: dict[Call, list[int]] = {}
+    def _candidate(stmts: tuple[Stmt, ...]) -> tuple[Expr, int] | None:
+        """The largest candidate evaluated twice or more by the straight-line statements of ``stmts`` from its
+        first use on (once outside every Select branch, or large: ``SPECULATED_MIN_NODES``), with nothing it
+        reads reassigned from there (nested statements included), and the position of its first use."""
+        seen: dict[Expr, _Seen] = {}
         for pos, stmt in enumerate(stmts):
             for expr in _own_exprs(stmt):
-                for call in _calls(expr):
-                    seen.setdefault(call, []).append(pos)
-        best: tuple[Call, int] | None = None
-        for call, uses in seen.items():
-            if len(uses) < 2:
+                _collect(expr, pos, True, seen)
+        best: tuple[Expr, int] | None = None
+        best_size = 0
+        for expr, entry in seen.items():
+            if entry.count < 2 or entry.size <= best_size:
                 continue
-            first = uses[0]
+            if not entry.unconditional and entry.size < SPECULATED_MIN_NODES:
+                continue
+            first = entry.first
             written = _assigned(stmts[first + 1:]) | (
                 {stmts[first].var} if isinstance(stmts[first], (Let, Accum)) else set())
-            if _reads_of(call) & written:
+            if _reads_of(expr) & written:
                 continue
-            if best is None or _size(call) > _size(best[0]):
-                best = (call, first)
+            best, best_size = (expr, first), entry.size
         return best
 
 
-def _replace_exprs(stmt: Stmt, call: Call, var: Var) -> Stmt:
-    if isinstance(stmt, (Let, Accum)):
-        return replace(stmt, value=_replace_call(stmt.value, call, var))
-    if isinstance(stmt, Store):
-        return replace(stmt, value=_replace_call(stmt.value, call, var))
+def _earliest(stmts: tuple[Stmt, ...], first: int, reads: set[str]) -> int:
+    """Where a shared expression that ``first`` uses goes: right after the last statement before it that assigns
+    something it reads. Placed as early as that, the block keeps its Lets ahead of its accumulations (the shape
+    the printers' lane reductions recognise) instead of one Let between each pair of a register tile's copies."""
+    for pos in range(first - 1, -1, -1):
+        stmt = stmts[pos]
+        written = _assigned((stmt,)) | ({stmt.var} if isinstance(stmt, (Let, Accum)) else set())
+        if written & reads:
+            return pos + 1
+    return 0
+
+
+def _replace_exprs(stmt: Stmt, old: Expr, var: Var) -> Stmt:
+    if isinstance(stmt, (Let, Accum, Store)):
+        return replace(stmt, value=_replace_expr(stmt.value, old, var))
     return stmt
 
 
-def share_calls(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
-    """Every straight-line block of ``stmts`` with its repeated calls computed once (see the module doc)."""
+def share_subexpressions(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    """Every straight-line block of ``stmts`` with its repeated calls and larger subexpressions computed once
+    (see the module doc)."""
     taken = {s.var for s in walk_stmts(stmts) if isinstance(s, (Let, Accum, Scratch, Loop))}
     return _Sharer(taken).block(stmts)
 
 
-__all__ = ["SHARED_PREFIX", "drop_dead_lets", "fold", "share_calls", "substitute", "substitute_stmts"]
+__all__ = ["SHARED_PREFIX", "drop_dead_lets", "fold", "share_subexpressions", "substitute",
+           "substitute_stmts"]
