@@ -6,6 +6,10 @@ array input against the ``xla`` backend's (which ``tests/test_grad_oracle.py`` h
 ragged tiles and blocked float32 sums included), which takes seconds per spec on a compiled backend. Found so
 far: float32 products whose running product left float32's range (``tests/test_float32_products.py``).
 
+A float32 result is compared within ``TOLERANCE`` of the largest expected magnitude; where a finaliser amplifies
+the rounding of the float32 sum it is given (``|> sin(_)`` of a sum near 7000), what it makes of ``PRE_ERROR`` of
+that sum is allowed on top (``_finaliser_spread``).
+
 Usage: ``python -m tullax.testing.fuzz --backend c --dtype float32 --seeds 0:200 [--no-grad] [--json out.json]``.
 Each mismatch is printed with its seed, spec and shapes as it is found; the exit status is 1 when there was one.
 Specs that do not compile, find no shapes or run into a ``TullaxError`` are skipped and counted.
@@ -27,6 +31,9 @@ SIZE_CLASSES = ((1, 3), (2, 9), (5, 40), (30, 70))
 MAX_POINTS = 250_000
 # relative to the largest magnitude of the expected result: float64 computes as the oracle, float32 rounds terms
 TOLERANCE = {"float64": 1e-7, "float32": 2e-3}
+# the relative error of a float32 sum the finaliser is given (of its largest value): a finaliser that amplifies
+# it is allowed what it makes of it (``_finaliser_spread``); the blocked sums are within 3e-6 on seed 7043
+PRE_ERROR = 1e-4
 GRAD_FACTOR = 10  # gradients run more steps (and more roundings) than the forward kernel
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -85,6 +92,9 @@ def check_seed(seed: int, backend: str, dtype: str = "float64", grads: bool = Tr
     except TullaxError as err:
         return Outcome(False, f"{backend} refused it: {err}")
     problem = _compare(got, expected, TOLERANCE[dtype], dtype)
+    if problem and dtype == "float32" and spec.finalizer is not None:
+        with np.errstate(all="ignore"):
+            problem = _compare(got, expected, TOLERANCE[dtype], dtype, _finaliser_spread(spec, env))
     if problem:
         return Outcome(True, findings=(Finding(seed, text, shapes, "forward", problem),))
     if not grads:
@@ -105,6 +115,28 @@ def check_seed(seed: int, backend: str, dtype: str = "float64", grads: bool = Tr
         if problem:
             findings.append(Finding(seed, text, shapes, f"gradient w.r.t. {spec.inputs[k].name}", problem))
     return Outcome(True, findings=tuple(findings))
+
+
+def _finaliser_spread(spec: Any, env: dict) -> np.ndarray:
+    """How far the finaliser moves each element when the value it is given moves by ``PRE_ERROR`` of the largest
+    such value, either way (float64, the naive evaluator): a float32 sum is only that accurate, and ``|> sin(_)``
+    of a sum near 7000 turns a last-bit difference of the sum into one in the second digit of the result, which
+    is the float32 problem's own conditioning, not a wrong kernel (seed 7043 on numba)."""
+    from dataclasses import replace
+
+    from tullax.spec.ir import Binary, Hole, Num, map_expr
+    from tullax.testing.oracle import naive_eval
+
+    pre = np.asarray(naive_eval(replace(spec, finalizer=None), env), np.float64)
+    finite = np.abs(pre[np.isfinite(pre)])
+    step = PRE_ERROR * (float(finite.max()) if finite.size else 0.0)
+    centre = np.asarray(naive_eval(spec, env), np.float64)
+    spread = np.zeros(centre.shape)
+    for delta in (step, -step):
+        moved = map_expr(spec.finalizer, lambda node: Binary("+", node, Num(delta)) if isinstance(node, Hole) else node)
+        shifted = np.asarray(naive_eval(replace(spec, finalizer=moved), env), np.float64)
+        spread = np.fmax(spread, np.abs(shifted - centre))
+    return spread.ravel()
 
 
 def _as(value: Any, dtype: str) -> Any:
@@ -128,10 +160,11 @@ def _vjp(kernel: Any, args: list, wrt: Sequence[int], cotangent: np.ndarray) -> 
     return [np.asarray(g, np.float64) for g in pullback(jax.numpy.asarray(cotangent, out.dtype))]
 
 
-def _compare(got: np.ndarray, expected: np.ndarray, tolerance: float, dtype: str) -> str:
-    """Why ``got`` is not ``expected`` within ``tolerance`` of the largest expected magnitude ("" when it is); an
-    infinity must be matched exactly. Where the expected value is beyond float32's range, a float32 result is not
-    compared."""
+def _compare(got: np.ndarray, expected: np.ndarray, tolerance: float, dtype: str,
+             allowance: np.ndarray | None = None) -> str:
+    """Why ``got`` is not ``expected`` within ``tolerance`` of the largest expected magnitude, plus ``allowance``
+    per element (flat; ``_finaliser_spread``), ("" when it is); an infinity must be matched exactly. Where the
+    expected value is beyond float32's range, a float32 result is not compared."""
     if got.shape != expected.shape:
         return f"shape {got.shape}, expected {expected.shape}"
     got, expected = got.ravel(), expected.ravel()  # a 0-d result too; positions are flat
@@ -150,6 +183,8 @@ def _compare(got: np.ndarray, expected: np.ndarray, tolerance: float, dtype: str
     scale = max(1.0, float(np.max(np.abs(expected[compared]))))
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where a value is not compared
         error = np.where(compared, np.abs(got - expected), 0.0)
+    if allowance is not None:
+        error = np.maximum(error - np.nan_to_num(allowance, nan=np.inf, posinf=np.inf), 0.0)
     worst = int(np.argmax(np.where(np.isnan(error), np.inf, error)))
     if not np.isfinite(error[worst]) or error[worst] > tolerance * scale:
         return f"at flat {worst}: {got[worst]!r}, expected {expected[worst]!r} (scale {scale:.3g})"
