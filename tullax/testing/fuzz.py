@@ -4,7 +4,9 @@ array input against the ``xla`` backend's (which ``tests/test_grad_oracle.py`` h
 
 ``make test`` runs a few random specs per backend; this runs hundreds, at sizes from 1 to 70 per axis (tiles,
 ragged tiles and blocked float32 sums included), which takes seconds per spec on a compiled backend. Found so
-far: float32 products whose running product left float32's range (``tests/test_float32_products.py``).
+far: float32 products whose running product left float32's range (``tests/test_float32_products.py``), and a
+product's gradient whose body was printed 28 times in one statement, which Numba was still compiling after
+twenty minutes (seed 4000: ``tests/test_sharing.py``).
 
 A float32 result is compared within ``TOLERANCE`` of the largest expected magnitude; where a finaliser amplifies
 the rounding of the float32 sum it is given (``|> sin(_)`` of a sum near 7000), what it makes of ``PRE_ERROR`` of
