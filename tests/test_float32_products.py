@@ -57,6 +57,9 @@ CASES = [
     ("(*) q[i,k] := x[i,j]*y[j,k]", lambda: {"x": _out_of_range(6, 41, axis=1), "y": np.ones((41, 37), np.float32)}),
     # multiplying into the given output
     ("(*) r[j] *= x[i,j]", lambda: {"r": np.full(5, 2.0, np.float32), "x": _out_of_range(5, 40, axis=0)}),
+    # the product itself beyond float32 (1e40), the given value times it within (1e37): multiplied before the
+    # product is rounded, or inf (found by fuzzing auto, seed 11015: ``O[i,j] *= j*A[k,j,i]``)
+    ("r[j] *= x[i,j]", lambda: {"r": np.full(3, 1e-3, np.float32), "x": np.full((10, 3), 1e4, np.float32)}),
 ]
 
 

@@ -195,6 +195,7 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
     nest = _nest(spec, plan, emit, narrowing)
     has_loops = plan.innermost > plan.top
     result: Expr
+    wide: Expr | None = None  # a float32 product's float64 total, before it is rounded
     blocked = blocked_index(spec, plan, compute) if block_sums else None
     first_hi = _first_block_end(spec, plan, emit, nest, blocked)
     if spec.redop == "logsumexp":
@@ -205,7 +206,8 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
         block, result = register_sum(nest, ACC, value, compute, blocked, first_hi)
     elif (total := product_total(spec, compute)) is not None:
         block = [Let(ACC, identity("*", total))] + nest.block([Accum(ACC, "*", cast(value, total))])
-        result = cast(Var(ACC, total), compute)
+        wide = Var(ACC, total)
+        result = cast(wide, compute)
     else:
         block = [Let(ACC, identity(spec.redop, compute, translator.params.wrap))]
         block += nest.block([Accum(ACC, spec.redop, translator.wrapped(value) if spec.redop != "*" else value)])
@@ -213,7 +215,11 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
     if spec.finalizer is not None:
         result = finalize(spec, translator, translator.wrapped(result))
     if spec.assign == "*=":  # multiply into the given value (the host passes it in: role 'inout')
-        result = binop("*", Load(out.name, out_index, compute), result)
+        given = Load(out.name, out_index, compute)
+        if wide is not None:  # before rounding: the product alone may be beyond float32, given * product not
+            result = cast(binop("*", cast(given, wide.dtype), wide), compute)
+        else:
+            result = binop("*", given, result)
     block.append(Store(out.name, out_index, result, "add" if spec.assign == "+=" else "set"))
     if not plan.parallel and has_loops:
         block = [mark_reduce_parallel(s) for s in block]
