@@ -172,6 +172,22 @@ def test_gradients_that_share_subexpressions_match_naive_and_stay_in_range(text:
                                        err_msg=f"{grad.wrt}, tile={tile}")
 
 
+def test_an_expression_is_not_shared_past_a_store_to_an_array_it_reads():
+    """``a[i] = e*e; c[i] = e`` with ``e = a[i] + b[i]``: the second ``e`` reads the stored ``a``. Bound once before
+    the first statement, it read the old one (the first statement's own write was only checked for Lets and
+    accumulators)."""
+    from tullax.compiler.loops import INDEX, Load, Store, Var, binop
+    from tullax.compiler.rewrite import share_subexpressions
+
+    i = Var("i0", INDEX)
+    e = binop("+", Load("a", (i,), "float64"), Load("b", (i,), "float64"))
+    stmts = (Store("a", (i,), binop("*", e, e), "set"), Store("c", (i,), e, "set"))
+    assert share_subexpressions(stmts) == stmts
+    # with no later use, the first statement's own write does not matter: it evaluates its value first
+    shared = share_subexpressions(stmts[:1])
+    assert len(shared) == 2 and shared[1].value.lhs == shared[1].value.rhs == Var(shared[0].var, "float64")
+
+
 def _numba_run(spec, kernel, out, inputs) -> None:
     from tullax.backends.numba import _load
 

@@ -241,10 +241,11 @@ SPECULATED_MIN_NODES = 12
 
 @dataclass
 class _Seen:
-    """One candidate of a straight-line block: where it is first used, how often, whether once outside every
-    Select branch, and its size in nodes."""
+    """One candidate of a straight-line block: where it is first and last used, how often, whether once outside
+    every Select branch, and its size in nodes."""
 
     first: int
+    last: int
     count: int
     unconditional: bool
     size: int
@@ -297,8 +298,9 @@ def _collect(expr: Expr, pos: int, unconditional: bool, seen: dict[Expr, _Seen])
     if node.movable and node.data and expr.dtype != INDEX and (isinstance(expr, Call) or node.size >= SHARED_MIN_NODES):
         entry = seen.get(expr)
         if entry is None:
-            seen[expr] = _Seen(pos, 1, unconditional, node.size)
+            seen[expr] = _Seen(pos, pos, 1, unconditional, node.size)
         else:
+            entry.last = pos
             entry.count += 1
             entry.unconditional = entry.unconditional or unconditional
     return node
@@ -391,8 +393,10 @@ class _Sharer:
             if not entry.unconditional and entry.size < SPECULATED_MIN_NODES:
                 continue
             first = entry.first
-            written = _assigned(stmts[first + 1:]) | (
-                {stmts[first].var} if isinstance(stmts[first], (Let, Accum)) else set())
+            # what the first statement writes (its Let or accumulator, the array it stores to) matters only to
+            # uses after it: the statement evaluates its value before it writes
+            written = _assigned(stmts[first + 1:]) | (_assigned(stmts[first:first + 1]) if entry.last > first
+                                                      else set())
             if _reads_of(expr) & written:
                 continue
             best, best_size = (expr, first), entry.size
@@ -404,9 +408,7 @@ def _earliest(stmts: tuple[Stmt, ...], first: int, reads: set[str]) -> int:
     something it reads. Placed as early as that, the block keeps its Lets ahead of its accumulations (the shape
     the printers' lane reductions recognise) instead of one Let between each pair of a register tile's copies."""
     for pos in range(first - 1, -1, -1):
-        stmt = stmts[pos]
-        written = _assigned((stmt,)) | ({stmt.var} if isinstance(stmt, (Let, Accum)) else set())
-        if written & reads:
+        if _assigned(stmts[pos:pos + 1]) & reads:
             return pos + 1
     return 0
 
