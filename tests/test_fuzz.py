@@ -54,11 +54,11 @@ def test_a_finaliser_is_allowed_what_it_makes_of_its_reductions_rounding():
     for each, rounding, allowed in ((0.7, 2e-5, True), (7.0, 2e-6, True), (0.001, 0.0, False)):
         x = np.full((1, 1000), each)  # sums of 700, 7000 and 1
         total = x.sum()
-        spread = fuzz._finaliser_spread(spec, {"x": x}, error)
+        expected = np.sin(x.sum(1))
+        spread = fuzz._finaliser_spread(spec, {"x": x}, expected, error)
         step = error * total
         moved = max(abs(np.sin(total + d) - np.sin(total)) for d in (step, -step))
         assert spread[0] == (pytest.approx(moved) if moved <= fuzz.ILL_CONDITIONED else np.inf)
-        expected = np.sin(x.sum(1))
         off = expected + (np.sin(total * (1 + rounding)) - np.sin(total) if allowed else 0.01)
         assert "at flat 0" in fuzz._compare(off, expected, 2e-3, "float32")
         assert (fuzz._compare(off, expected, 2e-3, "float32", spread) == "") == allowed

@@ -99,7 +99,8 @@ def check_seed(seed: int, backend: str, dtype: str = "float64", grads: bool = Tr
     problem = _compare(got, expected, TOLERANCE[dtype], dtype)
     if problem and spec.finalizer is not None:
         with np.errstate(all="ignore"):
-            problem = _compare(got, expected, TOLERANCE[dtype], dtype, _finaliser_spread(spec, env, PRE_ERROR[dtype]))
+            spread = _finaliser_spread(spec, env, expected, PRE_ERROR[dtype])
+            problem = _compare(got, expected, TOLERANCE[dtype], dtype, spread)
     if problem:
         return Outcome(True, findings=(Finding(seed, text, shapes, "forward", problem),))
     if not grads:
@@ -122,9 +123,10 @@ def check_seed(seed: int, backend: str, dtype: str = "float64", grads: bool = Tr
     return Outcome(True, findings=tuple(findings))
 
 
-def _finaliser_spread(spec: Any, env: dict, error: float) -> np.ndarray:
-    """How far the finaliser moves each element when the value it is given moves by ``error`` (relative) of the
-    largest such value, either way (float64, the naive evaluator): a reduction is only that accurate, and
+def _finaliser_spread(spec: Any, env: dict, centre: np.ndarray, error: float) -> np.ndarray:
+    """How far the finaliser moves each element of ``centre`` (the spec's result on ``env``, float64) when the
+    value it is given moves by ``error`` (relative) of the largest such value, either way (the naive evaluator):
+    a reduction is only that accurate, and
     ``|> sin(_)`` of a float32 sum near 7000 turns a last-bit difference of the sum into one in the second digit of
     the result (seed 7043 on numba), ``|> cos`` of a float64 product of 1e18 into any value (seed 12121 on xla):
     the problem's own conditioning, not a wrong kernel. Where the finaliser moves an element by more than
@@ -134,20 +136,22 @@ def _finaliser_spread(spec: Any, env: dict, error: float) -> np.ndarray:
     from tullax.spec.ir import Binary, Hole, Num, map_expr
     from tullax.testing.oracle import naive_eval
 
-    pre = np.asarray(naive_eval(replace(spec, finalizer=None), env), np.float64)
-    finite = np.abs(pre[np.isfinite(pre)])
-    step = error * (float(finite.max()) if finite.size else 0.0)
-    centre = np.asarray(naive_eval(spec, env), np.float64)
+    step = error * _largest(np.asarray(naive_eval(replace(spec, finalizer=None), env), np.float64))
     spread = np.zeros(centre.shape)
     for delta in (step, -step):
         moved = map_expr(spec.finalizer, lambda node: Binary("+", node, Num(delta)) if isinstance(node, Hole) else node)
         shifted = np.asarray(naive_eval(replace(spec, finalizer=moved), env), np.float64)
         spread = np.fmax(spread, np.abs(shifted - centre))
-    finite = np.abs(centre[np.isfinite(centre)])
-    scale = max(1.0, float(finite.max()) if finite.size else 0.0)
+    scale = max(1.0, _largest(centre))
     # two samples of an oscillating finaliser bound nothing where they already differ this much (cos of 1e18):
     # such an element is not compared
     return np.where(spread > ILL_CONDITIONED * scale, np.inf, spread).ravel()
+
+
+def _largest(values: np.ndarray) -> float:
+    """The largest finite magnitude in ``values`` (0 when there is none)."""
+    finite = np.abs(values[np.isfinite(values)])
+    return float(finite.max()) if finite.size else 0.0
 
 
 def _as(value: Any, dtype: str) -> Any:
