@@ -27,6 +27,7 @@ DIST = "D[i,j] := (W[k,i]-X[k,j])^2"
 CONV1D = "y[b,i] := x[b,i+k]*w[k]"
 CONV2D = "y[n,o,h,w] := x[n,c,h+p,w+q]*k[o,c,p,q]"
 EMBED = "out[b,d] := W[ix[b],d]"
+SCALED_EMBED = "out[b,d] := W[ix[b],d]*s[b]"  # a gather that computes: raced, the loops by default
 # forward on the loops (a sum of terms), its gradient steps pure contractions (einsum): a mixed plan
 MIXED = "C[i,j] := W[k,i]*X[k,j] + b[i]"
 LOOP_BACKEND = planner.loop_backend()  # the loop backend auto uses here: host C where a compiler works, else Numba
@@ -47,7 +48,14 @@ CORPUS = [
     # does not fuse: the row norm's planned VJP ran 1.4x slower with it)
     ("Δx[i,j] := Δn[i]*(0.5/n[i])*(2*x[i,j])", "loops", "loops", ("loops", "xla:grid")),
     (MIXED, "loops", "loops", ("loops", "xla:factored", "xla:grid")),
-    (EMBED, "scatter/gather", "loops", ("loops", "xla:grid")),
+    # a pure gather (a copy through an index array) is XLA's, untimed: the race handed the embedding forward
+    # to the loops in a process where XLA's output page-faulted, which cost the other processes 5-25%
+    (EMBED, "gather", "xla:grid", ()),
+    ("out[b,d] := W[ix[b]+1,d]", "gather", "xla:grid", ()),
+    (SCALED_EMBED, "scatter/gather", "loops", ("loops", "xla:grid")),
+    ("out[b,d] := 2*W[ix[b],d]", "scatter/gather", "loops", ("loops", "xla:grid")),
+    ("out[b] := W[ix[b],d]", "scatter/gather", "loops", ("loops", "xla:grid")),
+    ("out[b,d] := W[ix[b],d] |> exp", "scatter/gather", "loops", ("loops", "xla:grid")),
     ("ΔW[ix[b],d] += Δout[b,d]", "scatter/gather", "loops", ("loops", "xla:grid")),
     (CONV1D, "convolution", "loops", ("xla:conv", "xla:slices", "loops")),
     ("Δx[b,m] := Δy[b,pad(m-k)]*w[k]", "convolution", "loops", ("xla:conv", "loops")),
@@ -209,7 +217,8 @@ def rules_only(monkeypatch):
     (DIST, {"W": (6, 5), "X": (6, 4)}),  # tiny: XLA
     (CONV1D, {"x": (8, 400), "w": (31,)}),  # loops (the rule's default without timing)
     (CONV1D, {"x": (3, 40), "w": (5,)}),  # tiny: XLA, lax.conv
-    (EMBED, {"W": (300, 64), "ix": (5000,)}),  # loops: a gather, its gradient a scatter
+    (EMBED, {"W": (300, 64), "ix": (5000,)}),  # XLA's gather, its gradient a scatter on the loops
+    (SCALED_EMBED, {"W": (300, 64), "ix": (5000,), "s": (5000,)}),  # loops: a gather that computes
     (MIXED, {"W": (64, 64), "X": (64, 64), "b": (64,)}),  # loops forward, einsum gradients
 ])
 def test_a_planned_kernel_equals_the_loop_kernel_and_jnp(text, shapes, rules_only):
@@ -627,13 +636,14 @@ def test_explain_shows_the_stored_decision_of_a_gather_whose_index_array_jax_mak
     monkeypatch.setattr(planner, "UNTIMED_WORK", 0)  # time this small call
     planner.forget()
     try:
-        kernel = tullax.einsum_kernel(EMBED)
-        W, ix = make_inputs(kernel.ir, {"W": (300, 64), "ix": (5000,)}, "float32", seed=0)
-        jax.jit(kernel)(jnp.asarray(W), jnp.asarray(ix))
+        kernel = tullax.einsum_kernel(SCALED_EMBED)
+        shapes = {"W": (300, 64), "ix": (5000,), "s": (5000,)}
+        W, ix, s = make_inputs(kernel.ir, shapes, "float32", seed=0)
+        jax.jit(kernel)(jnp.asarray(W), jnp.asarray(ix), jnp.asarray(s))
         assert planner.STATS["timed"] == 1
         planner.forget()
-        shown = "\n".join(planner.explain_lines(kernel.ir, {"W": (300, 64), "ix": (5000,)}))
-        assert "forward: out[b,d] := W[ix[b],d]" in shown
+        shown = "\n".join(planner.explain_lines(kernel.ir, shapes))
+        assert "forward: out[b,d] := W[ix[b],d]*s[b]" in shown
         assert shown.count("(decision from the compile cache)") == 1, shown
     finally:
         planner.forget()

@@ -11,17 +11,22 @@ The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied firs
    backend compiles the forward kernel and every gradient step together and later processes load them
    from the compile cache (``Capabilities.whole_module_cached``: host C), the rule's default: the loops (XLA
    compiles its form again in every process, a few hundred milliseconds per kernel and gradient), or XLA's
-   einsum for a contraction. Otherwise XLA in its best form, traced into the jitted program: no host
+   einsum for a contraction and its gather for a pure gather. Otherwise XLA in its best form, traced into the jitted program: no host
    callback per call and no loop kernel to compile (Numba's take about a second each);
 1. no loop backend is usable here: XLA, in its best form;
 2. ``contraction``: a pure contraction (a product of plain accesses summed, no function, guard or offset) is
    BLAS's job: XLA ``einsum`` (``dot_general``);
-3. ``scatter/gather``: a spec that scatters (``ΔW[ix[b],d] += ...``) or reads through an index array: loops
+3. ``gather``: a pure gather (``out[b,d] := W[ix[b],d]``: one read through an index array, copied, nothing
+   computed or reduced): XLA's gather, untimed. The copy is memory-bound on any candidate; the loops never beat
+   it by more than one process's noise (the planner's race handed them the embedding forward in a process where
+   XLA's output buffer page-faulted, which cost every other process 5-25%; on the H200 XLA's gather won the race),
+   and XLA fuses the copy into whatever the program does with it;
+4. ``scatter/gather``: a spec that scatters (``ΔW[ix[b],d] += ...``) or reads through an index array: loops
    (XLA's scatter and gather are usually slower than the loop nest), timed against XLA when small enough;
-4. ``convolution``: a convolution-shaped spec: a close call between ``lax.conv_general_dilated``, the sum of
+5. ``convolution``: a convolution-shaped spec: a close call between ``lax.conv_general_dilated``, the sum of
    shifted slices (a small window along one axis only) and the loops, settled by timing;
-5. ``window``: a small reduced index that shifts an access: the sum of shifted slices or the loops, timed;
-6. ``loops``: everything else (functions, guards, comparisons, broadcast reductions like Dist): loops, which
+6. ``window``: a small reduced index that shifts an access: the sum of shifted slices or the loops, timed;
+7. ``loops``: everything else (functions, guards, comparisons, broadcast reductions like Dist): loops, which
    fuse the whole body into one pass where XLA materialises or re-reads the broadcast; timed against XLA's
    factored form (a sum of products, each an einsum of its factors: ``xla_forms``) where it applies and XLA's
    broadcast lowering when its index space has at most ``GRID_ITERATIONS`` points (a larger one could
@@ -61,7 +66,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
-from tullax.spec.ir import Indirect, Spec, accesses
+from tullax.spec.ir import Access, Indirect, Spec, accesses
 
 TIMING_ENV = "TULLAX_PLAN_TIMING"
 # A close call with more estimated work than this is timed on a slice of this much work: 40-50 ms of loops on
@@ -200,6 +205,9 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
         return Rule("no loop backend", "no loop backend is usable here", f"xla:{forms[0]}")
     if "einsum" in forms:
         return Rule("contraction", "a pure contraction is BLAS's job (jnp.einsum / dot_general)", "xla:einsum")
+    if is_pure_gather(spec):
+        return Rule("gather", "a pure gather: one read through an index array, copied; memory-bound either way, "
+                    "and XLA's gather fuses into the program around it", "xla:grid")
     if spec.is_scatter or any(isinstance(i, Indirect) for a in accesses(spec.body) for i in a.idx):
         return Rule("scatter/gather", "an index array: the loop nest reads or scatters in place, XLA's "
                     "gather/scatter is usually slower", LOOPS, (LOOPS, "xla:grid"))
@@ -216,6 +224,14 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
     factored = ("xla:factored",) if "factored" in forms else ()
     return Rule("loops", "functions, guards or a broadcast reduction: the loop nest evaluates the body in one "
                 "pass, XLA materialises or re-reads the broadcast", LOOPS, (LOOPS,) + factored + ("xla:grid",))
+
+
+def is_pure_gather(spec: Spec) -> bool:
+    """Whether ``spec`` only copies one read through an index array into a new result: ``out[b,d] :=
+    W[ix[b],d]`` (no arithmetic, reduction, finaliser, scatter or update of a given array)."""
+    body = spec.body
+    return (spec.assign == ":=" and not spec.is_scatter and not spec.reduced and spec.finalizer is None
+            and isinstance(body, Access) and any(isinstance(i, Indirect) for i in body.idx))
 
 
 def whole_module_cached(loops: str | None) -> bool:
