@@ -99,3 +99,41 @@ def test_float64_and_integer_products_are_unchanged():
     """Only float32 products widen: float64 ones already have the range, integer ones wrap as their type does."""
     for dtype in ("float64", "int64"):
         assert _accumulator_dtypes("(*) p[i] := x[i,j]", dtype) == {dtype}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_float32_product_finaliser_sees_the_float64_total(backend: str):
+    """The finaliser runs on the float64 total, rounded once after it: ``log`` of a product of 1e40 is 92.1, not
+    the log of the product rounded to float32 (inf)."""
+    text = "(*) p[j] := x[i,j] |> log"
+    spec = analysed(text)
+    env = {"x": np.full((10, 3), 1e4, np.float32)}
+    expected = _expected(spec, env)
+    got = run_host(backends.get(backend), spec, env, "float32")
+    np.testing.assert_allclose(got, expected, rtol=1e-6, err_msg=text)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_gradient_of_a_float32_product_multiplied_into_a_small_given_value(backend: str):
+    """d(r[j] * prod_i x[i,j])/dx[i,j] is r[j] times the product of the other factors: 1e-3 * 1e36 here. The
+    gradient divides the product of every nonzero factor (a step of its own: 1e40 and 2e40 in two columns) by
+    the factor, and that product was rounded to float32 before the given value multiplied it: inf (found by
+    fuzzing the c backend, seed 11015: ``O[i,j] *= j*A[k,j,i]``). The step multiplies the given value in as its
+    finaliser now, on the float64 total."""
+    import jax
+    import jax.numpy as jnp
+
+    import tullax
+
+    kernel = tullax.einsum_kernel("r[j] *= x[i,j]", backend=backend)
+    r = np.full(3, 1e-3, np.float32)
+    x = np.full((10, 3), 1e4, np.float32)
+    x[0, 1], x[3, 2] = 2e4, 0.5
+    grad_x, grad_r = jax.grad(lambda x, r: jnp.sum(kernel(r, x)), argnums=(0, 1))(jnp.asarray(x), jnp.asarray(r))
+    x64, r64 = x.astype(np.float64), r.astype(np.float64)
+    product = np.prod(x64, axis=0)
+    expected = r64 * product / x64  # no factor is zero
+    assert np.all(np.isfinite(np.asarray(grad_x))), "the product of the other factors overflowed float32"
+    np.testing.assert_allclose(np.asarray(grad_x), expected, rtol=1e-5)
+    # w.r.t. the given value: the product itself, beyond float32 in two columns (inf, as float32 holds it)
+    np.testing.assert_allclose(np.asarray(grad_r), product.astype(np.float32), rtol=1e-5)

@@ -11,8 +11,8 @@ The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied firs
    backend compiles the forward kernel and every gradient step together and later processes load them
    from the compile cache (``Capabilities.whole_module_cached``: host C), the rule's default: the loops (XLA
    compiles its form again in every process, a few hundred milliseconds per kernel and gradient), or XLA's
-   einsum for a contraction and its gather for a pure gather. Otherwise XLA in its best form, traced into the jitted program: no host
-   callback per call and no loop kernel to compile (Numba's take about a second each);
+   einsum for a contraction and its gather for a pure gather. Otherwise XLA in its best form, traced into the
+   jitted program: no host callback per call and no loop kernel to compile (Numba's take about a second each);
 1. no loop backend is usable here: XLA, in its best form;
 2. ``contraction``: a pure contraction (a product of plain accesses summed, no function, guard or offset) is
    BLAS's job: XLA ``einsum`` (``dot_general``);

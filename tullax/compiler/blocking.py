@@ -44,7 +44,9 @@ itself: a float32 running product of 600 terms reached inf where the product was
 fuzzing, ``(*) O[i,j] := B[l,i] + C[k] - tan(tanh(A[j,k]))``; XLA's pairwise product and a float32 product in
 the naive evaluator's order stayed finite), and one that passes below 1e-38 on the way flushes to a zero it
 never leaves. float64's range holds any float32 terms' partial products over a run of practical length; the
-result is rounded to float32 once. Such a product is never tiled (a tile accumulates in the float32 output).
+result is rounded to float32 once, after what follows the product: the given value of '*=' and the finaliser
+run on the float64 total (``lower._reduction``), so ``|> log`` of a product beyond float32 is finite. Such a product
+is never tiled (a tile accumulates in the float32 output).
 """
 from __future__ import annotations
 

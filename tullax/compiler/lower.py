@@ -212,7 +212,10 @@ def _reduction(spec: Spec, plan: Schedule, translator: Translator, body: ir.Expr
         block = [Let(ACC, identity(spec.redop, compute, translator.params.wrap))]
         block += nest.block([Accum(ACC, spec.redop, translator.wrapped(value) if spec.redop != "*" else value)])
         result = Var(ACC, compute)
-    if spec.finalizer is not None:
+    if spec.finalizer is not None and wide is not None:  # on the float64 total, rounded once after it: the
+        # product alone may be beyond float32 where what the finaliser makes of it is not (|> log, |> _ * O[i])
+        result = finalize(spec, replace(translator, params=replace(translator.params, compute=wide.dtype)), wide)
+    elif spec.finalizer is not None:
         result = finalize(spec, translator, translator.wrapped(result))
     if spec.assign == "*=":  # multiply into the given value (the host passes it in: role 'inout')
         given = Load(out.name, out_index, compute)

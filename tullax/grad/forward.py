@@ -102,10 +102,10 @@ class Forward:
 
     def make_spec(self, out: str, body: Maybe, ranges: Mapping[str, Range], *, free: tuple[str, ...] = (),
                   assign: str = ":=", redop: str = "+", lhs: tuple[Idx, ...] | None = None,
-                  rank: int | None = None) -> Spec:
+                  rank: int | None = None, finalizer: Expr | None = None) -> Spec:
         """A gradient step (see ``steps.make_spec``) that may read every array of the forward and prelude."""
         return make_spec(self.ranks, self.facts, out, body, ranges, free=free, assign=assign, redop=redop,
-                         lhs=lhs, rank=rank)
+                         lhs=lhs, rank=rank, finalizer=finalizer)
 
 
 def forward_of(spec: Spec, complex_inputs: frozenset[str] = frozenset()) -> Forward:
@@ -158,16 +158,19 @@ def _fact_for(array: str, axis: int, extent: Sym) -> tuple[Fact, ...]:
     return ()
 
 
-def _free_step(fw: Forward, base: str, body: Expr, redop: str) -> tuple[Forward, Expr]:
-    """A prelude step ``name[free] := (redop) body`` over the forward's own free indices (shifted to start at
-    0): the forward with that step, and how the forward body reads the step's result."""
+def _free_step(fw: Forward, base: str, body: Expr, redop: str,
+               finalizer: Expr | None = None) -> tuple[Forward, Expr]:
+    """A prelude step ``name[free] := (redop) body |> finalizer`` over the forward's own free indices (shifted to
+    start at 0): the forward with that step, and how the forward body reads the step's result."""
     spec = fw.spec
     name = fresh(base, fw.taken)
     shifts = {i: fw.ranges[i].lo for i in spec.free if fw.ranges[i].lo != Sym(0)}
     ranges = {i: Range(Sym(0), fw.ranges[i].extent()) for i in spec.free}
     ranges.update({r: fw.ranges[r] for r in spec.reduced})
-    step = fw.make_spec(name, shift_indices(body, shifts) if shifts else body, ranges, free=spec.free,
-                        redop=redop)
+    if shifts:
+        body = shift_indices(body, shifts)
+        finalizer = shift_indices(finalizer, shifts) if finalizer is not None else None
+    step = fw.make_spec(name, body, ranges, free=spec.free, redop=redop, finalizer=finalizer)
     sizes, facts = fw.sizes, fw.facts
     for axis, extent in enumerate(step.out_shape):
         sizes = sizes.with_equal((name, axis), extent)
@@ -186,10 +189,14 @@ def _with_seed_factor(fw: Forward) -> Forward:
     # a scatter dropped the elements whose ix[e] is outside the result: the cotangent there reads 0, not NaN
     seed_at = tuple(replace(i, pad=True) if isinstance(i, Indirect) else i for i in spec.lhs or ())
     seed = Access(fw.seed, seed_at) if spec.lhs else Param(fw.seed)
-    if spec.assign == "*=":  # OUT = given * fin(prod body): the body's terms carry the given value
+    given: Expr | None = None  # '*=' (not scattered): the given value, folded into the product of the others
+    if spec.assign == "*=":  # OUT = given * prod body: the body's terms carry the given value
         fw, multiplier = _free_step(fw, "mult", spec.body, "*")  # the parser refuses a finaliser with *=
         fw = replace(fw, multiplier=multiplier)
-        seed = mul(seed, Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out))
+        if spec.is_scatter:
+            seed = mul(seed, Access(spec.out, spec.lhs))
+        else:
+            given = Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out)
     residual = (Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out)) if spec.assign == ":=" else None
 
     def pre_value(fw: Forward) -> tuple[Forward, Expr]:
@@ -220,7 +227,7 @@ def _with_seed_factor(fw: Forward) -> Forward:
     if grad is None or spec.redop == "+":
         return replace(fw, factor=grad)
     if spec.redop == "*":
-        return _product_factor(fw, grad)
+        return _product_factor(fw, grad, given)
     if pre is None:
         fw, pre = pre_value(fw)
     if spec.redop in ("max", "min"):  # ties share the gradient equally, as jax does
@@ -232,7 +239,7 @@ def _with_seed_factor(fw: Forward) -> Forward:
     return replace(fw, factor=mul(grad, call("exp", sub(spec.body, pre))))  # logsumexp
 
 
-def _product_factor(fw: Forward, grad: Expr) -> Forward:
+def _product_factor(fw: Forward, grad: Expr, given: Expr | None = None) -> Forward:
     """The factor of a (*) reduction: d(prod_r b_r)/d b_s is the product of the OTHER factors, exact at zeros
     and written so that differentiating it again (jax.hessian) is exact too. Prelude steps: ``zeros`` counts
     the zero factors, ``others`` multiplies the nonzero ones (a zero counts as 1, through a select whose
@@ -245,12 +252,17 @@ def _product_factor(fw: Forward, grad: Expr) -> Forward:
         more:      0
 
     Each case is the exact product as a function near the point for first and second derivatives (third and
-    higher derivatives at a point where two or more factors are zero are not)."""
+    higher derivatives at a point where two or more factors are zero are not).
+
+    ``given``: the value '*=' multiplies the product into. Every case is linear in ``others``, so ``others``
+    multiplies it in as its finaliser (``|> _ * O[i]``), which a float32 kernel applies to the product's float64
+    total before rounding it: the product of the others alone may be beyond float32 where given times it is
+    not (1e40 times a given 1e-3 read inf)."""
     body = fw.spec.body
     is_zero = cmp("==", body, Num(0))
     nonzero = call("ifelse", is_zero, Num(1), body)
     fw, zeros = _free_step(fw, "zeros", is_zero, "+")
-    fw, others = _free_step(fw, "others", nonzero, "*")
+    fw, others = _free_step(fw, "others", nonzero, "*", None if given is None else mul(Hole(), given))
     fw, zsum = _free_step(fw, "zsum", call("ifelse", is_zero, body, Num(0)), "+")
     apart = div(others, nonzero)
 

@@ -31,15 +31,15 @@ Fact = tuple[Axis, Axis, str]
 
 def make_spec(ranks: Mapping[str, int], facts: Iterable[Fact], out: str, body: Maybe,
               ranges: Mapping[str, Range], *, free: tuple[str, ...] = (), assign: str = ":=", redop: str = "+",
-              lhs: tuple[Idx, ...] | None = None, rank: int | None = None) -> Spec:
-    """An analysed Spec from parts; its inputs are found in the body, the left-hand side and the ranges.
-    ``ranks`` gives the rank of every array it may read (``out`` included unless given by ``rank``), and
+              lhs: tuple[Idx, ...] | None = None, rank: int | None = None, finalizer: Expr | None = None) -> Spec:
+    """An analysed Spec from parts; its inputs are found in the body, the finaliser, the left-hand side and the
+    ranges. ``ranks`` gives the rank of every array it may read (``out`` included unless given by ``rank``), and
     ``facts`` the extents known equal: the step keeps those between arrays it reads."""
     body = body if body is not None else Num(0)
     if lhs is None and free:
         lhs = tuple(Affine.index(p) for p in free)
     rank = len(free) if rank is None else rank
-    inputs = _inputs({out: rank, **ranks}, out, body, lhs, ranges, assign)
+    inputs = _inputs({out: rank, **ranks}, out, body, lhs, ranges, assign, finalizer)
     reduced = tuple(n for n in ranges if n not in free)
     if assign == ":=":
         out_shape = tuple(ranges[p].extent() for p in free)
@@ -47,15 +47,16 @@ def make_spec(ranks: Mapping[str, int], facts: Iterable[Fact], out: str, body: M
         out_shape = tuple(Sym.extent(out, d) for d in range(rank))
     present = {i.name for i in inputs} | {out}
     agreements = tuple(Agreement(label, a, b) for a, b, label in facts if a[0] in present and b[0] in present)
-    return Spec(redop=redop, out=out, lhs=lhs, assign=assign, body=body, finalizer=None, inputs=inputs,
+    return Spec(redop=redop, out=out, lhs=lhs, assign=assign, body=body, finalizer=finalizer, inputs=inputs,
                 free=free, reduced=reduced, ranges=tuple((n, ranges[n]) for n in free + reduced),
                 agreements=tuple(dict.fromkeys(agreements)), out_shape=out_shape)
 
 
 def _inputs(ranks: Mapping[str, int], out: str, body: Expr, lhs: tuple[Idx, ...] | None,
-            ranges: Mapping[str, Range], assign: str) -> tuple[Input, ...]:
+            ranges: Mapping[str, Range], assign: str, finalizer: Expr | None = None) -> tuple[Input, ...]:
     """Every name the step reads, in order of first use, with its kind: the given output ('='/'+='), then the
-    body's arrays, index arrays and scalars, then the arrays whose extents only the ranges read."""
+    body's and the finaliser's arrays, index arrays and scalars, then the arrays whose extents only the ranges
+    read."""
     kinds: dict[str, str] = {}
 
     def note(name: str, kind: str) -> None:
@@ -66,7 +67,7 @@ def _inputs(ranks: Mapping[str, int], out: str, body: Expr, lhs: tuple[Idx, ...]
 
     if assign != ":=":
         note(out, "array")
-    for node in walk(body):
+    for node in [*walk(body), *(walk(finalizer) if finalizer is not None else ())]:
         if isinstance(node, Access):
             note(node.array, "array")
             for idx in node.idx:
