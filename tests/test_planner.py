@@ -242,6 +242,13 @@ def test_tiny_calls_run_untimed_on_cached_loops_else_on_xla_and_larger_ones_on_t
     _, linear = compile_spec(LINEAR)
     found = planner.plan(linear, {"W": (6, 5), "X": (6, 4)}, dtypes)
     assert (found.backend, found.form) == ("xla", "einsum")
+    # a tiny pure gather, whose rule is XLA's gather, takes the cached loops too: XLA's gather compiled in every
+    # process cost the embedding's warm TTFK 150 ms (186 -> 333 ms in make bench)
+    _, embed = compile_spec(EMBED)
+    tiny_gather = planner.plan(embed, {"W": (30, 8), "ix": (16,)}, {"W": "float32", "ix": "int32"})
+    assert (tiny_gather.backend, tiny_gather.rule) == ((LOOP_BACKEND, "tiny") if cached_modules else ("xla", "tiny"))
+    large_gather = planner.plan(embed, {"W": (300, 64), "ix": (5000,)}, {"W": "float32", "ix": "int32"})
+    assert (large_gather.backend, large_gather.form, large_gather.rule) == ("xla", "grid", "gather")
 
 
 def test_a_small_close_call_is_not_timed(monkeypatch):

@@ -11,8 +11,9 @@ The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied firs
    backend compiles the forward kernel and every gradient step together and later processes load them
    from the compile cache (``Capabilities.whole_module_cached``: host C), the rule's default: the loops (XLA
    compiles its form again in every process, a few hundred milliseconds per kernel and gradient), or XLA's
-   einsum for a contraction and its gather for a pure gather. Otherwise XLA in its best form, traced into the
-   jitted program: no host callback per call and no loop kernel to compile (Numba's take about a second each);
+   einsum for a contraction; a pure gather too takes the loops here (tiny, XLA's gather cost the embedding's
+   warm TTFK 150 ms of compiling in every process). Otherwise XLA in its best form, traced into the jitted
+   program: no host callback per call and no loop kernel to compile (Numba's take about a second each);
 1. no loop backend is usable here: XLA, in its best form;
 2. ``contraction``: a pure contraction (a product of plain accesses summed, no function, guard or offset) is
    BLAS's job: XLA ``einsum`` (``dot_general``);
@@ -20,7 +21,7 @@ The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied firs
    computed or reduced): XLA's gather, untimed. The copy is memory-bound on any candidate; the loops never beat
    it by more than one process's noise (the planner's race handed them the embedding forward in a process where
    XLA's output buffer page-faulted, which cost every other process 5-25%; on the H200 XLA's gather won the race),
-   and XLA fuses the copy into whatever the program does with it;
+   and XLA fuses the copy into whatever the program does with it (a tiny call: rule 0);
 4. ``scatter/gather``: a spec that scatters (``ΔW[ix[b],d] += ...``) or reads through an index array: loops
    (XLA's scatter and gather are usually slower than the loop nest), timed against XLA when small enough;
 5. ``convolution``: a convolution-shaped spec: a close call between ``lax.conv_general_dilated``, the sum of
@@ -109,6 +110,7 @@ _WITHIN_MARGIN = f" (the loops were faster by less than {round((LOOP_MARGIN - 1)
 FULL = " (full)"  # marks a candidate's timing on the full call, where a slice's race was confirmed
 PLAN_FILE = "plan.json"
 LOOPS = "loops"  # the form of a plan on the loop backend; as a candidate: the loop backend ``auto`` uses
+GATHER = "gather"  # the rule of a pure gather
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -206,7 +208,7 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
     if "einsum" in forms:
         return Rule("contraction", "a pure contraction is BLAS's job (jnp.einsum / dot_general)", "xla:einsum")
     if is_pure_gather(spec):
-        return Rule("gather", "a pure gather: one read through an index array, copied; memory-bound either way, "
+        return Rule(GATHER, "a pure gather: one read through an index array, copied; memory-bound either way, "
                     "and XLA's gather fuses into the program around it", "xla:grid")
     if spec.is_scatter or any(isinstance(i, Indirect) for a in accesses(spec.body) for i in a.idx):
         return Rule("scatter/gather", "an index array: the loop nest reads or scatters in place, XLA's "
@@ -455,7 +457,7 @@ def _settle(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
     if loops is not None and workload.runs_serially(spec, shapes):
         from tullax.backends.xla_forms import forms
 
-        if rule.default == LOOPS and whole_module_cached(loops):
+        if (rule.default == LOOPS or rule.name == GATHER) and whole_module_cached(loops):
             return _as_plan(LOOPS, loops, Rule(
                 "tiny", "below the serial work threshold, not timed: the loop kernel, compiled once with every "
                 "gradient step and loaded from the compile cache by later processes (XLA would compile its form "
