@@ -344,10 +344,10 @@ def test_a_candidate_slow_on_its_first_runs_of_every_round_is_timed_at_its_speed
         if call is None or candidate not in ("loops", "xla:slices"):
             return None
 
-        def run() -> None:
+        def run() -> None:  # the scripted times alone: the real calls (prepared above) took 5 ms on a loaded
+            # machine, so XLA's form lost to the loops' 2 ms in a gate while other work ran
             same = last["candidate"] == candidate
             last["candidate"], last["streak"] = candidate, last["streak"] + 1 if same else 1
-            call()
             if candidate == "loops" or last["streak"] <= 2:
                 clock.sleep(0.002 if candidate == "loops" else 0.004)
 
