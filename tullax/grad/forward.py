@@ -189,15 +189,16 @@ def _with_seed_factor(fw: Forward) -> Forward:
     # a scatter dropped the elements whose ix[e] is outside the result: the cotangent there reads 0, not NaN
     seed_at = tuple(replace(i, pad=True) if isinstance(i, Indirect) else i for i in spec.lhs or ())
     seed = Access(fw.seed, seed_at) if spec.lhs else Param(fw.seed)
+    out_value = Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out)  # the result (or given) element
     given: Expr | None = None  # '*=' (not scattered): the given value, folded into the product of the others
     if spec.assign == "*=":  # OUT = given * prod body: the body's terms carry the given value
         fw, multiplier = _free_step(fw, "mult", spec.body, "*")  # the parser refuses a finaliser with *=
         fw = replace(fw, multiplier=multiplier)
         if spec.is_scatter:
-            seed = mul(seed, Access(spec.out, spec.lhs))
+            seed = mul(seed, out_value)
         else:
-            given = Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out)
-    residual = (Access(spec.out, spec.lhs) if spec.lhs else Param(spec.out)) if spec.assign == ":=" else None
+            given = out_value
+    residual = out_value if spec.assign == ":=" else None
 
     def pre_value(fw: Forward) -> tuple[Forward, Expr]:
         """The pre-finaliser value: the residual itself when there is no finaliser, else recomputed."""

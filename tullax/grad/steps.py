@@ -78,17 +78,19 @@ def _inputs(ranks: Mapping[str, int], out: str, body: Expr, lhs: tuple[Idx, ...]
     for idx in lhs or ():
         if isinstance(idx, Indirect):
             note(idx.array, "index")
-    for name in sorted(_size_arrays(body, lhs, ranges.values())):
+    for name in sorted(_size_arrays(body, lhs, ranges.values(), finalizer)):
         note(name, "shape")
     # an index array of unknown rank is a vector (ix[b]); a scalar has rank 0 whatever ``ranks`` says
     return tuple(Input(n, k, 0 if k == "scalar" else ranks.get(n, 1 if k == "index" else 0))
                  for n, k in kinds.items())
 
 
-def _size_arrays(body: Expr, lhs: tuple[Idx, ...] | None, ranges: Iterable[Range]) -> set[str]:
-    """Arrays whose extents a spec reads symbolically: in its ranges, index constants and index values."""
+def _size_arrays(body: Expr, lhs: tuple[Idx, ...] | None, ranges: Iterable[Range],
+                 finalizer: Expr | None = None) -> set[str]:
+    """Arrays whose extents a spec reads symbolically: in its ranges, index constants and index values (of the
+    body and the finaliser)."""
     syms = [s for rng in ranges for s in (rng.lo, rng.hi)]
-    for node in walk(body):
+    for node in [*walk(body), *(walk(finalizer) if finalizer is not None else ())]:
         if isinstance(node, IndexVal):
             syms.append(node.offset)
         elif isinstance(node, Size):  # size(A, d) as a value (a finaliser's ``_ / size(x,1)``)
