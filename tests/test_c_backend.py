@@ -489,6 +489,25 @@ def test_a_module_is_cut_into_units_each_kernel_in_exactly_one(tmp_path):
     assert not list(tmp_path.glob(".broken.so.*")) and not (tmp_path / "broken.so").exists()  # nothing left
 
 
+def test_compiler_runs_are_started_as_the_room_allows(tmp_path):
+    """``_run`` starts as many compiler processes at once as ``room()`` allows: two that each wait for the other
+    both finish with room for two; with room for one, the second starts after the first has finished; a failure
+    reports its own words (written to a file: no pipe to fill)."""
+    from tullax.backends.c_compile import _run
+
+    def waits_for(mine: str, other: str) -> list[str]:  # fails unless the other runs at the same time
+        return ["sh", "-c", f"touch {tmp_path / mine}; i=0; while [ ! -e {tmp_path / other} ] && [ $i -lt 2000 ]; "
+                f"do sleep 0.01; i=$((i+1)); done; [ -e {tmp_path / other} ]"]
+
+    _run([waits_for("a", "b"), waits_for("b", "a")], tmp_path / "x.c", 60, lambda: 2)
+    first = ["sh", "-c", f"sleep 0.2; touch {tmp_path / 'first-done'}"]
+    second = ["sh", "-c", f"[ -e {tmp_path / 'first-done'} ]"]  # fails if it starts before the first is done
+    _run([first, second], tmp_path / "x.c", 60, lambda: 1)
+    loud = ["sh", "-c", "yes 'a long message' | head -c 200000; echo the-last-words; exit 3"]
+    with pytest.raises(TullaxError, match="the-last-words"):
+        _run([loud, ["true"]], tmp_path / "x.c", 60, lambda: 1)
+
+
 def test_a_module_that_adds_into_its_output_clears_it_in_parallel(monkeypatch):
     """A module with a kernel that adds into its output (the embedding gradient's scatter) exports the parallel
     clear of ``tullax.printers.c_clear``, once; ``clear_bytes`` zeroes exactly the bytes asked, on one thread and
@@ -594,17 +613,22 @@ def test_openmp_threads_stop_spinning_soon_after_a_call(user: str | None):
 def test_the_forward_kernel_is_ready_while_its_steps_module_still_compiles(monkeypatch, tmp_path):
     """The forward module does not wait for the steps module compiling beside it (held here until released);
     a gradient step asked for meanwhile waits for the steps module and comes from it, not from a module of its
-    own."""
+    own. On 4 cores the steps module compiles as 3 units (one core left to this process), 2 at once while the
+    forward module is being built, 3 once it is."""
     from tullax.backends import c_compile
 
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
-    release = threading.Event()
+    monkeypatch.setattr(c_compile, "cores", lambda: 4)
+    release, asked = threading.Event(), threading.Event()
     real = c_compile.compile_library
+    steps_compile = {}
 
-    def held(source, library, timeout=600.0, units=None):
+    def held(source, library, timeout=600.0, units=None, room=None):
         if "void grad" in Path(source).read_text():
+            steps_compile.update(units=units, room=room)
+            asked.set()
             assert release.wait(120), "never released"
-        return real(source, library, timeout, units)
+        return real(source, library, timeout, units, room)
 
     monkeypatch.setattr(c_compile, "compile_library", held)
     spec = analysed("Fq[i] := xq[i,j]*wq[j] + 1")
@@ -613,6 +637,11 @@ def test_the_forward_kernel_is_ready_while_its_steps_module_still_compiles(monke
         forward = BACKEND.build(spec, signature)
         build = cmod._STEP_BUILDS[(spec, signature)]
         assert not build.done.is_set()
+        assert asked.wait(120) and steps_compile["units"] == 3
+        assert build.forward_built.is_set() and steps_compile["room"]() == 3
+        build.forward_built.clear()
+        assert steps_compile["room"]() == 2
+        build.forward_built.set()
         out, x, w = np.empty(3), np.arange(6.0).reshape(3, 2), np.array([1.0, -1.0])
         forward(out, x, w)
         np.testing.assert_array_equal(out, x @ w + 2)  # the 1 is summed over j too

@@ -35,7 +35,7 @@ import os
 import pickle
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -231,9 +231,22 @@ _JUST_COMPILED: dict[str, tuple[str, float]] = {}  # key -> (library, seconds) c
 
 
 def _units(part: str) -> int:
-    """Translation units to compile a module in: the forward kernel is one; the steps module compiles beside it
-    (``CBackend.build``), so it takes the other cores: ``PARALLEL_UNITS - 1`` units, at least one."""
-    return 1 if part == FORWARD else max(1, c_compile.PARALLEL_UNITS - 1)
+    """Translation units to compile a module in: the forward kernel is one (a call waits for it alone); the
+    steps module one per core but one, which it leaves to this process (its tracing, XLA's compiles and the
+    planner's races: on 2 cores a second unit slowed the first forward call as much as it sped up the steps)."""
+    return 1 if part == FORWARD else max(1, c_compile.cores() - 1)
+
+
+def _room(generated: host.GeneratedModule, part: str) -> Callable[[], int] | None:
+    """How many of a steps module's units may compile at once: ``_units``, less one while the forward module
+    of its spec is still being built beside it (``CBackend.build``; a call waits for that one)."""
+    if part != STEPS:
+        return None
+    with _STEPS_LOCK:
+        build = _STEP_BUILDS.get((generated.spec, generated.signature))
+    if build is None:
+        return None
+    return lambda: _units(STEPS) - (not build.forward_built.is_set())
 
 
 def _compile_into_cache(cache: CompileCache, generated: host.GeneratedModule, part: str = FORWARD) -> None:
@@ -254,14 +267,15 @@ def _library(generated: host.GeneratedModule, cache: CompileCache, part: str = F
     if generated.path is None:  # the cache stores nothing: a private temporary directory
         directory = Path(tempfile.mkdtemp(prefix="tullax-c-"))
         (directory / SOURCE_FILE).write_text(generated.source)
-        c_compile.compile_library(directory / SOURCE_FILE, directory / name, units=_units(part))
+        c_compile.compile_library(directory / SOURCE_FILE, directory / name, units=_units(part),
+                                  room=_room(generated, part))
         _count("compiled")
         return str(directory / name), time.perf_counter() - start, True
     data, problem = cache.read_checked(generated.key, name)
     if data is not None and problem is None:
         return str(generated.path.with_name(name)), time.perf_counter() - start, False
     built = generated.path.with_name(f".{name}.{os.getpid()}.built")
-    c_compile.compile_library(generated.path, built, units=_units(part))
+    c_compile.compile_library(generated.path, built, units=_units(part), room=_room(generated, part))
     data = built.read_bytes()
     built.unlink(missing_ok=True)
     stale = [p.name for p in generated.path.parent.glob(f"{LIBRARY_PREFIX}*.so") if p.name != name]
@@ -375,6 +389,7 @@ class _StepsBuild:
     def __init__(self) -> None:
         self.known = threading.Event()
         self.done = threading.Event()
+        self.forward_built = threading.Event()  # the forward module beside it is built (or failed)
         self.keys: frozenset[tuple[Spec, Signature]] = frozenset()
 
 
@@ -541,7 +556,13 @@ class CBackend:
         if step is not None:
             return step
         _start_steps(spec, signature)  # first: its compiler runs beside the forward's
-        return _BUILDER.build(_recipe(FORWARD), spec, signature)
+        try:
+            return _BUILDER.build(_recipe(FORWARD), spec, signature)
+        finally:
+            with _STEPS_LOCK:
+                build = _STEP_BUILDS.get((spec, signature))
+            if build is not None:  # the steps module's compiler may take this core now
+                build.forward_built.set()
 
     def generate_source(self, spec: Spec, signature: Signature) -> str:
         return generate(spec, signature.widened())[1]

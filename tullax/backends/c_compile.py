@@ -13,9 +13,9 @@ compilation of a translation unit to a shared library.
   ``$TULLAX_CFLAGS`` adds flags after ours; glibc's libmvec is linked where it exists (``vector_math``).
 * ``probe()``: whether the compiler builds an OpenMP shared library here (remembered in the compile cache per
   ``identity()``, so a warm process does not pay for it).
-* ``compile_library(source_path, library_path)``: a module of several kernels as ``PARALLEL_UNITS``
-  translation units compiled at once (``split_units``) and linked, else one compiler run; a failure is a
-  TullaxError with the compiler's message and the source path.
+* ``compile_library(source_path, library_path)``: a module of several kernels as ``PARALLEL_UNITS`` (or
+  ``units``) translation units (``split_units``), compiled at once (or as many at a time as ``room()`` says)
+  and linked, else one compiler run; a failure is a TullaxError with the compiler's message and the source path.
 """
 from __future__ import annotations
 
@@ -26,7 +26,10 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from tullax.errors import TullaxError
 
@@ -107,6 +110,15 @@ def _cpu() -> str:
 
 
 PARALLEL_UNITS = 2  # translation units compiled at once: the machines we target have at least 2 cores
+_POLL_S = 0.01  # how often units waiting for room look for a finished compiler or a freed core
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def split_units(text: str, units: int | None = None) -> list[str]:
@@ -124,18 +136,17 @@ def split_units(text: str, units: int | None = None) -> list[str]:
     return [UNIT_MARK.join([prelude, *group]) for group in groups]
 
 
-def compile_library(source: Path, library: Path, timeout: float = 600.0, units: int | None = None) -> float:
+def compile_library(source: Path, library: Path, timeout: float = 600.0, units: int | None = None,
+                    room: Callable[[], int] | None = None) -> float:
     """Compile ``source`` into the shared library ``library`` (written atomically: a temporary file renamed,
     so a concurrent reader never dlopens half a file); returns the seconds the compiler ran. A module of
-    several kernels is compiled as ``PARALLEL_UNITS`` translation units at once and linked: the compiler's time
-    goes mostly to the kernel functions, so two units take about half the wall time of one. ``units``: at most
-    that many instead."""
-    import time
-
+    several kernels is cut into ``PARALLEL_UNITS`` (or ``units``) translation units, compiled longest first,
+    as many at once as ``room()`` says when it is given, else all at once, and linked: the compiler's time goes
+    mostly to the kernel functions, so two units take about half the wall time of one."""
     cc = compiler()
     tmp = library.with_name(f".{library.name}.{os.getpid()}.tmp")
     start = time.perf_counter()
-    units = split_units(source.read_text(encoding="utf-8"), units)
+    units = sorted(split_units(source.read_text(encoding="utf-8"), units), key=len, reverse=True)
     try:
         if len(units) == 1:
             _run([[cc, *flags(), "-o", str(tmp), str(source), *libraries()]], source, timeout)
@@ -146,8 +157,9 @@ def compile_library(source: Path, library: Path, timeout: float = 600.0, units: 
                     path = Path(scratch) / f"unit{number}.c"
                     path.write_text(unit, encoding="utf-8")
                     objects.append(path.with_suffix(".o"))
+
                 _run([[cc, *flags(), "-c", "-o", str(obj), str(obj.with_suffix(".c"))] for obj in objects],
-                     source, timeout)
+                     source, timeout, room)
                 _run([[cc, *flags(), "-o", str(tmp), *map(str, objects), *libraries()]], source, timeout)
     except TullaxError:
         tmp.unlink(missing_ok=True)  # whatever a failed compiler or linker left behind
@@ -156,24 +168,49 @@ def compile_library(source: Path, library: Path, timeout: float = 600.0, units: 
     return time.perf_counter() - start
 
 
-def _run(commands: list[list[str]], source: Path, timeout: float) -> None:
-    """Run the compiler ``commands`` at once; a TullaxError with the compiler's words if one fails."""
+def _run(commands: list[list[str]], source: Path, timeout: float, room: Callable[[], int] | None = None) -> None:
+    """Run the compiler ``commands``, in order, as many at once as ``room()`` says (at least one; all of them
+    without it); a TullaxError with the compiler's words if one fails, the others stopped."""
     cc = compiler()
-    try:
-        running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                   for command in commands]
-    except OSError as err:
-        raise TullaxError(f"the c backend could not run its C compiler {cc!r} on {source}: {err}") from None
+    deadline = time.monotonic() + timeout
+    waiting = list(commands)
+    running: list[tuple[subprocess.Popen, IO[str]]] = []
     failures = []
-    for process in running:
-        try:
-            output, _ = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for other in running:
-                other.kill()
-            raise TullaxError(f"the C compiler {cc!r} ran for more than {timeout:g} s on {source}") from None
-        if process.returncode != 0:
-            failures.append(output.strip())
+    try:
+        while waiting or running:
+            while waiting and len(running) < (max(1, room()) if room else len(commands)):
+                log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a long message never blocks gcc
+                try:
+                    running.append((subprocess.Popen(waiting.pop(0), stdout=log, stderr=subprocess.STDOUT), log))
+                except OSError as err:
+                    log.close()
+                    raise TullaxError(f"the c backend could not run its C compiler {cc!r} on {source}: {err}") \
+                        from None
+            if not waiting:  # every one started: wait for them in turn
+                try:
+                    running[0][0].wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    raise TullaxError(f"the C compiler {cc!r} ran for more than {timeout:g} s on {source}") \
+                        from None
+            finished = [entry for entry in running if entry[0].poll() is not None]
+            if not finished:  # some wait for room: look again shortly
+                if time.monotonic() > deadline:
+                    raise TullaxError(f"the C compiler {cc!r} ran for more than {timeout:g} s on {source}")
+                time.sleep(_POLL_S)
+                continue
+            for process, log in finished:
+                running.remove((process, log))
+                if process.returncode != 0:
+                    log.seek(0)
+                    failures.append(log.read().strip())
+                log.close()
+            if failures:
+                break
+    finally:
+        for process, log in running:  # a failure or a timeout: stop the others
+            process.kill()
+            process.wait()
+            log.close()
     if failures:
         raise TullaxError(f"the C compiler {cc!r} could not compile the module generated at {source}; please "
                           f"report it. The compiler said:\n{failures[0]}")
@@ -207,5 +244,5 @@ def _probe(ident: str) -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["BASE_FLAGS", "CC_ENV", "CFLAGS_ENV", "PARALLEL_UNITS", "compile_library", "compiler", "flags", "identity",
-           "libraries", "probe", "resolved", "split_units", "vector_math"]
+__all__ = ["BASE_FLAGS", "CC_ENV", "CFLAGS_ENV", "PARALLEL_UNITS", "compile_library", "compiler", "cores", "flags",
+           "identity", "libraries", "probe", "resolved", "split_units", "vector_math"]
