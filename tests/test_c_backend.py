@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -506,6 +507,11 @@ def test_compiler_runs_are_started_as_the_room_allows(tmp_path):
     loud = ["sh", "-c", "yes 'a long message' | head -c 200000; echo the-last-words; exit 3"]
     with pytest.raises(TullaxError, match="the-last-words"):
         _run([loud, ["true"]], tmp_path / "x.c", 60, lambda: 1)
+    slow = ["sh", "-c", f"sleep 1; touch {tmp_path / 'not-killed'}"]
+    with pytest.raises(TullaxError, match="ran for more than"):
+        _run([slow], tmp_path / "x.c", 0.2)
+    time.sleep(1.5)
+    assert not (tmp_path / "not-killed").exists()  # stopped at the timeout
 
 
 def test_a_module_that_adds_into_its_output_clears_it_in_parallel(monkeypatch):
