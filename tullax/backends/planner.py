@@ -110,7 +110,6 @@ _WITHIN_MARGIN = f" (the loops were faster by less than {round((LOOP_MARGIN - 1)
 FULL = " (full)"  # marks a candidate's timing on the full call, where a slice's race was confirmed
 PLAN_FILE = "plan.json"
 LOOPS = "loops"  # the form of a plan on the loop backend; as a candidate: the loop backend ``auto`` uses
-GATHER = "gather"  # the rule of a pure gather
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -149,6 +148,11 @@ class Rule:
     reason: str
     default: str  # a candidate
     close: tuple[str, ...] = field(default=())
+    tiny: str | None = None  # what a tiny call runs where the loops' modules are cached whole; None: ``default``
+
+    @property
+    def for_tiny(self) -> str:
+        return self.default if self.tiny is None else self.tiny
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,8 +212,8 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
     if "einsum" in forms:
         return Rule("contraction", "a pure contraction is BLAS's job (jnp.einsum / dot_general)", "xla:einsum")
     if is_pure_gather(spec):
-        return Rule(GATHER, "a pure gather: one read through an index array, copied; memory-bound either way, "
-                    "and XLA's gather fuses into the program around it", "xla:grid")
+        return Rule("gather", "a pure gather: one read through an index array, copied; memory-bound either way, "
+                    "and XLA's gather fuses into the program around it", "xla:grid", tiny=LOOPS)
     if spec.is_scatter or any(isinstance(i, Indirect) for a in accesses(spec.body) for i in a.idx):
         return Rule("scatter/gather", "an index array: the loop nest reads or scatters in place, XLA's "
                     "gather/scatter is usually slower", LOOPS, (LOOPS, "xla:grid"))
@@ -457,7 +461,7 @@ def _settle(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
     if loops is not None and workload.runs_serially(spec, shapes):
         from tullax.backends.xla_forms import forms
 
-        if (rule.default == LOOPS or rule.name == GATHER) and whole_module_cached(loops):
+        if rule.for_tiny == LOOPS and whole_module_cached(loops):
             return _as_plan(LOOPS, loops, Rule(
                 "tiny", "below the serial work threshold, not timed: the loop kernel, compiled once with every "
                 "gradient step and loaded from the compile cache by later processes (XLA would compile its form "
