@@ -483,6 +483,32 @@ def test_linear_runs_on_blas_both_ways_and_an_explicit_backend_still_forces_one(
     assert {op.backend for op in _ops(grad(forced), *values)} == {"numba"}
 
 
+def test_a_pure_contraction_never_looks_for_a_loop_backend(monkeypatch):
+    """Linear and batched attention scores, forward and gradients under jit, plan XLA's einsum without asking
+    which loop backend is usable (that probes the C compiler in a new process); Dist does ask. The results
+    equal jnp's."""
+    asked = []
+    real = planner.loop_backend
+    monkeypatch.setattr(planner, "loop_backend", lambda *a, **k: asked.append(1) or real(*a, **k))
+    planner.forget()
+    for text, shapes, reference in (
+            (LINEAR, {"W": (6, 5), "X": (6, 4)}, lambda W, X: W.T @ X),
+            ("S[h,i,j] := q[h,i,d]*k[h,j,d]", {"q": (2, 3, 4), "k": (2, 5, 4)},
+             lambda q, k: jnp.einsum("hid,hjd->hij", q, k))):
+        kernel = tullax.einsum_kernel(text)
+        values = [jnp.asarray(v) for v in make_inputs(kernel.ir, shapes, "float32")]
+        np.testing.assert_allclose(jax.jit(kernel)(*values), reference(*values), rtol=1e-5, atol=1e-5)
+        ours = jax.jit(jax.grad(lambda *v: jnp.sum(jnp.sin(kernel(*v))), argnums=(0, 1)))(*values)
+        theirs = jax.grad(lambda *v: jnp.sum(jnp.sin(reference(*v))), argnums=(0, 1))(*values)
+        for a, b in zip(ours, theirs):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert asked == []
+    dist = tullax.einsum_kernel("D[i,j] := (W[k,i]-X[k,j])^2")
+    values = [jnp.asarray(v) for v in make_inputs(dist.ir, {"W": (6, 5), "X": (6, 4)}, "float32")]
+    jax.jit(dist)(*values)
+    assert asked
+
+
 def test_timing_off_keeps_the_rule_default(rules_only):
     _, spec = compile_spec(CONV1D)
     found = planner.plan(spec, {"x": (8, 4000), "w": (7,)}, {"x": "float32", "w": "float32"})

@@ -4,24 +4,25 @@ forms (``tullax.backends.xla_forms``). Where jax computes on a GPU, the loop bac
 ``julia-cuda``: kernels on XLA's own device buffers), raced against XLA's forms on the GPU (cuBLAS for a
 contraction, cuDNN for a convolution), and decisions are kept per GPU model.
 
-The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied first by ``plan``):
+The rules, in order (``rule_for``; ``tiny`` needs the shapes and is applied by ``plan`` after ``contraction``):
 
-0. ``tiny``: a call whose estimated work is below the serial threshold (``tullax.backends.workload``) is not
+0. ``contraction``: a pure contraction (a product of plain accesses summed, no function, guard or offset) is
+   BLAS's job: XLA ``einsum`` (``dot_general``), at any size. Its plan does not look for a loop backend
+   (``loops_for``), so its first call neither probes the C compiler nor imports a loop backend;
+1. ``tiny``: a call whose estimated work is below the serial threshold (``tullax.backends.workload``) is not
    timed (a race this small decides microseconds, its compiles cost a good part of a second). Where the loop
    backend compiles the forward kernel and every gradient step together and later processes load them
    from the compile cache (``Capabilities.whole_module_cached``: host C), the rule's default: the loops (XLA
-   compiles its form again in every process, a few hundred milliseconds per kernel and gradient), or XLA's
-   einsum for a contraction; a pure gather too takes the loops here (tiny, XLA's gather cost the embedding's
-   warm TTFK 150 ms of compiling in every process). Otherwise XLA in its best form, traced into the jitted
-   program: no host callback per call and no loop kernel to compile (Numba's take about a second each);
-1. no loop backend is usable here: XLA, in its best form;
-2. ``contraction``: a pure contraction (a product of plain accesses summed, no function, guard or offset) is
-   BLAS's job: XLA ``einsum`` (``dot_general``);
+   compiles its form again in every process, a few hundred milliseconds per kernel and gradient); a pure
+   gather too takes the loops here (tiny, XLA's gather cost the embedding's warm TTFK 150 ms of compiling in
+   every process). Otherwise XLA in its best form, traced into the jitted program: no host callback per call
+   and no loop kernel to compile (Numba's take about a second each);
+2. no loop backend is usable here: XLA, in its best form;
 3. ``gather``: a pure gather (``out[b,d] := W[ix[b],d]``: one read through an index array, copied, nothing
    computed or reduced): XLA's gather, untimed. The copy is memory-bound on any candidate; the loops never beat
    it by more than one process's noise (the planner's race handed them the embedding forward in a process where
    XLA's output buffer page-faulted, which cost every other process 5-25%; on the H200 XLA's gather won the race),
-   and XLA fuses the copy into whatever the program does with it (a tiny call: rule 0);
+   and XLA fuses the copy into whatever the program does with it (a tiny call: rule 1);
 4. ``scatter/gather``: a spec that scatters (``ΔW[ix[b],d] += ...``) or reads through an index array: loops
    (XLA's scatter and gather are usually slower than the loop nest), timed against XLA when small enough;
 5. ``convolution``: a convolution-shaped spec: a close call between ``lax.conv_general_dilated``, the sum of
@@ -187,6 +188,15 @@ def loop_backend(dtypes: Iterable[str] = ()) -> str | None:
     return None
 
 
+def loops_for(spec: Spec, dtypes: Iterable[str] = ()) -> str | None:
+    """``loop_backend(dtypes)`` for a kernel whose plan may run on the loops; None for a pure contraction, which
+    always runs XLA's einsum: its first call then neither probes the C compiler (60-190 ms in a new process
+    with an empty cache) nor imports a loop backend."""
+    from tullax.backends import xla_forms
+
+    return None if "einsum" in xla_forms.forms(spec) else loop_backend(dtypes)
+
+
 def on_gpu() -> bool:
     """Whether jax computes on a GPU here (``auto``'s kernels then run on the GPU: the loops as device kernels)."""
     import sys
@@ -207,10 +217,10 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
     from tullax.backends import xla_forms
 
     forms = xla_forms.forms(spec)
+    if "einsum" in forms:  # first: whether loops are usable does not matter (``loops_for`` does not look)
+        return Rule("contraction", "a pure contraction is BLAS's job (jnp.einsum / dot_general)", "xla:einsum")
     if loops is None:
         return Rule("no loop backend", "no loop backend is usable here", f"xla:{forms[0]}")
-    if "einsum" in forms:
-        return Rule("contraction", "a pure contraction is BLAS's job (jnp.einsum / dot_general)", "xla:einsum")
     if is_pure_gather(spec):
         return Rule("gather", "a pure gather: one read through an index array, copied; memory-bound either way, "
                     "and XLA's gather fuses into the program around it", "xla:grid", tiny=LOOPS)
@@ -262,10 +272,17 @@ def build_gradient_module(spec: Spec, args: Iterable[Any], out_dtype: str) -> No
     the step's own (second-order) gradients: one compiler run instead of one per step. A module that fails
     to build is left to the steps, which build their own kernels and report their own errors."""
     from tullax import backends
+    from tullax.backends import xla_forms
     from tullax.backends.base import Signature
+    from tullax.backends.host import kernel_steps
     from tullax.errors import TullaxError
 
     args = list(args)
+    try:
+        if all("einsum" in xla_forms.forms(step.spec) for step in kernel_steps(spec, out_dtype)[1:]):
+            return  # pure contractions: XLA's einsum, never the loops (``loops_for``)
+    except TullaxError:
+        pass  # the steps report it
     loops = loop_backend(str(getattr(a, "dtype", "")) for a in args if hasattr(a, "dtype"))
     if not whole_module_cached(loops) or not _steps_may_run_on(loops, spec, args, out_dtype):
         return
@@ -402,7 +419,7 @@ def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool 
     step that starts from zeros (``tullax.grad.run.zero_start_steps``); its race runs both candidates so (XLA
     fuses the zeros into its scatter, the loops clear their own output), and its decision is kept apart."""
     shapes, dtypes = _normalised(spec, shapes, dtypes)
-    loops = loop_backend(dtypes.values())
+    loops = loops_for(spec, dtypes.values())
     zero_start = zero_start and spec.assign == "+="
     if timing is False:
         return _decide(spec, shapes, dtypes, loops, False,
@@ -631,7 +648,7 @@ def compile_ahead(kernels: Iterable[tuple[Spec, Shapes, Mapping[str, str]]], *, 
         return
     for spec, shapes, dtypes in kernels:
         shapes, dtypes = _normalised(spec, shapes, dtypes)
-        loops = loop_backend(dtypes.values())
+        loops = loops_for(spec, dtypes.values())
         zero_start = spec in from_zeros
         if _memo_key(spec, shapes, dtypes, loops, zero_start) in _MEMO:
             continue

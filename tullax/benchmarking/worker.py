@@ -60,7 +60,7 @@ class Subject:
         # a comparator only needs the analysed spec from the kernel: it runs tullax's jnp lowering itself
         comparator = backend in COMPARATORS
         kernel = tullax.einsum_kernel(spec_text, backend="xla" if comparator else backend, ranges=ranges)
-        if not comparator:
+        if not comparator and backend != "auto":  # auto resolves its loop backend as it plans, if it needs one
             kernel.backend  # noqa: B018 - resolve it now: importing the backend is part of the first kernel
         self.ir = kernel.ir
         if backend == IDIOMATIC:
