@@ -6,8 +6,9 @@ imported jax and tullax, then kernel construction, tracing, compiling and the fi
 case's tiny inputs) with wrappers around the functions below; the same code runs. ``cold`` runs on an empty
 compile cache, ``warm`` on the one the cold run filled.
 
-* ``resolve``: choosing the backend (``auto``: whether Julia, then the C compiler, can run here); ``c probe``:
-  the C compiler's trial build, once per cache;
+* ``resolve``: choosing an explicit backend (``auto`` asks for its loop backend as it plans a kernel that may run
+  on the loops: whether Julia, then the C compiler, can run here); ``c probe``: the C compiler's trial build,
+  once per cache;
 * ``race <out>``: the planner deciding one kernel (``planner._decide``); inside it ``candidate <form>``: one
   candidate compiled and run once (``planner._prepared_call``), and ``compile ahead``: lowering the XLA candidates
   of the gradient races still to run, compiled meanwhile in threads;
