@@ -396,19 +396,20 @@ class _StepsBuild:
 _STEP_BUILDS: dict[tuple[Spec, Signature], _StepsBuild] = {}
 
 
-def _start_steps(spec: Spec, signature: Signature) -> None:
+def _start_steps(spec: Spec, signature: Signature) -> "_StepsBuild | None":
     """Build (compile, or load from the cache) the steps module of ``spec`` in a thread, once per process, so it
     compiles beside the forward module instead of after it, and the forward kernel is ready as soon as its own
-    module is."""
+    module is. Returns that build (started now or before), None when the spec has no gradient steps."""
     if not _has_gradients(signature):
-        return
+        return None
     with _STEPS_LOCK:
         if (spec, signature) in _STEP_BUILDS:
-            return
+            return _STEP_BUILDS[(spec, signature)]
         build = _STEP_BUILDS[(spec, signature)] = _StepsBuild()
     # not a daemon: a process that ends meanwhile (a forward-only script) waits for the compile, which it stores,
     # instead of leaving every later process to compile it again
     threading.Thread(target=_build_steps, args=(spec, signature, build), name="tullax-c-steps").start()
+    return build
 
 
 def finish_step_builds() -> None:
@@ -555,14 +556,12 @@ class CBackend:
         step = _built_step(spec, signature)
         if step is not None:
             return step
-        _start_steps(spec, signature)  # first: its compiler runs beside the forward's
+        steps = _start_steps(spec, signature)  # first: its compiler runs beside the forward's
         try:
             return _BUILDER.build(_recipe(FORWARD), spec, signature)
         finally:
-            with _STEPS_LOCK:
-                build = _STEP_BUILDS.get((spec, signature))
-            if build is not None:  # the steps module's compiler may take this core now
-                build.forward_built.set()
+            if steps is not None:  # the steps module's compiler may take this core now
+                steps.forward_built.set()
 
     def generate_source(self, spec: Spec, signature: Signature) -> str:
         return generate(spec, signature.widened())[1]

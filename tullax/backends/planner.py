@@ -188,13 +188,18 @@ def loop_backend(dtypes: Iterable[str] = ()) -> str | None:
     return None
 
 
-def loops_for(spec: Spec, dtypes: Iterable[str] = ()) -> str | None:
-    """``loop_backend(dtypes)`` for a kernel whose plan may run on the loops; None for a pure contraction, which
-    always runs XLA's einsum: its first call then neither probes the C compiler (60-190 ms in a new process
-    with an empty cache) nor imports a loop backend."""
+def always_einsum(spec: Spec) -> bool:
+    """Whether ``spec`` is a pure contraction, which runs XLA's einsum whatever the shapes and loop backend."""
     from tullax.backends import xla_forms
 
-    return None if "einsum" in xla_forms.forms(spec) else loop_backend(dtypes)
+    return "einsum" in xla_forms.forms(spec)
+
+
+def loops_for(spec: Spec, dtypes: Iterable[str] = ()) -> str | None:
+    """``loop_backend(dtypes)`` for a kernel whose plan may run on the loops; None for a pure contraction
+    (``always_einsum``): its first call then neither probes the C compiler (60-190 ms in a new process with an
+    empty cache) nor imports a loop backend."""
+    return None if always_einsum(spec) else loop_backend(dtypes)
 
 
 def on_gpu() -> bool:
@@ -217,7 +222,7 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
     from tullax.backends import xla_forms
 
     forms = xla_forms.forms(spec)
-    if "einsum" in forms:  # first: whether loops are usable does not matter (``loops_for`` does not look)
+    if "einsum" in forms:  # first: whether loops are usable does not matter (``always_einsum``, ``loops_for``)
         return Rule("contraction", "a pure contraction is BLAS's job (jnp.einsum / dot_general)", "xla:einsum")
     if loops is None:
         return Rule("no loop backend", "no loop backend is usable here", f"xla:{forms[0]}")
@@ -272,15 +277,14 @@ def build_gradient_module(spec: Spec, args: Iterable[Any], out_dtype: str) -> No
     the step's own (second-order) gradients: one compiler run instead of one per step. A module that fails
     to build is left to the steps, which build their own kernels and report their own errors."""
     from tullax import backends
-    from tullax.backends import xla_forms
     from tullax.backends.base import Signature
     from tullax.backends.host import kernel_steps
     from tullax.errors import TullaxError
 
     args = list(args)
     try:
-        if all("einsum" in xla_forms.forms(step.spec) for step in kernel_steps(spec, out_dtype)[1:]):
-            return  # pure contractions: XLA's einsum, never the loops (``loops_for``)
+        if all(always_einsum(step.spec) for step in kernel_steps(spec, out_dtype)[1:]):
+            return  # pure contractions never run on the loops
     except TullaxError:
         pass  # the steps report it
     loops = loop_backend(str(getattr(a, "dtype", "")) for a in args if hasattr(a, "dtype"))
