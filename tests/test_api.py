@@ -2,6 +2,7 @@
 every backend keeps (signatures, declared capabilities, every registry function on the XLA reference)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -41,6 +42,24 @@ def test_canonical_text_normalises_spelling():
     b = tullax.einsum_kernel("  C[i, j] := A[i,k]*B[k,j]  ")
     assert a.spec == b.spec
     assert a.ir == b.ir and hash(a.ir) == hash(b.ir)
+
+
+def test_a_pickled_spec_hashes_as_the_process_that_loads_it():
+    """A spec keeps its first hash, which a string's hash makes particular to a process (the c backend pickles
+    specs into the compile cache): loaded in a process with another hash seed, it must find itself in a dict
+    keyed by the spec that process compiled."""
+    import pickle
+
+    spec = tullax.einsum_kernel("D[i,j] := (W[k,i] - X[k,j])^2").ir
+    hash(spec)
+    assert "_hash" not in pickle.loads(pickle.dumps(spec)).__dict__
+    code = ("import pickle, sys, tullax; loaded = pickle.loads(sys.stdin.buffer.read()); "
+            "fresh = tullax.einsum_kernel('D[i,j] := (W[k,i] - X[k,j])^2').ir; "
+            "print(loaded == fresh, hash(loaded) == hash(fresh), {fresh: 1}.get(loaded))")
+    for seed in ("1", "2"):
+        done = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(spec), capture_output=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}, check=True)
+        assert done.stdout.decode().split() == ["True", "True", "1"]
 
 
 @pytest.mark.parametrize("call, message", [

@@ -392,17 +392,18 @@ _WARM_SCRIPT = textwrap.dedent("""
     W, X = np.ones((4, 3), np.float32), np.ones((4, 2), np.float32)
     out = jax.jit(kernel)(W, X)
     grads = jax.jit(jax.grad(lambda W, X: kernel(W, X).sum(), argnums=(0, 1)))(W, X)
-    heavy = sorted(m for m in ("tullax.compiler.lower", "tullax.printers.c", "numba", "jax.extend")
-                   if m in sys.modules)
+    heavy = sorted(m for m in ("tullax.compiler.lower", "tullax.compiler.loops", "tullax.printers.c",
+                               "tullax.backends.xla", "numba", "jax.extend") if m in sys.modules)
     print(json.dumps({"heavy": heavy, "sum": float(np.asarray(out).sum() + sum(np.asarray(g).sum() for g in grads))}))
 """)
 
 
 @pytest.mark.parametrize("backend", ["c", "auto"])
 def test_a_warm_process_imports_no_compiler_printer_or_numba(tmp_path: Path, backend: str):
-    """A warm process loads the module the cold one compiled: no lowering, printing or Numba, and not jax.extend
-    (it imports all of Pallas: 20-70 ms of every process's first kernel). Under ``auto`` too, whose tiny calls
-    run on the cached C module (a tiny spec at these shapes; with Numba as the loop backend they run on XLA)."""
+    """A warm process loads the module the cold one compiled: no lowering, printing or Numba, not the loop IR (the
+    cache holds each kernel's interface), not the XLA lowering (nothing runs on XLA), and not jax.extend (it
+    imports all of Pallas: 20-70 ms of every process's first kernel). Under ``auto`` too, whose tiny calls run
+    on the cached C module (a tiny spec at these shapes; with Numba as the loop backend they run on XLA)."""
     if backend == "auto" and planner_loops() != "c":
         pytest.skip("auto's loop backend here is not host C")
     env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO),
@@ -410,7 +411,8 @@ def test_a_warm_process_imports_no_compiler_printer_or_numba(tmp_path: Path, bac
     runs = [json.loads(subprocess.run([sys.executable, "-c", _WARM_SCRIPT, backend], env=env, cwd=REPO, timeout=600,
                                       capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
             for _ in range(2)]
-    assert runs[0]["heavy"] == ["tullax.compiler.lower", "tullax.printers.c"]  # cold: it generated the module
+    # cold: it generated the module
+    assert runs[0]["heavy"] == ["tullax.compiler.loops", "tullax.compiler.lower", "tullax.printers.c"]
     assert runs[1]["heavy"] == [] and runs[1]["sum"] == runs[0]["sum"] == 0.0
 
 

@@ -23,8 +23,9 @@ from tullax import backends
 from tullax.backends import cuda, cuda_compile, cuda_driver, gpu_select
 from tullax.backends.base import Signature
 from tullax.backends.cuda_launch import START_ANY, START_GIVEN, ParamBlock, plan_launch
+from tullax.compiler.interface import ArrayArg, SizeArg
 from tullax.compiler.intervals import Interval, fits
-from tullax.compiler.loops import INDEX, ArrayArg, Const, Loop, LoopKernel, SizeArg, Store, Var, binop
+from tullax.compiler.loops import INDEX, Const, Loop, LoopKernel, Store, Var, binop
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.jaxop import device

@@ -13,11 +13,12 @@ process only dlopens the libraries from the compile cache (milliseconds), where 
   with (``_step_signature``); a step asked for while its module builds waits for it, so the backward pass
   compiles nothing more. A step built with another signature gets a module of its own.
 * Caching: ``tullax.backends.host``'s build sequence, one entry per module; the source is ``kernels.c`` in it, the
-  library ``kernels-<hash>.so`` next to it and the lowered kernels (what a call needs to marshal its
-  arguments) pickled in ``kernels.pickle`` (each with its checksum in the entry's manifest); the key holds the
-  compiler's identity and flags and the CPU (``c_compile.identity``) and a fingerprint of the code that
-  generates the C (``generator_fingerprint``), so it determines the source: a hit dlopens the library without
-  lowering or printing anything, and without importing the compiler or the printer (a warm first call).
+  library ``kernels-<hash>.so`` next to it and each kernel's interface (``tullax.compiler.interface``: its name
+  and parameters, what a call needs to marshal its arguments) pickled in ``kernels.pickle`` (each with its
+  checksum in the entry's manifest); the key holds the compiler's identity and flags and the CPU
+  (``c_compile.identity``) and a fingerprint of the code that generates the C (``generator_fingerprint``), so
+  it determines the source: a hit dlopens the library without lowering or printing anything, and without
+  importing the compiler, the loop IR or the printer (a warm first call).
 * Calls: arrays go over as pointers to NumPy's buffers (``host.marshal``: no copies), then the sizes, the
   extents of every array's axes 1.. and the team size. ctypes releases the GIL for the call.
 * Threads: ``TULLAX_C_THREADS``, else ``OMP_NUM_THREADS``, else ``NUMBA_NUM_THREADS`` (so a benchmark that
@@ -41,6 +42,7 @@ import numpy as np
 
 from tullax.backends import c_compile, host, workload
 from tullax.backends.base import Capabilities, Shapes, Signature
+from tullax.compiler.interface import KernelInterface
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.printers.c_clear import CLEAR_BLOCK, CLEAR_FUNCTION
 from tullax.runtime.cache import CompileCache, get_cache
@@ -51,7 +53,8 @@ if TYPE_CHECKING:  # the loop IR only where a kernel is lowered: a warm process 
 
 NAME = "c"
 SOURCE_FILE = "kernels.c"
-KERNELS_FILE = "kernels.pickle"  # {"library": its file name, "kernels": part_kernels(...), "of": (spec, signature)}
+KERNELS_FILE = "kernels.pickle"  # {"library": its file name, "kernels": ((interface, spec, signature), ...),
+#                                  "of": (spec, signature)}: each kernel of part_kernels(...) as its interface
 LIBRARY_PREFIX = "kernels-"  # + the first 16 hex digits of the source's sha256 + ".so"
 
 
@@ -298,7 +301,9 @@ def _load(generated: host.GeneratedModule, part: str = FORWARD) -> "CHostKernel"
     just = _JUST_COMPILED.pop(generated.key, None)
     cache = get_cache()
     library, seconds, compiled = (*just, True) if just else _library(generated, cache, part)
-    kernels = part_kernels(generated.spec, generated.signature, part)
+    # what a call needs of each kernel: its interface (a later process unpickles these without the loop IR)
+    kernels = tuple((kernel.interface, spec, signature)
+                    for kernel, spec, signature in part_kernels(generated.spec, generated.signature, part))
     if generated.path is not None:
         try:
             data = pickle.dumps({"library": os.path.basename(library), "kernels": kernels,
@@ -339,7 +344,8 @@ def _load_cached(cache: CompileCache, key: str, spec: Spec, signature: Signature
     return _open(generated, str(path.with_name(name)), kernels, time.perf_counter() - start, False, part)
 
 
-def _open(generated: host.GeneratedModule, library: str, kernels: tuple[tuple[LoopKernel, Spec, Signature], ...],
+def _open(generated: host.GeneratedModule, library: str,
+          kernels: tuple[tuple[KernelInterface, Spec, Signature], ...],
           seconds: float, compiled: bool, part: str) -> "CHostKernel":
     start = time.perf_counter()
     bound_openmp_spin()
@@ -460,7 +466,7 @@ class CHostKernel:
     """``kernel(out, *inputs)``: one C function of a loaded module, called with pointers to the NumPy
     buffers (``host.marshal``), the sizes, the extents and the team size."""
 
-    def __init__(self, generated: host.GeneratedModule, kernel: LoopKernel, spec: Spec, function: Any,
+    def __init__(self, generated: host.GeneratedModule, kernel: KernelInterface, spec: Spec, function: Any,
                  ready_ms: float, compiled: bool, clear: Any = None):
         self.generated, self.kernel, self.spec = generated, kernel, spec
         self._clear = clear  # the module's parallel clear (``tullax.printers.c_clear``), if it has one

@@ -34,6 +34,7 @@ from tullax.spec.sizes import Sym
 from tullax.spec.text import format_spec
 
 if TYPE_CHECKING:  # the loop IR only where a kernel is lowered: a warm process running XLA never imports it
+    from tullax.compiler.interface import KernelInterface
     from tullax.compiler.loops import LoopKernel
 
 # =============================================================================================
@@ -129,7 +130,9 @@ class GeneratedModule:
     backend: str
     spec: Spec
     signature: Signature
-    kernel: LoopKernel  # the kernel the module holds (with its variants, for Numba)
+    # the kernel the module holds (with its variants, for Numba); a module the c backend loads from the cache has
+    # only its interface
+    kernel: LoopKernel | KernelInterface
     source: str
     key: str  # its compile-cache entry
     path: Path | None  # the source file in that entry; None when the cache could not store it (run from memory)
@@ -274,7 +277,7 @@ class ArgumentPlan:
     rank0_as_vector: bool  # the output is rank 0 and goes over as shape (1,) (the kernel writes element 0)
 
     @classmethod
-    def of(cls, kernel: LoopKernel, spec: Spec, *, scalar: Callable[[Any, str], Any],
+    def of(cls, kernel: LoopKernel | KernelInterface, spec: Spec, *, scalar: Callable[[Any, str], Any],
            rank0_as_vector: bool) -> "ArgumentPlan":
         names = spec.input_names
         return cls(tuple(names.index(a.source) for a in kernel.arrays if a.role == "in"),

@@ -27,8 +27,10 @@
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -217,6 +219,15 @@ def bridge_workload(call: dict) -> BridgeWorkload:
 # Availability
 # =============================================================================================
 def cpu_availability() -> tuple[bool, str]:
+    """Whether juliacall and a Julia it accepts are here. Looked up once per process for each setting of what
+    it reads (the environment variables, ``sys.path`` and ``sys.prefix``), as the C compiler's identity is:
+    ``auto`` asks at every plan, and the search stats a dozen paths. A Julia installed while a process runs is
+    seen by the next process."""
+    return _cpu_availability(tuple(sys.path), sys.prefix, tuple(sorted(os.environ.items())))
+
+
+@functools.lru_cache(maxsize=16)
+def _cpu_availability(search_path: tuple[str, ...], prefix: str, environ: tuple) -> tuple[bool, str]:
     import importlib.util
 
     if importlib.util.find_spec("juliacall") is None:

@@ -34,7 +34,6 @@ import shutil
 import ssl
 import subprocess
 import sys
-import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -141,6 +140,8 @@ def juliacall_settings_error(environ: Mapping[str, str]) -> str | None:
         return (f"{given} is set alone: juliacall refuses to start unless PYTHON_JULIACALL_PROJECT and "
                 "PYTHON_JULIACALL_EXE (or PYTHON_JULIACALL_BINDIR) are set together. Unset it and choose the Julia "
                 "with PYTHON_JULIAPKG_EXE instead (juliapkg then installs tullax's Julia packages), or set both.")
+    import tomllib  # only with both variables set: auto's search for a Julia asks on every new process
+
     try:
         deps = tomllib.loads((Path(project) / "Project.toml").read_text()).get("deps", {})
     except (OSError, ValueError):

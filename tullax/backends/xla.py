@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from tullax.spec import functions
+from tullax.spec.contraction import factors, is_contraction
 from tullax.spec.dtypes import HALF
 from tullax.spec.ir import (
     Access,
@@ -256,27 +257,8 @@ class _Context:
 # ---------------------------------------------------------------------------------------------
 # Pure contractions -> einsum
 # ---------------------------------------------------------------------------------------------
-def _factors(expr: Expr) -> list[Expr]:
-    if isinstance(expr, Binary) and expr.op == "*":
-        return _factors(expr.lhs) + _factors(expr.rhs)
-    return [expr]
-
-
-def is_contraction(spec: Spec) -> bool:
-    """A sum of products of plain accesses (distinct indices in each), a new result, no finaliser: einsum."""
-    if spec.redop != "+" or spec.assign != ":=" or spec.finalizer:
-        return False
-    for factor in _factors(spec.body):
-        if not isinstance(factor, Access):
-            return False
-        plain = [i.plain if isinstance(i, Affine) else None for i in factor.idx]
-        if None in plain or len(set(plain)) != len(plain):
-            return False
-    return True
-
-
 def _einsum_fits(ctx: _Context) -> bool:
-    used = {i.plain for f in _factors(ctx.spec.body) for i in f.idx}
+    used = {i.plain for f in factors(ctx.spec.body) for i in f.idx}
     return set(ctx.grid.names) <= used and len(ctx.grid.names) <= len(string.ascii_letters)
 
 
@@ -286,7 +268,7 @@ def _contract(ctx: _Context):
 
     letter = dict(zip(ctx.grid.names, string.ascii_letters))
     operands, terms = [], []
-    for factor in _factors(ctx.spec.body):
+    for factor in factors(ctx.spec.body):
         names = [i.plain for i in factor.idx]
         window = tuple(slice(ctx.grid.lo[ctx.grid.axis(n)], ctx.grid.lo[ctx.grid.axis(n)] + ctx.grid.size[
             ctx.grid.axis(n)]) for n in names)

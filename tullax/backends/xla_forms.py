@@ -24,6 +24,7 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping
 
+from tullax.spec.contraction import factors, is_contraction
 from tullax.spec.ir import Access, Affine, Binary, Spec, Wrapped
 from tullax.spec.sizes import Sym
 
@@ -164,10 +165,9 @@ def window_indices(spec: Spec) -> tuple[str, ...]:
     return tuple(found)
 
 
+@functools.lru_cache(maxsize=1024)  # every plan of a kernel asks, and its rule, and the race ahead of it
 def forms(spec: Spec) -> tuple[str, ...]:
     """The XLA forms that apply to ``spec``, best first; 'grid' always applies (then 'factored', if it does)."""
-    from tullax.backends.xla import is_contraction
-
     found = []
     if is_contraction(spec) and _einsum_covers(spec):
         found.append("einsum")
@@ -196,9 +196,7 @@ def product_terms(spec: Spec) -> tuple[tuple[int, tuple[Any, ...]], ...] | None:
         elif isinstance(expr, Unary):
             split(expr.arg, -sign)
         else:
-            from tullax.backends.xla import _factors
-
-            terms.append((sign, tuple(_factors(expr))))
+            terms.append((sign, tuple(factors(expr))))
 
     split(spec.body, 1)
     return tuple(terms)
@@ -491,9 +489,9 @@ def _factored_block(spec: Spec, plain: Callable, env: Env):
     labels = {name: chr(ord("a") + k) for k, name in enumerate(grid.names)}
     out = [n for n, size in zip(grid.names, grid.size) if n in spec.free and size > 1]
     total = None
-    for sign, factors in product_terms(spec):
+    for sign, term in product_terms(spec):
         operands, subscripts, scale = [], [], float(sign)
-        for factor in factors:
+        for factor in term:
             value = jnp.asarray(xla._body(ctx, factor)).astype(dtype)
             value = value.reshape((1,) * (len(grid.names) - value.ndim) + value.shape)
             kept = [k for k, n in enumerate(value.shape) if n > 1]

@@ -5,7 +5,8 @@ The IR is small and explicit, so the Numba and the Julia printers compute the sa
 * A ``Kernel`` has array, scalar and size parameters and a body of statements. Every name in it is generated
   here (``a0`` arrays, ``s0`` scalars, ``n0`` sizes, ``i0`` indices, ``t0`` temporaries, ``acc`` ...): user
   text never reaches an identifier. ``SizeArg.size`` is the symbolic size the HOST evaluates from the input
-  shapes at call time (``size.eval(shapes)``) and passes as an integer.
+  shapes at call time (``size.eval(shapes)``) and passes as an integer. The parameters and the kernel's
+  name are its calling interface (``tullax.compiler.interface``: what a cached module stores).
 * Statements: ``Loop``, ``If``, ``Let`` (bind a new local), ``Accum`` (update an accumulator), ``Store``,
   ``Scratch`` (a new local array).
 * Expressions are typed (``dtype``: a numpy name, ``bool`` or ``int64`` for index arithmetic): ``Const``,
@@ -54,8 +55,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence, Union
 
+from tullax.compiler.interface import ArrayArg, KernelInterface, ScalarArg, SizeArg
 from tullax.errors import TullaxError
-from tullax.spec.sizes import Sym
 
 INDEX = "int64"
 BOOL = "bool"
@@ -179,33 +180,6 @@ Stmt = Union[Let, Accum, Store, If, Loop, Scratch]
 
 
 @dataclass(frozen=True)
-class ArrayArg:
-    """An array parameter. ``source``: the spec input it comes from (for role ``out``/``inout`` the result,
-    which the host passes as ``out``). ``role``: ``in`` (read only), ``out`` (written), ``inout`` (added to)."""
-
-    name: str
-    source: str
-    rank: int
-    dtype: str
-    role: str
-
-
-@dataclass(frozen=True)
-class ScalarArg:
-    name: str
-    source: str
-    dtype: str
-
-
-@dataclass(frozen=True)
-class SizeArg:
-    """An integer the host computes at call time: ``size.eval(shapes)`` over the input (and output) shapes."""
-
-    name: str
-    size: Sym
-
-
-@dataclass(frozen=True)
 class LoopKernel:
     name: str
     spec_text: str
@@ -218,14 +192,18 @@ class LoopKernel:
     split: bool = False
 
     @property
+    def interface(self) -> KernelInterface:
+        """Its name and parameters: what a host needs to call it once compiled (``tullax.compiler.interface``)."""
+        return KernelInterface(self.name, self.spec_text, self.arrays, self.scalars, self.sizes)
+
+    @property
     def params(self) -> tuple[str, ...]:
         """Parameter names in call order: arrays (output first), scalars, sizes."""
-        return tuple(a.name for a in self.arrays) + tuple(s.name for s in self.scalars) + tuple(
-            s.name for s in self.sizes)
+        return self.interface.params
 
     @property
     def output(self) -> ArrayArg:
-        return next(a for a in self.arrays if a.role != "in")
+        return self.interface.output
 
 
 def parallel_nest(kernel: LoopKernel) -> tuple[tuple[Loop, ...], tuple[Stmt, ...]]:

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tullax.compiler.loops import COMPLEX, FLOATS, INDEX, REAL_OF, ArrayArg, ScalarArg
+from tullax.compiler.interface import ArrayArg, ScalarArg
+from tullax.compiler.loops import COMPLEX, FLOATS, INDEX, REAL_OF
 from tullax.errors import TullaxError
 from tullax.spec import ir
 from tullax.spec.ir import Spec

@@ -144,8 +144,8 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: s
     import jax
     import numpy as np
 
-    from tullax.backends.xla import result_dtype
     from tullax.jaxop.callback import callback_path
+    from tullax.spec.shapes import result_dtype
 
     dtype = result_dtype(spec, [v.dtype if hasattr(v, "dtype") else type(v) for v in values])  # weak floats
     dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))

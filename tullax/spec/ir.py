@@ -5,7 +5,7 @@ the same spec give equal (and equally hashed) trees.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Iterator, Union
 
 from tullax.spec.sizes import Sym
@@ -313,6 +313,19 @@ class Spec:
     ranges: tuple[tuple[str, Range], ...]
     agreements: tuple[Agreement, ...] = ()
     out_shape: tuple[Sym, ...] = ()  # extents of a ':=' result; for '='/'+=' the given array's own shape
+
+    def __hash__(self) -> int:
+        # Every plan, cache and jax lookup hashes the spec, and a field-wise hash walks its whole tree each
+        # time; the fields never change, so the first hash is kept on the spec (not pickled: ``__getstate__``)
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", found)
+        return found
+
+    def __getstate__(self) -> dict:
+        # a str's hash differs between processes, and the c backend pickles specs into the compile cache
+        return {name: value for name, value in self.__dict__.items() if name != "_hash"}
 
     @property
     def range_of(self) -> dict[str, Range]:

@@ -1,6 +1,8 @@
 """Print specs and expressions as canonical text (one operator table, no state)."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 from tullax.spec.ir import (
     Access,
     Affine,
@@ -127,6 +129,7 @@ def _wrap(text: str, prec: int, parent: int) -> str:
     return f"({text})" if prec < parent else text
 
 
+@lru_cache(maxsize=4096)  # the cache keys, the plan's keys and every host call ask again for the same spec
 def format_spec(spec: ParsedSpec | Spec) -> str:
     """The canonical text of a spec: default reduction omitted, one space around := and |>."""
     head = "" if spec.redop == "+" else f"({spec.redop}) "
