@@ -63,7 +63,7 @@ AUTO_PRUNE_INTERVAL_S = 600.0
 NO_LIMIT = "off"
 _SECONDS_PER_DAY = 86_400.0
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*\Z", re.IGNORECASE)
+_SIZE = r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*\Z"  # compiled where a size is read, not at import
 # Where tullax kept Numba's artefacts before they moved into the entries (keyed by absolute paths, so a moved
 # cache recompiled everything): clear removes it.
 _RETIRED_DIRECTORIES = ("numba",)
@@ -72,7 +72,7 @@ _LOCK_OWNERS = re.compile(r"(?:key|manifest)-(.+)\Z")  # the entry a lock file b
 
 def parse_size(text: str) -> int:
     """Bytes from "2000000", "500M", "2G", "1.5GiB" (binary units); ValueError otherwise."""
-    match = _SIZE.match(text)
+    match = re.match(_SIZE, text, re.IGNORECASE)
     if match is None:
         raise ValueError(f"not a size: {text!r}")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
