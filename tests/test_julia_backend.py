@@ -206,6 +206,23 @@ def fake_julia(tmp_path, monkeypatch):
     julia_detect._probe_cached.cache_clear()
 
 
+def test_julias_availability_is_looked_up_once_per_environment(fake_julia, monkeypatch):
+    """``auto`` asks at every plan; the search runs again only when what it reads changes (here the PATH)."""
+    from tullax.backends import julia
+
+    searches = []
+    search = julia_detect.availability
+    monkeypatch.setattr(julia_detect, "availability", lambda: searches.append(1) or search())
+    assert julia.cpu_availability()[0] and julia.cpu_availability()[0] and len(searches) == 1
+    empty = fake_julia / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    ok, why = julia.cpu_availability()
+    assert not ok and "Julia" in why and len(searches) == 2
+    monkeypatch.setenv("PATH", str(fake_julia / "bin"))
+    assert julia.cpu_availability()[0] and len(searches) == 2
+
+
 def test_julia_cuda_needs_a_gpu_and_cuda_jl(fake_julia, monkeypatch):
     from tullax.backends import julia
 
