@@ -1,6 +1,6 @@
 """Row streams (``tullax.compiler.schedule.STREAM_ROWS``): the c backend's max/min reductions reading several
-contiguous rows at once, against one row at a time (``rows``: ``lower(..., streams=False)``, this tree's printer
-otherwise), with ``jnp`` beside them where the case has an idiomatic form, and, with ``--before REV``, the c
+contiguous rows at once (``streams``: ``$TULLAX_C_STREAMS=1``), against one row at a time (``rows``: the
+default), with ``jnp`` beside them where the case has an idiomatic form, and, with ``--before REV``, the c
 backend of commit REV (a git worktree of it: everything as it was then).
 
     python benchmarks/row_streams.py [--rounds 3] [--calls 60] [--before REV] [--json out.json] [--only "row max"]
@@ -64,9 +64,8 @@ if variant == "jnp":
     raise SystemExit
 from tullax.backends import c
 from tullax.backends.base import Signature
-if variant == "rows":  # the c backend's kernels as printed before row streams
-    from tullax.compiler.lower import lower
-    c.lowered = lambda spec, signature, name: lower(spec, signature, name, tile=True)
+if variant == "streams":  # the c backend's kernels read several long rows at once
+    os.environ[c.STREAMS_ENV] = "1"
 signature = Signature.for_dtype(spec, "float32")
 start = time.perf_counter()
 kernel = c.CBackend().build(spec, signature)

@@ -3,6 +3,7 @@
 the helpers it shares with the CUDA printer (tullax.printers.clike)."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -23,12 +24,14 @@ UPDATE = os.environ.get("TULLAX_UPDATE_GOLDEN") == "1"
 GOLDEN_CASES = ("dist", "row_max", "row_logsumexp", "scatter_embedding_grad", "dot")
 
 
-def module(case_id: str, dtype: str = "float32") -> str:
+def module(case_id: str, dtype: str = "float32", streams: bool = False) -> str:
+    """The c backend's module of a corpus case; with ``streams``, as ``$TULLAX_C_STREAMS=1`` prints it."""
     from tullax.backends.c import lowered
     from tullax.backends.host import module_source
 
     spec = analysed(CASES_BY_ID[case_id].spec, CASES_BY_ID[case_id].ranges)
-    return module_source(spec, Signature.for_dtype(spec, dtype), lowered, cprinter.print_module)
+    lower = functools.partial(lowered, streams=streams)
+    return module_source(spec, Signature.for_dtype(spec, dtype), lower, cprinter.print_module)
 
 
 @pytest.mark.parametrize("case_id", GOLDEN_CASES)
@@ -110,7 +113,7 @@ def test_reduction_lanes_are_vectors_of_one_avx2_register(dtype: str):
     """The max/min lanes are vectors of at most 32 bytes, one AVX2 register: one vector of 64 bytes compiled, on a
     CPU without AVX-512, into a compare and a branch per lane (GCC 12: a row max 10x slower than jnp.max, make
     bench at 203bf5e); two vectors of 32 bytes keep the two compare-select chains it was for."""
-    source = module("row_max", dtype)  # (max) m[i] := x[i,j]
+    source = module("row_max", dtype, streams=True)  # (max) m[i] := x[i,j]
     sizes = {int(n) for n in re.findall(r"vector_size\((\d+)\)", source)}
     assert sizes and max(sizes) <= 32
     kernel = source[source.index("void forward("):].split(cprinter.UNIT_MARK)[0]

@@ -95,13 +95,13 @@ def _jobs() -> list[list]:
     return jobs + [[text, None, {k: list(v) for k, v in shapes.items()}, 1] for text, shapes in LONG]
 
 
-def _sanitized(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def _sanitized(tmp_path: Path, *args: str, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -c *args`` under the sanitizer, with no report in its stderr."""
     why = asan_unavailable()
     if why:
         pytest.skip(why)
     proc = subprocess.run([sys.executable, "-c", *args], capture_output=True, text=True,
-                          env=asan_env(tmp_path / "cache"), timeout=1800)
+                          env={**asan_env(tmp_path / "cache"), **(extra_env or {})}, timeout=1800)
     assert OVERFLOW not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr[-4000:]
     return proc
 
@@ -122,6 +122,21 @@ def test_the_c_kernels_stay_inside_every_array_under_address_sanitizer(tmp_path:
     assert {r["text"] for r in ran} >= {CASES_BY_ID[i].spec for i in CASE_IDS} | {text for text, _ in LONG}
     assert not [r for r in ran if r.get("close") is False], [r for r in ran if r.get("close") is False]
     assert sum(r.get("close") is True for r in ran) >= len(CASE_IDS)
+
+
+@pytest.mark.slow
+@needs_c
+def test_the_row_streams_stay_inside_every_array_under_address_sanitizer(tmp_path: Path):
+    """The max/min rows read several at once (``$TULLAX_C_STREAMS=1``, not the default): whole tiles of rows,
+    the ragged last one and the rows after them."""
+    from tullax.backends.c import STREAMS_ENV
+
+    jobs = [[text, None, {k: list(v) for k, v in shapes.items()}, 1] for text, shapes in LONG if "(m" in text]
+    tests_dir = str(Path(__file__).resolve().parent)
+    proc = _sanitized(tmp_path, _CHILD, json.dumps(jobs), tests_dir, extra_env={STREAMS_ENV: "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS"))[len("RESULTS"):])
+    assert {r["text"] for r in results if r.get("close") is True} >= {job[0] for job in jobs}, results
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Row streams: max/min reductions along long contiguous rows read ``STREAM_ROWS`` rows at once (a register tile
 with a run-time length condition, ``schedule.register_tiles``), and the C printer's lanes fold into their
-accumulator in vectors (``tx_vfoldmax_f32``).
+accumulator in vectors (``tx_vfoldmax_f32``). The c backend streams only with ``$TULLAX_C_STREAMS=1``.
 
 The kernels are checked where each path runs: rows long enough for the jammed tile (whole tiles and the ragged
 last one), rows just too short for it, and rows shorter than one vector of lanes; NaN and infinities in a lane,
@@ -61,7 +61,7 @@ def test_streamed_rows_match_naive(rows: int, length: int):
     """float64 (tiles of rows of 1024 or more): whole tiles, the ragged last tile, rows one short of the
     condition, fewer rows than a tile, rows shorter than a vector of lanes."""
     spec = analysed("(max) m[b,i] := abs(x[b,i,j]) * 2")
-    kernel = lowered(spec, signature(spec, "float64"), "kernel")
+    kernel = lowered(spec, signature(spec, "float64"), "kernel", streams=True)
     (tile,) = _rows(kernel)
     assert "1024" in repr(tile.cond)
     rng = np.random.default_rng(rows)
@@ -88,7 +88,7 @@ def test_the_length_condition_is_known_where_it_can_be():
     assert condition == binop(">=", n, const(1024))
     assert _long_enough(body(n), 0) == []
     spec = analysed("(max) m[i] := x[i, mod(j+k)]", {"k": 3})  # its innermost loop: k, 3 iterations
-    assert not _rows(lowered(spec, signature(spec, "float64"), "kernel"))
+    assert not _rows(lowered(spec, signature(spec, "float64"), "kernel", streams=True))
 
 
 def _values(dtype: str, rows: int, length: int) -> np.ndarray:
@@ -110,10 +110,20 @@ def _values(dtype: str, rows: int, length: int) -> np.ndarray:
     return x
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["rows", "streams"])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
 @pytest.mark.parametrize("backend", [c_param()])
 @pytest.mark.parametrize("op", ["max", "min"])
-def test_c_rows_match_numpy_on_every_path(op: str, backend: str, dtype: str):
+def test_c_rows_match_numpy_on_every_path(op: str, backend: str, dtype: str, streamed: bool, monkeypatch):
+    """One row at a time (the default) and, with ``$TULLAX_C_STREAMS=1``, the streams: the module printed is
+    the one asked for."""
+    from tullax.backends import c, host
+
+    if streamed:
+        monkeypatch.setenv(c.STREAMS_ENV, "1")
+    monkeypatch.setattr(c, "_BUILDER", host.HostBuilder())  # this process's kernels were built without it
+    spec = analysed(f"({op}) m[i] := x[i,j]")
+    assert ("_r0" in c.generate_part(spec, signature(spec, dtype).widened(), c.FORWARD)[1]) == streamed
     kernel = tullax.einsum_kernel(f"({op}) m[i] := x[i,j]", backend=backend)
     reference = np.max if op == "max" else np.min
     long = STREAM_MIN_BYTES // ITEMSIZE[dtype]
@@ -131,7 +141,7 @@ def test_the_lane_fold_compiles_and_runs_with_the_shuffle_of_older_gcc(tmp_path)
     from tullax.printers.c import print_module
 
     spec = analysed(ROW_MAX)
-    source = print_module([lowered(spec, signature(spec, "float32"), "forward")])
+    source = print_module([lowered(spec, signature(spec, "float32"), "forward", streams=True)])
     condition = "#if defined(__clang__) || __GNUC__ >= 12"
     assert source.count(condition) == 1
     path = tmp_path / "fallback.c"

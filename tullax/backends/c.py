@@ -153,27 +153,45 @@ def _step_signature(step: Spec, signature: Signature, forward: Spec) -> Signatur
 FORWARD, STEPS = "forward", "steps"  # the two modules of a spec: its forward kernel, and its gradient steps
 
 
-def lowered(spec: Spec, signature: Signature, name: str) -> LoopKernel:
-    """``spec`` lowered as the C printer wants it: strip-mined tiles (``tile``), and max/min reductions that read
-    several contiguous rows at once (``streams``: its lanes take one accumulator per row)."""
+# Row streams (max/min reductions over long rows reading STREAM_ROWS rows at once) only where this is "1". They
+# won on a Zen 3 EPYC (a 4096x4096 row max 1.09x) and lost on a Zen 5 one (0.63x on two threads, 0.70-0.91x on
+# one, at every row length of 2048 floats or more: several concurrent streams per core read slower there); the
+# loser's loss being the larger, one row at a time is the default (benchmarks/row_streams.py measures both).
+STREAMS_ENV = "TULLAX_C_STREAMS"
+
+
+def streams() -> bool:
+    """Whether max/min reductions read several long rows at once (``$TULLAX_C_STREAMS`` is "1")."""
+    return os.environ.get(STREAMS_ENV, "").strip() == "1"
+
+
+def lowered(spec: Spec, signature: Signature, name: str, streams: bool = False) -> LoopKernel:
+    """``spec`` lowered as the C printer wants it: strip-mined tiles (``tile``), and with ``streams`` max/min
+    reductions that read several contiguous rows at once (its lanes take one accumulator per row)."""
     from tullax.compiler.lower import lower
 
-    return lower(spec, signature, name, tile=True, streams=True)
+    return lower(spec, signature, name, tile=True, streams=streams)
+
+
+def part_kernels(spec: Spec, signature: Signature, part: str) -> tuple[tuple[LoopKernel, Spec, Signature], ...]:
+    """The kernels of one module of ``spec``, with the spec and signature each serves: ``FORWARD``, the forward
+    kernel; ``STEPS``, each gradient step that lowers (none for integer results, which have no gradient); row
+    streams as ``streams()`` says now."""
+    return _part_kernels(spec, signature, part, streams())
 
 
 @functools.lru_cache(maxsize=256)  # generating and loading a module both need them: lower once
-def part_kernels(spec: Spec, signature: Signature, part: str) -> tuple[tuple[LoopKernel, Spec, Signature], ...]:
-    """The kernels of one module of ``spec``, with the spec and signature each serves: ``FORWARD``, the forward
-    kernel; ``STEPS``, each gradient step that lowers (none for integer results, which have no gradient)."""
+def _part_kernels(spec: Spec, signature: Signature, part: str,
+                  streamed: bool) -> tuple[tuple[LoopKernel, Spec, Signature], ...]:
     if part == FORWARD:  # no gradient derived: the forward module is what a forward-only call waits for
-        return ((lowered(spec, signature, host.FORWARD_KERNEL), spec, signature),)
+        return ((lowered(spec, signature, host.FORWARD_KERNEL, streamed), spec, signature),)
     if not _has_gradients(signature):
         return ()
     kernels = []
     for step in host.kernel_steps(spec, signature.out_dtype)[1:]:
         step_signature = _step_signature(step.spec, signature, spec)
         try:
-            kernels.append((lowered(step.spec, step_signature, step.name), step.spec, step_signature))
+            kernels.append((lowered(step.spec, step_signature, step.name, streamed), step.spec, step_signature))
         except TullaxError:  # built on its own if it is ever called (and then it says why it fails)
             continue
     return tuple(kernels)
@@ -378,7 +396,8 @@ _STEP_BUILDER = host.HostBuilder()  # steps modules: built in a thread of their 
 def _recipe(part: str = FORWARD) -> host.ModuleRecipe:
     """The build steps of one module, with the compiler's identity in the cache key (read now: ``TULLAX_CC`` may
     change)."""
-    options = {"compiler": c_compile.identity(), "printer": 1, "generator": generator_fingerprint(), "part": part}
+    options = {"compiler": c_compile.identity(), "printer": 1, "generator": generator_fingerprint(), "part": part,
+               "streams": streams()}
     return host.ModuleRecipe(NAME, SOURCE_FILE, options, functools.partial(generate_part, part=part),
                              functools.partial(_compile_into_cache, part=part), functools.partial(_load, part=part),
                              functools.partial(_load_cached, part=part))

@@ -270,172 +270,84 @@ void forward(
     const int tx_threads)
 {
     #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1)
-    for (tx_i64 i0_rt = 0; i0_rt < tx_floordiv_i64(n1 + 3, 4); ++i0_rt) {
-        tx_i64 i0_r0;
-        float acc_0;
-        float acc_1;
-        float acc_2;
-        float acc_3;
+    for (tx_i64 i0 = 0; i0 < n1; ++i0) {
         float acc;
-        i0_r0 = i0_rt * 4;
-        if (i0_r0 + 4 <= n1 && n0 >= 2048) {
-            acc_0 = -tx_inf_f32();
-            acc_1 = -tx_inf_f32();
-            acc_2 = -tx_inf_f32();
-            acc_3 = -tx_inf_f32();
-            {
-                const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n0, 0), 8) * 8;
-                if (i1_top > 0) {
-                    tx_v8_f32 acc_0_l0, acc_1_l0, acc_2_l0, acc_3_l0;
-                    tx_m8_f32 acc_0_nan0 = {0}, acc_1_nan0 = {0}, acc_2_nan0 = {0}, acc_3_nan0 = {0};
-                    acc_0_l0 = (tx_v8_f32){acc_0, acc_0, acc_0, acc_0, acc_0, acc_0, acc_0, acc_0};
-                    acc_1_l0 = (tx_v8_f32){acc_1, acc_1, acc_1, acc_1, acc_1, acc_1, acc_1, acc_1};
-                    acc_2_l0 = (tx_v8_f32){acc_2, acc_2, acc_2, acc_2, acc_2, acc_2, acc_2, acc_2};
-                    acc_3_l0 = (tx_v8_f32){acc_3, acc_3, acc_3, acc_3, acc_3, acc_3, acc_3, acc_3};
-                    float acc_0_v0, acc_0_v1, acc_0_v2, acc_0_v3, acc_0_v4, acc_0_v5, acc_0_v6, acc_0_v7, acc_1_v0, acc_1_v1, acc_1_v2, acc_1_v3, acc_1_v4, acc_1_v5, acc_1_v6, acc_1_v7, acc_2_v0, acc_2_v1, acc_2_v2, acc_2_v3, acc_2_v4, acc_2_v5, acc_2_v6, acc_2_v7, acc_3_v0, acc_3_v1, acc_3_v2, acc_3_v3, acc_3_v4, acc_3_v5, acc_3_v6, acc_3_v7;
-                    tx_i64 i1;
-                    for (tx_i64 i1_blk = 0; i1_blk < i1_top; i1_blk += 8) {
-                        i1 = i1_blk + 0;
-                        acc_0_v0 = a1[i0_r0 * a1_e1 + i1];
-                        acc_1_v0 = a1[(i0_r0 + 1) * a1_e1 + i1];
-                        acc_2_v0 = a1[(i0_r0 + 2) * a1_e1 + i1];
-                        acc_3_v0 = a1[(i0_r0 + 3) * a1_e1 + i1];
-                        i1 = i1_blk + 1;
-                        acc_0_v1 = a1[i0_r0 * a1_e1 + i1];
-                        acc_1_v1 = a1[(i0_r0 + 1) * a1_e1 + i1];
-                        acc_2_v1 = a1[(i0_r0 + 2) * a1_e1 + i1];
-                        acc_3_v1 = a1[(i0_r0 + 3) * a1_e1 + i1];
-                        i1 = i1_blk + 2;
-                        acc_0_v2 = a1[i0_r0 * a1_e1 + i1];
-                        acc_1_v2 = a1[(i0_r0 + 1) * a1_e1 + i1];
-                        acc_2_v2 = a1[(i0_r0 + 2) * a1_e1 + i1];
-                        acc_3_v2 = a1[(i0_r0 + 3) * a1_e1 + i1];
-                        i1 = i1_blk + 3;
-                        acc_0_v3 = a1[i0_r0 * a1_e1 + i1];
-                        acc_1_v3 = a1[(i0_r0 + 1) * a1_e1 + i1];
-                        acc_2_v3 = a1[(i0_r0 + 2) * a1_e1 + i1];
-                        acc_3_v3 = a1[(i0_r0 + 3) * a1_e1 + i1];
-                        i1 = i1_blk + 4;
-                        acc_0_v4 = a1[i0_r0 * a1_e1 + i1];
-                        acc_1_v4 = a1[(i0_r0 + 1) * a1_e1 + i1];
-                        acc_2_v4 = a1[(i0_r0 + 2) * a1_e1 + i1];
-                        acc_3_v4 = a1[(i0_r0 + 3) * a1_e1 + i1];
-                        i1 = i1_blk + 5;
-                        acc_0_v5 = a1[i0_r0 * a1_e1 + i1];
-                        acc_1_v5 = a1[(i0_r0 + 1) * a1_e1 + i1];
-                        acc_2_v5 = a1[(i0_r0 + 2) * a1_e1 + i1];
-                        acc_3_v5 = a1[(i0_r0 + 3) * a1_e1 + i1];
-                        i1 = i1_blk + 6;
-                        acc_0_v6 = a1[i0_r0 * a1_e1 + i1];
-                        acc_1_v6 = a1[(i0_r0 + 1) * a1_e1 + i1];
-                        acc_2_v6 = a1[(i0_r0 + 2) * a1_e1 + i1];
-                        acc_3_v6 = a1[(i0_r0 + 3) * a1_e1 + i1];
-                        i1 = i1_blk + 7;
-                        acc_0_v7 = a1[i0_r0 * a1_e1 + i1];
-                        acc_1_v7 = a1[(i0_r0 + 1) * a1_e1 + i1];
-                        acc_2_v7 = a1[(i0_r0 + 2) * a1_e1 + i1];
-                        acc_3_v7 = a1[(i0_r0 + 3) * a1_e1 + i1];
-                        acc_0_l0 = tx_vmax_f32((tx_v8_f32){acc_0_v0, acc_0_v1, acc_0_v2, acc_0_v3, acc_0_v4, acc_0_v5, acc_0_v6, acc_0_v7}, acc_0_l0, &acc_0_nan0);
-                        acc_1_l0 = tx_vmax_f32((tx_v8_f32){acc_1_v0, acc_1_v1, acc_1_v2, acc_1_v3, acc_1_v4, acc_1_v5, acc_1_v6, acc_1_v7}, acc_1_l0, &acc_1_nan0);
-                        acc_2_l0 = tx_vmax_f32((tx_v8_f32){acc_2_v0, acc_2_v1, acc_2_v2, acc_2_v3, acc_2_v4, acc_2_v5, acc_2_v6, acc_2_v7}, acc_2_l0, &acc_2_nan0);
-                        acc_3_l0 = tx_vmax_f32((tx_v8_f32){acc_3_v0, acc_3_v1, acc_3_v2, acc_3_v3, acc_3_v4, acc_3_v5, acc_3_v6, acc_3_v7}, acc_3_l0, &acc_3_nan0);
-                    }
-                    acc_0 = tx_vfoldmax_f32(acc_0_l0, acc_0_nan0, acc_0);
-                    acc_1 = tx_vfoldmax_f32(acc_1_l0, acc_1_nan0, acc_1);
-                    acc_2 = tx_vfoldmax_f32(acc_2_l0, acc_2_nan0, acc_2);
-                    acc_3 = tx_vfoldmax_f32(acc_3_l0, acc_3_nan0, acc_3);
+        acc = -tx_inf_f32();
+        {
+            const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n0, 0), 16) * 16;
+            const tx_i64 i1_tail = tx_floordiv_i64(tx_max_i64(n0, 0), 8) * 8;
+            if (i1_tail > 0) {
+                tx_v8_f32 acc_l0, acc_l1;
+                tx_m8_f32 acc_nan0 = {0}, acc_nan1 = {0};
+                acc_l0 = (tx_v8_f32){acc, acc, acc, acc, acc, acc, acc, acc};
+                acc_l1 = (tx_v8_f32){acc, acc, acc, acc, acc, acc, acc, acc};
+                float acc_v0, acc_v1, acc_v2, acc_v3, acc_v4, acc_v5, acc_v6, acc_v7, acc_v8, acc_v9, acc_v10, acc_v11, acc_v12, acc_v13, acc_v14, acc_v15;
+                tx_i64 i1;
+                for (tx_i64 i1_blk = 0; i1_blk < i1_top; i1_blk += 16) {
+                    i1 = i1_blk + 0;
+                    acc_v0 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 1;
+                    acc_v1 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 2;
+                    acc_v2 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 3;
+                    acc_v3 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 4;
+                    acc_v4 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 5;
+                    acc_v5 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 6;
+                    acc_v6 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 7;
+                    acc_v7 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 8;
+                    acc_v8 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 9;
+                    acc_v9 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 10;
+                    acc_v10 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 11;
+                    acc_v11 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 12;
+                    acc_v12 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 13;
+                    acc_v13 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 14;
+                    acc_v14 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 15;
+                    acc_v15 = a1[i0 * a1_e1 + i1];
+                    acc_l0 = tx_vmax_f32((tx_v8_f32){acc_v0, acc_v1, acc_v2, acc_v3, acc_v4, acc_v5, acc_v6, acc_v7}, acc_l0, &acc_nan0);
+                    acc_l1 = tx_vmax_f32((tx_v8_f32){acc_v8, acc_v9, acc_v10, acc_v11, acc_v12, acc_v13, acc_v14, acc_v15}, acc_l1, &acc_nan1);
                 }
-                for (tx_i64 i1 = i1_top; i1 < n0; ++i1) {
-                    acc_0 = tx_max_f32(acc_0, a1[i0_r0 * a1_e1 + i1]);
-                    acc_1 = tx_max_f32(acc_1, a1[(i0_r0 + 1) * a1_e1 + i1]);
-                    acc_2 = tx_max_f32(acc_2, a1[(i0_r0 + 2) * a1_e1 + i1]);
-                    acc_3 = tx_max_f32(acc_3, a1[(i0_r0 + 3) * a1_e1 + i1]);
+                if (i1_top < i1_tail) {
+                    const tx_i64 i1_blk = i1_top;
+                    i1 = i1_blk + 0;
+                    acc_v0 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 1;
+                    acc_v1 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 2;
+                    acc_v2 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 3;
+                    acc_v3 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 4;
+                    acc_v4 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 5;
+                    acc_v5 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 6;
+                    acc_v6 = a1[i0 * a1_e1 + i1];
+                    i1 = i1_blk + 7;
+                    acc_v7 = a1[i0 * a1_e1 + i1];
+                    acc_l0 = tx_vmax_f32((tx_v8_f32){acc_v0, acc_v1, acc_v2, acc_v3, acc_v4, acc_v5, acc_v6, acc_v7}, acc_l0, &acc_nan0);
                 }
+                acc_l0 = tx_vmax_f32(acc_l1, acc_l0, &acc_nan0);
+                acc_nan0 |= acc_nan1;
+                acc = tx_vfoldmax_f32(acc_l0, acc_nan0, acc);
             }
-            a0[i0_r0] = acc_0;
-            a0[i0_r0 + 1] = acc_1;
-            a0[i0_r0 + 2] = acc_2;
-            a0[i0_r0 + 3] = acc_3;
-        } else {
-            for (tx_i64 i0 = i0_r0; i0 < tx_min_i64(i0_r0 + 4, n1); ++i0) {
-                acc = -tx_inf_f32();
-                {
-                    const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n0, 0), 16) * 16;
-                    const tx_i64 i1_tail = tx_floordiv_i64(tx_max_i64(n0, 0), 8) * 8;
-                    if (i1_tail > 0) {
-                        tx_v8_f32 acc_l0, acc_l1;
-                        tx_m8_f32 acc_nan0 = {0}, acc_nan1 = {0};
-                        acc_l0 = (tx_v8_f32){acc, acc, acc, acc, acc, acc, acc, acc};
-                        acc_l1 = (tx_v8_f32){acc, acc, acc, acc, acc, acc, acc, acc};
-                        float acc_v0, acc_v1, acc_v2, acc_v3, acc_v4, acc_v5, acc_v6, acc_v7, acc_v8, acc_v9, acc_v10, acc_v11, acc_v12, acc_v13, acc_v14, acc_v15;
-                        tx_i64 i1;
-                        for (tx_i64 i1_blk = 0; i1_blk < i1_top; i1_blk += 16) {
-                            i1 = i1_blk + 0;
-                            acc_v0 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 1;
-                            acc_v1 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 2;
-                            acc_v2 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 3;
-                            acc_v3 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 4;
-                            acc_v4 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 5;
-                            acc_v5 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 6;
-                            acc_v6 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 7;
-                            acc_v7 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 8;
-                            acc_v8 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 9;
-                            acc_v9 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 10;
-                            acc_v10 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 11;
-                            acc_v11 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 12;
-                            acc_v12 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 13;
-                            acc_v13 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 14;
-                            acc_v14 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 15;
-                            acc_v15 = a1[i0 * a1_e1 + i1];
-                            acc_l0 = tx_vmax_f32((tx_v8_f32){acc_v0, acc_v1, acc_v2, acc_v3, acc_v4, acc_v5, acc_v6, acc_v7}, acc_l0, &acc_nan0);
-                            acc_l1 = tx_vmax_f32((tx_v8_f32){acc_v8, acc_v9, acc_v10, acc_v11, acc_v12, acc_v13, acc_v14, acc_v15}, acc_l1, &acc_nan1);
-                        }
-                        if (i1_top < i1_tail) {
-                            const tx_i64 i1_blk = i1_top;
-                            i1 = i1_blk + 0;
-                            acc_v0 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 1;
-                            acc_v1 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 2;
-                            acc_v2 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 3;
-                            acc_v3 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 4;
-                            acc_v4 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 5;
-                            acc_v5 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 6;
-                            acc_v6 = a1[i0 * a1_e1 + i1];
-                            i1 = i1_blk + 7;
-                            acc_v7 = a1[i0 * a1_e1 + i1];
-                            acc_l0 = tx_vmax_f32((tx_v8_f32){acc_v0, acc_v1, acc_v2, acc_v3, acc_v4, acc_v5, acc_v6, acc_v7}, acc_l0, &acc_nan0);
-                        }
-                        acc_l0 = tx_vmax_f32(acc_l1, acc_l0, &acc_nan0);
-                        acc_nan0 |= acc_nan1;
-                        acc = tx_vfoldmax_f32(acc_l0, acc_nan0, acc);
-                    }
-                    for (tx_i64 i1 = i1_tail; i1 < n0; ++i1) {
-                        acc = tx_max_f32(acc, a1[i0 * a1_e1 + i1]);
-                    }
-                }
-                a0[i0] = acc;
+            for (tx_i64 i1 = i1_tail; i1 < n0; ++i1) {
+                acc = tx_max_f32(acc, a1[i0 * a1_e1 + i1]);
             }
         }
+        a0[i0] = acc;
     }
 }
 
