@@ -99,3 +99,36 @@ def test_nan_times_a_false_comparison_is_nan_as_in_numpy(spec, reference, backen
     np.testing.assert_array_equal(got.astype(np.float64), want, err_msg=spec)
     if "ifelse" not in spec and "w[" not in spec:
         assert np.isnan(got.flat[0]), "NaN*0 is NaN"
+
+
+@pytest.mark.parametrize("spec, axes", [("(max) m[i] := x[i,j]", 1), ("(min) m[j] := x[i,j]", 0),
+                                        ("(max) m := x[i,j]", (0, 1))])
+def test_the_xla_lowerings_max_and_min_differentiate_and_vmap_as_jnps(spec, axes):
+    """The xla lowering reduces max/min with its NaN flags in one variadic reduction (``_nan_propagating``),
+    whose derivative is its own rule: jax.grad, jax.jvp and jax.vmap of the lowering match `jnp.max`/`jnp.min`
+    where there is no NaN (ties share the tangent, as jax's rule does) and give NaN where one was reduced."""
+    import jax
+    import jax.numpy as jnp
+
+    from tullax.backends.xla import lower
+
+    _, forward = compile_spec(spec)
+    lowered = lower(forward)
+    mine = lambda x: lowered({"x": x})  # noqa: E731
+    theirs = lambda x: (jnp.max if "(max)" in spec else jnp.min)(x, axis=axes)  # noqa: E731
+    x = np.random.default_rng(3).standard_normal((5, 7)).astype(np.float32)
+    x[2, 4] = x[2, 1] = x[2].max() + 1  # a tie in row 2 (and column 1 of the min's)
+    x[3, 5] = x[0, 5] = x[:, 5].min() - 1
+    cotangent = np.random.default_rng(4).standard_normal(np.shape(theirs(x))).astype(np.float32)
+    for f in (jax.jit, lambda g: g):
+        got = f(jax.grad(lambda v: jnp.sum(mine(v) * cotangent)))(x)
+        want = jax.grad(lambda v: jnp.sum(theirs(v) * cotangent))(x)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    tangent = np.random.default_rng(5).standard_normal(x.shape).astype(np.float32)
+    np.testing.assert_allclose(jax.jvp(mine, (x,), (tangent,))[1], jax.jvp(theirs, (x,), (tangent,))[1],
+                               rtol=1e-6)
+    batch = np.stack([x, -x, 2 * x])
+    np.testing.assert_array_equal(jax.vmap(mine)(batch), np.stack([theirs(b) for b in batch]))
+    x[1, 1] = nan
+    assert np.isnan(np.asarray(mine(x))).any()
+    assert np.isnan(np.asarray(jax.jvp(mine, (x,), (tangent,))[1])).any()

@@ -306,24 +306,51 @@ def _reduce_axes(redop: str, value, axes: tuple[int, ...]):
     if redop == "*":
         return jnp.prod(value, axis=axes)
     if redop in ("max", "min"):
+        if jnp.issubdtype(value.dtype, jnp.floating):
+            # XLA's CPU reduction loses a NaN in an array of 4096 elements or more (jaxlib 0.10.2: 3x1366,
+            # 1x4096 and 64x64 did, 3x1365 and 1x2048 did not; it returns the max of the rest, or -inf where the
+            # NaN was last), while NumPy and every loop backend propagate it: the NaN is said explicitly
+            # (tests/test_nan_propagation.py, the long rows)
+            return _nan_propagating(redop)(value, axes)
         found = (jnp.max if redop == "max" else jnp.min)(value, axis=axes)
-        if not jnp.issubdtype(value.dtype, jnp.inexact):
-            return found
-        # XLA's CPU reduction loses a NaN in an array of 4096 elements or more (jaxlib 0.10.2: 3x1366, 1x4096
-        # and 64x64 did, 3x1365 and 1x2048 did not; it returns the max of the rest, or -inf where the NaN was
-        # last), while NumPy and every loop backend propagate it: the NaN is said explicitly
-        # (tests/test_nan_propagation.py, the long rows)
-        def marked():
-            return jnp.where(jnp.isnan(value).any(axis=axes), jnp.array(jnp.nan, found.dtype), found)
-
         if jnp.issubdtype(value.dtype, jnp.complexfloating):
-            return marked()
-        # A sum is NaN where a NaN is (or +inf meets -inf), and XLA reads the values once for both reductions:
-        # only then is the NaN looked for (a 4096x4096 row max: 1.4 ms plain, 5.7 ms marking every row, 2.6 ms
-        # this way, in one process; benchmarks/nan_lanes.py has the loops' side)
-        suspect = jnp.isnan(jnp.sum(value, axis=axes)).any()
-        return jax.lax.cond(suspect, marked, lambda: found)
+            return jnp.where(jnp.isnan(value).any(axis=axes), jnp.array(jnp.nan, found.dtype), found)
+        return found
     return jax.nn.logsumexp(value, axis=axes)
+
+
+@functools.cache
+def _nan_propagating(redop: str) -> Callable:
+    """``redop`` ("max"/"min") of a real float array over ``axes``, NaN wherever a NaN was reduced: one variadic
+    reduction of the values and of their NaN flags, which XLA reads in one pass. It replaced a max checked by a
+    sum (NaN where a NaN is), which read the values twice (benchmarks/xla_nan_max.py times the two against
+    `jnp.max`, which drops the NaN). Its derivative is `jnp.max`'s: the tangent averaged over the positions equal
+    to the result (none where it is NaN: a NaN tangent)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    pick = lax.max if redop == "max" else lax.min
+
+    def combine(a, b):
+        (a_value, a_nan), (b_value, b_nan) = a, b
+        return pick(a_value, b_value), a_nan | b_nan
+
+    @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+    def reduce(value, axes):
+        start = jnp.array(-jnp.inf if redop == "max" else jnp.inf, value.dtype)
+        found, nan = lax.reduce((value, jnp.isnan(value)), (start, jnp.array(False)), combine, axes)
+        return jnp.where(nan, jnp.array(jnp.nan, value.dtype), found)
+
+    @reduce.defjvp
+    def _(axes, primals, tangents):
+        (value,), (tangent,) = primals, tangents
+        found = reduce(value, axes)
+        at = value == jnp.expand_dims(found, axes)
+        picked = jnp.sum(jnp.where(at, tangent, jnp.zeros_like(tangent)), axis=axes)
+        return found, picked / jnp.sum(at, axis=axes, dtype=value.dtype)
+
+    return reduce
 
 
 def _as_array(value, dtype):
