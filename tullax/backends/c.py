@@ -154,7 +154,7 @@ FORWARD, STEPS = "forward", "steps"  # the two modules of a spec: its forward ke
 
 
 # Row streams (max/min reductions over long rows reading STREAM_ROWS rows at once) only where this is "1". They
-# won on a Zen 3 EPYC (a 4096x4096 row max 1.09x) and lost on a Zen 5 one (0.63x on two threads, 0.70-0.91x on
+# won on a Zen 3 EPYC (a 4096x4096 row max 1.09x) and lost on a Zen 5 one (0.63x on two threads, 0.66-0.91x on
 # one, at every row length of 2048 floats or more: several concurrent streams per core read slower there); the
 # loser's loss being the larger, one row at a time is the default (benchmarks/row_streams.py measures both).
 STREAMS_ENV = "TULLAX_C_STREAMS"
