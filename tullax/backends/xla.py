@@ -338,7 +338,7 @@ def _nan_propagating(redop: str) -> Callable:
 
     @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
     def reduce(value, axes):
-        start = jnp.array(-jnp.inf if redop == "max" else jnp.inf, value.dtype)
+        start = jnp.array(_identity(redop, value.dtype), value.dtype)
         found, nan = lax.reduce((value, jnp.isnan(value)), (start, jnp.array(False)), combine, axes)
         return jnp.where(nan, jnp.array(jnp.nan, value.dtype), found)
 
