@@ -24,6 +24,7 @@ from tullax.backends.c import CBackend, compile_stats, module_source
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
+from tullax.printers.c_packed import PACKED_SUFFIX
 from tullax.spec.examples import random_inputs
 from tullax.spec.ir import Spec
 from tullax.testing.oracle import naive_eval
@@ -132,7 +133,9 @@ def test_two_modules_compile_at_once_and_the_gradient_steps_are_found_in_the_sec
             assert built.generated.key != forward.generated.key
     assert compile_stats()["compiled"] == before["compiled"] + 2
     source = module_source(spec, "float64")
-    assert source.count("\nvoid ") == 1 + sum(len(g.steps) for g in gradients(spec))
+    kernels = 1 + sum(len(g.steps) for g in gradients(spec))
+    assert source.count("\nvoid ") == 2 * kernels  # each kernel and its packed entry
+    assert source.count(f"{PACKED_SUFFIX}(void* const* tx_p") == kernels
 
 
 @pytest.mark.parametrize("text, small, large", [

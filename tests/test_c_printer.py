@@ -122,3 +122,36 @@ def test_reduction_lanes_are_vectors_of_one_avx2_register(dtype: str):
     assert re.search(rf"{vector}\w+ acc_l0, acc_l1;", kernel)  # a row alone: two chains
     assert re.search(rf"{vector}\w+ acc_0_l0, acc_1_l0, acc_2_l0, acc_3_l0;", kernel)  # 4 rows at once: one each
 
+
+
+def _forward_of(text: str, dtype: str = "float32") -> str:
+    from tullax.backends.c import lowered
+    from tullax.backends.host import module_source
+
+    spec = analysed(text)
+    source = module_source(spec, Signature.for_dtype(spec, dtype), lowered, cprinter.print_module)
+    return source[source.index("void forward("):].split(cprinter.UNIT_MARK)[0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_lane_loops_prefetch_the_rows_they_stream_and_nothing_through_an_index_or_across_rows(dtype: str):
+    """A row max reads 16 KiB ahead of each block (``PREFETCH_BYTES``: the hardware's prefetchers stop at every 4
+    KiB page); a load through an index array would READ the index array out of bounds ahead of the row, and a
+    column reduction does not stream a row: neither is prefetched."""
+    ahead = cprinter.PREFETCH_BYTES // np.dtype(dtype).itemsize
+    row = _forward_of("(max) m[i] := x[i,j]", dtype)
+    assert f"i1 = i1_blk + {ahead};\n" in row and "__builtin_prefetch(&a1[i0 * a1_e1 + i1], 0, 3);" in row
+    assert "__builtin_prefetch" not in _forward_of("(max) m[i] := x[i,ix[j]]", dtype)
+    assert "__builtin_prefetch" not in _forward_of("(min) m[j] := x[i,j]", dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_lane_steps_are_one_max_or_min_instruction_on_x86_and_the_select_elsewhere(dtype: str):
+    """maxps/minps compute the lane step's select exactly (``v > l ? v : l``); other targets keep the select."""
+    prelude = module("row_max", dtype)
+    width = {"float32": "ps", "float64": "pd"}[dtype]
+    for op, cmp in (("max", ">"), ("min", "<")):
+        helper = prelude[prelude.index(f"tx_v{op}_{'f32' if dtype == 'float32' else 'f64'}("):]
+        helper = helper[:helper.index("\n}\n")]
+        assert f"#ifdef __AVX__\n    return __builtin_ia32_{op}{width}256(v, l);\n#else" in helper
+        assert f"m = v {cmp} l;" in helper

@@ -45,6 +45,7 @@ from tullax.backends.base import Capabilities, Shapes, Signature
 from tullax.compiler.interface import KernelInterface
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.printers.c_clear import CLEAR_BLOCK, CLEAR_FUNCTION
+from tullax.printers.c_packed import PACKED_SUFFIX
 from tullax.runtime.cache import CompileCache, get_cache
 from tullax.spec.ir import Spec
 
@@ -380,7 +381,9 @@ def _open(generated: host.GeneratedModule, library: str,
         clear.argtypes, clear.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int], None
     first = None
     for kernel, spec, signature in kernels:
-        host_kernel = CHostKernel(generated, kernel, spec, getattr(lib, kernel.name), ready_ms, compiled, clear)
+        packed = getattr(lib, kernel.name + PACKED_SUFFIX, None)  # (a library of an older printer has none)
+        host_kernel = CHostKernel(generated, kernel, spec, getattr(lib, kernel.name), ready_ms, compiled, clear,
+                                  packed=packed, library=library)
         first = first or host_kernel
         if part == STEPS:
             with _STEPS_LOCK:
@@ -486,9 +489,11 @@ class CHostKernel:
     buffers (``host.marshal``), the sizes, the extents and the team size."""
 
     def __init__(self, generated: host.GeneratedModule, kernel: KernelInterface, spec: Spec, function: Any,
-                 ready_ms: float, compiled: bool, clear: Any = None):
+                 ready_ms: float, compiled: bool, clear: Any = None, packed: Any = None, library: str = ""):
         self.generated, self.kernel, self.spec = generated, kernel, spec
         self._clear = clear  # the module's parallel clear (``tullax.printers.c_clear``), if it has one
+        # its packed entry (``tullax.printers.c_packed``), which XLA's FFI handler calls (``ffi_call``)
+        self._packed, self._library = packed, library
         self._plan = host.ArgumentPlan.of(kernel, spec, scalar=_numpy_scalar, rank0_as_vector=True)
         arrays = len(kernel.arrays)
         self._arrays = arrays
@@ -521,6 +526,36 @@ class CHostKernel:
             self._first_run((time.perf_counter() - start) * 1e3)
         if copy_back is not None:
             out[...] = copy_back
+
+    def ffi_call(self, operands: Sequence[Any], result: Any, shapes: Shapes,
+                 aliases: dict[int, int] | None) -> tuple[Any, int] | None:
+        """The kernel as a custom call inside XLA's program (``tullax.backends.c_ffi``), on jax values
+        ``operands`` (one per spec input, traced) for the ``result`` (a ShapeDtypeStruct) of ``shapes``: its
+        value and the handler's slot (which counts its launches). None where it cannot run so (no handler here,
+        a library without the packed entry, a full table): the caller takes the buffer callback. Everything the
+        call needs is worked out now, at trace time: the sizes and extents are static under jit."""
+        from tullax.backends import c_ffi
+
+        plan = self._plan
+        pointers = 1 + len(plan.arrays) + len(plan.scalars)
+        if self._packed is None or pointers > c_ffi.MAX_POINTERS or not c_ffi.available()[0]:
+            return None
+        identity = c_ffi.identity(self._library, self.kernel.name)
+        slot = c_ffi.register(ctypes.cast(self._packed, ctypes.c_void_p).value, identity)
+        if slot is None:
+            return None
+        sizes = plan.size_values(shapes)
+        names = self.spec.input_names
+        array_shapes = [(1,) if plan.rank0_as_vector else tuple(result.shape)]
+        array_shapes += [tuple(shapes[names[position]]) for position in plan.arrays]
+        extents = [array_shapes[k][axis] for k, axis in self._extents]
+        values = list(operands)
+        for position, dtype in plan.scalars:  # passed by address: in the type the kernel reads
+            if values[position].dtype != np.dtype(dtype):
+                values[position] = values[position].astype(dtype)
+        sources = [0] + [position + 1 for position in plan.arrays] + [position + 1 for position, _ in plan.scalars]
+        meta = c_ffi.meta(slot, identity, self._team(sizes, shapes), sources, [*sizes, *extents])
+        return c_ffi.call(meta, values, result, aliases), slot
 
     def prepare(self, shapes: Shapes, *, read_only: bool = False) -> None:
         """Nothing to do: the module was compiled (or loaded) when it was built."""

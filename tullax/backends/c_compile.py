@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -138,19 +138,21 @@ def split_units(text: str, units: int | None = None) -> list[str]:
 
 
 def compile_library(source: Path, library: Path, timeout: float = 600.0, units: int | None = None,
-                    room: Callable[[], int] | None = None) -> float:
+                    room: Callable[[], int] | None = None, include: Sequence[Path] = ()) -> float:
     """Compile ``source`` into the shared library ``library`` (written atomically: a temporary file renamed,
     so a concurrent reader never dlopens half a file); returns the seconds the compiler ran. A module of
     several kernels is cut into ``PARALLEL_UNITS`` (or ``units``) translation units, compiled longest first,
     as many at once as ``room()`` says when it is given, else all at once, and linked: the compiler's time goes
-    mostly to the kernel functions, so two units take about half the wall time of one."""
+    mostly to the kernel functions, so two units take about half the wall time of one. ``include``: header
+    directories (``-I``)."""
     cc = compiler()
+    cflags = [*flags(), *(f"-I{path}" for path in include)]
     tmp = library.with_name(f".{library.name}.{os.getpid()}.tmp")
     start = time.perf_counter()
     units = sorted(split_units(source.read_text(encoding="utf-8"), units), key=len, reverse=True)
     try:
         if len(units) == 1:
-            _run([[cc, *flags(), "-o", str(tmp), str(source), *libraries()]], source, timeout)
+            _run([[cc, *cflags, "-o", str(tmp), str(source), *libraries()]], source, timeout)
         else:
             with tempfile.TemporaryDirectory(prefix="tullax-c-units-") as scratch:
                 objects = []
@@ -159,9 +161,9 @@ def compile_library(source: Path, library: Path, timeout: float = 600.0, units: 
                     path.write_text(unit, encoding="utf-8")
                     objects.append(path.with_suffix(".o"))
 
-                _run([[cc, *flags(), "-c", "-o", str(obj), str(obj.with_suffix(".c"))] for obj in objects],
+                _run([[cc, *cflags, "-c", "-o", str(obj), str(obj.with_suffix(".c"))] for obj in objects],
                      source, timeout, room)
-                _run([[cc, *flags(), "-o", str(tmp), *map(str, objects), *libraries()]], source, timeout)
+                _run([[cc, *cflags, "-o", str(tmp), *map(str, objects), *libraries()]], source, timeout)
     except TullaxError:
         tmp.unlink(missing_ok=True)  # whatever a failed compiler or linker left behind
         raise

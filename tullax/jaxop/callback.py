@@ -1,10 +1,14 @@
 """Host kernels inside a JAX computation.
 
-Two paths, chosen when the kernel is traced:
+Three paths, chosen when the kernel is traced:
 
-* ``buffer`` (the default): ``jax.experimental.buffer_callback``. XLA calls back with its own buffers; the host
+* ``ffi`` (the default): a kernel that can run as XLA's own custom call does, with no Python per call (the c
+  backend's, ``tullax.backends.c_ffi``: one compiled FFI handler calls its packed entry on XLA's buffers); any
+  other kernel, or a call the custom call does not serve (a '=' update XLA does not alias, a zero-start step
+  that clears its own output, a widened kernel), takes ``buffer``.
+* ``buffer``: ``jax.experimental.buffer_callback``. XLA calls back with its own buffers; the host
   kernel reads the inputs and writes the output through NumPy views over them (``runtime.exchange``). Zero
-  copies at any size: about 10 us per call on this machine.
+  copies at any size, a Python function per call (``benchmarks/ffi_call.py`` measures both paths).
 * ``pure``: ``jax.pure_callback``, where buffer_callback is missing (jax < 0.6.1) or on a non-CPU platform (a host
   kernel cannot read device memory), or when ``TULLAX_CALLBACK=pure`` forces it. It copies every input and the
   output (a few hundred us for kilobytes, ~100 ms for 64 MB).
@@ -26,17 +30,18 @@ from typing import Any, Callable, Sequence
 from tullax.errors import TullaxError
 from tullax.spec.ir import Spec
 
-PATHS = ("buffer", "pure")
+PATHS = ("ffi", "buffer", "pure")
 
 
 def callback_path() -> str:
-    """The callback host kernels use: ``TULLAX_CALLBACK`` (``buffer`` | ``pure``) or the best available."""
+    """The path host kernels take: ``TULLAX_CALLBACK`` (``ffi`` | ``buffer`` | ``pure``) or the best available."""
     forced = os.environ.get("TULLAX_CALLBACK", "").strip().lower()
     if forced and forced not in PATHS + ("auto",):
-        raise TullaxError(f"TULLAX_CALLBACK={forced!r} is not a callback path: use 'buffer', 'pure' or 'auto'")
+        raise TullaxError(f"TULLAX_CALLBACK={forced!r} is not a callback path: use 'ffi', 'buffer', 'pure' or "
+                          f"'auto'")
     if forced == "pure" or not has_buffer_callback():
         return "pure"
-    return "buffer"
+    return "buffer" if forced == "buffer" else "ffi"
 
 
 @lru_cache(maxsize=None)
@@ -79,7 +84,11 @@ def host_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
     # without huge pages).
     clear = _clearer(kernel) if zero_start and in_place and hugepages.enabled() else None
     operands = args[1:] if clear is not None else args
-    if path == "buffer":
+    if path == "ffi":
+        found = _custom_call(spec, kernel, args, result, shapes, in_place, clear, text, backend_name)
+        if found is not None:
+            return found
+    if path in ("ffi", "buffer"):
         from jax.experimental.buffer_callback import buffer_callback
 
         aliases = {0: 0} if clear is None and in_place else None
@@ -87,6 +96,25 @@ def host_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
                                input_output_aliases=aliases)(*operands)
     return jax.pure_callback(_pure_runner(spec, run_kernel, text, backend_name, result, clear), result,
                              *operands, vmap_method="sequential")
+
+
+def _custom_call(spec: Spec, kernel: Any, args: Sequence[Any], result: Any, shapes: dict[str, tuple[int, ...]],
+                 in_place: bool, clear: Any, text: str, backend_name: str) -> Any | None:
+    """The kernel as XLA's custom call (``ffi_call`` of a host kernel that has one), or None where that path does
+    not serve this call: a '=' or '+=' update must be handed its starting values in the output (XLA aliases the
+    given array only when ``in_place``), and a zero-start step's own clear is the buffer callback's."""
+    ffi_call = getattr(kernel, "ffi_call", None)
+    if ffi_call is None or clear is not None or (spec.assign != ":=" and not in_place):
+        return None
+    found = ffi_call(args, result, shapes, {0: 0} if in_place else None)
+    if found is None:
+        return None
+    value, slot = found
+    from tullax.backends import c_ffi
+    from tullax.runtime import stats
+
+    stats.watch(text, backend_name, "ffi", (c_ffi.TARGET, slot), lambda: c_ffi.launches(slot))
+    return value
 
 
 # A host kernel as the callbacks call it: run_kernel(out, inputs).

@@ -38,6 +38,7 @@ from tullax.compiler.loops import (
     Cast,
     If,
     Let,
+    Load,
     Loop,
     LoopKernel,
     Scratch,
@@ -47,10 +48,12 @@ from tullax.compiler.loops import (
     const,
     expr_vars,
     parallel_nest,
+    walk_expr,
 )
 from tullax.errors import TullaxError
 from tullax.printers.base import Place, Precedence
 from tullax.printers.c_clear import CLEAR_FUNCTION, CLEAR_SOURCE
+from tullax.printers.c_packed import packed_source
 from tullax.printers.clike import (
     TYPE_SUFFIX,
     TYPEDEFS,
@@ -73,6 +76,13 @@ HELPER_TYPES = ("float32", "float64", "int32", "int64")  # the types the prelude
 # (make bench at 203bf5e, an AMD EPYC without AVX-512; two vectors of 32 bytes there: 3.4-3.6 ms, jnp.max 3.4 ms)
 LANE_BYTES = 64
 VECTOR_BYTES = 32
+# A lane loop prefetches this far ahead of each row it streams: the hardware's prefetchers stop at every 4 KiB
+# page, XLA's buffers are on 4 KiB pages, and a prefetch this far ahead starts each page's walk and first lines
+# early (a 4096x4096 float32 row max on a Zen 5 EPYC, two threads, 4 KiB pages: 0.86 ms without, 0.80 at 4 KiB
+# ahead, 0.61 at 16 KiB, 0.63 at 32 KiB; huge pages gain as much; benchmarks/ffi_call.py measures it in jit)
+PREFETCH_BYTES = 16384
+_ITEM_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "int16": 2, "int8": 1, "uint8": 1,
+               "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1}
 _OMP_REDUCTIONS = {"+": "+", "*": "*"}  # OpenMP's own; max/min are the prelude's NaN-propagating ones
 
 
@@ -201,6 +211,9 @@ class CPrinter(CLikePrinter):
         pad, suffix = self.indent * place.depth, TYPE_SUFFIX[dtype]
         vector = f"tx_v{width}_{suffix}"
         lines: list[str] = []
+        for load in _streams(var, lets, accums):
+            ahead = PREFETCH_BYTES // _ITEM_BYTES.get(load.dtype, 8)
+            lines += [f"{pad}{var} = {var}_blk + {ahead};", f"{pad}__builtin_prefetch(&{self.expr(load)}, 0, 3);"]
         for k in range(len(chains) * width):
             lines.append(f"{pad}{var} = {var}_blk + {k};")
             lines += self.block(lets, place)
@@ -247,6 +260,23 @@ def _region(stmts: Sequence[Stmt]) -> Iterator[Stmt]:
             yield from _region(stmt.orelse)
 
 
+def _streams(var: str, lets: Sequence[Let], accums: Sequence[Accum]) -> list[Load]:
+    """The loads of a lane loop over ``var`` that read along an array's last axis (``var`` in its last index
+    only, no indirection and no local of the block in any index): the ones a prefetch ahead of the block helps."""
+    local = {let.var for let in lets}
+    found: list[Load] = []
+    for stmt in (*lets, *accums):
+        for node in walk_expr(stmt.value):
+            if not isinstance(node, Load) or node in found or not node.index:
+                continue
+            *outer, last = node.index
+            names = [expr_vars(index) for index in node.index]
+            if (var in expr_vars(last) and not any(var in n for n in names[:-1]) and not set().union(*names) & local
+                    and not any(isinstance(sub, Load) for index in node.index for sub in walk_expr(index))):
+                found.append(node)
+    return found
+
+
 def _lane_reduction(loop: Loop) -> bool:
     """A serial loop whose body is Lets and then max/min Accums (one per row of a register tile): printed as
     lanes (``CPrinter.lanes``)."""
@@ -279,7 +309,11 @@ def collapsible(loops: Sequence[Loop], body: Sequence[Stmt]) -> int:
 
 
 def kernel_function(kernel: LoopKernel) -> str:
-    """The C function of ``kernel``."""
+    """The C function of ``kernel``, and its packed entry (``tullax.printers.c_packed``)."""
+    return _kernel_body(kernel) + "\n" + packed_source(kernel.name, parameters(kernel), THREADS)
+
+
+def _kernel_body(kernel: LoopKernel) -> str:
     refuse_complex({kernel.compute_dtype, *(a.dtype for a in kernel.arrays), *(s.dtype for s in kernel.scalars)},
                    NAME)
     printer = CPrinter()
@@ -318,6 +352,13 @@ def vector_lanes(dtype: str) -> int:
     return VECTOR_BYTES // _VECTOR_BYTES[dtype]
 
 
+# x86's maxps/minps compute exactly the lane step's select (``v > l ? v : l``, ``v < l ? v : l``) in one instruction;
+# GCC spells the select as a compare and a blend, whose latency the loop's accumulator chains wait on (a 4096x4096
+# float32 row max on a Zen 5 EPYC, two threads: 0.97 -> 0.79 ms; benchmarks/row_streams.py)
+_X86_SELECT = {("max", "float32"): "__builtin_ia32_maxps256", ("min", "float32"): "__builtin_ia32_minps256",
+               ("max", "float64"): "__builtin_ia32_maxpd256", ("min", "float64"): "__builtin_ia32_minpd256"}
+
+
 def _lane_helpers(dtype: str) -> str:
     """The vector and mask types of ``vector_lanes(dtype)`` elements of ``dtype``, its lane max/min steps and the
     folds of a vector of lanes into the accumulator (``tx_vfoldmax_f32``): halves compared with halves, in
@@ -335,8 +376,12 @@ def _lane_helpers(dtype: str) -> str:
         width //= 2
     for op, cmp in (("max", ">"), ("min", "<")):
         lines += [f"static inline {vector} tx_v{op}_{suffix}({vector} v, {vector} l, {mask}* nan) {{",
-                  f"    {mask} m = v {cmp} l;", "    *nan |= v != v;",
-                  f"    return ({vector})((({mask})v & m) | (({mask})l & ~m));", "}"]
+                  "    *nan |= v != v;"]
+        builtin = _X86_SELECT.get((op, dtype)) if VECTOR_BYTES == 32 else None
+        if builtin:
+            lines += ["#ifdef __AVX__", f"    return {builtin}(v, l);", "#else"]
+        lines += [f"    {mask} m = v {cmp} l;", f"    return ({vector})((({mask})v & m) | (({mask})l & ~m));"]
+        lines += ["#endif", "}"] if builtin else ["}"]
         lines += [f"static inline {storage_type(dtype)} tx_vfold{op}_{suffix}({vector} l, {mask} nan, "
                   f"{storage_type(dtype)} acc) {{",
                   "    nan |= l != l;"]

@@ -1,8 +1,10 @@
-"""Runtime counters: how many times each kernel ran inside a JAX computation, and through which callback.
+"""Runtime counters: how many times each kernel ran inside a JAX computation, and on which path.
 
 The host callbacks increment these, so tests can prove that ``jax.vmap`` of a kernel runs ONE batched kernel
-per call (not one per batch element) and benchmarks can tell which callback path ran. XLA may run callbacks
-on several threads at once (``shard_map`` over host devices), hence the lock.
+per call (not one per batch element) and benchmarks can tell which path ran. XLA may run callbacks on several
+threads at once (``shard_map`` over host devices), hence the lock. A kernel that XLA calls as a custom call
+(``tullax.backends.c_ffi``) runs no Python: its compiled handler counts, and its counter is ``watch``ed here and
+read into these counts whenever they are read.
 
     from tullax.runtime import stats
     stats.reset()
@@ -14,27 +16,96 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from typing import Any, Callable
+
+_lock = threading.RLock()
+# (spec text, backend, path) -> (read the native counter, its value already counted)
+_watched: dict[tuple[str, str, str, Any], list[Any]] = {}
+
+
+class _Counts(Counter):
+    """A Counter that first adds what the watched native counters counted since it last looked."""
+
+    def __getitem__(self, key: Any) -> int:
+        _fold()
+        return super().__getitem__(key)
+
+    def __iter__(self):
+        _fold()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        _fold()
+        return super().__len__()
+
+    def __contains__(self, key: object) -> bool:
+        _fold()
+        return super().__contains__(key)
+
+    def __eq__(self, other: object) -> bool:
+        _fold()
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        _fold()
+        return super().__repr__()
+
+    def items(self):
+        _fold()
+        return super().items()
+
+    def keys(self):
+        _fold()
+        return super().keys()
+
+    def values(self):
+        _fold()
+        return super().values()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        _fold()
+        return super().get(key, default)
+
 
 # (canonical spec text, backend name) -> number of kernel runs
-launches: Counter = Counter()
-# callback path ("buffer" or "pure") -> number of kernel runs
-paths: Counter = Counter()
-
-_lock = threading.Lock()
+launches: Counter = _Counts()
+# path ("ffi", "buffer" or "pure") -> number of kernel runs
+paths: Counter = _Counts()
 
 
 def record_launch(spec_text: str, backend: str, path: str) -> None:
     """Count one kernel run (called from inside the host callbacks)."""
     with _lock:
-        launches[(spec_text, backend)] += 1
-        paths[path] += 1
+        Counter.__setitem__(launches, (spec_text, backend), Counter.__getitem__(launches, (spec_text, backend)) + 1)
+        Counter.__setitem__(paths, path, Counter.__getitem__(paths, path) + 1)
+
+
+def watch(spec_text: str, backend: str, path: str, source: Any, read: Callable[[], int]) -> None:
+    """Count the runs a native counter reports (``read()``: its running total) as runs of ``spec_text`` on
+    ``backend`` and ``path``; ``source`` tells counters apart (watching one twice counts it once)."""
+    with _lock:
+        _watched.setdefault((spec_text, backend, path, source), [read, read()])
+
+
+def _fold() -> None:
+    with _lock:
+        for (spec_text, backend, path, _), seen in _watched.items():
+            now = seen[0]()
+            if now != seen[1]:
+                delta, seen[1] = now - seen[1], now
+                Counter.__setitem__(launches, (spec_text, backend),
+                                    Counter.__getitem__(launches, (spec_text, backend)) + delta)
+                Counter.__setitem__(paths, path, Counter.__getitem__(paths, path) + delta)
 
 
 def reset() -> None:
     """Forget every count."""
     with _lock:
-        launches.clear()
-        paths.clear()
+        _fold()
+        Counter.clear(launches)
+        Counter.clear(paths)
 
 
 def total(backend: str | None = None) -> int:
@@ -52,4 +123,4 @@ def by_spec() -> dict[str, int]:
         return dict(counts)
 
 
-__all__ = ["launches", "paths", "record_launch", "reset", "total", "by_spec"]
+__all__ = ["launches", "paths", "record_launch", "reset", "total", "by_spec", "watch"]

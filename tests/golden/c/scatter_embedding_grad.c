@@ -141,9 +141,13 @@ static inline tx_i64 tx_powi_i64(tx_i64 x, int n) {
 typedef float tx_v8_f32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_f32 __attribute__((vector_size(32)));
 static inline tx_v8_f32 tx_vmax_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
-    tx_m8_f32 m = v > l;
     *nan |= v != v;
+#ifdef __AVX__
+    return __builtin_ia32_maxps256(v, l);
+#else
+    tx_m8_f32 m = v > l;
     return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
+#endif
 }
 static inline float tx_vfoldmax_f32(tx_v8_f32 l, tx_m8_f32 nan, float acc) {
     nan |= l != l;
@@ -156,9 +160,13 @@ static inline float tx_vfoldmax_f32(tx_v8_f32 l, tx_m8_f32 nan, float acc) {
     return nan[0] ? tx_nan_f32() : tx_max_f32(acc, l[0]);
 }
 static inline tx_v8_f32 tx_vmin_f32(tx_v8_f32 v, tx_v8_f32 l, tx_m8_f32* nan) {
-    tx_m8_f32 m = v < l;
     *nan |= v != v;
+#ifdef __AVX__
+    return __builtin_ia32_minps256(v, l);
+#else
+    tx_m8_f32 m = v < l;
     return (tx_v8_f32)(((tx_m8_f32)v & m) | ((tx_m8_f32)l & ~m));
+#endif
 }
 static inline float tx_vfoldmin_f32(tx_v8_f32 l, tx_m8_f32 nan, float acc) {
     nan |= l != l;
@@ -173,9 +181,13 @@ static inline float tx_vfoldmin_f32(tx_v8_f32 l, tx_m8_f32 nan, float acc) {
 typedef double tx_v4_f64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_f64 __attribute__((vector_size(32)));
 static inline tx_v4_f64 tx_vmax_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
-    tx_m4_f64 m = v > l;
     *nan |= v != v;
+#ifdef __AVX__
+    return __builtin_ia32_maxpd256(v, l);
+#else
+    tx_m4_f64 m = v > l;
     return (tx_v4_f64)(((tx_m4_f64)v & m) | ((tx_m4_f64)l & ~m));
+#endif
 }
 static inline double tx_vfoldmax_f64(tx_v4_f64 l, tx_m4_f64 nan, double acc) {
     nan |= l != l;
@@ -186,9 +198,13 @@ static inline double tx_vfoldmax_f64(tx_v4_f64 l, tx_m4_f64 nan, double acc) {
     return nan[0] ? tx_nan_f64() : tx_max_f64(acc, l[0]);
 }
 static inline tx_v4_f64 tx_vmin_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
-    tx_m4_f64 m = v < l;
     *nan |= v != v;
+#ifdef __AVX__
+    return __builtin_ia32_minpd256(v, l);
+#else
+    tx_m4_f64 m = v < l;
     return (tx_v4_f64)(((tx_m4_f64)v & m) | ((tx_m4_f64)l & ~m));
+#endif
 }
 static inline double tx_vfoldmin_f64(tx_v4_f64 l, tx_m4_f64 nan, double acc) {
     nan |= l != l;
@@ -201,8 +217,8 @@ static inline double tx_vfoldmin_f64(tx_v4_f64 l, tx_m4_f64 nan, double acc) {
 typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
 static inline tx_v8_i32 tx_vmax_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
-    tx_m8_i32 m = v > l;
     *nan |= v != v;
+    tx_m8_i32 m = v > l;
     return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
 }
 static inline tx_i32 tx_vfoldmax_i32(tx_v8_i32 l, tx_m8_i32 nan, tx_i32 acc) {
@@ -216,8 +232,8 @@ static inline tx_i32 tx_vfoldmax_i32(tx_v8_i32 l, tx_m8_i32 nan, tx_i32 acc) {
     return tx_max_i32(acc, l[0]);
 }
 static inline tx_v8_i32 tx_vmin_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
-    tx_m8_i32 m = v < l;
     *nan |= v != v;
+    tx_m8_i32 m = v < l;
     return (tx_v8_i32)(((tx_m8_i32)v & m) | ((tx_m8_i32)l & ~m));
 }
 static inline tx_i32 tx_vfoldmin_i32(tx_v8_i32 l, tx_m8_i32 nan, tx_i32 acc) {
@@ -233,8 +249,8 @@ static inline tx_i32 tx_vfoldmin_i32(tx_v8_i32 l, tx_m8_i32 nan, tx_i32 acc) {
 typedef tx_i64 tx_v4_i64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_i64 __attribute__((vector_size(32)));
 static inline tx_v4_i64 tx_vmax_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
-    tx_m4_i64 m = v > l;
     *nan |= v != v;
+    tx_m4_i64 m = v > l;
     return (tx_v4_i64)(((tx_m4_i64)v & m) | ((tx_m4_i64)l & ~m));
 }
 static inline tx_i64 tx_vfoldmax_i64(tx_v4_i64 l, tx_m4_i64 nan, tx_i64 acc) {
@@ -246,8 +262,8 @@ static inline tx_i64 tx_vfoldmax_i64(tx_v4_i64 l, tx_m4_i64 nan, tx_i64 acc) {
     return tx_max_i64(acc, l[0]);
 }
 static inline tx_v4_i64 tx_vmin_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
-    tx_m4_i64 m = v < l;
     *nan |= v != v;
+    tx_m4_i64 m = v < l;
     return (tx_v4_i64)(((tx_m4_i64)v & m) | ((tx_m4_i64)l & ~m));
 }
 static inline tx_i64 tx_vfoldmin_i64(tx_v4_i64 l, tx_m4_i64 nan, tx_i64 acc) {
@@ -290,6 +306,22 @@ void forward(
     }
 }
 
+// forward_packed: forward with its pointers in tx_p and its sizes and extents in tx_n
+void forward_packed(void* const* tx_p, const tx_i64* tx_n, const int tx_threads)
+{
+    (void)tx_p; (void)tx_n;
+    forward(
+        (float*)tx_p[0],
+        (const float*)tx_p[1],
+        (const tx_i64*)tx_p[2],
+        tx_n[0],
+        tx_n[1],
+        tx_n[2],
+        tx_n[3],
+        tx_n[4],
+        tx_threads);
+}
+
 // ---- tullax: kernel ----
 // grad0_step0: ΔdW1[m,n] := ΔdW[m,n]
 void grad0_step0(
@@ -307,6 +339,20 @@ void grad0_step0(
             a0[i0 * a0_e1 + i1] = a1[i0 * a1_e1 + i1];
         }
     }
+}
+
+// grad0_step0_packed: grad0_step0 with its pointers in tx_p and its sizes and extents in tx_n
+void grad0_step0_packed(void* const* tx_p, const tx_i64* tx_n, const int tx_threads)
+{
+    (void)tx_p; (void)tx_n;
+    grad0_step0(
+        (float*)tx_p[0],
+        (const float*)tx_p[1],
+        tx_n[0],
+        tx_n[1],
+        tx_n[2],
+        tx_n[3],
+        tx_threads);
 }
 
 // ---- tullax: kernel ----
@@ -330,6 +376,22 @@ void grad1_step0(
             a0[i0 * a0_e1 + i1] = t0 >= 0 && t0 < n0 ? a1[t0 * a1_e1 + i1] : 0.0f;
         }
     }
+}
+
+// grad1_step0_packed: grad1_step0 with its pointers in tx_p and its sizes and extents in tx_n
+void grad1_step0_packed(void* const* tx_p, const tx_i64* tx_n, const int tx_threads)
+{
+    (void)tx_p; (void)tx_n;
+    grad1_step0(
+        (float*)tx_p[0],
+        (const float*)tx_p[1],
+        (const tx_i64*)tx_p[2],
+        tx_n[0],
+        tx_n[1],
+        tx_n[2],
+        tx_n[3],
+        tx_n[4],
+        tx_threads);
 }
 
 // ---- tullax: kernel ----

@@ -1,0 +1,227 @@
+"""c-backend kernels inside XLA's own program: one compiled XLA FFI handler calls any of them, with no Python.
+
+``jax.experimental.buffer_callback`` runs a Python function on every call (the GIL, NumPy views of XLA's buffers,
+the argument marshalling), and XLA's dispatch around it runs with cold caches after a large kernel: tens of
+microseconds per call, most of a tiny kernel's cost and the gap between a row max read at memory speed and
+``jnp.max`` (``benchmarks/ffi_call.py`` measures both paths). Here the call is a custom call of XLA's:
+
+* The handler (``HANDLER_SOURCE``, C against XLA's FFI C API, ``xla/ffi/api/c_api.h`` from jaxlib's headers) is
+  compiled once per (jaxlib, compiler, CPU) into the compile cache and registered with XLA as ``TARGET``.
+* Every C kernel has a packed entry with one signature (``tullax.printers.c.packed_function``): the handler
+  gathers the buffers' data pointers in the kernel's parameter order and passes the sizes and extents, which are
+  static under jit and so worked out at trace time.
+* A kernel is registered in the handler's table (``register``): the XLA program names its slot and identity (a
+  hash of its library and name) in an int64 array attribute, never an address. An executable compiled in another
+  process (JAX's persistent compilation cache) whose slot does not hold that kernel here fails with an error
+  instead of calling into someone else's code.
+* The handler counts each slot's launches; ``tullax.runtime.stats`` reads them (``watch``).
+
+Where this cannot work (no ``jax.ffi``, no headers, a compile error) the kernels keep the buffer callback;
+``available()`` says why.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+TARGET = "tullax_c_kernel"
+LIBRARY_FILE = "handler.so"
+SOURCE_FILE = "handler.c"
+SLOTS = 65536  # kernels one process can register; beyond them kernels keep the buffer callback
+MAX_POINTERS = 256  # arrays and scalars of one kernel: the handler's stack array
+
+# meta: slot, identity, team, the count of pointers, the count of integers, then each pointer's operand (0: the
+# result, k: argument k-1), then the integers (sizes, then extents)
+HEADER = 5
+
+HANDLER_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include "xla/ffi/api/c_api.h"
+
+typedef void (*tx_packed)(void* const*, const int64_t*, int);
+typedef struct { tx_packed fn; int64_t identity; int64_t launches; } tx_slot;
+#define TX_SLOTS @SLOTS@
+#define TX_MAX_POINTERS @MAX_POINTERS@
+#define TX_HEADER @HEADER@
+static tx_slot tx_slots[TX_SLOTS];
+static int64_t tx_used;
+
+// A new slot for `fn` (its identity: the hash the XLA program names it by), or -1 when the table is full.
+// Python calls it under its lock; the handler reads a slot only below tx_used, published after the slot.
+int64_t tullax_ffi_register(void* fn, int64_t identity) {
+    int64_t slot = __atomic_load_n(&tx_used, __ATOMIC_ACQUIRE);
+    if (slot >= TX_SLOTS) return -1;
+    tx_slots[slot].fn = (tx_packed)fn;
+    tx_slots[slot].identity = identity;
+    tx_slots[slot].launches = 0;
+    __atomic_store_n(&tx_used, slot + 1, __ATOMIC_RELEASE);
+    return slot;
+}
+
+int64_t tullax_ffi_launches(int64_t slot) {
+    return __atomic_load_n(&tx_slots[slot].launches, __ATOMIC_RELAXED);
+}
+
+static XLA_FFI_Error* tx_error(const XLA_FFI_CallFrame* frame, const char* message) {
+    XLA_FFI_Error_Create_Args args;
+    memset(&args, 0, sizeof args);
+    args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
+    args.message = message;
+    args.errc = XLA_FFI_Error_Code_FAILED_PRECONDITION;
+    return frame->api->XLA_FFI_Error_Create(&args);
+}
+
+XLA_FFI_Error* tullax_ffi_handler(XLA_FFI_CallFrame* frame) {
+    for (XLA_FFI_Extension_Base* ext = frame->extension_start; ext; ext = ext->next) {
+        if (ext->type == XLA_FFI_Extension_Metadata) {  // XLA asks which FFI version this handler speaks
+            XLA_FFI_Metadata* metadata = ((XLA_FFI_Metadata_Extension*)ext)->metadata;
+            metadata->api_version.major_version = XLA_FFI_API_MAJOR;
+            metadata->api_version.minor_version = XLA_FFI_API_MINOR;
+            metadata->traits = 0;
+            return NULL;
+        }
+    }
+    if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE) return NULL;
+    if (frame->attrs.size != 1 || frame->attrs.types[0] != XLA_FFI_AttrType_ARRAY)
+        return tx_error(frame, "tullax: a c kernel's custom call takes one attribute, its int64 meta array");
+    const XLA_FFI_Array* meta = (const XLA_FFI_Array*)frame->attrs.attrs[0];
+    const int64_t* m = (const int64_t*)meta->data;
+    if (meta->dtype != XLA_FFI_DataType_S64 || meta->size < TX_HEADER)
+        return tx_error(frame, "tullax: a c kernel's meta attribute is not an int64 array of its header");
+    const int64_t slot = m[0], pointers = m[3], integers = m[4];
+    if (slot < 0 || slot >= __atomic_load_n(&tx_used, __ATOMIC_ACQUIRE) || tx_slots[slot].identity != m[1])
+        return tx_error(frame, "tullax: this XLA program calls a c kernel not loaded in this process (an "
+                               "executable compiled by another process?): trace the function again");
+    if (pointers < 0 || pointers > TX_MAX_POINTERS || integers < 0
+            || (int64_t)meta->size != TX_HEADER + pointers + integers)
+        return tx_error(frame, "tullax: a c kernel's meta attribute is malformed");
+    void* p[TX_MAX_POINTERS];
+    for (int64_t k = 0; k < pointers; ++k) {
+        const int64_t operand = m[TX_HEADER + k];
+        if (operand == 0) {
+            if (frame->rets.size < 1 || frame->rets.types[0] != XLA_FFI_RetType_BUFFER)
+                return tx_error(frame, "tullax: a c kernel's custom call has no result buffer");
+            p[k] = ((XLA_FFI_Buffer*)frame->rets.rets[0])->data;
+        } else {
+            if (operand < 1 || operand > frame->args.size || frame->args.types[operand - 1] != XLA_FFI_ArgType_BUFFER)
+                return tx_error(frame, "tullax: a c kernel's meta attribute names an operand the call lacks");
+            p[k] = ((XLA_FFI_Buffer*)frame->args.args[operand - 1])->data;
+        }
+    }
+    tx_slots[slot].fn(p, m + TX_HEADER + pointers, (int)m[2]);
+    __atomic_fetch_add(&tx_slots[slot].launches, 1, __ATOMIC_RELAXED);
+    return NULL;
+}
+""".replace("@SLOTS@", str(SLOTS)).replace("@MAX_POINTERS@", str(MAX_POINTERS)).replace("@HEADER@", str(HEADER))
+
+_LOCK = threading.Lock()
+_SLOTS: dict[tuple[int, int], int] = {}  # (packed function's address, identity) -> slot
+
+
+@functools.lru_cache(maxsize=None)
+def _handler() -> tuple[Any, str]:
+    """The loaded handler library, registered with XLA (None and why not, where it cannot be)."""
+    try:
+        import jax
+        import jax.ffi
+        import jaxlib
+    except ImportError as err:
+        return None, f"no jax.ffi ({err})"
+    include = Path(jax.ffi.include_dir())
+    if not (include / "xla" / "ffi" / "api" / "c_api.h").exists():
+        return None, f"jaxlib ships no XLA FFI C header under {include}"
+    try:
+        library = _library(include, getattr(jaxlib, "__version__", "?"))
+        lib = ctypes.CDLL(str(library))
+        lib.tullax_ffi_register.argtypes, lib.tullax_ffi_register.restype = [ctypes.c_void_p, ctypes.c_int64], \
+            ctypes.c_int64
+        lib.tullax_ffi_launches.argtypes, lib.tullax_ffi_launches.restype = [ctypes.c_int64], ctypes.c_int64
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.tullax_ffi_handler), platform="cpu")
+    except Exception as err:  # noqa: BLE001 - any failure here only means "keep the buffer callback"
+        return None, f"the XLA FFI handler could not be built or registered: {err}"
+    return lib, ""
+
+
+def available() -> tuple[bool, str]:
+    """Whether c kernels can run as XLA custom calls in this process, and why not."""
+    lib, why = _handler()
+    return lib is not None, why
+
+
+def _library(include: Path, jaxlib_version: str) -> Path:
+    """The compiled handler: from the compile cache, or compiled now (and stored there)."""
+    from tullax.backends import c_compile
+    from tullax.runtime.cache import cache_key, get_cache
+
+    cache = get_cache()
+    key = cache_key(kind="c-ffi-handler", source=HANDLER_SOURCE, jaxlib=jaxlib_version,
+                    compiler=c_compile.identity())
+    found, problem = cache.read_checked(key, LIBRARY_FILE)
+    if found is not None and problem is None:
+        return cache.entry_path(key) / LIBRARY_FILE
+    with tempfile.TemporaryDirectory(prefix="tullax-ffi-") as scratch:
+        source = Path(scratch) / SOURCE_FILE
+        source.write_text(HANDLER_SOURCE, encoding="utf-8")
+        built = Path(scratch) / LIBRARY_FILE
+        c_compile.compile_library(source, built, units=1, include=(include,))
+        data = built.read_bytes()
+    stored = cache.write_bytes(key, LIBRARY_FILE, data)
+    if stored is not None:
+        cache.write_text(key, SOURCE_FILE, HANDLER_SOURCE)
+        cache.record(key, spec="(the XLA FFI handler of c kernels)", backend="c", kind="ffi handler")
+        return stored
+    fd, private = tempfile.mkstemp(prefix="tullax-ffi-", suffix=".so")  # the cache stores nothing: a private copy
+    with open(fd, "wb") as f:
+        f.write(data)
+    return Path(private)
+
+
+def identity(library: str, name: str) -> int:
+    """A kernel's identity in XLA programs: a hash of its library file and its name (a positive int64)."""
+    digest = hashlib.sha256(f"{library}\0{name}".encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def register(address: int, kernel_identity: int) -> int | None:
+    """The handler's slot for the packed function at ``address`` (registered once per process); None when the
+    handler is unavailable or its table is full."""
+    lib, _ = _handler()
+    if lib is None:
+        return None
+    with _LOCK:
+        slot = _SLOTS.get((address, kernel_identity))
+        if slot is None:
+            slot = int(lib.tullax_ffi_register(address, kernel_identity))
+            if slot < 0:
+                return None
+            _SLOTS[(address, kernel_identity)] = slot
+    return slot
+
+
+def launches(slot: int) -> int:
+    """How many times the handler ran the kernel of ``slot``."""
+    lib, _ = _handler()
+    return int(lib.tullax_ffi_launches(slot)) if lib is not None else 0
+
+
+def meta(slot: int, kernel_identity: int, team: int, operands: Sequence[int], integers: Sequence[int]) -> Any:
+    """The int64 attribute of one call (the handler's layout: ``HEADER``)."""
+    import numpy as np
+
+    return np.array([slot, kernel_identity, team, len(operands), len(integers), *operands, *integers], np.int64)
+
+
+def call(meta_array: Any, operands: Sequence[Any], result: Any, aliases: dict[int, int] | None) -> Any:
+    """The custom call of one kernel on jax values ``operands`` (traced), returning its result."""
+    import jax
+
+    return jax.ffi.ffi_call(TARGET, result, input_output_aliases=aliases)(*operands, meta=meta_array)
+
+
+__all__ = ["TARGET", "available", "call", "identity", "launches", "meta", "register"]
