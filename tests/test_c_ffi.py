@@ -170,3 +170,27 @@ def test_the_default_path_is_ffi_and_buffer_or_pure_can_be_forced(path):
     assert callback_path() == "buffer"
     path("pure")
     assert callback_path() == "pure"
+
+
+@pytest.mark.parametrize("dtypes", [("int32", "int32"), ("uint8", "int8")])
+def test_a_kernel_of_wider_dtypes_than_the_calls_buffers_never_runs_as_a_custom_call(dtypes):
+    """A narrow integer result is computed by a kernel of int64 (``host.WidenedKernel``, which forwards
+    attributes to it): handed XLA's int32 buffers as a custom call, it wrote int64 into them (a heap overflow that
+    crashed a test worker). It keeps the buffer callback, which widens; and a kernel asked for buffers of other
+    dtypes than its own refuses."""
+    from tullax import backends
+    from tullax.backends.base import Signature
+
+    rng = np.random.default_rng(4)
+    a = rng.integers(-9, 9, (5, 4)).astype(dtypes[0])
+    b = rng.integers(-9, 9, (4, 3)).astype(dtypes[1])
+    kernel = tullax.einsum_kernel("C[i,j] := A[i,k]*B[k,j]", backend="c")
+    assert _custom_calls(kernel, a, b) == 0
+    got = jax.jit(kernel)(a, b)
+    want = a.astype(np.int64) @ b.astype(np.int64)
+    np.testing.assert_array_equal(np.asarray(got), want.astype(got.dtype))
+    spec = compile_spec("C[i,j] := A[i,k]*B[k,j]")[1]
+    wide = backends.resolve("c").build(spec, Signature(("int64", "int64"), "int64"))
+    narrow = jax.ShapeDtypeStruct((5, 3), np.dtype(got.dtype))
+    assert wide.ffi_call([jnp.asarray(a), jnp.asarray(b)], narrow, {"A": (5, 4), "B": (4, 3), "C": (5, 3)},
+                         None) is None

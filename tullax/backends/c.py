@@ -540,6 +540,11 @@ class CHostKernel:
         pointers = 1 + len(plan.arrays) + len(plan.scalars)
         if self._packed is None or pointers > c_ffi.MAX_POINTERS or not c_ffi.available()[0]:
             return None
+        # XLA's buffers must hold exactly the element types the kernel reads and writes (a narrow integer result,
+        # say, is computed by a kernel of int64: its buffers are not this one's)
+        given = [np.dtype(result.dtype)] + [np.dtype(operands[position].dtype) for position in plan.arrays]
+        if [np.dtype(a.dtype) for a in self.kernel.arrays] != given:
+            return None
         identity = c_ffi.identity(self._library, self.kernel.name)
         slot = c_ffi.register(ctypes.cast(self._packed, ctypes.c_void_p).value, identity)
         if slot is None:

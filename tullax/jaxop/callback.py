@@ -103,10 +103,11 @@ def _custom_call(spec: Spec, kernel: Any, args: Sequence[Any], result: Any, shap
     """The kernel as XLA's custom call (``ffi_call`` of a host kernel that has one), or None where that path does
     not serve this call: a '=' or '+=' update must be handed its starting values in the output (XLA aliases the
     given array only when ``in_place``), and a zero-start step's own clear is the buffer callback's."""
-    ffi_call = getattr(kernel, "ffi_call", None)
-    if ffi_call is None or clear is not None or (spec.assign != ":=" and not in_place):
+    # the kernel's own class: a wrapper that forwards attributes (``host.WidenedKernel``: a kernel of wider dtypes
+    # than the call's buffers) must not hand out its inner kernel's custom call
+    if getattr(type(kernel), "ffi_call", None) is None or clear is not None or (spec.assign != ":=" and not in_place):
         return None
-    found = ffi_call(args, result, shapes, {0: 0} if in_place else None)
+    found = kernel.ffi_call(args, result, shapes, {0: 0} if in_place else None)
     if found is None:
         return None
     value, slot = found
