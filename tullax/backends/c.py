@@ -305,10 +305,7 @@ def _library(generated: host.GeneratedModule, cache: CompileCache, part: str = F
         cache.discard_files(generated.key, stale)
     stored = cache.write_bytes(generated.key, name, data)
     if stored is None:  # could not store it after all: keep a private copy
-        fd, private = tempfile.mkstemp(prefix="tullax-c-", suffix=".so")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        stored = Path(private)
+        stored = c_compile.private_library(data, "tullax-c-")
     _count("compiled")
     return str(stored), time.perf_counter() - start, True
 

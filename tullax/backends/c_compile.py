@@ -137,6 +137,14 @@ def split_units(text: str, units: int | None = None) -> list[str]:
     return [UNIT_MARK.join([prelude, *group]) for group in groups]
 
 
+def private_library(data: bytes, prefix: str) -> Path:
+    """A compiled library kept in a private temporary file, where the compile cache could not store it."""
+    fd, private = tempfile.mkstemp(prefix=prefix, suffix=".so")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return Path(private)
+
+
 def compile_library(source: Path, library: Path, timeout: float = 600.0, units: int | None = None,
                     room: Callable[[], int] | None = None, include: Sequence[Path] = ()) -> float:
     """Compile ``source`` into the shared library ``library`` (written atomically: a temporary file renamed,

@@ -7,7 +7,7 @@ microseconds per call, most of a tiny kernel's cost and the gap between a row ma
 
 * The handler (``HANDLER_SOURCE``, C against XLA's FFI C API, ``xla/ffi/api/c_api.h`` from jaxlib's headers) is
   compiled once per (jaxlib, compiler, CPU) into the compile cache and registered with XLA as ``TARGET``.
-* Every C kernel has a packed entry with one signature (``tullax.printers.c.packed_function``): the handler
+* Every C kernel has a packed entry with one signature (``tullax.printers.c_packed``): the handler
   gathers the buffers' data pointers in the kernel's parameter order and passes the sizes and extents, which are
   static under jit and so worked out at trace time.
 * A kernel is registered in the handler's table (``register``): the XLA program names its slot and identity (a
@@ -176,10 +176,7 @@ def _library(include: Path, jaxlib_version: str) -> Path:
         cache.write_text(key, SOURCE_FILE, HANDLER_SOURCE)
         cache.record(key, spec="(the XLA FFI handler of c kernels)", backend="c", kind="ffi handler")
         return stored
-    fd, private = tempfile.mkstemp(prefix="tullax-ffi-", suffix=".so")  # the cache stores nothing: a private copy
-    with open(fd, "wb") as f:
-        f.write(data)
-    return Path(private)
+    return c_compile.private_library(data, "tullax-ffi-")  # the cache stores nothing
 
 
 def identity(library: str, name: str) -> int:

@@ -81,8 +81,6 @@ VECTOR_BYTES = 32
 # early (a 4096x4096 float32 row max on a Zen 5 EPYC, two threads, 4 KiB pages: 0.86 ms without, 0.80 at 4 KiB
 # ahead, 0.61 at 16 KiB, 0.63 at 32 KiB; huge pages gain as much; benchmarks/ffi_call.py measures it in jit)
 PREFETCH_BYTES = 16384
-_ITEM_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "int16": 2, "int8": 1, "uint8": 1,
-               "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1}
 _OMP_REDUCTIONS = {"+": "+", "*": "*"}  # OpenMP's own; max/min are the prelude's NaN-propagating ones
 
 
@@ -212,7 +210,7 @@ class CPrinter(CLikePrinter):
         vector = f"tx_v{width}_{suffix}"
         lines: list[str] = []
         for load in _streams(var, lets, accums):
-            ahead = PREFETCH_BYTES // _ITEM_BYTES.get(load.dtype, 8)
+            ahead = PREFETCH_BYTES // _ELEMENT_BYTES.get(load.dtype, 8)
             lines += [f"{pad}{var} = {var}_blk + {ahead};", f"{pad}__builtin_prefetch(&{self.expr(load)}, 0, 3);"]
         for k in range(len(chains) * width):
             lines.append(f"{pad}{var} = {var}_blk + {k};")
@@ -269,9 +267,8 @@ def _streams(var: str, lets: Sequence[Let], accums: Sequence[Accum]) -> list[Loa
         for node in walk_expr(stmt.value):
             if not isinstance(node, Load) or node in found or not node.index:
                 continue
-            *outer, last = node.index
             names = [expr_vars(index) for index in node.index]
-            if (var in expr_vars(last) and not any(var in n for n in names[:-1]) and not set().union(*names) & local
+            if (var in names[-1] and not any(var in n for n in names[:-1]) and not set().union(*names) & local
                     and not any(isinstance(sub, Load) for index in node.index for sub in walk_expr(index))):
                 found.append(node)
     return found
@@ -340,16 +337,17 @@ _REDUCTIONS = "".join(
     f"omp_out = tx_{op}_{TYPE_SUFFIX[dt]}(omp_out, omp_in)) initializer(omp_priv = omp_orig)\n"
     for dt in HELPER_TYPES for op in ("max", "min"))
 
-_VECTOR_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}
+_ELEMENT_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "int16": 2, "int8": 1, "uint8": 1,
+                  "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1}
 _MASK = {"float32": "tx_i32", "float64": "tx_i64", "int32": "tx_i32", "int64": "tx_i64"}
 def lane_count(dtype: str) -> int:
     """The lanes of a max/min reduction loop over ``dtype``: LANE_BYTES of its elements."""
-    return LANE_BYTES // _VECTOR_BYTES[dtype]
+    return LANE_BYTES // _ELEMENT_BYTES[dtype]
 
 
 def vector_lanes(dtype: str) -> int:
     """The lanes of one vector of a max/min reduction loop over ``dtype``: VECTOR_BYTES of its elements."""
-    return VECTOR_BYTES // _VECTOR_BYTES[dtype]
+    return VECTOR_BYTES // _ELEMENT_BYTES[dtype]
 
 
 # x86's maxps/minps compute exactly the lane step's select (``v > l ? v : l``, ``v < l ? v : l``) in one instruction;

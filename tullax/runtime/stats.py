@@ -78,8 +78,7 @@ paths: Counter = _Counts()
 def record_launch(spec_text: str, backend: str, path: str) -> None:
     """Count one kernel run (called from inside the host callbacks)."""
     with _lock:
-        Counter.__setitem__(launches, (spec_text, backend), Counter.__getitem__(launches, (spec_text, backend)) + 1)
-        Counter.__setitem__(paths, path, Counter.__getitem__(paths, path) + 1)
+        _add(spec_text, backend, path, 1)
 
 
 def watch(spec_text: str, backend: str, path: str, source: Any, read: Callable[[], int]) -> None:
@@ -95,9 +94,13 @@ def _fold() -> None:
             now = seen[0]()
             if now != seen[1]:
                 delta, seen[1] = now - seen[1], now
-                Counter.__setitem__(launches, (spec_text, backend),
-                                    Counter.__getitem__(launches, (spec_text, backend)) + delta)
-                Counter.__setitem__(paths, path, Counter.__getitem__(paths, path) + delta)
+                _add(spec_text, backend, path, delta)
+
+
+def _add(spec_text: str, backend: str, path: str, runs: int) -> None:
+    """Count ``runs`` more runs, through dict's own methods (the counters' would fold again)."""
+    for counter, key in ((launches, (spec_text, backend)), (paths, path)):
+        dict.__setitem__(counter, key, dict.get(counter, key, 0) + runs)
 
 
 def reset() -> None:
