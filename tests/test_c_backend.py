@@ -584,7 +584,7 @@ _SPIN_SCRIPT = textwrap.dedent("""
     import json, os, resource, sys, time
     import numpy as np
     import tullax
-    from tullax.backends import c
+    from tullax.backends import c_load
     kernel = tullax.einsum_kernel("n[i] := x[i,j]^2 |> sqrt", backend="c")
     x = np.ones((2000, 2000), np.float32)  # 4M operations: a parallel call
     kernel(x)
@@ -597,7 +597,7 @@ _SPIN_SCRIPT = textwrap.dedent("""
         before = cpu_ms()
         time.sleep(0.1)
         idle.append(cpu_ms() - before)
-    print(json.dumps({"bound": c.bound_openmp_spin(), "idle_cpu_ms": min(idle),
+    print(json.dumps({"bound": c_load.bound_openmp_spin(), "idle_cpu_ms": min(idle),
                       "environ": [n for n in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if n in os.environ]}))
 """)
 
@@ -619,6 +619,37 @@ def test_openmp_threads_stop_spinning_soon_after_a_call(user: str | None):
         assert found["idle_cpu_ms"] < 4.0, found
     else:  # the user's setting stands, untouched
         assert not found["bound"] and found["environ"] == [user]
+
+
+_SPIN_RACE_SCRIPT = textwrap.dedent("""
+    import ctypes, json, threading, time
+    from tullax.backends import c_load
+    real = ctypes.CDLL
+    def slow(*args, **kwargs):  # the first thread holds GOMP_SPINCOUNT set while the others ask
+        time.sleep(0.2)
+        return real(*args, **kwargs)
+    c_load.ctypes.CDLL = slow
+    start, answers = threading.Barrier(4), []
+    def ask():
+        start.wait()
+        answers.append(c_load.bound_openmp_spin())
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    print(json.dumps({"answers": answers, "later": c_load.bound_openmp_spin()}))
+""")
+
+
+def test_threads_loading_libraries_at_once_all_see_the_spin_bound():
+    """The forward module, the steps module compiled beside it and the FFI handler load on different threads.
+    A thread asking while the first had GOMP_SPINCOUNT set read it as the user's setting and answered (and
+    cached) False: the CI run where the spin test found ``bound`` False."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run([sys.executable, "-c", _SPIN_RACE_SCRIPT], env=env, cwd=REPO, timeout=120, check=True,
+                          capture_output=True, text=True)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"answers": [True] * 4, "later": True}
 
 
 def test_the_forward_kernel_is_ready_while_its_steps_module_still_compiles(monkeypatch, tmp_path):

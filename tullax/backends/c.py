@@ -24,7 +24,7 @@ process only dlopens the libraries from the compile cache (milliseconds), where 
 * Threads: ``TULLAX_C_THREADS``, else ``OMP_NUM_THREADS``, else ``NUMBA_NUM_THREADS`` (so a benchmark that
   pins Numba pins this backend the same way), else the CPUs this process may run on. A call below the serial
   work threshold (``tullax.backends.workload``) runs with a team of 1: OpenMP's ``if`` clause skips the team.
-  Idle team threads spin for a bounded time only (``bound_openmp_spin``), so the XLA ops after a kernel get
+  Idle team threads spin for a bounded time only (``c_load.bound_openmp_spin``), so the XLA ops after a kernel get
   every core.
 """
 from __future__ import annotations
@@ -42,6 +42,7 @@ import numpy as np
 
 from tullax.backends import c_compile, host, workload
 from tullax.backends.base import Capabilities, Shapes, Signature
+from tullax.backends.c_load import load_library
 from tullax.compiler.interface import KernelInterface
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.printers.c_clear import CLEAR_BLOCK, CLEAR_FUNCTION
@@ -93,40 +94,6 @@ THREADS_ENV = "TULLAX_C_THREADS"
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "bool": ctypes.c_bool, "int8": ctypes.c_int8,
            "int16": ctypes.c_int16, "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint8": ctypes.c_uint8,
            "uint16": ctypes.c_uint16, "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64}
-
-
-# libgomp's idle team threads spin this many iterations before they sleep, unless the user set GOMP_SPINCOUNT
-# or OMP_WAIT_POLICY. Its default (300000 iterations, several ms here) keeps a core busy long after a kernel
-# returns, and the XLA ops that follow it in the same program run on one core: the row norm's VJP (C forward,
-# XLA gradient step) took 27 ms against 21 ms bounded. 10000 (a fraction of a ms) still catches the next call
-# of a loop calling kernels back to back; 0 (passive) made mid-size calls 50-80 us slower.
-OPENMP_SPIN = "10000"
-_SPIN_VARIABLES = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
-
-
-@functools.lru_cache(maxsize=None)
-def bound_openmp_spin() -> bool:
-    """Load libgomp with ``GOMP_SPINCOUNT=OPENMP_SPIN`` (it reads the variable once, as it loads), then restore
-    the environment; True when this set the spin. A no-op where the user set either variable, where libgomp
-    is already loaded (its setting stands), or where there is no libgomp (another OpenMP runtime)."""
-    if any(name in os.environ for name in _SPIN_VARIABLES) or _libgomp_loaded():
-        return False
-    os.environ["GOMP_SPINCOUNT"] = OPENMP_SPIN
-    try:
-        ctypes.CDLL("libgomp.so.1", mode=ctypes.RTLD_GLOBAL)
-    except OSError:
-        return False
-    finally:
-        del os.environ["GOMP_SPINCOUNT"]
-    return True
-
-
-def _libgomp_loaded() -> bool:
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            return "libgomp" in maps.read()
-    except OSError:  # not Linux: nothing to tell, so leave the runtime as it is
-        return True
 
 
 def threads() -> int:
@@ -364,9 +331,8 @@ def _open(generated: host.GeneratedModule, library: str,
           kernels: tuple[tuple[KernelInterface, Spec, Signature], ...],
           seconds: float, compiled: bool, part: str) -> "CHostKernel":
     start = time.perf_counter()
-    bound_openmp_spin()
     try:
-        lib = ctypes.CDLL(library)
+        lib = load_library(library)
     except OSError as err:
         raise TullaxError(f"the c backend could not load the library compiled from {generated.path}: {err}") \
             from None

@@ -29,6 +29,8 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
+from tullax.backends.c_load import load_library
+
 TARGET = "tullax_c_kernel"
 LIBRARY_FILE = "handler.so"
 SOURCE_FILE = "handler.c"
@@ -121,12 +123,19 @@ XLA_FFI_Error* tullax_ffi_handler(XLA_FFI_CallFrame* frame) {
 """.replace("@SLOTS@", str(SLOTS)).replace("@MAX_POINTERS@", str(MAX_POINTERS)).replace("@HEADER@", str(HEADER))
 
 _LOCK = threading.Lock()
+_HANDLER_LOCK = threading.Lock()
 _SLOTS: dict[tuple[int, int], int] = {}  # (packed function's address, identity) -> slot
 
 
-@functools.lru_cache(maxsize=None)
 def _handler() -> tuple[Any, str]:
-    """The loaded handler library, registered with XLA (None and why not, where it cannot be)."""
+    """The loaded handler library, registered with XLA (None and why not, where it cannot be): built and
+    registered once, whichever thread asks first (the forward and steps modules load on different threads)."""
+    with _HANDLER_LOCK:
+        return _load_handler()
+
+
+@functools.cache
+def _load_handler() -> tuple[Any, str]:
     try:
         import jax
         import jax.ffi
@@ -138,7 +147,7 @@ def _handler() -> tuple[Any, str]:
         return None, f"jaxlib ships no XLA FFI C header under {include}"
     try:
         library = _library(include, getattr(jaxlib, "__version__", "?"))
-        lib = ctypes.CDLL(str(library))
+        lib = load_library(str(library))  # libgomp linked: the spin is bound first
         lib.tullax_ffi_register.argtypes, lib.tullax_ffi_register.restype = [ctypes.c_void_p, ctypes.c_int64], \
             ctypes.c_int64
         lib.tullax_ffi_launches.argtypes, lib.tullax_ffi_launches.restype = [ctypes.c_int64], ctypes.c_int64
