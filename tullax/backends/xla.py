@@ -36,6 +36,7 @@ from tullax.spec.ir import (
     Spec,
     Unary,
     idx_names,
+    reduction_identity,
     walk,
 )
 from tullax.spec.shapes import (
@@ -51,16 +52,9 @@ __all__ = ["lower", "result_dtype", "eval_shapes", "check_shapes", "is_contracti
 
 Env = Mapping[str, Any]
 
-IDENTITY = {"+": 0.0, "*": 1.0, "max": -np.inf, "min": np.inf, "logsumexp": -np.inf}
-
-
 def _identity(redop: str, dtype: Any) -> Any:
-    """The reduction's initial value in ``dtype``: integers have no infinities, so max/min start at the
-    type's extremes."""
-    if np.dtype(dtype).kind in "iu" and redop in ("max", "min"):
-        info = np.iinfo(dtype)
-        return info.min if redop == "max" else info.max
-    return IDENTITY[redop]
+    """The reduction's initial value in ``dtype`` (``reduction_identity``, as the loop lowering has it)."""
+    return reduction_identity(redop, np.dtype(dtype).name)
 
 
 def _fill(dtype: Any) -> Any:

@@ -30,8 +30,6 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from tullax.compiler.assemble import Nest, mark_reduce_parallel
 from tullax.compiler.blocking import (
     TileSum,
@@ -74,13 +72,12 @@ from tullax.compiler.rewrite import share_subexpressions
 from tullax.compiler.schedule import TILE, Schedule, loop_order, schedule
 from tullax.compiler.translate import Translator, as_bool
 from tullax.spec import ir
-from tullax.spec.ir import Spec, Wrapped
+from tullax.spec.ir import Spec, Wrapped, reduction_identity
 from tullax.spec.text import format_spec
 
 if TYPE_CHECKING:
     from tullax.backends.base import Signature
 
-IDENTITY = {"+": 0.0, "*": 1.0, "max": -math.inf, "min": math.inf}  # the initial value of each reduction
 ACC, MAX_ACC, SUM_ACC, SHIFT = "acc", "accm", "accs", "shift"  # accumulators (logsumexp: max, shifted sum)
 TILE_LO, TILE_HI = "tile_lo", "tile_hi"  # the range of the tiled index in the current tile
 
@@ -88,10 +85,7 @@ TILE_LO, TILE_HI = "tile_lo", "tile_hi"  # the range of the tiled index in the c
 def identity(redop: str, compute: str, wrap: str | None = None) -> Const:
     """The initial value of reduction ``redop`` in ``compute``: an integer max/min starts at the extreme of the
     result's type (``wrap``, else ``compute``: integers have no infinities)."""
-    if not is_float(compute) and redop in ("max", "min"):
-        info = np.iinfo(wrap or compute)
-        return Const(info.min if redop == "max" else info.max, compute)
-    return Const(IDENTITY[redop], compute)
+    return Const(reduction_identity(redop, compute if is_float(compute) else wrap or compute), compute)
 
 
 def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool = False,

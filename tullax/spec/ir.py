@@ -180,6 +180,20 @@ ARITHMETIC = ("+", "-", "*", "/", "^")
 # kept within +-INDEX_LIMIT (checked for the actual shapes), so each of those plus or minus an extent still fits.
 INDEX_LIMIT = 2**62
 REDUCTIONS = ("+", "*", "max", "min", "logsumexp")
+_REDUCTION_IDENTITY = {"+": 0.0, "*": 1.0, "max": -float("inf"), "min": float("inf"), "logsumexp": -float("inf")}
+
+
+def reduction_identity(redop: str, dtype: str = "float64") -> float | int:
+    """The initial value of reduction ``redop`` in ``dtype`` (a NumPy dtype's name), for every lowering: an
+    integer max/min starts at the type's extreme (integers have no infinities)."""
+    if redop in ("max", "min") and dtype.startswith(("int", "uint")):
+        import numpy as np
+
+        info = np.iinfo(dtype)
+        return int(info.min if redop == "max" else info.max)
+    return _REDUCTION_IDENTITY[redop]
+
+
 # all/any: parsed, then analysed as (min)/(max) of 0/1 values (spec.frontend); the result is made bool by api.options
 BOOLEAN_REDUCTIONS = {"&": "min", "|": "max"}
 ASSIGNMENTS = (":=", "=", "+=", "*=")  # "*=": multiply into the given array, with the (*) reduction
