@@ -746,7 +746,7 @@ def test_the_race_puts_its_inputs_on_the_device_without_compiling(caplog):
 
 
 def test_a_race_ends_once_every_candidate_but_one_was_dropped(monkeypatch):
-    """A candidate DROP_RATIO slower than the fastest after a round is not timed again; the one left then has
+    """A candidate FIRST_DROP_RATIO slower than the fastest after a round is not timed again; the one left then has
     nothing to be compared with, and is not run again either (conv2d at its TTFK inputs: XLA 4x faster in all
     three of its kernels, timed for four more rounds each)."""
     monkeypatch.setenv(planner.TIMING_ENV, "1")

@@ -83,8 +83,11 @@ UNTIMED_WORK = 1 << 22
 TIMING_RUNS = 5  # interleaved rounds at most
 TIMING_BUDGET_S = 0.3  # ... and no new round after this long (at least 2 rounds)
 CONFIRM_RATIO = 4.0  # an XLA form that beat the loops by less than this on a slice is confirmed in full
-DROP_RATIO = 3.0  # a candidate this much slower than the fastest after a round is not timed again
-# ... but after the first round, with one timed run each, only one this much slower: one run can fall in a busy
+# A candidate this much slower than the fastest after two rounds is not timed again: two interleaved rounds
+# that agree on a lead this wide are a decision (conv2d's forward race at its TTFK inputs, the loops 2x faster,
+# spent three more rounds, ~50 ms of its first call, confirming it) ...
+DROP_RATIO = 1.5
+# ... and after the first round, with one timed run each, only one this much slower: one run can fall in a busy
 # spell of the machine (the embedding gradient's loops once read 54 ms against XLA's 14 ms and were dropped,
 # where every other process timed them at 4.4-4.9 ms), and the race's decision is kept for every later process
 FIRST_DROP_RATIO = 10.0
