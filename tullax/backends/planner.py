@@ -76,6 +76,10 @@ TIMING_ENV = "TULLAX_PLAN_TIMING"
 # under a second beside the compiles. Not much smaller: on a thin slice XLA's temporaries fit in the cache
 # where at full size they do not, and lax.conv with few output features is not the GEMM it is at full size.
 SLICE_WORK = 1 << 30
+# ... but a contraction's race (XLA's einsum against its broadcast product) on a slice of this much: BLAS runs
+# 2^30 estimated operations in a few ms, and a slice's odd extent changes which kernel wins (Linear's forward:
+# einsum 1.71 ms against the product's 2.21 on a 784x892 slice, 2.6 against 2.45 ms at its full 784x1024)
+CONTRACTION_SLICE_WORK = 1 << 34
 # A close call with less estimated work than this is not timed: about 0.2 ms of loops here (the Gaussian
 # kernel sum's gradient at 32 points, 1.2M: 0.06 ms bare, 0.2 ms through the callback, XLA's forms alike),
 # while timing it compiled XLA's factored and broadcast forms for 0.7 s (benchmarks/ttfk_breakdown.py).
@@ -83,8 +87,9 @@ UNTIMED_WORK = 1 << 22
 TIMING_RUNS = 5  # interleaved rounds at most
 TIMING_BUDGET_S = 0.3  # ... and no new round after this long (at least 2 rounds)
 CONFIRM_RATIO = 4.0  # an XLA form that beat the loops by less than this on a slice is confirmed in full
-# A candidate this much slower than the fastest after two rounds is not timed again: two interleaved rounds
-# that agree on a lead this wide are a decision (conv2d's forward race at its TTFK inputs, the loops 2x faster,
+# A candidate this much slower than the fastest after two rounds is not timed again (if it is under SETTLE_MS,
+# only once it was timed after a settling run): two interleaved rounds that agree on a lead this wide are a
+# decision (conv2d's forward race at its TTFK inputs, the loops 2x faster,
 # spent three more rounds, ~50 ms of its first call, confirming it) ...
 DROP_RATIO = 1.5
 # ... and after the first round, with one timed run each, only one this much slower: one run can fall in a busy
@@ -102,6 +107,10 @@ SETTLE_MS = 5.0
 # ranged 0.59-1.8 ms; the loops 0.70 ms), and the decision is kept for every later process
 SAMPLES = 8
 SAMPLE_MS = 3.0
+# An XLA candidate whose compiled program needs more temporary memory than this is not run (nor chosen): the
+# 'product' form of a contraction is one fused kernel where XLA's CPU backend fuses it, and a materialised
+# product of every index point where it does not
+MAX_TEMP_BYTES = 256 << 20
 # XLA's broadcast lowering is a candidate only up to this many index-space points: it may materialise them
 # (1 GiB of float32 at the limit); Dist at the suite's size (411M points, 1.6 GB) is beyond it
 GRID_ITERATIONS = 1 << 28
@@ -230,7 +239,12 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
 
     forms = xla_forms.forms(spec)
     if "einsum" in forms:  # first: whether loops are usable does not matter (``always_einsum``, ``loops_for``)
-        return Rule("contraction", "a pure contraction is BLAS's job (jnp.einsum / dot_general)", "xla:einsum")
+        # on the CPU, XLA runs some layouts of a dot on Eigen but the same contraction written as a broadcast
+        # product on YNNPACK (``xla_forms``: 'product'); a GPU's dot is cuBLAS's
+        close = ("xla:einsum", "xla:product") if "product" in forms and not on_gpu() else ()
+        also = "; on the CPU, or as a broadcast product that XLA may fuse into one YNNPACK kernel" if close else ""
+        return Rule("contraction", f"a pure contraction is BLAS's job (jnp.einsum / dot_general{also})",
+                    "xla:einsum", close)
     if loops is None:
         return Rule("no loop backend", "no loop backend is usable here", f"xla:{forms[0]}")
     if is_pure_gather(spec):
@@ -508,7 +522,8 @@ def _settle(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
         why = Rule(rule.name, str(stored.get("reason", rule.reason)), rule.default)
         return _as_plan(stored["candidate"], loops, why, timings_ms=timings, source="cache")
     work = workload.work(spec, shapes)
-    timed_shapes = shapes if work <= SLICE_WORK else slice_shapes(spec, shapes, SLICE_WORK)
+    most = CONTRACTION_SLICE_WORK if rule.name == "contraction" else SLICE_WORK
+    timed_shapes = shapes if work <= most else slice_shapes(spec, shapes, most)
     if timing and work < UNTIMED_WORK:
         timing, untimed = False, (f"below {UNTIMED_WORK} estimated operations every candidate runs in a fraction "
                                   "of a millisecond: timing would cost more compiles than it can win back")
@@ -592,10 +607,11 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
                      zero_start: bool = False) -> list[tuple[str, float | None]]:
     """Best time per candidate over TIMING_RUNS rounds, the candidates interleaved within each round, so a
     burst of load from other processes slows every candidate alike instead of deciding the race. A candidate
-    DROP_RATIO slower than the fastest is not timed again (FIRST_DROP_RATIO after the first round); the race
-    ends early once every candidate but one was dropped. A candidate under SETTLE_MS is timed on a few runs in a row
-    per round (SAMPLES, SAMPLE_MS), after one untimed run. ``zero_start``: each candidate starts from zeros of its own
-    (``plan``)."""
+    FIRST_DROP_RATIO slower than the fastest is not timed again, and from the third round one DROP_RATIO slower
+    that was timed after a settling run or takes SETTLE_MS or more (a fast one timed only on its first runs after
+    a switch may just have paid for the switch); the race ends early once every candidate but one was dropped.
+    A candidate under SETTLE_MS is timed on a few runs in a row per round (SAMPLES, SAMPLE_MS), after one untimed
+    run. ``zero_start``: each candidate starts from zeros of its own (``plan``)."""
     import numpy as np
 
     from tullax.benchmarking.case import make_inputs
@@ -612,13 +628,14 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
     calls = {c: prepared[c] if c != LOOPS else _prepared_call(spec, c, values, loops, zero_start)
              for c in candidates}
     best: dict[str, float | None] = {c: (None if call is None else float("inf")) for c, call in calls.items()}
+    settled: set[str] = set()  # the fast candidates timed after a run that took the switch (not judged before)
     began = time.perf_counter()
     for round_ in range(rounds):
         if round_ >= 2 and time.perf_counter() - began > TIMING_BUDGET_S:
             break
         fastest = min((ms for ms in best.values() if ms is not None), default=float("inf"))
-        drop = FIRST_DROP_RATIO if round_ == 1 else DROP_RATIO
-        running = [c for c, call in calls.items() if call is not None and best[c] <= drop * fastest]
+        running = [c for c, call in calls.items() if call is not None and best[c] <= fastest * (
+            DROP_RATIO if round_ >= 2 and (c in settled or best[c] >= SETTLE_MS) else FIRST_DROP_RATIO)]
         if round_ > 0 and len(running) < 2:
             break  # every other candidate is a clear loser: nothing is left to decide
         for candidate in running:
@@ -626,6 +643,7 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
             fast = best[candidate] < SETTLE_MS
             if fast:
                 call()  # not timed: it takes the switch from the previous candidate (see SETTLE_MS)
+                settled.add(candidate)
             sampling = time.perf_counter()
             for _ in range(SAMPLES if fast else 1):
                 start = time.perf_counter()
@@ -752,21 +770,41 @@ def _xla_call(spec: Spec, candidate: str, values: list, zero_start: bool = False
     import jax
 
     env = dict(zip(spec.input_names, _on_device(values)))
-    fn = jax.jit(_xla_function(spec, candidate, zero_start))
+    fn = None
     ahead = _compiled_ahead(spec, candidate, *call_shapes_and_dtypes(spec, values), zero_start)
     if ahead is not None:
         try:
+            _check_temporaries(candidate, ahead)
             with jax.ensure_compile_time_eval():
                 jax.block_until_ready(ahead(env))
             fn = ahead
+        except _TooMuchMemory:
+            raise
         except Exception:  # noqa: BLE001 - it does not take these arguments: the jitted form compiles them
             pass
+    if fn is None:
+        with jax.ensure_compile_time_eval():
+            fn = jax.jit(_xla_function(spec, candidate, zero_start)).lower(env).compile()
+        _check_temporaries(candidate, fn)
 
     def call() -> None:
         with jax.ensure_compile_time_eval():
             jax.block_until_ready(fn(env))
 
     return call
+
+
+class _TooMuchMemory(Exception):
+    """A candidate's compiled program needs more than MAX_TEMP_BYTES of temporaries: not run."""
+
+
+def _check_temporaries(candidate: str, compiled: Any) -> None:
+    try:
+        temp = compiled.memory_analysis().temp_size_in_bytes
+    except Exception:  # noqa: BLE001 - a runtime that reports nothing: only 'product' relies on the check
+        temp = None
+    if (temp is None and candidate == "xla:product") or (temp is not None and temp > MAX_TEMP_BYTES):
+        raise _TooMuchMemory(f"{candidate}: {temp} bytes of temporaries")
 
 
 def _xla_function(spec: Spec, candidate: str, zero_start: bool):

@@ -15,6 +15,11 @@ in on XLA, each a plain jnp/lax function of the inputs (differentiable, jit-able
   hand for the Gaussian kernel sum's gradients: ``ΔK[i,d]*b[j,d]`` becomes a matmul over ``d`` before the
   ``(i,j)`` factors are multiplied in, where the broadcast lowering materialises every ``(i,j,d,m)``.
 * ``grid``: tullax's general broadcast-and-reduce lowering (``xla.lower``), which everything can use.
+* ``product``: a pure contraction as the broadcast product of its two operands in the order its indices first
+  appear, reduced (``xla.lower(einsum=False, grid="appearance")``, jnp's ``(W[:,:,None]*X[:,None,:]).sum(0)``).
+  XLA's CPU backend fuses that into one library (YNNPACK) kernel where it runs a ``dot`` of the same layout on
+  Eigen (a contraction over both operands' first axis); the planner times it against ``einsum`` on the CPU and
+  never runs it where the compiled program would materialise the product (``planner.MAX_TEMP_BYTES``).
 
 jax is imported inside functions only.
 """
@@ -169,7 +174,8 @@ def window_indices(spec: Spec) -> tuple[str, ...]:
 def forms(spec: Spec) -> tuple[str, ...]:
     """The XLA forms that apply to ``spec``, best first; 'grid' always applies (then 'factored', if it does)."""
     found = []
-    if is_contraction(spec) and _einsum_covers(spec):
+    contraction = is_contraction(spec) and _einsum_covers(spec)
+    if contraction:
         found.append("einsum")
     if conv_shape(spec) is not None:
         found.append("conv")
@@ -177,7 +183,8 @@ def forms(spec: Spec) -> tuple[str, ...]:
         found.append("slices")
     # 'factored' after 'grid': a default (a tiny call, no loop backend) stays on the plain lowering; only the
     # planner's timing picks it
-    return tuple(found) + ("grid",) + (("factored",) if "einsum" not in found and _factors_apart(spec) else ())
+    return tuple(found) + ("grid",) + (("product",) if contraction and len(spec.inputs) == 2 else ()) + (
+        ("factored",) if not contraction and _factors_apart(spec) else ())
 
 
 def product_terms(spec: Spec) -> tuple[tuple[int, tuple[Any, ...]], ...] | None:
@@ -309,6 +316,8 @@ def lower_form(spec: Spec, form: str) -> Callable[[Env], Any]:
     plain = xla.lower(spec)
     if form in ("einsum", "grid", ""):
         return plain
+    if form == "product":
+        return xla.lower(spec, einsum=False, grid="appearance")
     if form == "conv":
         shape = conv_shape(spec)
         if shape is None:
