@@ -125,6 +125,7 @@ JOINED = "differentiated with kernels that all run on XLA: joins them"  # in the
 LOOP_MARGIN = 1.05
 _WITHIN_MARGIN = f" (the loops were faster by less than {round((LOOP_MARGIN - 1) * 100)}%: XLA, with no host callback)"
 FULL = " (full)"  # marks a candidate's timing on the full call, where a slice's race was confirmed
+AGAIN = " (again)"  # marks a candidate's timing in the second race that confirms a contraction's non-default win
 PLAN_FILE = "plan.json"
 LOOPS = "loops"  # the form of a plan on the loop backend; as a candidate: the loop backend ``auto`` uses
 
@@ -563,6 +564,16 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
                 won = _fastest({best: full[best], rule.default: full[rule.default]}, rule.default)[0] == best
                 reason += "; confirmed on the full call" if won else "; slower on the full call"
                 best = best if won else rule.default
+    elif best != rule.default and rule.name == "contraction" and rule.default in valid:
+        # two XLA programs a few percent apart: a busy spell during one's turns decides the race (attention's
+        # einsum read 0.84 ms against the product's 0.74 in one bench process, 0.63-0.66 against 0.69-0.75 in
+        # every other, and the product ran 0.91x of it): the win is confirmed by a second race of the two
+        again = dict(_time_candidates(spec, shapes, dtypes, (rule.default, best), loops, zero_start=zero_start))
+        if again.get(best) is not None and again.get(rule.default) is not None:
+            listed += tuple((f"{c}{AGAIN}", ms) for c, ms in again.items())
+            won = again[best] < again[rule.default]
+            reason += "; confirmed by a second race" if won else "; slower in a second race"
+            best = best if won else rule.default
     _store(key, spec, {"candidate": best, "timings_ms": [list(t) for t in listed], "reason": reason})
     return _as_plan(best, loops, Rule(rule.name, reason, rule.default), timings_ms=listed, source="timed")
 
