@@ -557,25 +557,30 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
             # XLA's temporaries of a slice may fit in the cache where the full call's do not (the Gaussian
             # gradients: 4x faster than the loops on a slice, no faster in full): a close win of an XLA form
             # on a slice is confirmed against the default on the full call, one run each after a warm-up
-            full = dict(_time_candidates(spec, shapes, dtypes, (rule.default, best), loops, rounds=1,
-                                         zero_start=zero_start))
-            if full.get(best) is not None and full.get(rule.default) is not None:
-                listed += tuple((f"{c}{FULL}", ms) for c, ms in full.items())
-                won = _fastest({best: full[best], rule.default: full[rule.default]}, rule.default)[0] == best
-                reason += "; confirmed on the full call" if won else "; slower on the full call"
-                best = best if won else rule.default
+            best, more, said = _rerace(spec, shapes, dtypes, loops, best, rule.default, FULL, (
+                "; confirmed on the full call", "; slower on the full call"), rounds=1, zero_start=zero_start)
+            listed, reason = listed + more, reason + said
     elif best != rule.default and rule.name == "contraction" and rule.default in valid:
         # two XLA programs a few percent apart: a busy spell during one's turns decides the race (attention's
         # einsum read 0.84 ms against the product's 0.74 in one bench process, 0.63-0.66 against 0.69-0.75 in
         # every other, and the product ran 0.91x of it): the win is confirmed by a second race of the two
-        again = dict(_time_candidates(spec, shapes, dtypes, (rule.default, best), loops, zero_start=zero_start))
-        if again.get(best) is not None and again.get(rule.default) is not None:
-            listed += tuple((f"{c}{AGAIN}", ms) for c, ms in again.items())
-            won = again[best] < again[rule.default]
-            reason += "; confirmed by a second race" if won else "; slower in a second race"
-            best = best if won else rule.default
+        best, more, said = _rerace(spec, shapes, dtypes, loops, best, rule.default, AGAIN, (
+            "; confirmed by a second race", "; slower in a second race"), rounds=TIMING_RUNS, zero_start=zero_start)
+        listed, reason = listed + more, reason + said
     _store(key, spec, {"candidate": best, "timings_ms": [list(t) for t in listed], "reason": reason})
     return _as_plan(best, loops, Rule(rule.name, reason, rule.default), timings_ms=listed, source="timed")
+
+
+def _rerace(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, best: str, default: str, mark: str,
+            verdicts: tuple[str, str], *, rounds: int, zero_start: bool) -> tuple[str, tuple, str]:
+    """A second race of a race's winner ``best`` against the rule's ``default`` on ``shapes``: the candidate it
+    keeps (``_fastest``), the timings it took (each marked ``mark``) and what the reason says of it (``verdicts``:
+    kept, lost); ``best`` with nothing added where either could not run."""
+    again = dict(_time_candidates(spec, shapes, dtypes, (default, best), loops, rounds=rounds, zero_start=zero_start))
+    if again.get(best) is None or again.get(default) is None:
+        return best, (), ""
+    won = _fastest({best: again[best], default: again[default]}, default)[0] == best
+    return (best if won else default), tuple((f"{c}{mark}", ms) for c, ms in again.items()), verdicts[not won]
 
 
 def _fastest(times: Mapping[str, float], default: str) -> tuple[str, bool]:
@@ -784,13 +789,11 @@ def _xla_call(spec: Spec, candidate: str, values: list, zero_start: bool = False
     fn = None
     ahead = _compiled_ahead(spec, candidate, *call_shapes_and_dtypes(spec, values), zero_start)
     if ahead is not None:
+        _check_temporaries(candidate, ahead)
         try:
-            _check_temporaries(candidate, ahead)
             with jax.ensure_compile_time_eval():
                 jax.block_until_ready(ahead(env))
             fn = ahead
-        except _TooMuchMemory:
-            raise
         except Exception:  # noqa: BLE001 - it does not take these arguments: the jitted form compiles them
             pass
     if fn is None:
