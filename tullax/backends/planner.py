@@ -104,9 +104,13 @@ SETTLE_MS = 5.0
 # ... and after its untimed run, is timed on up to SAMPLES runs in a row within SAMPLE_MS, keeping the best: one
 # timed run per round let a process in which XLA ran slow for five rounds in a row hand a race to the loops
 # (conv1d's shifted slices best 1.13 ms in one process of five, 0.63 ms in the others, where single calls
-# ranged 0.59-1.8 ms; the loops 0.70 ms), and the decision is kept for every later process
-SAMPLES = 8
-SAMPLE_MS = 3.0
+# ranged 0.59-1.8 ms; the loops 0.70 ms), and the decision is kept for every later process. Not much shorter:
+# after a switch, a kernel on two threads can run 2-3x slower for several ms, once for 20 ms (conv1d's slices
+# 0.9 against 0.47 ms, its loops 1.6 against 0.53 ms), and a stretch of 3 ms let the transient decide the race:
+# conv1d's forward went to the loops in 5 races of 47 with 3 ms stretches, 1 of 35 with 10 ms, in one
+# process each time (benchmarks/race_stretch.py); the rest is left to CLOSE_RATIO
+SAMPLES = 64
+SAMPLE_MS = 10.0
 # An XLA candidate whose compiled program needs more temporary memory than this is not run (nor chosen): the
 # 'product' form of a contraction is one fused kernel where XLA's CPU backend fuses it, and a materialised
 # product of every index point where it does not
@@ -124,6 +128,13 @@ JOINED = "differentiated with kernels that all run on XLA: joins them"  # in the
 # in the benchmark's processes).
 LOOP_MARGIN = 1.05
 _WITHIN_MARGIN = f" (the loops were faster by less than {round((LOOP_MARGIN - 1) * 100)}%: XLA, with no host callback)"
+# A race whose runner-up came within this factor of the winner is a close call: a spell of seconds in which the
+# host slows a two-thread kernel 2x (both of conv1d's candidates read 0.85-0.9 ms for five races in a row, then
+# 0.45-0.53 again; benchmarks/race_stretch.py) can decide it, so the next processes race it again, each keeping
+# the best time per candidate over every race so far, until CONFIRMING_RACES races (in different processes,
+# minutes apart in a program run again and again) stand behind it
+CLOSE_RATIO = 2.0
+CONFIRMING_RACES = 3
 FULL = " (full)"  # marks a candidate's timing on the full call, where a slice's race was confirmed
 AGAIN = " (again)"  # marks a candidate's timing in the second race that confirms a contraction's non-default win
 PLAN_FILE = "plan.json"
@@ -492,6 +503,8 @@ class _Race:
     close: tuple[str, ...]
     timed_shapes: dict
     key: str
+    prior: tuple[tuple[str, float], ...] = ()  # best ms per candidate in the earlier races of a close call
+    races: int = 0  # how many earlier processes raced it
 
 
 def _settle(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: bool,
@@ -517,7 +530,8 @@ def _settle(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
         return _as_plan(rule.default, loops, rule)
     key = _cache_key(spec, shapes, dtypes, loops, zero_start)
     stored = _load(key)
-    if stored is not None and stored.get("candidate") in close:
+    again = _to_confirm(stored) if timing and stored is not None and stored.get("candidate") in close else None
+    if stored is not None and stored.get("candidate") in close and again is None:
         STATS["from_cache"] += counted
         timings = tuple((c, float(ms)) for c, ms in stored.get("timings_ms", []))
         why = Rule(rule.name, str(stored.get("reason", rule.reason)), rule.default)
@@ -532,7 +546,20 @@ def _settle(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
         return _as_plan(rule.default, loops, Rule(rule.name, rule.reason + " (not timed: " + (
             untimed if not timing else "too much work to time, and no free index to time a slice of") + ")",
             rule.default))
-    return _Race(rule, close, timed_shapes, key)
+    return _Race(rule, close, timed_shapes, key, *(again or ((), 0)))
+
+
+def _to_confirm(stored: dict) -> tuple[tuple[tuple[str, float], ...], int] | None:
+    """For a stored decision of a close call not yet confirmed by CONFIRMING_RACES races: the best ms per
+    candidate over its races and how many there were; None for a settled decision (a clear race, enough races,
+    or one stored before decisions counted their races)."""
+    races = stored.get("races")
+    if stored.get("settled", True) or not isinstance(races, int) or races >= CONFIRMING_RACES:
+        return None
+    try:
+        return tuple((str(c), float(ms)) for c, ms in stored.get("bests", [])), races
+    except (TypeError, ValueError):
+        return None
 
 
 def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: bool,
@@ -546,9 +573,20 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
     valid = {c: ms for c, ms in timings if ms is not None}
     if not valid:
         return _as_plan(rule.default, loops, rule)
+    for candidate, ms in race.prior:  # a close call raced again: the best of every race so far
+        if candidate in valid:
+            valid[candidate] = min(valid[candidate], ms)
+    races = race.races + 1
     best, by_margin = _fastest(valid, rule.default)
     listed = tuple((c, ms) for c, ms in valid.items())
+    bests = [[c, ms] for c, ms in listed]
+    runner_up = min((ms for c, ms in valid.items() if c != best), default=float("inf"))
+    settled = runner_up >= CLOSE_RATIO * valid[best] or races >= CONFIRMING_RACES
     reason = rule.reason + (_WITHIN_MARGIN if by_margin else "")
+    if races > 1:
+        reason += f" (the best times of {races} races, each in its own process)"
+    if not settled:
+        reason += f" (a close call: raced again by the next process, up to {CONFIRMING_RACES} races)"
     if timed_shapes != shapes:
         cut = [f"{n} {'x'.join(map(str, shapes[n]))} -> {'x'.join(map(str, s))}"
                for n, s in timed_shapes.items() if s != shapes[n]]
@@ -567,7 +605,8 @@ def _decide(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
         best, more, said = _rerace(spec, shapes, dtypes, loops, best, rule.default, AGAIN, (
             "; confirmed by a second race", "; slower in a second race"), rounds=TIMING_RUNS, zero_start=zero_start)
         listed, reason = listed + more, reason + said
-    _store(key, spec, {"candidate": best, "timings_ms": [list(t) for t in listed], "reason": reason})
+    _store(key, spec, {"candidate": best, "timings_ms": [list(t) for t in listed], "reason": reason,
+                       "bests": bests, "races": races, "settled": settled})
     return _as_plan(best, loops, Rule(rule.name, reason, rule.default), timings_ms=listed, source="timed")
 
 
