@@ -1,5 +1,6 @@
 """How often the planner's race of a close call picks the slower candidate, by the length of the stretch of runs in
-a row that times a fast candidate in each round (``planner.SAMPLE_MS``) and the number of rounds.
+a row that times a fast contender in each round (``planner.SAMPLE_MS``; a candidate more than
+``planner.CLOSE_RATIO`` behind keeps ``SCOUT_SAMPLE_MS``) and the number of rounds.
 
     PYTHONPATH=$PWD python benchmarks/race_stretch.py --races 15
 

@@ -312,6 +312,7 @@ def test_a_fast_candidate_is_timed_after_one_untimed_run_in_each_round(monkeypat
     monkeypatch.setattr(planner, "FIRST_DROP_RATIO", float("inf"))
     monkeypatch.setattr(planner, "SETTLE_MS", 1e9)  # every candidate counts as fast
     monkeypatch.setattr(planner, "SAMPLE_MS", 1e9)  # and takes all its samples
+    monkeypatch.setattr(planner, "SCOUT_SAMPLE_MS", 1e9)  # however far behind
     planner.forget()
     try:
         _, spec = compile_spec(CONV1D)
@@ -347,6 +348,7 @@ def test_a_candidate_slow_on_its_first_runs_of_every_round_is_timed_at_its_speed
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))  # a race, not a plan another test left
     monkeypatch.setattr(planner, "TIMING_BUDGET_S", 1e9)
     monkeypatch.setattr(planner, "SAMPLE_MS", 1e9)
+    monkeypatch.setattr(planner, "SCOUT_SAMPLE_MS", 1e9)
     monkeypatch.setattr(planner, "SAMPLES", 8)
     monkeypatch.setattr(planner, "SETTLE_MS", 20.0)
     monkeypatch.setattr(planner, "FIRST_DROP_RATIO", 100.0)

@@ -107,10 +107,13 @@ SETTLE_MS = 5.0
 # ranged 0.59-1.8 ms; the loops 0.70 ms), and the decision is kept for every later process. Not much shorter:
 # after a switch, a kernel on two threads can run 2-3x slower for several ms, once for 20 ms (conv1d's slices
 # 0.9 against 0.47 ms, its loops 1.6 against 0.53 ms), and a stretch of 3 ms let the transient decide the race:
-# conv1d's forward went to the loops in 5 races of 47 with 3 ms stretches, 1 of 35 with 10 ms, in one
-# process each time (benchmarks/race_stretch.py); the rest is left to CLOSE_RATIO
+# conv1d's forward went to the loops in 6 races of 67 with 3 ms stretches, 1 of 55 with 10 ms (4 runs
+# of benchmarks/race_stretch.py or its first drafts); the rest is left to CLOSE_RATIO. Only a contender (within
+# CLOSE_RATIO of the fastest) gets the long stretch; a candidate further behind gets SCOUT_SAMPLE_MS: conv2d's
+# races at its time-to-first-kernel sizes, candidates of a few ms each, spent ~80 ms more on long stretches
 SAMPLES = 64
 SAMPLE_MS = 10.0
+SCOUT_SAMPLE_MS = 3.0
 # An XLA candidate whose compiled program needs more temporary memory than this is not run (nor chosen): the
 # 'product' form of a contraction is one fused kernel where XLA's CPU backend fuses it, and a materialised
 # product of every index point where it does not
@@ -665,8 +668,9 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
     FIRST_DROP_RATIO slower than the fastest is not timed again, and from the third round one DROP_RATIO slower
     that was timed after a settling run or takes SETTLE_MS or more (a fast one timed only on its first runs after
     a switch may just have paid for the switch); the race ends early once every candidate but one was dropped.
-    A candidate under SETTLE_MS is timed on a few runs in a row per round (SAMPLES, SAMPLE_MS), after one untimed
-    run. ``zero_start``: each candidate starts from zeros of its own (``plan``)."""
+    A candidate under SETTLE_MS is timed on a few runs in a row per round (SAMPLES, SAMPLE_MS; SCOUT_SAMPLE_MS
+    when it is more than CLOSE_RATIO behind), after one untimed run. ``zero_start``: each candidate starts from
+    zeros of its own (``plan``)."""
     import numpy as np
 
     from tullax.benchmarking.case import make_inputs
@@ -699,13 +703,14 @@ def _time_candidates(spec: Spec, shapes: dict, dtypes: dict, candidates: tuple[s
             if fast:
                 call()  # not timed: it takes the switch from the previous candidate (see SETTLE_MS)
                 settled.add(candidate)
+            stretch = SAMPLE_MS if best[candidate] <= CLOSE_RATIO * fastest else SCOUT_SAMPLE_MS
             sampling = time.perf_counter()
             for _ in range(SAMPLES if fast else 1):
                 start = time.perf_counter()
                 call()
                 end = time.perf_counter()
                 best[candidate] = min(best[candidate], (end - start) * 1e3)
-                if (end - sampling) * 1e3 >= SAMPLE_MS:
+                if (end - sampling) * 1e3 >= stretch:
                     break
     return list(best.items())
 
