@@ -109,8 +109,8 @@ SETTLE_MS = 5.0
 # 0.9 against 0.47 ms, its loops 1.6 against 0.53 ms), and a stretch of 3 ms let the transient decide the race:
 # conv1d's forward went to the loops in 6 races of 67 with 3 ms stretches, 1 of 55 with 10 ms (4 runs
 # of benchmarks/race_stretch.py or its first drafts); the rest is left to CLOSE_RATIO. Only a contender (within
-# CLOSE_RATIO of the fastest) gets the long stretch; a candidate further behind gets SCOUT_SAMPLE_MS: conv2d's
-# races at its time-to-first-kernel sizes, candidates of a few ms each, spent ~80 ms more on long stretches
+# CLOSE_RATIO of the fastest) gets the long stretch; a candidate further behind gets SCOUT_SAMPLE_MS, so a race
+# of a clear call costs no more first-call time than it did (conv2d's at its time-to-first-kernel sizes)
 SAMPLES = 64
 SAMPLE_MS = 10.0
 SCOUT_SAMPLE_MS = 3.0
