@@ -333,6 +333,28 @@ def test_a_fast_candidate_is_timed_after_one_untimed_run_in_each_round(monkeypat
         planner.forget()
 
 
+def _script_candidates(monkeypatch, run_for) -> None:
+    """Each of the planner's candidates runs ``run_for(candidate)`` (a scripted call) in place of its real call,
+    which is prepared first, so a candidate that cannot run here still cannot win; one for which ``run_for`` gives
+    None is left out of the race."""
+    original = planner._prepared_call
+
+    def scripted(spec, candidate, values, loops, zero_start=False):
+        return None if original(spec, candidate, values, loops, zero_start) is None else run_for(candidate)
+
+    monkeypatch.setattr(planner, "_prepared_call", scripted)
+
+
+def _conv1d_plan(width: int) -> planner.Plan:
+    """The plan of one conv1d call (x 64 x ``width``), decided as by a new process."""
+    planner.forget()
+    try:
+        _, spec = compile_spec(CONV1D)
+        return planner.plan(spec, {"x": (64, width), "w": (7,)}, {"x": "float32", "w": "float32"})
+    finally:
+        planner.forget()
+
+
 def test_a_candidate_slow_on_its_first_runs_of_every_round_is_timed_at_its_speed(monkeypatch, tmp_path):
     """conv1d's shifted slices ran at 1.13 ms for five rounds in a row in one process of five (0.59 ms at best
     elsewhere, single calls 0.59-1.8 ms back to back), and one timed run per round handed that race, and every
@@ -352,13 +374,11 @@ def test_a_candidate_slow_on_its_first_runs_of_every_round_is_timed_at_its_speed
     monkeypatch.setattr(planner, "SAMPLES", 8)
     monkeypatch.setattr(planner, "SETTLE_MS", 20.0)
     monkeypatch.setattr(planner, "FIRST_DROP_RATIO", 100.0)
-    original = planner._prepared_call
     last = {"candidate": None, "streak": 0}
     runs: dict[str, int] = {}
 
-    def scripted(spec, candidate, values, loops, zero_start=False):
-        call = original(spec, candidate, values, loops, zero_start)
-        if call is None or candidate not in ("loops", "xla:slices"):
+    def scripted(candidate):
+        if candidate not in ("loops", "xla:slices"):
             return None
 
         def run() -> None:  # the scripted times alone: the real calls (prepared above) took 5 ms on a loaded
@@ -371,15 +391,10 @@ def test_a_candidate_slow_on_its_first_runs_of_every_round_is_timed_at_its_speed
 
         return run
 
-    monkeypatch.setattr(planner, "_prepared_call", scripted)
-    planner.forget()
-    try:
-        _, spec = compile_spec(CONV1D)
-        found = planner.plan(spec, {"x": (64, 8004), "w": (7,)}, {"x": "float32", "w": "float32"})
-        assert found.form == "slices", found
-        assert dict(found.timings_ms)["xla:slices"] < 2.0, found.timings_ms
-    finally:
-        planner.forget()
+    _script_candidates(monkeypatch, scripted)
+    found = _conv1d_plan(8004)
+    assert found.form == "slices", found
+    assert dict(found.timings_ms)["xla:slices"] < 2.0, found.timings_ms
 
 
 def test_a_candidate_slow_for_a_few_ms_after_each_switch_is_timed_at_its_speed(monkeypatch, tmp_path):
@@ -392,12 +407,10 @@ def test_a_candidate_slow_for_a_few_ms_after_each_switch_is_timed_at_its_speed(m
     monkeypatch.setenv(planner.TIMING_ENV, "1")
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))  # a race, not a plan another test left
     monkeypatch.setattr(planner, "TIMING_BUDGET_S", 1e9)  # every round runs, however loaded the machine
-    original = planner._prepared_call
     switched = {"candidate": None, "at": 0.0}
 
-    def scripted(spec, candidate, values, loops, zero_start=False):
-        call = original(spec, candidate, values, loops, zero_start)
-        if call is None or candidate not in ("loops", "xla:slices"):
+    def scripted(candidate):
+        if candidate not in ("loops", "xla:slices"):
             return None
 
         def run() -> None:  # the scripted times alone (the real calls were prepared above)
@@ -411,15 +424,10 @@ def test_a_candidate_slow_for_a_few_ms_after_each_switch_is_timed_at_its_speed(m
 
         return run
 
-    monkeypatch.setattr(planner, "_prepared_call", scripted)
-    planner.forget()
-    try:
-        _, spec = compile_spec(CONV1D)
-        found = planner.plan(spec, {"x": (64, 8005), "w": (7,)}, {"x": "float32", "w": "float32"})
-        assert found.form == "slices", found
-        assert dict(found.timings_ms)["xla:slices"] < 1.2, found.timings_ms
-    finally:
-        planner.forget()
+    _script_candidates(monkeypatch, scripted)
+    found = _conv1d_plan(8005)
+    assert found.form == "slices", found
+    assert dict(found.timings_ms)["xla:slices"] < 1.2, found.timings_ms
 
 
 def test_a_close_call_is_raced_again_by_later_processes_and_a_clear_one_is_not(monkeypatch, tmp_path):
@@ -433,16 +441,8 @@ def test_a_close_call_is_raced_again_by_later_processes_and_a_clear_one_is_not(m
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(planner, "TIMING_BUDGET_S", 1e9)  # every round runs, however loaded the machine
     monkeypatch.setattr(planner, "SAMPLE_MS", 4.0)
-    original = planner._prepared_call
     script = {"loops": 0.001, "xla:slices": 0.0015}
-
-    def scripted(spec, candidate, values, loops, zero_start=False):
-        call = original(spec, candidate, values, loops, zero_start)
-        if call is None or candidate not in script:
-            return None
-        return lambda: clock.sleep(script[candidate])
-
-    monkeypatch.setattr(planner, "_prepared_call", scripted)
+    _script_candidates(monkeypatch, lambda c: (lambda: clock.sleep(script[c])) if c in script else None)
     _, spec = compile_spec(CONV1D)
     dtypes = {"x": "float32", "w": "float32"}
 
