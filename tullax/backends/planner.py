@@ -533,8 +533,10 @@ def _settle(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
         return _as_plan(rule.default, loops, rule)
     key = _cache_key(spec, shapes, dtypes, loops, zero_start)
     stored = _load(key)
-    again = _to_confirm(stored) if timing and stored is not None and stored.get("candidate") in close else None
-    if stored is not None and stored.get("candidate") in close and again is None:
+    if stored is not None and stored.get("candidate") not in close:
+        stored = None  # a decision for a candidate that cannot run on these shapes here
+    again = _to_confirm(stored) if timing and stored is not None else None
+    if stored is not None and again is None:
         STATS["from_cache"] += counted
         timings = tuple((c, float(ms)) for c, ms in stored.get("timings_ms", []))
         why = Rule(rule.name, str(stored.get("reason", rule.reason)), rule.default)
