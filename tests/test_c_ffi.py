@@ -194,3 +194,32 @@ def test_a_kernel_of_wider_dtypes_than_the_calls_buffers_never_runs_as_a_custom_
     narrow = jax.ShapeDtypeStruct((5, 3), np.dtype(got.dtype))
     assert wide.ffi_call([jnp.asarray(a), jnp.asarray(b)], narrow, {"A": (5, 4), "B": (4, 3), "C": (5, 3)},
                          None) is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "float16", "complex128", "bool"])
+@pytest.mark.parametrize("shape", [(5,), (3, 4), (2, 3, 4), (2, 3, 4, 5), (1, 4, 1, 3), (2, 0, 3), (2, 3, 1, 2, 3)])
+def test_the_layout_change_is_numpys_transpose_of_the_flipped_cut_array(shape, dtype, x64):
+    """``c_ffi.permute``: every order of the axes (every one up to rank 3, a sample beyond), each with no axis,
+    the first, the last or every other one reversed, whole or cut to fewer elements per axis, against NumPy."""
+    import itertools
+
+    rng = np.random.default_rng(len(shape))
+    x = (rng.standard_normal(shape) * 10).astype(dtype)
+    orders = list(itertools.permutations(range(len(shape))))
+    if len(shape) > 3:
+        orders = [orders[i] for i in rng.choice(len(orders), 6, replace=False)]
+    cut = tuple(max(0, n - axis % 2) for axis, n in enumerate(shape))
+    for axes in orders:
+        for reversed_axes in {(), (0,), (len(shape) - 1,), tuple(range(0, len(shape), 2))}:
+            for extents in (shape, cut):
+                expected = np.transpose(np.flip(x[tuple(slice(0, n) for n in extents)], reversed_axes), axes)
+                got = jax.jit(lambda v: c_ffi.permute(v, axes, extents, reversed_axes))(x)
+                assert got.dtype == x.dtype and got.shape == expected.shape
+                np.testing.assert_array_equal(np.asarray(got), expected, err_msg=f"{axes} {reversed_axes} {extents}")
+
+
+def test_a_large_layout_change_runs_on_a_team_and_gives_the_same_array():
+    x = np.random.default_rng(0).standard_normal((8, 32, 64, 64)).astype(np.float32)
+    assert x.size >= c_ffi.PARALLEL_ELEMENTS
+    got = jax.jit(lambda v: c_ffi.permute(v, (0, 2, 3, 1), None, (2,)))(x)
+    np.testing.assert_array_equal(np.asarray(got), np.transpose(np.flip(x, 2), (0, 2, 3, 1)))

@@ -34,6 +34,7 @@ import functools
 import hashlib
 import os
 import pickle
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -42,7 +43,7 @@ import numpy as np
 
 from tullax.backends import c_compile, host, workload
 from tullax.backends.base import Capabilities, Shapes, Signature
-from tullax.backends.c_load import load_library
+from tullax.backends.c_load import THREADS_ENV, load_library, threads  # noqa: F401 - THREADS_ENV: c's setting
 from tullax.compiler.interface import KernelInterface
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.printers.c_clear import CLEAR_BLOCK, CLEAR_FUNCTION
@@ -90,22 +91,9 @@ def fingerprint_of(root: Any) -> str:
     return digest.hexdigest()[:24]
 
 
-THREADS_ENV = "TULLAX_C_THREADS"
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "bool": ctypes.c_bool, "int8": ctypes.c_int8,
            "int16": ctypes.c_int16, "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint8": ctypes.c_uint8,
            "uint16": ctypes.c_uint16, "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64}
-
-
-def threads() -> int:
-    """The OpenMP team size of a parallel call."""
-    for env in (THREADS_ENV, "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        value = os.environ.get(env, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 # =============================================================================================
@@ -557,12 +545,26 @@ class CHostKernel:
 # =============================================================================================
 # The backend object
 # =============================================================================================
+@functools.cache
+def _start_ffi_handler() -> None:
+    """Where jax is imported: build (or load) the XLA FFI handler in a thread, once per process, beside the
+    compiler probe that the first plan waits for. The handler runs the C kernels and the layout changes of
+    XLA's convolution form on the CPU, both needed within the first call; built on its own, with an empty
+    compile cache, it was another compiler run on the first call's critical path."""
+    if "jax" not in sys.modules:
+        return
+    from tullax.backends import c_ffi
+
+    threading.Thread(target=c_ffi.available, name="tullax-ffi-handler", daemon=True).start()
+
+
 class CBackend:
     name = NAME
     capabilities = Capabilities(host_buffers=True, module_source=True, prepare=True, shaped_run=True,
                                 complex_numbers=False, whole_module_cached=True)
 
     def availability(self) -> tuple[bool, str]:
+        _start_ffi_handler()
         return c_compile.probe()
 
     def build(self, spec: Spec, signature: Signature) -> Any:

@@ -18,6 +18,12 @@ microseconds per call, most of a tiny kernel's cost and the gap between a row ma
 
 Where this cannot work (no ``jax.ffi``, no headers, a compile error) the kernels keep the buffer callback;
 ``available()`` says why.
+
+The handler's library also holds one kernel of its own, a layout change (``permute``: a transpose, with any axes
+reversed, of an array of any dtype), which XLA programs on the CPU call in place of a transpose: XLA compiles
+each transpose it emits into a loop of its own (tens of milliseconds per transpose on every first call of a
+program in every process; an NCHW convolution has three, ``tullax.backends.xla_forms``), where this call
+compiles to nothing.
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from tullax.backends.c_load import load_library
+from tullax.backends.c_load import load_library, threads
 
 TARGET = "tullax_c_kernel"
 LIBRARY_FILE = "handler.so"
@@ -77,6 +83,55 @@ static XLA_FFI_Error* tx_error(const XLA_FFI_CallFrame* frame, const char* messa
     args.message = message;
     args.errc = XLA_FFI_Error_Code_FAILED_PRECONDITION;
     return frame->api->XLA_FFI_Error_Create(&args);
+}
+
+// The layout change of an array (a packed kernel of the table): out[i_0, ..., i_{r-1}] = in[base + sum_k i_k *
+// stride_k], strides in elements (negative where an axis is reversed). integers: element size, rank, the result's
+// shape, the strides, base. The result's last two axes are copied in tiles (one of them is usually the input's
+// contiguous axis); the rest are the parallel loop.
+#define TX_TILE 16
+#define TX_PLANE(T) do { \
+    T* o = (T*)out; const T* s = (const T*)in; \
+    for (int64_t a0 = 0; a0 < n0; a0 += TX_TILE) \
+        for (int64_t a1 = 0; a1 < n1; a1 += TX_TILE) { \
+            const int64_t e0 = a0 + TX_TILE < n0 ? a0 + TX_TILE : n0, e1 = a1 + TX_TILE < n1 ? a1 + TX_TILE : n1; \
+            for (int64_t i = a0; i < e0; ++i) \
+                for (int64_t j = a1; j < e1; ++j) o[to + i * n1 + j] = s[from + i * s0 + j * s1]; \
+        } \
+} while (0)
+static void tx_plane(char* out, const char* in, int64_t size, int64_t to, int64_t from, int64_t n0, int64_t n1,
+                     int64_t s0, int64_t s1) {
+    switch (size) {
+    case 1: TX_PLANE(uint8_t); break;
+    case 2: TX_PLANE(uint16_t); break;
+    case 4: TX_PLANE(uint32_t); break;
+    case 8: TX_PLANE(uint64_t); break;
+    default:
+        for (int64_t i = 0; i < n0; ++i)
+            for (int64_t j = 0; j < n1; ++j)
+                memcpy(out + (to + i * n1 + j) * size, in + (from + i * s0 + j * s1) * size, size);
+    }
+}
+
+void tullax_permute_packed(void* const* p, const int64_t* m, int team) {
+    const int64_t size = m[0], rank = m[1];
+    const int64_t* shape = m + 2;
+    const int64_t* stride = m + 2 + rank;
+    const int64_t base = m[2 + 2 * rank];
+    const int64_t n0 = rank >= 2 ? shape[rank - 2] : 1, n1 = rank >= 1 ? shape[rank - 1] : 1;
+    const int64_t s0 = rank >= 2 ? stride[rank - 2] : 0, s1 = rank >= 1 ? stride[rank - 1] : 0;
+    int64_t outer = 1;
+    for (int64_t k = 0; k + 2 < rank; ++k) outer *= shape[k];
+    if (outer == 0 || n0 == 0 || n1 == 0) return;
+    #pragma omp parallel for num_threads(team) if(team > 1 && outer > 1) schedule(static)
+    for (int64_t q = 0; q < outer; ++q) {
+        int64_t rest = q, from = base;
+        for (int64_t k = rank - 3; k >= 0; --k) {
+            from += (rest % shape[k]) * stride[k];
+            rest /= shape[k];
+        }
+        tx_plane((char*)p[0], (const char*)p[1], size, q * n0 * n1, from, n0, n1, s0, s1);
+    }
 }
 
 XLA_FFI_Error* tullax_ffi_handler(XLA_FFI_CallFrame* frame) {
@@ -155,6 +210,56 @@ def _load_handler() -> tuple[Any, str]:
     except Exception as err:  # noqa: BLE001 - any failure here only means "keep the buffer callback"
         return None, f"the XLA FFI handler could not be built or registered: {err}"
     return lib, ""
+
+
+PERMUTE = "tullax_permute_packed"  # the handler library's own layout-change kernel
+PARALLEL_ELEMENTS = 1 << 18  # a layout change of fewer elements runs on one thread: a team costs more
+
+
+@functools.cache
+def _permute_slot() -> tuple[int, int] | None:
+    """(slot, identity) of the handler library's layout change in the handler's table, registered once per
+    process; None without the handler."""
+    lib, _ = _handler()
+    if lib is None:
+        return None
+    kernel_identity = identity(str(getattr(lib, "_name", LIBRARY_FILE)), PERMUTE)
+    slot = register(ctypes.cast(getattr(lib, PERMUTE), ctypes.c_void_p).value, kernel_identity)
+    return None if slot is None else (slot, kernel_identity)
+
+
+def permute_available() -> bool:
+    """Whether ``permute`` can run here (the handler builds and registers, once per process)."""
+    return _permute_slot() is not None
+
+
+def permute(value: Any, axes: Sequence[int], extents: Sequence[int] | None = None,
+            reversed_axes: Sequence[int] = ()) -> Any:
+    """``jnp.transpose(jnp.flip(value[:extents], reversed_axes), axes)`` on a jax value of any dtype (traced, on
+    the CPU), as one custom call of the handler's layout change: the first ``extents[a]`` elements of each axis
+    ``a`` (all of them without ``extents``), the axes in ``reversed_axes`` read backwards, result axis ``k``
+    from axis ``axes[k]``. Call it only where ``permute_available()``."""
+    import jax
+    import numpy as np
+
+    slot, kernel_identity = _permute_slot()
+    shape = tuple(int(n) for n in value.shape)
+    extents = shape if extents is None else tuple(int(n) for n in extents)
+    if sorted(axes) != list(range(len(shape))) or any(not 0 <= e <= n for e, n in zip(extents, shape)):
+        raise ValueError(f"permute: axes {tuple(axes)} and extents {extents} do not fit shape {shape}")
+    contiguous = [1] * len(shape)
+    for axis in range(len(shape) - 2, -1, -1):
+        contiguous[axis] = contiguous[axis + 1] * shape[axis + 1]
+    base = sum((extents[a] - 1) * contiguous[a] for a in set(reversed_axes) if extents[a] > 0)
+    strides = [-contiguous[a] if a in reversed_axes else contiguous[a] for a in axes]
+    out_shape = tuple(extents[a] for a in axes)
+    elements = int(np.prod(out_shape, dtype=np.int64))
+    team = 1
+    if elements >= PARALLEL_ELEMENTS:
+        team = threads()
+    integers = [np.dtype(value.dtype).itemsize, len(shape), *out_shape, *strides, base]
+    return call(meta(slot, kernel_identity, team, [0, 1], integers), [value],
+                jax.ShapeDtypeStruct(out_shape, value.dtype), None)
 
 
 def available() -> tuple[bool, str]:

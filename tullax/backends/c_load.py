@@ -60,4 +60,19 @@ def load_library(path: str) -> ctypes.CDLL:
     return ctypes.CDLL(path)
 
 
-__all__ = ["OPENMP_SPIN", "bound_openmp_spin", "load_library"]
+THREADS_ENV = "TULLAX_C_THREADS"
+
+
+def threads() -> int:
+    """The OpenMP team size of a parallel call of a c kernel (or of the FFI handler's layout change)."""
+    for env in (THREADS_ENV, "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        value = os.environ.get(env, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+__all__ = ["OPENMP_SPIN", "THREADS_ENV", "bound_openmp_spin", "load_library", "threads"]

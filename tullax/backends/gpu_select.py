@@ -8,6 +8,7 @@ lowering: ``tullax.jaxop.device``).
 """
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
 
 from tullax.errors import BackendUnavailableError
@@ -17,6 +18,17 @@ JAX_GPU_PLATFORM = "gpu"  # jax.default_backend() of an NVIDIA (or AMD) GPU
 
 
 @lru_cache(maxsize=None)
+def on_gpu() -> bool:
+    """Whether jax computes on a GPU here (``auto``'s kernels then run on the GPU: the loops as device kernels)."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return False
+    try:
+        return jax.default_backend() == JAX_GPU_PLATFORM
+    except RuntimeError:  # no backend initialises
+        return False
+
+
 def gpu_choice() -> tuple[str, str]:
     """(the GPU's loop backend, why) for ``auto`` on a GPU platform, "xla" when none is usable; decided once per
     process."""
@@ -58,4 +70,4 @@ def gpu_report() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["GPU_ORDER", "JAX_GPU_PLATFORM", "gpu_choice", "gpu_report"]
+__all__ = ["GPU_ORDER", "JAX_GPU_PLATFORM", "gpu_choice", "gpu_report", "on_gpu"]

@@ -68,6 +68,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
+from tullax.backends.gpu_select import on_gpu
 from tullax.spec.ir import Access, Indirect, Spec, accesses
 
 TIMING_ENV = "TULLAX_PLAN_TIMING"
@@ -233,21 +234,6 @@ def loops_for(spec: Spec, dtypes: Iterable[str] = ()) -> str | None:
     return None if always_einsum(spec) else loop_backend(dtypes)
 
 
-def on_gpu() -> bool:
-    """Whether jax computes on a GPU here (``auto``'s kernels then run on the GPU: the loops as device kernels)."""
-    import sys
-
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return False
-    from tullax.backends.gpu_select import JAX_GPU_PLATFORM
-
-    try:
-        return jax.default_backend() == JAX_GPU_PLATFORM
-    except RuntimeError:  # no backend initialises
-        return False
-
-
 def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
     """The rule that applies to ``spec`` (see the module docstring); ``loops`` is the loop backend (None: none)."""
     from tullax.backends import xla_forms
@@ -272,9 +258,12 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
         # shifted slices only for one window index (conv1d): with two (conv2d) the form unrolls one and
         # gathers the other, 10-20x slower than lax.conv, and its compile took seconds of the first call
         one_window = "slices" in forms and len(xla_forms.window_indices(spec)) == 1
-        close = ("xla:conv",) + (("xla:slices",) if one_window else ()) + (LOOPS,)
-        return Rule("convolution", "convolution-shaped: lax.conv_general_dilated, shifted slices or loops, "
-                    "whichever is fastest", LOOPS, close)
+        # padded: the CPU's convolution without padding is several times slower at some shapes, faster at
+        # others (``benchmarks/conv_padding.py``); not on a GPU, which has no such path
+        padded = ("xla:conv-padded",) if "conv-padded" in forms and not on_gpu() else ()
+        close = ("xla:conv",) + padded + (("xla:slices",) if one_window else ()) + (LOOPS,)
+        return Rule("convolution", "convolution-shaped: lax.conv_general_dilated (as it is, or with one "
+                    "element of padding), shifted slices or loops, whichever is fastest", LOOPS, close)
     if "slices" in forms:
         return Rule("window", "a small window: XLA's sum of shifted slices or the loops, whichever is fastest",
                     LOOPS, ("xla:slices", LOOPS))

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tullax.spec.contraction import factors, is_contraction
 from tullax.spec.ir import Access, Affine, Binary, Spec, Wrapped
@@ -177,8 +177,11 @@ def forms(spec: Spec) -> tuple[str, ...]:
     contraction = is_contraction(spec) and _einsum_covers(spec)
     if contraction:
         found.append("einsum")
-    if conv_shape(spec) is not None:
+    conv = conv_shape(spec)
+    if conv is not None:
         found.append("conv")
+        if any(item.kind == "valid" for item in conv.spatial):
+            found.append("conv-padded")
     if window_index(spec) is not None and spec.redop in ("+", "max", "min"):
         found.append("slices")
     # 'factored' after 'grid': a default (a tiny call, no loop backend) stays on the plain lowering; only the
@@ -318,11 +321,11 @@ def lower_form(spec: Spec, form: str) -> Callable[[Env], Any]:
         return plain
     if form == "product":
         return xla.lower(spec, einsum=False, grid="appearance")
-    if form == "conv":
+    if form in ("conv", "conv-padded"):
         shape = conv_shape(spec)
         if shape is None:
             raise ValueError(f"{spec.out}: not a convolution")
-        return functools.partial(_conv, spec, shape, plain)
+        return functools.partial(_conv, spec, shape, plain, padded=form == "conv-padded")
     if form == "slices":
         index = window_index(spec)
         if index is None:
@@ -347,7 +350,13 @@ def _setup(spec: Spec, env: Env) -> tuple[dict, dict, Any]:
     return shapes, eval_shapes(spec, shapes), dtype
 
 
-def _conv(spec: Spec, shape: ConvShape, plain: Callable, env: Env):
+def _conv(spec: Spec, shape: ConvShape, plain: Callable, env: Env, padded: bool = False):
+    """``lax.conv_general_dilated`` on the image and kernel laid out channels last (NHWC, HWIO: XLA's CPU
+    convolution reads no other layout, and would copy them so itself), and the result laid out as ``spec``'s
+    output. Each layout change is one ``_relayout`` (the part of each axis the loops read, the flipped kernel of
+    a 'full' axis, the transpose). ``padded`` ('conv-padded'): the first 'valid' axis padded by one element at
+    its end, and the output it adds cut off again: on XLA's CPU a convolution without any padding takes
+    another, at some shapes several times slower, path (``benchmarks/conv_padding.py``)."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -358,48 +367,75 @@ def _conv(spec: Spec, shape: ConvShape, plain: Callable, env: Env):
     size = {name: hi for name, (_, hi) in ranges.items()}
     image = jnp.asarray(env[shape.image]).astype(dtype)
     kernel = jnp.asarray(env[shape.kernel]).astype(dtype)
-    # the part of each axis the loops read
-    window = []
+    # the part of each image axis the loops read
+    image_extent = []
     for item in shape.image_idx:
         if isinstance(item, str):
-            window.append(slice(0, size[item]))
+            image_extent.append(size[item])
         elif item.kind == "valid":
-            window.append(slice(0, item.stride * (size[item.out] - 1) + item.dilation * (size[item.win] - 1) + 1))
+            image_extent.append(item.stride * (size[item.out] - 1) + item.dilation * (size[item.win] - 1) + 1)
         else:
-            window.append(slice(0, min(image.shape[item.axis], size[item.out])))
-    image = image[tuple(window)]
-    kernel = kernel[tuple(slice(0, size[n]) for n in shape.kernel_idx)]
+            image_extent.append(min(image.shape[item.axis], size[item.out]))
     # out[o] = sum_w img[o - w] ('full'): a correlation with the flipped kernel over the image padded by the
     # conv itself (as jax's own transpose of a conv: a jnp.pad before it made the input gradient of conv2d 3x
     # slower, 60 against 17 ms: XLA no longer fused the padding into the convolution)
-    padding = []
-    for item in shape.spatial:
-        if item.kind == "full":
-            kernel = jnp.flip(kernel, shape.kernel_idx.index(item.win))
-            padding.append((size[item.win] - 1, size[item.out] - image.shape[item.axis]))
-        else:
-            padding.append((0, 0))
-    # image -> (batch, infeat, spatial...), kernel -> (outfeat, infeat, spatial...)
+    flipped = [shape.kernel_idx.index(item.win) for item in shape.spatial if item.kind == "full"]
+    padding = [(size[item.win] - 1, size[item.out] - image_extent[item.axis]) if item.kind == "full" else (0, 0)
+               for item in shape.spatial]
+    if padded:
+        first = next(k for k, item in enumerate(shape.spatial) if item.kind == "valid")
+        padding[first] = (0, 1)
+    # image -> (batch, spatial..., infeat), kernel -> (spatial..., infeat, outfeat)
     names = [i if isinstance(i, str) else i.out for i in shape.image_idx]
-    order = [names.index(n) for n in shape.batch + shape.infeat] + [s.axis for s in shape.spatial]
-    image = jnp.transpose(image, order)
-    spatial_in = image.shape[len(shape.batch) + len(shape.infeat):]
+    order = ([names.index(n) for n in shape.batch] + [s.axis for s in shape.spatial]
+             + [names.index(n) for n in shape.infeat])
+    image = _relayout(image, order, image_extent)
     batch = _prod(size[n] for n in shape.batch)
     infeat = _prod(size[n] for n in shape.infeat)
-    image = image.reshape((batch, infeat, *spatial_in))
-    korder = [shape.kernel_idx.index(n) for n in shape.outfeat + shape.infeat + tuple(s.win for s in shape.spatial)]
-    kernel = jnp.transpose(kernel, korder)
-    spatial_k = kernel.shape[len(korder) - len(shape.spatial):]
-    kernel = kernel.reshape((_prod(size[n] for n in shape.outfeat), infeat, *spatial_k))
-    strides = tuple(s.stride for s in shape.spatial)
-    dilation = tuple(s.dilation for s in shape.spatial)
-    out = lax.conv_general_dilated(image, kernel, strides, padding, rhs_dilation=dilation,
-                                   precision=jax.lax.Precision.HIGHEST)
-    out_spatial = tuple(size[s.out] for s in shape.spatial)
-    out = out[(slice(None), slice(None), *(slice(0, n) for n in out_spatial))]
-    out = out.reshape(tuple(size[n] for n in shape.batch) + tuple(size[n] for n in shape.outfeat) + out_spatial)
-    have = shape.batch + shape.outfeat + tuple(s.out for s in shape.spatial)
-    return jnp.transpose(out, [have.index(n) for n in spec.free]).astype(dtype)
+    outfeat = _prod(size[n] for n in shape.outfeat)
+    spatial_in = tuple(image_extent[s.axis] for s in shape.spatial)
+    image = image.reshape((batch, *spatial_in, infeat))
+    korder = [shape.kernel_idx.index(n) for n in tuple(s.win for s in shape.spatial) + shape.infeat + shape.outfeat]
+    kernel = _relayout(kernel, korder, [size[n] for n in shape.kernel_idx], flipped)
+    spatial_k = tuple(size[s.win] for s in shape.spatial)
+    kernel = kernel.reshape((*spatial_k, infeat, outfeat))
+    rank = len(shape.spatial) + 2
+    numbers = lax.ConvDimensionNumbers(lhs_spec=(0, rank - 1, *range(1, rank - 1)),
+                                       rhs_spec=(rank - 1, rank - 2, *range(rank - 2)),
+                                       out_spec=(0, rank - 1, *range(1, rank - 1)))
+    out = lax.conv_general_dilated(image, kernel, tuple(s.stride for s in shape.spatial), padding,
+                                   rhs_dilation=tuple(s.dilation for s in shape.spatial),
+                                   dimension_numbers=numbers, precision=jax.lax.Precision.HIGHEST)
+    # (batch..., spatial..., outfeat...) -> the spec's own order, each spatial axis cut to the output's extent
+    out = out.reshape(tuple(size[n] for n in shape.batch) + out.shape[1:-1] + tuple(size[n] for n in shape.outfeat))
+    have = shape.batch + tuple(s.out for s in shape.spatial) + shape.outfeat
+    return _relayout(out, [have.index(n) for n in spec.free], [size[n] for n in have]).astype(dtype)
+
+
+def _relayout(value: Any, axes: Sequence[int], extents: Sequence[int], reversed_axes: Sequence[int] = ()) -> Any:
+    """``jnp.transpose(jnp.flip(value[:extents], reversed_axes), axes)``. On the CPU, where the c backend's XLA
+    FFI handler builds, one custom call of its layout change (``c_ffi.permute``): XLA compiles each transpose,
+    slice or flip of its own into a loop, tens of milliseconds for every program in every new process (three
+    per convolution: the image, the kernel, the result), and a custom call into nothing. Elsewhere (a GPU),
+    XLA's own ops."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    axes, extents, reversed_axes = tuple(axes), tuple(extents), tuple(reversed_axes)
+    if axes == tuple(range(value.ndim)) and extents == tuple(value.shape) and not reversed_axes:
+        return value
+
+    def in_xla(v):
+        v = v[tuple(slice(0, n) for n in extents)]
+        return jnp.transpose(jnp.flip(v, reversed_axes) if reversed_axes else v, axes)
+
+    from tullax.backends import c_ffi
+    from tullax.backends.gpu_select import on_gpu
+
+    if on_gpu() or not c_ffi.permute_available():
+        return in_xla(value)
+    return lax.platform_dependent(value, cpu=lambda v: c_ffi.permute(v, axes, extents, reversed_axes),
+                                  default=in_xla)
 
 
 def _prod(values) -> int:
