@@ -17,7 +17,6 @@ GPU_ORDER = ("julia-cuda", "cuda")
 JAX_GPU_PLATFORM = "gpu"  # jax.default_backend() of an NVIDIA (or AMD) GPU
 
 
-@lru_cache(maxsize=None)
 def on_gpu() -> bool:
     """Whether jax computes on a GPU here (``auto``'s kernels then run on the GPU: the loops as device kernels)."""
     jax = sys.modules.get("jax")
@@ -29,6 +28,7 @@ def on_gpu() -> bool:
         return False
 
 
+@lru_cache(maxsize=None)
 def gpu_choice() -> tuple[str, str]:
     """(the GPU's loop backend, why) for ``auto`` on a GPU platform, "xla" when none is usable; decided once per
     process."""
