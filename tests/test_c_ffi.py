@@ -223,3 +223,10 @@ def test_a_large_layout_change_runs_on_a_team_and_gives_the_same_array():
     assert x.size >= c_ffi.PARALLEL_ELEMENTS
     got = jax.jit(lambda v: c_ffi.permute(v, (0, 2, 3, 1), None, (2,)))(x)
     np.testing.assert_array_equal(np.asarray(got), np.transpose(np.flip(x, 2), (0, 2, 3, 1)))
+
+
+def test_a_layout_change_that_does_not_fit_its_array_is_a_tullax_error():
+    x = jnp.zeros((2, 3), jnp.float32)
+    for axes, extents in (((0, 0), None), ((1, 0), (3, 3))):
+        with pytest.raises(TullaxError, match="internal: permute"):
+            jax.jit(lambda v, axes=axes, extents=extents: c_ffi.permute(v, axes, extents))(x)

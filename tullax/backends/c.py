@@ -43,7 +43,7 @@ import numpy as np
 
 from tullax.backends import c_compile, host, workload
 from tullax.backends.base import Capabilities, Shapes, Signature
-from tullax.backends.c_load import THREADS_ENV, load_library, threads  # noqa: F401 - THREADS_ENV: c's setting
+from tullax.backends.c_load import load_library, threads
 from tullax.compiler.interface import KernelInterface
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.printers.c_clear import CLEAR_BLOCK, CLEAR_FUNCTION

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tullax.backends.c_load import load_library, threads
+from tullax.errors import TullaxError
 
 TARGET = "tullax_c_kernel"
 LIBRARY_FILE = "handler.so"
@@ -246,7 +247,7 @@ def permute(value: Any, axes: Sequence[int], extents: Sequence[int] | None = Non
     shape = tuple(int(n) for n in value.shape)
     extents = shape if extents is None else tuple(int(n) for n in extents)
     if sorted(axes) != list(range(len(shape))) or any(not 0 <= e <= n for e, n in zip(extents, shape)):
-        raise ValueError(f"permute: axes {tuple(axes)} and extents {extents} do not fit shape {shape}")
+        raise TullaxError(f"internal: permute's axes {tuple(axes)} and extents {extents} do not fit shape {shape}")
     contiguous = [1] * len(shape)
     for axis in range(len(shape) - 2, -1, -1):
         contiguous[axis] = contiguous[axis + 1] * shape[axis + 1]
