@@ -1,6 +1,6 @@
 """XLA's CPU convolution with and without padding, and what tullax's convolution form costs XLA to compile with
 and without its own layout changes: the two measurements behind the planner's 'conv-padded' candidate and the
-FFI layout change of ``tullax.backends.xla_forms._conv``.
+FFI layout change of ``tullax.backends.xla.forms._conv``.
 
 * **padding**: ``lax.conv_general_dilated`` of NCHW float32 arrays with 'VALID' padding against the same call with
   one element of padding at the end of the first spatial axis and that output row cut off again (the very same
@@ -75,7 +75,8 @@ def compile_child(layout: str) -> float:
     """One new process: ms XLA took to compile the 'conv' form's forward program at conv2d's TTFK inputs."""
     import jax
 
-    from tullax.backends import c_ffi, xla_forms
+    from tullax.backends.c import ffi as c_ffi
+    from tullax.backends.xla import forms as xla_forms
     from tullax.spec.frontend import compile_spec
 
     if layout == "xla":

@@ -212,7 +212,7 @@ def time_case(name: str, spec_text: str, shapes: dict, naive: Callable | None, d
             progress(row)
             row[f"{backend}_backward_ms"] = best_ms(lambda b=backward: b(cotangent), repeat)
             progress(row)
-        from tullax.backends import planner
+        from tullax.planner import decide as planner
         from tullax.spec.text import format_spec
 
         row["auto_plans"] = sorted({f"{format_spec(key[0])}: {found.describe()}"
@@ -272,7 +272,7 @@ SPLIT_CASES = ("conv1d", "conv2d")
 
 def unsplit_rows(dtype: str, repeat: int, quick: bool, limit_s: float, names: list[str]) -> list[dict]:
     """The SPLIT_CASES among ``names`` timed again with ``TULLAX_CUDA_SPLIT=0``: one thread per output element."""
-    from tullax.backends.cuda_launch import SPLIT_ENV
+    from tullax.backends.cuda.launch import SPLIT_ENV
 
     return [timed_case(name, dtype, repeat, quick, limit_s, {SPLIT_ENV: "0"}) for name in names
             if name in SPLIT_CASES]
@@ -545,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         names = [name for name in names if name in chosen]
     device_name = refuse_without_gpu()
     import tullax
-    from tullax.backends.cuda_compile import nvrtc_version
+    from tullax.backends.cuda.compile import nvrtc_version
 
     repeat = args.repeat or (5 if args.quick else 20)
     out_dir = Path(args.out_dir)

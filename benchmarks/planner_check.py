@@ -4,7 +4,7 @@ what every candidate (the loop backend, each XLA form) costs on it, so a wrong c
     PYTHONPATH=$PWD python benchmarks/planner_check.py "Gaussian kernel sum" conv2d --rounds 7
 
 Each candidate runs on random inputs of the step's shapes through the planner's own timing harness
-(``tullax.backends.planner._time_candidates``: compiled and run once, then ``--rounds`` rounds with the
+(``tullax.planner.decide._time_candidates``: compiled and run once, then ``--rounds`` rounds with the
 candidates interleaved, so load from other processes slows all alike); the median and best per candidate
 (wall) and the median process CPU time (all threads) are printed with the plan a fresh process would make
 (timing on, an empty compile cache in a temp dir).
@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from benchmarks.cases import suite
-    from tullax.backends import planner, workload, xla_forms
+    from tullax.backends import workload
+    from tullax.backends.xla import forms as xla_forms
+    from tullax.planner import decide as planner
     from tullax.spec.frontend import compile_spec
 
     loops = planner.loop_backend()
@@ -59,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
 def _samples(spec, shapes, dtypes, candidates, loops, rounds):
     import numpy as np
 
-    from tullax.backends import planner
     from tullax.benchmarking.case import make_inputs
+    from tullax.planner import decide as planner
     from tullax.spec.shapes import result_dtype
 
     data = np.dtype(result_dtype(spec, {n: np.dtype(d) for n, d in dtypes.items()})).name

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import numpy as np
 
-    from tullax.backends import planner
+    from tullax.planner import decide as planner
     from tullax.spec.frontend import compile_spec
 
     _, spec = compile_spec(CASE)

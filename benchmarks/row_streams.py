@@ -62,7 +62,7 @@ if variant == "jnp":
     wall, _ = timed(lambda: f(*args).block_until_ready())
     print(json.dumps({"two_wall_ms": wall}))
     raise SystemExit
-from tullax.backends import c
+from tullax.backends.c import backend as c
 from tullax.backends.base import Signature
 if variant == "streams":  # the c backend's kernels read several long rows at once
     os.environ[c.STREAMS_ENV] = "1"

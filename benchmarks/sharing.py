@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 
 from tullax.backends import host  # noqa: E402
 from tullax.backends.base import Signature  # noqa: E402
-from tullax.backends.numba import _load  # noqa: E402
+from tullax.backends.numba.backend import _load  # noqa: E402
 from tullax.compiler.lower import lower  # noqa: E402
 from tullax.printers.numba import print_module  # noqa: E402
 from tullax.printers.pseudo import format_kernel  # noqa: E402

@@ -1,12 +1,12 @@
 """The wall time of compiling one spec's gradient-steps module (the c backend's ``STEPS`` part) as 1, 2, ...
 translation units compiled at once, nothing else running: what the steps module gains on a machine with cores to
-spare (``tullax.backends.c._units``: one unit per core but one, from 3 cores up; one on 2 cores, where the other
+spare (``tullax.backends.c.backend._units``: one unit per core but one, from 3 cores up; one on 2 cores, where the other
 core is this process's: its tracing, XLA's compiles, the forward module's compiler).
 
     python benchmarks/steps_units.py [--cases conv1d Dist] [--units 1 2 3] [--runs 3] [--json out.json]
 
 Each figure is the best of ``--runs`` compiles of the float32 module from the same source (the compiler and
-flags of ``tullax.backends.c_compile``, the units interleaved within each run), in this process.
+flags of ``tullax.backends.c.compile``, the units interleaved within each run), in this process.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ sys.path.insert(0, str(HERE.parent))
 
 def steps_source(spec_text: str) -> tuple[str, int]:
     """The float32 steps module of ``spec_text`` and how many kernels it holds."""
-    from tullax.backends import c
     from tullax.backends.base import Signature
+    from tullax.backends.c import backend as c
     from tullax.spec.frontend import compile_spec
 
     _, spec = compile_spec(spec_text, None)
@@ -34,7 +34,7 @@ def steps_source(spec_text: str) -> tuple[str, int]:
 
 
 def measure(spec_text: str, units: list[int], runs: int) -> dict:
-    from tullax.backends import c_compile
+    from tullax.backends.c import compile as c_compile
 
     source, kernels = steps_source(spec_text)
     best = {u: float("inf") for u in units}
@@ -68,7 +68,7 @@ def main() -> None:
         rows.append({"case": case.name, "spec": case.spec, **found})
         cells = " | ".join(f"{found['ms'][str(u)]:.0f} ms" for u in args.units)
         print(f"| {case.name} | {found['kernels']} | {cells} |", flush=True)
-    from tullax.backends import c_compile
+    from tullax.backends.c import compile as c_compile
 
     Path(args.json).write_text(json.dumps({"runs": args.runs, "compiler": c_compile.identity()["path"],
                                            "rows": rows}, indent=1))

@@ -47,7 +47,7 @@ def per_call_us(i: int, j: int, k: int, calls: int, backend: str = "numba") -> d
     rounds = [ms * 1e3 for ms in timed(blocked(lambda: fn(a, b)), 5, warmup=0, batch=calls).wall_ms]
     ran = []
     if backend == "numba":
-        from tullax.backends import numba as numba_backend
+        from tullax.backends.numba import backend as numba_backend
 
         ran = sorted({name for kernel in numba_backend._BUILDER._built.values()
                       for name in getattr(kernel, "variants_run", ())})

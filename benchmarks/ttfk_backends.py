@@ -71,9 +71,9 @@ def child(job: dict) -> dict:
             record[f"{which}_ms"] = found.median_ms
             record[f"{which}_cpu_ms"] = found.median_cpu_ms
     if job["backend"] == "c":
-        from tullax.backends.c import compile_stats
+        from tullax.backends.c.backend import compile_stats
     else:
-        from tullax.backends.numba import compile_stats
+        from tullax.backends.numba.backend import compile_stats
     record["compile_stats"] = compile_stats()
     return record
 

@@ -38,7 +38,7 @@ MARK = "@@ttfk-breakdown "
 def _instrument(record: dict) -> None:
     """Hook numba's import, tullax's load-or-compile and Numba's compiler events (only wrappers: the same
     code runs)."""
-    from tullax.backends import numba as backend
+    from tullax.backends.numba import backend
 
     original = backend.NumbaHostKernel._load_or_compile
 

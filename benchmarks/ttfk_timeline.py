@@ -50,7 +50,10 @@ def _instrument(spans: list) -> None:
     from jax._src import compiler as jax_compiler
 
     from tullax import backends
-    from tullax.backends import c, c_compile, host, planner
+    from tullax.backends import host
+    from tullax.backends.c import backend as c
+    from tullax.backends.c import compile as c_compile
+    from tullax.planner import decide as planner
 
     def wrap(module, name, label) -> None:
         original = getattr(module, name, None)

@@ -1,4 +1,4 @@
-"""The xla lowering's NaN-propagating row max (``tullax.backends.xla._nan_propagating``) against `jnp.max` and the
+"""The xla lowering's NaN-propagating row max (``tullax.backends.xla.lower._nan_propagating``) against `jnp.max` and the
 form it replaced, in one process, alternating the three call after call on the same 4096x4096 float32 array.
 
 * ``jnp.max``: XLA's own reduction, which drops a NaN in arrays of 4096 elements or more on jaxlib 0.10.2 (checked
@@ -27,7 +27,7 @@ def forms() -> dict:
     import jax
     import jax.numpy as jnp
 
-    from tullax.backends.xla import _nan_propagating
+    from tullax.backends.xla.lower import _nan_propagating
 
     def checked_sum(x):
         found = jnp.max(x, axis=1)

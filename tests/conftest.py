@@ -40,8 +40,8 @@ COMPILING_TREES = ("jax", "jaxlib", "numba", "llvmlite", "juliacall", "subproces
                    "benchmarks")
 COMPILER_LEVEL = frozenset({
     "tullax.backends.base",  # Signature
-    "tullax.backends.julia",  # the Julia modules and launch arguments, printed (running them needs the julia mark)
-    "tullax.backends.julia_detect",
+    "tullax.backends.julia.backend",  # the Julia modules and launch arguments, printed (running needs the julia mark)
+    "tullax.backends.julia.detect",
     "tullax.jaxop.batching",  # vmap's spec transform
 })
 COMPILING = frozenset({
@@ -53,9 +53,9 @@ COMPILING = frozenset({
 @functools.cache
 def _julia_found() -> bool:
     # Never import juliacall here: without a Julia it tries to download one.
-    if importlib.util.find_spec("tullax.backends.julia_detect") is None:
+    if importlib.util.find_spec("tullax.backends.julia.detect") is None:
         return False
-    from tullax.backends.julia_detect import find_julia
+    from tullax.backends.julia.detect import find_julia
 
     return bool(find_julia())
 
@@ -94,7 +94,7 @@ def _reaches_compiling(code: types.CodeType, namespace: dict[str, Any], seen: se
     seen.add(code)
     names = set(code.co_names)
     for name in names:
-        if _compiling_name(name):  # a local "import jax" or "from tullax.backends.numba import ..."
+        if _compiling_name(name):  # a local "import jax" or "from tullax.backends.numba.backend import ..."
             return True
         obj = namespace.get(name, sys.modules.get(name))  # a module imported inside the function: sys.modules
         if obj is None:

@@ -94,7 +94,7 @@ def scenario_jax(backend: str = "julia") -> None:
 
 def scenario_cache_cold() -> None:
     """Cold process: kernels compile (ttfk_cold_ms recorded), then the precompiled package is written."""
-    from tullax.backends.julia import JuliaBackend, cached_modules
+    from tullax.backends.julia.backend import JuliaBackend, cached_modules
 
     for text in CACHE_SPECS:
         tullax.warm(text, backend="julia", dtype="float64")
@@ -107,7 +107,7 @@ def scenario_cache_cold() -> None:
 
 def scenario_cache_warm() -> None:
     """A new process on the same cache: the kernels come from the package image (ttfk_warm_ms), same results."""
-    from tullax.backends.julia_runtime import runtime
+    from tullax.backends.julia.runtime import runtime
 
     for text in CACHE_SPECS:
         spec = compile_spec(text, None)[1]
@@ -132,7 +132,7 @@ def scenario_bridge() -> None:
 
 
 def scenario_cuda() -> None:
-    from tullax.backends.julia import JuliaCudaBackend
+    from tullax.backends.julia.backend import JuliaCudaBackend
 
     ok, why = JuliaCudaBackend().availability()
     if not ok:
@@ -142,8 +142,8 @@ def scenario_cuda() -> None:
 
 
 def _runtime():
-    from tullax.backends.julia import cpu_availability
-    from tullax.backends.julia_runtime import runtime
+    from tullax.backends.julia.backend import cpu_availability
+    from tullax.backends.julia.runtime import runtime
 
     runtime().start(cpu_availability)
     return runtime()
@@ -152,7 +152,7 @@ def _runtime():
 def scenario_bridge_arguments() -> None:
     """B1: write_precompile_package through juliacall with exactly what warm_package sends (bridge_workload's
     tuples), and the lists juliacall turns into PyList{Py}, which the bridge refuses with a MethodError."""
-    from tullax.backends.julia import bridge_workload, kernel_module, workload_call
+    from tullax.backends.julia.backend import bridge_workload, kernel_module, workload_call
     from tullax.printers.julia import name_of_module
 
     spec = compile_spec("y[i] := x[i+k]*w[k]", None)[1]
@@ -181,7 +181,7 @@ def scenario_geometry() -> None:
     evaluator's model of KA (tests/julia_subset.py) agrees with KA itself."""
     from julia_subset import cpu_launch
 
-    from tullax.backends.julia import kernel_module
+    from tullax.backends.julia.backend import kernel_module
 
     spec = compile_spec("D[i,j] := (W[k,i] - X[k,j])^2", None)[1]
     source = kernel_module(spec, Signature(("float32", "float32"), "float32"))[1]

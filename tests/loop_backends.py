@@ -16,7 +16,7 @@ from tullax.spec.ir import Spec
 @functools.cache
 def c_unavailable() -> str:
     """Why the c backend cannot run here ("" when it can)."""
-    from tullax.backends.c_compile import probe
+    from tullax.backends.c.compile import probe
 
     ok, why = probe()
     return "" if ok else why
@@ -48,7 +48,7 @@ def xla_eval(spec: Spec, env: dict) -> np.ndarray:
     """The XLA lowering of ``spec`` on ``env``, in float64."""
     import jax
 
-    from tullax.backends.xla import lower
+    from tullax.backends.xla.lower import lower
 
     with jax.enable_x64(True):
         return np.asarray(lower(spec)(env))

@@ -171,7 +171,7 @@ _FIRST_USE = """
 import json, sys
 import jax, jax.numpy as jnp
 import tullax
-from tullax.backends import numba as nb
+from tullax.backends.numba import backend as nb
 k = tullax.einsum_kernel("D[i,j] := (W[k,i] - X[k,j])^2", backend="numba")
 f = jax.jit(jax.value_and_grad(lambda a, b: k(a, b).sum(), argnums=(0, 1)))
 for (k_, i, j) in ((40, 64, 96), (2, 2, 3)):  # long outer loops run the nested variants, short ones the flat

@@ -1,4 +1,4 @@
-"""The ``c`` backend (tullax.backends.c, tullax.printers.c): every corpus spec against the naive evaluator and
+"""The ``c`` backend (tullax.backends.c.backend, tullax.printers.c): every corpus spec against the naive evaluator and
 the XLA lowering, every gradient step against XLA, float32, special values, scatters on several threads, the
 serial team of tiny calls, one compiler run per module, the compile cache across processes, and the errors it
 raises (no compiler, a compiler that fails, complex numbers). Skipped only where no C compiler works."""
@@ -18,9 +18,9 @@ import pytest
 from corpus import CASES_BY_ID, CORPUS, Case, analysed, gradient_cases
 from loop_backends import run_host, xla_eval
 
-from tullax.backends import c as cmod
 from tullax.backends.base import Signature
-from tullax.backends.c import CBackend, compile_stats, module_source
+from tullax.backends.c import backend as cmod
+from tullax.backends.c.backend import CBackend, compile_stats, module_source
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
@@ -170,7 +170,7 @@ _SCATTER_SCRIPT = textwrap.dedent("""
     from tullax.spec.analyze import analyze
     from tullax.spec.parse import parse_spec
     from tullax.backends.base import Signature
-    from tullax.backends.c import CBackend
+    from tullax.backends.c.backend import CBackend
     rng = np.random.default_rng(0)
     saved = {}
     for number, (text, shapes) in enumerate([
@@ -218,7 +218,7 @@ _CACHE_SCRIPT = textwrap.dedent("""
     from tullax.spec.analyze import analyze
     from tullax.spec.parse import parse_spec
     from tullax.backends.base import Signature
-    from tullax.backends.c import CBackend, compile_stats
+    from tullax.backends.c.backend import CBackend, compile_stats
     from tullax.grad import gradients
     spec = analyze(parse_spec("D[i,j] := (W[k,i] - X[k,j])^2"))
     rng = np.random.default_rng(0)
@@ -260,7 +260,7 @@ def test_new_process_with_a_populated_cache_compiles_nothing(tmp_path: Path):
 def test_an_old_generators_library_is_never_loaded(monkeypatch):
     """The key holds the generator's fingerprint, so what an older printer wrote (here: a source computing x*3
     under another fingerprint) is another entry; the library compiled from it never runs."""
-    from tullax.backends import c as cmod
+    from tullax.backends.c import backend as cmod
     from tullax.backends.host import HostBuilder
 
     spec, other = analysed("yr[i] := xr[i]*2"), analysed("yr[i] := xr[i]*3")
@@ -281,7 +281,7 @@ def test_a_source_rewritten_in_its_entry_is_compiled_again(monkeypatch):
     the source in the entry was rewritten, the hit is refused and the module is generated again (its own
     library is still in the entry, so nothing compiles) rather than running a library the source does not
     describe."""
-    from tullax.backends import c as cmod
+    from tullax.backends.c import backend as cmod
     from tullax.backends.host import HostBuilder, module_key
     from tullax.runtime.cache import get_cache
 
@@ -303,7 +303,7 @@ def test_a_source_rewritten_in_its_entry_is_compiled_again(monkeypatch):
 
 
 def test_a_hit_generates_nothing_and_a_generator_change_misses(monkeypatch):
-    from tullax.backends import c as cmod
+    from tullax.backends.c import backend as cmod
     from tullax.backends.host import HostBuilder
 
     spec, signature, x = analysed("yr[i] := xr[i]*4 + 1"), Signature(("float64",), "float64"), np.arange(4.0)
@@ -332,7 +332,7 @@ def test_a_hit_generates_nothing_and_a_generator_change_misses(monkeypatch):
 
 
 def test_a_corrupt_kernels_file_is_generated_again(monkeypatch):
-    from tullax.backends import c as cmod
+    from tullax.backends.c import backend as cmod
     from tullax.backends.host import HostBuilder, module_key
     from tullax.runtime.cache import get_cache
 
@@ -355,7 +355,7 @@ def test_every_corpus_module_round_trips_through_its_kernels_file(case: Case):
     their reprs, which show every field: a NaN constant is never == itself)."""
     import pickle
 
-    from tullax.backends.c import module_kernels
+    from tullax.backends.c.backend import module_kernels
 
     spec = analysed(case.spec, case.ranges)
     try:
@@ -369,7 +369,7 @@ def test_every_corpus_module_round_trips_through_its_kernels_file(case: Case):
 def test_the_fingerprint_follows_every_generating_module(tmp_path: Path):
     import shutil
 
-    from tullax.backends import c as cmod
+    from tullax.backends.c import backend as cmod
 
     package = REPO / "tullax"
     copy = tmp_path / "tullax"
@@ -380,7 +380,8 @@ def test_the_fingerprint_follows_every_generating_module(tmp_path: Path):
         shutil.copy(package / name, copy / name)
     assert cmod.fingerprint_of(copy) == cmod.generator_fingerprint()
     seen = {cmod.generator_fingerprint()}
-    for edited in ("printers/c.py", "compiler/lower.py", "grad/derive.py", "spec/functions.py", "backends/c.py"):
+    for edited in ("printers/c.py", "compiler/lower.py", "grad/derive.py", "spec/functions.py",
+                   "backends/c/backend.py"):
         original = (copy / edited).read_text()
         (copy / edited).write_text(original + "\n# edited\n")
         seen.add(cmod.fingerprint_of(copy))
@@ -396,7 +397,7 @@ _WARM_SCRIPT = textwrap.dedent("""
     out = jax.jit(kernel)(W, X)
     grads = jax.jit(jax.grad(lambda W, X: kernel(W, X).sum(), argnums=(0, 1)))(W, X)
     heavy = sorted(m for m in ("tullax.compiler.lower", "tullax.compiler.loops", "tullax.printers.c",
-                               "tullax.backends.xla", "numba", "jax.extend") if m in sys.modules)
+                               "tullax.backends.xla.lower", "numba", "jax.extend") if m in sys.modules)
     print(json.dumps({"heavy": heavy, "sum": float(np.asarray(out).sum() + sum(np.asarray(g).sum() for g in grads))}))
 """)
 
@@ -420,13 +421,13 @@ def test_a_warm_process_imports_no_compiler_printer_or_numba(tmp_path: Path, bac
 
 
 def planner_loops() -> str | None:
-    from tullax.backends.planner import loop_backend
+    from tullax.planner.decide import loop_backend
 
     return loop_backend(["float32"])
 
 
 def test_a_changed_compiler_is_another_cache_entry(monkeypatch):
-    from tullax.backends import c as cmod
+    from tullax.backends.c import backend as cmod
 
     first = cmod._recipe().options
     monkeypatch.setenv("TULLAX_CC", "gcc")
@@ -456,7 +457,7 @@ def test_a_compiler_that_cannot_build_is_unavailable(tmp_path, monkeypatch):
 
 
 def test_compile_errors_are_tullax_errors_with_the_message_and_the_source(tmp_path):
-    from tullax.backends.c_compile import compile_library
+    from tullax.backends.c.compile import compile_library
 
     source = tmp_path / "bad.c"
     source.write_text("void f(void) { undeclared_thing = 1; }\n")
@@ -470,7 +471,7 @@ def test_a_module_is_cut_into_units_each_kernel_in_exactly_one(tmp_path):
     function in one) linked into one library; a unit that fails reports the compiler's words."""
     import ctypes
 
-    from tullax.backends.c_compile import compile_library, split_units
+    from tullax.backends.c.compile import compile_library, split_units
     from tullax.printers.c import UNIT_MARK
 
     spec = analysed("Du[i,j] := (Wu[k,i] - Xu[k,j])^2 + exp(bu[j])")
@@ -499,7 +500,7 @@ def test_compiler_runs_are_started_as_the_room_allows(tmp_path):
     """``_run`` starts as many compiler processes at once as ``room()`` allows: two that each wait for the other
     both finish with room for two; with room for one, the second starts after the first has finished; a failure
     reports its own words (written to a file: no pipe to fill)."""
-    from tullax.backends.c_compile import _run
+    from tullax.backends.c.compile import _run
 
     def waits_for(mine: str, other: str) -> list[str]:  # fails unless the other runs at the same time
         return ["sh", "-c", f"touch {tmp_path / mine}; i=0; while [ ! -e {tmp_path / other} ] && [ $i -lt 2000 ]; "
@@ -584,7 +585,7 @@ _SPIN_SCRIPT = textwrap.dedent("""
     import json, os, resource, sys, time
     import numpy as np
     import tullax
-    from tullax.backends import c_load
+    from tullax.backends.c import load as c_load
     kernel = tullax.einsum_kernel("n[i] := x[i,j]^2 |> sqrt", backend="c")
     x = np.ones((2000, 2000), np.float32)  # 4M operations: a parallel call
     kernel(x)
@@ -623,7 +624,7 @@ def test_openmp_threads_stop_spinning_soon_after_a_call(user: str | None):
 
 _SPIN_RACE_SCRIPT = textwrap.dedent("""
     import ctypes, json, threading, time
-    from tullax.backends import c_load
+    from tullax.backends.c import load as c_load
     real = ctypes.CDLL
     def slow(*args, **kwargs):  # the first thread holds GOMP_SPINCOUNT set while the others ask
         time.sleep(0.2)
@@ -657,7 +658,7 @@ def test_the_forward_kernel_is_ready_while_its_steps_module_still_compiles(monke
     a gradient step asked for meanwhile waits for the steps module and comes from it, not from a module of its
     own. On 4 cores the steps module compiles as 3 units (one core left to this process), 2 at once while the
     forward module is being built, 3 once it is."""
-    from tullax.backends import c_compile
+    from tullax.backends.c import compile as c_compile
 
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(c_compile, "cores", lambda: 4)

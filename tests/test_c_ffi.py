@@ -1,4 +1,4 @@
-"""The c backend's kernels as XLA custom calls (``tullax.backends.c_ffi``): one compiled FFI handler calls each
+"""The c backend's kernels as XLA custom calls (``tullax.backends.c.ffi``): one compiled FFI handler calls each
 kernel's packed entry inside XLA's program, with no Python per call.
 
 Checked against independent oracles: every corpus spec under jit against the naive evaluator, and bit for bit
@@ -16,9 +16,9 @@ from corpus import CORPUS, Case
 from loop_backends import c_unavailable
 
 import tullax
-from tullax.backends import c_ffi
+from tullax.backends.c import ffi as c_ffi
+from tullax.calls.host import updates_in_place
 from tullax.errors import TullaxError
-from tullax.jaxop.callback import updates_in_place
 from tullax.runtime import stats
 from tullax.spec.examples import random_inputs, shapes_for
 from tullax.spec.frontend import compile_spec
@@ -163,7 +163,7 @@ def test_scalars_reach_the_kernel_in_the_type_it_reads(x64):
 
 
 def test_the_default_path_is_ffi_and_buffer_or_pure_can_be_forced(path):
-    from tullax.jaxop.callback import callback_path
+    from tullax.calls.host import callback_path
 
     assert callback_path() == "ffi"
     path("buffer")

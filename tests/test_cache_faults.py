@@ -29,8 +29,8 @@ import pytest
 pytest.importorskip("numba")
 
 from tullax.backends import host  # noqa: E402
-from tullax.backends import numba as numba_backend  # noqa: E402
 from tullax.backends.base import Signature  # noqa: E402
+from tullax.backends.numba import backend as numba_backend  # noqa: E402
 from tullax.runtime.cache import CacheWarning, CompileCache, get_cache  # noqa: E402
 from tullax.spec.analyze import analyze  # noqa: E402
 from tullax.spec.parse import parse_spec  # noqa: E402
@@ -454,7 +454,7 @@ def test_past_its_share_of_compiles_a_process_has_the_helper_compile_into_the_ca
     as if it had compiled the kernel itself."""
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TULLAX_NUMBA_INPROCESS_COMPILES", "0")
-    monkeypatch.setattr("tullax.backends.numba_helper.HELPER_COMPILES", 1)
+    monkeypatch.setattr("tullax.backends.numba.helper.HELPER_COMPILES", 1)
     helped_before = numba_backend._HELPER.helper_compiles
     with cache_warnings() as messages, counted() as counts:
         np.testing.assert_array_equal(run(HELPED), EXPECTED[HELPED])
@@ -475,7 +475,7 @@ def test_a_helper_that_cannot_start_leaves_the_compile_to_the_process(tmp_path, 
     numba_backend._HELPER.stop()  # a helper another test started
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TULLAX_NUMBA_INPROCESS_COMPILES", "0")
-    monkeypatch.setattr("tullax.backends.numba_helper.subprocess.Popen", cannot_start)
+    monkeypatch.setattr("tullax.backends.numba.helper.subprocess.Popen", cannot_start)
     monkeypatch.setattr(numba_backend._HELPER, "_unusable", False)  # restored afterwards, for other tests
     with cache_warnings() as messages, counted() as counts:
         np.testing.assert_array_equal(run(HELPED), EXPECTED[HELPED])
@@ -485,7 +485,7 @@ def test_a_helper_that_cannot_start_leaves_the_compile_to_the_process(tmp_path, 
 
 
 def test_the_share_of_in_process_compiles_is_a_setting(monkeypatch):
-    from tullax.backends.numba_helper import DEFAULT_INPROCESS_COMPILES, inprocess_compiles
+    from tullax.backends.numba.helper import DEFAULT_INPROCESS_COMPILES, inprocess_compiles
     from tullax.errors import TullaxError
 
     assert inprocess_compiles() == DEFAULT_INPROCESS_COMPILES

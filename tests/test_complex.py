@@ -192,7 +192,7 @@ def test_printed_julia_runs_in_the_subset_evaluator(text, kinds, reference, dtyp
     import jax
     from test_julia_printer import run_julia
 
-    from tullax.backends.xla import lower
+    from tullax.backends.xla.lower import lower
     from tullax.grad import gradients
     from tullax.grad.run import gradient_env, run_gradient
     from tullax.spec.frontend import compile_spec

@@ -20,15 +20,18 @@ from corpus import CASES_BY_ID, analysed
 
 import tullax
 from tullax import backends
-from tullax.backends import cuda, cuda_compile, cuda_driver, gpu_select
+from tullax.backends import gpu_select
 from tullax.backends.base import Signature
-from tullax.backends.cuda_launch import START_ANY, START_GIVEN, ParamBlock, plan_launch
+from tullax.backends.cuda import backend as cuda
+from tullax.backends.cuda import compile as cuda_compile
+from tullax.backends.cuda import driver as cuda_driver
+from tullax.backends.cuda.launch import START_ANY, START_GIVEN, ParamBlock, plan_launch
+from tullax.calls import device
 from tullax.compiler.interface import ArrayArg, SizeArg
 from tullax.compiler.intervals import Interval, fits
 from tullax.compiler.loops import INDEX, Const, Loop, LoopKernel, Store, Var, binop
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError, TullaxError
-from tullax.jaxop import device
 from tullax.printers.cuda import BLOCK_THREADS, parameters
 from tullax.spec.sizes import Sym
 
@@ -194,7 +197,7 @@ def test_updates_copy_the_given_array_unless_xla_aliased_it(gpu):
 def test_a_split_sum_clears_its_output_on_the_stream_before_the_launch(gpu):
     """Few output elements with long sums: the pieces add into the output, which starts at zero."""
     spec = analysed("y[b,i] := x[b,i+k]*w[k]")
-    from tullax.backends.planner import kernel_shapes
+    from tullax.planner.decide import kernel_shapes
 
     label, grad, shapes = kernel_shapes(spec, {"x": (64, 16384), "w": (31,)})[2]
     assert label.endswith("w")
@@ -306,12 +309,12 @@ def test_device_backends_take_the_device_path_host_backends_copy_with_one_warnin
 
 
 def test_the_lowering_and_the_planners_loop_candidate_take_one_path_choice(monkeypatch):
-    """``tullax.jaxop.loop_path`` decides for both the primitive's lowering and the planner's loop candidate, so
+    """``tullax.calls.path`` decides for both the primitive's lowering and the planner's loop candidate, so
     the planner times the path a planned kernel takes: the device kernel for a GPU backend (here with its call
     recorded instead of launched: no GPU needed), the host callback for a host backend."""
-    from tullax.backends import planner
-    from tullax.jaxop import loop_path
-    from tullax.jaxop.callback import callback_path
+    from tullax.calls import path as loop_path
+    from tullax.calls.host import callback_path
+    from tullax.planner import decide as planner
 
     monkeypatch.setattr(device, "_warned", set())
     assert loop_path.lowered_path("xla", "cuda", "cuda") == "xla"
@@ -338,7 +341,7 @@ def test_the_lowering_and_the_planners_loop_candidate_take_one_path_choice(monke
 def test_auto_on_a_gpu_races_julia_cuda_then_cuda_against_xla_and_never_a_host_backend(monkeypatch, usable, chosen):
     """On a GPU ``auto`` stays ``auto``: the planner's loop backend is the GPU's (julia-cuda, else cuda); without
     one, XLA's forms run (a host backend would copy every input to the host and back)."""
-    from tullax.backends import planner
+    from tullax.planner import decide as planner
 
     class Stub:
         platform = "cuda"
@@ -377,7 +380,7 @@ def test_doctor_reports_the_gpu_nvrtc_and_the_gpu_choice():
 
 
 def test_importing_tullax_and_the_cuda_modules_loads_no_cuda_library():
-    code = ("import sys, tullax, tullax.backends.cuda, tullax.backends.gpu_select, tullax.jaxop.device\n"
+    code = ("import sys, tullax, tullax.backends.cuda.backend, tullax.backends.gpu_select, tullax.calls.device\n"
             "tullax.backends.get('cuda')\n"
             "bad = [m for m in sys.modules if m == 'cuda' or m.startswith(('cuda.', 'jax', 'numba'))]\n"
             "assert not bad, bad\n")

@@ -2,7 +2,7 @@
 cubins; cuobjdump (PyPI nvidia-cuda-cuobjdump, with nvidia-cuda-nvdisasm for the SASS) shows no register
 spill, and an atomic instruction exactly in the kernels that have an ``atomic_add`` store (scatters, and the
 sums split over several threads per output element). The cache and the compile errors of
-``tullax.backends.cuda_compile``."""
+``tullax.backends.cuda.compile``."""
 from __future__ import annotations
 
 import base64
@@ -17,18 +17,18 @@ from corpus import CORPUS
 from cuda_harness import SPLIT_EVERYTHING
 
 from tullax.backends.base import Signature
-from tullax.backends.cuda_launch import device_lowering
+from tullax.backends.cuda.launch import device_lowering
 from tullax.backends.host import kernel_steps
-from tullax.backends.planner import kernel_shapes
 from tullax.compiler.loops import Store, walk_stmts
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError, TullaxError
+from tullax.planner.decide import kernel_shapes
 from tullax.printers.cuda import BLOCK_THREADS, print_module
 from tullax.spec.examples import shapes_for
 from tullax.spec.frontend import compile_spec
 
 try:
-    from tullax.backends import cuda_compile
+    from tullax.backends.cuda import compile as cuda_compile
 
     cuda_compile.nvrtc()
     NVRTC_MISSING = ""

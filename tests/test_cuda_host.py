@@ -1,6 +1,6 @@
 """The printed CUDA C, run on the CPU: every corpus kernel (forward and every gradient step, float32 and
 float64) and the kernels of random specs, compiled with g++ through ``tests/cuda_host.h`` (ONE g++ build for
-the module), launched with the host's own launch plan (``tullax.backends.cuda_launch``) over shuffled blocks on
+the module), launched with the host's own launch plan (``tullax.backends.cuda.launch``) over shuffled blocks on
 several threads (under the thread sanitizer where it runs), and compared with ``tullax.testing.naive_eval``.
 
 float32 kernels use the index width the host picks (32 bits at these sizes); float64 kernels are printed with
@@ -16,7 +16,7 @@ from corpus import CORPUS, Case
 from cuda_harness import GPP, SPLIT_EVERYTHING, Launch, RaceError, build, run, sanitizer_works
 
 from tullax.backends.base import Signature
-from tullax.backends.cuda_launch import START_GIVEN, START_ZERO, device_lowering
+from tullax.backends.cuda.launch import START_GIVEN, START_ZERO, device_lowering
 from tullax.compiler.loops import Loop, Store, walk_stmts
 from tullax.compiler.split import CHUNK, SplitPolicy
 from tullax.errors import TullaxError

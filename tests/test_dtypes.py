@@ -334,7 +334,7 @@ def test_printed_julia_of_integer_kernels_runs_in_the_subset_evaluator():
     import julia_subset
 
     from tullax.backends.base import Signature
-    from tullax.backends.julia import kernel_module
+    from tullax.backends.julia.backend import kernel_module
     from tullax.spec.frontend import compile_spec
 
     for case_id, dtypes in (("row_max", ("int32",)), ("matmul", ("int32",)), ("abs_relu_max", ("int32",)),
@@ -365,7 +365,7 @@ def test_printed_cuda_of_integer_kernels_runs_under_gpp(tmp_path):
     from cuda_harness import GPP, Launch, build, run
 
     from tullax.backends.base import Signature
-    from tullax.backends.cuda_launch import plan_launch
+    from tullax.backends.cuda.launch import plan_launch
     from tullax.compiler.lower import lower
     from tullax.spec.frontend import compile_spec
 

@@ -18,8 +18,8 @@ pytest.importorskip("numba")
 jax = pytest.importorskip("jax")
 
 from tullax.backends.base import Signature  # noqa: E402
-from tullax.backends.numba import NumbaBackend  # noqa: E402
-from tullax.backends.xla import lower as xla_lower  # noqa: E402
+from tullax.backends.numba.backend import NumbaBackend  # noqa: E402
+from tullax.backends.xla.lower import lower as xla_lower  # noqa: E402
 from tullax.grad import gradients  # noqa: E402
 from tullax.grad.run import gradient_env, run_gradient  # noqa: E402
 from tullax.spec.ir import Spec  # noqa: E402

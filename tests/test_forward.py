@@ -9,12 +9,12 @@ import pytest
 from corpus import CORPUS, Case
 
 from tullax.backends.base import Signature
-from tullax.backends.xla import (
+from tullax.backends.xla.backend import XlaBackend
+from tullax.backends.xla.lower import (
     is_contraction,
     lower,
     result_dtype,
 )
-from tullax.backends.xla_backend import XlaBackend
 from tullax.errors import ShapeError
 from tullax.spec.analyze import analyze
 from tullax.spec.examples import random_inputs

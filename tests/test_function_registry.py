@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import tullax
-from tullax.backends.xla import lower
+from tullax.backends.xla.lower import lower
 from tullax.spec import functions
 from tullax.spec.frontend import compile_spec
 from tullax.testing.oracle import naive_eval

@@ -12,7 +12,7 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 import tullax  # noqa: E402
-from tullax.jaxop import device  # noqa: E402
+from tullax.calls import device  # noqa: E402
 
 
 def _gpu_and_cuda() -> str | None:
@@ -127,7 +127,7 @@ def test_shard_map_over_the_gpus_matches_xla():
 
 
 def test_auto_runs_without_the_copy_warning():
-    from tullax.backends import planner
+    from tullax.planner import decide as planner
 
     assert planner.on_gpu() and planner.loop_backend(("float32",)) in ("cuda", "julia-cuda")
     x = jnp.asarray(np.arange(12.0).reshape(3, 4))
@@ -145,7 +145,7 @@ def test_auto_runs_without_the_copy_warning():
 def test_auto_plans_each_kernel_on_the_gpu_and_matches_xla(text, shapes):
     """On a GPU ``auto`` races the cuda kernels against XLA's forms on the GPU, per kernel; whatever wins, the
     forward and the gradients match XLA and stay on the GPU."""
-    from tullax.backends import planner
+    from tullax.planner import decide as planner
 
     auto, xla = (tullax.einsum_kernel(text, backend=b) for b in ("auto", "xla"))
     args = _inputs(auto, shapes, np.float32)
@@ -175,7 +175,7 @@ def test_a_host_backend_on_the_gpu_copies_with_a_warning_and_is_right():
 
 
 def test_long_sums_over_few_outputs_run_split():
-    from tullax.backends import cuda as cuda_backend
+    from tullax.backends.cuda import backend as cuda_backend
 
     kernel = tullax.einsum_kernel(SPLIT_SPECS[0][0], backend="cuda")
     x, w = _inputs(kernel, SPLIT_SPECS[0][1], np.float32)

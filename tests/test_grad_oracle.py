@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.corpus import CASES_BY_ID, CORPUS, Case
-from tullax.backends.xla import lower
+from tullax.backends.xla.lower import lower
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
 from tullax.spec.examples import random_inputs, shapes_for

@@ -2,7 +2,7 @@
 dtypes, trace-time errors, both callback paths, out-of-range indirect indices under jit, inputs never written.
 
 Every result is compared with the same JAX composition applied to the plain XLA lowering
-(``tullax.backends.xla.lower``). Float64 throughout (x64 on inside each test), small shapes, few specs: each
+(``tullax.backends.xla.lower.lower``). Float64 throughout (x64 on inside each test), small shapes, few specs: each
 (spec, dtypes) pair compiles a Numba kernel once per session.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from jax.test_util import check_grads
 import tullax
 from tests.corpus import CASES_BY_ID
 from tests.loop_backends import c_param
-from tullax.backends.xla import lower
+from tullax.backends.xla.lower import lower
 from tullax.runtime import stats
 from tullax.spec.examples import random_inputs
 from tullax.spec.frontend import compile_spec
@@ -221,7 +221,7 @@ def test_every_kernel_compiles_at_trace_time_never_inside_a_callback(path, monke
     second time inside the callback. Lowering a computation must compile (or load) every specialisation its
     callbacks call; running it compiles and loads nothing. Specs used by no other test, so no earlier test has
     compiled a specialisation for them."""
-    from tullax.backends.numba import compile_stats
+    from tullax.backends.numba.backend import compile_stats
 
     monkeypatch.setenv("TULLAX_CALLBACK", path)
     dist = tullax.einsum_kernel("D[i,j] := abs(W[k,i] - X[k,j])^3", backend="numba")

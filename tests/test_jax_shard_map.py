@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     import tullax
-    from tullax.backends.xla import lower
+    from tullax.backends.xla.lower import lower
     from tullax.spec.frontend import compile_spec
     from tullax.runtime import stats
 

@@ -15,7 +15,7 @@ import pytest
 
 import tullax
 from tests.corpus import CASES_BY_ID, CORPUS, Case
-from tullax.backends.xla import lower
+from tullax.backends.xla.lower import lower
 from tullax.errors import ShapeError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env

@@ -18,15 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tullax.backends import julia_detect
 from tullax.backends.base import Signature
 from tullax.backends.host import ALLOW_BOTH_ENV, warn_if_other_llvm_loaded
-from tullax.backends.julia import (
+from tullax.backends.julia import detect as julia_detect
+from tullax.backends.julia.backend import (
     cuda_availability,
     kernel_module,
     workload_call,
 )
-from tullax.backends.julia_runtime import JuliaThread
+from tullax.backends.julia.runtime import JuliaThread
 from tullax.errors import TullaxError
 from tullax.spec.frontend import compile_spec
 
@@ -145,7 +145,7 @@ def _no_julia_environment(tmp_path: Path) -> dict[str, str]:
 NO_JULIA_SCRIPT = """
 import sys
 import numpy as np
-from tullax.backends.julia_detect import find_julia
+from tullax.backends.julia.detect import find_julia
 if find_julia() is not None:
     print("SKIP: a Julia is installed where this test cannot hide it:", find_julia())
     raise SystemExit
@@ -208,7 +208,7 @@ def fake_julia(tmp_path, monkeypatch):
 
 def test_julias_availability_is_looked_up_once_per_environment(fake_julia, monkeypatch):
     """``auto`` asks at every plan; the search runs again only when what it reads changes (here the PATH)."""
-    from tullax.backends import julia
+    from tullax.backends.julia import backend as julia
 
     searches = []
     search = julia_detect.availability
@@ -224,7 +224,7 @@ def test_julias_availability_is_looked_up_once_per_environment(fake_julia, monke
 
 
 def test_julia_cuda_needs_a_gpu_and_cuda_jl(fake_julia, monkeypatch):
-    from tullax.backends import julia
+    from tullax.backends.julia import backend as julia
 
     monkeypatch.setattr(julia, "_nvidia_device", lambda: False)
     ok, why = cuda_availability()
@@ -304,7 +304,7 @@ def test_precompile_workload_calls_the_launcher_with_tiny_valid_arguments():
 
 
 def test_launch_arguments_pass_numpy_arrays_through_without_copies():
-    from tullax.backends.julia import launch_arguments
+    from tullax.backends.julia.backend import launch_arguments
 
     spec = compile_spec("y[i] := a*x[i] + b", None)[1]
     kernel, _ = kernel_module(spec, Signature(("float32", "float32", "float32"), "float32"))

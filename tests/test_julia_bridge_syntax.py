@@ -163,7 +163,7 @@ def test_juliapkg_resolves_our_file_together_with_juliacalls():
 @pytest.mark.julia
 def test_bridge_julia_test_suite_passes_under_juliacall():
     """Layer 4: TullaxBridge's own Julia tests, in a fresh process that starts Julia through juliacall."""
-    from tullax.backends.julia_detect import julia_env_vars
+    from tullax.backends.julia.detect import julia_env_vars
 
     runtests = BRIDGE / "test" / "runtests.jl"
     code = ("import juliacall; jl = juliacall.Main; jl.seval('using TullaxBridge'); "

@@ -21,10 +21,10 @@ from test_cuda_backend import FakeBuffer  # buffer_callback's Buffer: an address
 from test_julia_runtime import FakeBridge, assert_plain, fake, julia_arrival  # noqa: F401 - the fixture
 
 import tullax
-from tullax.backends import julia
 from tullax.backends.base import Signature
-from tullax.backends.julia import CUDA, JuliaCudaBackend, device_plan, kernel_module
-from tullax.jaxop import device
+from tullax.backends.julia import backend as julia
+from tullax.backends.julia.backend import CUDA, JuliaCudaBackend, device_plan, kernel_module
+from tullax.calls import device
 from tullax.spec.frontend import compile_spec
 
 EXT = Path(__file__).resolve().parent.parent / "tullax" / "julia" / "TullaxBridge" / "ext" / "TullaxBridgeCUDAExt.jl"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tullax.backends import julia_detect
-from tullax.backends.julia_detect import (
+from tullax.backends.julia import detect as julia_detect
+from tullax.backends.julia.detect import (
     JuliaInstall,
     availability,
     find_julia,
@@ -136,7 +136,7 @@ def test_env_vars_never_set_juliacall_exe_alone(env, tmp_path):
 
 
 def test_detection_imports_neither_juliacall_nor_juliapkg():
-    code = ("import sys, tullax.backends.julia_detect as d; d.availability(); "
+    code = ("import sys, tullax.backends.julia.detect as d; d.availability(); "
             "bad = {'juliacall', 'juliapkg'} & set(sys.modules); assert not bad, bad")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
@@ -144,7 +144,7 @@ def test_detection_imports_neither_juliacall_nor_juliapkg():
 
 
 def test_cuda_packages_and_install_without_julia(env, monkeypatch):
-    from tullax.backends.julia_install import cuda_packages, install_cuda
+    from tullax.backends.julia.install import cuda_packages, install_cuda
     from tullax.errors import BackendUnavailableError
 
     assert cuda_packages()["CUDA"]["uuid"] == "052768ef-5323-5732-b1bb-66c8b64840ba"

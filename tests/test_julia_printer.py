@@ -33,7 +33,7 @@ from julia_subset import (
 
 import tullax
 from tullax.backends.base import Signature
-from tullax.backends.julia import (
+from tullax.backends.julia.backend import (
     CPU,
     CUDA,
     Target,
@@ -112,7 +112,7 @@ def run_julia(step, env, target: Target = CPU) -> np.ndarray:
 
 
 def run_numba(step, env) -> np.ndarray:
-    from tullax.backends.numba import NumbaBackend
+    from tullax.backends.numba.backend import NumbaBackend
 
     arrays, signature, out = prepared(step, env)
     NumbaBackend().build(step, signature)(out, *arrays)

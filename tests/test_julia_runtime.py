@@ -21,9 +21,11 @@ import numpy as np
 import pytest
 from julia_subset import CPU_BACKEND, load_module
 
-from tullax.backends import host, julia, julia_runtime
+from tullax.backends import host
 from tullax.backends.base import Signature
-from tullax.backends.julia import (
+from tullax.backends.julia import backend as julia
+from tullax.backends.julia import runtime as julia_runtime
+from tullax.backends.julia.backend import (
     JuliaBackend,
     JuliaCudaBackend,
     bridge_workload,
@@ -32,7 +34,7 @@ from tullax.backends.julia import (
     launch_arguments,
     workload_call,
 )
-from tullax.backends.julia_runtime import (
+from tullax.backends.julia.runtime import (
     LIBSTDCXX_HINT,
     Juliacall,
     JuliaRuntime,

@@ -11,7 +11,7 @@ from tullax.spec.frontend import compile_spec
 
 
 def _builds_a_numba_kernel(text: str):
-    from tullax.backends.numba import NumbaBackend  # a local import inside a helper
+    from tullax.backends.numba.backend import NumbaBackend  # a local import inside a helper
 
     return NumbaBackend, compile_spec(text)
 

@@ -110,7 +110,7 @@ def test_the_xla_lowerings_max_and_min_differentiate_and_vmap_as_jnps(spec, axes
     import jax
     import jax.numpy as jnp
 
-    from tullax.backends.xla import lower
+    from tullax.backends.xla.lower import lower
 
     _, forward = compile_spec(spec)
     lowered = lower(forward)

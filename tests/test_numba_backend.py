@@ -25,7 +25,7 @@ from loop_backends import run_host, xla_eval
 pytest.importorskip("numba")
 
 from tullax.backends.base import Signature  # noqa: E402
-from tullax.backends.numba import NumbaBackend, compile_stats, module_source  # noqa: E402
+from tullax.backends.numba.backend import NumbaBackend, compile_stats, module_source  # noqa: E402
 from tullax.grad import gradients  # noqa: E402
 from tullax.grad.run import gradient_env, run_gradient  # noqa: E402
 from tullax.spec.examples import random_inputs  # noqa: E402
@@ -154,7 +154,7 @@ _SCATTER_SCRIPT = textwrap.dedent("""
     from tullax.spec.analyze import analyze
     from tullax.spec.parse import parse_spec
     from tullax.backends.base import Signature
-    from tullax.backends.numba import NumbaBackend
+    from tullax.backends.numba.backend import NumbaBackend
     assert numba.get_num_threads() == int(sys.argv[1])
     rng = np.random.default_rng(0)
     saved = {}
@@ -219,13 +219,13 @@ _CACHE_SCRIPT = textwrap.dedent("""
     from tullax.spec.analyze import analyze
     from tullax.spec.parse import parse_spec
     from tullax.backends.base import Signature
-    from tullax.backends.numba import NumbaBackend, compile_stats
+    from tullax.backends.numba.backend import NumbaBackend, compile_stats
     spec = analyze(parse_spec("D[i,j] := (W[k,i] - X[k,j])^2"))
     rng = np.random.default_rng(0)
     W, X = rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
     out = np.empty((3, 2))
     NumbaBackend().build(spec, Signature(("float64", "float64"), "float64"))(out, W, X)
-    from tullax.backends.numba_fastload import fast_load_problem
+    from tullax.backends.numba.fastload import fast_load_problem
     print(json.dumps({"stats": compile_stats(), "out": out.tolist(), "fast_load_problem": fast_load_problem(),
                       "numba_target_loaded": "numba.np.arraymath" in sys.modules}))
 """)
@@ -384,7 +384,7 @@ _OPT_LEVELS = textwrap.dedent("""
             pass
 
     event.register("numba:compile", Levels())
-    from tullax.backends.numba import compile_stats
+    from tullax.backends.numba.backend import compile_stats
     kernel = tullax.einsum_kernel("Copt[i,j] := A[i,k]*B[k,j]", backend="numba")
     rng = np.random.default_rng(0)
     compiled = []
@@ -392,7 +392,7 @@ _OPT_LEVELS = textwrap.dedent("""
         a, b = rng.standard_normal((n, n + 1)), rng.standard_normal((n + 1, n))
         np.testing.assert_allclose(np.asarray(kernel(a, b)), a @ b, rtol=1e-10)
         compiled.append(compile_stats()["compiled"])
-    from tullax.backends.numba import _DISPATCHERS
+    from tullax.backends.numba.backend import _DISPATCHERS
     parallel = {fn.__name__: fn.targetoptions.get("parallel") for fn in _DISPATCHERS if fn.signatures}
     noalias = {fn.__name__: all(c.fndesc.noalias for c in fn.overloads.values()) for fn in _DISPATCHERS
                if fn.signatures}

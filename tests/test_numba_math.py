@@ -9,7 +9,7 @@ pytest.importorskip("numba")
 
 from numba import njit  # noqa: E402
 
-from tullax.backends.numba_math import exp_f32  # noqa: E402
+from tullax.backends.numba.math import exp_f32  # noqa: E402
 
 FLT_MAX = float(np.finfo(np.float32).max)
 FLT_TINY = float(np.finfo(np.float32).tiny)  # smallest normal

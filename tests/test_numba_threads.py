@@ -1,4 +1,4 @@
-"""The host's chunk runner (tullax.backends.numba_threads): even, contiguous, complete splits, and chunks that
+"""The host's chunk runner (tullax.backends.numba.threads): even, contiguous, complete splits, and chunks that
 really run on different threads, each once."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tullax.backends.numba_threads import CHUNKS_PER_THREAD, run_chunks, split
+from tullax.backends.numba.threads import CHUNKS_PER_THREAD, run_chunks, split
 
 
 @pytest.mark.parametrize("start, stop, parts", [(0, 10, 3), (5, 6, 4), (0, 0, 2), (3, 1, 2), (-4, 9, 2), (0, 7, 7)])

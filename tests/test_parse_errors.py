@@ -8,8 +8,8 @@ import pytest
 
 from tullax import backends
 from tullax.backends.base import Signature
-from tullax.backends.xla import lower
-from tullax.backends.xla_backend import XlaBackend
+from tullax.backends.xla.backend import XlaBackend
+from tullax.backends.xla.lower import lower
 from tullax.errors import (
     BackendUnavailableError,
     ShapeError,

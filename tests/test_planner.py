@@ -1,5 +1,5 @@
-"""The planner behind backend='auto' (tullax.backends.planner) and the XLA forms it can choose
-(tullax.backends.xla_forms): the rules on a corpus, every form against the plain lowering, planned kernels against
+"""The planner behind backend='auto' (tullax.planner.decide) and the XLA forms it can choose
+(tullax.backends.xla.forms): the rules on a corpus, every form against the plain lowering, planned kernels against
 the loop kernel and jnp (forward and gradients; eager, jit, vmap), decisions kept across processes, explain."""
 from __future__ import annotations
 
@@ -19,8 +19,11 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 import tullax  # noqa: E402
-from tullax.backends import planner, workload, xla, xla_forms  # noqa: E402
+from tullax.backends import workload  # noqa: E402
+from tullax.backends.xla import forms as xla_forms  # noqa: E402
+from tullax.backends.xla import lower as xla  # noqa: E402
 from tullax.benchmarking.case import make_inputs  # noqa: E402
+from tullax.planner import decide as planner  # noqa: E402
 
 LINEAR = "C[i,j] := W[k,i]*X[k,j]"
 DIST = "D[i,j] := (W[k,i]-X[k,j])^2"
@@ -137,7 +140,7 @@ def test_a_convolution_form_compiles_no_layout_loop_of_its_own_on_the_cpu(text, 
     XLA compiles to nothing, where a transpose, flip or slice of XLA's own compiles into a loop of its own (tens
     of ms per program and process): the optimised program has no loop fusion. The same form without the
     handler (XLA's own transposes) gives the same numbers."""
-    from tullax.backends import c_ffi
+    from tullax.backends.c import ffi as c_ffi
 
     if not c_ffi.permute_available():
         pytest.skip("no XLA FFI handler here (no C compiler or jax.ffi)")
@@ -516,7 +519,7 @@ def test_auto_builds_one_module_for_the_gradient_steps_that_may_run_on_the_loops
     runs for the Gaussian kernel sum, 2 s."""
     if not planner.whole_module_cached(LOOP_BACKEND):
         pytest.skip(f"the loop backend here ({LOOP_BACKEND}) does not compile whole modules")
-    from tullax.backends import c
+    from tullax.backends.c import backend as c
 
     kernel = tullax.einsum_kernel("Kg[i,d] := exp(-((xg[i,0]-yg[j,0])^2 + (xg[i,1]-yg[j,1])^2))*bg[j,d]")
     shapes = {"xg": (40, 2), "yg": (40, 2), "bg": (40, 3)}
@@ -663,7 +666,7 @@ def test_timing_off_keeps_the_rule_default(rules_only):
 
 _CHILD = textwrap.dedent("""
     import json, jax, jax.numpy as jnp, numpy as np, tullax
-    from tullax.backends import planner
+    from tullax.planner import decide as planner
     k = tullax.einsum_kernel("y[b,i] := x[b,i+k]*w[k]")
     x, w = jnp.ones((64, 8000), jnp.float32), jnp.ones((7,), jnp.float32)  # above planner.UNTIMED_WORK
     jax.jit(jax.grad(lambda x, w: jnp.sum(k(x, w)), argnums=(0, 1)))(x, w)
@@ -1054,7 +1057,7 @@ def test_resolving_auto_imports_no_printer_loop_ir_or_julia_runtime(tmp_path):
     about 12 ms of a warm first call that then runs XLA's programs: conv2d's warm time to first kernel is 0.3 s)."""
     code = ("import sys; from tullax import backends; backends.resolve('auto'); "
             "heavy = [m for m in ('tullax.compiler.loops', 'tullax.printers.julia', 'tullax.printers.base', "
-            "'tullax.backends.julia_runtime') if m in sys.modules]; print(heavy)")
+            "'tullax.backends.julia.runtime') if m in sys.modules]; print(heavy)")
     env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path)}
     for _ in range(2):  # the first process's C compiler probe (it prints a module) is in the cache for the second
         found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -1110,7 +1113,7 @@ def test_a_race_compiles_the_loop_module_while_xla_compiles_its_forms(monkeypatc
     candidate; a module that fails to build only loses the loops their place in the race."""
     if not planner.whole_module_cached(LOOP_BACKEND):
         pytest.skip(f"the loop backend here ({LOOP_BACKEND}) does not compile whole modules")
-    from tullax.backends import c
+    from tullax.backends.c import backend as c
 
     monkeypatch.setenv(planner.TIMING_ENV, "1")
     monkeypatch.setattr(planner, "UNTIMED_WORK", 0)

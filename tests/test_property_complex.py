@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tullax.backends.xla import lower
+from tullax.backends.xla.lower import lower
 from tullax.errors import TullaxError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tullax.backends.xla import lower
+from tullax.backends.xla.lower import lower
 from tullax.errors import TullaxError
 from tullax.spec.analyze import analyze
 from tullax.spec.examples import random_inputs

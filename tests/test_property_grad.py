@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tullax.backends.xla import lower
+from tullax.backends.xla.lower import lower
 from tullax.errors import TullaxError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient

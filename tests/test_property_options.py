@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import tullax
-from tullax.backends.xla import lower
+from tullax.backends.xla.lower import lower
 from tullax.spec.examples import random_inputs
 from tullax.spec.frontend import compile_spec
 from tullax.spec.parse import parse_spec

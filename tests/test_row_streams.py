@@ -17,7 +17,7 @@ from loop_backends import c_param, c_unavailable
 from test_lower import assert_close, run_kernel, signature
 
 import tullax
-from tullax.backends.c import lowered
+from tullax.backends.c.backend import lowered
 from tullax.compiler.guards import find_guards
 from tullax.compiler.jam import RegisterTile, _long_enough
 from tullax.compiler.loops import INDEX, Accum, If, Load, Loop, Var, binop, const, walk_stmts
@@ -117,7 +117,8 @@ def _values(dtype: str, rows: int, length: int) -> np.ndarray:
 def test_c_rows_match_numpy_on_every_path(op: str, backend: str, dtype: str, streamed: bool, monkeypatch):
     """One row at a time (the default) and, with ``$TULLAX_C_STREAMS=1``, the streams: the module printed is
     the one asked for."""
-    from tullax.backends import c, host
+    from tullax.backends import host
+    from tullax.backends.c import backend as c
 
     if streamed:
         monkeypatch.setenv(c.STREAMS_ENV, "1")
@@ -137,7 +138,7 @@ def test_c_rows_match_numpy_on_every_path(op: str, backend: str, dtype: str, str
 def test_the_lane_fold_compiles_and_runs_with_the_shuffle_of_older_gcc(tmp_path):
     """GCC before 12 has no ``__builtin_shufflevector``: the prelude falls back to ``__builtin_shuffle``; this
     compiler takes both, so the fallback is forced here and run."""
-    from tullax.backends import c_compile
+    from tullax.backends.c import compile as c_compile
     from tullax.printers.c import print_module
 
     spec = analysed(ROW_MAX)

@@ -189,7 +189,7 @@ def test_an_expression_is_not_shared_past_a_store_to_an_array_it_reads():
 
 
 def _numba_run(spec, kernel, out, inputs) -> None:
-    from tullax.backends.numba import _load
+    from tullax.backends.numba.backend import _load
 
     generated = host.GeneratedModule("numba", spec, Signature.for_dtype(spec, kernel.compute_dtype), kernel,
                                      print_module([kernel], disk_cache=False), f"test_sharing_{id(kernel)}", None, 0.)

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tullax.backends import xla, xla_forms
+from tullax.backends.xla import forms as xla_forms
+from tullax.backends.xla import lower as xla
 from tullax.spec.frontend import compile_spec
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tullax.backends import xla
+from tullax.backends.xla import lower as xla
 from tullax.spec.examples import random_inputs
 from tullax.spec.frontend import compile_spec
 from tullax.testing.oracle import naive_eval

@@ -1,5 +1,5 @@
 """A '+=' gradient step that starts from zeros (``ΔW[ix[b],d] += Δout[b,d]``) clears its own output on a host
-backend instead of taking XLA's zeros (tullax.jaxop.callback): which steps do, that they say so in the program,
+backend instead of taking XLA's zeros (tullax.calls.host): which steps do, that they say so in the program,
 that the result is the same whether the output is cleared by the callback or given as zeros, and that the
 planner races such a step as it will run."""
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 from loop_backends import c_param
 
 import tullax
-from tullax.backends import planner
-from tullax.backends.c import CBackend, CHostKernel
+from tullax.backends.c.backend import CBackend, CHostKernel
+from tullax.calls import host as callback
 from tullax.grad import gradients
 from tullax.grad.run import starts_from_zeros, zero_start_steps
-from tullax.jaxop import callback
+from tullax.planner import decide as planner
 from tullax.runtime import exchange, hugepages
 from tullax.spec.analyze import analyze
 from tullax.spec.parse import parse_spec

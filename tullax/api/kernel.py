@@ -84,7 +84,7 @@ class Kernel:
         return f"tullax.Kernel({self.canonical!r}, backend={self.backend_name!r}{extra})"
 
     def _jax_backend(self) -> str:
-        """The backend of a call on jax values: ``auto`` stays ``auto``: the planner (``tullax.backends.planner``)
+        """The backend of a call on jax values: ``auto`` stays ``auto``: the planner (``tullax.planner.decide``)
         chooses the loop backend or an XLA form for the forward kernel and for each gradient step, from the
         call's shapes; on a GPU the loop backend is the GPU's own (cuda or julia-cuda)."""
         return "auto" if self.backend_name == "auto" else self.backend.name

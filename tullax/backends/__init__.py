@@ -11,12 +11,12 @@ from tullax.errors import BackendUnavailableError
 _REGISTRY: dict[str, Backend] = {}
 # Built-in backends are imported lazily, so `import tullax` loads neither numba nor juliacall nor jax.
 _BUILTIN = {
-    "xla": "tullax.backends.xla_backend:XlaBackend",
-    "numba": "tullax.backends.numba:NumbaBackend",
-    "julia": "tullax.backends.julia:JuliaBackend",
-    "julia-cuda": "tullax.backends.julia:JuliaCudaBackend",
-    "cuda": "tullax.backends.cuda:CudaBackend",
-    "c": "tullax.backends.c:CBackend",
+    "xla": "tullax.backends.xla.backend:XlaBackend",
+    "numba": "tullax.backends.numba.backend:NumbaBackend",
+    "julia": "tullax.backends.julia.backend:JuliaBackend",
+    "julia-cuda": "tullax.backends.julia.backend:JuliaCudaBackend",
+    "cuda": "tullax.backends.cuda.backend:CudaBackend",
+    "c": "tullax.backends.c.backend:CBackend",
 }
 # The order `auto` tries them in: Julia when present (DESIGN section 4), else host C where a C compiler works
 # (one compiler run per module: a fraction of Numba's compile time, so the first call of a kernel is fast),

@@ -1,10 +1,10 @@
 """The GPU's loop backend, which ``backend='auto'`` races against XLA's forms on a GPU platform
-(``tullax.backends.planner``), and what ``tullax doctor`` says about the GPU.
+(``tullax.planner.decide``), and what ``tullax doctor`` says about the GPU.
 
 On a GPU: ``julia-cuda`` when Julia with CUDA.jl is installed, else ``cuda`` when NVRTC and a driver are
 usable. Without either, ``auto`` runs XLA's forms on the GPU: the host backend's kernels would copy every input to
 the host and the result back through ``pure_callback`` (tullax warns once when one is asked for by name, at
-lowering: ``tullax.jaxop.device``).
+lowering: ``tullax.calls.device``).
 """
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ def gpu_choice() -> tuple[str, str]:
 def gpu_report() -> str:
     """A few lines for ``tullax doctor``: the GPU and its driver, NVRTC, and which backend ``auto`` would run
     on a GPU and why."""
-    from tullax.backends.cuda_compile import nvrtc_version
-    from tullax.backends.cuda_driver import driver
+    from tullax.backends.cuda.compile import nvrtc_version
+    from tullax.backends.cuda.driver import driver
 
     lines = []
     try:

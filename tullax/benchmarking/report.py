@@ -80,7 +80,7 @@ def _version(name: str) -> str | None:
 def _julia() -> str | None:
     """The Julia found (never importing juliacall: without a Julia that import downloads one)."""
     try:
-        from tullax.backends.julia_detect import find_julia
+        from tullax.backends.julia.detect import find_julia
     except ImportError:
         return None
     found = find_julia()

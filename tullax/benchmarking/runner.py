@@ -33,7 +33,7 @@ TTFK_COLD_RUNS = 3  # cold time to first kernel: best of this many processes, ea
 TTFK_WARM_RUNS = 5  # warm: best of this many processes on the populated cache
 STDERR_TAIL = 4000
 # Backends the suite tries by default, besides the XLA reference; each is used only where it is available.
-# "auto" is the planner (loops or an XLA form per kernel, tullax.backends.planner).
+# "auto" is the planner (loops or an XLA form per kernel, tullax.planner.decide).
 DEFAULT_BACKENDS = ("auto", "c", "numba", "julia", "julia-cuda")
 PLANNER = "auto"
 

@@ -127,7 +127,7 @@ def make_subject(job: dict) -> Any:
 def plain_lowering(spec: Any, naive: bool = False) -> Callable[..., Any]:
     """The XLA reference: the jnp lowering as a plain function of the inputs, differentiated by jax.
     ``naive``: broadcast in order of appearance, no einsum (the ``NAIVE_XLA`` comparator)."""
-    from tullax.backends.xla import lower
+    from tullax.backends.xla.lower import lower
 
     lowered = lower(spec, einsum=False, grid="appearance") if naive else lower(spec)
     names = spec.input_names
@@ -264,9 +264,9 @@ def _timed_phase(job: dict, state: dict, which: str) -> dict:
 def _planned(job: dict) -> dict:
     """Under ``auto``: the planner's decisions so far in this process (kernel, shapes -> plan), so a phase can
     report where each of its kernels ran and why."""
-    if job["backend"] != "auto" or "tullax.backends.planner" not in sys.modules:
+    if job["backend"] != "auto" or "tullax.planner.decide" not in sys.modules:
         return {}
-    from tullax.backends import planner
+    from tullax.planner import decide as planner
 
     return dict(planner._MEMO)
 

@@ -50,7 +50,7 @@ def run_case(case: DemoCase, backend: str) -> dict:
     import jax.numpy as jnp
 
     import tullax
-    from tullax.backends.xla import lower
+    from tullax.backends.xla.lower import lower
 
     kernel = tullax.einsum_kernel(case.spec, backend=backend)
     args = [jnp.asarray(a) for a in make_inputs(kernel, case.shapes)]

@@ -200,7 +200,7 @@ def _cmd_cache_warm(args: argparse.Namespace) -> int:
 
 
 def _cmd_julia_install_cuda(args: argparse.Namespace) -> int:
-    install_cuda = _require("tullax.backends.julia_install", "install_cuda")
+    install_cuda = _require("tullax.backends.julia.install", "install_cuda")
     install_cuda()
     _console().print("CUDA.jl is installed in tullax's Julia environment; backend='julia-cuda' can use it",
                      markup=False)
@@ -289,7 +289,7 @@ def _xla_startup() -> str:
 
 def _julia_verification_layers() -> str:
     """Which of the four verification layers of the Julia backend apply on this machine."""
-    from tullax.backends.julia_detect import find_julia
+    from tullax.backends.julia.detect import find_julia
 
     found = find_julia()
     static = ("layers 1-3 (generated Julia parses with tree-sitter-julia, runs in the Julia-subset evaluator of "

@@ -67,7 +67,7 @@ def starts_from_zeros(grad: Gradient, spec: Spec) -> tuple[bool, ...]:
 @lru_cache(maxsize=1024)
 def zero_start_steps(spec: Spec, complex_inputs: frozenset[str] = frozenset()) -> frozenset[Spec]:
     """The gradient steps of ``spec`` that start from zeros (``starts_from_zeros``): a host kernel may clear its
-    own output for them instead of taking a given array of zeros (``tullax.jaxop.callback``)."""
+    own output for them instead of taking a given array of zeros (``tullax.calls.host``)."""
     from tullax.grad import gradients
 
     return frozenset(step for grad in gradients(spec, complex_inputs)

@@ -4,7 +4,7 @@ Two primitives, registered on first use (so ``import tullax`` stays jax-free), b
 ``KernelOp`` (spec, backend, result dtype, callback path):
 
 ``tullax_kernel(*inputs; op)``
-    runs ``op.spec``. Lowered to a host callback (``tullax.jaxop.callback``: zero-copy ``buffer_callback``, or
+    runs ``op.spec``. Lowered to a host callback (``tullax.calls.host``: zero-copy ``buffer_callback``, or
     ``pure_callback``), or for the xla backend to the jnp lowering. Its batching rule rewrites the spec with a
     batch index (``tullax.jaxop.batching``) and binds ONE batched kernel, whatever ``in_axes`` are: nothing loops over
     the batch and data arrays are not transposed. Its JVP rule binds the kernel and one linear op:
@@ -59,14 +59,14 @@ class KernelOp:
     spec: Spec
     backend: str
     out_dtype: str
-    path: str  # 'buffer' | 'pure' | 'xla' ('device' when lowered for a GPU: tullax.jaxop.device)
-    # On path 'xla', the form of tullax.backends.xla_forms ('' = the plain lowering of backend='xla').
+    path: str  # 'buffer' | 'pure' | 'xla' ('device' when lowered for a GPU: tullax.calls.device)
+    # On path 'xla', the form of tullax.backends.xla.forms ('' = the plain lowering of backend='xla').
     form: str = ""
     # The backend name the call asked for: 'auto' plans its gradient steps (and batched forms) afresh,
-    # each one on its own (tullax.backends.planner); '' means ``backend`` itself.
+    # each one on its own (tullax.planner.decide); '' means ``backend`` itself.
     requested: str = ""
     # A '+=' gradient step whose given array (input 0) is zeros: a host kernel clears its own output instead
-    # (``tullax.jaxop.callback.host_call``); XLA's forms and device kernels take the zeros as given.
+    # (``tullax.calls.host.host_call``); XLA's forms and device kernels take the zeros as given.
     zero_start: bool = False
     _hash: int = field(init=False, repr=False, compare=False)
 
@@ -144,7 +144,7 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: s
     import jax
     import numpy as np
 
-    from tullax.jaxop.callback import callback_path
+    from tullax.calls.host import callback_path
     from tullax.spec.shapes import result_dtype
 
     dtype = result_dtype(spec, [v.dtype if hasattr(v, "dtype") else type(v) for v in values])  # weak floats
@@ -159,9 +159,9 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: s
 
 
 def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any], zero_start: bool = False) -> KernelOp:
-    """``backend='auto'``: the planner's choice for this kernel and these shapes (tullax.backends.planner)."""
-    from tullax.backends.planner import call_shapes_and_dtypes, plan
-    from tullax.jaxop.callback import callback_path
+    """``backend='auto'``: the planner's choice for this kernel and these shapes (tullax.planner.decide)."""
+    from tullax.calls.host import callback_path
+    from tullax.planner.decide import call_shapes_and_dtypes, plan
 
     found = plan(spec, *call_shapes_and_dtypes(spec, values), zero_start=zero_start)
     if found.backend == "xla":
@@ -172,7 +172,7 @@ def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any], zero_start: b
 def _joint_plans(spec: Spec, args: Sequence[Any], out_dtype: str, wrt: Sequence[int]) -> dict:
     """``planner.joint_plans`` for a differentiated call of ``spec`` on ``args``: the XLA plans of the forward
     and of the gradient steps of the inputs at positions ``wrt``, when they run as one XLA program."""
-    from tullax.backends.planner import call_shapes_and_dtypes, joint_plans
+    from tullax.planner.decide import call_shapes_and_dtypes, joint_plans
 
     shapes, dtypes = call_shapes_and_dtypes(spec, args)
     return joint_plans(spec, shapes, dtypes, out_dtype, [spec.inputs[i].name for i in wrt])
@@ -231,7 +231,7 @@ def _kernel_abstract_eval(*avals, op: KernelOp):
 def _kernel_lowering(ctx, *args, op: KernelOp):
     from jax.interpreters import mlir
 
-    from tullax.jaxop.loop_path import lowered_path
+    from tullax.calls.path import lowered_path
 
     op = replace(op, path=lowered_path(op.path, op.backend, ctx.module_context.platforms[0]))
     return mlir.lower_fun(partial(_run, op), multiple_results=False)(ctx, *args)
@@ -239,10 +239,10 @@ def _kernel_lowering(ctx, *args, op: KernelOp):
 
 def _run(op: KernelOp, *args):
     if op.path == "xla":
-        from tullax.backends.xla_forms import lower_form
+        from tullax.backends.xla.forms import lower_form
 
         return lower_form(op.spec, op.form)(dict(zip(op.spec.input_names, args))).astype(op.out_dtype)
-    from tullax.jaxop.loop_path import run_loops
+    from tullax.calls.path import run_loops
 
     return run_loops(op.spec, op.backend, args, op.out_dtype, op.path, op.zero_start)
 
@@ -371,7 +371,7 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
         return {}
     joined: dict = {}
     if backend == "auto":  # one compiler run for every step that may run on the loops, not one per step
-        from tullax.backends.planner import build_gradient_module
+        from tullax.planner.decide import build_gradient_module
 
         joined = _joint_plans(spec, args, out.dtype.name, wanted)
         if not joined:

@@ -1,5 +1,5 @@
 """The parallel clear a C module exports beside its kernels, where a kernel adds into its output: a '+=' step of
-a gradient that starts from zeros clears its fresh output itself (``tullax.jaxop.callback``), on the team of
+a gradient that starts from zeros clears its fresh output itself (``tullax.calls.host``), on the team of
 threads its kernel then runs on. One memset leaves the other cores idle, and Python threads clearing beside that
 team would fight its spinning threads. Each thread clears whole blocks of 2 MiB, the huge pages the output was
 advised (``tullax.runtime.hugepages``).

@@ -9,7 +9,7 @@ picks it at call time. A ``_serial`` variant (every loop a ``range``, ``parallel
 pay for a parallel launch. A scalar result (no parallel loop) gets ``prange`` on its reduction loop: Numba splits it
 into per-thread partials and combines them (supported for + * max min). max/min reduction loops are printed as 8
 independent lanes (``_lanes``), which LLVM vectorises; a float32 ``exp`` is printed as ``_exp_f32``
-(``tullax.backends.numba_math``). A ``Scratch`` is ``np.zeros``. Array positions are printed as ``_ix(e)`` =
+(``tullax.backends.numba.math``). A ``Scratch`` is ``np.zeros``. Array positions are printed as ``_ix(e)`` =
 ``np.uint64(e)``: never negative by construction, and unsigned positions skip Numba's negative-index wraparound.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ from tullax.spec.functions import Function
 # values of max/min, logsumexp's infinity test and NaN reads of out-of-range indirect indices.
 FASTMATH = "{'nsz', 'arcp', 'contract', 'afn', 'reassoc'}"
 
-# Calls printed as tullax.backends.numba_math's vectorisable versions instead of the registry's NumPy spelling,
+# Calls printed as tullax.backends.numba.math's vectorisable versions instead of the registry's NumPy spelling,
 # by (function, dtype): Numba's np.exp on float32 is a scalar expf call per element.
 REPLACEMENTS = {("exp", "float32"): "_exp_f32"}
 LANES = 8  # independent accumulators of a max/min reduction loop: one 256-bit vector of float32
@@ -308,7 +308,7 @@ def chunked(kernel: LoopKernel) -> bool:
     """Whether the nested and flat variants of ``kernel`` are printed as chunk functions: serial code whose
     outermost parallel loop (the flat variant: its one loop over the product of the parallel extents) runs
     ``range(p_lo, p_hi)``, so the host runs the chunks of one call on its own threads
-    (``tullax.backends.numba_threads``) instead of Numba's parallel pipeline: compiling a parfor costs 2-3x
+    (``tullax.backends.numba.threads``) instead of Numba's parallel pipeline: compiling a parfor costs 2-3x
     compiling the same nest serially (benchmarks/ttfk_breakdown.py: conv2d's weight gradient 3.8 s against
     1.45 s). Only where the body is ONE parallel loop nest: two top-level loops need a barrier between them
     (each of Numba's pranges is one), and a scalar result's prange reduction needs Numba's partial sums."""
@@ -340,15 +340,15 @@ _ix = np.uint64
 '''
 
 
-# NaN-propagating max/min (Python's max(a, b) may drop a NaN), from tullax.backends.numba_math
+# NaN-propagating max/min (Python's max(a, b) may drop a NaN), from tullax.backends.numba.math
 NAN_PROPAGATING = {"max": "_max_nan", "min": "_min_nan"}
-_NAN_IMPORT = '''# NaN-propagating max and min, as jnp.maximum/minimum (tullax.backends.numba_math)
-from tullax.backends.numba_math import max_nan as _max_nan, min_nan as _min_nan
+_NAN_IMPORT = '''# NaN-propagating max and min, as jnp.maximum/minimum (tullax.backends.numba.math)
+from tullax.backends.numba.math import max_nan as _max_nan, min_nan as _min_nan
 '''
 
 
-_EXP_IMPORT = '''# float32 exp as vectorisable arithmetic, Numba's np.exp is scalar expf (tullax.backends.numba_math)
-from tullax.backends.numba_math import exp_f32 as _exp_f32
+_EXP_IMPORT = '''# float32 exp as vectorisable arithmetic, Numba's np.exp is scalar expf (tullax.backends.numba.math)
+from tullax.backends.numba.math import exp_f32 as _exp_f32
 '''
 
 

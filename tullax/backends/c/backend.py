@@ -1,5 +1,5 @@
 """The ``c`` backend: loop kernels printed as C with OpenMP (``tullax.printers.c``), compiled by the host C
-compiler (``tullax.backends.c_compile``) into shared libraries, loaded with ctypes. Its point is the time to
+compiler (``tullax.backends.c.compile``) into shared libraries, loaded with ctypes. Its point is the time to
 first kernel: two compiles at once build the forward kernel and every gradient step of a spec, and a later
 process only dlopens the libraries from the compile cache (milliseconds), where Numba's parallel pipeline takes
 0.5-2.4 s per kernel.
@@ -41,9 +41,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from tullax.backends import c_compile, host, workload
+from tullax.backends import host, workload
 from tullax.backends.base import Capabilities, Shapes, Signature
-from tullax.backends.c_load import load_library, threads
+from tullax.backends.c import compile as c_compile
+from tullax.backends.c.load import load_library, threads
 from tullax.compiler.interface import KernelInterface
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.printers.c_clear import CLEAR_BLOCK, CLEAR_FUNCTION
@@ -71,7 +72,7 @@ def library_file(source: str) -> str:
 # and this backend's host side. Its fingerprint is in the cache key, so an edited generator (a development
 # checkout, an upgrade that keeps the version number) never loads a library printed by the old one.
 _GENERATOR_PACKAGES = ("spec", "grad", "compiler", "printers")
-_GENERATOR_MODULES = ("backends/c.py", "backends/host.py", "backends/base.py")
+_GENERATOR_MODULES = ("backends/c/backend.py", "backends/host.py", "backends/base.py")
 
 
 @functools.cache
@@ -79,7 +80,7 @@ def generator_fingerprint() -> str:
     """The fingerprint of this installation's generating modules (~2 ms, once per process)."""
     from pathlib import Path
 
-    return fingerprint_of(Path(__file__).resolve().parents[1])
+    return fingerprint_of(Path(__file__).resolve().parents[2])
 
 
 def fingerprint_of(root: Any) -> str:
@@ -480,12 +481,12 @@ class CHostKernel:
 
     def ffi_call(self, operands: Sequence[Any], result: Any, shapes: Shapes,
                  aliases: dict[int, int] | None) -> tuple[Any, int] | None:
-        """The kernel as a custom call inside XLA's program (``tullax.backends.c_ffi``), on jax values
+        """The kernel as a custom call inside XLA's program (``tullax.backends.c.ffi``), on jax values
         ``operands`` (one per spec input, traced) for the ``result`` (a ShapeDtypeStruct) of ``shapes``: its
         value and the handler's slot (which counts its launches). None where it cannot run so (no handler here,
         a library without the packed entry, a full table): the caller takes the buffer callback. Everything the
         call needs is worked out now, at trace time: the sizes and extents are static under jit."""
-        from tullax.backends import c_ffi
+        from tullax.backends.c import ffi as c_ffi
 
         plan = self._plan
         pointers = 1 + len(plan.arrays) + len(plan.scalars)
@@ -553,7 +554,7 @@ def _start_ffi_handler() -> None:
     compile cache, it was another compiler run on the first call's critical path."""
     if "jax" not in sys.modules:
         return
-    from tullax.backends import c_ffi
+    from tullax.backends.c import ffi as c_ffi
 
     threading.Thread(target=c_ffi.available, name="tullax-ffi-handler", daemon=True).start()
 

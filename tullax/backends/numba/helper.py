@@ -42,7 +42,7 @@ _STOP_WAIT_S = 5.0  # a helper told to stop (its stdin closed) that has not exit
 class CompileRequest:
     """Compile ``function`` of the module stored under ``key`` (file ``path``, text ``source``) in the cache
     at ``root`` for ``arg_types`` (Numba types), storing the result in the entry; ``chunk``: a chunk variant
-    (``tullax.backends.numba_modules.compile_variant``)."""
+    (``tullax.backends.numba.modules.compile_variant``)."""
 
     root: str
     key: str
@@ -157,8 +157,8 @@ class CompileHelper:
 
 def _compile(request: CompileRequest) -> str:
     """Compile one request into the cache: "ok", or what went wrong (the asking process compiles instead)."""
-    from tullax.backends import numba_artefacts
-    from tullax.backends.numba_modules import compile_variant, import_stored_module
+    from tullax.backends.numba import artefacts as numba_artefacts
+    from tullax.backends.numba.modules import compile_variant, import_stored_module
     from tullax.runtime.cache import CompileCache
 
     try:

@@ -52,7 +52,7 @@ PROJECT_PACKAGES = ("PythonCall", "TullaxBridge", "KernelAbstractions", "Atomix"
 """What a project given to juliacall directly must hold: juliacall's PythonCall, and what tullax
 loads by name (``using TullaxBridge``; the printed modules' ``using KernelAbstractions, Atomix``)."""
 
-BRIDGE_DIR = Path(__file__).resolve().parent.parent / "julia" / "TullaxBridge"
+BRIDGE_DIR = Path(__file__).resolve().parents[2] / "julia" / "TullaxBridge"
 
 PROBE_TIMEOUT_S = 30.0
 """``julia --version`` normally answers in well under a second; a cold disk can take longer."""

@@ -1,6 +1,6 @@
 """Importing the generated Numba modules: numba itself (after the two-LLVMs check), and a stored module as a
-real, named module. Shared by the backend (``tullax.backends.numba``) and its compile helper process
-(``tullax.backends.numba_helper``), which must not import each other."""
+real, named module. Shared by the backend (``tullax.backends.numba.backend``) and its compile helper process
+(``tullax.backends.numba.helper``), which must not import each other."""
 from __future__ import annotations
 
 import importlib.util

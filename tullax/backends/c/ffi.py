@@ -22,7 +22,7 @@ Where this cannot work (no ``jax.ffi``, no headers, a compile error) the kernels
 The handler's library also holds one kernel of its own, a layout change (``permute``: a transpose, with any axes
 reversed, of an array of any dtype), which XLA programs on the CPU call in place of a transpose: XLA compiles
 each transpose it emits into a loop of its own (tens of milliseconds per transpose on every first call of a
-program in every process; an NCHW convolution has three, ``tullax.backends.xla_forms``), where this call
+program in every process; an NCHW convolution has three, ``tullax.backends.xla.forms``), where this call
 compiles to nothing.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from tullax.backends.c_load import load_library, threads
+from tullax.backends.c.load import load_library, threads
 from tullax.errors import TullaxError
 
 TARGET = "tullax_c_kernel"
@@ -271,7 +271,7 @@ def available() -> tuple[bool, str]:
 
 def _library(include: Path, jaxlib_version: str) -> Path:
     """The compiled handler: from the compile cache, or compiled now (and stored there)."""
-    from tullax.backends import c_compile
+    from tullax.backends.c import compile as c_compile
     from tullax.runtime.cache import cache_key, get_cache
 
     cache = get_cache()

@@ -5,10 +5,10 @@
   ONE parallel loop nest (``tullax.printers.numba.chunked``, most kernels): there the nested and flat variants
   are serial functions over a chunk ``range(p_lo, p_hi)`` of the outermost parallel loop (flat: of the product),
   and the host splits each call into one chunk per Numba thread on its own threads
-  (``tullax.backends.numba_threads``): compiling a Numba parfor costs 2-3x the same nest compiled serially.
+  (``tullax.backends.numba.threads``): compiling a Numba parfor costs 2-3x the same nest compiled serially.
   Chunk variants compile with Numba's ``noalias`` flag, as a prange's gufunc does.
   Each variant is compiled on the first call that picks it, never before (``_serial`` at LLVM O2:
-  ``tullax.backends.numba_modules.compile_variant``). With two or more parallel
+  ``tullax.backends.numba.modules.compile_variant``). With two or more parallel
   loops a second, ``_flat`` variant runs ONE ``prange`` over the product of their extents (divmod back to the
   indices); the host picks it at call time when the outermost extent is below 4x the thread count. A third,
   ``_serial`` variant has no ``prange`` at all: a call whose estimated work (``tullax.backends.workload``) is
@@ -21,7 +21,7 @@
   ``ninf``: those would let LLVM assume no -inf/+inf/NaN, which breaks the -inf/+inf initial values of max/min,
   logsumexp's infinity test and NaN reads of out-of-range indirect indices.
 * max/min reduction loops are printed as 8 independent lanes (``_lanes``), which LLVM vectorises; a float32
-  ``exp`` is printed as ``_exp_f32`` (``tullax.backends.numba_math``: arithmetic LLVM vectorises, where
+  ``exp`` is printed as ``_exp_f32`` (``tullax.backends.numba.math``: arithmetic LLVM vectorises, where
   ``np.exp`` is a scalar libm call without SVML).
 * The kernels are lowered with ``tile=True`` (see ``tullax.lower.lower``). Array positions are printed as
   ``_ix(e)`` = ``np.uint64(e)``: never negative by construction, and unsigned positions skip Numba's
@@ -31,11 +31,11 @@
   comment only (it has no newlines).
 * Caching: the build sequence is ``tullax.backends.host``'s; the module text is ``kernels.py`` in its cache entry,
   with its bytecode next to it, and Numba's compiled code goes into the same entry, checked against the entry's
-  manifest (``tullax.backends.numba_artefacts``). A module the cache could not store (a full disk) runs from
+  manifest (``tullax.backends.numba.artefacts``). A module the cache could not store (a full disk) runs from
   memory, without Numba's disk cache. ``compile_stats()`` counts Numba compilations and cache loads (from the
   dispatchers' own counters), so tests can assert that a populated cache compiles nothing.
 * Memory: a compile leaves about 4 MiB in the process that nothing can free; once a process has compiled its
-  share of kernels, a helper process compiles the rest into the cache (``tullax.backends.numba_helper``).
+  share of kernels, a helper process compiles the rest into the cache (``tullax.backends.numba.helper``).
 """
 from __future__ import annotations
 
@@ -48,11 +48,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tullax.backends import host, numba_threads, workload
+from tullax.backends import host, workload
 from tullax.backends.base import Capabilities, Shapes, Signature
-from tullax.backends.numba_fastload import load_cached
-from tullax.backends.numba_helper import CompileHelper, CompileRequest
-from tullax.backends.numba_modules import compile_variant, import_numba, import_stored_module, module_named
+from tullax.backends.numba import threads as numba_threads
+from tullax.backends.numba.fastload import load_cached
+from tullax.backends.numba.helper import CompileHelper, CompileRequest
+from tullax.backends.numba.modules import compile_variant, import_numba, import_stored_module, module_named
 from tullax.compiler.loops import LoopKernel, eval_int, parallel_nest
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError, TullaxError
@@ -121,7 +122,7 @@ def _load(generated: host.GeneratedModule) -> "NumbaHostKernel":
         code = compile(print_module([generated.kernel], disk_cache=False), f"<tullax module {name}>", "exec")
         module = module_named(name, types.ModuleType(name), code)
         return NumbaHostKernel(generated, [getattr(module, fn) for fn in variants(generated.kernel)])
-    from tullax.backends import numba_artefacts  # imports numba: not before a kernel is loaded
+    from tullax.backends.numba import artefacts as numba_artefacts  # imports numba: not before a kernel is loaded
 
     module = import_stored_module(generated.path, generated.key)
     functions = [getattr(module, name) for name in variants(generated.kernel)]
@@ -286,7 +287,7 @@ class NumbaHostKernel:
 
     def _compile_in_helper(self, fn, types: tuple) -> bool:
         """Once this process has compiled its share of kernels, the helper process compiles them into the
-        cache (``tullax.backends.numba_helper``); True when it did. Only for a module the cache stores."""
+        cache (``tullax.backends.numba.helper``); True when it did. Only for a module the cache stores."""
         generated = self.generated
         if generated.path is None or not get_cache().storing.is_set() or not _HELPER.wanted():
             return False

@@ -61,7 +61,7 @@ def device_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: A
 
     from tullax import backends
     from tullax.backends.base import Signature
-    from tullax.jaxop.callback import updates_in_place
+    from tullax.calls.host import updates_in_place
     from tullax.runtime import stats
     from tullax.spec.text import format_spec
 

@@ -1,8 +1,8 @@
-"""What XLA does best, recognised in a spec: the forms the planner (``tullax.backends.planner``) can run a kernel
+"""What XLA does best, recognised in a spec: the forms the planner (``tullax.planner.decide``) can run a kernel
 in on XLA, each a plain jnp/lax function of the inputs (differentiable, jit-able, vmap-able).
 
 * ``einsum``: a pure contraction (a product of plain accesses summed): ``jnp.einsum``, i.e. ``dot_general``
-  (BLAS on the CPU). This is what ``tullax.backends.xla.lower`` already does for such specs.
+  (BLAS on the CPU). This is what ``tullax.backends.xla.lower.lower`` already does for such specs.
 * ``conv``: a product of two accesses, an "image" whose axes are plain indices or windows ``s*o + d*w``
   (``o`` free, ``w`` reduced; or ``pad(o - w)``, the full correlation of a convolution's input gradient) and
   a "kernel" of plain indices: ``lax.conv_general_dilated``. The image's other plain indices are batch (free,
@@ -314,7 +314,7 @@ def lower_form(spec: Spec, form: str) -> Callable[[Env], Any]:
     """``fn(env) -> jax.Array`` computing ``spec`` in ``form`` (one of ``forms(spec)``); 'einsum' and 'grid'
     are tullax's plain lowering. A form whose preconditions fail for the call's shapes (an index range that
     does not start at 0, an empty range) falls back to the plain lowering at trace time."""
-    from tullax.backends import xla
+    from tullax.backends.xla import lower as xla
 
     plain = xla.lower(spec)
     if form in ("einsum", "grid", ""):
@@ -341,7 +341,7 @@ def lower_form(spec: Spec, form: str) -> Callable[[Env], Any]:
 def _setup(spec: Spec, env: Env) -> tuple[dict, dict, Any]:
     import jax
 
-    from tullax.backends.xla import _dtype_of
+    from tullax.backends.xla.lower import _dtype_of
     from tullax.spec.shapes import check_shapes, eval_shapes, input_shapes, result_dtype
 
     shapes = input_shapes(spec, env)
@@ -429,7 +429,7 @@ def _relayout(value: Any, axes: Sequence[int], extents: Sequence[int], reversed_
         v = v[tuple(slice(0, n) for n in extents)]
         return jnp.transpose(jnp.flip(v, reversed_axes) if reversed_axes else v, axes)
 
-    from tullax.backends import c_ffi
+    from tullax.backends.c import ffi as c_ffi
     from tullax.backends.gpu_select import on_gpu
 
     if on_gpu() or not c_ffi.permute_available():
@@ -450,7 +450,7 @@ def _slices(spec: Spec, index: str, plain: Callable, env: Env):
     then read shifted slices instead of gathering), combined with the reduction."""
     import jax.numpy as jnp
 
-    from tullax.backends import xla
+    from tullax.backends.xla import lower as xla
 
     shapes, ranges, dtype = _setup(spec, env)
     lo, hi = ranges[index]
@@ -520,7 +520,7 @@ def _factored_block(spec: Spec, plain: Callable, env: Env):
     import jax.numpy as jnp
     import numpy as np
 
-    from tullax.backends import xla
+    from tullax.backends.xla import lower as xla
 
     shapes, ranges, result = _setup(spec, env)
     grid = xla._Grid.build(spec, shapes)

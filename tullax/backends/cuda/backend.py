@@ -1,6 +1,6 @@
 """The ``cuda`` backend: kernels printed as CUDA C (``tullax.printers.cuda``), compiled by NVRTC to a cubin for
 the device's architecture (``cuda_compile``), loaded once per process and launched on XLA's own stream over
-XLA's own device buffers (``tullax.jaxop.device``): no copy, no synchronisation, no allocation per call.
+XLA's own device buffers (``tullax.calls.device``): no copy, no synchronisation, no allocation per call.
 
 It runs only inside JAX on an NVIDIA GPU: ``device_kernel`` prepares one kernel for one call's static shapes
 at trace time (print, compile or load from the cache, load the cubin, plan the launch), so a compile error
@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from tullax.backends import host
 from tullax.backends.base import Capabilities, Signature, device_pointer
-from tullax.backends.cuda_launch import START_GIVEN, START_ZERO, LaunchPlan, ParamBlock, device_lowering
+from tullax.backends.cuda.launch import START_GIVEN, START_ZERO, LaunchPlan, ParamBlock, device_lowering
 from tullax.compiler.loops import LoopKernel
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError
@@ -64,8 +64,8 @@ _LOADED: dict[str, Any] = {}  # cache key -> loaded kernel: each cubin is loaded
 def device_kernel(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]]) -> DeviceKernel:
     """The kernel of ``spec`` for ``signature`` and the call's shapes (inputs by name plus ``spec.out``),
     compiled (or read from the cache) and loaded; TullaxError when it does not compile."""
-    from tullax.backends.cuda_compile import cached_cubin
-    from tullax.backends.cuda_driver import driver, target_arch
+    from tullax.backends.cuda.compile import cached_cubin
+    from tullax.backends.cuda.driver import driver, target_arch
 
     table_key = (spec, signature, tuple(sorted((name, tuple(shape)) for name, shape in shapes.items())))
     with _lock:
@@ -114,8 +114,8 @@ class CudaBackend:
     capabilities = Capabilities(module_source=True, complex_numbers=False)
 
     def availability(self) -> tuple[bool, str]:
-        from tullax.backends.cuda_compile import nvrtc_usable
-        from tullax.backends.cuda_driver import driver
+        from tullax.backends.cuda.compile import nvrtc_usable
+        from tullax.backends.cuda.driver import driver
 
         try:
             nvrtc_usable()

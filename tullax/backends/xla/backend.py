@@ -1,4 +1,4 @@
-"""The ``xla`` backend: the jnp lowering of ``tullax.backends.xla`` as a registered backend, jitted, and its host
+"""The ``xla`` backend: the jnp lowering of ``tullax.backends.xla.lower`` as a registered backend, jitted, and its host
 kernel for NumPy inputs (the reference and comparator backend)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tullax.backends.base import Capabilities, Signature
-from tullax.backends.xla import lower
+from tullax.backends.xla.lower import lower
 from tullax.errors import ShapeError
 from tullax.spec.ir import Spec
 from tullax.spec.shapes import check_index_values, check_shapes, input_shapes

@@ -138,7 +138,7 @@ def evaluate_fixed(spec: Spec, env: Env, fixed: Mapping[str, int]):
     """The reduction of ``spec`` (a ':=' spec; no finaliser applied) with the indices of ``fixed`` held at one
     value each: the reduced value over every other index, in the compute dtype of ``_context`` (float32 for
     half precision; the caller rounds once). Accesses that an index of ``fixed`` shifts read slices (see
-    ``_live_terms``). The slices form of ``tullax.backends.xla_forms`` sums these."""
+    ``_live_terms``). The slices form of ``tullax.backends.xla.forms`` sums these."""
     ctx, _ = _context(spec, env)
     grid = ctx.grid
     lo = tuple(fixed.get(n, lo) for n, lo in zip(grid.names, grid.lo))
@@ -149,7 +149,7 @@ def evaluate_fixed(spec: Spec, env: Env, fixed: Mapping[str, int]):
 def finalize_value(spec: Spec, env: Env, value):
     """``spec``'s finaliser applied to its reduced ``value`` (free indices in lhs order), as ``_evaluate`` applies
     it (in the same context, so in float32 for half precision): for a form that computes the reduction its own
-    way (``tullax.backends.xla_forms``)."""
+    way (``tullax.backends.xla.forms``)."""
     return _finalize(_context(spec, env)[0], value)
 
 
@@ -442,7 +442,7 @@ class _Position:
 def _read(ctx: _Context, acc: Access):
     import jax.numpy as jnp
 
-    from tullax.backends import xla_rows
+    from tullax.backends.xla import rows as xla_rows
 
     if _sliceable(ctx, acc):
         return _read_slices(ctx, acc)
@@ -590,7 +590,7 @@ def _scatter(ctx: _Context):
     """``out[computed positions] += body`` over every index; positions outside the output are dropped."""
     import jax.numpy as jnp
 
-    from tullax.backends import xla_rows
+    from tullax.backends.xla import rows as xla_rows
 
     base = _as_array(ctx.array(ctx.spec.out), ctx.dtype)
     if ctx.grid.empty:

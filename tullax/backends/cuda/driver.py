@@ -101,7 +101,7 @@ def driver() -> Driver:
 def target_arch() -> str:
     """The architecture kernels are compiled for: ``TULLAX_CUDA_ARCH``, else device 0's (all devices of one
     process are assumed to share it)."""
-    from tullax.backends.cuda_compile import check_arch
+    from tullax.backends.cuda.compile import check_arch
 
     configured = os.environ.get(ARCH_ENV, "").strip()
     return check_arch(configured) if configured else driver().device().arch

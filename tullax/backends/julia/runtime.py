@@ -37,7 +37,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from tullax.backends import host, julia_detect
+from tullax.backends import host
+from tullax.backends.julia import detect as julia_detect
 from tullax.errors import BackendUnavailableError, TullaxError
 
 THREADS_ENV = "TULLAX_JULIA_THREADS"

@@ -44,7 +44,7 @@ BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math
 X86_FLAGS = ("-mprefer-vector-width=256",)
 # glibc's vector math library: with it the prelude declares exp/log/sin/cos/pow as OpenMP SIMD functions, so a
 # loop calling them vectorises (measured: the float32 row logsumexp forward 71 ms -> see the report; Numba
-# prints a vectorisable exp of its own, tullax.backends.numba_math). Its functions are within 4 ulp.
+# prints a vectorisable exp of its own, tullax.backends.numba.math). Its functions are within 4 ulp.
 MVEC_FLAGS = ("-DTX_MVEC",)
 MVEC_LIBS = ("-lmvec",)
 

@@ -1,4 +1,4 @@
-"""Row scatters and row gathers for the XLA lowering (``tullax.backends.xla``).
+"""Row scatters and row gathers for the XLA lowering (``tullax.backends.xla.lower``).
 
 An axis indexed plainly (``d``, ``d+c``) by an index that no other axis's position uses is covered by a whole slice
 per coordinate tuple of the other axes: ``lax.scatter_add`` / ``lax.gather`` with window dimensions, what
@@ -6,7 +6,7 @@ per coordinate tuple of the other axes: ``lax.scatter_add`` / ``lax.gather`` wit
 ran the embedding gradient at 0.87x jnp's speed). Same results: the window's own positions are in bounds
 (check_shapes proved them), so a tuple outside the output drops or masks exactly the elements it carries.
 
-jax is imported inside functions only, as in ``tullax.backends.xla``, which imports this module lazily.
+jax is imported inside functions only, as in ``tullax.backends.xla.lower``, which imports this module lazily.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from tullax.spec.ir import Access, Affine, Idx, idx_names
 
-# ``ctx`` below is ``tullax.backends.xla``'s evaluation context (spec, shapes, grid); the positions are its
+# ``ctx`` below is ``tullax.backends.xla.lower``'s evaluation context (spec, shapes, grid); the positions are its
 # ``_Position``s. Not imported: that module imports this one, and the import graph stays acyclic.
 
 

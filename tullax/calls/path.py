@@ -6,7 +6,7 @@ then takes.
 * On the CPU: the host kernel through a callback, on the path the kernel was traced with (``callback_path()``:
   ``buffer``, or ``pure``'s copies).
 * On a GPU, a backend whose kernels run on that platform: its device kernel on XLA's buffers (``device``); a host
-  backend: ``pure_callback``'s copies, with a warning once (``tullax.jaxop.device.device_path``).
+  backend: ``pure_callback``'s copies, with a warning once (``tullax.calls.device.device_path``).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def lowered_path(path: str, backend_name: str, platform: str) -> str:
     lowering platform: 'cpu', 'cuda', 'rocm')."""
     if path == XLA_PATH or platform == CPU_PLATFORM:
         return path
-    from tullax.jaxop.device import device_path
+    from tullax.calls.device import device_path
 
     return device_path(backend_name, platform)
 
@@ -33,7 +33,7 @@ def backend_path(backend_name: str) -> str:
     device backend (its ``platform`` attribute), else on the CPU. What the planner's loop candidate runs: the
     planner picks a device backend only where jax computes on its GPU, and a host backend only on the CPU."""
     from tullax import backends
-    from tullax.jaxop.callback import callback_path
+    from tullax.calls.host import callback_path
 
     platform = getattr(backends.get(backend_name), "platform", None) or CPU_PLATFORM
     return lowered_path(callback_path(), backend_name, platform)
@@ -43,12 +43,12 @@ def run_loops(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
               zero_start: bool = False) -> Any:
     """``spec`` on ``backend_name``'s kernel over the jax values ``args`` (tracers while lowering), on ``path``
     (``lowered_path``); the result as a jax value of dtype ``out_dtype``."""
-    from tullax.jaxop.device import DEVICE_PATH
+    from tullax.calls.device import DEVICE_PATH
 
     if path == DEVICE_PATH:
-        from tullax.jaxop.device import device_call
+        from tullax.calls.device import device_call
 
         return device_call(spec, backend_name, args, out_dtype)
-    from tullax.jaxop.callback import host_call
+    from tullax.calls.host import host_call
 
     return host_call(spec, backend_name, args, out_dtype, path, zero_start)

@@ -1,6 +1,6 @@
 """The planner behind ``backend="auto"``: for ONE kernel (the forward spec, or one gradient step) and the shapes and
 dtypes of a call, choose the loop backend (host C, Numba, or Julia where it is the loop backend) or one of XLA's
-forms (``tullax.backends.xla_forms``). Where jax computes on a GPU, the loop backend is the GPU's (``cuda`` or
+forms (``tullax.backends.xla.forms``). Where jax computes on a GPU, the loop backend is the GPU's (``cuda`` or
 ``julia-cuda``: kernels on XLA's own device buffers), raced against XLA's forms on the GPU (cuBLAS for a
 contraction, cuDNN for a convolution), and decisions are kept per GPU model.
 
@@ -222,7 +222,7 @@ def loop_backend(dtypes: Iterable[str] = ()) -> str | None:
 
 def always_einsum(spec: Spec) -> bool:
     """Whether ``spec`` is a pure contraction, which runs XLA's einsum whatever the shapes and loop backend."""
-    from tullax.backends import xla_forms
+    from tullax.backends.xla import forms as xla_forms
 
     return "einsum" in xla_forms.forms(spec)
 
@@ -236,7 +236,7 @@ def loops_for(spec: Spec, dtypes: Iterable[str] = ()) -> str | None:
 
 def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
     """The rule that applies to ``spec`` (see the module docstring); ``loops`` is the loop backend (None: none)."""
-    from tullax.backends import xla_forms
+    from tullax.backends.xla import forms as xla_forms
 
     forms = xla_forms.forms(spec)
     if "einsum" in forms:  # first: whether loops are usable does not matter (``always_einsum``, ``loops_for``)
@@ -412,7 +412,8 @@ def _as_plan(candidate: str, loops: str | None, rule: Rule, **extra: Any) -> Pla
 def _usable(spec: Spec, candidate: str, shapes: Shapes) -> bool:
     """Whether a candidate can run these shapes well: the slices form only for a window it can unroll, the
     broadcast lowering only for an index space small enough to materialise."""
-    from tullax.backends import workload, xla_forms
+    from tullax.backends import workload
+    from tullax.backends.xla import forms as xla_forms
     from tullax.spec.shapes import eval_shapes
 
     if candidate == "xla:grid":
@@ -507,7 +508,7 @@ def _settle(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, timing: b
 
     rule = rule_for(spec, loops)
     if loops is not None and workload.runs_serially(spec, shapes):
-        from tullax.backends.xla_forms import forms
+        from tullax.backends.xla.forms import forms
 
         if rule.for_tiny == LOOPS and whole_module_cached(loops):
             return _as_plan(LOOPS, loops, Rule(
@@ -634,7 +635,8 @@ def slice_shapes(spec: Spec, shapes: dict, target: int) -> dict | None:
     index of largest extent that ``xla_forms.cuttable`` allows, cut on every axis it indexes. None when no
     index can be cut (a scatter, an accumulating ``+=``, every free index inside index arithmetic or an index
     array)."""
-    from tullax.backends import workload, xla_forms
+    from tullax.backends import workload
+    from tullax.backends.xla import forms as xla_forms
     from tullax.spec.shapes import eval_shapes
 
     axes = xla_forms.cuttable(spec)
@@ -860,7 +862,7 @@ def _xla_function(spec: Spec, candidate: str, zero_start: bool):
     """The function of the XLA form ``candidate`` on an environment of inputs; with ``zero_start``, it starts
     from zeros of its own, as in a gradient (XLA writes them into the scatter's output; the given array is
     not read)."""
-    from tullax.backends.xla_forms import lower_form
+    from tullax.backends.xla.forms import lower_form
 
     form = lower_form(spec, candidate[4:])
     if not zero_start:
@@ -888,13 +890,13 @@ def _on_device(values: list) -> list:
 
 def _loop_call(spec: Spec, loops: str | None, values: list, zero_start: bool = False):
     """A call of the loop backend's kernel on ``values`` (NumPy, in ``spec.inputs`` order) as a planned kernel
-    runs it: jitted, on the path the tullax primitive's lowering takes (``tullax.jaxop.loop_path``: the host
+    runs it: jitted, on the path the tullax primitive's lowering takes (``tullax.calls.path``: the host
     callback, or a GPU backend's device kernel). Not the bare kernel: the callback costs what the bare kernel
     does not see (an elementwise 4096x4096 step: 13 ms bare, 48 ms through the callback, CPU time on a loaded
     machine; XLA 44 ms), and the row norm gradient went to the loops on the bare timing, 0.8x of XLA's."""
     import jax
 
-    from tullax.jaxop.loop_path import backend_path, run_loops
+    from tullax.calls.path import backend_path, run_loops
     from tullax.spec.shapes import result_dtype
 
     args = _on_device(values)

@@ -15,9 +15,9 @@ import json
 import os
 from pathlib import Path
 
-from tullax.backends.julia_detect import availability, find_julia, julia_env_vars
+from tullax.backends.julia.detect import availability, find_julia, julia_env_vars
 
-CUDA_DEPS_FILE = Path(__file__).resolve().parent.parent / "juliapkg_cuda.json"
+CUDA_DEPS_FILE = Path(__file__).resolve().parents[2] / "juliapkg_cuda.json"
 
 
 def cuda_packages(deps_file: Path = CUDA_DEPS_FILE) -> dict[str, dict[str, str]]:

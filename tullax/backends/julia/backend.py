@@ -6,14 +6,14 @@
 * Availability never imports juliacall (``import juliacall`` without a Julia downloads one): ``julia_detect``
   looks for a Julia; ``julia-cuda`` also needs an NVIDIA device and CUDA.jl in juliapkg's environment
   (``tullax julia install-cuda``). Without them ``build`` raises BackendUnavailableError saying how to get them.
-* Starting Julia and calling it: ``tullax.backends.julia_runtime`` (one dedicated thread, the environment juliacall
+* Starting Julia and calling it: ``tullax.backends.julia.runtime`` (one dedicated thread, the environment juliacall
   starts with, exit). Numba and Julia each load an LLVM and have crashed together in one process (numba issue
   7857): starting Julia when numba is already imported warns (``host.warn_if_other_llvm_loaded``).
 * Zero copy: the host kernel passes the NumPy arrays (views of XLA's buffers under jit) to
   ``TullaxBridge.run_launcher_cpu!``, which wraps each as ``unsafe_wrap(Array, pointer, reverse(size))`` (the
   printed kernels index reversed) and calls the printed launcher ``run_kernel!`` (ndrange, synchronize). Python
   keeps the arrays alive for the call. uint64 index arrays go over as their int64 view (``index_view``).
-* ``julia-cuda`` inside jax on an NVIDIA GPU takes the device path (``tullax.jaxop.device``): the callback gets
+* ``julia-cuda`` inside jax on an NVIDIA GPU takes the device path (``tullax.calls.device``): the callback gets
   XLA's device buffers and stream, and ``TullaxBridge.run_launcher_cuda_device!`` wraps each buffer as a
   ``CuArray`` (``unsafe_wrap``, no copy), orders CUDA.jl's stream after XLA's and XLA's after it with two events,
   and returns without waiting (``JuliaDeviceKernel``). Called on NumPy arrays, it copies them to the device and
@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from tullax.backends import host, julia_detect
+from tullax.backends import host
 from tullax.backends.base import Capabilities, Shapes, Signature, device_pointer
+from tullax.backends.julia import detect as julia_detect
 from tullax.errors import ShapeError, TullaxError
 from tullax.runtime.cache import CompileCache, cache_key, get_cache
 from tullax.spec.ir import Spec
@@ -86,8 +87,8 @@ def _printer() -> Any:
 
 
 def runtime() -> Any:
-    """The process's Julia (``tullax.backends.julia_runtime.runtime``), imported where Julia is started or called."""
-    from tullax.backends.julia_runtime import runtime as julia
+    """The process's Julia (``tullax.backends.julia.runtime.runtime``), imported where Julia is started or called."""
+    from tullax.backends.julia.runtime import runtime as julia
 
     return julia()
 
@@ -468,7 +469,7 @@ class JuliaCudaBackend(JuliaBackend):
 
     name = CUDA_NAME
     target = CUDA
-    platform = "cuda"  # the jax platform whose device buffers its kernels take (tullax.jaxop.device)
+    platform = "cuda"  # the jax platform whose device buffers its kernels take (tullax.calls.device)
     # CUDA kernels compile once per process: CUDA.jl compiles device code per session, package image or not.
     capabilities = Capabilities(host_buffers=True, module_source=True, shaped_run=True)
 

@@ -1,0 +1,1 @@
+"""The Numba backend: Python printed from the loop IR and jitted by Numba (the embedded fallback)."""
