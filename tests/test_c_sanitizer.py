@@ -129,7 +129,7 @@ def test_the_c_kernels_stay_inside_every_array_under_address_sanitizer(tmp_path:
 def test_the_row_streams_stay_inside_every_array_under_address_sanitizer(tmp_path: Path):
     """The max/min rows read several at once (``$TULLAX_C_STREAMS=1``, not the default): whole tiles of rows,
     the ragged last one and the rows after them."""
-    from tullax.backends.c.backend import STREAMS_ENV
+    from tullax.backends.c.generate import STREAMS_ENV
 
     jobs = [[text, None, {k: list(v) for k, v in shapes.items()}, 1] for text, shapes in LONG if "(m" in text]
     tests_dir = str(Path(__file__).resolve().parent)
