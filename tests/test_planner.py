@@ -143,9 +143,9 @@ def test_a_convolution_form_compiles_no_layout_loop_of_its_own_on_the_cpu(text, 
     XLA compiles to nothing, where a transpose, flip or slice of XLA's own compiles into a loop of its own (tens
     of ms per program and process): the optimised program has no loop fusion. The same form without the
     handler (XLA's own transposes) gives the same numbers."""
-    from tullax.backends.c import ffi as c_ffi
+    from tullax.backends import ffi
 
-    if not c_ffi.permute_available():
+    if not ffi.permute_available():
         pytest.skip("no XLA FFI handler here (no C compiler or jax.ffi)")
     _, spec = compile_spec(text)
     with jax.enable_x64(True):
@@ -155,15 +155,15 @@ def test_a_convolution_form_compiles_no_layout_loop_of_its_own_on_the_cpu(text, 
         for form in [f for f in xla_forms.forms(spec) if f.startswith("conv")]:
             compiled = jax.jit(xla_forms.lower_form(spec, form)).lower(env).compile().as_text()
             program = compiled[compiled.index("ENTRY"):]
-            assert "kind=kLoop" not in program and c_ffi.TARGET in program, (form, program)
+            assert "kind=kLoop" not in program and ffi.TARGET in program, (form, program)
             found[form] = np.asarray(jax.jit(xla_forms.lower_form(spec, form))(env))
             np.testing.assert_allclose(found[form], expected, rtol=1e-10, atol=1e-10, err_msg=form)
-        monkeypatch.setattr(c_ffi, "permute_available", lambda: False)
+        monkeypatch.setattr(ffi, "permute_available", lambda: False)
         xla_forms.lower_form.cache_clear()  # new functions for jax to trace
         try:
             for form, got in found.items():
                 plain = jax.jit(xla_forms.lower_form(spec, form)).lower(env).as_text()
-                assert c_ffi.TARGET not in plain, form
+                assert ffi.TARGET not in plain, form
                 np.testing.assert_array_equal(np.asarray(jax.jit(xla_forms.lower_form(spec, form))(env)), got)
         finally:
             xla_forms.lower_form.cache_clear()

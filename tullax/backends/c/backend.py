@@ -320,9 +320,9 @@ def _start_ffi_handler() -> None:
     compile cache, it was another compiler run on the first call's critical path."""
     if "jax" not in sys.modules:
         return
-    from tullax.backends.c import ffi as c_ffi
+    from tullax.backends import ffi
 
-    threading.Thread(target=c_ffi.available, name="tullax-ffi-handler", daemon=True).start()
+    threading.Thread(target=ffi.available, name="tullax-ffi-handler", daemon=True).start()
 
 
 class CBackend:

@@ -1,5 +1,5 @@
 """A loaded ``c`` kernel: one C function of a compiled module, called through ctypes on NumPy buffers, or as a
-custom call inside XLA's program (``tullax.backends.c.ffi``)."""
+custom call inside XLA's program (``tullax.backends.ffi``)."""
 from __future__ import annotations
 
 import ctypes
@@ -70,24 +70,24 @@ class CHostKernel:
 
     def ffi_call(self, operands: Sequence[Any], result: Any, shapes: Shapes,
                  aliases: dict[int, int] | None) -> tuple[Any, int] | None:
-        """The kernel as a custom call inside XLA's program (``tullax.backends.c.ffi``), on jax values
+        """The kernel as a custom call inside XLA's program (``tullax.backends.ffi``), on jax values
         ``operands`` (one per spec input, traced) for the ``result`` (a ShapeDtypeStruct) of ``shapes``: its
         value and the handler's slot (which counts its launches). None where it cannot run so (no handler here,
         a library without the packed entry, a full table): the caller takes the buffer callback. Everything the
         call needs is worked out now, at trace time: the sizes and extents are static under jit."""
-        from tullax.backends.c import ffi as c_ffi
+        from tullax.backends import ffi
 
         plan = self._plan
         pointers = 1 + len(plan.arrays) + len(plan.scalars)
-        if self._packed is None or pointers > c_ffi.MAX_POINTERS or not c_ffi.available()[0]:
+        if self._packed is None or pointers > ffi.MAX_POINTERS or not ffi.available()[0]:
             return None
         # XLA's buffers must hold exactly the element types the kernel reads and writes (a narrow integer result,
         # say, is computed by a kernel of int64: its buffers are not this one's)
         given = [np.dtype(result.dtype)] + [np.dtype(operands[position].dtype) for position in plan.arrays]
         if [np.dtype(a.dtype) for a in self.kernel.arrays] != given:
             return None
-        identity = c_ffi.identity(self._library, self.kernel.name)
-        slot = c_ffi.register(ctypes.cast(self._packed, ctypes.c_void_p).value, identity)
+        identity = ffi.identity(self._library, self.kernel.name)
+        slot = ffi.register(ctypes.cast(self._packed, ctypes.c_void_p).value, identity)
         if slot is None:
             return None
         sizes = plan.size_values(shapes)
@@ -100,8 +100,8 @@ class CHostKernel:
             if values[position].dtype != np.dtype(dtype):
                 values[position] = values[position].astype(dtype)
         sources = [0] + [position + 1 for position in plan.arrays] + [position + 1 for position, _ in plan.scalars]
-        meta = c_ffi.meta(slot, identity, self._team(sizes, shapes), sources, [*sizes, *extents])
-        return c_ffi.call(meta, values, result, aliases), slot
+        meta = ffi.meta(slot, identity, self._team(sizes, shapes), sources, [*sizes, *extents])
+        return ffi.call(meta, values, result, aliases), slot
 
     def prepare(self, shapes: Shapes, *, read_only: bool = False) -> None:
         """Nothing to do: the module was compiled (or loaded) when it was built."""

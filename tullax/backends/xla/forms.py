@@ -133,7 +133,7 @@ def _conv(spec: Spec, shape: ConvShape, plain: Callable, env: Env, padded: bool 
 
 def _relayout(value: Any, axes: Sequence[int], extents: Sequence[int], reversed_axes: Sequence[int] = ()) -> Any:
     """``jnp.transpose(jnp.flip(value[:extents], reversed_axes), axes)``. On the CPU, where the c backend's XLA
-    FFI handler builds, one custom call of its layout change (``c_ffi.permute``): XLA compiles each transpose,
+    FFI handler builds, one custom call of its layout change (``ffi.permute``): XLA compiles each transpose,
     slice or flip of its own into a loop, tens of milliseconds for every program in every new process (three
     per convolution: the image, the kernel, the result), and a custom call into nothing. Elsewhere (a GPU),
     XLA's own ops."""
@@ -148,12 +148,12 @@ def _relayout(value: Any, axes: Sequence[int], extents: Sequence[int], reversed_
         v = v[tuple(slice(0, n) for n in extents)]
         return jnp.transpose(jnp.flip(v, reversed_axes) if reversed_axes else v, axes)
 
-    from tullax.backends.c import ffi as c_ffi
+    from tullax.backends import ffi
     from tullax.backends.gpu_select import on_gpu
 
-    if on_gpu() or not c_ffi.permute_available():
+    if on_gpu() or not ffi.permute_available():
         return in_xla(value)
-    return lax.platform_dependent(value, cpu=lambda v: c_ffi.permute(v, axes, extents, reversed_axes),
+    return lax.platform_dependent(value, cpu=lambda v: ffi.permute(v, axes, extents, reversed_axes),
                                   default=in_xla)
 
 
