@@ -1228,3 +1228,16 @@ def test_the_gradient_races_find_their_xla_candidates_compiled_ahead_all_at_once
         assert "xla:conv" in dict(found.timings_ms), found
     finally:
         planner.forget()
+
+
+def test_the_one_analysis_of_a_spec_whose_range_is_a_minimum_of_extents():
+    """The planner analyses each kernel once, the indices a call can be cut along included: a free index whose
+    range is a minimum of extents (``min(size(x,0), size(z,0)-1)``, from a shifted read) has no one input that
+    gives it, and asking for one crashed ``tullax explain`` of this spec."""
+    from tullax.backends.host import kernel_steps
+    from tullax.planner.call import analyse
+
+    _, spec = compile_spec("y[i] := x[i,k] |> _*z[i+1] + i")
+    found = {step.spec.out: analyse(step.spec).cuttable for step in kernel_steps(spec)}
+    assert found["pre"] == {"i": frozenset({("x", 0)})}, found  # i in 0:min(size(x,0), size(z,0)-1)
+    assert "forward: y[i] := x[i,k] |> _*z[i+1] + i" in tullax.explain("y[i] := x[i,k] |> _*z[i+1] + i")

@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping
 
 from tullax.spec.contraction import factors, is_contraction
 from tullax.spec.ir import Access, Affine, Binary, Spec, Wrapped
-from tullax.spec.sizes import Sym
+from tullax.spec.sizes import Extent, Sym
 
 MAX_UNROLL = 64  # the slices form unrolls a window index of at most this many values
 CHUNK_POINTS = 1 << 20  # the factored form works in blocks whose largest factor has at most this many points
@@ -275,7 +275,9 @@ def cuttable(spec: Spec) -> dict[str, frozenset[tuple[str, int]]]:
     for name, used in axes.items():
         bound = ranges[name].hi
         if used and ranges[name].lo == Sym(0):
-            given = {(t.array, t.axis) for t, c in bound.terms if c == 1} if len(bound.terms) == 1 else set()
+            # an extent (not a min or max of several) gives the range: its input
+            given = {(t.array, t.axis) for t, c in bound.terms if c == 1 and isinstance(t, Extent)} \
+                if len(bound.terms) == 1 else set()
             found[name] = frozenset(used | given)
     return found
 
