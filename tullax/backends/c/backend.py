@@ -73,7 +73,7 @@ KERNELS_FILE = "kernels.pickle"  # {"library": its file name, "kernels": ((inter
 # =============================================================================================
 # Compiling and loading
 # =============================================================================================
-_COUNTS = {"compiled": 0, "loaded": 0}
+_COUNTS = {"compiled": 0, "loaded": 0}  # what this process compiled and loaded (``compile_stats``), under its lock
 _COUNTS_LOCK = threading.Lock()
 
 
@@ -238,7 +238,7 @@ def _recipe(part: str = FORWARD) -> host.ModuleRecipe:
                              functools.partial(_load_cached, part=part))
 
 
-_STEPS: dict[tuple[Spec, Signature], "CHostKernel"] = {}  # gradient steps of the modules loaded here
+_STEPS: dict[tuple[Spec, Signature], "CHostKernel"] = {}  # gradient steps of the modules loaded here (a cache)
 _STEPS_LOCK = threading.Lock()
 
 
@@ -253,6 +253,7 @@ class _StepsBuild:
         self.keys: frozenset[tuple[Spec, Signature]] = frozenset()
 
 
+# the steps module of each forward (spec, signature) this process started: a step asked for waits for its build
 _STEP_BUILDS: dict[tuple[Spec, Signature], _StepsBuild] = {}
 
 
