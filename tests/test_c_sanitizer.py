@@ -52,7 +52,7 @@ _CHILD = textwrap.dedent("""
     sys.path.insert(0, sys.argv[2])
     from loop_backends import run_host
     from tullax import backends
-    from tullax.planner.decide import kernel_shapes
+    from tullax.planner.call import kernel_shapes
     from tullax.errors import TullaxError
     from tullax.spec.analyze import analyze
     from tullax.spec.examples import random_inputs, shapes_for

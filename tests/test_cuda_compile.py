@@ -22,7 +22,7 @@ from tullax.backends.host import kernel_steps
 from tullax.compiler.loops import Store, walk_stmts
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError, TullaxError
-from tullax.planner.decide import kernel_shapes
+from tullax.planner.call import kernel_shapes
 from tullax.printers.cuda import BLOCK_THREADS, print_module
 from tullax.spec.examples import shapes_for
 from tullax.spec.frontend import compile_spec
@@ -188,7 +188,7 @@ def test_a_cached_cubin_is_read_without_loading_nvrtc(tmp_path):
     import os
     import sys
 
-    code = ("import sys\nfrom tullax.backends import cuda_compile\n"
+    code = ("import sys\nfrom tullax.backends.cuda import compile as cuda_compile\n"
             f"cubin = cuda_compile.cached_cubin({SOURCE!r}, 'sm_90', spec_text='a', dtypes=['float32'])\n"
             "maps = open('/proc/self/maps').read()\n"
             "print(cubin.compile_ms is None, 'libnvrtc' in maps)\n")
