@@ -75,13 +75,13 @@ def compile_child(layout: str) -> float:
     """One new process: ms XLA took to compile the 'conv' form's forward program at conv2d's TTFK inputs."""
     import jax
 
-    from tullax.backends.c import ffi as c_ffi
+    from tullax.backends import ffi
     from tullax.backends.xla import forms as xla_forms
     from tullax.spec.frontend import compile_spec
 
     if layout == "xla":
-        c_ffi.permute_available = lambda: False  # XLA's own transposes, as on a machine without the handler
-    elif not c_ffi.permute_available():
+        ffi.permute_available = lambda: False  # XLA's own transposes, as on a machine without the handler
+    elif not ffi.permute_available():
         raise SystemExit("no FFI handler here")
     _, spec = compile_spec(CONV2D)
     env = {"x": jax.ShapeDtypeStruct((2, 32, 32, 32), "float32"), "k": jax.ShapeDtypeStruct((32, 32, 3, 3), "float32")}

@@ -3,7 +3,7 @@ round after round on the same array (the best of a batch of calls, each waited f
 row max `(max) m[i] := x[i,j]` at the suite's size (4096x4096 float32, 64 MB read per call) and at tiny sizes,
 where the per-call cost is all there is.
 
-* ``ffi`` (the default): XLA's custom call of the compiled FFI handler (``tullax.backends.c.ffi``), no Python;
+* ``ffi`` (the default): XLA's custom call of the compiled FFI handler (``tullax.backends.ffi``), no Python;
 * ``buffer``: ``jax.experimental.buffer_callback``, a Python function per call (``TULLAX_CALLBACK=buffer``);
 * ``jnp.max``: XLA's own reduction (which drops NaNs on jaxlib 0.10.2; the kernel keeps them).
 

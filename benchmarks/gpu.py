@@ -213,9 +213,10 @@ def time_case(name: str, spec_text: str, shapes: dict, naive: Callable | None, d
             row[f"{backend}_backward_ms"] = best_ms(lambda b=backward: b(cotangent), repeat)
             progress(row)
         from tullax.planner import decide as planner
+        from tullax.planner.explain import describe
         from tullax.spec.text import format_spec
 
-        row["auto_plans"] = sorted({f"{format_spec(key[0])}: {found.describe()}"
+        row["auto_plans"] = sorted({f"{format_spec(key[0])}: {describe(found)}"
                                     for key, found in planner._MEMO.items()})
         if naive is not None:
             row["naive_forward_ms"] = best_ms(lambda f=jax.jit(naive): f(*args), repeat)

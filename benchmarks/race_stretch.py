@@ -1,6 +1,6 @@
 """How often the planner's race of a close call picks the slower candidate, by the length of the stretch of runs in
-a row that times a fast contender in each round (``planner.SAMPLE_MS``; a candidate more than
-``planner.CLOSE_RATIO`` behind keeps ``SCOUT_SAMPLE_MS``) and the number of rounds.
+a row that times a fast contender in each round (``tuning.SAMPLE_MS``; a candidate more than
+``tuning.CLOSE_RATIO`` behind keeps ``SCOUT_SAMPLE_MS``) and the number of rounds.
 
     PYTHONPATH=$PWD python benchmarks/race_stretch.py --races 15
 
@@ -35,39 +35,43 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import numpy as np
 
-    from tullax.planner import decide as planner
+    from tullax.planner import candidates as made
+    from tullax.planner import race as racing
+    from tullax.planner import tuning
+    from tullax.planner.call import Call
+    from tullax.planner.rules import loop_backend
     from tullax.spec.frontend import compile_spec
 
     _, spec = compile_spec(CASE)
     dtypes = {name: "float32" for name in SHAPES}
-    loops = planner.loop_backend()
+    call = Call.of(spec, SHAPES, dtypes, loop_backend())
     candidates = ("loops", "xla:slices", "xla:conv")
-    planner._time_candidates(spec, SHAPES, dtypes, candidates, loops)  # compiles everything once
-    kept = planner.SAMPLE_MS, planner.SAMPLES
+    racing.race(call, candidates)  # compiles everything once
+    kept = tuning.SAMPLE_MS, tuning.SAMPLES
     races: dict[str, list[dict]] = {f"{ms:g} ms x {rounds}": [] for ms, rounds in VARIANTS}
     for race in range(args.races):
         for ms, rounds in VARIANTS:
-            planner.SAMPLE_MS, planner.SAMPLES = ms, 1 << 10
+            tuning.SAMPLE_MS, tuning.SAMPLES = ms, 1 << 10
             began = time.perf_counter()
-            found = dict(planner._time_candidates(spec, SHAPES, dtypes, candidates, loops, rounds=rounds))
+            found = dict(racing.race(call, candidates, rounds=rounds))
             races[f"{ms:g} ms x {rounds}"].append({"loops_ms": found["loops"], "slices_ms": found["xla:slices"],
                                                    "race_s": time.perf_counter() - began})
             time.sleep(0.3)  # the machine idles between races, as between a program's first calls
         print(f"race {race + 1}/{args.races}", flush=True)
-    planner.SAMPLE_MS, planner.SAMPLES = kept
+    tuning.SAMPLE_MS, tuning.SAMPLES = kept
     values = [np.random.default_rng(0).standard_normal(s).astype(np.float32) for s in SHAPES.values()]
     truth = {}
     for name in ("loops", "xla:slices"):
-        call = planner._prepared_call(spec, name, values, loops)
+        run = made.prepared(call, name, values)
         times = []
         for _ in range(300):
             start = time.perf_counter()
-            call()
+            run()
             times.append((time.perf_counter() - start) * 1e3)
         truth[name] = {"best_ms": min(times), "median_ms": statistics.median(times)}
     summary = {}
     for label, found in races.items():
-        wrong = sum(r["loops_ms"] * planner.LOOP_MARGIN < r["slices_ms"] for r in found)
+        wrong = sum(r["loops_ms"] * tuning.LOOP_MARGIN < r["slices_ms"] for r in found)
         summary[label] = {"wrong": wrong, "races": len(found),
                           "median_race_s": statistics.median(r["race_s"] for r in found)}
         print(f"{label:>12}: loops won {wrong}/{len(found)} races, median race "

@@ -63,9 +63,10 @@ if variant == "jnp":
     print(json.dumps({"two_wall_ms": wall}))
     raise SystemExit
 from tullax.backends.c import backend as c
+from tullax.backends.c.generate import STREAMS_ENV
 from tullax.backends.base import Signature
 if variant == "streams":  # the c backend's kernels read several long rows at once
-    os.environ[c.STREAMS_ENV] = "1"
+    os.environ[STREAMS_ENV] = "1"
 signature = Signature.for_dtype(spec, "float32")
 start = time.perf_counter()
 kernel = c.CBackend().build(spec, signature)

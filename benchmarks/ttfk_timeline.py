@@ -9,9 +9,9 @@ compile cache, ``warm`` on the one the cold run filled.
 * ``resolve``: choosing an explicit backend (``auto`` asks for its loop backend as it plans a kernel that may run
   on the loops: whether Julia, then the C compiler, can run here); ``c probe``: the C compiler's trial build,
   once per cache;
-* ``race <out>``: the planner deciding one kernel (``planner._decide``); inside it ``candidate <form>``: one
-  candidate compiled and run once (``planner._prepared_call``), and ``compile ahead``: lowering the XLA candidates
-  of the gradient races still to run, compiled meanwhile in threads;
+* ``race <out>``: the planner deciding one kernel (``tullax.planner.decide._decide``); inside it
+  ``candidate <form>``: one candidate compiled and run once (``tullax.planner.candidates.prepared``), and
+  ``compile ahead``: lowering the XLA candidates of the gradient races still to run, compiled meanwhile in threads;
 * ``c module, built or loaded``: one loop module from the cache, or generated (``C codegen``) and compiled
   (``C compile``: the compiler's processes);
 * ``XLA compile``: one XLA executable: a race's candidate, a loop candidate's wrapper, the user's programs;
@@ -53,6 +53,7 @@ def _instrument(spans: list) -> None:
     from tullax.backends import host
     from tullax.backends.c import backend as c
     from tullax.backends.c import compile as c_compile
+    from tullax.planner import candidates as made
     from tullax.planner import decide as planner
 
     def wrap(module, name, label) -> None:
@@ -73,8 +74,8 @@ def _instrument(spans: list) -> None:
 
     wrap(backends, "resolve", lambda name, *_, **__: f"resolve {name}")
     wrap(c_compile, "_probe", "c probe")
-    wrap(planner, "_decide", lambda spec, *_, **__: f"race {spec.out}")
-    wrap(planner, "_prepared_call", lambda spec, candidate, *_, **__: f"candidate {candidate} ({spec.out})")
+    wrap(planner, "_decide", lambda call, *_, **__: f"race {call.spec.out}")
+    wrap(made, "prepared", lambda call, candidate, *_, **__: f"candidate {candidate} ({call.spec.out})")
     wrap(planner, "compile_ahead", "compile ahead")
     wrap(host, "build_module", lambda recipe, spec, *_, **__: f"{recipe.backend} module, built or loaded ({spec.out})")
     wrap(c, "generate", lambda spec, *_, **__: f"C codegen ({spec.out})")

@@ -11,12 +11,12 @@ from tullax import ShapeError, TullaxError
 from tullax.backends import availability
 from tullax.benchmarking.case import (
     BenchCase,
-    make_inputs,
     parse_range_arg,
     parse_shape_arg,
 )
 from tullax.benchmarking.runner import case_document, run_child
 from tullax.benchmarking.worker import relative_error
+from tullax.spec.examples import make_inputs
 from tullax.spec.frontend import compile_spec
 
 NORM = "n[i] := x[i,j]^2 |> sqrt"

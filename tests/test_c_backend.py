@@ -20,6 +20,7 @@ from loop_backends import run_host, xla_eval
 
 from tullax.backends.base import Signature
 from tullax.backends.c import backend as cmod
+from tullax.backends.c import generate as cgen
 from tullax.backends.c.backend import CBackend, compile_stats, module_source
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.grad import gradients
@@ -355,7 +356,7 @@ def test_every_corpus_module_round_trips_through_its_kernels_file(case: Case):
     their reprs, which show every field: a NaN constant is never == itself)."""
     import pickle
 
-    from tullax.backends.c.backend import module_kernels
+    from tullax.backends.c.generate import module_kernels
 
     spec = analysed(case.spec, case.ranges)
     try:
@@ -373,18 +374,18 @@ def test_the_fingerprint_follows_every_generating_module(tmp_path: Path):
 
     package = REPO / "tullax"
     copy = tmp_path / "tullax"
-    for name in cmod._GENERATOR_PACKAGES:
+    for name in cgen._GENERATOR_PACKAGES:
         shutil.copytree(package / name, copy / name)
-    for name in cmod._GENERATOR_MODULES:
+    for name in cgen._GENERATOR_MODULES:
         (copy / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(package / name, copy / name)
-    assert cmod.fingerprint_of(copy) == cmod.generator_fingerprint()
+    assert cgen.fingerprint_of(copy) == cmod.generator_fingerprint()
     seen = {cmod.generator_fingerprint()}
     for edited in ("printers/c.py", "compiler/lower.py", "grad/derive.py", "spec/functions.py",
-                   "backends/c/backend.py"):
+                   "backends/c/generate.py"):
         original = (copy / edited).read_text()
         (copy / edited).write_text(original + "\n# edited\n")
-        seen.add(cmod.fingerprint_of(copy))
+        seen.add(cgen.fingerprint_of(copy))
         (copy / edited).write_text(original)
     assert len(seen) == 6
 
@@ -421,7 +422,7 @@ def test_a_warm_process_imports_no_compiler_printer_or_numba(tmp_path: Path, bac
 
 
 def planner_loops() -> str | None:
-    from tullax.planner.decide import loop_backend
+    from tullax.planner.rules import loop_backend
 
     return loop_backend(["float32"])
 
@@ -532,7 +533,7 @@ def test_a_module_that_adds_into_its_output_clears_it_in_parallel(monkeypatch):
     signature = Signature.for_dtype(spec, "float32")
     assert BACKEND.build(spec, signature)._clear is None  # the forward module: a gather, no kernel adds
     (step,) = [s for g in gradients(spec) for s in g.steps]  # the scatter, in the steps module
-    kernel = BACKEND.build(step, cmod._step_signature(step, signature, spec))
+    kernel = BACKEND.build(step, cgen.step_signature(step, signature, spec))
     assert kernel.generated.spec == spec and kernel._clear is not None
     for threads in ("1", "2"):
         monkeypatch.setenv("TULLAX_C_THREADS", threads)
@@ -691,7 +692,7 @@ def test_the_forward_kernel_is_ready_while_its_steps_module_still_compiles(monke
         step = next(s for g in gradients(spec) if g.wrt == "xq" for s in g.steps)
         found = []
         asking = threading.Thread(target=lambda: found.append(
-            BACKEND.build(step, cmod._step_signature(step, signature, spec))))
+            BACKEND.build(step, cgen.step_signature(step, signature, spec))))
         asking.start()
         asking.join(0.5)
         assert asking.is_alive()  # waiting for the steps module

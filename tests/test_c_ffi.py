@@ -1,4 +1,4 @@
-"""The c backend's kernels as XLA custom calls (``tullax.backends.c.ffi``): one compiled FFI handler calls each
+"""The c backend's kernels as XLA custom calls (``tullax.backends.ffi``): one compiled FFI handler calls each
 kernel's packed entry inside XLA's program, with no Python per call.
 
 Checked against independent oracles: every corpus spec under jit against the naive evaluator, and bit for bit
@@ -16,7 +16,7 @@ from corpus import CORPUS, Case
 from loop_backends import c_unavailable
 
 import tullax
-from tullax.backends.c import ffi as c_ffi
+from tullax.backends import ffi
 from tullax.calls.host import updates_in_place
 from tullax.errors import TullaxError
 from tullax.runtime import stats
@@ -52,7 +52,7 @@ def _inputs(case: Case):
 
 
 def _custom_calls(fn, *args) -> int:
-    return jax.jit(fn).lower(*args).as_text().count(c_ffi.TARGET)
+    return jax.jit(fn).lower(*args).as_text().count(ffi.TARGET)
 
 
 @pytest.mark.parametrize("case", CORPUS, ids=lambda c: c.id)
@@ -119,33 +119,33 @@ def test_an_update_runs_in_xlas_aliased_buffer_and_leaves_the_given_array_as_it_
 def test_a_program_naming_a_kernel_this_process_never_registered_fails_instead_of_calling_it(x64):
     """What an executable compiled by another process (JAX's persistent compilation cache) would hold: a slot
     whose identity is not the kernel registered here."""
-    assert c_ffi.available()[0]
+    assert ffi.available()[0]
     x = jnp.arange(6.0)
     kernel = tullax.einsum_kernel("y[i] := 2*x[i]", backend="c")
     np.testing.assert_array_equal(jax.jit(kernel)(x), 2 * np.arange(6.0))  # registers at least one slot
     result = jax.ShapeDtypeStruct((6,), jnp.float64)
-    for slot, identity in ((0, 12345), (c_ffi.SLOTS - 1, 1), (-1, 1)):
-        meta = c_ffi.meta(slot, identity, 1, [0, 1], [6])
+    for slot, identity in ((0, 12345), (ffi.SLOTS - 1, 1), (-1, 1)):
+        meta = ffi.meta(slot, identity, 1, [0, 1], [6])
         with pytest.raises(Exception, match="not loaded in this process"):
-            jax.block_until_ready(jax.jit(lambda x, meta=meta: c_ffi.call(meta, [x], result, None))(x))
+            jax.block_until_ready(jax.jit(lambda x, meta=meta: ffi.call(meta, [x], result, None))(x))
 
 
 def test_a_malformed_meta_attribute_is_an_error_not_a_wild_call(x64):
     x = jnp.arange(6.0)
     kernel = tullax.einsum_kernel("y[i] := 3*x[i]", backend="c")
     jax.jit(kernel)(x)
-    slot, identity = next(iter(c_ffi._SLOTS.items()))[1], next(iter(c_ffi._SLOTS))[1]
+    slot, identity = next(iter(ffi._SLOTS.items()))[1], next(iter(ffi._SLOTS))[1]
     result = jax.ShapeDtypeStruct((6,), jnp.float64)
-    bad = {"operand out of range": c_ffi.meta(slot, identity, 1, [0, 5], [6]),
-           "too many pointers": c_ffi.meta(slot, identity, 1, [0] * (c_ffi.MAX_POINTERS + 1), [6]),
-           "counts that disagree": c_ffi.meta(slot, identity, 1, [0, 1], [6])[:-1]}
+    bad = {"operand out of range": ffi.meta(slot, identity, 1, [0, 5], [6]),
+           "too many pointers": ffi.meta(slot, identity, 1, [0] * (ffi.MAX_POINTERS + 1), [6]),
+           "counts that disagree": ffi.meta(slot, identity, 1, [0, 1], [6])[:-1]}
     for what, meta in bad.items():
         with pytest.raises(Exception, match="tullax: a c kernel"):
-            jax.block_until_ready(jax.jit(lambda x, meta=meta: c_ffi.call(meta, [x], result, None))(x))
+            jax.block_until_ready(jax.jit(lambda x, meta=meta: ffi.call(meta, [x], result, None))(x))
 
 
 def test_without_a_handler_every_kernel_keeps_the_buffer_callback(monkeypatch, path, x64):
-    monkeypatch.setattr(c_ffi, "available", lambda: (False, "no handler in this test"))
+    monkeypatch.setattr(ffi, "available", lambda: (False, "no handler in this test"))
     kernel = tullax.einsum_kernel("(max) m[i] := x[i,j]", backend="c")
     x = jnp.asarray(np.random.default_rng(1).standard_normal((6, 5)))
     assert _custom_calls(kernel, x) == 0
@@ -199,7 +199,7 @@ def test_a_kernel_of_wider_dtypes_than_the_calls_buffers_never_runs_as_a_custom_
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "float16", "complex128", "bool"])
 @pytest.mark.parametrize("shape", [(5,), (3, 4), (2, 3, 4), (2, 3, 4, 5), (1, 4, 1, 3), (2, 0, 3), (2, 3, 1, 2, 3)])
 def test_the_layout_change_is_numpys_transpose_of_the_flipped_cut_array(shape, dtype, x64):
-    """``c_ffi.permute``: every order of the axes (every one up to rank 3, a sample beyond), each with no axis,
+    """``ffi.permute``: every order of the axes (every one up to rank 3, a sample beyond), each with no axis,
     the first, the last or every other one reversed, whole or cut to fewer elements per axis, against NumPy."""
     import itertools
 
@@ -213,15 +213,15 @@ def test_the_layout_change_is_numpys_transpose_of_the_flipped_cut_array(shape, d
         for reversed_axes in {(), (0,), (len(shape) - 1,), tuple(range(0, len(shape), 2))}:
             for extents in (shape, cut):
                 expected = np.transpose(np.flip(x[tuple(slice(0, n) for n in extents)], reversed_axes), axes)
-                got = jax.jit(lambda v: c_ffi.permute(v, axes, extents, reversed_axes))(x)
+                got = jax.jit(lambda v: ffi.permute(v, axes, extents, reversed_axes))(x)
                 assert got.dtype == x.dtype and got.shape == expected.shape
                 np.testing.assert_array_equal(np.asarray(got), expected, err_msg=f"{axes} {reversed_axes} {extents}")
 
 
 def test_a_large_layout_change_runs_on_a_team_and_gives_the_same_array():
     x = np.random.default_rng(0).standard_normal((8, 32, 64, 64)).astype(np.float32)
-    assert x.size >= c_ffi.PARALLEL_ELEMENTS
-    got = jax.jit(lambda v: c_ffi.permute(v, (0, 2, 3, 1), None, (2,)))(x)
+    assert x.size >= ffi.PARALLEL_ELEMENTS
+    got = jax.jit(lambda v: ffi.permute(v, (0, 2, 3, 1), None, (2,)))(x)
     np.testing.assert_array_equal(np.asarray(got), np.transpose(np.flip(x, 2), (0, 2, 3, 1)))
 
 
@@ -229,4 +229,4 @@ def test_a_layout_change_that_does_not_fit_its_array_is_a_tullax_error():
     x = jnp.zeros((2, 3), jnp.float32)
     for axes, extents in (((0, 0), None), ((1, 0), (3, 3))):
         with pytest.raises(TullaxError, match="internal: permute"):
-            jax.jit(lambda v, axes=axes, extents=extents: c_ffi.permute(v, axes, extents))(x)
+            jax.jit(lambda v, axes=axes, extents=extents: ffi.permute(v, axes, extents))(x)

@@ -26,7 +26,7 @@ GOLDEN_CASES = ("dist", "row_max", "row_logsumexp", "scatter_embedding_grad", "d
 
 def module(case_id: str, dtype: str = "float32", streams: bool = False) -> str:
     """The c backend's module of a corpus case; with ``streams``, as ``$TULLAX_C_STREAMS=1`` prints it."""
-    from tullax.backends.c.backend import lowered
+    from tullax.backends.c.generate import lowered
     from tullax.backends.host import module_source
 
     spec = analysed(CASES_BY_ID[case_id].spec, CASES_BY_ID[case_id].ranges)
@@ -125,7 +125,7 @@ def test_reduction_lanes_are_vectors_of_one_avx2_register(dtype: str):
 
 
 def _forward_of(text: str, dtype: str = "float32") -> str:
-    from tullax.backends.c.backend import lowered
+    from tullax.backends.c.generate import lowered
     from tullax.backends.host import module_source
 
     spec = analysed(text)

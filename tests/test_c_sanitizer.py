@@ -52,7 +52,7 @@ _CHILD = textwrap.dedent("""
     sys.path.insert(0, sys.argv[2])
     from loop_backends import run_host
     from tullax import backends
-    from tullax.planner.decide import kernel_shapes
+    from tullax.planner.call import kernel_shapes
     from tullax.errors import TullaxError
     from tullax.spec.analyze import analyze
     from tullax.spec.examples import random_inputs, shapes_for
@@ -129,7 +129,7 @@ def test_the_c_kernels_stay_inside_every_array_under_address_sanitizer(tmp_path:
 def test_the_row_streams_stay_inside_every_array_under_address_sanitizer(tmp_path: Path):
     """The max/min rows read several at once (``$TULLAX_C_STREAMS=1``, not the default): whole tiles of rows,
     the ragged last one and the rows after them."""
-    from tullax.backends.c.backend import STREAMS_ENV
+    from tullax.backends.c.generate import STREAMS_ENV
 
     jobs = [[text, None, {k: list(v) for k, v in shapes.items()}, 1] for text, shapes in LONG if "(m" in text]
     tests_dir = str(Path(__file__).resolve().parent)

@@ -159,9 +159,9 @@ def test_deferred_updates_wait_for_flush_and_apply_in_order(cache: CompileCache)
 def test_deferred_updates_are_written_by_a_timer_and_at_exit(cache: CompileCache, monkeypatch, tmp_path: Path):
     import time
 
-    from tullax.runtime import cache as cache_module
+    from tullax.runtime import cache_later
 
-    monkeypatch.setattr(cache_module, "FLUSH_DELAY_S", 0.05)
+    monkeypatch.setattr(cache_later, "FLUSH_DELAY_S", 0.05)
     cache.record_later("k1", spec="y[i] := x[i]", backend="c", first_run_ms=2.0)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not cache.index_path.exists():

@@ -197,7 +197,7 @@ def test_updates_copy_the_given_array_unless_xla_aliased_it(gpu):
 def test_a_split_sum_clears_its_output_on_the_stream_before_the_launch(gpu):
     """Few output elements with long sums: the pieces add into the output, which starts at zero."""
     spec = analysed("y[b,i] := x[b,i+k]*w[k]")
-    from tullax.planner.decide import kernel_shapes
+    from tullax.planner.call import kernel_shapes
 
     label, grad, shapes = kernel_shapes(spec, {"x": (64, 16384), "w": (31,)})[2]
     assert label.endswith("w")
@@ -314,7 +314,8 @@ def test_the_lowering_and_the_planners_loop_candidate_take_one_path_choice(monke
     recorded instead of launched: no GPU needed), the host callback for a host backend."""
     from tullax.calls import path as loop_path
     from tullax.calls.host import callback_path
-    from tullax.planner import decide as planner
+    from tullax.planner import candidates
+    from tullax.planner.call import Call
 
     monkeypatch.setattr(device, "_warned", set())
     assert loop_path.lowered_path("xla", "cuda", "cuda") == "xla"
@@ -332,7 +333,7 @@ def test_the_lowering_and_the_planners_loop_candidate_take_one_path_choice(monke
 
     monkeypatch.setattr(device, "device_call", recorded)
     spec = analysed("y[i] := 2*x[i]")
-    planner._loop_call(spec, "cuda", [np.ones(8, np.float32)])()
+    candidates._loop_call(Call.of(spec, {"x": (8,)}, {"x": "float32"}, "cuda"), [np.ones(8, np.float32)])()
     assert launched == ["cuda"]
 
 
@@ -341,7 +342,7 @@ def test_the_lowering_and_the_planners_loop_candidate_take_one_path_choice(monke
 def test_auto_on_a_gpu_races_julia_cuda_then_cuda_against_xla_and_never_a_host_backend(monkeypatch, usable, chosen):
     """On a GPU ``auto`` stays ``auto``: the planner's loop backend is the GPU's (julia-cuda, else cuda); without
     one, XLA's forms run (a host backend would copy every input to the host and back)."""
-    from tullax.planner import decide as planner
+    from tullax.planner import rules as planner
 
     class Stub:
         platform = "cuda"

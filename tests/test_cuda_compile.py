@@ -22,7 +22,7 @@ from tullax.backends.host import kernel_steps
 from tullax.compiler.loops import Store, walk_stmts
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError, TullaxError
-from tullax.planner.decide import kernel_shapes
+from tullax.planner.call import kernel_shapes
 from tullax.printers.cuda import BLOCK_THREADS, print_module
 from tullax.spec.examples import shapes_for
 from tullax.spec.frontend import compile_spec

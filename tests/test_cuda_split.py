@@ -12,7 +12,7 @@ from tullax.backends.base import Signature
 from tullax.backends.cuda.launch import SPLIT_ENV, START_ANY, START_ZERO, device_lowering
 from tullax.compiler.loops import Loop, Store, walk_stmts
 from tullax.compiler.split import CHUNK, SplitPolicy
-from tullax.planner.decide import kernel_shapes
+from tullax.planner.call import kernel_shapes
 from tullax.spec.frontend import compile_spec
 from tullax.testing.oracle import naive_eval
 

@@ -127,7 +127,7 @@ def test_shard_map_over_the_gpus_matches_xla():
 
 
 def test_auto_runs_without_the_copy_warning():
-    from tullax.planner import decide as planner
+    from tullax.planner import rules as planner
 
     assert planner.on_gpu() and planner.loop_backend(("float32",)) in ("cuda", "julia-cuda")
     x = jnp.asarray(np.arange(12.0).reshape(3, 4))

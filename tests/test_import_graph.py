@@ -1,4 +1,4 @@
-"""The import graph of tullax's own modules has no cycle.
+"""The import graph of tullax's own modules has no cycle, and no module imports one of a layer above its own.
 
 Built statically from the AST of every module, imports inside functions included: a lazy import that closes
 a cycle still ties two modules together (neither can be understood, tested or moved without the other), it
@@ -83,6 +83,65 @@ def test_tullax_has_no_import_cycle():
     assert len(graph) > 40 and graph["tullax"], "the graph builder found no modules or no imports"
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# tullax's layers, bottom first: a module imports modules of its own layer or below, never above (lazy imports
+# included). The longest prefix names a module's layer.
+LAYERS = (
+    ("tullax.errors", "tullax._version"),
+    ("tullax.spec",),
+    ("tullax.grad", "tullax.compiler", "tullax.runtime"),
+    ("tullax.printers",),
+    ("tullax.backends",),  # the backend families, and what they share (registry, host template, FFI handler)
+    ("tullax.calls",),  # how a loop kernel runs inside jit: below the primitive and the planner, which both use it
+    ("tullax.planner",),
+    ("tullax.jaxop",),
+    ("tullax.api",),
+    ("tullax",),
+    ("tullax.benchmarking", "tullax.testing", "tullax.cli"),
+)
+# inside the planner: the call record and the tuning first, the explanation (a view of plans) last
+PLANNER_LAYERS = (
+    ("tullax.planner.call", "tullax.planner.tuning"),
+    ("tullax.planner.rules", "tullax.planner.store"),
+    ("tullax.planner.candidates",),
+    ("tullax.planner.race",),
+    ("tullax.planner.decide",),
+    ("tullax.planner.explain",),
+)
+
+
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...]) -> int | None:
+    found = [(len(name), i) for i, names in enumerate(layers) for name in names
+             if module == name or module.startswith(name + ".")]
+    return max(found)[1] if found else None
+
+
+def upward_imports(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]) -> list[tuple[str, str]]:
+    """The edges of ``graph`` from a module of ``layers`` to one of a higher layer."""
+    return sorted((a, b) for a, imported in graph.items() for b in imported
+                  if layer_of(a, layers) is not None and layer_of(b, layers) is not None
+                  and layer_of(b, layers) > layer_of(a, layers))
+
+
+def test_no_module_imports_upwards():
+    graph = import_graph()
+    assert all(layer_of(module, LAYERS) is not None for module in graph), "a module outside every layer"
+    assert graph["tullax.planner.decide"] and graph["tullax.jaxop.primitives"], "no imports found"
+    assert upward_imports(graph, LAYERS) == []
+    assert upward_imports(graph, PLANNER_LAYERS) == []
+
+
+def test_an_upward_import_is_found(tmp_path):
+    pkg = tmp_path / "tullax"
+    (pkg / "spec").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "spec" / "__init__.py").write_text("")
+    (pkg / "spec" / "ir.py").write_text("def f():\n    from tullax.api import kernel\n")
+    (pkg / "api").mkdir()
+    (pkg / "api" / "__init__.py").write_text("")
+    (pkg / "api" / "kernel.py").write_text("from tullax.spec import ir\n")
+    assert upward_imports(import_graph(pkg), LAYERS) == [("tullax.spec.ir", "tullax.api.kernel")]
 
 
 def test_the_graph_sees_lazy_and_relative_imports(tmp_path):

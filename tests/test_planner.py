@@ -22,8 +22,11 @@ import tullax  # noqa: E402
 from tullax.backends import workload  # noqa: E402
 from tullax.backends.xla import forms as xla_forms  # noqa: E402
 from tullax.backends.xla import lower as xla  # noqa: E402
-from tullax.benchmarking.case import make_inputs  # noqa: E402
+from tullax.planner import candidates, explain, rules, tuning  # noqa: E402
 from tullax.planner import decide as planner  # noqa: E402
+from tullax.planner import race as racing  # noqa: E402
+from tullax.planner.call import Call, kernel_shapes  # noqa: E402
+from tullax.spec.examples import make_inputs  # noqa: E402
 
 LINEAR = "C[i,j] := W[k,i]*X[k,j]"
 DIST = "D[i,j] := (W[k,i]-X[k,j])^2"
@@ -33,7 +36,7 @@ EMBED = "out[b,d] := W[ix[b],d]"
 SCALED_EMBED = "out[b,d] := W[ix[b],d]*s[b]"  # a gather that computes: raced, the loops by default
 # forward on the loops (a sum of terms), its gradient steps pure contractions (einsum): a mixed plan
 MIXED = "C[i,j] := W[k,i]*X[k,j] + b[i]"
-LOOP_BACKEND = planner.loop_backend()  # the loop backend auto uses here: host C where a compiler works, else Numba
+LOOP_BACKEND = rules.loop_backend()  # the loop backend auto uses here: host C where a compiler works, else Numba
 
 # (spec, rule, default, close-call candidates)
 # a contraction of two operands races einsum against its broadcast product (on the CPU: these tests run there)
@@ -81,10 +84,10 @@ CORPUS = [
 @pytest.mark.parametrize("text, rule, default, close", CORPUS)
 def test_rules_choose_as_documented(text, rule, default, close):
     _, spec = compile_spec(text)
-    found = planner.rule_for(spec, "numba")
+    found = rules.rule_for(spec, "numba")
     assert (found.name, found.default, found.close) == (rule, default, close)
     # without a loop backend everything runs on XLA, in its best form
-    assert planner.rule_for(spec, None).default == f"xla:{xla_forms.forms(spec)[0]}"
+    assert rules.rule_for(spec, None).default == f"xla:{xla_forms.forms(spec)[0]}"
 
 
 FORM_CORPUS = [
@@ -140,9 +143,9 @@ def test_a_convolution_form_compiles_no_layout_loop_of_its_own_on_the_cpu(text, 
     XLA compiles to nothing, where a transpose, flip or slice of XLA's own compiles into a loop of its own (tens
     of ms per program and process): the optimised program has no loop fusion. The same form without the
     handler (XLA's own transposes) gives the same numbers."""
-    from tullax.backends.c import ffi as c_ffi
+    from tullax.backends import ffi
 
-    if not c_ffi.permute_available():
+    if not ffi.permute_available():
         pytest.skip("no XLA FFI handler here (no C compiler or jax.ffi)")
     _, spec = compile_spec(text)
     with jax.enable_x64(True):
@@ -152,15 +155,15 @@ def test_a_convolution_form_compiles_no_layout_loop_of_its_own_on_the_cpu(text, 
         for form in [f for f in xla_forms.forms(spec) if f.startswith("conv")]:
             compiled = jax.jit(xla_forms.lower_form(spec, form)).lower(env).compile().as_text()
             program = compiled[compiled.index("ENTRY"):]
-            assert "kind=kLoop" not in program and c_ffi.TARGET in program, (form, program)
+            assert "kind=kLoop" not in program and ffi.TARGET in program, (form, program)
             found[form] = np.asarray(jax.jit(xla_forms.lower_form(spec, form))(env))
             np.testing.assert_allclose(found[form], expected, rtol=1e-10, atol=1e-10, err_msg=form)
-        monkeypatch.setattr(c_ffi, "permute_available", lambda: False)
+        monkeypatch.setattr(ffi, "permute_available", lambda: False)
         xla_forms.lower_form.cache_clear()  # new functions for jax to trace
         try:
             for form, got in found.items():
                 plain = jax.jit(xla_forms.lower_form(spec, form)).lower(env).as_text()
-                assert c_ffi.TARGET not in plain, form
+                assert ffi.TARGET not in plain, form
                 np.testing.assert_array_equal(np.asarray(jax.jit(xla_forms.lower_form(spec, form))(env)), got)
         finally:
             xla_forms.lower_form.cache_clear()
@@ -253,7 +256,7 @@ def _ops(fn, *values):
 @pytest.fixture
 def rules_only(monkeypatch):
     """No timing: every close call takes its rule's default, so the test knows what runs where."""
-    monkeypatch.setenv(planner.TIMING_ENV, "0")
+    monkeypatch.setenv(tuning.TIMING_ENV, "0")
     planner.forget()
     yield
     planner.forget()
@@ -278,7 +281,7 @@ def test_tiny_calls_run_untimed_on_cached_loops_else_on_xla_and_larger_ones_on_t
                                                                                           cached_modules):
     """A tiny call goes to loops whose module (with every gradient step) later processes load compiled (host C):
     XLA would compile its form again in every process. Without such a loop backend (Numba), to XLA."""
-    monkeypatch.setattr(planner, "whole_module_cached", lambda loops: cached_modules)
+    monkeypatch.setattr(rules, "whole_module_cached", lambda loops: cached_modules)
     _, spec = compile_spec(DIST)
     dtypes = {"W": "float32", "X": "float32"}
     tiny = planner.plan(spec, {"W": (6, 5), "X": (6, 4)}, dtypes)
@@ -302,7 +305,7 @@ def test_tiny_calls_run_untimed_on_cached_loops_else_on_xla_and_larger_ones_on_t
 def test_a_small_close_call_is_not_timed(monkeypatch):
     """Below UNTIMED_WORK every candidate runs in a fraction of a millisecond: timing would compile them all
     (the Gaussian kernel sum's gradients at 32 points compiled XLA's forms for 0.7 s) to win microseconds."""
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
     planner.forget()
     try:
         _, spec = compile_spec(CONV1D)
@@ -310,35 +313,48 @@ def test_a_small_close_call_is_not_timed(monkeypatch):
         small = planner.plan(spec, {"x": (8, 4000), "w": (7,)}, dtypes)
         assert (small.backend, small.source, small.timings_ms) == (LOOP_BACKEND, "rules", ())
         assert "not timed: below" in small.reason and planner.STATS["timed"] == 0
-        monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
+        monkeypatch.setattr(tuning, "UNTIMED_WORK", 0)
         timed = planner.plan(spec, {"x": (8, 4001), "w": (7,)}, dtypes)
         assert timed.source == "timed" and planner.STATS["timed"] == 1
     finally:
         planner.forget()
 
 
-def _count_candidate_runs(monkeypatch, slowed: tuple[str, ...] = ()) -> dict[str, int]:
-    """Count every run of each raced candidate (the run inside its preparation aside); ``slowed``: those
-    candidates sleep 0.2 s after each of their runs."""
-    import time as clock
+class ScriptedClock:
+    """The race's clock in a scripted race: it stands still but for what the scripted runs ``advance`` it by
+    (seconds), so a race's timings are the script's, whatever else the machine does meanwhile."""
 
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _count_candidate_runs(monkeypatch, slowed: tuple[str, ...] = (), clock: ScriptedClock | None = None
+                          ) -> dict[str, int]:
+    """Count every run of each raced candidate (the run inside its preparation aside). With a ``clock``, each run
+    takes 1 ms on it, 200 ms for a candidate in ``slowed``."""
     runs: dict[str, int] = {}
-    original = planner._prepared_call
+    original = candidates.prepared
 
-    def counted(spec, candidate, values, loops, zero_start=False):
-        call = original(spec, candidate, values, loops, zero_start)
-        if call is None:
+    def counted(call, candidate, values):
+        prepared = original(call, candidate, values)
+        if prepared is None:
             return None
 
         def run() -> None:
             runs[candidate] = runs.get(candidate, 0) + 1
-            call()
-            if candidate in slowed:
-                clock.sleep(0.2)
+            prepared()
+            if clock is not None:
+                clock.advance(0.2 if candidate in slowed else 0.001)
 
         return run
 
-    monkeypatch.setattr(planner, "_prepared_call", counted)
+    monkeypatch.setattr(candidates, "prepared", counted)
     return runs
 
 
@@ -346,31 +362,31 @@ def test_a_fast_candidate_is_timed_after_one_untimed_run_in_each_round(monkeypat
     """Interleaved, the first run after another candidate pays for the switch (the C loops' OpenMP threads
     still spinning): conv1d's shifted slices timed 1.2 ms there against 0.6 ms back to back. A candidate under
     SETTLE_MS runs once untimed per round, then is timed on up to SAMPLES runs; a slower one runs once."""
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    clock = ScriptedClock()
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))  # races, not plans another run left
-    runs = _count_candidate_runs(monkeypatch)
-    monkeypatch.setattr(planner, "TIMING_BUDGET_S", 1e9)  # every round runs, however loaded the machine
-    monkeypatch.setattr(planner, "DROP_RATIO", float("inf"))  # and no candidate is dropped
-    monkeypatch.setattr(planner, "FIRST_DROP_RATIO", float("inf"))
-    monkeypatch.setattr(planner, "SETTLE_MS", 1e9)  # every candidate counts as fast
-    monkeypatch.setattr(planner, "SAMPLE_MS", 1e9)  # and takes all its samples
-    monkeypatch.setattr(planner, "SCOUT_SAMPLE_MS", 1e9)  # however far behind
+    runs = _count_candidate_runs(monkeypatch, clock=clock)
+    monkeypatch.setattr(tuning, "DROP_RATIO", float("inf"))  # no candidate is dropped
+    monkeypatch.setattr(tuning, "FIRST_DROP_RATIO", float("inf"))
+    monkeypatch.setattr(tuning, "SETTLE_MS", 1e9)  # every candidate counts as fast
+    monkeypatch.setattr(tuning, "SAMPLE_MS", 1e9)  # and takes all its samples
+    monkeypatch.setattr(tuning, "SCOUT_SAMPLE_MS", 1e9)  # however far behind
     planner.forget()
     try:
         _, spec = compile_spec(CONV1D)
         for samples, width in ((1, 8000), (3, 8003)):
             runs.clear()
-            monkeypatch.setattr(planner, "SAMPLES", samples)
+            monkeypatch.setattr(tuning, "SAMPLES", samples)
             planner.forget()
-            planner.plan(spec, {"x": (64, width), "w": (7,)}, {"x": "float32", "w": "float32"})
+            planner.plan(spec, {"x": (64, width), "w": (7,)}, {"x": "float32", "w": "float32"}, clock=clock)
             # the first round runs each once (nothing is known yet), every later one 1 + samples times
-            assert runs and all(count == 1 + (planner.TIMING_RUNS - 1) * (1 + samples)
+            assert runs and all(count == 1 + (tuning.TIMING_RUNS - 1) * (1 + samples)
                                 for count in runs.values()), (samples, runs)
         runs.clear()
-        monkeypatch.setattr(planner, "SETTLE_MS", 0.0)  # none is fast
+        monkeypatch.setattr(tuning, "SETTLE_MS", 0.0)  # none is fast
         planner.forget()
-        planner.plan(spec, {"x": (64, 8001), "w": (7,)}, {"x": "float32", "w": "float32"})
-        assert runs and max(runs.values()) <= planner.TIMING_RUNS, runs
+        planner.plan(spec, {"x": (64, 8001), "w": (7,)}, {"x": "float32", "w": "float32"}, clock=clock)
+        assert runs and max(runs.values()) <= tuning.TIMING_RUNS, runs
     finally:
         planner.forget()
 
@@ -379,20 +395,20 @@ def _script_candidates(monkeypatch, run_for) -> None:
     """Each of the planner's candidates runs ``run_for(candidate)`` (a scripted call) in place of its real call,
     which is prepared first, so a candidate that cannot run here still cannot win; one for which ``run_for`` gives
     None is left out of the race."""
-    original = planner._prepared_call
+    original = candidates.prepared
 
-    def scripted(spec, candidate, values, loops, zero_start=False):
-        return None if original(spec, candidate, values, loops, zero_start) is None else run_for(candidate)
+    def scripted(call, candidate, values):
+        return None if original(call, candidate, values) is None else run_for(candidate)
 
-    monkeypatch.setattr(planner, "_prepared_call", scripted)
+    monkeypatch.setattr(candidates, "prepared", scripted)
 
 
-def _conv1d_plan(width: int) -> planner.Plan:
-    """The plan of one conv1d call (x 64 x ``width``), decided as by a new process."""
+def _conv1d_plan(width: int, clock: ScriptedClock) -> rules.Plan:
+    """The plan of one conv1d call (x 64 x ``width``), decided as by a new process, its race timed on ``clock``."""
     planner.forget()
     try:
         _, spec = compile_spec(CONV1D)
-        return planner.plan(spec, {"x": (64, width), "w": (7,)}, {"x": "float32", "w": "float32"})
+        return planner.plan(spec, {"x": (64, width), "w": (7,)}, {"x": "float32", "w": "float32"}, clock=clock)
     finally:
         planner.forget()
 
@@ -402,20 +418,17 @@ def test_a_candidate_slow_on_its_first_runs_of_every_round_is_timed_at_its_speed
     elsewhere, single calls 0.59-1.8 ms back to back), and one timed run per round handed that race, and every
     later process's plan, to the loops (0.70 ms). Here XLA's form is slow on its first two runs after another
     candidate ran and fast after that; the loops always take 2 ms: XLA must win. Its first timed run takes
-    25 ms, over SETTLE_MS (raised to 20 ms here, and FIRST_DROP_RATIO with it, so that a sleep overshooting by
-    a few ms on a loaded machine changes no verdict), so the second round times it once, after a switch again
-    (5 ms): 2.5x the loops, which dropped it when a fast candidate could be dropped before it was timed after a
-    settling run."""
-    import time as clock
-
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    25 ms, over SETTLE_MS (raised to 20 ms here, and FIRST_DROP_RATIO to 100 so that the first round keeps it),
+    so the second round times it once, after a switch again (5 ms): 2.5x the loops, which dropped it when a fast
+    candidate could be dropped before it was timed after a settling run. Times on a scripted clock."""
+    clock = ScriptedClock()
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))  # a race, not a plan another test left
-    monkeypatch.setattr(planner, "TIMING_BUDGET_S", 1e9)
-    monkeypatch.setattr(planner, "SAMPLE_MS", 1e9)
-    monkeypatch.setattr(planner, "SCOUT_SAMPLE_MS", 1e9)
-    monkeypatch.setattr(planner, "SAMPLES", 8)
-    monkeypatch.setattr(planner, "SETTLE_MS", 20.0)
-    monkeypatch.setattr(planner, "FIRST_DROP_RATIO", 100.0)
+    monkeypatch.setattr(tuning, "SAMPLE_MS", 1e9)
+    monkeypatch.setattr(tuning, "SCOUT_SAMPLE_MS", 1e9)
+    monkeypatch.setattr(tuning, "SAMPLES", 8)
+    monkeypatch.setattr(tuning, "SETTLE_MS", 20.0)
+    monkeypatch.setattr(tuning, "FIRST_DROP_RATIO", 100.0)
     last = {"candidate": None, "streak": 0}
     runs: dict[str, int] = {}
 
@@ -423,32 +436,32 @@ def test_a_candidate_slow_on_its_first_runs_of_every_round_is_timed_at_its_speed
         if candidate not in ("loops", "xla:slices"):
             return None
 
-        def run() -> None:  # the scripted times alone: the real calls (prepared above) took 5 ms on a loaded
-            # machine, so XLA's form lost to the loops in a gate while other work ran
+        def run() -> None:  # the scripted times alone (the real calls were prepared above)
             same = last["candidate"] == candidate
             last["candidate"], last["streak"] = candidate, last["streak"] + 1 if same else 1
             runs[candidate] = runs.get(candidate, 0) + 1
             if candidate == "loops" or last["streak"] <= 2:
-                clock.sleep(0.002 if candidate == "loops" else 0.025 if runs[candidate] == 1 else 0.005)
+                clock.advance(0.002 if candidate == "loops" else 0.025 if runs[candidate] == 1 else 0.005)
+            else:
+                clock.advance(0.0005)
 
         return run
 
     _script_candidates(monkeypatch, scripted)
-    found = _conv1d_plan(8004)
+    found = _conv1d_plan(8004, clock)
     assert found.form == "slices", found
-    assert dict(found.timings_ms)["xla:slices"] < 2.0, found.timings_ms
+    assert dict(found.timings_ms) == pytest.approx({"loops": 2.0, "xla:slices": 0.5}), found.timings_ms
 
 
 def test_a_candidate_slow_for_a_few_ms_after_each_switch_is_timed_at_its_speed(monkeypatch, tmp_path):
     """After another candidate ran, a kernel on two threads can run 2-3x slower for several ms on a shared machine
     (conv1d's slices 0.9 against 0.47 ms back to back). Here XLA's form takes 2 ms per run for the first 6 ms
     after a switch to it and 0.6 ms after that; the loops always take 1.2 ms: XLA must win. With stretches of
-    3 ms (SAMPLE_MS before) every timed run of XLA's form fell in the transient and the loops won."""
-    import time as clock
-
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    3 ms (SAMPLE_MS before) every timed run of XLA's form fell in the transient and the loops won. Times on a
+    scripted clock."""
+    clock = ScriptedClock()
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))  # a race, not a plan another test left
-    monkeypatch.setattr(planner, "TIMING_BUDGET_S", 1e9)  # every round runs, however loaded the machine
     switched = {"candidate": None, "at": 0.0}
 
     def scripted(candidate):
@@ -456,42 +469,41 @@ def test_a_candidate_slow_for_a_few_ms_after_each_switch_is_timed_at_its_speed(m
             return None
 
         def run() -> None:  # the scripted times alone (the real calls were prepared above)
-            now = clock.perf_counter()
+            now = clock()
             if switched["candidate"] != candidate:
                 switched["candidate"], switched["at"] = candidate, now
             if candidate == "loops":
-                clock.sleep(0.0012)
+                clock.advance(0.0012)
             else:
-                clock.sleep(0.002 if now - switched["at"] < 0.006 else 0.0006)
+                clock.advance(0.002 if now - switched["at"] < 0.006 else 0.0006)
 
         return run
 
     _script_candidates(monkeypatch, scripted)
-    found = _conv1d_plan(8005)
+    found = _conv1d_plan(8005, clock)
     assert found.form == "slices", found
-    assert dict(found.timings_ms)["xla:slices"] < 1.2, found.timings_ms
+    assert dict(found.timings_ms) == pytest.approx({"loops": 1.2, "xla:slices": 0.6}), found.timings_ms
 
 
 def test_a_close_call_is_raced_again_by_later_processes_and_a_clear_one_is_not(monkeypatch, tmp_path):
     """A spell of seconds in which the host slows a two-thread kernel 2x can decide one race, and the decision was
     kept for every later process (conv1d's forward went to the loops, 0.87x of XLA's slices, in one bench run). A
     close call (runner-up within CLOSE_RATIO) is raced again by the next processes until CONFIRMING_RACES races,
-    each keeping the best time per candidate over every race so far; a clear one is kept at once."""
-    import time as clock
-
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    each keeping the best time per candidate over every race so far; a clear one is kept at once. Times on a
+    scripted clock."""
+    clock = ScriptedClock()
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(planner, "TIMING_BUDGET_S", 1e9)  # every round runs, however loaded the machine
-    monkeypatch.setattr(planner, "SAMPLE_MS", 4.0)
+    monkeypatch.setattr(tuning, "SAMPLE_MS", 4.0)
     script = {"loops": 0.001, "xla:slices": 0.0015}
-    _script_candidates(monkeypatch, lambda c: (lambda: clock.sleep(script[c])) if c in script else None)
+    _script_candidates(monkeypatch, lambda c: (lambda: clock.advance(script[c])) if c in script else None)
     _, spec = compile_spec(CONV1D)
     dtypes = {"x": "float32", "w": "float32"}
 
-    def process(slices_s: float, shapes: dict) -> planner.Plan:  # a new process in all but name
+    def process(slices_s: float, shapes: dict) -> rules.Plan:  # a new process in all but name
         planner.forget()
         script["xla:slices"] = slices_s
-        return planner.plan(spec, shapes, dtypes)
+        return planner.plan(spec, shapes, dtypes, clock=clock)
 
     try:
         close = {"x": (64, 8006), "w": (7,)}
@@ -502,7 +514,7 @@ def test_a_close_call_is_raced_again_by_later_processes_and_a_clear_one_is_not(m
         assert "the best times of 2 races" in second.reason
         third = process(0.0015, close)  # slow again: the best of three races still says the slices
         assert planner.STATS["timed"] == 1 and third.form == "slices", third
-        assert dict(third.timings_ms)["xla:slices"] < 1.0, third.timings_ms
+        assert dict(third.timings_ms) == pytest.approx({"loops": 1.0, "xla:slices": 0.6}), third.timings_ms
         fourth = process(0.0015, close)  # three races stand behind it: kept
         assert planner.STATS == {"timed": 0, "from_cache": 1} and fourth.form == "slices", fourth
         clear = {"x": (64, 8007), "w": (7,)}
@@ -517,7 +529,7 @@ def test_auto_builds_one_module_for_the_gradient_steps_that_may_run_on_the_loops
     and every step together (host C: the forward module and the steps module, at once), the steps must come from
     the steps module. Each used to compile a module of its own, with its own second-order steps: three compiler
     runs for the Gaussian kernel sum, 2 s."""
-    if not planner.whole_module_cached(LOOP_BACKEND):
+    if not rules.whole_module_cached(LOOP_BACKEND):
         pytest.skip(f"the loop backend here ({LOOP_BACKEND}) does not compile whole modules")
     from tullax.backends.c import backend as c
 
@@ -562,15 +574,16 @@ def test_a_differentiated_kernel_runs_as_one_xla_program_when_every_race_was_clo
     one XLA program; alone, the forward keeps the loops. Timings scripted: the decision, not this machine's
     noise, is under test."""
     spec_text = "n[i] := x[i,j]^2 |> sqrt"
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
-    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setattr(tuning, "UNTIMED_WORK", 0)
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))  # no decision stored by another test
 
-    def scripted(spec, shapes, dtypes, candidates, loops, rounds=planner.TIMING_RUNS, zero_start=False):
+    def scripted(call, candidates, rounds=None):
+        spec = call.spec
         table = forward_ms if spec.out == "n" else step_ms
         return [(c, table.get(c, 99.0)) for c in candidates]
 
-    monkeypatch.setattr(planner, "_time_candidates", scripted)
+    monkeypatch.setattr(racing, "race", scripted)
     planner.forget()
     try:
         kernel = tullax.einsum_kernel(spec_text)
@@ -584,7 +597,7 @@ def test_a_differentiated_kernel_runs_as_one_xla_program_when_every_race_was_clo
         grad = jax.jit(jax.grad(lambda v: jnp.sum(kernel(v))))(x)
         np.testing.assert_allclose(grad, x / jnp.linalg.norm(x, axis=1, keepdims=True), rtol=1e-4, atol=1e-6)
         planner.forget()  # explain reads the decisions back from the compile cache
-        shown = "\n".join(planner.explain_lines(kernel.ir, {"x": x.shape}))
+        shown = "\n".join(explain.explain_lines(kernel.ir, {"x": x.shape}))
         assert ("one XLA program" in shown) == (forward_xla and step_xla), shown
     finally:
         planner.forget()
@@ -593,19 +606,20 @@ def test_a_differentiated_kernel_runs_as_one_xla_program_when_every_race_was_clo
 def test_a_race_confirmed_on_the_full_call_is_read_from_it_when_kernels_join(monkeypatch, tmp_path):
     """On a slice XLA beat the loops 3x, on the full call the loops won 2x (the Gaussian gradients at 20000
     points): the loops did not win "by less than JOINT_MARGIN", so the kernel keeps them, differentiated too."""
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
-    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
-    monkeypatch.setattr(planner, "SLICE_WORK", 1 << 16)  # time these calls on a slice, then confirm in full
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setattr(tuning, "UNTIMED_WORK", 0)
+    monkeypatch.setattr(tuning, "SLICE_WORK", 1 << 16)  # time these calls on a slice, then confirm in full
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
 
-    def scripted(spec, shapes, dtypes, candidates, loops, rounds=planner.TIMING_RUNS, zero_start=False):
+    def scripted(call, candidates, rounds=None):
+        spec = call.spec
         if spec.out != "n":
             table = {"loops": 2.0, "xla:grid": 1.0}
         else:
             table = {"loops": 1.0, "xla:grid": 2.0} if rounds == 1 else {"loops": 3.0, "xla:grid": 1.0}
         return [(c, table.get(c, 99.0)) for c in candidates]
 
-    monkeypatch.setattr(planner, "_time_candidates", scripted)
+    monkeypatch.setattr(racing, "race", scripted)
     planner.forget()
     try:
         kernel = tullax.einsum_kernel("n[i] := x[i,j]^2 |> sqrt")
@@ -636,8 +650,8 @@ def test_a_pure_contraction_never_looks_for_a_loop_backend(monkeypatch):
     which loop backend is usable (that probes the C compiler in a new process); Dist does ask. The results
     equal jnp's."""
     asked = []
-    real = planner.loop_backend
-    monkeypatch.setattr(planner, "loop_backend", lambda *a, **k: asked.append(1) or real(*a, **k))
+    real = rules.loop_backend
+    monkeypatch.setattr(rules, "loop_backend", lambda *a, **k: asked.append(1) or real(*a, **k))
     planner.forget()
     for text, shapes, reference in (
             (LINEAR, {"W": (6, 5), "X": (6, 4)}, lambda W, X: W.T @ X),
@@ -668,7 +682,7 @@ _CHILD = textwrap.dedent("""
     import json, jax, jax.numpy as jnp, numpy as np, tullax
     from tullax.planner import decide as planner
     k = tullax.einsum_kernel("y[b,i] := x[b,i+k]*w[k]")
-    x, w = jnp.ones((64, 8000), jnp.float32), jnp.ones((7,), jnp.float32)  # above planner.UNTIMED_WORK
+    x, w = jnp.ones((64, 8000), jnp.float32), jnp.ones((7,), jnp.float32)  # above tuning.UNTIMED_WORK
     jax.jit(jax.grad(lambda x, w: jnp.sum(k(x, w)), argnums=(0, 1)))(x, w)
     plans = {str(key[0].out): [p.backend, p.form, p.source] for key, p in planner._MEMO.items()}
     print(json.dumps({"stats": planner.STATS, "plans": plans}))
@@ -677,7 +691,7 @@ _CHILD = textwrap.dedent("""
 
 def test_timed_decisions_persist_in_the_compile_cache_across_processes(tmp_path):
     env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path / "cache"), "NUMBA_NUM_THREADS": "1",
-           planner.TIMING_ENV: "1"}
+           tuning.TIMING_ENV: "1"}
 
     def child() -> dict:
         done = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=600)
@@ -689,11 +703,11 @@ def test_timed_decisions_persist_in_the_compile_cache_across_processes(tmp_path)
     assert {source for _, _, source in first["plans"].values()} == {"timed"}
     # a clear race is kept at once; a close call is raced again by the next processes, CONFIRMING_RACES in all
     children = [first]
-    while children[-1]["stats"]["timed"] and len(children) <= planner.CONFIRMING_RACES:
+    while children[-1]["stats"]["timed"] and len(children) <= tuning.CONFIRMING_RACES:
         children.append(child())
     last, before = children[-1], children[-2]
     assert last["stats"] == {"timed": 0, "from_cache": 3}, children
-    assert sum(c["stats"]["timed"] for c in children) <= 3 * planner.CONFIRMING_RACES
+    assert sum(c["stats"]["timed"] for c in children) <= 3 * tuning.CONFIRMING_RACES
     assert {out: p[:2] for out, p in last["plans"].items()} == {out: p[:2] for out, p in before["plans"].items()}
     # tullax explain with the same shapes shows the stored decisions
     shown = subprocess.run([sys.executable, "-m", "tullax.cli.main", "explain", CONV1D, "--shape", "x=64x8000",
@@ -713,7 +727,7 @@ def test_explain_prints_the_plan_and_why():
     assert "close call, timed on first use where cheap: xla:conv, xla:conv-padded, xla:slices, loops" in conv
     shaped = tullax.explain(CONV1D, shapes={"x": (2, 50), "w": (3,)})
     assert "gradient wrt x: Δx[b,m] := Δy[b,pad(m-k)]*w[k]  [Δy 2x48, w 3, x 2x50]" in shaped
-    tiny = f"-> {LOOP_BACKEND}: tiny:" if planner.whole_module_cached(LOOP_BACKEND) else "-> xla (conv): tiny:"
+    tiny = f"-> {LOOP_BACKEND}: tiny:" if rules.whole_module_cached(LOOP_BACKEND) else "-> xla (conv): tiny:"
     assert "rule 'tiny'" in shaped and tiny in shaped  # 2x48x3 is below the serial threshold
     with pytest.raises(tullax.ShapeError, match="no shape given for w"):
         tullax.explain(CONV1D, shapes={"x": (2, 50)})
@@ -727,6 +741,11 @@ def _cut(value, shape):
     return value[tuple(slice(0, n) for n in shape)]
 
 
+def _slice(spec, shapes, target):
+    """``planner.slice_shapes`` of a float32 call of ``spec`` on ``shapes``."""
+    return planner.slice_shapes(Call.of(spec, shapes, {n: "float32" for n in spec.input_names}, None), target)
+
+
 @pytest.mark.parametrize("text, shapes, step, cut", [
     (GAUSSIAN, GAUSSIAN_SHAPES, "forward", {"x"}),  # the rows i (b[j,d]'s d is shorter)
     (GAUSSIAN, GAUSSIAN_SHAPES, "gradient wrt b", {"y", "b"}),  # Δb[j,d]: j, and the shape-only b gives its range
@@ -737,17 +756,17 @@ def _cut(value, shape):
 ])
 def test_a_large_kernel_is_timed_on_a_slice_that_is_part_of_the_same_computation(text, shapes, step, cut):
     _, spec = compile_spec(text)
-    found = {label: (s, sh) for label, s, sh in planner.kernel_shapes(spec, shapes)}
+    found = {label: (s, sh) for label, s, sh in kernel_shapes(spec, shapes)}
     kernel, full = found[step]
     target = workload.work(kernel, full) // 7
-    sliced = planner.slice_shapes(kernel, full, target)
+    sliced = _slice(kernel, full, target)
     assert sliced is not None
     assert {n for n in full if sliced[n] != full[n]} == cut
     assert target <= workload.work(kernel, sliced) <= 2 * target
     # the sliced call computes the leading part of the full result along the cut index (the plain lowering,
     # an independent oracle, on small stand-ins of the same ranks)
     small = {n: tuple(min(e, 9) if e > 4 else e for e in s) for n, s in full.items()}
-    part = planner.slice_shapes(kernel, small, workload.work(kernel, small) // 3)
+    part = _slice(kernel, small, workload.work(kernel, small) // 3)
     assert part is not None and {n for n in small if part[n] != small[n]} == cut
     values = make_inputs(kernel, small, "float64", seed=2)
     with jax.enable_x64(True):
@@ -760,9 +779,9 @@ def test_a_large_kernel_is_timed_on_a_slice_that_is_part_of_the_same_computation
 
 def test_no_slice_of_a_scatter_or_of_indices_that_only_shift():
     _, scatter = compile_spec("ΔW[ix[b],d] += Δout[b,d]")
-    assert planner.slice_shapes(scatter, {"Δout": (5000, 64), "ix": (5000,), "ΔW": (300, 64)}, 10) is None
+    assert _slice(scatter, {"Δout": (5000, 64), "ix": (5000,), "ΔW": (300, 64)}, 10) is None
     _, shifted = compile_spec("y[i] := x[i+k]*w[k]")  # i only inside arithmetic
-    assert planner.slice_shapes(shifted, {"x": (10**6,), "w": (31,)}, 1000) is None
+    assert _slice(shifted, {"x": (10**6,), "w": (31,)}, 1000) is None
 
 
 def test_the_gaussian_kernel_sum_is_timed_though_large_and_xla_wins_its_forward(monkeypatch, tmp_path):
@@ -770,14 +789,14 @@ def test_the_gaussian_kernel_sum_is_timed_though_large_and_xla_wins_its_forward(
     planner kept kernels this large on the loops untimed. Now it times a slice (made small here so the test is
     quick: the same code path as the suite's 4000 points) and keeps the faster."""
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
-    monkeypatch.setattr(planner, "SLICE_WORK", 1 << 26)
-    monkeypatch.setattr(planner, "CONFIRM_RATIO", 1e9)  # confirm any XLA win on the full call
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setattr(tuning, "SLICE_WORK", 1 << 26)
+    monkeypatch.setattr(tuning, "CONFIRM_RATIO", 1e9)  # confirm any XLA win on the full call
     planner.forget()
     try:
         shapes = {"x": (1500, 3), "y": (1500, 3), "b": (1500, 4)}
         _, spec = compile_spec(GAUSSIAN)
-        assert workload.work(spec, shapes) > planner.SLICE_WORK
+        assert workload.work(spec, shapes) > tuning.SLICE_WORK
         found = planner.plan(spec, shapes, {"x": "float32", "y": "float32", "b": "float32"})
         assert found.source == "timed" and "timed on a slice: x 1500x3 -> " in found.reason
         timings = dict(found.timings_ms)
@@ -787,7 +806,7 @@ def test_the_gaussian_kernel_sum_is_timed_though_large_and_xla_wins_its_forward(
         # the XLA form that won on the slice was run on the full call beside the loops, and the faster kept
         assert set(timings) == {"loops", "xla:grid", "xla:factored", "loops (full)", f"{sliced} (full)"}
         # the loops only where they beat it by LOOP_MARGIN (a run lost this test to a win of the loops inside it)
-        loops_win = timings["loops (full)"] * planner.LOOP_MARGIN <= timings[f"{sliced} (full)"]
+        loops_win = timings["loops (full)"] * tuning.LOOP_MARGIN <= timings[f"{sliced} (full)"]
         kept = "loops" if loops_win else sliced
         assert found.label == (LOOP_BACKEND if kept == "loops" else f"xla ({kept[4:]})")
         assert "confirmed on the full call" in found.reason or "slower on the full call" in found.reason
@@ -806,7 +825,7 @@ def test_the_factored_form_of_every_gaussian_gradient_step_equals_the_plain_lowe
     xla_forms.lower_form.cache_clear()  # a new function for jax to trace (its traces are cached per function)
     _, spec = compile_spec(GAUSSIAN)
     with jax.enable_x64(True):
-        for label, step, shapes in planner.kernel_shapes(spec, {"x": (7, 3), "y": (5, 3), "b": (5, 2)}):
+        for label, step, shapes in kernel_shapes(spec, {"x": (7, 3), "y": (5, 3), "b": (5, 2)}):
             assert "factored" in xla_forms.forms(step), label
             values = make_inputs(step, shapes, "float64", seed=4)
             env = {name: jnp.asarray(v) for name, v in zip(step.input_names, values)}
@@ -820,8 +839,8 @@ def test_the_factored_form_of_every_gaussian_gradient_step_equals_the_plain_lowe
 def test_explain_shows_the_stored_decision_of_a_gather_whose_index_array_jax_makes_int32(monkeypatch, tmp_path):
     """explain keyed index arrays as int64 where a call under jax (x64 off) stores its decision under int32."""
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
-    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)  # time this small call
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setattr(tuning, "UNTIMED_WORK", 0)  # time this small call
     planner.forget()
     try:
         kernel = tullax.einsum_kernel(SCALED_EMBED)
@@ -830,7 +849,7 @@ def test_explain_shows_the_stored_decision_of_a_gather_whose_index_array_jax_mak
         jax.jit(kernel)(jnp.asarray(W), jnp.asarray(ix), jnp.asarray(s))
         assert planner.STATS["timed"] == 1
         planner.forget()
-        shown = "\n".join(planner.explain_lines(kernel.ir, shapes))
+        shown = "\n".join(explain.explain_lines(kernel.ir, shapes))
         assert "forward: out[b,d] := W[ix[b],d]*s[b]" in shown
         assert shown.count("(decision from the compile cache)") == 1, shown
     finally:
@@ -842,7 +861,7 @@ def test_auto_passes_complex_calls_to_a_loop_backend_that_takes_them(monkeypatch
     complex call there, eagerly, under jit or in the planner (a bug before Capabilities.complex_numbers)."""
     from tullax import backends
 
-    complex_loops = planner.loop_backend(["complex64"])
+    complex_loops = rules.loop_backend(["complex64"])
     assert complex_loops is not None and backends.capabilities(backends.get(complex_loops)).complex_numbers
     assert not backends.takes(backends.get("c"), ["float32", "complex64"])
     assert backends.takes(backends.get("c"), ["float32", "int32"])
@@ -882,7 +901,7 @@ def test_the_race_puts_its_inputs_on_the_device_without_compiling(caplog):
     made: list = []
 
     def planning_while_traced(x):
-        made.extend(planner._on_device(values))
+        made.extend(candidates.on_device(values))
         return x
 
     previous = jax.config.jax_log_compiles
@@ -899,19 +918,19 @@ def test_the_race_puts_its_inputs_on_the_device_without_compiling(caplog):
     assert compiled == [], compiled
 
 
-def test_a_race_ends_once_every_candidate_but_one_was_dropped(monkeypatch):
+def test_a_race_ends_once_every_candidate_but_one_was_dropped(monkeypatch, tmp_path):
     """A candidate FIRST_DROP_RATIO slower than the fastest after a round is not timed again; the one left then has
     nothing to be compared with, and is not run again either (conv2d at its TTFK inputs: XLA 4x faster in all
     three of its kernels, timed for four more rounds each)."""
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
-    monkeypatch.setattr(planner, "TIMING_BUDGET_S", 1e9)  # every round would run, however loaded the machine
-    # every candidate but the shifted slices a clear loser: lax.conv's two forms are 5-40x slower than the
-    # slices here by themselves, too little for FIRST_DROP_RATIO when the slices' one run of round 0 is slow
-    runs = _count_candidate_runs(monkeypatch, slowed=(planner.LOOPS, "xla:conv", "xla:conv-padded"))
+    clock = ScriptedClock()
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))  # a race, not a plan another run left
+    # every candidate but the shifted slices (1 ms on the scripted clock) a clear loser (200 ms)
+    runs = _count_candidate_runs(monkeypatch, slowed=(rules.LOOPS, "xla:conv", "xla:conv-padded"), clock=clock)
     planner.forget()
     try:
         _, spec = compile_spec(CONV1D)
-        found = planner.plan(spec, {"x": (64, 8002), "w": (7,)}, {"x": "float32", "w": "float32"})
+        found = planner.plan(spec, {"x": (64, 8002), "w": (7,)}, {"x": "float32", "w": "float32"}, clock=clock)
         assert found.backend == "xla" and runs, (found, runs)
         assert runs == {candidate: 1 for candidate in runs}, runs  # round 0 only, for every candidate
     finally:
@@ -922,30 +941,29 @@ def test_a_candidate_slow_on_its_one_timed_run_of_the_first_round_is_timed_again
     """The embedding gradient's loops read 54 ms on their one timed run of the first round (a busy spell; 4.4-4.9
     ms in every other process) against XLA's 14 ms, were dropped at 3.8x, and XLA's plan was kept for every
     later process. Here the loops take 40 ms on their first timed run and 5 ms after, XLA's forms 10 ms: the
-    loops must be timed again, and win."""
-    import time as clock
-
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    loops must be timed again, and win. Times on a scripted clock."""
+    clock = ScriptedClock()
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))  # a race, not a plan another test left
     runs: dict[str, int] = {}
 
-    def scripted(spec, candidate, values, loops, zero_start=False):
+    def scripted(call, candidate, values):
         def run() -> None:
             runs[candidate] = runs.get(candidate, 0) + 1
-            slow_first = candidate == planner.LOOPS and runs[candidate] == 1
-            clock.sleep(0.040 if slow_first else 0.005 if candidate == planner.LOOPS else 0.010)
+            slow_first = candidate == rules.LOOPS and runs[candidate] == 1
+            clock.advance(0.040 if slow_first else 0.005 if candidate == rules.LOOPS else 0.010)
 
         return run
 
-    monkeypatch.setattr(planner, "_prepared_call", scripted)
-    monkeypatch.setattr(planner, "_start_module_build", lambda *args: None)  # nothing to compile: no real call
+    monkeypatch.setattr(candidates, "prepared", scripted)
+    monkeypatch.setattr(candidates, "start_module_build", lambda *args: None)  # nothing to compile: no real call
     planner.forget()
     try:
         _, spec = compile_spec(CONV1D)
-        found = planner.plan(spec, {"x": (64, 8004), "w": (7,)}, {"x": "float32", "w": "float32"})
-        assert runs.get(planner.LOOPS, 0) >= 2, runs
-        assert found.form == planner.LOOPS and found.source == "timed", found
-        assert dict(found.timings_ms)[planner.LOOPS] < 8, found.timings_ms
+        found = planner.plan(spec, {"x": (64, 8004), "w": (7,)}, {"x": "float32", "w": "float32"}, clock=clock)
+        assert runs.get(rules.LOOPS, 0) >= 2, runs
+        assert found.form == rules.LOOPS and found.source == "timed", found
+        assert dict(found.timings_ms)[rules.LOOPS] == pytest.approx(5.0), found.timings_ms
     finally:
         planner.forget()
 
@@ -954,11 +972,10 @@ def test_a_contraction_runs_as_a_broadcast_product_where_that_is_faster_on_the_c
     """XLA's CPU backend runs Linear's forward dot (both operands contracted over their first axis) on Eigen,
     and the same contraction written as a broadcast product on YNNPACK, faster (the benchmark's xla-naive row
     beat auto's einsum by 4-6%): the planner times both, and runs the faster."""
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
     timings = {"xla:einsum": 2.6, "xla:product": 2.45}
-    monkeypatch.setattr(planner, "_time_candidates", lambda spec, shapes, dtypes, candidates, loops, rounds=0,
-                        zero_start=False: [(c, timings.get(c)) for c in candidates])
+    monkeypatch.setattr(racing, "race", lambda call, candidates, rounds=None: [(c, timings.get(c)) for c in candidates])
     planner.forget()
     try:
         _, spec = compile_spec(LINEAR)
@@ -977,17 +994,17 @@ def test_a_contractions_broadcast_product_that_wins_one_race_only_is_not_chosen(
     """A busy spell during einsum's turns handed attention's race to the product (0.74 ms against einsum's 0.84;
     0.63-0.66 against 0.69-0.75 in every other process), which then ran 0.91x of einsum: a non-default win of
     a contraction's race is confirmed by a second race."""
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
     races = []
 
-    def scripted(spec, shapes, dtypes, candidates, loops, rounds=0, zero_start=False):
+    def scripted(call, candidates, rounds=None):
         races.append(candidates)
         first = {"xla:einsum": 0.84, "xla:product": 0.74}
         later = {"xla:einsum": 0.64, "xla:product": 0.71}
         return [(c, (first if len(races) == 1 else later)[c]) for c in candidates]
 
-    monkeypatch.setattr(planner, "_time_candidates", scripted)
+    monkeypatch.setattr(racing, "race", scripted)
     planner.forget()
     try:
         _, spec = compile_spec("S[h,i,j] := q[h,i,d]*k[h,j,d]")
@@ -1003,9 +1020,9 @@ def test_an_xla_candidate_whose_program_needs_large_temporaries_is_never_run(mon
     for Linear's gradient at the suite's size): such a candidate is compiled, found to need more than
     MAX_TEMP_BYTES of temporaries, and neither run nor chosen. Here the product form of ΔW needs 200 kB, the
     einsum none, and the limit is 1 kB."""
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(planner, "MAX_TEMP_BYTES", 1024)
+    monkeypatch.setattr(tuning, "MAX_TEMP_BYTES", 1024)
     runs = _count_candidate_runs(monkeypatch)
     planner.forget()
     try:
@@ -1013,7 +1030,7 @@ def test_an_xla_candidate_whose_program_needs_large_temporaries_is_never_run(mon
         found = planner.plan(spec, {"ΔC": (256, 128), "X": (196, 128)}, {"ΔC": "float32", "X": "float32"})
         assert (found.backend, found.form, found.source) == ("xla", "einsum", "timed"), found
         assert [c for c, _ in found.timings_ms] == ["xla:einsum"] and "xla:product" not in runs, (found, runs)
-        monkeypatch.setattr(planner, "MAX_TEMP_BYTES", 1 << 30)  # within the limit it runs
+        monkeypatch.setattr(tuning, "MAX_TEMP_BYTES", 1 << 30)  # within the limit it runs
         runs.clear()
         planner.forget()
         found = planner.plan(spec, {"ΔC": (256, 129), "X": (196, 129)}, {"ΔC": "float32", "X": "float32"})
@@ -1030,11 +1047,10 @@ def test_an_xla_candidate_whose_program_needs_large_temporaries_is_never_run(mon
     ({"loops": 3.0, "xla:grid": 1.0}, "xla"),
 ])
 def test_the_loops_win_a_race_only_by_more_than_the_margin(monkeypatch, tmp_path, timings, winner):
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
-    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setattr(tuning, "UNTIMED_WORK", 0)
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(planner, "_time_candidates", lambda spec, shapes, dtypes, candidates, loops, rounds=0,
-                        zero_start=False: [(c, timings.get(c)) for c in candidates])
+    monkeypatch.setattr(racing, "race", lambda call, candidates, rounds=None: [(c, timings.get(c)) for c in candidates])
     planner.forget()
     try:
         _, spec = compile_spec("n[i] := x[i,j]^2 |> sqrt")
@@ -1069,18 +1085,19 @@ def test_a_process_whose_kept_decisions_are_all_xla_loads_no_loop_module(monkeyp
     """conv2d's warm first call: every step's decision in the compile cache was lax.conv, yet the gradient
     loaded the C module of every step (its kernels' unpickling imported the lowering: 0.1 s of a 0.5 s first
     call). A step whose race is still to run, or whose kept decision is the loops, still gets the module."""
-    if not planner.whole_module_cached(LOOP_BACKEND):
+    if not rules.whole_module_cached(LOOP_BACKEND):
         pytest.skip(f"the loop backend here ({LOOP_BACKEND}) does not compile whole modules")
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
-    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setattr(tuning, "UNTIMED_WORK", 0)
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
     winner = {"Δk": "xla:conv"}  # by output name: who wins each race
 
-    def scripted(spec, shapes, dtypes, candidates, loops, rounds=0, zero_start=False):
+    def scripted(call, candidates, rounds=None):
+        spec = call.spec
         fastest = winner.get(spec.out, "xla:conv")
         return [(c, 1.0 if c == fastest else 9.0) for c in candidates]
 
-    monkeypatch.setattr(planner, "_time_candidates", scripted)
+    monkeypatch.setattr(racing, "race", scripted)
     spec, values = _conv2d_small()
     planner.forget()
     try:
@@ -1096,7 +1113,7 @@ def test_a_process_whose_kept_decisions_are_all_xla_loads_no_loop_module(monkeyp
         assert built == []
     finally:
         planner.forget()
-    winner["Δk"] = planner.LOOPS  # another cache: this step's race goes to the loops
+    winner["Δk"] = rules.LOOPS  # another cache: this step's race goes to the loops
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path / "other"))
     try:
         _, step = compile_spec("Δk[o,c,p,q] := Δy[n,o,h,w]*x[n,c,h+p,w+q]")
@@ -1111,22 +1128,22 @@ def test_a_race_compiles_the_loop_module_while_xla_compiles_its_forms(monkeypatc
     """The loop module (host C: a compiler in subprocesses) builds in a thread while XLA compiles its
     candidates: conv2d's first call paid for the two one after the other. One module, found by the loop
     candidate; a module that fails to build only loses the loops their place in the race."""
-    if not planner.whole_module_cached(LOOP_BACKEND):
+    if not rules.whole_module_cached(LOOP_BACKEND):
         pytest.skip(f"the loop backend here ({LOOP_BACKEND}) does not compile whole modules")
     from tullax.backends.c import backend as c
 
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
-    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setattr(tuning, "UNTIMED_WORK", 0)
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
     threads = []
-    original = planner._start_module_build
+    original = candidates.start_module_build
 
     def recorded(*args):
         thread = original(*args)
         threads.append(thread)
         return thread
 
-    monkeypatch.setattr(planner, "_start_module_build", recorded)
+    monkeypatch.setattr(candidates, "start_module_build", recorded)
     spec, values = _conv2d_small()
     shapes = {item.name: tuple(v.shape) for item, v in zip(spec.inputs, values)}
     planner.forget()
@@ -1169,33 +1186,33 @@ def test_the_gradient_races_find_their_xla_candidates_compiled_ahead_all_at_once
     """Differentiated, every race still to run gets its XLA candidates lowered and compiled in threads before
     the first race starts (conv2d's two gradient races compiled lax.conv one after the other). Each race uses
     its own; an executable that does not take the race's arguments is compiled again by the race."""
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
-    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setattr(tuning, "UNTIMED_WORK", 0)
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
     spec, values = _conv2d_small()
     shapes = {item.name: tuple(v.shape) for item, v in zip(spec.inputs, values)}
     dtypes = {"x": "float32", "k": "float32"}
     kernels = [(kernel, its_shapes, {n: "float32" for n in kernel.input_names})
-               for _, kernel, its_shapes in planner.kernel_shapes(spec, shapes)]
+               for _, kernel, its_shapes in kernel_shapes(spec, shapes)]
     used = []
-    original = planner._compiled_ahead
+    original = candidates._compiled_ahead
 
-    def recorded(*args):
-        found = original(*args)
-        used.append((args[0].out, args[1], found is not None))
+    def recorded(call, form):
+        found = original(call, form)
+        used.append((call.spec.out, form, found is not None))
         return found
 
-    monkeypatch.setattr(planner, "_compiled_ahead", recorded)
+    monkeypatch.setattr(candidates, "_compiled_ahead", recorded)
     planner.forget()
     try:
         planner.plan(spec, shapes, dtypes)  # the forward is decided first, as in a differentiated call
-        planner.compile_ahead(kernels)
-        assert {(key[0].out, key[1]) for key in planner._AHEAD} == {("Δx", "xla:conv"), ("Δk", "xla:conv"),
+        planner.compile_ahead([planner.call_for(*kernel) for kernel in kernels])
+        assert {(key[0].out, key[1]) for key in candidates._AHEAD} == {("Δx", "xla:conv"), ("Δk", "xla:conv"),
                                                                     ("Δk", "xla:conv-padded")}
         for kernel, its_shapes, its_dtypes in kernels[1:]:
             found = planner.plan(kernel, its_shapes, its_dtypes)
             assert "xla:conv" in dict(found.timings_ms), found
-        assert planner._AHEAD == {}
+        assert candidates._AHEAD == {}
         assert sorted(used) == [("y", "xla:conv", False), ("y", "xla:conv-padded", False), ("Δk", "xla:conv", True),
                                 ("Δk", "xla:conv-padded", True), ("Δx", "xla:conv", True)]
         # an executable that rejects the race's arguments: the race compiles its own
@@ -1205,9 +1222,22 @@ def test_the_gradient_races_find_their_xla_candidates_compiled_ahead_all_at_once
         def rejects(*args):
             raise TypeError("argument shapes differ")
 
-        monkeypatch.setattr(planner, "_compiled_ahead", lambda *args: rejects)
+        monkeypatch.setattr(candidates, "_compiled_ahead", lambda *args: rejects)
         kernel, its_shapes, its_dtypes = kernels[1]
         found = planner.plan(kernel, its_shapes, its_dtypes)
         assert "xla:conv" in dict(found.timings_ms), found
     finally:
         planner.forget()
+
+
+def test_the_one_analysis_of_a_spec_whose_range_is_a_minimum_of_extents():
+    """The planner analyses each kernel once, the indices a call can be cut along included: a free index whose
+    range is a minimum of extents (``min(size(x,0), size(z,0)-1)``, from a shifted read) has no one input that
+    gives it, and asking for one crashed ``tullax explain`` of this spec."""
+    from tullax.backends.host import kernel_steps
+    from tullax.planner.call import analyse
+
+    _, spec = compile_spec("y[i] := x[i,k] |> _*z[i+1] + i")
+    found = {step.spec.out: analyse(step.spec).cuttable for step in kernel_steps(spec)}
+    assert found["pre"] == {"i": frozenset({("x", 0)})}, found  # i in 0:min(size(x,0), size(z,0)-1)
+    assert "forward: y[i] := x[i,k] |> _*z[i+1] + i" in tullax.explain("y[i] := x[i,k] |> _*z[i+1] + i")

@@ -17,7 +17,7 @@ from loop_backends import c_param, c_unavailable
 from test_lower import assert_close, run_kernel, signature
 
 import tullax
-from tullax.backends.c.backend import lowered
+from tullax.backends.c.generate import STREAMS_ENV, lowered
 from tullax.compiler.guards import find_guards
 from tullax.compiler.jam import RegisterTile, _long_enough
 from tullax.compiler.loops import INDEX, Accum, If, Load, Loop, Var, binop, const, walk_stmts
@@ -121,7 +121,7 @@ def test_c_rows_match_numpy_on_every_path(op: str, backend: str, dtype: str, str
     from tullax.backends.c import backend as c
 
     if streamed:
-        monkeypatch.setenv(c.STREAMS_ENV, "1")
+        monkeypatch.setenv(STREAMS_ENV, "1")
     monkeypatch.setattr(c, "_BUILDER", host.HostBuilder())  # this process's kernels were built without it
     spec = analysed(f"({op}) m[i] := x[i,j]")
     assert ("_r0" in c.generate_part(spec, signature(spec, dtype).widened(), c.FORWARD)[1]) == streamed

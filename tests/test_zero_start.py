@@ -14,11 +14,16 @@ import pytest
 from loop_backends import c_param
 
 import tullax
-from tullax.backends.c.backend import CBackend, CHostKernel
+from tullax.backends.c.backend import CBackend
+from tullax.backends.c.kernel import CHostKernel
 from tullax.calls import host as callback
 from tullax.grad import gradients
 from tullax.grad.run import starts_from_zeros, zero_start_steps
+from tullax.planner import candidates, store, tuning
 from tullax.planner import decide as planner
+from tullax.planner import race as racing
+from tullax.planner.call import Call
+from tullax.planner.rules import LOOPS, loop_backend
 from tullax.runtime import exchange, hugepages
 from tullax.spec.analyze import analyze
 from tullax.spec.parse import parse_spec
@@ -207,9 +212,9 @@ def test_the_xla_candidate_of_a_zero_start_race_starts_from_its_own_zeros():
     step = next(iter(zero_start_steps(_spec("out[b,d] := W[ix[b],d]"))))
     env = {"ΔW": jnp.full((3, 2), 5.0, jnp.float32), "Δout": jnp.ones((2, 2), jnp.float32),
            "ix": jnp.asarray([1, 1], jnp.int32), "W": jnp.zeros((3, 2), jnp.float32)}
-    from_zeros = jax.jit(planner._xla_function(step, "xla:grid", True))(env)
+    from_zeros = jax.jit(candidates.xla_function(step, "xla:grid", True))(env)
     np.testing.assert_array_equal(np.asarray(from_zeros), [[0, 0], [2, 2], [0, 0]])
-    onto_given = jax.jit(planner._xla_function(step, "xla:grid", False))(env)
+    onto_given = jax.jit(candidates.xla_function(step, "xla:grid", False))(env)
     np.testing.assert_array_equal(np.asarray(onto_given), [[5, 5], [7, 7], [5, 5]])
 
 
@@ -218,18 +223,19 @@ def test_a_zero_start_decision_is_kept_apart_from_one_on_a_given_array(monkeypat
     step = next(iter(zero_start_steps(_spec("out[b,d] := W[ix[b],d]"))))
     shapes = {"ΔW": (4096, 512), "Δout": (1024, 512), "ix": (1024,), "W": (4096, 512)}  # above the tiny rule's
     dtypes = {"ΔW": "float32", "Δout": "float32", "ix": "int32", "W": "float32"}
-    loops = planner.loop_backend(dtypes.values())
-    assert planner._cache_key(step, shapes, dtypes, loops, True) != planner._cache_key(step, shapes, dtypes, loops)
-    assert planner._memo_key(step, shapes, dtypes, loops, True) != planner._memo_key(step, shapes, dtypes, loops)
+    loops = loop_backend(dtypes.values())
+    on_zeros, on_given = (Call.of(step, shapes, dtypes, loops, zero_start) for zero_start in (True, False))
+    assert store.cache_key(on_zeros) != store.cache_key(on_given)
+    assert on_zeros.key != on_given.key
     raced = []
 
-    def scripted(spec, shapes, dtypes, candidates, loops, rounds=planner.TIMING_RUNS, zero_start=False):
-        raced.append(zero_start)
-        return [(c, 1.0 if c == planner.LOOPS else 2.0) for c in candidates]
+    def scripted(call, candidates, rounds=None):
+        raced.append(call.zero_start)
+        return [(c, 1.0 if c == LOOPS else 2.0) for c in candidates]
 
-    monkeypatch.setattr(planner, "_time_candidates", scripted)
-    monkeypatch.setattr(planner, "UNTIMED_WORK", 0)
-    monkeypatch.setenv(planner.TIMING_ENV, "1")
+    monkeypatch.setattr(racing, "race", scripted)
+    monkeypatch.setattr(tuning, "UNTIMED_WORK", 0)
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
     planner.forget()
     try:
         planner.plan(step, shapes, dtypes, zero_start=True)

@@ -49,7 +49,7 @@ def explain(spec: str, ranges: Mapping | None = None, shapes: Mapping[str, tuple
     every gradient step) runs on and why, by rule, or with ``shapes`` (input name -> shape) the decision for
     those shapes, as the compile cache holds it when it was timed."""
     from tullax.errors import with_spec_context
-    from tullax.planner.decide import explain_lines
+    from tullax.planner.explain import explain_lines
 
     canonical, analysed = compile_spec(spec, ranges)
     try:

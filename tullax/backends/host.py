@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
@@ -137,6 +137,7 @@ class GeneratedModule:
     key: str  # its compile-cache entry
     path: Path | None  # the source file in that entry; None when the cache could not store it (run from memory)
     codegen_ms: float  # lowering and printing it
+    made: Any = None  # what the recipe's ``store_extras`` made of it (host C: its library), handed to ``load``
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,8 @@ class ModuleRecipe:
     source_file: str  # the module's file name in its cache entry
     options: Mapping[str, Any]  # whatever else changes the generated module (printer options): part of the key
     generate: Callable[[Spec, Signature], tuple[LoopKernel, str]]  # lower and print: (the kernel, the module)
-    store_extras: Callable[[CompileCache, GeneratedModule], None]  # the backend's other files, after a write
+    # the backend's other files, after a write; what it returns (None: nothing) reaches ``load`` as ``made``
+    store_extras: Callable[[CompileCache, GeneratedModule], Any]
     load: Callable[[GeneratedModule], HostKernel]  # load the stored module into the runtime
     # A backend whose key determines its source (it holds a fingerprint of the code generator) loads a cached
     # module without generating it: ``load_cached(cache, key, spec, signature)`` returns the kernel, or None
@@ -180,7 +182,7 @@ def build_module(recipe: ModuleRecipe, spec: Spec, signature: Signature) -> Host
             path = cache.write_text(key, recipe.source_file, source)
         generated = GeneratedModule(recipe.backend, spec, signature, kernel, source, key, path, codegen_ms)
         if not reused and path is not None:
-            recipe.store_extras(cache, generated)
+            generated = replace(generated, made=recipe.store_extras(cache, generated))
         return recipe.load(generated)
 
 

@@ -101,30 +101,6 @@ def _dummy(item: Any, shape: tuple[int, ...], np: Any) -> Any:
     return np.broadcast_to(np.zeros((), dtype), tuple(shape))
 
 
-def make_inputs(spec: Any, shapes: Shapes, dtype: str, seed: int = 0) -> list[Any]:
-    """NumPy inputs in ``spec.inputs`` order: data standard normal in ``dtype``, index arrays uniform over
-    the values that keep their positions in range, shape-only inputs zero."""
-    import numpy as np
-
-    from tullax.spec.examples import index_intervals
-
-    rng = np.random.default_rng(seed)
-    bounds = index_intervals(spec, shapes)
-    values = []
-    for item in spec.inputs:
-        shape = tuple(shapes.get(item.name, ()))
-        if item.kind == "index":
-            lo, hi = bounds.get(item.name, (0, 1))
-            values.append(rng.integers(lo, max(hi, lo + 1), size=shape, dtype=np.int64))
-        elif item.kind == "shape":
-            values.append(np.zeros(shape, dtype))
-        elif item.kind == "scalar":
-            values.append(np.asarray(rng.standard_normal(), dtype=dtype))
-        else:
-            values.append(rng.standard_normal(shape).astype(dtype))
-    return values
-
-
 def differentiable_positions(spec: Any) -> tuple[int, ...]:
     """Inputs that get a gradient: float data and scalar parameters (not index arrays, not shape-only)."""
     return tuple(pos for pos, item in enumerate(spec.inputs) if item.kind in ("array", "scalar"))

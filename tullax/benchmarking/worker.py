@@ -30,8 +30,9 @@ import time
 import traceback
 from typing import Any, Callable
 
-from tullax.benchmarking.case import differentiable_positions, make_inputs
+from tullax.benchmarking.case import differentiable_positions
 from tullax.benchmarking.comparators import COMPARATORS, IDIOMATIC, NAIVE_XLA, TORCH
+from tullax.spec.examples import make_inputs
 
 LINE_PREFIX = "@@tullax-bench "
 MIN_TIMING_S = 0.25  # fast kernels repeat until this much time was measured, to tame timer noise
@@ -257,8 +258,14 @@ def _timed_phase(job: dict, state: dict, which: str) -> dict:
             program[f"{which}_program_error"] = f"{type(err).__name__}: {err}"
     return {f"{which}_ms": best_ms, f"first_{which}_ms": first_ms, f"{which}_runs": runs, **program,
             "rss_before_mb": state["rss_before_mb"], "peak_rss_mb": peak_rss_mb(),
-            **({f"{which}_plans": [f"{key[0].out}: {found.describe()}" for key, found in _planned(job).items()
+            **({f"{which}_plans": [f"{key[0].out}: {_described(found)}" for key, found in _planned(job).items()
                                    if key not in planned_before]} if job["backend"] == "auto" else {})}
+
+
+def _described(found: Any) -> str:
+    from tullax.planner.explain import describe
+
+    return describe(found)
 
 
 def _planned(job: dict) -> dict:

@@ -3,7 +3,7 @@
 Three paths, chosen when the kernel is traced:
 
 * ``ffi`` (the default): a kernel that can run as XLA's own custom call does, with no Python per call (the c
-  backend's, ``tullax.backends.c.ffi``: one compiled FFI handler calls its packed entry on XLA's buffers); any
+  backend's, ``tullax.backends.ffi``: one compiled FFI handler calls its packed entry on XLA's buffers); any
   other kernel, or a call the custom call does not serve (a '=' update XLA does not alias, a zero-start step
   that clears its own output, a widened kernel), takes ``buffer``.
 * ``buffer``: ``jax.experimental.buffer_callback``. XLA calls back with its own buffers; the host
@@ -111,10 +111,10 @@ def _custom_call(spec: Spec, kernel: Any, args: Sequence[Any], result: Any, shap
     if found is None:
         return None
     value, slot = found
-    from tullax.backends.c import ffi as c_ffi
+    from tullax.backends import ffi
     from tullax.runtime import stats
 
-    stats.watch(text, backend_name, "ffi", (c_ffi.TARGET, slot), lambda: c_ffi.launches(slot))
+    stats.watch(text, backend_name, "ffi", (ffi.TARGET, slot), lambda: ffi.launches(slot))
     return value
 
 

@@ -76,7 +76,7 @@ from tullax.spec.ir import Spec, Wrapped, reduction_identity
 from tullax.spec.text import format_spec
 
 if TYPE_CHECKING:
-    from tullax.backends.base import Signature
+    from tullax.spec.signature import Signature
 
 ACC, MAX_ACC, SUM_ACC, SHIFT = "acc", "accm", "accs", "shift"  # accumulators (logsumexp: max, shifted sum)
 TILE_LO, TILE_HI = "tile_lo", "tile_hi"  # the range of the tiled index in the current tile

@@ -15,7 +15,7 @@ from tullax.spec.ir import Spec
 from tullax.spec.valuetype import complex_inputs, is_complex, result_is_complex
 
 if TYPE_CHECKING:
-    from tullax.backends.base import Signature
+    from tullax.spec.signature import Signature
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,8 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: s
 def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any], zero_start: bool = False) -> KernelOp:
     """``backend='auto'``: the planner's choice for this kernel and these shapes (tullax.planner.decide)."""
     from tullax.calls.host import callback_path
-    from tullax.planner.decide import call_shapes_and_dtypes, plan
+    from tullax.planner.call import call_shapes_and_dtypes
+    from tullax.planner.decide import plan
 
     found = plan(spec, *call_shapes_and_dtypes(spec, values), zero_start=zero_start)
     if found.backend == "xla":
@@ -172,7 +173,8 @@ def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any], zero_start: b
 def _joint_plans(spec: Spec, args: Sequence[Any], out_dtype: str, wrt: Sequence[int]) -> dict:
     """``planner.joint_plans`` for a differentiated call of ``spec`` on ``args``: the XLA plans of the forward
     and of the gradient steps of the inputs at positions ``wrt``, when they run as one XLA program."""
-    from tullax.planner.decide import call_shapes_and_dtypes, joint_plans
+    from tullax.planner.call import call_shapes_and_dtypes
+    from tullax.planner.decide import joint_plans
 
     shapes, dtypes = call_shapes_and_dtypes(spec, args)
     return joint_plans(spec, shapes, dtypes, out_dtype, [spec.inputs[i].name for i in wrt])

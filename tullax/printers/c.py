@@ -69,17 +69,16 @@ from tullax.printers.clike import (
 NAME = "c"
 THREADS = "tx_threads"  # the last parameter of every function: the OpenMP team size (1: serial)
 HELPER_TYPES = ("float32", "float64", "int32", "int64")  # the types the prelude instantiates its helpers for
-# A max/min reduction loop keeps this many bytes of accumulators: two independent compare-select chains (float32
-# row max over 4096x4096, 2 threads: 8 lanes in one register 1.69 ms, 16 lanes 1.36 ms, jnp.max 1.44 ms; 32
-# lanes spilled: 10 ms), each a GCC/Clang vector of VECTOR_BYTES, one AVX2 register. One vector of 64 bytes ran
-# as fast on a CPU with AVX-512, but without it GCC 12 compared its lanes one by one, with branches: 18-22 ms
-# (make bench at 203bf5e, an AMD EPYC without AVX-512; two vectors of 32 bytes there: 3.4-3.6 ms, jnp.max 3.4 ms)
+# A max/min reduction loop keeps this many bytes of accumulators: two independent compare-select chains, each a
+# GCC/Clang vector of VECTOR_BYTES (one AVX2 register): more lanes spill, fewer leave the chains' latency exposed,
+# and one 64-byte vector is compared lane by lane, with branches, by GCC without AVX-512 (benchmarks/row_streams.py,
+# benchmarks/results/row_streams.json)
 LANE_BYTES = 64
 VECTOR_BYTES = 32
 # A lane loop prefetches this far ahead of each row it streams: the hardware's prefetchers stop at every 4 KiB
 # page, XLA's buffers are on 4 KiB pages, and a prefetch this far ahead starts each page's walk and first lines
-# early (a 4096x4096 float32 row max on a Zen 5 EPYC, two threads, 4 KiB pages: 0.86 ms without, 0.80 at 4 KiB
-# ahead, 0.61 at 16 KiB, 0.63 at 32 KiB; huge pages gain as much; benchmarks/ffi_call.py measures it in jit)
+# early; 16 KiB was the fastest distance of those tried (benchmarks/ffi_call.py measures it in jit,
+# benchmarks/results/ffi_call.json)
 PREFETCH_BYTES = 16384
 _OMP_REDUCTIONS = {"+": "+", "*": "*"}  # OpenMP's own; max/min are the prelude's NaN-propagating ones
 
@@ -351,8 +350,8 @@ def vector_lanes(dtype: str) -> int:
 
 
 # x86's maxps/minps compute exactly the lane step's select (``v > l ? v : l``, ``v < l ? v : l``) in one instruction;
-# GCC spells the select as a compare and a blend, whose latency the loop's accumulator chains wait on (a 4096x4096
-# float32 row max on a Zen 5 EPYC, two threads: 0.97 -> 0.79 ms; benchmarks/row_streams.py)
+# GCC spells the select as a compare and a blend, whose latency the loop's accumulator chains wait on
+# (benchmarks/row_streams.py)
 _X86_SELECT = {("max", "float32"): "__builtin_ia32_maxps256", ("min", "float32"): "__builtin_ia32_minps256",
                ("max", "float64"): "__builtin_ia32_maxpd256", ("min", "float64"): "__builtin_ia32_minpd256"}
 

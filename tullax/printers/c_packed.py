@@ -1,6 +1,6 @@
 """The packed entry a C module exports beside each kernel: ``<name>_packed(pointers, integers, team)``, the kernel
 called with its arguments in two arrays. It is the one signature every kernel shares, so one compiled XLA FFI
-handler (``tullax.backends.c.ffi``) calls any kernel of any module inside XLA's own program.
+handler (``tullax.backends.ffi``) calls any kernel of any module inside XLA's own program.
 
 The C printer prints it (``tullax.printers.c.kernel_function``); the ``c`` backend looks ``PACKED_SUFFIX`` up in a
 loaded library. This module imports only the errors: a warm process loads a module's library without the printer.

@@ -55,6 +55,7 @@ from tullax.runtime.cache_files import (
     tree_size,
 )
 from tullax.runtime.cache_index import CacheIndex, Records
+from tullax.runtime.cache_later import DeferredUpdates, Pending
 from tullax.runtime.cache_locks import CacheLocks
 
 CACHE_DIR_ENV = "TULLAX_CACHE_DIR"
@@ -192,15 +193,13 @@ class CompileCache:
         self.root, self.writable = _open_root(requested)
         self.lock_timeout = _lock_timeout_from_env() if lock_timeout is None else lock_timeout
         self.locks = CacheLocks(self.root / "locks", self.lock_timeout, LOCK_TIMEOUT_ENV)
-        self.index = CacheIndex(self.root / "index.json", self.locks, self._rebuild_index, self._store, _encode)
+        self.index = CacheIndex(self.root / "index.json", self.locks, lambda: _rebuilt_records(self), self._store,
+                                _encode)
         # False once a write failed (a full disk): from then on this process stores nothing and compiles in memory.
         self.storing = threading.Event()
         self.storing.set()
         self._next_auto_prune = 0.0  # time.monotonic() after which a new entry checks the size limits again
-        self._pending: list[tuple[str, str, dict[str, Any]]] = []  # record_later/hit_later, for flush()
-        self._pending_lock = threading.Lock()
-        self._flush_timer: threading.Timer | None = None
-        self._flushing = threading.RLock()  # held while flushing: the exit's flush waits for the timer's
+        self._deferred = DeferredUpdates(self._apply_pending)  # record_later/hit_later, for flush()
 
     def __repr__(self) -> str:
         return f"CompileCache(root={str(self.root)!r}, writable={self.writable})"
@@ -356,27 +355,6 @@ class CompileCache:
 
     # -- the index -----------------------------------------------------------------------------------------
 
-    def _rebuild_index(self) -> Records:
-        """Index records made from the entries' manifests (their meta), for an index that was lost."""
-        records: Records = {}
-        for entry in sorted((self.root / "entries").glob("*")):
-            if not entry.is_dir() or not is_plain_name(entry.name):
-                continue
-            try:
-                meta = self._read_manifest(entry.name).get("meta")
-            except ValueError:
-                meta = None
-            meta = meta if isinstance(meta, dict) else {}
-            try:
-                created = meta.get("created", entry.stat().st_mtime)
-            except FileNotFoundError:
-                continue  # deleted meanwhile
-            records[entry.name] = {
-                "spec": None, "backend": "unknown", "kind": "unknown", "hits": 0,
-                **meta, "created": created, "last_used": created,
-            }
-        return records
-
     def record(
         self, key: str, *, spec: str, backend: str, kind: str = "kernel", **fields: Any
     ) -> dict[str, Any]:
@@ -430,49 +408,23 @@ class CompileCache:
         _checked_name(key, "key")
         self.index.update(lambda records: _apply_hit(records, key, time.time()))
 
-    # -- deferred index updates ----------------------------------------------------------------------------
-    # A kernel's first call used to wait for one locked read-modify-write of index.json per record (~26 ms per
-    # kernel, measured): the timings it notes are a nicety, so they wait for ``flush``, which applies all that
-    # is pending in ONE update: FLUSH_DELAY_S after the first, when the index is read here, or at exit.
+    # -- deferred index updates (``tullax.runtime.cache_later``) ---------------------------------------------
 
     def record_later(self, key: str, *, spec: str, backend: str, kind: str = "kernel", **fields: Any) -> None:
         """``record`` at the next ``flush``."""
         _checked_name(key, "key")
         _check_record_fields(fields)
-        self._later("record", key, dict(fields, spec=spec, backend=backend, kind=kind))
+        self._deferred.add("record", key, dict(fields, spec=spec, backend=backend, kind=kind))
 
     def hit_later(self, key: str) -> None:
         """``hit`` at the next ``flush``."""
-        self._later("hit", _checked_name(key, "key"), {})
-
-    def _later(self, what: str, key: str, fields: dict[str, Any]) -> None:
-        with self._pending_lock:
-            self._pending.append((what, key, fields))
-            _UNFLUSHED.add(self)
-            if self._flush_timer is None:
-                self._flush_timer = threading.Timer(FLUSH_DELAY_S, self._flush_quietly)
-                self._flush_timer.daemon = True
-                self._flush_timer.start()
-
-    def _flush_quietly(self) -> None:
-        try:
-            self.flush()
-        except (OSError, TullaxError):  # a read-only cache or a held lock: timings are a nicety
-            pass
+        self._deferred.add("hit", _checked_name(key, "key"), {})
 
     def flush(self) -> None:
         """Write the pending ``record_later``/``hit_later`` updates, in order, in one index update."""
-        with self._flushing:
-            self._flush()
+        self._deferred.flush()
 
-    def _flush(self) -> None:
-        with self._pending_lock:
-            pending, self._pending = self._pending, []
-            if self._flush_timer is not None and self._flush_timer is not threading.current_thread():
-                self._flush_timer.cancel()
-            self._flush_timer = None
-        if not pending:
-            return
+    def _apply_pending(self, pending: list[Pending]) -> None:
         now = time.time()
         results: dict[str, dict[str, Any]] = {}
 
@@ -570,17 +522,29 @@ def _apply_hit(records: Records, key: str, now: float) -> bool:
     return True
 
 
+def _rebuilt_records(cache: CompileCache) -> Records:
+    """Index records made from the entries' manifests (their meta), for an index that was lost."""
+    records: Records = {}
+    for entry in sorted((cache.root / "entries").glob("*")):
+        if not entry.is_dir() or not is_plain_name(entry.name):
+            continue
+        try:
+            meta = cache._read_manifest(entry.name).get("meta")
+        except ValueError:
+            meta = None
+        meta = meta if isinstance(meta, dict) else {}
+        try:
+            created = meta.get("created", entry.stat().st_mtime)
+        except FileNotFoundError:
+            continue  # deleted meanwhile
+        records[entry.name] = {
+            "spec": None, "backend": "unknown", "kind": "unknown", "hits": 0,
+            **meta, "created": created, "last_used": created,
+        }
+    return records
+
+
 # ------------------------------------------------------------------------------------------- the singleton
-
-FLUSH_DELAY_S = 2.0  # after the first deferred update: well after a first call, soon enough to survive a crash
-_UNFLUSHED: set[CompileCache] = set()  # caches that had deferred updates: flushed at exit
-
-
-@atexit.register
-def _flush_at_exit() -> None:
-    for cache in list(_UNFLUSHED):
-        cache._flush_quietly()
-
 
 _caches: dict[str, CompileCache] = {}
 _caches_guard = threading.Lock()

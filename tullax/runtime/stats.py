@@ -3,7 +3,7 @@
 The host callbacks increment these, so tests can prove that ``jax.vmap`` of a kernel runs ONE batched kernel
 per call (not one per batch element) and benchmarks can tell which path ran. XLA may run callbacks on several
 threads at once (``shard_map`` over host devices), hence the lock. A kernel that XLA calls as a custom call
-(``tullax.backends.c.ffi``) runs no Python: its compiled handler counts, and its counter is ``watch``ed here and
+(``tullax.backends.ffi``) runs no Python: its compiled handler counts, and its counter is ``watch``ed here and
 read into these counts whenever they are read.
 
     from tullax.runtime import stats

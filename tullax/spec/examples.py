@@ -177,4 +177,24 @@ def _fitting_values(idx: Indirect, extent: int, ranges: Mapping[str, tuple[int, 
     return (-((extent - 1 - high) // -s), low // -s + 1)
 
 
-__all__ = ["shapes_for", "random_inputs", "needs_positive", "index_intervals"]
+def make_inputs(spec: Spec, shapes: Mapping[str, tuple[int, ...]], dtype: str, seed: int = 0) -> list[Any]:
+    """NumPy inputs in ``spec.inputs`` order: data standard normal in ``dtype``, index arrays uniform over
+    the values that keep their positions in range, shape-only inputs zero."""
+    rng = np.random.default_rng(seed)
+    bounds = index_intervals(spec, shapes)
+    values = []
+    for item in spec.inputs:
+        shape = tuple(shapes.get(item.name, ()))
+        if item.kind == "index":
+            lo, hi = bounds.get(item.name, (0, 1))
+            values.append(rng.integers(lo, max(hi, lo + 1), size=shape, dtype=np.int64))
+        elif item.kind == "shape":
+            values.append(np.zeros(shape, dtype))
+        elif item.kind == "scalar":
+            values.append(np.asarray(rng.standard_normal(), dtype=dtype))
+        else:
+            values.append(rng.standard_normal(shape).astype(dtype))
+    return values
+
+
+__all__ = ["shapes_for", "random_inputs", "needs_positive", "index_intervals", "make_inputs"]

@@ -17,19 +17,17 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from tullax.backends.xla.reads import all_masks, position, read
 from tullax.spec import functions
 from tullax.spec.contraction import factors, is_contraction
 from tullax.spec.dtypes import HALF
 from tullax.spec.ir import (
     Access,
-    Affine,
     Binary,
     Call,
     Expr,
     Hole,
-    Idx,
     IndexVal,
-    Indirect,
     Num,
     Param,
     Size,
@@ -55,14 +53,6 @@ Env = Mapping[str, Any]
 def _identity(redop: str, dtype: Any) -> Any:
     """The reduction's initial value in ``dtype`` (``reduction_identity``, as the loop lowering has it)."""
     return reduction_identity(redop, np.dtype(dtype).name)
-
-
-def _fill(dtype: Any) -> Any:
-    """What an out-of-range gather reads, as ``jnp.take``'s fill: NaN, or an integer type's extreme."""
-    kind = np.dtype(dtype).kind
-    if kind in "iu":
-        return np.iinfo(dtype).min if kind == "i" else np.iinfo(dtype).max
-    return np.nan
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,7 +128,7 @@ def evaluate_fixed(spec: Spec, env: Env, fixed: Mapping[str, int]):
     """The reduction of ``spec`` (a ':=' spec; no finaliser applied) with the indices of ``fixed`` held at one
     value each: the reduced value over every other index, in the compute dtype of ``_context`` (float32 for
     half precision; the caller rounds once). Accesses that an index of ``fixed`` shifts read slices (see
-    ``_live_terms``). The slices form of ``tullax.backends.xla.forms`` sums these."""
+    ``reads.live_terms``). The slices form of ``tullax.backends.xla.forms`` sums these."""
     ctx, _ = _context(spec, env)
     grid = ctx.grid
     lo = tuple(fixed.get(n, lo) for n, lo in zip(grid.names, grid.lo))
@@ -367,7 +357,7 @@ def _body(ctx: _Context, expr: Expr):
     if isinstance(expr, Hole):
         return ctx.hole
     if isinstance(expr, Access):
-        return _read(ctx, expr)
+        return read(ctx, expr)
     if isinstance(expr, Unary):
         return -_body(ctx, expr.arg)
     if isinstance(expr, Call):
@@ -427,146 +417,6 @@ def _jax_function(fn: str) -> Callable:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading one access on the grid
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Position:
-    """Where one axis of an access reads: ``pos`` (in range), ``inside`` (False: a pad reads 0) and
-    ``defined`` (False: an indirect index outside the axis, which reads NaN, as jnp.take's fill does)."""
-
-    pos: Any
-    inside: Any = None
-    defined: Any = None
-
-
-def _read(ctx: _Context, acc: Access):
-    import jax.numpy as jnp
-
-    from tullax.backends.xla import rows as xla_rows
-
-    if _sliceable(ctx, acc):
-        return _read_slices(ctx, acc)
-    array = ctx.array(acc.array)
-    positions = [_position(ctx, idx, array.shape[axis]) for axis, idx in enumerate(acc.idx)]
-    windows = xla_rows.gather_windows(ctx, acc, array.shape)
-    if windows:
-        value = xla_rows.read_rows(ctx, acc, array, positions, windows).astype(ctx.leaf(acc.array))
-    else:
-        value = array[tuple(jnp.asarray(p.pos) for p in positions)].astype(ctx.leaf(acc.array))
-    defined = _all([p.defined for p in positions])
-    inside = _all([p.inside for p in positions])
-    if defined is not None:
-        value = jnp.where(defined, value, _fill(ctx.dtype))
-    if inside is not None:
-        value = jnp.where(inside, value, 0)
-    return value
-
-
-def _all(masks: list):
-    found = [m for m in masks if m is not None]
-    if not found:
-        return None
-    out = found[0]
-    for mask in found[1:]:
-        out = out & mask
-    return out
-
-
-def _affine(ctx: _Context, aff: Affine):
-    """``sum(coef * index) + const`` on the grid (a Python int when no index appears); ``div`` is not applied."""
-    total = None
-    for name, coef in aff.terms:
-        term = ctx.grid.values(name) if coef == 1 else coef * ctx.grid.values(name)
-        total = term if total is None else total + term
-    const = aff.const.eval(ctx.shapes)
-    if total is None:
-        return const
-    return total + const if const else total
-
-
-def _position(ctx: _Context, idx: Idx, extent: int) -> _Position:
-    import jax.numpy as jnp
-
-    if isinstance(idx, Affine):  # in bounds: check_shapes proved it
-        return _Position(_affine(ctx, idx))
-    if isinstance(idx, Indirect):
-        where = ctx.array(idx.array)[jnp.asarray(_affine(ctx, idx.inner))]
-        if not idx.plain:  # scale*ix[e] + offset, with a value read too large to add without wrapping undefined
-            limit = (int(jnp.iinfo(where.dtype).max) // 2) // abs(idx.scale)
-            raw_ok = (where >= -limit) & (where <= limit)
-            where = idx.scale * jnp.clip(where, -limit, limit) + _affine(ctx, idx.offset)
-            defined = raw_ok & (where >= 0) & (where < extent)
-        else:
-            defined = (where >= 0) & (where < extent)
-        if idx.pad:  # pad(ix[e]) reads 0 outside the axis
-            return _Position(jnp.clip(where, 0, max(extent - 1, 0)), inside=defined)
-        return _Position(jnp.clip(where, 0, max(extent - 1, 0)), defined=defined)
-    raw = _affine(ctx, idx.inner)
-    if idx.kind == "mod":
-        return _Position(jnp.mod(raw, extent))
-    if idx.kind == "clamp":
-        return _Position(jnp.clip(raw, 0, extent - 1))
-    inside = jnp.asarray(True)
-    if idx.inner.div > 1:
-        inside = jnp.mod(raw, idx.inner.div) == 0
-        raw = jnp.floor_divide(raw, idx.inner.div)
-    inside = inside & (raw >= 0) & (raw < extent)
-    return _Position(jnp.clip(raw, 0, max(extent - 1, 0)), inside=inside)
-
-
-def _live_terms(ctx: _Context, aff: Affine) -> tuple[list[tuple[str, int]], int]:
-    """The terms of ``aff`` over grid axes with more than one value, and the constant the others add (an
-    index with one value on this grid, as the slices form of ``xla_forms`` makes, is a constant here)."""
-    live, const = [], aff.const.eval(ctx.shapes)
-    for name, coef in aff.terms:
-        axis = ctx.grid.axis(name)
-        if ctx.grid.size[axis] == 1:
-            const += coef * ctx.grid.lo[axis]
-        else:
-            live.append((name, coef))
-    return live, const
-
-
-def _sliceable(ctx: _Context, acc: Access) -> bool:
-    """Every axis a constant or one index (coefficient != 0), each index on one axis only: a strided slice."""
-    names: list[str] = []
-    for idx in acc.idx:
-        if not isinstance(idx, Affine) or idx.div != 1:
-            return False
-        live, _ = _live_terms(ctx, idx)
-        if len(live) > 1:
-            return False
-        names += [n for n, _ in live]
-    return len(names) == len(set(names))
-
-
-def _read_slices(ctx: _Context, acc: Access):
-    import jax.numpy as jnp
-
-    window, names, flips = [], [], []
-    for idx in acc.idx:
-        live, const = _live_terms(ctx, idx)
-        if not live:
-            window.append(const)
-            continue
-        (name, coef), = live
-        axis = ctx.grid.axis(name)
-        lo, n = ctx.grid.lo[axis], ctx.grid.size[axis]
-        first, last = coef * lo + const, coef * (lo + n - 1) + const
-        window.append(slice(min(first, last), max(first, last) + 1, abs(coef)))
-        if coef < 0:
-            flips.append(len(names))
-        names.append(name)
-    value = ctx.array(acc.array)[tuple(window)]
-    if flips:
-        value = jnp.flip(value, axis=flips)
-    order = sorted(range(len(names)), key=lambda k: ctx.grid.axis(names[k]))
-    value = jnp.transpose(value, order)
-    shape = [ctx.grid.size[a] if n in names else 1 for a, n in enumerate(ctx.grid.names)]
-    return value.reshape(shape).astype(ctx.leaf(acc.array))
-
-
-# ---------------------------------------------------------------------------------------------
 # Placing the result
 # ---------------------------------------------------------------------------------------------
 def _place(ctx: _Context, value):
@@ -602,8 +452,8 @@ def _scatter(ctx: _Context):
         if axis in windows:
             continue
         extent = base.shape[axis]
-        pos = _position(ctx, idx, extent)
-        keep = _all([pos.inside, pos.defined])
+        pos = position(ctx, idx, extent)
+        keep = all_masks([pos.inside, pos.defined])
         places[axis] = jnp.asarray(pos.pos) if keep is None else jnp.where(keep, pos.pos, extent)
     if windows:
         return xla_rows.scatter_rows(ctx, base, value, windows, places)

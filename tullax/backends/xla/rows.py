@@ -15,7 +15,8 @@ from typing import Any
 from tullax.spec.ir import Access, Affine, Idx, idx_names
 
 # ``ctx`` below is ``tullax.backends.xla.lower``'s evaluation context (spec, shapes, grid); the positions are its
-# ``_Position``s. Not imported: that module imports this one, and the import graph stays acyclic.
+# ``Position``s (``tullax.backends.xla.reads``). Not imported: those modules import this one, and the import graph
+# stays acyclic.
 
 
 def gather_windows(ctx: Any, acc: Access, shape: tuple[int, ...]) -> dict[int, str]:
@@ -33,7 +34,7 @@ def gather_windows(ctx: Any, acc: Access, shape: tuple[int, ...]) -> dict[int, s
 def read_rows(ctx: Any, acc: Access, array, positions: list[Any], windows: dict[int, str]):
     """The read as XLA's row gather (what ``jnp.take(W, ix, axis=0)`` emits): one coordinate tuple per
     combination of the other axes' positions, and a whole slice of ``windows``' axes per tuple, instead of a
-    coordinate per element. Positions are clipped into the array (``_position``); the caller masks them."""
+    coordinate per element. Positions are clipped into the array (``reads.position``); the caller masks them."""
     import jax.numpy as jnp
     from jax import lax
 

@@ -1,4 +1,5 @@
-"""c-backend kernels inside XLA's own program: one compiled XLA FFI handler calls any of them, with no Python.
+"""The XLA FFI handler both loop and XLA families use: one compiled library that runs the c backend's kernels inside
+XLA's own program with no Python, and the layout change (``permute``) that XLA's forms call in place of a transpose.
 
 ``jax.experimental.buffer_callback`` runs a Python function on every call (the GIL, NumPy views of XLA's buffers,
 the argument marshalling), and XLA's dispatch around it runs with cold caches after a large kernel: tens of

@@ -1,0 +1,227 @@
+"""What the rules say before any timing. ``RULES`` is the table ``backend="auto"`` reads, in order: each a named
+function of a spec's ``Analysis``, the loop backend and whether jax computes on a GPU, giving a ``Rule`` (a default
+and, for a close call, the candidates a race times) or None where it does not apply. ``tiny`` needs the shapes:
+``decide`` applies it after ``contraction``.
+
+0. ``contraction``: a product of plain accesses summed is BLAS's job: XLA's einsum, at any size; its plan does not
+   look for a loop backend, so its first call neither probes the C compiler nor imports a loop backend.
+1. ``tiny``: a call below the serial work threshold (``tullax.backends.workload``) is not timed: the loops where
+   their module is compiled once with every gradient step and loaded from the compile cache by later processes
+   (``Capabilities.whole_module_cached``), else XLA in its best form, traced into the jitted program.
+2. ``no loop backend``: XLA, in its best form.
+3. ``gather``: a pure gather (one read through an index array, copied): XLA's gather, untimed; memory-bound on
+   any candidate, and XLA fuses the copy into the program around it.
+4. ``scatter/gather``: an index array read or scattered through: the loops, raced against XLA's gather/scatter.
+5. ``convolution``: lax.conv (as it is or padded by one element), shifted slices (one window index only) and the
+   loops, raced.
+6. ``window``: a small reduced index that shifts an access: the shifted slices or the loops, raced.
+7. ``loops``: everything else (functions, guards, broadcast reductions): the loops, which fuse the body into one
+   pass, raced against XLA's factored form and its broadcast lowering where those can run the shapes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from tullax.backends.gpu_select import on_gpu
+from tullax.planner import tuning
+from tullax.planner.call import Analysis, Call, analyse
+from tullax.spec.ir import Spec
+
+LOOPS = "loops"  # the form of a plan on the loop backend; as a candidate: the loop backend ``auto`` uses
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where one kernel runs: ``backend`` ("xla" or the loop backend's name) in ``form`` (an XLA form, or
+    "loops"), decided by ``rule`` for ``reason``; ``timings_ms`` holds (candidate, best ms) when it was timed;
+    ``source`` says whether this process decided it by rule, by timing, or found it in the compile cache.
+    ``tullax.planner.explain.describe`` puts it in words."""
+
+    backend: str
+    form: str
+    rule: str
+    reason: str
+    timings_ms: tuple[tuple[str, float], ...] = ()
+    source: str = "rules"
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend} ({self.form})" if self.backend == "xla" else self.backend
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What the rules say about a spec before any shape is known: a default and, for a close call, the
+    candidates to time ("xla:<form>" or "loops")."""
+
+    name: str
+    reason: str
+    default: str  # a candidate
+    close: tuple[str, ...] = field(default=())
+    tiny: str | None = None  # what a tiny call runs where the loops' modules are cached whole; None: ``default``
+
+    @property
+    def for_tiny(self) -> str:
+        return self.default if self.tiny is None else self.tiny
+
+
+# ---------------------------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------------------------
+def _contraction(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
+    if not found.contraction:
+        return None
+    # on the CPU, XLA runs some layouts of a dot on Eigen but the same contraction as a broadcast product on
+    # YNNPACK ('product'); a GPU's dot is cuBLAS's
+    close = ("xla:einsum", "xla:product") if "product" in found.forms and not gpu else ()
+    also = "; on the CPU, or as a broadcast product that XLA may fuse into one YNNPACK kernel" if close else ""
+    return Rule("contraction", f"a pure contraction is BLAS's job (jnp.einsum / dot_general{also})",
+                "xla:einsum", close)
+
+
+def _no_loop_backend(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
+    return Rule("no loop backend", "no loop backend is usable here", f"xla:{found.forms[0]}") if loops is None else None
+
+
+def _gather(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
+    if not found.pure_gather:
+        return None
+    return Rule("gather", "a pure gather: one read through an index array, copied; memory-bound either way, "
+                "and XLA's gather fuses into the program around it", "xla:grid", tiny=LOOPS)
+
+
+def _scatter_gather(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
+    if not found.indexed:
+        return None
+    return Rule("scatter/gather", "an index array: the loop nest reads or scatters in place, XLA's "
+                "gather/scatter is usually slower", LOOPS, (LOOPS, "xla:grid"))
+
+
+def _convolution(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
+    if "conv" not in found.forms:
+        return None
+    # shifted slices only for one window index (conv1d): with two the form unrolls one and gathers the other,
+    # far slower than lax.conv
+    one_window = "slices" in found.forms and len(found.windows) == 1
+    # padded: the CPU's convolution without padding takes a slower path at some shapes (benchmarks/conv_padding.py)
+    padded = ("xla:conv-padded",) if "conv-padded" in found.forms and not gpu else ()
+    close = ("xla:conv",) + padded + (("xla:slices",) if one_window else ()) + (LOOPS,)
+    return Rule("convolution", "convolution-shaped: lax.conv_general_dilated (as it is, or with one "
+                "element of padding), shifted slices or loops, whichever is fastest", LOOPS, close)
+
+
+def _window(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
+    if "slices" not in found.forms:
+        return None
+    return Rule("window", "a small window: XLA's sum of shifted slices or the loops, whichever is fastest",
+                LOOPS, ("xla:slices", LOOPS))
+
+
+def _loops(found: Analysis, loops: str | None, gpu: bool) -> Rule:
+    factored = ("xla:factored",) if "factored" in found.forms else ()
+    return Rule("loops", "functions, guards or a broadcast reduction: the loop nest evaluates the body in one "
+                "pass, XLA materialises or re-reads the broadcast", LOOPS, (LOOPS,) + factored + ("xla:grid",))
+
+
+RuleFunction = Callable[[Analysis, "str | None", bool], "Rule | None"]
+RULES: tuple[tuple[str, RuleFunction], ...] = (
+    ("contraction", _contraction), ("no loop backend", _no_loop_backend), ("gather", _gather),
+    ("scatter/gather", _scatter_gather), ("convolution", _convolution), ("window", _window), ("loops", _loops))
+
+
+def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
+    """The first rule of ``RULES`` that applies to ``spec``; ``loops`` is the loop backend (None: none)."""
+    found, gpu = analyse(spec), on_gpu()
+    for _, rule in RULES:
+        chosen = rule(found, loops, gpu)
+        if chosen is not None:
+            return chosen
+    raise AssertionError("the last rule applies to every spec")
+
+
+TINY_LOOPS = Rule("tiny", "below the serial work threshold, not timed: the loop kernel, compiled once with every "
+                  "gradient step and loaded from the compile cache by later processes (XLA would compile its form "
+                  "again in each)", LOOPS)
+TINY_XLA = Rule("tiny", "below the serial work threshold: XLA inside the jitted program costs no host callback per "
+                "call and compiles no loop kernel", "xla")
+
+
+def usable(call: Call, candidate: str) -> bool:
+    """Whether a candidate can run the call's shapes well: the slices form only for a window it can unroll, the
+    broadcast lowering only for an index space small enough to materialise."""
+    from tullax.backends.xla.recognise import MAX_UNROLL, points
+
+    if candidate == "xla:grid":
+        return call.iterations <= tuning.GRID_ITERATIONS
+    if candidate == "xla:factored":  # it materialises each factor on its own indices, and their products
+        return all(points(call.ranges, names) <= tuning.GRID_ITERATIONS for names in call.analysis.factor_indices)
+    if candidate != "xla:slices":
+        return True
+    lo, hi = call.ranges[call.analysis.windows[0]]
+    return 0 < hi - lo <= MAX_UNROLL
+
+
+def as_plan(candidate: str, loops: str | None, rule: Rule, **extra: Any) -> Plan:
+    """The plan that runs ``candidate`` ("xla:<form>" or the loops) for ``rule``."""
+    if candidate.startswith("xla:"):
+        return Plan("xla", candidate[4:], rule.name, rule.reason, **extra)
+    assert loops is not None
+    return Plan(loops, LOOPS, rule.name, rule.reason, **extra)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop backend
+# ---------------------------------------------------------------------------------------------
+def loop_backend(dtypes: Iterable[str] = ()) -> str | None:
+    """The loop backend ``auto`` uses here for a call with these ``dtypes`` (the first usable of Julia, host C
+    and Numba that takes them, as ``backends.resolve``), or None when none is. Where jax computes on a GPU: the
+    GPU's own loop backend (``gpu_select``: julia-cuda or cuda), whose kernels run on XLA's buffers; None
+    without one (a host backend would copy every input to the host and back: XLA's forms run instead)."""
+    from tullax import backends
+    from tullax.errors import BackendUnavailableError
+
+    if on_gpu():
+        from tullax.backends.gpu_select import gpu_choice
+
+        name = gpu_choice()[0]
+        try:
+            found = backends.get(name)
+        except BackendUnavailableError:
+            return None
+        return name if getattr(found, "platform", None) and backends.takes(found, dtypes) else None
+    for name in backends._auto_candidates():
+        if name == "xla":
+            continue
+        try:
+            found = backends.get(name)
+            if backends.takes(found, dtypes) and found.availability()[0]:
+                return name
+        except BackendUnavailableError:
+            continue
+    return None
+
+
+def always_einsum(spec: Spec) -> bool:
+    """Whether ``spec`` is a pure contraction, which runs XLA's einsum whatever the shapes and loop backend."""
+    return analyse(spec).contraction
+
+
+def loops_for(spec: Spec, dtypes: Iterable[str] = ()) -> str | None:
+    """``loop_backend(dtypes)`` for a kernel whose plan may run on the loops; None for a pure contraction
+    (``always_einsum``): its first call then neither probes the C compiler nor imports a loop backend."""
+    return None if always_einsum(spec) else loop_backend(dtypes)
+
+
+def whole_module_cached(loops: str | None) -> bool:
+    """Whether the loop backend ``loops`` compiles a spec's forward kernel and every gradient step together,
+    which later processes load compiled (``Capabilities.whole_module_cached``)."""
+    if loops is None:
+        return False
+    from tullax import backends
+    from tullax.errors import BackendUnavailableError
+
+    try:
+        return backends.capabilities(backends.get(loops)).whole_module_cached
+    except BackendUnavailableError:
+        return False

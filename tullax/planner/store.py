@@ -1,0 +1,66 @@
+"""Decisions kept in the compile cache (an entry of kind ``plan`` holding ``plan.json``), keyed by the call and
+what decides a race on this machine, so they hold across processes."""
+from __future__ import annotations
+
+import json
+import os
+
+from tullax.backends.gpu_select import on_gpu
+from tullax.planner import tuning
+from tullax.planner.call import Call
+
+PLAN_FILE = "plan.json"
+
+
+def cache_key(call: Call) -> str:
+    """The key of the call's decision: spec, shapes, dtypes, loop backend, and what sets the speed of a race (the
+    machine's cores and threads; on a GPU, its model)."""
+    from tullax.runtime.cache import cache_key as key_of
+    from tullax.spec.text import format_spec
+
+    start = {"zero_start": True} if call.zero_start else {}  # a '+=' step on zeros is raced apart from one on data
+    if on_gpu():  # a GPU's race is decided by the GPU, not by the host's cores
+        import jax
+
+        start["gpu"] = jax.devices()[0].device_kind
+    return key_of(kind="plan", spec=format_spec(call.spec), shapes=sorted(call.shapes.items()),
+                  dtypes=sorted(call.dtypes.items()), loops=call.loops, cores=os.cpu_count(),
+                  threads=os.environ.get("NUMBA_NUM_THREADS"), **start)
+
+
+def load(key: str) -> dict | None:
+    """The decision kept under ``key``, or None (none kept, or unreadable)."""
+    from tullax.runtime.cache import get_cache
+
+    try:
+        text = get_cache().read_text(key, PLAN_FILE)
+        found = json.loads(text) if text else None
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def store(key: str, call: Call, decision: dict) -> None:
+    """Keep ``decision`` under ``key``; a plan that cannot be stored is timed again by the next process."""
+    from tullax.runtime.cache import get_cache
+    from tullax.spec.text import format_spec
+
+    cache = get_cache()
+    try:
+        if cache.write_text(key, PLAN_FILE, json.dumps(decision)) is not None:
+            cache.record(key, spec=format_spec(call.spec), backend="auto", kind="plan")
+    except OSError:
+        pass
+
+
+def to_confirm(stored: dict) -> tuple[tuple[tuple[str, float], ...], int] | None:
+    """For a stored decision of a close call not yet confirmed by CONFIRMING_RACES races: the best ms per
+    candidate over its races and how many there were; None for a settled decision (a clear race, enough races,
+    or one stored before decisions counted their races)."""
+    races = stored.get("races")
+    if stored.get("settled", True) or not isinstance(races, int) or races >= tuning.CONFIRMING_RACES:
+        return None
+    try:
+        return tuple((str(c), float(ms)) for c, ms in stored.get("bests", [])), races
+    except (TypeError, ValueError):
+        return None
