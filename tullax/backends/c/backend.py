@@ -49,6 +49,7 @@ from tullax.compiler.interface import KernelInterface
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.printers.c_clear import CLEAR_BLOCK, CLEAR_FUNCTION
 from tullax.printers.c_packed import PACKED_SUFFIX
+from tullax.runtime import forks
 from tullax.runtime.cache import CompileCache, get_cache
 from tullax.spec.ir import Spec
 
@@ -191,7 +192,7 @@ def module_source(spec: Spec, dtype: str = "float32") -> str:
 # Compiling and loading
 # =============================================================================================
 _COUNTS = {"compiled": 0, "loaded": 0}
-_COUNTS_LOCK = threading.Lock()
+_COUNTS_LOCK = forks.lock()
 
 
 def compile_stats() -> dict[str, int]:
@@ -359,7 +360,7 @@ def _recipe(part: str = FORWARD) -> host.ModuleRecipe:
 
 
 _STEPS: dict[tuple[Spec, Signature], "CHostKernel"] = {}  # gradient steps of the modules loaded here
-_STEPS_LOCK = threading.Lock()
+_STEPS_LOCK = forks.lock()
 
 
 class _StepsBuild:
@@ -374,6 +375,20 @@ class _StepsBuild:
 
 
 _STEP_BUILDS: dict[tuple[Spec, Signature], _StepsBuild] = {}
+
+
+def _forget_unfinished_builds() -> None:
+    """In a forked child: the steps modules its parent was building have no thread here to finish them;
+    forgotten, so each is built again when asked for instead of waited for."""
+    for key, build in list(_STEP_BUILDS.items()):
+        if not build.done.is_set():
+            del _STEP_BUILDS[key]
+            build.known.set()
+            build.done.set()
+            build.forward_built.set()
+
+
+forks.on_fork(_forget_unfinished_builds)
 
 
 def _start_steps(spec: Spec, signature: Signature) -> "_StepsBuild | None":
@@ -532,6 +547,8 @@ class CHostKernel:
         if found is None:
             found = self._threads[key] = 1 if workload.runs_serially(self.spec, shapes) else threads()
             self.teams_run.add(found)
+        if found > 1 and forks.lost(forks.OPENMP):  # a team chosen before a fork: one thread in the child
+            return 1
         return found
 
     def _first_run(self, run_ms: float) -> None:
