@@ -46,7 +46,7 @@ def test_c_says_why_the_compiler_failed(fake_compiler):
 def test_auto_falls_back_to_numba(fake_compiler):
     from tullax.planner.decide import loop_backend
 
-    assert loop_backend(["float64"]) == "numba"
+    assert loop_backend(["float64"]) not in ("c", None)  # numba (or Julia, first where it is installed)
     # a spec of its own per mode, so no kernel built by an earlier test with a working compiler can serve it
     k = tullax.einsum_kernel(f"y_{fake_compiler.replace('-', '_')}[i] := exp(x[i]) * (x[i] > 1) + 3", backend="auto")
     x = np.linspace(-2.0, 2.0, 7)
