@@ -83,7 +83,7 @@ CHILD_S = 40.0  # the child's deadline: compiling one spec, on a busy machine
 # The C compiler, slow on gradient steps: a steps module is still compiling in the parent's thread at the fork
 SLOW_STEPS_CC = """#!/bin/sh
 for arg in "$@"; do
-  case "$arg" in *.c) if grep -q _step "$arg"; then sleep 2; fi;; esac
+  case "$arg" in *.c) if grep -q _step "$arg"; then sleep 1; fi;; esac
 done
 exec cc "$@"
 """
