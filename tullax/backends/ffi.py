@@ -32,12 +32,12 @@ import ctypes
 import functools
 import hashlib
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any, Sequence
 
 from tullax.backends.c.load import load_library, threads
 from tullax.errors import TullaxError
+from tullax.runtime import forks
 
 TARGET = "tullax_c_kernel"
 LIBRARY_FILE = "handler.so"
@@ -179,8 +179,8 @@ XLA_FFI_Error* tullax_ffi_handler(XLA_FFI_CallFrame* frame) {
 }
 """.replace("@SLOTS@", str(SLOTS)).replace("@MAX_POINTERS@", str(MAX_POINTERS)).replace("@HEADER@", str(HEADER))
 
-_LOCK = threading.Lock()
-_HANDLER_LOCK = threading.Lock()
+_LOCK = forks.lock()
+_HANDLER_LOCK = forks.lock()
 _SLOTS: dict[tuple[int, int], int] = {}  # (packed function's address, identity) -> slot
 
 

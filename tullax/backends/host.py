@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -28,6 +27,7 @@ import numpy as np
 
 from tullax.backends.base import HostKernel, Shapes, Signature
 from tullax.errors import TullaxError
+from tullax.runtime import forks
 from tullax.runtime.cache import CompileCache, cache_key, get_cache
 from tullax.spec.ir import Spec
 from tullax.spec.sizes import Sym
@@ -191,7 +191,7 @@ class HostBuilder:
     build of the same kernel returns the first one without generating anything."""
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()  # one build at a time: two threads asking for one kernel build it once
+        self._lock = forks.rlock()  # one build at a time: two threads asking for one kernel build it once
         self._built: dict[tuple[Spec, Signature, str], HostKernel] = {}
 
     def __len__(self) -> int:

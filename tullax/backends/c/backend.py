@@ -61,6 +61,7 @@ from tullax.compiler.interface import KernelInterface
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.printers.c_clear import CLEAR_FUNCTION
 from tullax.printers.c_packed import PACKED_SUFFIX
+from tullax.runtime import forks
 from tullax.runtime.cache import CompileCache, get_cache
 from tullax.spec.ir import Spec
 
@@ -74,7 +75,7 @@ KERNELS_FILE = "kernels.pickle"  # {"library": its file name, "kernels": ((inter
 # Compiling and loading
 # =============================================================================================
 _COUNTS = {"compiled": 0, "loaded": 0}  # what this process compiled and loaded (``compile_stats``), under its lock
-_COUNTS_LOCK = threading.Lock()
+_COUNTS_LOCK = forks.lock()
 
 
 def compile_stats() -> dict[str, int]:
@@ -239,7 +240,7 @@ def _recipe(part: str = FORWARD) -> host.ModuleRecipe:
 
 
 _STEPS: dict[tuple[Spec, Signature], "CHostKernel"] = {}  # gradient steps of the modules loaded here (a cache)
-_STEPS_LOCK = threading.Lock()
+_STEPS_LOCK = forks.lock()
 
 
 class _StepsBuild:
@@ -255,6 +256,20 @@ class _StepsBuild:
 
 # the steps module of each forward (spec, signature) this process started: a step asked for waits for its build
 _STEP_BUILDS: dict[tuple[Spec, Signature], _StepsBuild] = {}
+
+
+def _forget_unfinished_builds() -> None:
+    """In a forked child: the steps modules its parent was building have no thread here to finish them;
+    forgotten, so each is built again when asked for instead of waited for."""
+    for key, build in list(_STEP_BUILDS.items()):
+        if not build.done.is_set():
+            del _STEP_BUILDS[key]
+            build.known.set()
+            build.done.set()
+            build.forward_built.set()
+
+
+forks.on_fork(_forget_unfinished_builds)
 
 
 def _start_steps(spec: Spec, signature: Signature) -> "_StepsBuild | None":

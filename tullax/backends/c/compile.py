@@ -15,7 +15,10 @@ compilation of a translation unit to a shared library.
   ``identity()``, so a warm process does not pay for it).
 * ``compile_library(source_path, library_path)``: a module of several kernels as ``PARALLEL_UNITS`` (or
   ``units``) translation units (``split_units``), compiled at once (or as many at a time as ``room()`` says)
-  and linked, else one compiler run; a failure is a TullaxError with the compiler's message and the source path.
+  and linked, else one compiler run; a failure is a TullaxError with the compiler's message and the source path:
+  a compiler that exits non-zero, exits 0 without writing the library, or runs longer than ``timeout_s()``
+  (``$TULLAX_CC_TIMEOUT``, seconds) is stopped (its whole process group) and reported, never an OSError.
+  ``probe()`` also dlopens what it built, so a compiler writing a library that does not load is unavailable too.
 """
 from __future__ import annotations
 
@@ -36,6 +39,9 @@ from tullax.errors import TullaxError
 
 CC_ENV = "TULLAX_CC"
 CFLAGS_ENV = "TULLAX_CFLAGS"  # extra flags after ours (in the cache key too): experiments, another -march
+TIMEOUT_ENV = "TULLAX_CC_TIMEOUT"  # seconds one compile may take before it is stopped and reported
+DEFAULT_TIMEOUT_S = 600.0
+PROBE_TIMEOUT_S = 60.0  # the probe's tiny compile, at most (less where the setting is less)
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math",
               "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math", "-ffp-contract=fast")
 # x86-64: 256-bit vectors even where AVX-512 exists, as LLVM (Numba) prefers: the reductions of a convolution's
@@ -68,6 +74,17 @@ def libraries() -> tuple[str, ...]:
     return (MVEC_LIBS if vector_math() else ()) + ("-lm",)
 _PROBE = "int tx_probe(int n) {\n    int s = 0;\n    #pragma omp parallel for reduction(+:s)\n" \
          "    for (int i = 0; i < n; ++i) s += i;\n    return s;\n}\n"
+
+
+def timeout_s() -> float:
+    """How long one compile may run: ``$TULLAX_CC_TIMEOUT`` seconds where set to a positive number, else
+    ``DEFAULT_TIMEOUT_S`` (a hung compiler is stopped and reported, never waited for)."""
+    value = os.environ.get(TIMEOUT_ENV, "").strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+    return seconds if seconds > 0 else DEFAULT_TIMEOUT_S
 
 
 def compiler() -> str:
@@ -145,15 +162,16 @@ def private_library(data: bytes, prefix: str) -> Path:
     return Path(private)
 
 
-def compile_library(source: Path, library: Path, timeout: float = 600.0, units: int | None = None,
+def compile_library(source: Path, library: Path, timeout: float | None = None, units: int | None = None,
                     room: Callable[[], int] | None = None, include: Sequence[Path] = ()) -> float:
     """Compile ``source`` into the shared library ``library`` (written atomically: a temporary file renamed,
     so a concurrent reader never dlopens half a file); returns the seconds the compiler ran. A module of
     several kernels is cut into ``PARALLEL_UNITS`` (or ``units``) translation units, compiled longest first,
     as many at once as ``room()`` says when it is given, else all at once, and linked: the compiler's time goes
     mostly to the kernel functions, so two units take about half the wall time of one. ``include``: header
-    directories (``-I``)."""
+    directories (``-I``); ``timeout``: seconds for each compiler run (``timeout_s()`` when None)."""
     cc = compiler()
+    timeout = timeout_s() if timeout is None else timeout
     cflags = [*flags(), *(f"-I{path}" for path in include)]
     tmp = library.with_name(f".{library.name}.{os.getpid()}.tmp")
     start = time.perf_counter()
@@ -172,6 +190,8 @@ def compile_library(source: Path, library: Path, timeout: float = 600.0, units: 
                 _run([[cc, *cflags, "-c", "-o", str(obj), str(obj.with_suffix(".c"))] for obj in objects],
                      source, timeout, room)
                 _run([[cc, *cflags, "-o", str(tmp), *map(str, objects), *libraries()]], source, timeout)
+        if not tmp.is_file():  # a "compiler" that exits 0 and writes nothing
+            raise TullaxError(f"the C compiler {cc!r} exited without an error but wrote no library for {source}")
     except TullaxError:
         tmp.unlink(missing_ok=True)  # whatever a failed compiler or linker left behind
         raise
@@ -203,7 +223,9 @@ def _run(commands: list[list[str]], source: Path, timeout: float, room: Callable
             while waiting and len(running) < (max(1, room()) if room else len(commands)):
                 log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a long message never blocks gcc
                 try:
-                    entry = (subprocess.Popen(waiting.pop(0), stdout=log, stderr=subprocess.STDOUT), log)
+                    # a session of its own: a timeout stops the compiler's children (cc1, as, ld) with it
+                    entry = (subprocess.Popen(waiting.pop(0), stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True), log)
                 except OSError as err:
                     log.close()
                     raise TullaxError(f"the c backend could not run its C compiler {cc!r} on {source}: {err}") \
@@ -227,12 +249,20 @@ def _run(commands: list[list[str]], source: Path, timeout: float, room: Callable
                 break
     finally:
         for process, log in running:  # a failure or a timeout: stop the others
-            process.kill()
+            _stop(process)
             process.wait()
             log.close()
     if failures:
         raise TullaxError(f"the C compiler {cc!r} could not compile the module generated at {source}; please "
                           f"report it. The compiler said:\n{failures[0]}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Kill a compiler run and every process it started (its session's group)."""
+    try:
+        os.killpg(process.pid, 9)
+    except (OSError, AttributeError):  # gone already, or no process groups here
+        process.kill()
 
 
 def probe() -> tuple[bool, str]:
@@ -256,12 +286,24 @@ def _probe(ident: str) -> tuple[bool, str]:
         source = Path(tmp) / "probe.c"
         source.write_text(_PROBE)
         try:
-            compile_library(source, Path(tmp) / "probe.so", timeout=60)
+            compile_library(source, Path(tmp) / "probe.so", timeout=min(PROBE_TIMEOUT_S, timeout_s()))
+            _loads(Path(tmp) / "probe.so")
         except TullaxError as err:
             return False, f"the C compiler {compiler()!r} cannot build an OpenMP shared library here: {err}"
     cache.write_text(key, "probe.txt", "ok")
     return True, ""
 
 
-__all__ = ["BASE_FLAGS", "CC_ENV", "CFLAGS_ENV", "PARALLEL_UNITS", "compile_library", "compiler", "cores", "flags",
-           "identity", "libraries", "probe", "resolved", "split_units", "vector_math"]
+def _loads(library: Path) -> None:
+    """dlopen the probe's library (without running it: no OpenMP team starts) and find its function; a
+    TullaxError where that fails (a compiler that writes something that is not a shared library)."""
+    from tullax.backends.c.load import load_library
+
+    try:
+        load_library(str(library)).tx_probe
+    except (OSError, AttributeError) as err:
+        raise TullaxError(f"the library it built does not load: {err}") from None
+
+
+__all__ = ["BASE_FLAGS", "CC_ENV", "CFLAGS_ENV", "PARALLEL_UNITS", "TIMEOUT_ENV", "compile_library", "compiler",
+           "cores", "flags", "identity", "libraries", "probe", "resolved", "split_units", "timeout_s", "vector_math"]

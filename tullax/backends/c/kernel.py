@@ -14,6 +14,7 @@ from tullax.backends.base import Shapes
 from tullax.backends.c.load import threads
 from tullax.compiler.interface import KernelInterface
 from tullax.printers.c_clear import CLEAR_BLOCK
+from tullax.runtime import forks
 from tullax.spec.ir import Spec
 
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "bool": ctypes.c_bool, "int8": ctypes.c_int8,
@@ -121,6 +122,8 @@ class CHostKernel:
         if found is None:
             found = self._threads[key] = 1 if workload.runs_serially(self.spec, shapes) else threads()
             self.teams_run.add(found)
+        if found > 1 and forks.lost(forks.OPENMP):  # a team chosen before a fork: one thread in the child
+            return 1
         return found
 
     def _first_run(self, run_ms: float) -> None:

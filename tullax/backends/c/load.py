@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
+
+from tullax.runtime import forks
 
 # libgomp's idle team threads spin this many iterations before they sleep, unless the user set GOMP_SPINCOUNT
 # or OMP_WAIT_POLICY. Its default (300000 iterations, several ms here) keeps a core busy long after a kernel
@@ -18,7 +19,7 @@ import threading
 # of a loop calling kernels back to back; 0 (passive) made mid-size calls 50-80 us slower.
 OPENMP_SPIN = "10000"
 _SPIN_VARIABLES = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
-_LOCK = threading.Lock()
+_LOCK = forks.lock()
 _BOUND: list[bool] = []  # the one answer of this process, once decided
 
 
@@ -64,7 +65,18 @@ THREADS_ENV = "TULLAX_C_THREADS"
 
 
 def threads() -> int:
-    """The OpenMP team size of a parallel call of a c kernel (or of the FFI handler's layout change)."""
+    """The OpenMP team size of a parallel call of a c kernel (or of the FFI handler's layout change); asked
+    just before such a call runs: more than one thread marks libgomp's pool as started (``forks``). 1 in a
+    process forked after that: the pool's threads are not there, and a larger team would wait for them."""
+    if forks.lost(forks.OPENMP):
+        return 1
+    team = _configured()
+    if team > 1:
+        forks.started(forks.OPENMP)
+    return team
+
+
+def _configured() -> int:
     for env in (THREADS_ENV, "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
         value = os.environ.get(env, "").strip()
         if value.isdigit() and int(value) > 0:

@@ -58,6 +58,7 @@ from tullax.compiler.loops import LoopKernel, eval_int, parallel_nest
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.printers.numba import FASTMATH, chunked, print_module, variants
+from tullax.runtime import forks
 from tullax.runtime.cache import CompileCache, get_cache
 from tullax.spec.ir import Spec
 
@@ -182,6 +183,11 @@ class NumbaHostKernel:
         """The call, for a caller that knows the input and output ``shapes`` already."""
         args, copy_back = host.marshal(self._plan, out, inputs, shapes)
         fn, whole = self._pick(args[self._sizes_at:], shapes)
+        if whole is None and fn is not self._serial and self._serial is not None:  # a prange variant
+            if forks.lost(forks.NUMBA_LAYER):  # Numba's threads are the parent's: the serial variant runs here
+                fn = self._serial
+            else:
+                forks.started(forks.NUMBA_LAYER)
         if fn.__name__ not in self._ran:
             self._first_call(fn, args, whole)
         else:

@@ -19,11 +19,11 @@ import pickle
 import struct
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from tullax.errors import TullaxError
+from tullax.runtime import forks
 
 INPROCESS_COMPILES_ENV = "TULLAX_NUMBA_INPROCESS_COMPILES"
 # What a process keeps of its own compiles: about 4 MiB each, so 32 is about 128 MiB; the first kernels of a
@@ -88,7 +88,7 @@ class CompileHelper:
     counts that decide when to use it."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # one request at a time: Numba compiles one kernel at a time anyway
+        self._lock = forks.lock()  # one request at a time: Numba compiles one kernel at a time anyway
         self._process: subprocess.Popen | None = None
         self._owner = os.getpid()  # the process that started it: a forked child must start its own
         self._served = 0  # compiles by the current helper process

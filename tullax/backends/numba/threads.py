@@ -19,13 +19,15 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
+from tullax.runtime import forks
+
 # Chunks per thread: enough that a late thread costs little, few enough that dispatching a chunk (a Numba
 # call, a few microseconds) stays negligible next to a call above the serial work threshold.
 CHUNKS_PER_THREAD = 4
 _POOL: ThreadPoolExecutor | None = None
 _POOL_SIZE = 0
 _POOL_PID = 0
-_LOCK = threading.Lock()
+_LOCK = forks.lock()
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:

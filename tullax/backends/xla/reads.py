@@ -40,6 +40,9 @@ def read(ctx: Any, acc: Access):
         return read_slices(ctx, acc)
     array = ctx.array(acc.array)
     positions = [position(ctx, idx, array.shape[axis]) for axis, idx in enumerate(acc.idx)]
+    if 0 in array.shape:  # an index array into an empty axis: every read is outside it (NaN, or 0 under pad), but
+        # XLA's gather refuses a slice of an empty axis, so it reads one padded element the masks below discard
+        array = jnp.pad(array, [(0, int(extent == 0)) for extent in array.shape])
     windows = xla_rows.gather_windows(ctx, acc, array.shape)
     if windows:
         value = xla_rows.read_rows(ctx, acc, array, positions, windows).astype(ctx.leaf(acc.array))
