@@ -23,11 +23,10 @@ themselves only run the kernel and count the launch (``runtime.stats``).
 """
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
-from tullax.errors import TullaxError
+from tullax import settings
 from tullax.spec.ir import Spec
 
 PATHS = ("ffi", "buffer", "pure")
@@ -35,10 +34,7 @@ PATHS = ("ffi", "buffer", "pure")
 
 def callback_path() -> str:
     """The path host kernels take: ``TULLAX_CALLBACK`` (``ffi`` | ``buffer`` | ``pure``) or the best available."""
-    forced = os.environ.get("TULLAX_CALLBACK", "").strip().lower()
-    if forced and forced not in PATHS + ("auto",):
-        raise TullaxError(f"TULLAX_CALLBACK={forced!r} is not a callback path: use 'ffi', 'buffer', 'pure' or "
-                          f"'auto'")
+    forced = settings.value("TULLAX_CALLBACK")
     if forced == "pure" or not has_buffer_callback():
         return "pure"
     return "buffer" if forced == "buffer" else "ffi"

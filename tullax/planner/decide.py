@@ -68,6 +68,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
+from tullax import settings
 from tullax.backends.gpu_select import on_gpu
 from tullax.spec.ir import Access, Indirect, Spec, accesses
 
@@ -438,7 +439,7 @@ STATS = {"timed": 0, "from_cache": 0}  # what this process did, for tests and `t
 
 
 def timing_enabled() -> bool:
-    return os.environ.get(TIMING_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.value(TIMING_ENV)
 
 
 def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool | None = None,
@@ -915,6 +916,7 @@ def _loop_call(spec: Spec, loops: str | None, values: list, zero_start: bool = F
 # The compile cache
 # ---------------------------------------------------------------------------------------------
 def _cache_key(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, zero_start: bool = False) -> str:
+    from tullax.backends.threads import loop_threads
     from tullax.runtime.cache import cache_key
     from tullax.spec.text import format_spec
 
@@ -925,7 +927,7 @@ def _cache_key(spec: Spec, shapes: dict, dtypes: dict, loops: str | None, zero_s
         start["gpu"] = jax.devices()[0].device_kind
     return cache_key(kind="plan", spec=format_spec(spec), shapes=sorted(shapes.items()),
                      dtypes=sorted(dtypes.items()), loops=loops, cores=os.cpu_count(),
-                     threads=os.environ.get("NUMBA_NUM_THREADS"), **start)
+                     threads=loop_threads(loops), **start)
 
 
 def _load(key: str) -> dict | None:

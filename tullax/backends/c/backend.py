@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from tullax import settings
 from tullax.backends import host, workload
 from tullax.backends.base import Capabilities, Shapes, Signature
 from tullax.backends.c import compile as c_compile
@@ -119,7 +120,7 @@ STREAMS_ENV = "TULLAX_C_STREAMS"
 
 def streams() -> bool:
     """Whether max/min reductions read several long rows at once (``$TULLAX_C_STREAMS`` is "1")."""
-    return os.environ.get(STREAMS_ENV, "").strip() == "1"
+    return settings.value(STREAMS_ENV)
 
 
 def lowered(spec: Spec, signature: Signature, name: str, streams: bool = False) -> LoopKernel:

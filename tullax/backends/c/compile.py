@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
+from tullax import settings
 from tullax.errors import TullaxError
 
 CC_ENV = "TULLAX_CC"
@@ -60,7 +61,7 @@ def vector_math() -> bool:
 def flags() -> tuple[str, ...]:
     """The compiler flags before the source: ours, then ``$TULLAX_CFLAGS``."""
     x86 = X86_FLAGS if platform.machine() in ("x86_64", "AMD64") else ()
-    return BASE_FLAGS + x86 + (MVEC_FLAGS if vector_math() else ()) + tuple(os.environ.get(CFLAGS_ENV, "").split())
+    return BASE_FLAGS + x86 + (MVEC_FLAGS if vector_math() else ()) + tuple(settings.value(CFLAGS_ENV).split())
 
 
 def libraries() -> tuple[str, ...]:
@@ -72,7 +73,7 @@ _PROBE = "int tx_probe(int n) {\n    int s = 0;\n    #pragma omp parallel for re
 
 def compiler() -> str:
     """The compiler command: ``$TULLAX_CC`` or ``cc``."""
-    return os.environ.get(CC_ENV, "").strip() or "cc"
+    return settings.value(CC_ENV)
 
 
 def resolved() -> str | None:
@@ -86,7 +87,7 @@ def identity() -> dict[str, object]:
     up once per process for each setting of the variables it depends on (every build and availability check
     asks, and the PATH search and stat cost ~2 ms each time): a compiler binary replaced while a process runs
     is seen by the next process."""
-    found = _identity(compiler(), os.environ.get("PATH", ""), os.environ.get(CFLAGS_ENV, ""))
+    found = _identity(compiler(), os.environ.get("PATH", ""), settings.value(CFLAGS_ENV))
     return {**found, "flags": list(found["flags"])}
 
 

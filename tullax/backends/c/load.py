@@ -11,6 +11,8 @@ import ctypes
 import os
 import threading
 
+from tullax import settings
+
 # libgomp's idle team threads spin this many iterations before they sleep, unless the user set GOMP_SPINCOUNT
 # or OMP_WAIT_POLICY. Its default (300000 iterations, several ms here) keeps a core busy long after a kernel
 # returns, and the XLA ops that follow it in the same program run on one core: the row norm's VJP (C forward,
@@ -65,7 +67,10 @@ THREADS_ENV = "TULLAX_C_THREADS"
 
 def threads() -> int:
     """The OpenMP team size of a parallel call of a c kernel (or of the FFI handler's layout change)."""
-    for env in (THREADS_ENV, "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    configured = settings.value(THREADS_ENV)
+    if configured is not None:
+        return configured
+    for env in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):  # the user's OpenMP setting, else the one Numba reads
         value = os.environ.get(env, "").strip()
         if value.isdigit() and int(value) > 0:
             return int(value)
