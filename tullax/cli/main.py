@@ -309,7 +309,8 @@ def _xla_startup() -> str:
     if not where:
         return ("XLA programs: compiled again in every new process (jax's persistent compilation cache is off); to "
                 "keep them: jax.config.update('jax_compilation_cache_dir', <dir>) and "
-                "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0) (docs/troubleshooting.md: Time to first kernel)")
+                "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0) "
+                "(docs/troubleshooting.md: Time to first kernel)")
     kept = "every program" if least <= 0 else f"programs that took {least:g} s or more to compile"
     return f"XLA programs: jax's persistent compilation cache keeps {kept} in {where}"
 
