@@ -180,3 +180,40 @@ def test_the_loop_threads_of_each_backend(monkeypatch):
     monkeypatch.delenv("PYTHON_JULIACALL_THREADS", raising=False)
     assert (loop_threads("c"), loop_threads("numba"), loop_threads("julia")) == (3, 5, 7)
     assert loop_threads("cuda") is None and loop_threads(None) is None
+
+
+def _literal_writes(path: Path) -> set[str]:
+    """The variables ``path`` writes by name: ``os.environ["X"] = ...`` and ``os.environ.setdefault("X", ...)``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Assign):
+            found.update(t.slice.value for t in node.targets if isinstance(t, ast.Subscript)
+                         and _reads_the_environment(t.value) and isinstance(t.slice, ast.Constant))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "setdefault"
+              and _reads_the_environment(node.func.value) and node.args and isinstance(node.args[0], ast.Constant)):
+            found.add(node.args[0].value)
+    return found
+
+
+def test_the_variables_tullax_writes_are_declared():
+    from tullax.backends.julia import detect
+
+    julia = detect.JuliaInstall("/opt/julia/bin/julia", (1, 11, 0), "PATH")
+    written = set(detect.julia_env_vars(4, install=julia, offline=True, environ={}))  # os.environ.update(...)
+    for path in _python_files():
+        written |= _literal_writes(path)
+    assert written == {w.name for w in settings.WRITTEN}
+
+
+@pytest.mark.parametrize("name, bad", [("TULLAX_C_THREADS", "0"), ("TULLAX_HUGE_PAGES", "2")])
+def test_an_invalid_setting_read_while_a_kernel_runs_is_an_error_at_trace_time(monkeypatch, name, bad):
+    import jax
+    import numpy as np
+
+    import tullax
+
+    kernel = tullax.einsum_kernel("y[i] := x[i,j]", backend="c")
+    x = np.ones((3, 4), np.float32)
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(TullaxError, match=name):
+        jax.jit(kernel)(x)

@@ -18,7 +18,7 @@ from tullax import settings
 # returns, and the XLA ops that follow it in the same program run on one core: the row norm's VJP (C forward,
 # XLA gradient step) took 27 ms against 21 ms bounded. 10000 (a fraction of a ms) still catches the next call
 # of a loop calling kernels back to back; 0 (passive) made mid-size calls 50-80 us slower.
-OPENMP_SPIN = "10000"
+OPENMP_SPIN = "10000"  # the write is declared in tullax.settings.WRITTEN
 _SPIN_VARIABLES = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 _LOCK = threading.Lock()
 _BOUND: list[bool] = []  # the one answer of this process, once decided
