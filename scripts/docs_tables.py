@@ -49,7 +49,7 @@ def cpu_summary(doc: dict) -> str:
     first kernel."""
     report = _report()
     machine = doc["machine"]
-    lines = [f"float32 on {machine['cpu']} ({machine['usable_cores']} cores), jax {machine['versions']['jax']}: "
+    lines = [f"float32 on {machine['usable_cores']} CPU cores, jax {machine['versions']['jax']}: "
              "`backend=\"auto\"` against the fastest of three XLA formulations of each case, timed head to head "
              "in one process (above 1x: tullax is faster). TTFK: time to the first forward and gradient results in "
              "a new process, with an empty "
@@ -68,8 +68,8 @@ def cpu_full(doc: dict) -> str:
     """Every backend of every case, the head-to-head table and the cases' specs and shapes."""
     report = _report()
     columns = report.MARKDOWN_COLUMNS
-    lines = [f"{doc['machine']['cpu']}, {doc['machine']['usable_cores']} cores; jax {doc['machine']['versions']['jax']}"
-             f", {doc['config']['dtype']}.", "",
+    lines = [f"{doc['machine']['usable_cores']} CPU cores, jax {doc['machine']['versions']['jax']}, "
+             f"{doc['config']['dtype']}.", "",
              "| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in report.cells(case, backend, row)) + " |"
               for case, backend, row in report.rows(doc)]
