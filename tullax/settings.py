@@ -194,7 +194,7 @@ class Written:
     """A variable tullax writes into its own process's environment, for a library that reads it there."""
 
     name: str
-    by: str  # the module that writes it
+    by: str  # the module that writes it (the Julia start-up's variables come from julia.detect.julia_env_vars)
     why: str
 
 
@@ -203,15 +203,15 @@ WRITTEN = (
     Written("GOMP_SPINCOUNT", "tullax.backends.c.load",
             "Set while libgomp loads, then removed: libgomp's default spin keeps a core busy for milliseconds after "
             "a kernel returns, slowing the XLA ops that run after it."),
-    Written("PYTHON_JULIACALL_THREADS", "tullax.backends.julia.detect",
+    Written("PYTHON_JULIACALL_THREADS", "tullax.backends.julia.runtime",
             "From TULLAX_JULIA_THREADS: juliacall starts Julia with one thread otherwise, and the Julia CPU "
             "backend would run serially."),
-    Written("PYTHON_JULIACALL_HANDLE_SIGNALS", "tullax.backends.julia.detect",
+    Written("PYTHON_JULIACALL_HANDLE_SIGNALS", "tullax.backends.julia.runtime",
             "'yes': Julia's multi-threaded runtime is unsafe without its signal handlers (Ctrl-C no longer "
             "interrupts Julia code)."),
-    Written("PYTHON_JULIAPKG_EXE", "tullax.backends.julia.detect",
+    Written("PYTHON_JULIAPKG_EXE", "tullax.backends.julia.runtime, .install",
             "The Julia tullax found, so that juliapkg uses it and never downloads one."),
-    Written("PYTHON_JULIAPKG_OFFLINE", "tullax.backends.julia.detect",
+    Written("PYTHON_JULIAPKG_OFFLINE", "tullax.backends.julia.runtime",
             "'yes' when TULLAX_JULIA_OFFLINE is on: no download and no Pkg operations."),
 )
 
