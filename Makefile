@@ -19,9 +19,11 @@ demo: $(VENV)/.stamp-demo
 	$(BYTECODE)
 	$(BIN)/tullax demo $(ARGS)
 
-# What CI runs (.ci/run): lint, then every test.
+# What CI runs (.ci/run): lint, the docs site (strict: a broken link or a page outside the nav fails; built into
+# .cache/site, which git ignores), then every test (tests/test_docs.py runs the docs' examples).
 test: $(VENV)/.stamp-test
 	$(BIN)/ruff check .
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	TULLAX_CACHE_DIR=$(TEST_CACHE_DIR) $(BIN)/pytest -q -n $(PYTEST_WORKERS) -p no:cacheprovider $(ARGS)
 
 # The inner loop while working on the compiler: parse, analysis, gradient derivation, lowering, printers,

@@ -1,4 +1,4 @@
-"""The spec corpus: every construct of DESIGN section 1 and every row of the gradient table of section 2.
+"""The spec corpus: every construct of docs/design.md, section 1 and every row of the gradient table of section 2.
 
 Other test modules import ``CORPUS`` (and ``CASES_BY_ID``); keep the ids stable. ``ranges`` is passed to
 ``analyze``; ``shapes`` (input name -> shape) overrides ``tullax.spec.examples.shapes_for`` where a case needs
@@ -32,7 +32,7 @@ CORPUS: tuple[Case, ...] = (
     Case("row_sum", "r[i] := A[i,j]"),
     Case("repeated_array", "s := x[i]*x[i]"),
     Case("matvec_three", "y[i] := A[i,j]*B[j,k]*x[k]"),
-    # -- the gradient table of DESIGN section 2 ---------------------------------------------------
+    # -- the gradient table of docs/design.md, section 2 ---------------------------------------------------
     Case("dist", "D[i,j] := (W[k,i] - X[k,j])^2"),
     Case("conv1d", "y[i] := x[i+k]*w[k]", shapes={"x": (7,), "w": (3,)}),
     Case("strided", "z[i] := x[2i]+x[2i+1]", shapes={"x": (7,)}),

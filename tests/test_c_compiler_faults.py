@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tullax
-from tullax.errors import BackendUnavailableError
+from tullax.errors import BackendUnavailableError, TullaxError
 
 # each a /bin/sh script standing in for the compiler; "$@" is what tullax passes (flags, -o OUT, sources)
 FAKE_COMPILERS = {
@@ -60,8 +60,10 @@ def test_the_time_limit_is_a_setting(monkeypatch):
     assert timeout_s() == DEFAULT_TIMEOUT_S
     monkeypatch.setenv(TIMEOUT_ENV, "2.5")
     assert timeout_s() == 2.5
-    monkeypatch.setenv(TIMEOUT_ENV, "soon")
-    assert timeout_s() == DEFAULT_TIMEOUT_S
+    for invalid in ("soon", "0", "-1"):
+        monkeypatch.setenv(TIMEOUT_ENV, invalid)
+        with pytest.raises(TullaxError, match=TIMEOUT_ENV):
+            timeout_s()
 
 
 def test_a_hung_compiler_and_its_children_are_stopped(tmp_path, monkeypatch):

@@ -618,7 +618,7 @@ def test_the_limits_come_from_the_environment_or_the_command_line(monkeypatch):
     assert Limits.from_env("500M", "7") == Limits(500 * 2**20, 7 * DAY)
     assert Limits.from_env("off", None).max_bytes is None and parse_size("2000") == 2000
     monkeypatch.setenv("TULLAX_CACHE_MAX_BYTES", "lots")
-    with pytest.raises(TullaxError, match="TULLAX_CACHE_MAX_BYTES 'lots' is not a size"):
+    with pytest.raises(TullaxError, match="TULLAX_CACHE_MAX_BYTES='lots' is not a size"):
         Limits.from_env()
     with pytest.raises(TullaxError, match="the limit 'soon' is not a number of days"):
         Limits.from_env("1G", "soon")

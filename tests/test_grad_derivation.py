@@ -1,4 +1,4 @@
-"""The derived gradient specs as text (DESIGN section 2) and the structural promises behind them.
+"""The derived gradient specs as text (docs/design.md, section 2) and the structural promises behind them.
 
 Numerical agreement with jax lives in test_grad_oracle.py; here the STRUCTURE is pinned: one gradient per
 differentiable input, shifts inverted into pad(m-k) over the whole input, 2i inverted with divisibility (no
@@ -35,7 +35,7 @@ def _texts(text: str, ranges=None) -> tuple[str, ...]:
     return gradient_texts(_spec(text, ranges))
 
 
-# The gradient table of DESIGN section 2, in tullax's canonical printing.
+# The gradient table of docs/design.md, section 2, in tullax's canonical printing.
 TABLE = {
     "C[i,j] := A[i,k]*B[k,j]": ("ΔA[i,k] := ΔC[i,j]*B[k,j]", "ΔB[k,j] := ΔC[i,j]*A[i,k]"),
     "y[i] := x[i+k]*w[k]": ("Δx[m] := Δy[pad(m-k)]*w[k]", "Δw[k] := Δy[i]*x[i+k]"),

@@ -27,7 +27,7 @@ __all__ = [
 
 def einsum_kernel(spec: str, *, backend: str = "auto", ranges: Mapping | None = None, init: Any = None,
                   nograd: str | Iterable[str] = ()) -> Kernel:
-    """Compile ``spec`` (DESIGN section 1) into a Kernel running on ``backend`` ('auto', 'numba', 'julia',
+    """Compile ``spec`` (docs/design.md, section 1) into a Kernel running on ``backend`` ('auto', 'numba', 'julia',
     'julia-cuda' or 'xla'); ``ranges`` gives index ranges explicitly: ``{"i": 10}`` or ``{"i": (2, 12)}``;
     ``init`` is the starting value of the reduction (Tullio's ``init=``); ``nograd`` names inputs that get no
     gradient (``jax.grad`` gives zeros for them). See ``tullax.api.options``."""

@@ -18,7 +18,7 @@ _BUILTIN = {
     "cuda": "tullax.backends.cuda.backend:CudaBackend",
     "c": "tullax.backends.c.backend:CBackend",
 }
-# The order `auto` tries them in: Julia when present (DESIGN section 4), else host C where a C compiler works
+# The order `auto` tries them in: Julia when present (docs/design.md, section 4), else host C where a C compiler works
 # (one compiler run per module: a fraction of Numba's compile time, so the first call of a kernel is fast),
 # else Numba (embedded: it needs no compiler), else XLA.
 AUTO_ORDER = ("julia", "c", "numba", "xla")

@@ -15,7 +15,6 @@ for this signature" and "run it on these NumPy arrays" that is not about Numba o
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 import warnings
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from tullax import settings
 from tullax.backends.base import HostKernel, Shapes, Signature
 from tullax.errors import TullaxError
 from tullax.runtime import forks
@@ -51,7 +51,7 @@ def warn_if_other_llvm_loaded(starting: str) -> None:
     is loaded already: the two have crashed together in one process (numba issue 7857). tullax itself never
     loads both unless asked; ``TULLAX_ALLOW_NUMBA_AND_JULIA=1`` silences the warning."""
     loaded = [name for name, module in _LLVM_RUNTIMES.items() if name != starting and module in sys.modules]
-    if not loaded or os.environ.get(ALLOW_BOTH_ENV) == "1":
+    if not loaded or settings.value(ALLOW_BOTH_ENV):
         return
     warnings.warn(
         f"starting {starting} in a process that has already loaded {loaded[0]}: both load their own LLVM, and "

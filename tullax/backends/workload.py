@@ -3,9 +3,9 @@ nest's iteration count) times the cost of one body evaluation. Used to run tiny 
 pool wake-up) and by the planner to decide whether timing both implementations on first use is cheap."""
 from __future__ import annotations
 
-import os
 from typing import Mapping
 
+from tullax import settings
 from tullax.spec.ir import Access, Binary, Call, Spec, walk
 
 # Below this much work (estimated operations, ``work``) a loop kernel runs its serial variant: waking the
@@ -55,5 +55,5 @@ def runs_serially(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> bool:
 
 def serial_threshold() -> int:
     """``SERIAL_WORK``, or the integer in ``TULLAX_SERIAL_WORK``."""
-    configured = os.environ.get(SERIAL_WORK_ENV, "").strip()
-    return int(configured) if configured.isdigit() else SERIAL_WORK
+    configured = settings.value(SERIAL_WORK_ENV)
+    return SERIAL_WORK if configured is None else configured

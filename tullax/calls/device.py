@@ -16,11 +16,11 @@ correct when XLA replays a capture over other buffers is what ``benchmarks/gpu.p
 """
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 from typing import Any, Sequence
 
+from tullax import settings
 from tullax.spec.ir import Spec
 
 DEVICE_PATH = "device"
@@ -90,7 +90,7 @@ def device_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: A
         stats.record_launch(text, backend_name, DEVICE_PATH)
 
     return buffer_callback(run, result, input_output_aliases=aliases,
-                           command_buffer_compatible=os.environ.get(COMMAND_BUFFER_ENV) == "1")(*args)
+                           command_buffer_compatible=settings.value(COMMAND_BUFFER_ENV))(*args)
 
 
 __all__ = ["COMMAND_BUFFER_ENV", "DEVICE_PATH", "HostCopyWarning", "device_call", "device_path"]

@@ -23,22 +23,26 @@ themselves only run the kernel and count the launch (``runtime.stats``).
 """
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
-from tullax.errors import TullaxError
+from tullax import settings
 from tullax.spec.ir import Spec
 
 PATHS = ("ffi", "buffer", "pure")
 
 
+# Settings a host kernel reads while it runs (inside XLA's callback): read here too, at trace time, so that an
+# invalid value is a TullaxError at the call site, never inside a callback.
+READ_WHILE_RUNNING = ("TULLAX_HUGE_PAGES", "TULLAX_C_THREADS", "TULLAX_SERIAL_WORK")
+
+
 def callback_path() -> str:
-    """The path host kernels take: ``TULLAX_CALLBACK`` (``ffi`` | ``buffer`` | ``pure``) or the best available."""
-    forced = os.environ.get("TULLAX_CALLBACK", "").strip().lower()
-    if forced and forced not in PATHS + ("auto",):
-        raise TullaxError(f"TULLAX_CALLBACK={forced!r} is not a callback path: use 'ffi', 'buffer', 'pure' or "
-                          f"'auto'")
+    """The path host kernels take: ``TULLAX_CALLBACK`` (``ffi`` | ``buffer`` | ``pure``) or the best available.
+    Asked at trace time for every host kernel, it checks the settings read while a kernel runs too."""
+    for name in READ_WHILE_RUNNING:
+        settings.value(name)
+    forced = settings.value("TULLAX_CALLBACK")
     if forced == "pure" or not has_buffer_callback():
         return "pure"
     return "buffer" if forced == "buffer" else "ffi"

@@ -267,6 +267,33 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     console.print(_require("tullax.backends.gpu_select", "gpu_report")(), markup=False)
     console.print(_julia_verification_layers(), markup=False)
     console.print(_xla_startup(), markup=False)
+    console.print(_settings_table())
+    return 0
+
+
+def _settings_table():
+    """The effective value of every ``TULLAX_*`` setting, and where it comes from."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from tullax.settings import effective
+
+    table = Table(title="settings (docs/settings.md)")
+    for column in ("variable", "value", "from"):
+        table.add_column(column, overflow="fold")
+    for setting, shown, source in effective():
+        invalid = source not in ("default", "environment")
+        table.add_row(Text(setting.name), Text(shown), Text(source, style="red" if invalid else ""))
+    return table
+
+
+def _cmd_settings(args: argparse.Namespace) -> int:
+    from tullax.settings import markdown
+
+    if args.markdown:
+        sys.stdout.write(markdown())
+    else:
+        _console().print(_settings_table())
     return 0
 
 
@@ -282,7 +309,8 @@ def _xla_startup() -> str:
     if not where:
         return ("XLA programs: compiled again in every new process (jax's persistent compilation cache is off); to "
                 "keep them: jax.config.update('jax_compilation_cache_dir', <dir>) and "
-                "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0) (README: Time to first kernel)")
+                "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0) "
+                "(docs/troubleshooting.md: Time to first kernel)")
     kept = "every program" if least <= 0 else f"programs that took {least:g} s or more to compile"
     return f"XLA programs: jax's persistent compilation cache keeps {kept} in {where}"
 
@@ -344,6 +372,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser("doctor", help="which backends work here, and how to fix those that don't")
     doctor.set_defaults(handler=_cmd_doctor)
+    settings = commands.add_parser("settings", help="every TULLAX_* variable and its effective value")
+    settings.add_argument("--markdown", action="store_true", help="print docs/settings.md (made from the registry)")
+    settings.set_defaults(handler=_cmd_settings)
 
     julia = commands.add_parser("julia", help="manage the Julia side of the julia backends")
     julia_commands = julia.add_subparsers(dest="julia_command", required=True, metavar="ACTION")

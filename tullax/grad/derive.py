@@ -1,4 +1,4 @@
-"""Gradient specs by index inversion (DESIGN section 2): one gradient program per differentiable input.
+"""Gradient specs by index inversion (docs/design.md, section 2): one gradient program per differentiable input.
 
 For ``OUT[free] = f(reduce over the other indices of body)`` and an input ``A``,
 

@@ -11,7 +11,7 @@ Two primitives, registered on first use (so ``import tullax`` stays jax-free), b
 
 ``tullax_kernel_linear(*inputs, out, *tangents; op, live)``
     the tangent of the result, linear in the tangents of the ``live`` inputs. Reverse mode transposes it: the
-    transpose runs the derived gradient specs (DESIGN section 2), each again a ``tullax_kernel``, so gradients
+    transpose runs the derived gradient specs (docs/design.md, section 2), each again a ``tullax_kernel``, so gradients
     of gradients work, and only the gradients JAX asks for are computed. Forward mode (``jax.jvp``,
     ``jax.jacfwd``, ``jax.hessian``) evaluates it as the transpose of the gradient kernels (``_linear_value``),
     so no separate tangent kernels are needed.

@@ -15,6 +15,7 @@ PLAN_FILE = "plan.json"
 def cache_key(call: Call) -> str:
     """The key of the call's decision: spec, shapes, dtypes, loop backend, and what sets the speed of a race (the
     machine's cores and threads; on a GPU, its model)."""
+    from tullax.backends.threads import loop_threads
     from tullax.runtime.cache import cache_key as key_of
     from tullax.spec.text import format_spec
 
@@ -25,7 +26,7 @@ def cache_key(call: Call) -> str:
         start["gpu"] = jax.devices()[0].device_kind
     return key_of(kind="plan", spec=format_spec(call.spec), shapes=sorted(call.shapes.items()),
                   dtypes=sorted(call.dtypes.items()), loops=call.loops, cores=os.cpu_count(),
-                  threads=os.environ.get("NUMBA_NUM_THREADS"), **start)
+                  threads=loop_threads(call.loops), **start)
 
 
 def load(key: str) -> dict | None:

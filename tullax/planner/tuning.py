@@ -3,7 +3,7 @@ result file where one is kept) that sets it. The planner reads them as ``tuning.
 may set one for its own race."""
 from __future__ import annotations
 
-import os
+from tullax import settings
 
 TIMING_ENV = "TULLAX_PLAN_TIMING"  # "0" (or false, no, off): close calls take their rule's default, untimed
 
@@ -57,4 +57,4 @@ CONFIRMING_RACES = 3
 
 def timing_enabled() -> bool:
     """Whether close calls are timed (``TULLAX_PLAN_TIMING``, on unless 0, false, no or off)."""
-    return os.environ.get(TIMING_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.value(TIMING_ENV)

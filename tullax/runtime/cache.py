@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 
 import platformdirs
 
+from tullax import settings
 from tullax._version import __version__
 from tullax.errors import TullaxError
 from tullax.runtime import cache_hygiene
@@ -130,18 +131,13 @@ def _checked_name(name: str, what: str) -> str:
 
 def default_cache_dir() -> Path:
     """``TULLAX_CACHE_DIR`` when set, else the platform's user cache directory."""
-    configured = os.environ.get(CACHE_DIR_ENV)
+    configured = settings.value(CACHE_DIR_ENV)
     return Path(configured).expanduser() if configured else Path(platformdirs.user_cache_dir("tullax"))
 
 
 def _lock_timeout_from_env() -> float:
-    raw = os.environ.get(LOCK_TIMEOUT_ENV)
-    if not raw:
-        return DEFAULT_LOCK_TIMEOUT_S
-    try:
-        return float(raw)
-    except ValueError:
-        raise TullaxError(f"{LOCK_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    configured = settings.value(LOCK_TIMEOUT_ENV)
+    return DEFAULT_LOCK_TIMEOUT_S if configured is None else configured
 
 
 def _make_subdirectories(root: Path) -> None:
@@ -552,7 +548,7 @@ _caches_guard = threading.Lock()
 
 def get_cache() -> CompileCache:
     """The process-wide cache for the current ``TULLAX_CACHE_DIR`` (a changed variable gets its own cache)."""
-    setting = os.environ.get(CACHE_DIR_ENV, "")
+    setting = settings.SETTINGS[CACHE_DIR_ENV].raw()
     with _caches_guard:
         cache = _caches.get(setting)
         if cache is None:

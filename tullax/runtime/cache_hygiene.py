@@ -15,14 +15,13 @@ entry another process holds (it is compiling or loading it), ``clear`` waits for
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from tullax.errors import TullaxError
+from tullax import settings
 from tullax.runtime.cache_files import (
     TEMP_GRACE_S,
     is_plain_name,
@@ -34,6 +33,7 @@ from tullax.runtime.cache_files import (
 )
 from tullax.runtime.cache_index import INDEX_LOCK, CacheIndex
 from tullax.runtime.cache_locks import LOCK_SUFFIX, CacheLocks
+from tullax.settings import parse_size  # noqa: F401 (where callers have found it)
 
 
 class CompileCache(Protocol):
@@ -54,43 +54,19 @@ class CompileCache(Protocol):
 
 MAX_BYTES_ENV = "TULLAX_CACHE_MAX_BYTES"
 MAX_AGE_ENV = "TULLAX_CACHE_MAX_AGE_DAYS"
-# A Numba entry takes 50-300 KiB and the precompiled Julia package a few hundred MiB: 2 GiB keeps thousands of
-# kernels without letting an unattended cache grow without end.
-DEFAULT_MAX_BYTES = 2 * 2**30
-DEFAULT_MAX_AGE_DAYS = 90.0
 # Sizing the cache walks every entry: a process that compiles many kernels does it at most this often.
 AUTO_PRUNE_INTERVAL_S = 600.0
-NO_LIMIT = "off"
 _SECONDS_PER_DAY = 86_400.0
-_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-_SIZE = r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*\Z"  # compiled where a size is read, not at import
 # Where tullax kept Numba's artefacts before they moved into the entries (keyed by absolute paths, so a moved
 # cache recompiled everything): clear removes it.
 _RETIRED_DIRECTORIES = ("numba",)
 _LOCK_OWNERS = re.compile(r"(?:key|manifest)-(.+)\Z")  # the entry a lock file belongs to
 
 
-def parse_size(text: str) -> int:
-    """Bytes from "2000000", "500M", "2G", "1.5GiB" (binary units); ValueError otherwise."""
-    match = re.match(_SIZE, text, re.IGNORECASE)
-    if match is None:
-        raise ValueError(f"not a size: {text!r}")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
-def _limit(setting: str, given: str | None, default: float, parse, what: str) -> float | None:
-    """A limit from ``given`` (a command-line value), else the environment variable ``setting``, else
-    ``default``; "off" is no limit."""
-    raw = (given if given is not None else os.environ.get(setting, "")).strip()
-    if not raw:
-        return default
-    if raw.lower() == NO_LIMIT:
-        return None
-    try:
-        return parse(raw)
-    except ValueError:
-        source = "the limit" if given is not None else setting
-        raise TullaxError(f"{source} {raw!r} is not {what} (or {NO_LIMIT!r})") from None
+def _limit(name: str, given: str | None) -> float | None:
+    """A limit from ``given`` (a command-line value), else the setting ``name``; None: no limit ("off")."""
+    setting = settings.SETTINGS[name]
+    return setting.value() if given is None else setting.convert(given, source="the limit")
 
 
 @dataclass(frozen=True)
@@ -104,8 +80,8 @@ class Limits:
     @classmethod
     def from_env(cls, max_bytes: str | None = None, max_age_days: str | None = None) -> "Limits":
         """The limits the environment sets (defaults where it sets none); given values take precedence."""
-        size = _limit(MAX_BYTES_ENV, max_bytes, DEFAULT_MAX_BYTES, parse_size, "a size such as 500M or 2G")
-        days = _limit(MAX_AGE_ENV, max_age_days, DEFAULT_MAX_AGE_DAYS, float, "a number of days")
+        size = _limit(MAX_BYTES_ENV, max_bytes)
+        days = _limit(MAX_AGE_ENV, max_age_days)
         return cls(None if size is None else int(size), None if days is None else days * _SECONDS_PER_DAY)
 
 

@@ -12,9 +12,10 @@ The advice changes no value and nothing else about the memory, so it is given wh
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from typing import Any, Callable
+
+from tullax import settings
 
 HUGE_PAGE = 1 << 21
 # Smaller buffers are left alone: below a few huge pages, the aligned part that can be advised is a small share
@@ -43,7 +44,7 @@ def enabled() -> bool:
 
 @functools.cache
 def _madvise() -> Callable[[int, int], int] | None:
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not settings.value(ENV):
         return None
     if not sys.platform.startswith("linux") or thp_mode() not in ("always", "madvise"):
         return None

@@ -1,4 +1,4 @@
-"""Resolve names, classify indices and infer symbolic ranges: ParsedSpec -> Spec (DESIGN section 1)."""
+"""Resolve names, classify indices and infer symbolic ranges: ParsedSpec -> Spec (docs/design.md, section 1)."""
 from __future__ import annotations
 
 import operator
@@ -421,7 +421,7 @@ def _narrow(constraints: list[Constraint], known: dict[str, Range], narrowable: 
 # Shifting free indices to start at 0
 # ---------------------------------------------------------------------------------------------
 def _shift_free_to_zero(spec: Spec) -> Spec:
-    """For ':=' every free index runs from 0: substitute i -> i + lo in the body (DESIGN section 1)."""
+    """For ':=' every free index runs from 0: substitute i -> i + lo in the body (docs/design.md, section 1)."""
     rng = spec.range_of
     if spec.assign != ":=":
         return replace(spec, out_shape=tuple(Sym.extent(spec.out, d) for d in range(len(spec.lhs or ()))))

@@ -1,4 +1,4 @@
-"""Parse one spec line into a ParsedSpec (DESIGN section 1). Nothing here ever executes the text."""
+"""Parse one spec line into a ParsedSpec (docs/design.md, section 1). Nothing here ever executes the text."""
 from __future__ import annotations
 
 from tullax.errors import SpecError

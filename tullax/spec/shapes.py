@@ -315,7 +315,7 @@ def result_dtype(spec: Spec, dtypes: Mapping[str, Any] | Sequence[Any]):
     """The result dtype (a NumPy dtype): ``jnp.result_type`` of the data inputs ('array' and 'scalar' kinds;
     index arrays and shape-only inputs do not take part). Integer inputs keep an integer result only where the
     body is integer-valued (``tullax.spec.dtypes``); otherwise, and for bool-only data, the result is the default
-    float (DESIGN section 1); the real dtype of that precision where complex inputs make a real-valued body.
+    float (docs/design.md, section 1); the real dtype of that precision where complex inputs make a real-valued body.
 
     ``dtypes`` maps input names (or lists, in ``spec.inputs`` order) to dtypes, Python types (``float`` is a weak
     scalar, as in jax), values, or None (unknown: left out). The promotion is computed as with x64 enabled, so

@@ -1,4 +1,4 @@
-"""The naive evaluator: the ground truth for the forward semantics of DESIGN section 1.
+"""The naive evaluator: the ground truth for the forward semantics of docs/design.md, section 1.
 
 ``naive_eval`` runs a spec with Python loops over every index value and a tiny interpreter of the body. It
 shares nothing with the backends but the analysed Spec and the function registry's NumPy implementations (no

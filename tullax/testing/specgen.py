@@ -1,4 +1,4 @@
-"""Random specs for property tests: valid ones from the grammar of DESIGN section 1, and garbage.
+"""Random specs for property tests: valid ones from the grammar of docs/design.md, section 1, and garbage.
 
 ``random_spec`` writes specs whose every range is inferable, covering shifts, constants, ``end``, mod/clamp/pad
 (with a pad value), indirect indices (inside affine arithmetic too: ``A[ix[i]+j]``, ``A[2ix[i]+j]``,
@@ -222,7 +222,7 @@ class _SpecWriter:
 
 
 def random_spec(rng: Any, complex_values: bool = False) -> str:
-    """A random VALID spec covering the grammar of DESIGN section 1 (every range inferable). ``rng``: a NumPy
+    """A random VALID spec covering the grammar of docs/design.md, section 1 (every range inferable). ``rng``: a NumPy
     Generator or a seed. ``complex_values``: valid on complex inputs too (sums; no comparisons, max/min, relu,
     sigmoid, softplus; conj, real, imag, abs and holomorphic functions)."""
     rng = _as_rng(rng)

@@ -35,12 +35,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
+from tullax import settings
 from tullax.errors import TullaxError
 
 CC_ENV = "TULLAX_CC"
 CFLAGS_ENV = "TULLAX_CFLAGS"  # extra flags after ours (in the cache key too): experiments, another -march
 TIMEOUT_ENV = "TULLAX_CC_TIMEOUT"  # seconds one compile may take before it is stopped and reported
-DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_TIMEOUT_S = settings.SETTINGS[TIMEOUT_ENV].default
 PROBE_TIMEOUT_S = 60.0  # the probe's tiny compile, at most (less where the setting is less)
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math",
               "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math", "-ffp-contract=fast")
@@ -66,7 +67,7 @@ def vector_math() -> bool:
 def flags() -> tuple[str, ...]:
     """The compiler flags before the source: ours, then ``$TULLAX_CFLAGS``."""
     x86 = X86_FLAGS if platform.machine() in ("x86_64", "AMD64") else ()
-    return BASE_FLAGS + x86 + (MVEC_FLAGS if vector_math() else ()) + tuple(os.environ.get(CFLAGS_ENV, "").split())
+    return BASE_FLAGS + x86 + (MVEC_FLAGS if vector_math() else ()) + tuple(settings.value(CFLAGS_ENV).split())
 
 
 def libraries() -> tuple[str, ...]:
@@ -79,17 +80,12 @@ _PROBE = "int tx_probe(int n) {\n    int s = 0;\n    #pragma omp parallel for re
 def timeout_s() -> float:
     """How long one compile may run: ``$TULLAX_CC_TIMEOUT`` seconds where set to a positive number, else
     ``DEFAULT_TIMEOUT_S`` (a hung compiler is stopped and reported, never waited for)."""
-    value = os.environ.get(TIMEOUT_ENV, "").strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        return DEFAULT_TIMEOUT_S
-    return seconds if seconds > 0 else DEFAULT_TIMEOUT_S
+    return settings.value(TIMEOUT_ENV)
 
 
 def compiler() -> str:
     """The compiler command: ``$TULLAX_CC`` or ``cc``."""
-    return os.environ.get(CC_ENV, "").strip() or "cc"
+    return settings.value(CC_ENV)
 
 
 def resolved() -> str | None:
@@ -103,7 +99,7 @@ def identity() -> dict[str, object]:
     up once per process for each setting of the variables it depends on (every build and availability check
     asks, and the PATH search and stat cost ~2 ms each time): a compiler binary replaced while a process runs
     is seen by the next process."""
-    found = _identity(compiler(), os.environ.get("PATH", ""), os.environ.get(CFLAGS_ENV, ""))
+    found = _identity(compiler(), os.environ.get("PATH", ""), settings.value(CFLAGS_ENV))
     return {**found, "flags": list(found["flags"])}
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tullax import settings
 from tullax.backends import host
 from tullax.backends.base import Signature
 from tullax.errors import TullaxError
@@ -72,7 +72,7 @@ STREAMS_ENV = "TULLAX_C_STREAMS"
 
 def streams() -> bool:
     """Whether max/min reductions read several long rows at once (``$TULLAX_C_STREAMS`` is "1")."""
-    return os.environ.get(STREAMS_ENV, "").strip() == "1"
+    return settings.value(STREAMS_ENV)
 
 
 def lowered(spec: Spec, signature: Signature, name: str, streams: bool = False) -> LoopKernel:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 
+from tullax import settings
 from tullax.runtime import forks
 
 # libgomp's idle team threads spin this many iterations before they sleep, unless the user set GOMP_SPINCOUNT
@@ -17,7 +18,7 @@ from tullax.runtime import forks
 # returns, and the XLA ops that follow it in the same program run on one core: the row norm's VJP (C forward,
 # XLA gradient step) took 27 ms against 21 ms bounded. 10000 (a fraction of a ms) still catches the next call
 # of a loop calling kernels back to back; 0 (passive) made mid-size calls 50-80 us slower.
-OPENMP_SPIN = "10000"
+OPENMP_SPIN = "10000"  # the write is declared in tullax.settings.WRITTEN
 _SPIN_VARIABLES = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 _LOCK = forks.lock()
 _BOUND: list[bool] = []  # the one answer of this process, once decided
@@ -77,7 +78,10 @@ def threads() -> int:
 
 
 def _configured() -> int:
-    for env in (THREADS_ENV, "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    configured = settings.value(THREADS_ENV)
+    if configured is not None:
+        return configured
+    for env in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):  # the user's OpenMP setting, else the one Numba reads
         value = os.environ.get(env, "").strip()
         if value.isdigit() and int(value) > 0:
             return int(value)

@@ -8,12 +8,12 @@ Nothing here synchronises: every call is enqueued on the stream it is given.
 """
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from tullax import settings
 from tullax.errors import BackendUnavailableError, TullaxError
 
 ARCH_ENV = "TULLAX_CUDA_ARCH"  # compile for this architecture (sm_90) instead of asking device 0
@@ -103,7 +103,7 @@ def target_arch() -> str:
     process are assumed to share it)."""
     from tullax.backends.cuda.compile import check_arch
 
-    configured = os.environ.get(ARCH_ENV, "").strip()
+    configured = settings.value(ARCH_ENV)
     return check_arch(configured) if configured else driver().device().arch
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from tullax import settings
 from tullax.compiler.intervals import dtype_interval, fits
 from tullax.compiler.loops import FLOATS, LoopKernel, eval_int
 from tullax.compiler.lower import lower
@@ -106,7 +106,7 @@ def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, 
 def _may_split(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, ...]], policy: SplitPolicy) -> bool:
     """Whether ``spec`` is a plain float sum over fewer output elements than ``policy.below`` (checked before
     lowering it a second time)."""
-    if os.environ.get(SPLIT_ENV, "1").strip() == "0":
+    if not settings.value(SPLIT_ENV):
         return False
     if spec.redop != "+" or spec.finalizer is not None or spec.assign not in (":=", "+=") or spec.is_scatter:
         return False

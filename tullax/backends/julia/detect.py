@@ -185,7 +185,7 @@ def julia_env_vars(
       resolves when a ``juliapkg.json`` changed.
     """
     env = os.environ if environ is None else environ
-    wanted = {
+    wanted = {  # each declared, with why, in tullax.settings.WRITTEN
         "PYTHON_JULIACALL_THREADS": str(threads),
         "PYTHON_JULIACALL_HANDLE_SIGNALS": "yes",
     }

@@ -37,6 +37,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from tullax import settings
 from tullax.backends import host
 from tullax.backends.julia import detect as julia_detect
 from tullax.errors import BackendUnavailableError, TullaxError
@@ -229,8 +230,13 @@ def julia_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     threads from ``TULLAX_JULIA_THREADS``, else ``JULIA_NUM_THREADS`` (juliacall's own default), else the CPU
     count; juliapkg's offline mode when ``TULLAX_JULIA_OFFLINE=1``."""
     env = os.environ if environ is None else environ
-    threads = env.get(THREADS_ENV) or env.get("JULIA_NUM_THREADS") or str(os.cpu_count() or 1)
-    return julia_detect.julia_env_vars(threads, offline=env.get(OFFLINE_ENV) == "1", environ=env)
+    return julia_detect.julia_env_vars(julia_threads(env), offline=settings.value(OFFLINE_ENV, env), environ=env)
+
+
+def julia_threads(environ: Mapping[str, str]) -> int | str:
+    """Julia's thread count as tullax starts it: ``TULLAX_JULIA_THREADS``, else ``JULIA_NUM_THREADS``, else the CPU
+    count (a count or "auto")."""
+    return settings.value(THREADS_ENV, environ) or environ.get("JULIA_NUM_THREADS") or str(os.cpu_count() or 1)
 
 
 # =============================================================================================

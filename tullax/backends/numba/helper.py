@@ -22,17 +22,14 @@ import sys
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from tullax.errors import TullaxError
+from tullax import settings
 from tullax.runtime import forks
 
 INPROCESS_COMPILES_ENV = "TULLAX_NUMBA_INPROCESS_COMPILES"
-# What a process keeps of its own compiles: about 4 MiB each, so 32 is about 128 MiB; the first kernels of a
-# process (every test, demo and benchmark run) compile in-process, with no helper to start.
-DEFAULT_INPROCESS_COMPILES = 32
+DEFAULT_INPROCESS_COMPILES = settings.SETTINGS[INPROCESS_COMPILES_ENV].default
 # Compiles by one helper process before it is replaced: it keeps ~4 MiB of each too (at most ~250 MiB then),
 # and starting one costs about a second (importing Numba and initialising its target).
 HELPER_COMPILES = 64
-NO_LIMIT = "off"
 _OK = "ok"
 _LENGTH = struct.Struct("<Q")  # every message: its length, then its pickle
 _STOP_WAIT_S = 5.0  # a helper told to stop (its stdin closed) that has not exited by then is killed
@@ -55,14 +52,7 @@ class CompileRequest:
 
 def inprocess_compiles() -> int | None:
     """How many kernels a process compiles itself before it uses the helper (None: all of them)."""
-    raw = os.environ.get(INPROCESS_COMPILES_ENV, "").strip()
-    if not raw:
-        return DEFAULT_INPROCESS_COMPILES
-    if raw.lower() == NO_LIMIT:
-        return None
-    if not raw.isdigit():
-        raise TullaxError(f"{INPROCESS_COMPILES_ENV}={raw!r} is not a number of compiles (or {NO_LIMIT!r})")
-    return int(raw)
+    return settings.value(INPROCESS_COMPILES_ENV)
 
 
 def _send(stream: BinaryIO, message: Any) -> None:

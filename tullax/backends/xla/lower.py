@@ -1,4 +1,4 @@
-"""The XLA reference backend: a Spec lowered to plain jax.numpy (DESIGN section 4).
+"""The XLA reference backend: a Spec lowered to plain jax.numpy (docs/design.md, section 4).
 
 ``lower(spec)`` is the PLAIN lowering, without custom_vjp: ``jnp.einsum`` for pure contractions, otherwise an
 index grid (one broadcast axis per index), the body evaluated elementwise with slices and gathers, a reduction,
