@@ -156,7 +156,8 @@ def test_doctor_prints_the_effective_settings():
 def test_a_plan_decided_with_two_c_threads_is_not_reused_with_sixteen(monkeypatch, variable):
     """The race's winner depends on the team size of the loop backend: its key holds the count the c backend
     runs with (the key held NUMBA_NUM_THREADS, which the c backend only reads when nothing else is set)."""
-    from tullax.planner import decide
+    from tullax.planner import store
+    from tullax.planner.call import Call
     from tullax.spec.analyze import analyze
     from tullax.spec.parse import parse_spec
 
@@ -167,7 +168,7 @@ def test_a_plan_decided_with_two_c_threads_is_not_reused_with_sixteen(monkeypatc
     keys = []
     for threads in ("2", "16"):
         monkeypatch.setenv(variable, threads)
-        keys.append(decide._cache_key(spec, {"A": (4, 4), "B": (4, 4)}, {"A": "float32", "B": "float32"}, "c"))
+        keys.append(store.cache_key(Call(spec, {"A": (4, 4), "B": (4, 4)}, {"A": "float32", "B": "float32"}, "c")))
     assert keys[0] != keys[1]
 
 

@@ -9,9 +9,9 @@ def loop_threads(backend: str | None) -> int | str | None:
     """The thread count of ``backend``'s parallel kernels (None for a GPU backend or none: a GPU's decisions are
     keyed by the device instead)."""
     if backend == "c":
-        from tullax.backends.c.load import threads
+        from tullax.backends.c.load import configured_threads
 
-        return threads()
+        return configured_threads()  # not threads(): asking for a key starts no OpenMP pool (forks)
     if backend == "numba":  # Numba's own rule: NUMBA_NUM_THREADS, else every CPU
         configured = os.environ.get("NUMBA_NUM_THREADS", "").strip()
         return int(configured) if configured.isdigit() else os.cpu_count() or 1

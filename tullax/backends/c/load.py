@@ -71,13 +71,14 @@ def threads() -> int:
     process forked after that: the pool's threads are not there, and a larger team would wait for them."""
     if forks.lost(forks.OPENMP):
         return 1
-    team = _configured()
+    team = configured_threads()
     if team > 1:
         forks.started(forks.OPENMP)
     return team
 
 
-def _configured() -> int:
+def configured_threads() -> int:
+    """The team size the settings give, whether or not a fork took the pool away."""
     configured = settings.value(THREADS_ENV)
     if configured is not None:
         return configured
@@ -91,4 +92,4 @@ def _configured() -> int:
         return os.cpu_count() or 1
 
 
-__all__ = ["OPENMP_SPIN", "THREADS_ENV", "bound_openmp_spin", "load_library", "threads"]
+__all__ = ["OPENMP_SPIN", "THREADS_ENV", "bound_openmp_spin", "configured_threads", "load_library", "threads"]
