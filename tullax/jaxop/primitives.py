@@ -195,6 +195,8 @@ def _prims() -> SimpleNamespace:
     kernel.def_impl(partial(dispatch.apply_primitive, kernel))
     kernel.def_abstract_eval(_kernel_abstract_eval)
     mlir.register_lowering(kernel, _kernel_lowering)
+    for platform in LOWERING_PLATFORMS:  # each platform's own rule: a multi-platform lowering branches on them
+        mlir.register_lowering(kernel, partial(_kernel_lowering, platform=platform), platform=platform)
     batching.primitive_batchers[kernel] = _kernel_batch
     ad.primitive_jvps[kernel] = _kernel_jvp
 
@@ -228,13 +230,27 @@ def _kernel_abstract_eval(*avals, op: KernelOp):
     return _out_aval(op, avals, avals)
 
 
-def _kernel_lowering(ctx, *args, op: KernelOp):
+LOWERING_PLATFORMS = ("cpu", "cuda", "rocm")
+
+
+def _kernel_lowering(ctx, *args, op: KernelOp, platform: str | None = None):
+    """The kernel in ``ctx``'s program, for ``platform`` (the default rule: the module's first platform).
+    Another platform than the process's, several at once, or an export: ``tullax.calls.target``."""
     from jax.interpreters import mlir
 
-    from tullax.calls.path import lowered_path
+    from tullax.calls.host import FFI_ONLY_PATH
+    from tullax.calls.target import callbacks_lowerable, lowered_op, xla_instead
+    from tullax.errors import UnservedPlatformError
 
-    op = replace(op, path=lowered_path(op.path, op.backend, ctx.module_context.platforms[0]))
-    return mlir.lower_fun(partial(_run, op), multiple_results=False)(ctx, *args)
+    platform = platform or ctx.module_context.platforms[0]
+    lowered = lowered_op(op, platform, callbacks_lowerable(ctx, platform))
+    try:
+        return mlir.lower_fun(partial(_run, lowered), multiple_results=False)(ctx, *args)
+    except UnservedPlatformError as err:  # the c kernel has no custom call for this call: XLA's form, if planned
+        if lowered.path != FFI_ONLY_PATH:
+            raise
+        return mlir.lower_fun(partial(_run, xla_instead(op, platform, str(err))), multiple_results=False)(ctx,
+                                                                                                         *args)
 
 
 def _run(op: KernelOp, *args):
