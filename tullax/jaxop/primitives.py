@@ -207,6 +207,8 @@ def _prims() -> SimpleNamespace:
     batching.primitive_batchers[linear] = _linear_batch
     ad.primitive_jvps[linear] = _linear_jvp
     ad.primitive_transposes[linear] = _linear_transpose
+    # their lowering may hold custom_partitioning (``tullax.jaxop.partition``), which needs the devices
+    dispatch.prim_requires_devices_during_lowering.update((kernel, linear))
     return SimpleNamespace(kernel=kernel, linear=linear)
 
 
@@ -244,6 +246,15 @@ def _kernel_lowering(ctx, *args, op: KernelOp, platform: str | None = None):
 
     platform = platform or ctx.module_context.platforms[0]
     lowered = lowered_op(op, platform, callbacks_lowerable(ctx, platform))
+    if lowered.backend == "c" and lowered.path in ("ffi", FFI_ONLY_PATH):
+        from tullax.jaxop.partition import partitioned, spmd_devices
+
+        if spmd_devices(ctx) > 1:  # split by JAX's partitioner along the spec's indices (no callback may serve)
+            try:
+                return mlir.lower_fun(partitioned(replace(lowered, path=FFI_ONLY_PATH), _run),
+                                      multiple_results=False)(ctx, *args)
+            except UnservedPlatformError:
+                pass
     try:
         return mlir.lower_fun(partial(_run, lowered), multiple_results=False)(ctx, *args)
     except UnservedPlatformError as err:  # the c kernel has no custom call for this call: XLA's form, if planned
