@@ -497,7 +497,9 @@ class CHostKernel:
         given = [np.dtype(result.dtype)] + [np.dtype(operands[position].dtype) for position in plan.arrays]
         if [np.dtype(a.dtype) for a in self.kernel.arrays] != given:
             return None
-        identity = c_ffi.identity(self._library, self.kernel.name)
+        payload = c_ffi.kernel_payload(self.spec, [np.dtype(o.dtype).name for o in operands],
+                                       np.dtype(result.dtype).name, generator_fingerprint())
+        identity = c_ffi.content_identity(payload)
         slot = c_ffi.register(ctypes.cast(self._packed, ctypes.c_void_p).value, identity)
         if slot is None:
             return None
@@ -512,7 +514,7 @@ class CHostKernel:
                 values[position] = values[position].astype(dtype)
         sources = [0] + [position + 1 for position in plan.arrays] + [position + 1 for position, _ in plan.scalars]
         meta = c_ffi.meta(slot, identity, self._team(sizes, shapes), sources, [*sizes, *extents])
-        return c_ffi.call(meta, values, result, aliases), slot
+        return c_ffi.call(meta, values, result, aliases, payload), slot
 
     def prepare(self, shapes: Shapes, *, read_only: bool = False) -> None:
         """Nothing to do: the module was compiled (or loaded) when it was built."""
