@@ -241,11 +241,11 @@ def _kernel_lowering(ctx, *args, op: KernelOp, platform: str | None = None):
     from jax.interpreters import mlir
 
     from tullax.calls.host import FFI_ONLY_PATH
-    from tullax.calls.target import callbacks_lowerable, lowered_op, xla_instead
+    from tullax.calls.target import has_client, lowered_op, portable, xla_instead
     from tullax.errors import UnservedPlatformError
 
     platform = platform or ctx.module_context.platforms[0]
-    lowered = lowered_op(op, platform, callbacks_lowerable(ctx, platform))
+    lowered = lowered_op(op, platform, portable=portable(ctx), client=has_client(ctx, platform))
     if lowered.backend == "c" and lowered.path in ("ffi", FFI_ONLY_PATH):
         from tullax.jaxop.partition import partitioned, spmd_devices
 
