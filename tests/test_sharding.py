@@ -24,12 +24,12 @@ GATHERED = {"conv1d/i", "embedding/row"}
 
 
 @lru_cache(maxsize=None)
-def report() -> dict:
+def report(*arguments: str) -> dict:
     if c_unavailable():
         pytest.skip(f"c backend: {c_unavailable()}")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TULLAX_PLAN_TIMING": "0"}
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "sharding_script.py"), *BACKENDS], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "sharding_script.py"), *(arguments or BACKENDS)],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -76,3 +76,26 @@ def test_vmap_and_its_gradient_split_along_the_batch(backend: str) -> None:
     assert found["sharding"] == "P('x',)" and found["grad_sharding"] == "P('x',)", found
     assert found["collectives"] == [] and found["grad_collectives"] == [], found
     assert found["local"][0] * 4 == found["shape"][0], found
+
+
+def test_every_corpus_spec_split_along_each_axis_equals_the_unsplit_call() -> None:
+    found = report("corpus")["corpus"]
+    assert found["checked"] > 100 and found["wrong"] == [], "\n".join(found["wrong"])
+
+
+@pytest.mark.parametrize("text, rule, free, summed", [
+    ("D[i,j] := (W[k,i] - X[k,j])^2", "f0 f1, f0 f2 -> f1 f2", ("f1", "f2"), ("f0",)),
+    ("(logsumexp) r[i] := x[i,j]", "f0 f1 -> f0", ("f0",), ("f1",)),
+    ("y[i] := x[i+k]*w[k]", "r0, f0 -> f1", (), ()),  # a shifted read keeps both indices whole
+    ("out[b,d] := W[ix[b],d]", "r0 f1, f0 -> f0 f1", ("f0", "f1"), ()),  # the table's rows are gathered
+    ("ΔW[ix[b],d] += Δout[b,d]", "r0 f1, f0 f1, f0 -> r0 f1", ("f1",), ("f0",)),  # a scatter sums over b
+    ("d[i] := A[i,i]", "f0 r0 -> f0", (), ()),  # one index on two axes of one array: a factor each, kept whole
+    ("n[i] := x[i,j]^2 |> sqrt", "f0 f1 -> f0", ("f0",), ()),  # a finaliser needs the whole sum
+    ("y[i] := i*x[i]", "f0 -> f0", (), ()),  # the body reads the index's value
+])
+def test_the_sharding_rule_is_read_off_the_notation(text: str, rule: str, free: tuple, summed: tuple) -> None:
+    from tullax.jaxop.partition_rule import factors
+    from tullax.spec.frontend import compile_spec
+
+    found = factors(compile_spec(text)[1])
+    assert (found.text(), found.free, found.summed) == (rule, free, summed)

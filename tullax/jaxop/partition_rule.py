@@ -133,7 +133,8 @@ def factors(spec: Spec) -> Factors:
         for position, factor in enumerate(result):
             if position < len(axes[given]):
                 axes[given][position] = factor
-    operands = tuple(tuple(factor or fresh() for factor in axes[item.name]) for item in spec.inputs)
+    operands = tuple(_distinct([factor or fresh() for factor in axes[item.name]], fresh, names, whole)
+                     for item in spec.inputs)
     index_of = {factor: index for index, factor in names.items()}
     summable = spec.finalizer is None and spec.redop in COMBINES and spec.assign != "=" and \
         (not spec.is_scatter or spec.assign == "+=")
@@ -157,6 +158,20 @@ def _claim(axes: dict, array: str, position: int, factor: str, whole: set[str], 
         if index is not None:
             whole.add(index)
         whole.update(name for name, found in names.items() if found == current)
+
+
+def _distinct(factors_: list[str], fresh, names: dict[str, str], whole: set[str]) -> tuple[str, ...]:
+    """An array's factors, each at most once (Shardy's rule): a second axis of one index (``A[i,i]``) gets a
+    factor of its own, and the index stays whole."""
+    seen: set[str] = set()
+    found = []
+    for factor in factors_:
+        if factor in seen:
+            _mark_whole(factor, names, whole)
+            factor = fresh()
+        seen.add(factor)
+        found.append(factor)
+    return tuple(found)
 
 
 def _mark_whole(factor: str, names: dict[str, str], whole: set[str]) -> None:
