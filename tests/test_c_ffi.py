@@ -127,7 +127,7 @@ def test_a_program_naming_a_kernel_this_process_never_registered_fails_instead_o
     for slot, identity in ((0, 12345), (ffi.SLOTS - 1, 1), (-1, 1)):
         meta = ffi.meta(slot, identity, 1, [0, 1], [6])
         with pytest.raises(Exception, match="not loaded in this process"):
-            jax.block_until_ready(jax.jit(lambda x, meta=meta: ffi.call(meta, [x], result, None))(x))
+            jax.block_until_ready(jax.jit(lambda x, meta=meta: ffi.call(meta, [x], result, None, ""))(x))
 
 
 def test_a_malformed_meta_attribute_is_an_error_not_a_wild_call(x64):
@@ -141,7 +141,7 @@ def test_a_malformed_meta_attribute_is_an_error_not_a_wild_call(x64):
            "counts that disagree": ffi.meta(slot, identity, 1, [0, 1], [6])[:-1]}
     for what, meta in bad.items():
         with pytest.raises(Exception, match="tullax: a c kernel"):
-            jax.block_until_ready(jax.jit(lambda x, meta=meta: ffi.call(meta, [x], result, None))(x))
+            jax.block_until_ready(jax.jit(lambda x, meta=meta: ffi.call(meta, [x], result, None, ""))(x))
 
 
 def test_without_a_handler_every_kernel_keeps_the_buffer_callback(monkeypatch, path, x64):

@@ -440,11 +440,14 @@ def test_vmap_lowers_to_one_batched_gpu_buffer_callback(gpu):
 
 
 @without_a_gpu
-def test_host_backends_lower_through_pure_callback_on_the_gpu(monkeypatch):
-    """The host path copies; here it stops where pure_callback needs jax's CUDA plugin to lower for cuda."""
+def test_host_backends_cannot_lower_for_a_gpu_this_process_does_not_compute_on(monkeypatch):
+    """The host path copies through pure_callback, which needs jax's CUDA plugin to lower for cuda: without it, a
+    TullaxError that says so (not jax's bare ValueError, issue 44 item 10; tests/test_cross_platform.py)."""
+    from tullax.errors import UnservedPlatformError
+
     monkeypatch.setattr(device, "_warned", set())
     k = tullax.einsum_kernel("y[i] := 2*x[i]", backend="numba")
-    with pytest.warns(device.HostCopyWarning), pytest.raises(ValueError, match="backend cpu is different"):
+    with pytest.raises(UnservedPlatformError, match="cannot be lowered for 'cuda' here"):
         jax.jit(k).trace(np.ones(3, np.float32)).lower(lowering_platforms=("cuda",))
 
 

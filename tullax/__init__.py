@@ -48,3 +48,15 @@ def warm(spec: str, backend: str = "auto", dtype: str = "float32", ranges: Mappi
     from tullax.api.source import warm as _warm
 
     return _warm(spec, backend=backend, dtype=dtype, ranges=ranges)
+
+
+def prepare_exported() -> None:
+    """Make this process able to run ``jax.export`` artefacts holding tullax's c kernels (exported elsewhere, with
+    ``disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("tullax_c_kernel")]``): registers tullax's XLA
+    custom call and builds each kernel an artefact names from the spec its call carries (or the compile cache)."""
+    from tullax.backends.c.exported import prepare
+
+    prepare()
+
+
+__all__ += ["prepare_exported"]

@@ -35,6 +35,11 @@ class BackendUnavailableError(TullaxError):
     """The requested backend is unknown or cannot run on this machine; the message says how to fix it."""
 
 
+class UnservedPlatformError(BackendUnavailableError):
+    """A kernel on a named backend cannot be lowered for the platform asked for (another platform than this
+    process computes on, several at once, or an export: ``tullax.calls.target``)."""
+
+
 def with_spec_context(err: TullaxError, spec_text: str) -> TullaxError:
     """Attach the spec text to an error raised below the API boundary (done once, at the boundary)."""
     if isinstance(err, SpecError) and err.spec is None:

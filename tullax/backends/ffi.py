@@ -12,9 +12,11 @@ microseconds per call, most of a tiny kernel's cost and the gap between a row ma
   gathers the buffers' data pointers in the kernel's parameter order and passes the sizes and extents, which are
   static under jit and so worked out at trace time.
 * A kernel is registered in the handler's table (``register``): the XLA program names its slot and identity (a
-  hash of its library and name) in an int64 array attribute, never an address. An executable compiled in another
-  process (JAX's persistent compilation cache) whose slot does not hold that kernel here fails with an error
-  instead of calling into someone else's code.
+  hash of its content: ``content_identity``) in an int64 array attribute, never an address, and carries the
+  kernel's spec and dtypes in a string attribute (``kernel_payload``). A program run in another process (JAX's
+  persistent compilation cache, a ``jax.export`` artefact) whose slot does not hold that kernel there finds it by
+  its identity, or has the resolver ``tullax.backends.c.exported`` installed build it from the payload; failing
+  that it stops with an error instead of calling into someone else's code.
 * The handler counts each slot's launches; ``tullax.runtime.stats`` reads them (``watch``).
 
 Where this cannot work (no ``jax.ffi``, no headers, a compile error) the kernels keep the buffer callback;
@@ -72,6 +74,22 @@ int64_t tullax_ffi_register(void* fn, int64_t identity) {
     tx_slots[slot].launches = 0;
     __atomic_store_n(&tx_used, slot + 1, __ATOMIC_RELEASE);
     return slot;
+}
+
+// An exported program run in a process that never traced it names its kernels by content (their identity):
+// the slot it names holds another kernel or none, so the handler finds the identity in its table, or asks the
+// resolver Python installed (it compiles the kernel from the spec the call carries, or loads it from the compile
+// cache, and registers it). The table only grows, so a found slot stays valid.
+typedef int64_t (*tx_resolver)(int64_t identity, const char* payload, int64_t length);
+static tx_resolver tx_resolve;
+
+void tullax_ffi_set_resolver(void* fn) { __atomic_store_n(&tx_resolve, (tx_resolver)fn, __ATOMIC_RELEASE); }
+
+static int64_t tx_find(int64_t identity) {
+    const int64_t used = __atomic_load_n(&tx_used, __ATOMIC_ACQUIRE);
+    for (int64_t k = 0; k < used; ++k)
+        if (tx_slots[k].identity == identity) return k;
+    return -1;
 }
 
 int64_t tullax_ffi_launches(int64_t slot) {
@@ -147,16 +165,31 @@ XLA_FFI_Error* tullax_ffi_handler(XLA_FFI_CallFrame* frame) {
         }
     }
     if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE) return NULL;
-    if (frame->attrs.size != 1 || frame->attrs.types[0] != XLA_FFI_AttrType_ARRAY)
-        return tx_error(frame, "tullax: a c kernel's custom call takes one attribute, its int64 meta array");
-    const XLA_FFI_Array* meta = (const XLA_FFI_Array*)frame->attrs.attrs[0];
+    const XLA_FFI_Array* meta = NULL;
+    const XLA_FFI_ByteSpan* payload = NULL;
+    for (int64_t k = 0; k < frame->attrs.size; ++k) {
+        const XLA_FFI_ByteSpan* name = frame->attrs.names[k];
+        if (name->len == 4 && !memcmp(name->ptr, "meta", 4) && frame->attrs.types[k] == XLA_FFI_AttrType_ARRAY)
+            meta = (const XLA_FFI_Array*)frame->attrs.attrs[k];
+        else if (name->len == 4 && !memcmp(name->ptr, "spec", 4) && frame->attrs.types[k] == XLA_FFI_AttrType_STRING)
+            payload = (const XLA_FFI_ByteSpan*)frame->attrs.attrs[k];
+    }
+    if (meta == NULL)
+        return tx_error(frame, "tullax: a c kernel's custom call has no int64 meta array attribute");
     const int64_t* m = (const int64_t*)meta->data;
     if (meta->dtype != XLA_FFI_DataType_S64 || meta->size < TX_HEADER)
         return tx_error(frame, "tullax: a c kernel's meta attribute is not an int64 array of its header");
-    const int64_t slot = m[0], pointers = m[3], integers = m[4];
-    if (slot < 0 || slot >= __atomic_load_n(&tx_used, __ATOMIC_ACQUIRE) || tx_slots[slot].identity != m[1])
-        return tx_error(frame, "tullax: this XLA program calls a c kernel not loaded in this process (an "
-                               "executable compiled by another process?): trace the function again");
+    int64_t slot = m[0];
+    const int64_t pointers = m[3], integers = m[4];
+    if (slot < 0 || slot >= __atomic_load_n(&tx_used, __ATOMIC_ACQUIRE) || tx_slots[slot].identity != m[1]) {
+        slot = tx_find(m[1]);
+        tx_resolver resolve = __atomic_load_n(&tx_resolve, __ATOMIC_ACQUIRE);
+        if (slot < 0 && resolve != NULL && payload != NULL) slot = resolve(m[1], payload->ptr, (int64_t)payload->len);
+        if (slot < 0 || slot >= __atomic_load_n(&tx_used, __ATOMIC_ACQUIRE) || tx_slots[slot].identity != m[1])
+            return tx_error(frame, "tullax: this XLA program calls a c kernel that is not loaded in this process and "
+                                   "could not be built from the spec it carries (call tullax.prepare_exported() "
+                                   "before running an exported program; see the warnings it gives)");
+    }
     if (pointers < 0 || pointers > TX_MAX_POINTERS || integers < 0
             || (int64_t)meta->size != TX_HEADER + pointers + integers)
         return tx_error(frame, "tullax: a c kernel's meta attribute is malformed");
@@ -208,6 +241,7 @@ def _load_handler() -> tuple[Any, str]:
         lib.tullax_ffi_register.argtypes, lib.tullax_ffi_register.restype = [ctypes.c_void_p, ctypes.c_int64], \
             ctypes.c_int64
         lib.tullax_ffi_launches.argtypes, lib.tullax_ffi_launches.restype = [ctypes.c_int64], ctypes.c_int64
+        lib.tullax_ffi_set_resolver.argtypes, lib.tullax_ffi_set_resolver.restype = [ctypes.c_void_p], None
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.tullax_ffi_handler), platform="cpu")
     except Exception as err:  # noqa: BLE001 - any failure here only means "keep the buffer callback"
         return None, f"the XLA FFI handler could not be built or registered: {err}"
@@ -225,7 +259,7 @@ def _permute_slot() -> tuple[int, int] | None:
     lib, _ = _handler()
     if lib is None:
         return None
-    kernel_identity = identity(str(getattr(lib, "_name", LIBRARY_FILE)), PERMUTE)
+    kernel_identity = content_identity(PERMUTE_PAYLOAD)
     slot = register(ctypes.cast(getattr(lib, PERMUTE), ctypes.c_void_p).value, kernel_identity)
     return None if slot is None else (slot, kernel_identity)
 
@@ -261,7 +295,7 @@ def permute(value: Any, axes: Sequence[int], extents: Sequence[int] | None = Non
         team = threads()
     integers = [np.dtype(value.dtype).itemsize, len(shape), *out_shape, *strides, base]
     return call(meta(slot, kernel_identity, team, [0, 1], integers), [value],
-                jax.ShapeDtypeStruct(out_shape, value.dtype), None)
+                jax.ShapeDtypeStruct(out_shape, value.dtype), None, PERMUTE_PAYLOAD)
 
 
 def available() -> tuple[bool, str]:
@@ -295,10 +329,42 @@ def _library(include: Path, jaxlib_version: str) -> Path:
     return c_compile.private_library(data, "tullax-ffi-")  # the cache stores nothing
 
 
-def identity(library: str, name: str) -> int:
-    """A kernel's identity in XLA programs: a hash of its library file and its name (a positive int64)."""
-    digest = hashlib.sha256(f"{library}\0{name}".encode("utf-8")).digest()
+# The payload the layout change's calls carry: the handler library's own kernel, of this handler's source
+PERMUTE_PAYLOAD = "permute:" + hashlib.sha256(HANDLER_SOURCE.encode("utf-8")).hexdigest()[:16]
+
+
+def content_identity(payload: str) -> int:
+    """A kernel's identity in XLA programs: a hash of the payload its calls carry (``kernel_payload``: the spec,
+    its dtypes and the code generator's fingerprint), so any process that builds the same kernel names it alike
+    (a positive int64)."""
+    digest = hashlib.sha256(f"tullax c kernel\0{payload}".encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def kernel_payload(spec: Any, in_dtypes: Sequence[str], out_dtype: str, generator: str) -> str:
+    """What a kernel's custom call carries (its ``spec`` attribute): enough to build the kernel again in a process
+    that never traced it (``tullax.backends.c.exported``)."""
+    import json
+
+    return json.dumps({"spec": _spec_json(spec), "in": list(in_dtypes), "out": out_dtype, "generator": generator},
+                      separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec_json(spec: Any) -> str:
+    from tullax.spec.serial import to_json
+
+    return to_json(spec)
+
+
+def set_resolver(function: Any) -> bool:
+    """Install ``function`` (a ctypes callback: identity, payload pointer, length -> slot or -1) as the handler's
+    resolver of kernels an exported program names; False without the handler."""
+    lib, _ = _handler()
+    if lib is None:
+        return False
+    lib.tullax_ffi_set_resolver(ctypes.cast(function, ctypes.c_void_p))
+    return True
 
 
 def register(address: int, kernel_identity: int) -> int | None:
@@ -330,11 +396,14 @@ def meta(slot: int, kernel_identity: int, team: int, operands: Sequence[int], in
     return np.array([slot, kernel_identity, team, len(operands), len(integers), *operands, *integers], np.int64)
 
 
-def call(meta_array: Any, operands: Sequence[Any], result: Any, aliases: dict[int, int] | None) -> Any:
-    """The custom call of one kernel on jax values ``operands`` (traced), returning its result."""
+def call(meta_array: Any, operands: Sequence[Any], result: Any, aliases: dict[int, int] | None,
+         payload: str) -> Any:
+    """The custom call of one kernel on jax values ``operands`` (traced), returning its result; ``payload``: how
+    another process builds the kernel (``kernel_payload``)."""
     import jax
 
-    return jax.ffi.ffi_call(TARGET, result, input_output_aliases=aliases)(*operands, meta=meta_array)
+    return jax.ffi.ffi_call(TARGET, result, input_output_aliases=aliases)(*operands, meta=meta_array, spec=payload)
 
 
-__all__ = ["TARGET", "available", "call", "identity", "launches", "meta", "register"]
+__all__ = ["PERMUTE_PAYLOAD", "TARGET", "available", "call", "content_identity", "kernel_payload", "launches", "meta",
+           "register", "set_resolver"]

@@ -30,6 +30,7 @@ from tullax import settings
 from tullax.spec.ir import Spec
 
 PATHS = ("ffi", "buffer", "pure")
+FFI_ONLY_PATH = "ffi-only"  # tullax.calls.target: the custom call or a TullaxError
 
 
 # Settings a host kernel reads while it runs (inside XLA's callback): read here too, at trace time, so that an
@@ -86,12 +87,19 @@ def host_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
     # can be had (``runtime.hugepages``). Without them, clearing fresh 4 KiB pages in the callback was slower than
     # XLA's zeros (one memset then; the team's parallel clear of ``tullax.printers.c_clear`` was not measured
     # without huge pages).
-    clear = _clearer(kernel) if zero_start and in_place and hugepages.enabled() else None
+    only_ffi = path == FFI_ONLY_PATH  # exported or another platform's lowering: no Python callback may serve
+    clear = _clearer(kernel) if zero_start and in_place and hugepages.enabled() and not only_ffi else None
     operands = args[1:] if clear is not None else args
-    if path == "ffi":
+    if path in ("ffi", FFI_ONLY_PATH):
         found = _custom_call(spec, kernel, args, result, shapes, in_place, clear, text, backend_name)
         if found is not None:
             return found
+    if only_ffi:
+        from tullax.errors import UnservedPlatformError
+
+        raise UnservedPlatformError(f"the c kernel of {text} has no custom call for this call (an update XLA "
+                                    "does not alias, a widened dtype, or no XLA FFI handler here), and a Python "
+                                    "callback cannot be exported or lowered for several platforms at once")
     if path in ("ffi", "buffer"):
         from jax.experimental.buffer_callback import buffer_callback
 
@@ -225,4 +233,4 @@ def _read_only(value: Any) -> Any:
     return view
 
 
-__all__ = ["callback_path", "has_buffer_callback", "host_call", "PATHS"]
+__all__ = ["FFI_ONLY_PATH", "callback_path", "has_buffer_callback", "host_call", "PATHS"]

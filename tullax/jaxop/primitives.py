@@ -197,6 +197,8 @@ def _prims() -> SimpleNamespace:
     kernel.def_impl(partial(dispatch.apply_primitive, kernel))
     kernel.def_abstract_eval(_kernel_abstract_eval)
     mlir.register_lowering(kernel, _kernel_lowering)
+    for platform in LOWERING_PLATFORMS:  # each platform's own rule: a multi-platform lowering branches on them
+        mlir.register_lowering(kernel, partial(_kernel_lowering, platform=platform), platform=platform)
     batching.primitive_batchers[kernel] = _kernel_batch
     ad.primitive_jvps[kernel] = _kernel_jvp
 
@@ -207,6 +209,8 @@ def _prims() -> SimpleNamespace:
     batching.primitive_batchers[linear] = _linear_batch
     ad.primitive_jvps[linear] = _linear_jvp
     ad.primitive_transposes[linear] = _linear_transpose
+    # their lowering may hold custom_partitioning (``tullax.jaxop.partition``), which needs the devices
+    dispatch.prim_requires_devices_during_lowering.update((kernel, linear))
     return SimpleNamespace(kernel=kernel, linear=linear)
 
 
@@ -230,13 +234,36 @@ def _kernel_abstract_eval(*avals, op: KernelOp):
     return _out_aval(op, avals, avals)
 
 
-def _kernel_lowering(ctx, *args, op: KernelOp):
+LOWERING_PLATFORMS = ("cpu", "cuda", "rocm")
+
+
+def _kernel_lowering(ctx, *args, op: KernelOp, platform: str | None = None):
+    """The kernel in ``ctx``'s program, for ``platform`` (the default rule: the module's first platform).
+    Another platform than the process's, several at once, or an export: ``tullax.calls.target``."""
     from jax.interpreters import mlir
 
-    from tullax.calls.path import lowered_path
+    from tullax.calls.host import FFI_ONLY_PATH
+    from tullax.calls.target import has_client, lowered_op, portable, xla_instead
+    from tullax.errors import UnservedPlatformError
 
-    op = replace(op, path=lowered_path(op.path, op.backend, ctx.module_context.platforms[0]))
-    return mlir.lower_fun(partial(_run, op), multiple_results=False)(ctx, *args)
+    platform = platform or ctx.module_context.platforms[0]
+    lowered = lowered_op(op, platform, portable=portable(ctx), client=has_client(ctx, platform))
+    if lowered.backend == "c" and lowered.path in ("ffi", FFI_ONLY_PATH):
+        from tullax.jaxop.partition import partitioned, spmd_devices
+
+        if spmd_devices(ctx) > 1:  # split by JAX's partitioner along the spec's indices (no callback may serve)
+            try:
+                return mlir.lower_fun(partitioned(replace(lowered, path=FFI_ONLY_PATH), _run),
+                                      multiple_results=False)(ctx, *args)
+            except UnservedPlatformError:
+                pass
+    try:
+        return mlir.lower_fun(partial(_run, lowered), multiple_results=False)(ctx, *args)
+    except UnservedPlatformError as err:  # the c kernel has no custom call for this call: XLA's form, if planned
+        if lowered.path != FFI_ONLY_PATH:
+            raise
+        return mlir.lower_fun(partial(_run, xla_instead(op, platform, str(err))), multiple_results=False)(ctx,
+                                                                                                         *args)
 
 
 def _run(op: KernelOp, *args):

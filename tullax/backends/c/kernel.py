@@ -11,6 +11,7 @@ import numpy as np
 
 from tullax.backends import host, workload
 from tullax.backends.base import Shapes
+from tullax.backends.c.generate import generator_fingerprint
 from tullax.backends.c.load import threads
 from tullax.compiler.interface import KernelInterface
 from tullax.printers.c_clear import CLEAR_BLOCK
@@ -87,7 +88,9 @@ class CHostKernel:
         given = [np.dtype(result.dtype)] + [np.dtype(operands[position].dtype) for position in plan.arrays]
         if [np.dtype(a.dtype) for a in self.kernel.arrays] != given:
             return None
-        identity = ffi.identity(self._library, self.kernel.name)
+        payload = ffi.kernel_payload(self.spec, [np.dtype(o.dtype).name for o in operands],
+                                     np.dtype(result.dtype).name, generator_fingerprint())
+        identity = ffi.content_identity(payload)
         slot = ffi.register(ctypes.cast(self._packed, ctypes.c_void_p).value, identity)
         if slot is None:
             return None
@@ -102,7 +105,7 @@ class CHostKernel:
                 values[position] = values[position].astype(dtype)
         sources = [0] + [position + 1 for position in plan.arrays] + [position + 1 for position, _ in plan.scalars]
         meta = ffi.meta(slot, identity, self._team(sizes, shapes), sources, [*sizes, *extents])
-        return ffi.call(meta, values, result, aliases), slot
+        return ffi.call(meta, values, result, aliases, payload), slot
 
     def prepare(self, shapes: Shapes, *, read_only: bool = False) -> None:
         """Nothing to do: the module was compiled (or loaded) when it was built."""

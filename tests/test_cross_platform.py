@@ -1,0 +1,94 @@
+"""Lowering for another platform than the process computes on (``.lower(lowering_platforms=("cuda",))`` on this
+CPU host, as ``jax.export`` does), and exporting for several platforms at once: a kernel ``auto`` planned lowers to
+XLA's form for that platform (no Python callback, no race timed on the host); a kernel on a named loop backend
+raises a TullaxError that says why (never a bare ValueError from inside jax)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tullax
+from tests.loop_backends import c_param
+from tullax.errors import TullaxError
+
+DIST = "D[i,j] := (W[k,i] - X[k,j])^2"
+BACKENDS = ["auto", c_param(), "numba", "xla"]
+SERVES_ANY_PLATFORM = ("auto", "xla")  # the loop backends run through callbacks: lowered here for the CPU only
+CALLBACK_TARGETS = ("xla_python", "xla_ffi_python", "tullax_c_kernel")
+
+
+def _inputs() -> tuple[jax.Array, jax.Array]:
+    rng = np.random.default_rng(0)
+    return (jnp.asarray(rng.standard_normal((6, 5)), jnp.float32), jnp.asarray(rng.standard_normal((6, 4)),
+                                                                               jnp.float32))
+
+
+def _functions(backend: str) -> dict:
+    kernel = tullax.einsum_kernel(DIST, backend=backend)
+    W, X = _inputs()
+    return {
+        "forward": (kernel, (W, X)),
+        "grad": (jax.grad(lambda W, X: jnp.sum(kernel(W, X) ** 2), (0, 1)), (W, X)),
+        "vmap": (jax.vmap(kernel, in_axes=(0, None)), (jnp.stack([W, 2 * W, 3 * W]), X)),
+    }
+
+
+def _custom_calls(text: str) -> list[str]:
+    return [target for target in CALLBACK_TARGETS if target in text]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["forward", "grad", "vmap"])
+def test_lowering_for_cuda_on_a_cpu_host(backend: str, kind: str) -> None:
+    from tullax.planner import decide
+
+    function, args = _functions(backend)[kind]
+    traced = jax.jit(function).trace(*args)
+    timed = decide.STATS["timed"]
+    if backend in SERVES_ANY_PLATFORM:
+        text = traced.lower(lowering_platforms=("cuda",)).as_text()
+        assert _custom_calls(text) == [], f"a host kernel in a cuda program: {_custom_calls(text)}"
+    else:
+        with pytest.raises(TullaxError, match="cuda"):
+            traced.lower(lowering_platforms=("cuda",))
+    assert decide.STATS["timed"] == timed, "lowering for cuda timed a race on the host"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["forward", "grad", "vmap"])
+def test_export_for_cpu_and_cuda(backend: str, kind: str) -> None:
+    """``jax.export`` for both platforms: the CPU branch runs here (deserialised) and equals the jitted call."""
+    from jax import export
+
+    function, args = _functions(backend)[kind]
+    checks = [export.DisabledSafetyCheck.custom_call("tullax_c_kernel")]
+    exporting = export.export(jax.jit(function), platforms=("cpu", "cuda"), disabled_checks=checks)
+    if backend not in SERVES_ANY_PLATFORM:
+        with pytest.raises(TullaxError):
+            exporting(*args)
+        return
+    exported = export.deserialize(exporting(*args).serialize())
+    assert exported.platforms == ("cpu", "cuda")
+    got, want = exported.call(*args), jax.jit(function)(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", [c_param(), "numba"])
+def test_export_for_the_cpu_alone(backend: str) -> None:
+    """For the CPU alone the c kernel is exported as its custom call; numba's callback cannot be: a TullaxError."""
+    from jax import export
+
+    function, args = _functions(backend)["grad"]
+    checks = [export.DisabledSafetyCheck.custom_call("tullax_c_kernel")]
+    exporting = export.export(jax.jit(function), platforms=("cpu",), disabled_checks=checks)
+    if backend == "numba":
+        with pytest.raises(TullaxError, match="callback"):
+            exporting(*args)
+        return
+    exported = exporting(*args)
+    assert "tullax_c_kernel" in exported.mlir_module()
+    for g, w in zip(export.deserialize(exported.serialize()).call(*args), jax.jit(function)(*args)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,101 @@
+"""Kernels under jax.jit on sharded inputs are split by JAX's SPMD partitioner along their indices
+(``tullax.jaxop.partition``): no operand is gathered along a free index, each device holds its block of the
+result, the result is sharded as jnp's formulation's is, and summed indices split across devices are combined by
+the reduction's collective. Results and gradients are checked against the jnp formulation in the subprocess
+(``tests/sharding_script.py``: 4 host devices, which must be set before jax starts)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from tests.loop_backends import c_unavailable
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = ("c", "auto")
+# Splits the kernel cannot run blockwise, where the partitioner gathers that one axis: a shifted position (conv1d's
+# x[i+k]: no halo exchange yet) and the rows of a table read through an index array
+GATHERED = {"conv1d/i", "embedding/row"}
+
+
+@lru_cache(maxsize=None)
+def report(*arguments: str) -> dict:
+    if c_unavailable():
+        pytest.skip(f"c backend: {c_unavailable()}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TULLAX_PLAN_TIMING": "0"}
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "sharding_script.py"), *(arguments or BACKENDS)],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _cases(backend: str) -> dict:
+    found = {key.split("/", 1)[1]: value for key, value in report().items() if key.startswith(backend + "/")}
+    assert len(found) >= 15, sorted(found)
+    return found
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_split_kernels_gather_nothing_and_shard_as_jnp(backend: str) -> None:
+    for case, found in _cases(backend).items():
+        if case in GATHERED or case == "vmap/batch":
+            continue
+        assert found["same_sharding"], f"{case}: result {found['sharding']}, jnp's {found['ref_sharding']}"
+        assert "all-gather" not in found["collectives"], f"{case}: {found['collectives']}"
+        assert "all-gather" not in found["grad_collectives"], f"{case} gradient: {found['grad_collectives']}"
+        assert set(found["collectives"]) <= set(found["ref_collectives"]), \
+            f"{case}: {found['collectives']} where jnp needs {found['ref_collectives']}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_device_holds_its_block(backend: str) -> None:
+    for case, found in _cases(backend).items():
+        if case in GATHERED or found["sharding"] in ("P()", "PartitionSpec()"):
+            continue
+        assert found["local"] != found["shape"] and \
+            [n // 4 if n != m else n for n, m in zip(found["shape"], found["local"])] == found["local"], case
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_summed_index_split_is_combined_once(backend: str) -> None:
+    """A split summed index: each device reduces its block, one all-reduce combines them (as jnp's)."""
+    cases = _cases(backend)
+    for case in ("dist/k", "linear/i", "logsumexp/j", "rowmax/j", "dot/i"):
+        assert cases[case]["collectives"] == ["all-reduce"], (case, cases[case])
+        assert cases[case]["sharding"] == "P()", (case, cases[case])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vmap_and_its_gradient_split_along_the_batch(backend: str) -> None:
+    found = _cases(backend)["vmap/batch"]
+    assert found["sharding"] == "P('x',)" and found["grad_sharding"] == "P('x',)", found
+    assert found["collectives"] == [] and found["grad_collectives"] == [], found
+    assert found["local"][0] * 4 == found["shape"][0], found
+
+
+def test_every_corpus_spec_split_along_each_axis_equals_the_unsplit_call() -> None:
+    found = report("corpus")["corpus"]
+    assert found["checked"] > 100 and found["wrong"] == [], "\n".join(found["wrong"])
+
+
+@pytest.mark.parametrize("text, rule, free, summed", [
+    ("D[i,j] := (W[k,i] - X[k,j])^2", "f0 f1, f0 f2 -> f1 f2", ("f1", "f2"), ("f0",)),
+    ("(logsumexp) r[i] := x[i,j]", "f0 f1 -> f0", ("f0",), ("f1",)),
+    ("y[i] := x[i+k]*w[k]", "r0, f0 -> f1", (), ()),  # a shifted read keeps both indices whole
+    ("out[b,d] := W[ix[b],d]", "r0 f1, f0 -> f0 f1", ("f0", "f1"), ()),  # the table's rows are gathered
+    ("ΔW[ix[b],d] += Δout[b,d]", "r0 f1, f0 f1, f0 -> r0 f1", ("f1",), ("f0",)),  # a scatter sums over b
+    ("d[i] := A[i,i]", "f0 r0 -> f0", (), ()),  # one index on two axes of one array: a factor each, kept whole
+    ("n[i] := x[i,j]^2 |> sqrt", "f0 f1 -> f0", ("f0",), ()),  # a finaliser needs the whole sum
+    ("y[i] := i*x[i]", "f0 -> f0", (), ()),  # the body reads the index's value
+])
+def test_the_sharding_rule_is_read_off_the_notation(text: str, rule: str, free: tuple, summed: tuple) -> None:
+    from tullax.jaxop.partition_rule import factors
+    from tullax.spec.frontend import compile_spec
+
+    found = factors(compile_spec(text)[1])
+    assert (found.text(), found.free, found.summed) == (rule, free, summed)

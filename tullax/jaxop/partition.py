@@ -1,0 +1,188 @@
+"""A tullax kernel under JAX's SPMD partitioner: ``jax.experimental.custom_partitioning`` with the Shardy rule of
+its index notation (``tullax.jaxop.partition_rule``), so sharded inputs are not gathered onto every device.
+
+Used by the kernel's lowering (``tullax.jaxop.primitives``) for a program over several devices, for every kernel a
+tullax primitive binds: forward, gradient steps and batched (vmapped) kernels alike, since grad and vmap have
+already become tullax kernels by the time their program is lowered.
+
+Shardy propagates shardings through the rule (one factor per index); ``_partition`` then takes the mesh axes
+that the operands (or the result) split each index along, keeps those the kernel can run split, and returns the
+function each device runs on its blocks: the same kernel (compiled for the per-shard shapes, which are static),
+then, where a summed index is split, the reduction's collective (``combine``).
+
+Only kernels with no Python callback are partitioned: the c backend's custom call on CPU devices (path
+``ffi-only``). A callback traced inside custom_partitioning's per-shard module would not be registered with the
+program's executable; such a kernel (numba, julia, or a kernel on a GPU through its buffer callback) keeps its
+replicated lowering, and XLA's forms are XLA's own ops, which its partitioner splits already.
+"""
+from __future__ import annotations
+
+from functools import lru_cache, partial
+from typing import Any, Callable, Sequence
+
+from tullax.jaxop.partition_rule import Factors, factors
+
+Run = Callable[..., Any]  # run(op, *jax values) -> the kernel's result
+
+
+def spmd_devices(ctx: Any) -> int:
+    """How many devices the SPMD partitioner splits ``ctx``'s program over (1: none, or a shard_map body, whose
+    kernels already run on their blocks)."""
+    from jax._src import sharding_impls
+
+    context = ctx.module_context.axis_context
+    if isinstance(context, sharding_impls.ShardingContext):
+        return int(context.num_devices)
+    if isinstance(context, sharding_impls.SPMDAxisContext) and \
+            set(context.manual_axes) != set(context.mesh.axis_names):
+        return int(context.mesh.size)
+    return 1
+
+
+def partitioned(op: Any, run: Run) -> Callable[..., Any]:
+    """``run(op, *args)`` as a custom_partitioning function of the args (one per spec input)."""
+    return _partitioned(op, run)
+
+
+@lru_cache(maxsize=None)
+def _partitioned(op: Any, run: Run) -> Callable[..., Any]:
+    from jax.experimental.custom_partitioning import SdyShardingRule, custom_partitioning
+
+    rule = factors(op.spec)
+    order = {f: k for k, f in enumerate(dict.fromkeys(f for axes in (*rule.operands, rule.result) for f in axes))}
+    function = custom_partitioning(partial(run, op))
+    function.def_partition(  # Shardy wants each kind's factors in the order they first appear in the rule
+        partition=partial(_partition, op, rule, run),
+        sharding_rule=SdyShardingRule(operand_mappings=rule.operands, result_mappings=(rule.result,),
+                                      reduction_factors=tuple(sorted(rule.summed, key=order.get)),
+                                      need_replication_factors=tuple(sorted(rule.replicated, key=order.get))),
+    )
+    return function
+
+
+def _entries(sharding: Any, rank: int) -> list[tuple[str, ...]]:
+    """The mesh axes each axis of an array is split along (a NamedSharding's spec; nothing for another kind)."""
+    spec = getattr(sharding, "spec", None)
+    if spec is None:
+        return [()] * rank
+    found = []
+    for k in range(rank):
+        entry = spec[k] if k < len(spec) else None
+        found.append(() if entry is None else (entry,) if isinstance(entry, str) else tuple(entry))
+    return found
+
+
+def _partition(op: Any, rule: Factors, run: Run, mesh: Any, arg_shapes: Sequence[Any], result_shape: Any):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    kinds = [item.kind for item in op.spec.inputs]
+    splittable = set(rule.free) | set(rule.summed)
+    assign: dict[str, tuple[str, ...]] = {}
+    used: set[str] = set()
+    for shape, mapping, kind in [*zip(arg_shapes, rule.operands, kinds), (result_shape, rule.result, "result")]:
+        if kind == "shape":
+            continue
+        for factor, axes in zip(mapping, _entries(shape.sharding, len(shape.shape))):
+            if factor in splittable and factor not in assign and axes and not used & set(axes):
+                assign[factor] = axes
+                used |= set(axes)
+    globals_ = {item.name: tuple(s.shape) for item, s in zip(op.spec.inputs, arg_shapes)}
+    while True:  # drop a split the kernel cannot run on blocks of, until every split left can
+        bad = _unfit(op.spec, rule, mesh, assign, globals_, tuple(result_shape.shape))
+        if bad is None:
+            break
+        del assign[bad]
+
+    def spec_of(mapping: Sequence[str]) -> Any:
+        return PartitionSpec(*[None if f not in assign else assign[f][0] if len(assign[f]) == 1 else assign[f]
+                               for f in mapping])
+
+    arg_shardings = tuple(shape.sharding if kind == "shape" and isinstance(shape.sharding, NamedSharding)
+                          else NamedSharding(mesh, spec_of(mapping))
+                          for shape, mapping, kind in zip(arg_shapes, rule.operands, kinds))
+    result_sharding = NamedSharding(mesh, spec_of(rule.result))
+    shape_inputs = {k: (_local(globals_[item.name], mapping, assign, mesh), arg_shapes[k].dtype)
+                    for k, (item, mapping) in enumerate(zip(op.spec.inputs, rule.operands)) if item.kind == "shape"}
+    summed_axes = tuple(axis for f in rule.summed if f in assign for axis in assign[f])
+    lower = partial(_per_shard, op, run, shape_inputs, summed_axes, rule.combine)
+    return mesh, lower, result_sharding, arg_shardings
+
+
+def _local(shape: Sequence[int], mapping: Sequence[str], assign: dict, mesh: Any) -> tuple[int, ...]:
+    sizes = dict(mesh.shape)
+    local = []
+    for extent, factor in zip(shape, mapping):
+        parts = 1
+        for axis in assign.get(factor, ()):
+            parts *= sizes[axis]
+        local.append(extent // parts)
+    return tuple(local)
+
+
+def _unfit(spec: Any, rule: Factors, mesh: Any, assign: dict, shapes: dict, result: tuple[int, ...]) -> str | None:
+    """A split factor the kernel cannot run on blocks of (an extent the split does not divide, an index whose
+    range is not its axes' whole extent, a result whose per-shard shape is not its block), or None."""
+    index_of = rule.index_of
+    local = {item.name: _local(shapes[item.name], mapping, assign, mesh)
+             for item, mapping in zip(spec.inputs, rule.operands)}
+    sizes = dict(mesh.shape)
+    for factor, axes in assign.items():
+        parts = 1
+        for axis in axes:
+            parts *= sizes[axis]
+        index = index_of.get(factor)
+        extents = [n for item, mapping in zip(spec.inputs, rule.operands) for n, f in zip(shapes[item.name], mapping)
+                   if f == factor] + [n for n, f in zip(result, rule.result) if f == factor]
+        found = spec.range_of.get(index)
+        if index is None or found is None or any(n % parts for n in extents):
+            return factor
+        try:
+            whole = (found.lo.eval(shapes), found.hi.eval(shapes))
+            block = (found.lo.eval(local), found.hi.eval(local))
+        except (KeyError, IndexError):
+            return factor
+        if whole[0] != 0 or block[0] != 0 or any(whole[1] != n for n in extents) or block[1] * parts != whole[1]:
+            return factor
+    try:
+        out = tuple(s.eval(local) for s in spec.out_shape) if spec.assign == ":=" else None
+    except (KeyError, IndexError):
+        return next(iter(assign), None)
+    expected = _local(result, rule.result, assign, mesh)
+    if out is not None and out != expected:
+        return next((f for f in rule.result if f in assign), next(iter(assign), None))
+    return None
+
+
+def _per_shard(op: Any, run: Run, shape_inputs: dict, summed_axes: tuple[str, ...], combine: str, *args: Any):
+    """What each device runs on its blocks: the kernel, then the collective over the devices a summed index is
+    split across. A '+=' update adds its given array once, after the collective."""
+    import jax.numpy as jnp
+
+    args = [jnp.zeros(*shape_inputs[k]) if k in shape_inputs else a for k, a in enumerate(args)]
+    if not summed_axes:
+        return run(op, *args)
+    given = None
+    if op.spec.assign == "+=" and not op.zero_start:
+        given, args[0] = args[0], jnp.zeros_like(args[0])
+    out = _combine(run(op, *args), summed_axes, combine)
+    return out if given is None else (given + out).astype(out.dtype)
+
+
+def _combine(value: Any, axes: tuple[str, ...], combine: str) -> Any:
+    import jax.numpy as jnp
+    from jax import lax
+
+    if combine == "psum":
+        return lax.psum(value, axes)
+    if combine == "pmax":
+        return lax.pmax(value, axes)
+    if combine == "pmin":
+        return lax.pmin(value, axes)
+    # logsumexp: shifted by the largest block's value, so no block's exp overflows; an all -inf (or inf) row
+    # keeps its value
+    top = lax.pmax(value, axes)
+    shift = jnp.where(jnp.isfinite(top), top, jnp.zeros_like(top))
+    return (shift + jnp.log(lax.psum(jnp.exp(value - shift), axes))).astype(value.dtype)
+
+
+__all__ = ["partitioned", "spmd_devices"]

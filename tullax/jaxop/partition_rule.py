@@ -1,0 +1,183 @@
+"""How JAX's SPMD partitioner may split a kernel, read off its index notation: one factor per index, einsum's rule.
+
+Each axis of each input, and of the result, gets a factor:
+
+* an axis read (or written) plainly by an index (``W[k,i]``: axis 0 by ``k``) gets that index's factor;
+* any other axis (shifted, strided, windowed, ``mod``/``clamp``/``pad``, read through an index array, or a
+  constant) gets a factor of its own that must stay replicated: the partitioner gathers only that axis.
+
+An index may be split across devices only where every position it appears in is plain (``x[i+k]`` keeps both
+``i`` and ``k`` whole: a device's block of ``i`` reads outside it) and the body does not read its value
+(``IndexVal``) or an extent (``Size``). Then:
+
+* a free index (on the result's left-hand side): each device runs the kernel on its block, and its result
+  block is the result's block along that index (``FREE``);
+* a summed index: each device reduces its block, then the reduction's collective combines the devices'
+  results (``combine``): psum for ``+``, pmax/pmin for max/min, a max-shifted sum for logsumexp. Not for
+  ``*``, a finaliser (``|> f`` applies after the whole reduction) or a '=' update; a '+=' update adds the
+  given array once, after the collective (``tullax.jaxop.partition``). A scatter's positions
+  (``ΔW[ix[b],d] += ...``) are summed this way too.
+
+Pure: a Spec in, a frozen ``Factors`` out; the jax side is ``tullax.jaxop.partition``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tullax.spec.ir import Affine, IndexVal, Indirect, Size, Spec, Wrapped, spec_accesses, spec_exprs, walk
+from tullax.spec.sizes import Sym
+
+COMBINES = {"+": "psum", "max": "pmax", "min": "pmin", "logsumexp": "logsumexp"}
+
+
+@dataclass(frozen=True)
+class Factors:
+    """The sharding rule of one spec. ``operands``: per input, per axis, its factor; ``result``: per result axis.
+    ``free``: factors of free indices that may be split; ``summed``: factors of summed indices that may be split
+    (then combined by ``combine``); every other factor is in ``replicated``. ``index``: factor -> the index it
+    stands for (replicated axes of their own have none)."""
+
+    operands: tuple[tuple[str, ...], ...]
+    result: tuple[str, ...]
+    free: tuple[str, ...]
+    summed: tuple[str, ...]
+    replicated: tuple[str, ...]
+    combine: str
+    index: tuple[tuple[str, str], ...]
+
+    @property
+    def index_of(self) -> dict[str, str]:
+        return dict(self.index)
+
+    def text(self) -> str:
+        """The rule in einsum notation (``k i, k j -> i j``), for messages and tests."""
+        operands = ", ".join(" ".join(axes) for axes in self.operands)
+        return f"{operands} -> {' '.join(self.result)}"
+
+
+def factors(spec: Spec) -> Factors:
+    """The sharding rule of ``spec`` (see the module docstring)."""
+    names: dict[str, str] = {}  # index -> factor
+    own: list[str] = []  # factors of axes that are not plain
+
+    def of_index(index: str) -> str:
+        if index not in names:
+            names[index] = f"f{len(names)}"
+        return names[index]
+
+    def fresh() -> str:
+        own.append(f"r{len(own)}")
+        return own[-1]
+
+    whole: set[str] = set()  # indices that must not be split
+    axes: dict[str, list[str | None]] = {item.name: [None] * item.rank for item in spec.inputs}
+
+    def place(array: str, position: int, idx: object) -> None:
+        plain = idx.plain if isinstance(idx, Affine) else None
+        if isinstance(idx, Indirect):  # the index array's own axis may be plain; the data axis is gathered
+            inner = idx.inner.plain
+            if inner is not None and idx.array in axes and not idx.offset.terms and axes[idx.array]:
+                _claim(axes, idx.array, 0, of_index(inner), whole, inner, names)
+            else:
+                whole.update(idx.inner.names())
+            whole.update(idx.offset.names())
+        elif isinstance(idx, Wrapped):
+            whole.update(idx.inner.names())
+        elif isinstance(idx, Affine) and plain is None:
+            whole.update(idx.names())
+        if array not in axes or position >= len(axes[array]):
+            return
+        if plain is not None:
+            _claim(axes, array, position, of_index(plain), whole, plain, names)
+        else:
+            _claim(axes, array, position, fresh(), whole, None, names)
+
+    for access in spec_accesses(spec):
+        for position, idx in enumerate(access.idx):
+            place(access.array, position, idx)
+    for idx in spec.lhs or ():  # a scatter's index array: its axis is read plainly by the summed index
+        if isinstance(idx, Indirect) and idx.inner.plain is not None and axes.get(idx.array):
+            _claim(axes, idx.array, 0, of_index(idx.inner.plain), whole, idx.inner.plain, names)
+    ranges = spec.range_of
+    for index, factor in list(names.items()):  # an axis only the range of an index is read from (a shape input)
+        found = ranges.get(index)
+        if found is None or found.lo != Sym(0):
+            continue
+        for array, current in axes.items():
+            for position, held in enumerate(current):
+                if held is None and found.hi == Sym.extent(array, position):
+                    current[position] = factor
+    for expr in spec_exprs(spec):
+        for node in walk(expr):
+            if isinstance(node, IndexVal):
+                whole.add(node.name)
+            elif isinstance(node, Size) and node.array in axes and node.axis < len(axes[node.array]):
+                axes[node.array][node.axis] = axes[node.array][node.axis] or fresh()
+                _mark_whole(axes[node.array][node.axis], names, whole)
+
+    result: list[str] = []
+    lhs_plain: list[str] = []
+    for idx in spec.lhs or ():
+        plain = idx.plain if isinstance(idx, Affine) else None
+        if plain is not None and plain not in lhs_plain:
+            lhs_plain.append(plain)
+            result.append(of_index(plain))
+        else:
+            if isinstance(idx, Indirect):
+                pass  # the positions it reads are summed indices (a scatter)
+            elif isinstance(idx, (Affine, Wrapped)):
+                whole.update(idx.inner.names() if isinstance(idx, Wrapped) else idx.names())
+            result.append(fresh())
+    if spec.assign != ":=" and spec.inputs:  # input 0 is the given array: the result's own axes
+        given = spec.inputs[0].name
+        for position, factor in enumerate(result):
+            if position < len(axes[given]):
+                axes[given][position] = factor
+    operands = tuple(_distinct([factor or fresh() for factor in axes[item.name]], fresh, names, whole)
+                     for item in spec.inputs)
+    index_of = {factor: index for index, factor in names.items()}
+    summable = spec.finalizer is None and spec.redop in COMBINES and spec.assign != "=" and \
+        (not spec.is_scatter or spec.assign == "+=")
+    free = tuple(names[i] for i in lhs_plain if i not in whole)
+    summed = tuple(names[i] for i in names if i not in lhs_plain and i not in whole and summable and
+                   any(names[i] in axes_ for axes_ in operands))
+    every = {f for axes_ in operands for f in axes_} | set(result)
+    replicated = tuple(sorted(every - set(free) - set(summed)))
+    return Factors(operands, tuple(result), free, summed, replicated, COMBINES.get(spec.redop, ""),
+                   tuple(sorted(index_of.items())))
+
+
+def _claim(axes: dict, array: str, position: int, factor: str, whole: set[str], index: str | None,
+           names: dict[str, str]) -> None:
+    """Give an axis ``factor``; an axis read by two different indices (``A[i,i]``, or ``A[i]`` and ``A[j]``)
+    keeps the first, and the indices of both stay whole."""
+    current = axes[array][position]
+    if current is None:
+        axes[array][position] = factor
+    elif current != factor:
+        if index is not None:
+            whole.add(index)
+        whole.update(name for name, found in names.items() if found == current)
+
+
+def _distinct(factors_: list[str], fresh, names: dict[str, str], whole: set[str]) -> tuple[str, ...]:
+    """An array's factors, each at most once (Shardy's rule): a second axis of one index (``A[i,i]``) gets a
+    factor of its own, and the index stays whole."""
+    seen: set[str] = set()
+    found = []
+    for factor in factors_:
+        if factor in seen:
+            _mark_whole(factor, names, whole)
+            factor = fresh()
+        seen.add(factor)
+        found.append(factor)
+    return tuple(found)
+
+
+def _mark_whole(factor: str, names: dict[str, str], whole: set[str]) -> None:
+    for index, found in names.items():
+        if found == factor:
+            whole.add(index)
+
+
+__all__ = ["COMBINES", "Factors", "factors"]
