@@ -37,7 +37,7 @@ class BackendUnavailableError(TullaxError):
 
 class UnservedPlatformError(BackendUnavailableError):
     """A kernel on a named backend cannot be lowered for the platform asked for (another platform than this
-    process computes on, several at once, or an export: ``tullax.calls.target``)."""
+    process computes on, several at once, or an export: ``tullax.jaxop.target``)."""
 
 
 def with_spec_context(err: TullaxError, spec_text: str) -> TullaxError:

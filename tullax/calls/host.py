@@ -30,7 +30,7 @@ from tullax import settings
 from tullax.spec.ir import Spec
 
 PATHS = ("ffi", "buffer", "pure")
-FFI_ONLY_PATH = "ffi-only"  # tullax.calls.target: the custom call or a TullaxError
+FFI_ONLY_PATH = "ffi-only"  # tullax.jaxop.target: the custom call or a TullaxError
 
 
 # Settings a host kernel reads while it runs (inside XLA's callback): read here too, at trace time, so that an

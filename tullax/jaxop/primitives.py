@@ -239,12 +239,12 @@ LOWERING_PLATFORMS = ("cpu", "cuda", "rocm")
 
 def _kernel_lowering(ctx, *args, op: KernelOp, platform: str | None = None):
     """The kernel in ``ctx``'s program, for ``platform`` (the default rule: the module's first platform).
-    Another platform than the process's, several at once, or an export: ``tullax.calls.target``."""
+    Another platform than the process's, several at once, or an export: ``tullax.jaxop.target``."""
     from jax.interpreters import mlir
 
     from tullax.calls.host import FFI_ONLY_PATH
-    from tullax.calls.target import has_client, lowered_op, portable, xla_instead
     from tullax.errors import UnservedPlatformError
+    from tullax.jaxop.target import has_client, lowered_op, portable, xla_instead
 
     platform = platform or ctx.module_context.platforms[0]
     lowered = lowered_op(op, platform, portable=portable(ctx), client=has_client(ctx, platform))

@@ -12,7 +12,7 @@ for one platform at a time, and never into an exported artefact (``jax.export`` 
   backend's custom call does (path ``ffi-only``: the custom call or a TullaxError); on any other platform no
   loop kernel does.
   A kernel that ``auto`` planned then takes XLA's form that its rules name without loops (no timing: the
-  rules of ``tullax.planner.decide.rule_for``), planned for the target platform and never raced on this host;
+  rules of ``tullax.planner.rules.rule_for``), planned for the target platform and never raced on this host;
   a kernel on an explicitly named backend raises a TullaxError that says why and what to write instead.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ def xla_instead(op: Any, platform: str, why: str) -> Any:
     if op.requested != "auto":
         raise UnservedPlatformError(f"{why}. Use backend='auto' (which lowers it to XLA's form there) or "
                                     "backend='xla'.")
-    from tullax.planner.decide import rule_for
+    from tullax.planner.rules import rule_for
 
     form = rule_for(op.spec, None).default.removeprefix("xla:")
     return replace(op, backend="xla", path=XLA_PATH, form=form)
