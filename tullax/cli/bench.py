@@ -20,6 +20,8 @@ is measured in a new process with an empty cache (cold) and again with the cache
 
 
 def build_parser(prog: str = "tullax bench") -> argparse.ArgumentParser:
+    from tullax.benchmarking.runner import DEFAULT_BACKENDS
+
     parser = argparse.ArgumentParser(prog=prog, description="Benchmark a kernel against XLA, forward and backward.",
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", metavar="SPEC", help='the kernel, e.g. "C[i,j] := W[k,i]*X[k,j]"')
@@ -29,7 +31,8 @@ def build_parser(prog: str = "tullax bench") -> argparse.ArgumentParser:
                         help="an explicit index range, as ranges= of einsum_kernel")
     parser.add_argument("--backends", default=None, metavar="LIST",
                         help="comma-separated tullax backends to compare with XLA (default: every available "
-                             "one of auto, numba, julia, julia-cuda; add torch.compile where torch is installed)")
+                             f"one of {', '.join(DEFAULT_BACKENDS)}; cuda on request; add torch.compile where "
+                             "torch is installed)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--repeat", type=int, default=3, metavar="N", help="best of at least N timed runs")
     parser.add_argument("--timing-processes", type=int, default=3, metavar="P",
