@@ -936,7 +936,10 @@ def _load(key: str) -> dict | None:
         found = json.loads(text) if text else None
     except (OSError, ValueError):
         return None
-    return found if isinstance(found, dict) else None
+    if not isinstance(found, dict):
+        return None
+    get_cache().hit_later(key)  # a reused plan counts in `tullax cache stats`, as a reused module does
+    return found
 
 
 def _store(key: str, spec: Spec, decision: dict) -> None:

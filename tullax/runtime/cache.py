@@ -441,9 +441,15 @@ class CompileCache:
         _check_record_fields(fields)
         self._later("record", key, dict(fields, spec=spec, backend=backend, kind=kind))
 
-    def hit_later(self, key: str) -> None:
-        """``hit`` at the next ``flush``."""
-        self._later("hit", _checked_name(key, "key"), {})
+    def hit_later(self, key: str, *, spec: str | None = None, backend: str | None = None, kind: str = "kernel",
+                  **fields: Any) -> None:
+        """``hit`` at the next ``flush``. With ``spec`` and ``backend`` (and ``record``'s fields) an entry without
+        an index record gets one first: an entry written before records were made when it was written, else its
+        reuse would not count."""
+        _checked_name(key, "key")
+        _check_record_fields(fields)
+        describe = {} if spec is None or backend is None else dict(fields, spec=spec, backend=backend, kind=kind)
+        self._later("hit", key, describe)
 
     def _later(self, what: str, key: str, fields: dict[str, Any]) -> None:
         with self._pending_lock:
@@ -479,6 +485,8 @@ class CompileCache:
         def change(records: Records) -> bool:
             for what, key, fields in pending:
                 if what == "hit":
+                    if fields and key not in records:
+                        results[key] = dict(_apply_record(records, key, fields, now))
                     _apply_hit(records, key, now)
                 else:
                     results[key] = dict(_apply_record(records, key, fields, now))
