@@ -450,3 +450,93 @@ def test_a_failed_head_to_head_child_is_reported_in_auto_s_errors(monkeypatch):
         "ValueError: no", "timed out after 60 s", "the child exited with status 3: Segmentation fault"]
     assert all(f["errors"]["check"] == "old" and "h2h" not in f for f in found)
     assert runner.head_to_head({"auto": {}}, job, "/nowhere", config) == {}  # no comparator timed: no child
+
+
+C_USABLE = any(name == "c" and ok for name, ok, _ in availability())
+
+
+@pytest.mark.skipif(not C_USABLE, reason="needs the c backend for a second row")
+def test_an_interrupted_bench_reports_progress_and_leaves_valid_partial_results(tmp_path):
+    """Issue 45: `tullax bench` printed nothing for minutes (rich's bar shows on a terminal only) and, when
+    interrupted, left no JSON or chart. Each finished backend is a line on stderr and the results are saved after
+    it; Ctrl-C writes what was measured (valid JSON, marked incomplete), the table and the chart."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out = {ext: tmp_path / f"partial.{ext}" for ext in ("json", "md", "png")}
+    command = [sys.executable, "-c", "import sys; from tullax.cli import main; sys.exit(main(sys.argv[1:]))",
+               "bench", NORM, "--shape", "x=8x16", "--backends", "c", "--repeat", "1", "--no-ttfk",
+               "--timing-processes", "1", "--json", str(out["json"]), "--markdown", str(out["md"]),
+               "--plot", str(out["png"])]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "TULLAX_CACHE_DIR": str(tmp_path / "cache")}
+    bench = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not out["json"].exists() and bench.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # the xla row's main child has finished once the file is there
+    assert out["json"].exists(), bench.communicate()
+    bench.send_signal(signal.SIGINT)  # while the c row's child runs
+    stdout, stderr = bench.communicate(timeout=120)
+    assert bench.returncode == 130, stderr
+    doc = json.loads(out["json"].read_text())
+    assert doc["complete"] is False and doc["cases"][0]["results"]["xla"]["fwd_ms"] > 0
+    assert "xla: ok, forward" in stderr and "interrupted: the results so far are in" in stderr
+    assert "interrupted: partial results" in stdout and out["md"].exists()
+    assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_one_case_table_names_its_spec_once_and_drops_empty_columns():
+    """A spec in the case column of every row wrapped over three lines in 160 columns."""
+    from rich.console import Console
+
+    from tullax.benchmarking.report import derive, print_table
+
+    spec = "D[i,j] := (W[k,i] - X[k,j])^2"
+    doc = derive({"config": {"backends": ["xla", "c"], "dtype": "float32", "repeat": 1},
+                  "machine": {"cpu": "test cpu", "usable_cores": 2, "versions": {}, "python": "3", "date": "today"},
+                  "cases": [{"name": spec, "canonical": spec, "shapes": {}, "results": {
+                      "xla": {"status": "ok", "fwd_ms": 1.0, "bwd_ms": 2.0},
+                      "c": {"status": "ok", "fwd_ms": 0.5, "bwd_ms": 1.0}}}]})
+    console = Console(width=160, record=True)
+    print_table(doc, console, title="tullax bench")
+    text = console.export_text()
+    assert f"tullax bench: {spec}" in text and text.count(spec) == 1
+    header = next(line for line in text.splitlines() if "backend" in line)
+    assert "naive" not in text and "TTFK" not in text and "forward" in header  # no value in any row: left out
+
+
+def test_no_title_of_the_chart_is_clipped(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tullax.benchmarking.report import derive, plot
+
+    doc = derive({"config": {"backends": ["xla", "c"], "dtype": "float32"},
+                  "machine": {"cpu": "AMD EPYC 7B13 64-Core Processor", "usable_cores": 2},
+                  "cases": [{"name": "D[i,j] := (W[k,i] - X[k,j])^2", "results": {
+                      "xla": {"status": "ok", "fwd_ms": 1.0, "bwd_ms": 2.0},
+                      "c": {"status": "ok", "fwd_ms": 0.5, "bwd_ms": 1.0}}}]})
+    boxes = []
+    savefig = plt.Figure.savefig
+
+    def keep(figure, *args, **kwargs):
+        done = savefig(figure, *args, **kwargs)  # laid out now: the titles have their final places
+        renderer = figure.canvas.get_renderer()
+        titles = [axis.title for axis in figure.axes] + [figure._suptitle]
+        boxes.extend((t.get_text(), t.get_window_extent(renderer), figure.bbox.width) for t in titles)
+        return done
+
+    plt.Figure.savefig = keep
+    try:
+        plot(doc, tmp_path / "chart.png")
+    finally:
+        plt.Figure.savefig = savefig
+    assert len(boxes) == 3
+    for text, box, width in boxes:
+        assert box.x0 >= 0 and box.x1 <= width, (text, box, width)

@@ -644,3 +644,42 @@ def test_clear_waits_for_an_entry_that_is_being_loaded(cache: CompileCache):
     cleared = time.monotonic()
     loader.join(5)
     assert released and cleared >= released[0] and not cache.entry_path("k1").exists()
+
+
+HIT_PROCESS = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np, tullax
+    k = tullax.einsum_kernel("y[i] := x[i,j]*w[j]", backend="c")
+    x, w = jnp.ones((8, 5)), jnp.ones(5)
+    jax.block_until_ready(jax.jit(lambda x, w: jax.grad(lambda x: k(x, w).sum())(x))(x, w))  # only under jit
+    k(np.ones((8, 5)), np.ones(5))  # and eagerly
+""")
+
+
+def test_every_reused_entry_counts_one_hit_per_process(tmp_path: Path):
+    """Issue 45: `cache stats` showed 13 hits across 105 entries after many processes. A module used only under
+    jit ran no first host call, so it had no index record and its hits were dropped; a reused XLA FFI handler
+    counted none. After three processes every entry has been reused by two."""
+    env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", HIT_PROCESS], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+    records = json.loads((tmp_path / "cache" / "index.json").read_text())["entries"]
+    kernels = [key for key, record in records.items() if record.get("kind") != "ffi handler"]
+    assert len(kernels) >= 3  # the eager forward, its speculative gradient module, the jit-only gradient module
+    stored = {path.name for path in (tmp_path / "cache" / "entries").iterdir()
+              if (path / "kernels.c").exists() or (path / "handler.so").exists()}
+    assert stored == set(records)  # every module has its record
+    assert {key: record["hits"] for key, record in records.items()} == dict.fromkeys(records, 2)
+
+
+def test_a_reused_plan_counts_a_hit(cache: CompileCache, monkeypatch):
+    from tullax.planner import decide
+    from tullax.runtime import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "get_cache", lambda: cache)
+    cache.write_text("feed0001", decide.PLAN_FILE, json.dumps({"choice": "loops"}))
+    cache.record("feed0001", spec="y[i] := x[i]", backend="auto", kind="plan")
+    assert decide._load("feed0001") == {"choice": "loops"}
+    cache.flush()
+    assert cache.index.read()["feed0001"]["hits"] == 1

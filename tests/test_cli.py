@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +138,34 @@ def test_doctor_says_whether_xla_programs_are_kept_across_processes(tmp_path: Pa
                             capture_output=True, text=True, env=env, check=True).stdout
     line = next(line for line in report.splitlines() if line.startswith("XLA programs:"))
     assert says.format(tmp=tmp_path) in " ".join(report[report.index(line):].split())
+
+
+def test_doctor_imports_no_compiler_runtime_and_says_each_reason_once(tmp_path: Path):
+    """`tullax doctor` reports without importing jax (whose import, and the XLA FFI handler's compile it set off
+    beside the C backend's probe, were most of its time) and prints each long reason once (the Julia install
+    text was the reason of julia, julia-cuda and the GPU choice, printed three times)."""
+    code = (
+        "import sys, json\nfrom tullax.cli.main import main\nfrom tullax import backends\n"
+        "assert main(['doctor']) == 0\n"
+        "heavy = {'jax', 'numba', 'juliacall'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+        "print('REASONS=' + json.dumps([why for _, ok, why in backends.availability()]))\n"
+    )
+    env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO), "COLUMNS": "100000"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report, reasons = done.stdout.split("REASONS=")
+    flat = " ".join(re.sub("[\u2500-\u257f]", " ", report).split())  # the table's rules and borders out
+    for reason in {" ".join(r.split()) for r in json.loads(reasons) if len(r) >= 80}:
+        assert flat.count(reason) == 1, reason
+
+
+def test_said_once_refers_back_to_the_first_row():
+    from tullax.cli.main import _said_once
+
+    told: dict[str, str] = {}
+    long = "No Julia was found. " * 5
+    assert _said_once(long, "julia", told) == long
+    assert _said_once(long, "julia-cuda", told) == "see the julia row above"
+    assert _said_once(f"GPU: none usable ({long})", "", told) == "GPU: none usable (see the julia row above)"
+    assert _said_once("short", "c", told) == "short" and len(told) == 1

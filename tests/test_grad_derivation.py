@@ -53,6 +53,12 @@ MORE = {
     "a[i] := x[i,j] |> abs": ("pre[i] := x[i,j]; Δx[i,j] := Δa[i]*((pre[i] >= 0) - (pre[i] < 0))",),
     "(logsumexp) e[i] := x[i,j] |> exp":
         ("(logsumexp) pre[i] := x[i,j]; Δx[i,j] := Δe[i]*e[i]*exp(x[i,j] - pre[i])",),
+    # a seed factor that calls a function is a step of its own: each gradient's sum reads it, never re-evaluates
+    # it per term (an MLP layer's Δx took a tanh for each of its (b,i,o))
+    "h[b,o] := x[b,i]*W[i,o] |> tanh(_ + c[o])": (
+        "pre[b,o] := x[b,i]*W[i,o]; g[b,o] := Δh[b,o]*(1 - tanh(pre[b,o] + c[o])^2); Δx[b,i] := g[b,o]*W[i,o]",
+        "pre[b,o] := x[b,i]*W[i,o]; g[b,o] := Δh[b,o]*(1 - tanh(pre[b,o] + c[o])^2); ΔW[i,o] := g[b,o]*x[b,i]",
+        "pre[b,o] := x[b,i]*W[i,o]; Δc[o] := Δh[b,o]*(1 - tanh(pre[b,o] + c[o])^2)"),
     # repeated indices and constant positions: equality guards, never a scatter
     "d[i] := A[i,i]": ("ΔA[i,m] := Δd[i]*(m == i)",),
     "o[i] := x[i,2]*x[1,i]": ("Δx[i,m] := Δo[i]*x[1,i]*(m == 2) + Δo[m]*x[m,2]*(i == 1)",),

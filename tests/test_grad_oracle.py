@@ -44,6 +44,9 @@ EXTRA: tuple[Case, ...] = (
     Case("log_finaliser", "l[i] := x[i,j]^2 |> log"),
     Case("softplus_finaliser", "l[i] := x[i,j] |> softplus"),
     Case("sigmoid_tanh_finaliser", "l[i] := x[i,j] |> tanh"),
+    # the seed factor tanh'(pre + c) computed once as a step over (b,o), not per term of each gradient's sum
+    Case("mlp_layer_tanh_bias", "h[b,o] := x[b,i]*W[i,o] |> tanh(_ + c[o])"),
+    Case("shifted_sin_factor", "y[i] := x[i+k]*w[k] |> sin", shapes={"x": (7,), "w": (3,)}),
     Case("scatter_reads_shift", "y[ix[i]] += x[i+1]*x[i]", shapes={"y": (3,), "ix": (5,), "x": (5,)}),
     Case("mod_and_shift", "y[i] := x[mod(i+k)]*w[k]*x[i]", ranges={"i": 4}, shapes={"x": (4,), "w": (2,)}),
     Case("general_power", "y[i] := x[i]^z[i]"),

@@ -155,3 +155,34 @@ def test_the_graph_sees_lazy_and_relative_imports(tmp_path):
     assert graph == {"tullax": {"tullax.sub.a"}, "tullax.sub": set(), "tullax.sub.a": {"tullax.sub.b"},
                      "tullax.sub.b": {"tullax.sub.a"}}
     assert find_cycle(graph) == ["tullax.sub.a", "tullax.sub.b", "tullax.sub.a"]
+
+
+MAX_MODULE_LINES = 600  # a module longer than this does more than one job: split it by job
+MAX_CLASS_LINES = 300
+
+
+def oversized(package: Path = PACKAGE) -> list[str]:
+    """Every module of ``package`` over MAX_MODULE_LINES lines and every class over MAX_CLASS_LINES."""
+    found = []
+    for module, path in module_files(package).items():
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > MAX_MODULE_LINES:
+            found.append(f"{module}: {text.count(chr(10))} lines")
+        classes = [node for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ClassDef)]
+        found += [f"{module}.{c.name}: {c.end_lineno - c.lineno + 1} lines" for c in classes
+                  if c.end_lineno - c.lineno + 1 > MAX_CLASS_LINES]
+    return found
+
+
+def test_no_module_or_class_is_oversized():
+    assert oversized() == []
+
+
+def test_an_oversized_module_and_class_are_found(tmp_path):
+    package = tmp_path / "tullax"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (package / "wide.py").write_text("class Wide:\n" + "    x = 1\n" * MAX_CLASS_LINES)
+    assert oversized(package) == [f"tullax.big: {MAX_MODULE_LINES + 1} lines",
+                                  f"tullax.wide.Wide: {MAX_CLASS_LINES + 1} lines"]

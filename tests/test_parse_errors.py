@@ -2,6 +2,8 @@
 and what to do, and (for mistakes in the spec text) a caret under the offending column."""
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -73,6 +75,13 @@ SPEC_MISTAKES = [
     ("y[i] := x[i] + x", r"x is an array: index it, as in x\[i\]", "x"),
     ("y[i] := y[i]", r"y is the result being defined with ':=', it cannot appear on the right", "y[i]"),
     ("y[i] := i[i]", r"i is used both as an index and as an array", "i[i]"),
+    # habits from NumPy and Python
+    ("y[i] := x[i]**2", r"'\*\*' is not the power operator in a spec: write '\^', as in x\[i\]\^2", "**2"),
+    ("y[i] := x[i] * *z[i]", r"expected a number, a name, an array access", "*z"),
+    ("y[i] := sum(x[i,j])", r"sum\(...\) is not a function: reductions are implicit: .* y\[i\] := x\[i,j\] "
+                            r"sums over j", "sum("),
+    ("y[i] := prod(x[i,j])", r"reductions are implicit: .* write \(\*\) y\[i\] := x\[i,j\]", "prod("),
+    ("y[i] := mean(x[i,j])", r"reductions are implicit: .* \|> _ / size\(x,1\)", "mean("),
 ]
 
 
@@ -184,6 +193,41 @@ def test_wrong_number_of_inputs_to_a_host_kernel():
     kernel = XlaBackend().build(spec, Signature(("float64", "float64"), "float64"))
     with pytest.raises(ShapeError, match=r"the kernel takes 2 inputs \(A, B\), got 1"):
         kernel(np.zeros((2, 2)), np.ones((2, 3)))
+
+
+def test_arguments_in_the_wrong_order_show_the_expected_order_and_ranks():
+    import tullax
+
+    kernel = tullax.einsum_kernel("W[ix[b],d] += g[b,d]", backend="xla")
+    W, g, ix = np.zeros((10, 4)), np.ones((3, 4)), np.array([1, 2, 3])
+    expected = (r"the kernel takes W \(rank 2\), g \(rank 2\), ix \(rank 1, integers\), in this order \(or by "
+                r"name\); got shapes W=\(3, 4\), g=\(3,\), ix=\(10, 4\)")
+    with pytest.raises(ShapeError, match=r"g is indexed with 2 indices in the spec but has rank 1(.|\n)*" + expected):
+        kernel(g, ix, W)
+    with pytest.raises(ShapeError, match=r"the kernel takes W \(rank 2\), g \(rank 2\), ix \(rank 1, integers\)"):
+        jax.jit(kernel)(g, ix, W)
+    np.testing.assert_allclose(kernel(W, g, ix)[1:4], g)
+
+
+def test_equals_for_a_new_array_suggests_colon_equals():
+    import tullax
+
+    kernel = tullax.einsum_kernel("C[i,j] = A[i,k]*B[k,j]", backend="xla")
+    with pytest.raises(ShapeError, match=r"missing input B: .* with '=' the existing C is the first input, written "
+                                         r"into: to create a new C write ':=' instead of '='"):
+        kernel(np.ones((2, 3)), np.ones((3, 4)))
+
+
+def test_the_docstring_and_bench_help_name_every_backend():
+    import tullax
+    from tullax.cli.bench import build_parser
+
+    listed = tullax.einsum_kernel.__doc__
+    help_text = " ".join(build_parser().format_help().split())
+    for name in backends.names():
+        assert f"'{name}'" in listed, name
+    for name in ("auto", "c", "numba", "julia", "julia-cuda", "cuda"):
+        assert re.search(rf"[ ,]{re.escape(name)}[,; ]", help_text), name
 
 
 def test_unknown_backend():

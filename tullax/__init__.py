@@ -27,10 +27,11 @@ __all__ = [
 
 def einsum_kernel(spec: str, *, backend: str = "auto", ranges: Mapping | None = None, init: Any = None,
                   nograd: str | Iterable[str] = ()) -> Kernel:
-    """Compile ``spec`` (docs/design.md, section 1) into a Kernel running on ``backend`` ('auto', 'numba', 'julia',
-    'julia-cuda' or 'xla'); ``ranges`` gives index ranges explicitly: ``{"i": 10}`` or ``{"i": (2, 12)}``;
-    ``init`` is the starting value of the reduction (Tullio's ``init=``); ``nograd`` names inputs that get no
-    gradient (``jax.grad`` gives zeros for them). See ``tullax.api.options``."""
+    """Compile ``spec`` (docs/design.md, section 1) into a Kernel running on ``backend``: 'auto' (the planner: loops or
+    an XLA form per kernel), 'c' (host C/OpenMP, the CPU default), 'numba', 'julia', 'julia-cuda', 'cuda'
+    (CUDA C through NVRTC) or 'xla' (plain jnp, the oracle). ``ranges`` gives index ranges explicitly:
+    ``{"i": 10}`` or ``{"i": (2, 12)}``; ``init`` is the starting value of the reduction (Tullio's ``init=``);
+    ``nograd`` names inputs that get no gradient (``jax.grad`` gives zeros for them). See ``tullax.api.options``."""
     return Kernel(spec, backend=backend, ranges=ranges, init=init, nograd=nograd)
 
 

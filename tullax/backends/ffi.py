@@ -43,6 +43,7 @@ from tullax.runtime import forks
 
 TARGET = "tullax_c_kernel"
 LIBRARY_FILE = "handler.so"
+HANDLER_SPEC = "(the XLA FFI handler of c kernels)"  # its line in the cache index
 SOURCE_FILE = "handler.c"
 SLOTS = 65536  # kernels one process can register; beyond them kernels keep the buffer callback
 MAX_POINTERS = 256  # arrays and scalars of one kernel: the handler's stack array
@@ -314,6 +315,7 @@ def _library(include: Path, jaxlib_version: str) -> Path:
                     compiler=c_compile.identity())
     found, problem = cache.read_checked(key, LIBRARY_FILE)
     if found is not None and problem is None:
+        cache.hit_later(key, spec=HANDLER_SPEC, backend="c", kind="ffi handler")
         return cache.entry_path(key) / LIBRARY_FILE
     with tempfile.TemporaryDirectory(prefix="tullax-ffi-") as scratch:
         source = Path(scratch) / SOURCE_FILE
@@ -324,7 +326,7 @@ def _library(include: Path, jaxlib_version: str) -> Path:
     stored = cache.write_bytes(key, LIBRARY_FILE, data)
     if stored is not None:
         cache.write_text(key, SOURCE_FILE, HANDLER_SOURCE)
-        cache.record(key, spec="(the XLA FFI handler of c kernels)", backend="c", kind="ffi handler")
+        cache.record(key, spec=HANDLER_SPEC, backend="c", kind="ffi handler")
         return stored
     return c_compile.private_library(data, "tullax-ffi-")  # the cache stores nothing
 

@@ -165,21 +165,27 @@ def build_module(recipe: ModuleRecipe, spec: Spec, signature: Signature) -> Host
     on a hit: its key alone determines the source."""
     key = module_key(spec, signature, recipe.backend, recipe.options)
     cache = get_cache()
+    # the index record of the entry, made when it is written: a module used only under jit runs no first host
+    # call (which notes its timings), and a hit on an entry without a record was not counted
+    describe = dict(spec=format_spec(spec), backend=recipe.backend, kind=str(recipe.options.get("part", "module")),
+                    dtypes=[*signature.in_dtypes, signature.out_dtype])
     with cache.lock(key):
         if recipe.load_cached is not None:
             found = recipe.load_cached(cache, key, spec, signature)
             if found is not None:
-                cache.hit_later(key)
+                cache.hit_later(key, **describe)
                 return found
         start = time.perf_counter()
         kernel, source = recipe.generate(spec, signature)
         codegen_ms = (time.perf_counter() - start) * 1e3
         reused = cache.read_text(key, recipe.source_file) == source
         if reused:
-            cache.hit_later(key)
+            cache.hit_later(key, **describe)
             path = cache.entry_path(key) / recipe.source_file
         else:
             path = cache.write_text(key, recipe.source_file, source)
+            if path is not None:
+                cache.record_later(key, **describe)
         generated = GeneratedModule(recipe.backend, spec, signature, kernel, source, key, path, codegen_ms)
         if not reused and path is not None:
             generated = replace(generated, made=recipe.store_extras(cache, generated))

@@ -329,14 +329,26 @@ def head_to_head_lines(doc: dict) -> list[str]:
 
 
 def print_table(doc: dict, console: Any, title: str = "tullax vs XLA") -> None:
+    """The results as a console table. A run of one case (``tullax bench``) names its spec in the title rather
+    than in a column of every row, where a spec wrapped over three lines; columns without a value in any row
+    (naive XLA where it did not run, TTFK with --no-ttfk) are left out."""
     from rich.table import Table
     from rich.text import Text
 
+    listed = rows(doc)
+    body = [cells(case, backend, row) for case, backend, row in listed]
+    columns = list(range(len(MARKDOWN_COLUMNS)))
+    if len(doc["cases"]) == 1:
+        title = f"{title}: {doc['cases'][0]['name']}"
+        columns.remove(0)
+    columns = [c for c in columns if c <= 1 or any(line[c] not in ("—", "n/a") for line in body)]
     table = Table(title=Text(title), caption=Text(machine_line(doc)))
-    for column in MARKDOWN_COLUMNS:
-        table.add_column(column, justify="left" if column in ("case", "backend") else "right")
-    for case, backend, row in rows(doc):
-        table.add_row(*(Text(cell) for cell in cells(case, backend, row)))
+    for c in columns:
+        name = MARKDOWN_COLUMNS[c]
+        table.add_column(name, justify="left" if name in ("case", "backend") else "right",
+                         no_wrap=name in ("case", "backend"))
+    for line in body:
+        table.add_row(*(Text(line[c]) for c in columns))
     console.print(table)
     for line in problems(doc):
         console.print(Text(line, style="yellow"))
@@ -354,8 +366,13 @@ def make_console(stderr: bool = False) -> Any:
 
 
 def write_json(doc: dict, path: str | os.PathLike[str]) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, indent=1, sort_keys=False, default=str) + "\n")
+    """Written whole or not at all (a temporary file renamed over it): a run saves after every step and may be
+    interrupted in the middle of a write."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(doc, indent=1, sort_keys=False, default=str) + "\n")
+    os.replace(temporary, target)
 
 
 def read_json(path: str | os.PathLike[str]) -> dict:
@@ -398,6 +415,7 @@ def plot(doc: dict, path: str | os.PathLike[str]) -> None:
                                 sharey=True, squeeze=False, layout="constrained")
     colours = plt.get_cmap("tab10")
     for axis, (which, title) in zip(axes[0], (("fwd", "forward"), ("bwd", "backward (all gradients)"))):
+        axis.set_xlabel("speed against the best XLA formulation (higher is faster)", fontsize=9)
         top = 1.0
         for number, backend in enumerate(backends):
             values = [counted_vs_best(case["results"].get(backend, {}), which, paired=False) for case in cases]
@@ -410,7 +428,7 @@ def plot(doc: dict, path: str | os.PathLike[str]) -> None:
                     axis.text(value, y, f" {fmt_x(value)}", va="center", fontsize=7)
         axis.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
         axis.set_xlim(0, top * 1.18)  # room for the labels at the bar ends
-        axis.set_title(f"{title}: speed against the best XLA formulation (higher is faster)", fontsize=10)
+        axis.set_title(title, fontsize=10)  # the long words go on the x axis: a long title was clipped
         axis.set_yticks(rows_y, names)
         axis.grid(axis="x", alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
@@ -422,9 +440,10 @@ def plot(doc: dict, path: str | os.PathLike[str]) -> None:
             axis.text(0.5, 0.5, "no tullax backend in this run", transform=axis.transAxes, ha="center",
                       va="center", fontsize=10)
     machine = doc["machine"]
-    figure.suptitle(f"tullax vs XLA, {doc['config']['dtype']}: {machine['cpu']}, {machine['usable_cores']} cores "
-                    "(dashed line: the fastest of tullax's jnp lowering, the naive broadcast and hand-written jnp)",
-                    fontsize=10)
+    partial = "" if doc.get("complete", True) else " (partial results: the run was stopped)"
+    figure.suptitle(f"tullax vs XLA, {doc['config']['dtype']}: {machine['cpu']}, {machine['usable_cores']} cores"
+                    f"{partial}\n(dashed line: the fastest of tullax's jnp lowering, the naive broadcast and "
+                    "hand-written jnp)", fontsize=10)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -321,21 +321,38 @@ def _status(child: ChildResult, row: dict, timeout_s: float) -> str:
 
 
 def run_cases(cases: Sequence[BenchCase], config: RunConfig, *, show_progress: bool = True,
-              unavailable: dict[str, str] | None = None) -> dict:
-    """Run every case on every backend of ``config``; returns the results document (see report.py)."""
+              unavailable: dict[str, str] | None = None,
+              on_update: Callable[[dict], None] | None = None) -> dict:
+    """Run every case on every backend of ``config``; returns the results document (see report.py). With
+    ``show_progress`` a line is printed as each backend of each case finishes (besides the bar, which a
+    terminal alone shows); ``on_update`` gets the document so far (``"complete": False``) after every step, so a
+    run stopped half-way leaves what it measured."""
     from rich.markup import escape
 
-    from tullax.benchmarking.report import derive, machine_info
+    from tullax.benchmarking.report import machine_info
 
     documents = [case_document(case, config.dtype) for case in cases]
     started = time.time()
     rounds = max(1, config.timing_processes)
+    machine = machine_info()  # once: it runs git and reads /proc
+
+    def update() -> None:
+        if on_update is not None:
+            on_update(results_document([d for d in documents if "results" in d], config, unavailable, started,
+                                       machine, complete=False))
+
     with _progress(show_progress) as progress:
         per_case = len(config.backends) * rounds + (PLANNER in config.backends)  # + auto's head to head
+
+        def say(line: str) -> None:
+            if show_progress:
+                progress.console.print(line, markup=False, highlight=False)
+
         task = progress.add_task("starting", total=len(documents) * per_case)
-        for document in documents:
+        for number, document in enumerate(documents, 1):
             document["results"] = {}
             timed: dict[str, tuple[dict, str]] = {}  # backend -> (its job, its cache), for the timing rounds
+            where = f"[{number}/{len(documents)}] {document['name']}" if len(documents) > 1 else document["name"]
             with tempfile.TemporaryDirectory(prefix="tullax-bench-case-", ignore_cleanup_errors=True) as caches:
                 for backend in config.backends:
                     if backend in (IDIOMATIC, TORCH) and not document.get("idiomatic"):
@@ -351,6 +368,8 @@ def run_cases(cases: Sequence[BenchCase], config: RunConfig, *, show_progress: b
                     os.makedirs(cache_dir)
                     row, job = run_backend(document, backend, config, cache_dir, show)
                     document["results"][backend] = row
+                    say(f"{where} · {backend}: {row_summary(row)}")
+                    update()
                     progress.advance(task)
                     if row["status"] == "ok":  # every main child times fwd and bwd (MAIN_PHASES)
                         timed[backend] = (job, cache_dir)
@@ -366,19 +385,33 @@ def run_cases(cases: Sequence[BenchCase], config: RunConfig, *, show_progress: b
                             f"{document['name']} · {backend} · timings {run}/{rounds} (new process)"))
                         later[backend].append(timing_child(job, cache_dir, config))
                         progress.advance(task)
+                    say(f"{where}: timings {run}/{rounds} done")
                 for backend, samples in later.items():
                     row = document["results"][backend]
                     row.update(median_of_processes(row, samples))
+                if later and rounds > 1:
+                    update()
                 if PLANNER in config.backends:
                     if PLANNER in timed:
                         progress.update(task, description=escape(
                             f"{document['name']} · {PLANNER} · head to head with the best XLA formulation"))
                         document["results"][PLANNER].update(head_to_head(document["results"], *timed[PLANNER], config))
+                        say(f"{where} · {PLANNER}: head to head with the best XLA formulation done")
+                        update()
                     progress.advance(task)
         progress.update(task, description="done")
+    return results_document(documents, config, unavailable, started, machine, complete=True)
+
+
+def results_document(documents: list[dict], config: RunConfig, unavailable: dict[str, str] | None,
+                     started: float, machine: dict, *, complete: bool) -> dict:
+    """The results document of the cases run so far (``complete``: all of them, every step)."""
+    from tullax.benchmarking.report import derive
+
     doc = {
         "format": 1,
-        "machine": machine_info(),
+        "complete": complete,
+        "machine": dict(machine),
         "config": {"dtype": config.dtype, "repeat": config.repeat, "timing_processes": config.timing_processes,
                    "timeout_s": config.timeout_s,
                    "backends": list(config.backends), "reference": REFERENCE, "ttfk": config.ttfk,
@@ -388,6 +421,20 @@ def run_cases(cases: Sequence[BenchCase], config: RunConfig, *, show_progress: b
         "cases": documents,
     }
     return derive(doc)
+
+
+def row_summary(row: dict) -> str:
+    """One line for a finished row: its status, forward and backward times, cold and warm TTFK, wall time."""
+    from tullax.benchmarking.report import fmt_ms
+
+    parts = [row.get("status", "?")]
+    for key, name in (("fwd_ms", "forward"), ("bwd_ms", "backward"), ("ttfk_cold_ms", "TTFK cold"),
+                      ("ttfk_warm_ms", "warm")):
+        if isinstance(row.get(key), int | float):
+            parts.append(f"{name} {fmt_ms(row[key])}")
+    if isinstance(row.get("wall_s"), int | float):
+        parts.append(f"({row['wall_s']:.0f} s)")
+    return ", ".join(parts)
 
 
 def _progress(show: bool) -> Any:

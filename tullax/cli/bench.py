@@ -20,6 +20,8 @@ is measured in a new process with an empty cache (cold) and again with the cache
 
 
 def build_parser(prog: str = "tullax bench") -> argparse.ArgumentParser:
+    from tullax.benchmarking.runner import DEFAULT_BACKENDS
+
     parser = argparse.ArgumentParser(prog=prog, description="Benchmark a kernel against XLA, forward and backward.",
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", metavar="SPEC", help='the kernel, e.g. "C[i,j] := W[k,i]*X[k,j]"')
@@ -29,7 +31,8 @@ def build_parser(prog: str = "tullax bench") -> argparse.ArgumentParser:
                         help="an explicit index range, as ranges= of einsum_kernel")
     parser.add_argument("--backends", default=None, metavar="LIST",
                         help="comma-separated tullax backends to compare with XLA (default: every available "
-                             "one of auto, numba, julia, julia-cuda; add torch.compile where torch is installed)")
+                             f"one of {', '.join(DEFAULT_BACKENDS)}; cuda on request; add torch.compile where "
+                             "torch is installed)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--repeat", type=int, default=3, metavar="N", help="best of at least N timed runs")
     parser.add_argument("--timing-processes", type=int, default=3, metavar="P",
@@ -47,13 +50,7 @@ def build_parser(prog: str = "tullax bench") -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from tullax.benchmarking.case import BenchCase, parse_range_arg, parse_shape_arg
-    from tullax.benchmarking.report import (
-        make_console,
-        plot,
-        print_table,
-        to_markdown,
-        write_json,
-    )
+    from tullax.benchmarking.report import make_console, print_table
     from tullax.benchmarking.runner import (
         RunConfig,
         case_document,
@@ -86,14 +83,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = RunConfig(backends=tuple(backends), dtype=args.dtype, repeat=args.repeat,
                        timing_processes=max(1, args.timing_processes), timeout_s=args.timeout,
                        ttfk_timeout_s=args.timeout, ttfk=not args.no_ttfk, check=not args.no_check)
-    doc = run_cases([case], config, show_progress=not args.quiet, unavailable=unavailable)
+    saved: list[dict] = []  # the document after the last step: what an interrupted run still writes
+
+    def save(doc: dict) -> None:
+        saved[:] = [doc]
+        write_outputs(doc, args, final=False)
+
+    try:
+        doc = run_cases([case], config, show_progress=not args.quiet, unavailable=unavailable, on_update=save)
+    except KeyboardInterrupt:
+        if not saved:
+            console.print("interrupted before any backend finished: nothing to save")
+            return 130
+        doc = saved[0]
+        print_table(doc, make_console(), title="tullax bench (interrupted: partial results)")
+        write_outputs(doc, args, final=True)
+        console.print(_saved(args))
+        return 130
     print_table(doc, make_console(), title="tullax bench")
+    write_outputs(doc, args, final=True)
+    failed = [row for row in doc["cases"][0]["results"].values() if row.get("status") != "ok"]
+    return 1 if failed else 0
+
+
+def write_outputs(doc: dict, args: argparse.Namespace, *, final: bool) -> None:
+    """The JSON, Markdown and chart asked for; after every step of the run (``final=False``) and at its end."""
+    from tullax.benchmarking.report import plot, to_markdown, write_json
+
     if args.json:
         write_json(doc, args.json)
     if args.markdown:
+        title = "tullax bench" if doc.get("complete", True) else "tullax bench (partial results)"
         with open(args.markdown, "w") as out:
-            out.write(to_markdown(doc, title="tullax bench"))
-    if args.plot:
+            out.write(to_markdown(doc, title=title))
+    if args.plot and (final or len(doc["cases"][0]["results"]) > 1):  # a chart needs a row besides XLA's
         plot(doc, args.plot)
-    failed = [row for row in doc["cases"][0]["results"].values() if row.get("status") != "ok"]
-    return 1 if failed else 0
+
+
+def _saved(args: argparse.Namespace) -> str:
+    paths = [path for path in (args.json, args.markdown, args.plot) if path]
+    if paths:
+        return f"interrupted: the results so far are in {', '.join(paths)}"
+    return "interrupted: the table above has the results so far (--json, --markdown, --plot save them as it runs)"

@@ -260,11 +260,12 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     table = Table(title="backends")
     for column in ("backend", "usable", "details / how to fix"):
         table.add_column(column, overflow="fold")
+    told: dict[str, str] = {}  # a long reason (how to install Julia) -> the first backend it was given for
     for name, available, reason in availability():
         usable = Text("yes", style="green") if available else Text("no", style="red")
-        table.add_row(Text(name), usable, Text(reason))
+        table.add_row(Text(name), usable, Text(_said_once(reason, name, told)))
     console.print(table)
-    console.print(_require("tullax.backends.gpu_select", "gpu_report")(), markup=False)
+    console.print(_said_once(_require("tullax.backends.gpu_select", "gpu_report")(), "", told), markup=False)
     console.print(_julia_verification_layers(), markup=False)
     console.print(_xla_startup(), markup=False)
     console.print(_settings_table())
@@ -297,15 +298,37 @@ def _cmd_settings(args: argparse.Namespace) -> int:
     return 0
 
 
+_LONG_REASON = 80  # characters: a reason this long is printed once, later rows refer to it
+_JAX_MIN_COMPILE_TIME_DEFAULT = 1.0  # jax's default for jax_persistent_cache_min_compile_time_secs
+
+
+def _said_once(text: str, name: str, told: dict[str, str]) -> str:
+    """``text`` with every long reason already printed replaced by a reference to the row that printed it (the
+    Julia install text is the reason of julia, julia-cuda and the GPU choice); records ``text`` for ``name``."""
+    for reason, first in sorted(told.items(), key=lambda item: -len(item[0])):
+        text = text.replace(reason, f"see the {first} row above")
+    if name and len(text) >= _LONG_REASON and text not in told:
+        told[text] = name
+    return text
+
+
 def _xla_startup() -> str:
     """Whether XLA's programs are kept across processes: tullax's cache keeps its loop modules and the planner's
     decisions, but a new process compiles every XLA program again (the whole time to first kernel of a kernel
     the planner runs on XLA's forms) unless jax's own persistent compilation cache is on: a setting of the
-    user's program, which tullax reports and never changes."""
-    import jax
-
-    where = jax.config.jax_compilation_cache_dir
-    least = jax.config.jax_persistent_cache_min_compile_time_secs
+    user's program, which tullax reports and never changes. In the doctor's own process jax's settings are
+    its environment variables, read here without importing jax (a second or more of the doctor's time)."""
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        where = jax.config.jax_compilation_cache_dir
+        least = jax.config.jax_persistent_cache_min_compile_time_secs
+    else:
+        where = os.environ.get("JAX_COMPILATION_CACHE_DIR") or None
+        try:
+            least = float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                                         _JAX_MIN_COMPILE_TIME_DEFAULT))
+        except ValueError:
+            least = _JAX_MIN_COMPILE_TIME_DEFAULT
     if not where:
         return ("XLA programs: compiled again in every new process (jax's persistent compilation cache is off); to "
                 "keep them: jax.config.update('jax_compilation_cache_dir', <dir>) and "

@@ -41,6 +41,7 @@ from tullax.spec.ir import (
     Spec,
     Unary,
     map_expr,
+    walk,
 )
 from tullax.spec.sizes import Extent, Sym
 from tullax.spec.valuetype import is_complex, result_is_complex
@@ -226,6 +227,8 @@ def _with_seed_factor(fw: Forward) -> Forward:
         fw = replace(fw, hole=pre)
         grad = mul(seed, fill_hole(derivative(spec.finalizer, lambda node: isinstance(node, Hole)), pre))
     if grad is None or spec.redop == "+":
+        if grad is not None and _worth_a_step(fw, grad):
+            fw, grad = _hoisted(fw, grad)
         return replace(fw, factor=grad)
     if spec.redop == "*":
         return _product_factor(fw, grad, given)
@@ -238,6 +241,22 @@ def _with_seed_factor(fw: Forward) -> Forward:
             ties = call("max", ties, Num(1))
         return replace(fw, factor=div(mul(grad, hit), ties))
     return replace(fw, factor=mul(grad, call("exp", sub(spec.body, pre))))  # logsumexp
+
+
+def _worth_a_step(fw: Forward, factor: Expr) -> bool:
+    """Whether the seed factor of a sum is computed once, as a step over the free indices, rather than in every
+    gradient's loop nest: there it is evaluated once per reduced index too (``h[b,o] := x[b,i]*W[i,o] |> tanh``:
+    Δx's loop over (b,i,o) took a tanh per term, 64 times the (b,o) it depends on). Where it calls a function
+    (a transcendental, or several operations), over a plain ':=' result of a real spec with reduced indices."""
+    spec = fw.spec
+    return bool(spec.reduced) and spec.assign == ":=" and not spec.is_scatter and not fw.complex_names \
+        and any(isinstance(node, Call) for node in walk(factor))
+
+
+def _hoisted(fw: Forward, factor: Expr) -> tuple[Forward, Expr]:
+    """``factor`` (over the free indices) as a prelude step of its own, and how the gradients read it."""
+    grown, value = _free_step(fw.free_only(), "g", factor, "+")  # no reduced index: nothing to sum
+    return replace(grown, spec=fw.spec, ranges=fw.ranges), value
 
 
 def _product_factor(fw: Forward, grad: Expr, given: Expr | None = None) -> Forward:

@@ -38,7 +38,10 @@ def load(key: str) -> dict | None:
         found = json.loads(text) if text else None
     except (OSError, ValueError):
         return None
-    return found if isinstance(found, dict) else None
+    if not isinstance(found, dict):
+        return None
+    get_cache().hit_later(key)  # a reused plan counts in `tullax cache stats`, as a reused module does
+    return found
 
 
 def store(key: str, call: Call, decision: dict) -> None:

@@ -412,9 +412,13 @@ class CompileCache:
         _check_record_fields(fields)
         self._deferred.add("record", key, dict(fields, spec=spec, backend=backend, kind=kind))
 
-    def hit_later(self, key: str) -> None:
-        """``hit`` at the next ``flush``."""
-        self._deferred.add("hit", _checked_name(key, "key"), {})
+    def hit_later(self, key: str, *, spec: str | None = None, backend: str | None = None, kind: str = "kernel",
+                  **fields: Any) -> None:
+        """``hit`` at the next ``flush``; with ``spec`` and ``backend`` (and ``record``'s fields) an entry that has no
+        index record gets one first (one written before records were made at writing), so its reuse counts."""
+        _check_record_fields(fields)
+        describe = {} if spec is None or backend is None else dict(fields, spec=spec, backend=backend, kind=kind)
+        self._deferred.add("hit", _checked_name(key, "key"), describe)
 
     def flush(self) -> None:
         """Write the pending ``record_later``/``hit_later`` updates, in order, in one index update."""
@@ -427,6 +431,8 @@ class CompileCache:
         def change(records: Records) -> bool:
             for what, key, fields in pending:
                 if what == "hit":
+                    if fields and key not in records:
+                        results[key] = dict(_apply_record(records, key, fields, now))
                     _apply_hit(records, key, now)
                 else:
                     results[key] = dict(_apply_record(records, key, fields, now))

@@ -26,8 +26,13 @@ def bind_inputs(spec: Spec, args: tuple, named: Mapping[str, Any]) -> list[Any]:
         values[key] = value
     missing = [n for n in names if n not in values]
     if missing:
+        hint = ""
+        if spec.assign in ("=", "+=") and spec.out in names and len(values) == len(names) - 1 \
+                and spec.out not in named:  # one short: most likely '=' written for a new array
+            hint = (f"; with '{spec.assign}' the existing {spec.out} is the first input, written into: to create "
+                    f"a new {spec.out} write ':=' instead of '{spec.assign}'")
         raise ShapeError(f"missing input{'s' * (len(missing) > 1)} {', '.join(missing)}: the spec takes "
-                         f"{len(names)} ({', '.join(names)}), in that order or by name")
+                         f"{len(names)} ({', '.join(names)}), in that order or by name{hint}")
     return [values[n] for n in names]
 
 
@@ -51,7 +56,29 @@ def as_numpy_inputs(spec: Spec, values: list[Any]) -> list[Any]:
 
 
 def check_call(spec: Spec, values: list[Any]) -> dict[str, tuple[int, ...]]:
-    """Ranks, kinds and extents of the inputs against the spec; returns the shapes. Trace-time safe."""
+    """Ranks, kinds and extents of the inputs against the spec; returns the shapes. Trace-time safe. A mismatch
+    says the order and ranks the kernel expects, since arguments in the wrong order are its commonest cause."""
+    try:
+        return _check_call(spec, values)
+    except ShapeError as err:
+        raise ShapeError(f"{err}\n    {expected_arguments(spec, values)}") from None
+
+
+def expected_arguments(spec: Spec, values: list[Any]) -> str:
+    """``the kernel takes W (rank 2), g (rank 2), ix (rank 1, integers), in this order; got shapes ...``."""
+    def describe(item: Any) -> str:
+        if item.kind == "scalar":
+            return f"{item.name} (a scalar)"
+        if item.kind == "shape":
+            return f"{item.name} (rank >= {item.rank}, only its shape is read)"
+        return f"{item.name} (rank {item.rank}{', integers' if item.kind == 'index' else ''})"
+
+    got = ", ".join(f"{item.name}={tuple(getattr(v, 'shape', ()))}" for item, v in zip(spec.inputs, values))
+    return (f"the kernel takes {', '.join(describe(i) for i in spec.inputs)}, in this order (or by name); "
+            f"got shapes {got}")
+
+
+def _check_call(spec: Spec, values: list[Any]) -> dict[str, tuple[int, ...]]:
     from tullax.spec.shapes import check_shapes
 
     shapes: dict[str, tuple[int, ...]] = {}

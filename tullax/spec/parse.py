@@ -34,6 +34,18 @@ from tullax.spec.tokens import Token, tokenize
 # Numba's compilers) recurses over the tree, and a deeper one would end in a RecursionError.
 MAX_DEPTH = 64
 
+# Reductions written as calls, as NumPy code would: in a spec the reduction is implicit in the indices
+_IMPLICIT = ("reductions are implicit: an index on the right that is not on the left is reduced over, so "
+             "y[i] := x[i,j] sums over j")
+IMPLICIT_REDUCTIONS = {
+    "sum": f"sum(...) is not a function: {_IMPLICIT}",
+    "prod": f"prod(...) is not a function: {_IMPLICIT}; for a product write (*) y[i] := x[i,j]",
+    "mean": f"mean(...) is not a function: {_IMPLICIT}; for a mean divide after it: "
+            f"y[i] := x[i,j] |> _ / size(x,1)",
+    "maximum": f"maximum(...) is not a function: {_IMPLICIT}; for a maximum write (max) y[i] := x[i,j]",
+    "minimum": f"minimum(...) is not a function: {_IMPLICIT}; for a minimum write (min) y[i] := x[i,j]",
+}
+
 class _Parser(IndexGrammar):
     """Recursive descent over the token list; one instance per call of ``parse_spec``."""
 
@@ -184,6 +196,9 @@ class _Parser(IndexGrammar):
         start = self.tok
         value = self.unary()
         while self.at("*") or self.at("/"):
+            if self.at("*") and self.peek().kind == "op" and self.peek().text == "*" and self.peek().col == \
+                    self.tok.col + 1:
+                raise self.error("'**' is not the power operator in a spec: write '^', as in x[i]^2")
             op = self.advance().text
             value = Binary(op, value, self.unary(), span=self.span(start))
         return value
@@ -263,6 +278,8 @@ class _Parser(IndexGrammar):
             raise self.error(f"{tok.text}(...) wraps an index: use it inside brackets, as in x[{tok.text}(i+k)]",
                              tok)
         counts = functions.arities(tok.text)
+        if tok.text in IMPLICIT_REDUCTIONS:
+            raise self.error(IMPLICIT_REDUCTIONS[tok.text], tok)
         if not counts:
             raise self.error(f"unknown function {tok.text!r}: allowed are {', '.join(FUNCTIONS)}", tok)
         self.advance()

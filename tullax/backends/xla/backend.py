@@ -52,9 +52,11 @@ class XlaBackend:
     capabilities = Capabilities()  # inside JAX it is the lowering itself, not a host callback
 
     def availability(self) -> tuple[bool, str]:
-        try:
-            import jax  # noqa: F401
-        except ImportError:
+        import importlib.util
+        import sys
+
+        # found, not imported: `tullax doctor` and the planner's first look should not pay jax's import
+        if "jax" not in sys.modules and importlib.util.find_spec("jax") is None:
             return False, "pip install jax"
         return True, ""
 
