@@ -674,12 +674,12 @@ def test_every_reused_entry_counts_one_hit_per_process(tmp_path: Path):
 
 
 def test_a_reused_plan_counts_a_hit(cache: CompileCache, monkeypatch):
-    from tullax.planner import decide
+    from tullax.planner import store
     from tullax.runtime import cache as cache_module
 
     monkeypatch.setattr(cache_module, "get_cache", lambda: cache)
-    cache.write_text("feed0001", decide.PLAN_FILE, json.dumps({"choice": "loops"}))
+    cache.write_text("feed0001", store.PLAN_FILE, json.dumps({"choice": "loops"}))
     cache.record("feed0001", spec="y[i] := x[i]", backend="auto", kind="plan")
-    assert decide._load("feed0001") == {"choice": "loops"}
+    assert store.load("feed0001") == {"choice": "loops"}
     cache.flush()
     assert cache.index.read()["feed0001"]["hits"] == 1
