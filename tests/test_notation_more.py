@@ -264,7 +264,7 @@ def test_indirect_arithmetic_refusals() -> None:
 
 @pytest.mark.parametrize("text", ["y[i,j] := A[inds[i]+j]*w[j]", "y[i,j] := A[2K[j]+i]*v[i]",
                                   "y[i] := A[-ix[i]+3]*w[i]", "y[i,j] := A[ix[i]-j, j]", "O[ix[i]+1] += x[i]",
-                                  "y[i,j] := A[2*ix[i+1]+j-1]*w[j]"])
+                                  "y[i,j] := A[2*ix[i+1]+j-1]*w[j]  (i in 0:size(ix,0)-1)"])
 def test_example_index_arrays_keep_offset_positions_in_range(text) -> None:
     """``random_inputs`` (what the property tests, warm-up and generate_source run on) draws index values that
     keep ``scale*ix[e] + offset`` inside the axis for every offset the ranges give; before, it drew them below
