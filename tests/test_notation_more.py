@@ -149,7 +149,8 @@ def test_multiply_update_of_part_of_the_array_reading_itself() -> None:
     # i runs where x[i+1] exists: y[4] keeps its value (and its gradient passes through unscaled)
     check("y[i] *= x[i+1]*w[i]", lambda y, x, w: jnp.asarray(y).at[:4].multiply(x[1:] * w[:4]),
           {"y": y, "x": x, "w": np.array([0.5, 2.0, -3.0, 1.5, 7.0])})
-    check("y[i] *= y[i+1]", lambda y: jnp.asarray(y).at[:4].multiply(y[1:]), {"y": y})
+    # itself at the written position (y[i+1] would be a recurrence: refused, issue 44)
+    check("y[i] *= y[i]*x[i+1]", lambda y, x: jnp.asarray(y).at[:4].multiply(y[:4] * x[1:]), {"y": y, "x": x})
 
 
 def test_multiply_update_of_a_scalar() -> None:

@@ -33,6 +33,7 @@ from tullax.spec.ir import (
     walk,
 )
 from tullax.spec.offsets import erased_offsets, refuse_erased_offsets
+from tullax.spec.recurrence import check_self_reads
 from tullax.spec.sizes import (
     Sym,
     ceildiv,
@@ -220,13 +221,11 @@ def _inputs(parsed: ParsedSpec, index_names: list[str], ctx: _Context) -> tuple[
         if as_data:
             data.add(name)
 
+    check_self_reads(parsed, ctx)  # the result on the right: only at the position written, and not for ':='
     if parsed.assign != ":=":
         note(parsed.out, len(parsed.lhs or ()), (0, 0), True)
     for node in (node for expr in spec_exprs(parsed) for node in walk(expr)):
         if isinstance(node, Access):
-            if node.array == parsed.out and parsed.assign == ":=":
-                raise ctx.error(f"{node.array} is the result being defined with ':=', it cannot appear "
-                                "on the right (use '=' or '+=' to update an existing array)", node.span)
             note(node.array, len(node.idx), node.span, True)
             for idx in node.idx:
                 if isinstance(idx, Indirect):
