@@ -57,6 +57,15 @@ def test_an_inferred_start_other_than_0_is_a_spec_error_under_the_access(text, a
             entry(text)
 
 
+def test_a_shifted_read_of_an_index_array_points_at_it_and_suggests_no_pad_inside_it():
+    with pytest.raises(SpecError) as info:
+        compile_spec("y[b] := x[ix[b+1]]")
+    message = str(info.value)
+    assert "where ix[b+1] stays inside ix" in message and "this would compute y[b] := x[ix[b]]" in message
+    assert "pad" not in message
+    assert info.value.column == len("y[b] := x[")
+
+
 def test_a_diagonal_write_is_refused_without_printing_its_rewritten_form():
     with pytest.raises(SpecError, match=r"index i of the result would run over 1:.*the offset would be dropped "
                                         r"\(position 0 holding i = 1\)\. Write what you mean: B\[pad\(i-1\)\]"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Collection
 
-from tullax.spec.ir import Access, Affine, ParsedSpec, Range, Spec, Wrapped, spec_accesses
+from tullax.spec.ir import Access, Affine, Indirect, ParsedSpec, Range, Spec, Wrapped, spec_accesses
 from tullax.spec.ranges import format_clause
 from tullax.spec.sizes import Sym
 from tullax.spec.text import format_access, format_spec
@@ -43,6 +43,8 @@ def _culprit(parsed: ParsedSpec, name: str, lo: Sym, bounds_for: BoundsFor) -> t
     moving: list[tuple[Access, int]] = []
     for acc in spec_accesses(parsed):
         for axis, idx in enumerate(acc.idx):
+            if isinstance(idx, Indirect):  # ix[i+1]: the read of the index array bounds i
+                acc, axis, idx = Access(idx.array, (idx.inner,), idx.span), 0, idx.inner
             if not isinstance(idx, Affine) or idx.plain or name not in idx.names() or idx.div != 1:
                 continue
             start = bounds_for(idx, acc.array, axis, name).lo
@@ -70,11 +72,13 @@ def _message(spec: Spec, name: str, found: tuple[Access, int] | None, shifted: S
         computes = f" and this would compute {text}"
         valid = f"{text} for the valid part from position 0{conv}, "
     where = pad = ""
+    index_arrays = {i.name for i in spec.inputs if i.kind == "index"}
     if found is not None:
         acc, axis = found
         where = f" (where {format_access(acc.array, acc.idx)} stays inside {acc.array})"
         padded = tuple(Wrapped("pad", i) if d == axis else i for d, i in enumerate(acc.idx))
-        pad = f"{format_access(acc.array, padded)} for a shifted read with 0 outside {acc.array}, "
+        if acc.array not in index_arrays:  # no pad(..) inside an index array's brackets
+            pad = f"{format_access(acc.array, padded)} for a shifted read with 0 outside {acc.array}, "
     return (f"index {name} of the result would run over {rng.lo}:{rng.hi}{where}, which does not start at 0: a "
             f"':=' result starts at position 0, so the offset would be dropped{computes} (position 0 holding "
             f"{name} = {rng.lo}). Write what you mean: {pad}{valid}or give {name} its range yourself, "
