@@ -190,13 +190,14 @@ def test_comparisons_give_zero_or_one():
 
 
 def test_free_index_shifted_to_zero_in_output():
-    spec = analyze(parse_spec("y[i] := x[i-1]*z[i]"))  # i runs from 1: y[0] belongs to i = 1
+    # i runs from 1 as written: y[0] belongs to i = 1 (an inferred start other than 0 is refused, issue 44)
+    spec = analyze(parse_spec("y[i] := x[i-1]*z[i]  (i in 1:size(z,0))"))
     x, z = np.arange(4.0), np.arange(10.0, 14.0)
     np.testing.assert_allclose(lower(spec)({"x": x, "z": z}), x[:3] * z[1:])
 
 
 def test_index_value_keeps_the_unshifted_value():
-    spec = analyze(parse_spec("y[i] := i*x[i-1]"))  # i runs 1..n, y[0] is i = 1: its VALUE is 1
+    spec = analyze(parse_spec("y[i] := i*x[i-1]  (i in 1:size(x,0)+1)"))  # y[0] is i = 1: its VALUE is 1
     np.testing.assert_allclose(lower(spec)({"x": np.ones(4)}), [1.0, 2.0, 3.0, 4.0])
     np.testing.assert_allclose(naive_eval(spec, {"x": np.ones(4)}), [1.0, 2.0, 3.0, 4.0])
 

@@ -23,10 +23,24 @@ x4 = np.ones(4, np.float32)
     ("y[i] := x[i] * 1" + "0" * 400, "does not fit in int64"),
     ("y[i] := i * 100000000000000000000 + x[i]", "does not fit in int64"),
     ("y[i] := x[i + 9223372036854775808]", "does not fit in int64"),
+    # nesting inside an index or a range bound has the body's limit (issue 44): it was a RecursionError
+    ("y[i] := x[" + "(" * 1000 + "i" + ")" * 1000 + "]", "nests more than"),
+    ("y[i] := x[" + "(" * 100 + "i" + ")" * 100 + "-1]", "nests more than"),
+    ("y[i] := x[pad(" + "(" * 100 + "i" + ")" * 100 + ")]", "nests more than"),
+    ("y[i] := x[ix[" + "(" * 100 + "i" + ")" * 100 + "]]", "nests more than"),
+    ("y[i] := x[i+k]*w[k]  (k in " + "(" * 1000 + "0" + ")" * 1000 + ":3)", "nests more than"),
+    ("y[i] := x[i+k]*w[k]  (k in 0:" + "-" * 1000 + "3)", "nests more than"),
 ])
 def test_limits_are_spec_errors(spec, match):
     with pytest.raises(SpecError, match=match):
         tullax.einsum_kernel(spec)
+
+
+def test_an_index_nested_within_the_limit_is_accepted():
+    deep = "(" * (MAX_DEPTH - 4) + "i" + ")" * (MAX_DEPTH - 4)
+    kernel = tullax.einsum_kernel(f"y[i] := z[i]*x[{deep}+1]  (k in {'(' * (MAX_DEPTH - 4)}0{')' * (MAX_DEPTH - 4)}:2)",
+                                  backend="xla")
+    np.testing.assert_allclose(kernel(np.ones(5), np.arange(6.0)), 2 * np.arange(1.0, 6.0))
 
 
 def test_the_deepest_accepted_expression_runs_forward_and_backward():

@@ -149,7 +149,8 @@ def test_multiply_update_of_part_of_the_array_reading_itself() -> None:
     # i runs where x[i+1] exists: y[4] keeps its value (and its gradient passes through unscaled)
     check("y[i] *= x[i+1]*w[i]", lambda y, x, w: jnp.asarray(y).at[:4].multiply(x[1:] * w[:4]),
           {"y": y, "x": x, "w": np.array([0.5, 2.0, -3.0, 1.5, 7.0])})
-    check("y[i] *= y[i+1]", lambda y: jnp.asarray(y).at[:4].multiply(y[1:]), {"y": y})
+    # itself at the written position (y[i+1] would be a recurrence: refused, issue 44)
+    check("y[i] *= y[i]*x[i+1]", lambda y, x: jnp.asarray(y).at[:4].multiply(y[:4] * x[1:]), {"y": y, "x": x})
 
 
 def test_multiply_update_of_a_scalar() -> None:
@@ -264,7 +265,7 @@ def test_indirect_arithmetic_refusals() -> None:
 
 @pytest.mark.parametrize("text", ["y[i,j] := A[inds[i]+j]*w[j]", "y[i,j] := A[2K[j]+i]*v[i]",
                                   "y[i] := A[-ix[i]+3]*w[i]", "y[i,j] := A[ix[i]-j, j]", "O[ix[i]+1] += x[i]",
-                                  "y[i,j] := A[2*ix[i+1]+j-1]*w[j]"])
+                                  "y[i,j] := A[2*ix[i+1]+j-1]*w[j]  (i in 0:size(ix,0)-1)"])
 def test_example_index_arrays_keep_offset_positions_in_range(text) -> None:
     """``random_inputs`` (what the property tests, warm-up and generate_source run on) draws index values that
     keep ``scale*ix[e] + offset`` inside the axis for every offset the ranges give; before, it drew them below

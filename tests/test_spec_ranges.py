@@ -72,8 +72,8 @@ def test_forward_and_gradients_match_jnp(spec, inputs, reference, backend):
 
 def test_a_clause_is_the_same_spec_as_ranges():
     assert compile_spec("y[i] := x[i+k]*w[k]  (k in 0:3)")[1] == compile_spec("y[i] := x[i+k]*w[k]", {"k": 3})[1]
-    assert compile_spec("y[i] := x[i+k]*w[k] (k in range(1, 3))")[1] == \
-        compile_spec("y[i] := x[i+k]*w[k]", {"k": (1, 3)})[1]
+    assert compile_spec("y[i] := x[i+k-1]*w[k] (k in range(1, 3))")[1] == \
+        compile_spec("y[i] := x[i+k-1]*w[k]", {"k": (1, 3)})[1]
     both = compile_spec("y[i] := x[i+k]*w[k]  (k in 0:3)", {"k": range(0, 3)})[1]
     assert both == compile_spec("y[i] := x[i+k]*w[k]", {"k": 3})[1]
 
@@ -93,7 +93,7 @@ def test_half_open_like_python_and_explain():
 
 @pytest.mark.parametrize("text, line", [
     ("y[i] := x[i+k]*w[k]  (k in 0:3)", "  k in 0:3 -> k = 0, 1, 2\n"),
-    ("y[i] := x[i+k]*w[k]  (k in range(1, 3))", "  k in 1:3 -> k = 1, 2\n"),
+    ("y[i] := x[i+k-1]*w[k]  (k in range(1, 3))", "  k in 1:3 -> k = 1, 2\n"),
     ("s := x[k]  (k in 2:12)", "  k in 2:12 -> k = 2, 3, ..., 11\n"),
     ("y[i] := x[i,k]  (k in 1:size(x,1)-1)", "  k in 1:size(x,1)-1 -> k = 1, ..., size(x,1)-2\n"),
     ("C[i,j] := A[i,k]*B[k,j]", "  k in 0:size(A,1) -> k = 0, ..., size(A,1)-1\n"),
@@ -110,9 +110,9 @@ def test_julia_style_one_based_clause_is_a_spec_error_that_says_what_to_write():
                                         r"\(k in range\(1, 3\)\).*ranges=\{'k': \(1, 3\)\}"):
         compile_spec("y[i] := x[i+k]*w[k]  (k in 1:3)")
     x, w = RNG.standard_normal(9), RNG.standard_normal(4)
-    got = tullax.einsum_kernel("y[i] := x[i+k]*w[k]  (k in range(1, 3))", backend="numba")(x, w)
-    # i runs over every value where each x[i+k] is in bounds for all k in 1, 2: i = -1, ..., 6
-    np.testing.assert_allclose(got, [sum(x[i + k] * w[k] for k in (1, 2)) for i in range(-1, 7)], rtol=1e-12)
+    got = tullax.einsum_kernel("y[i] := x[i+k-1]*w[k]  (k in range(1, 3))", backend="numba")(x, w)
+    # i runs over every value where each x[i+k-1] is in bounds for all k in 1, 2: i = 0, ..., 7
+    np.testing.assert_allclose(got, [sum(x[i + k - 1] * w[k] for k in (1, 2)) for i in range(8)], rtol=1e-12)
     # the Tullio port: the first three positions
     got = tullax.einsum_kernel("s := w[k]  (k in 0:3)", backend="xla")(w)
     np.testing.assert_allclose(got, w[:3].sum(), rtol=1e-12)
@@ -142,7 +142,7 @@ ROUND_TRIP = [
     "y[i] := x[i,k]  (k in 0:fld(size(x,1),2))",
     "y[i] := x[i,k]  (k in max(0, size(x,1)-4):min(3, size(x,1)))",
     "y[i] := 2*x[i]  (k in 0:2*size(x,0)+1)",
-    "y[i] := x[i+k]*w[k]  (k in range(1, 3))",
+    "y[i] := x[i+k-1]*w[k]  (k in range(1, 3))",
 ]
 
 

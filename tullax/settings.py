@@ -151,6 +151,11 @@ _ALL = (
              "Whether large output buffers of host kernels get transparent huge pages (`madvise`). Read once "
              "per process.", parse=_flag),
     # the c backend
+    # the spec front end
+    _setting("TULLAX_MAX_WORK", "a bound", 2**50, "2^50", "a number of iterations (an integer), or 0 for no bound",
+             "The most iterations one kernel call (the forward kernel or a gradient kernel) may run; a call beyond "
+             "it is a ShapeError, so a wrong range never runs for hours. Read when a call is traced.",
+             parse=_count),
     _setting("TULLAX_CC", "a command", "cc", "cc", "a C compiler command",
              "The C compiler of the c backend (it needs OpenMP).", "c modules (the compiler's path, size, mtime)"),
     _setting("TULLAX_CC_TIMEOUT", "a number of seconds", 600.0, "600", "a number of seconds above 0",

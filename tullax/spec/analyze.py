@@ -32,6 +32,8 @@ from tullax.spec.ir import (
     spec_exprs,
     walk,
 )
+from tullax.spec.offsets import erased_offsets, refuse_erased_offsets
+from tullax.spec.recurrence import check_self_reads
 from tullax.spec.sizes import (
     Sym,
     ceildiv,
@@ -68,6 +70,40 @@ MAX_INDICES = 16
 
 def analyze(parsed: ParsedSpec, ranges: Mapping[str, RangeArg] | None = None) -> Spec:
     """Turn a parsed spec into an analysed, hashable Spec, or raise SpecError pointing into the source."""
+    found = _analyse(parsed, ranges)
+    shifted = None if found.copies else _shift_free_to_zero  # a diagonal write's rewritten text says nothing
+    refuse_erased_offsets(found.spec, found.parsed, found.written, found.bounds_for, shifted, _Context(parsed.source))
+    return _shift_free_to_zero(found.spec)
+
+
+def inferred_free_ranges(parsed: ParsedSpec, ranges: Mapping[str, RangeArg] | None = None,
+                         ) -> tuple[dict[str, Range], tuple[str, ...]]:
+    """Every free index's range as inferred (before it is moved to start at 0), and the free indices of a ':='
+    spec that ``analyze`` refuses because that range does not start at 0: range clauses giving those ranges keep
+    the result the inference describes."""
+    found = _analyse(parsed, ranges)
+    free = {name: found.spec.range_of[name] for name in found.spec.free if name not in found.copies}
+    return free, tuple(n for n in erased_offsets(found.spec, found.written) if n not in found.copies)
+
+
+@dataclass(frozen=True)
+class _Analysed:
+    """A spec with its ranges as inferred (free indices not yet moved to start at 0), the parsed spec after the
+    diagonal write, the indices whose range the user wrote, every index's range and the indices a diagonal write
+    added (each repeats one the user wrote, with its range)."""
+
+    spec: Spec
+    parsed: ParsedSpec
+    written: frozenset[str]
+    known: Mapping[str, Range]
+    copies: frozenset[str]
+
+    def bounds_for(self, idx: Affine, array: str, axis: int, name: str) -> Range:
+        """The range of ``name`` that keeps axis ``axis`` of ``array``, indexed by ``idx``, in bounds."""
+        return _bounds_for(Constraint(idx, array, axis), name, dict(self.known))
+
+
+def _analyse(parsed: ParsedSpec, ranges: Mapping[str, RangeArg] | None) -> _Analysed:
     ctx = _Context(parsed.source)
     parsed, copies = diagonal_write(parsed)  # D[i,i] := A[i]: a new index per repetition, zeros off the diagonal
     _check_lhs(parsed, ctx)
@@ -92,7 +128,8 @@ def analyze(parsed: ParsedSpec, ranges: Mapping[str, RangeArg] | None = None) ->
         finalizer=finalizer, inputs=inputs, free=free, reduced=reduced,
         ranges=tuple((name, known[name]) for name in free + reduced), agreements=agreements,
     )
-    return _shift_free_to_zero(spec)
+    written = frozenset(explicit) | {new for new, old in copies.items() if old in explicit}
+    return _Analysed(spec, parsed, written, MappingProxyType(dict(known)), frozenset(copies))
 
 
 class _Context:
@@ -184,13 +221,11 @@ def _inputs(parsed: ParsedSpec, index_names: list[str], ctx: _Context) -> tuple[
         if as_data:
             data.add(name)
 
+    check_self_reads(parsed, ctx)  # the result on the right: only at the position written, and not for ':='
     if parsed.assign != ":=":
         note(parsed.out, len(parsed.lhs or ()), (0, 0), True)
     for node in (node for expr in spec_exprs(parsed) for node in walk(expr)):
         if isinstance(node, Access):
-            if node.array == parsed.out and parsed.assign == ":=":
-                raise ctx.error(f"{node.array} is the result being defined with ':=', it cannot appear "
-                                "on the right (use '=' or '+=' to update an existing array)", node.span)
             note(node.array, len(node.idx), node.span, True)
             for idx in node.idx:
                 if isinstance(idx, Indirect):
@@ -421,7 +456,8 @@ def _narrow(constraints: list[Constraint], known: dict[str, Range], narrowable: 
 # Shifting free indices to start at 0
 # ---------------------------------------------------------------------------------------------
 def _shift_free_to_zero(spec: Spec) -> Spec:
-    """For ':=' every free index runs from 0: substitute i -> i + lo in the body (docs/design.md, section 1)."""
+    """For ':=' every free index runs from 0: substitute i -> i + lo in the body (docs/design.md, section 1). An
+    inferred start other than 0 was refused before (``tullax.spec.offsets``): only a range the user wrote shifts."""
     rng = spec.range_of
     if spec.assign != ":=":
         return replace(spec, out_shape=tuple(Sym.extent(spec.out, d) for d in range(len(spec.lhs or ()))))
@@ -462,4 +498,4 @@ def shift_indices(body: Expr, shifts: Mapping[str, Sym]) -> Expr:
     return map_expr(body, fix)
 
 
-__all__ = ["analyze", "shift_indices", "Occurrence", "Constraint"]
+__all__ = ["analyze", "inferred_free_ranges", "shift_indices", "Occurrence", "Constraint"]

@@ -26,13 +26,9 @@ from tullax.spec.ir import (
     walk,
 )
 from tullax.spec.padvalue import padded_read
-from tullax.spec.parse_index import IndexGrammar
+from tullax.spec.parse_index import MAX_DEPTH, IndexGrammar
 from tullax.spec.ranges import at_range_clause, range_clauses, size_call
 from tullax.spec.tokens import Token, tokenize
-
-# Deepest expression tree accepted: every later stage (analysis, gradients, lowering, printers, Python's and
-# Numba's compilers) recurses over the tree, and a deeper one would end in a RecursionError.
-MAX_DEPTH = 64
 
 # Reductions written as calls, as NumPy code would: in a spec the reduction is implicit in the indices
 _IMPLICIT = ("reductions are implicit: an index on the right that is not on the left is reduced over, so "
@@ -205,14 +201,8 @@ class _Parser(IndexGrammar):
 
     def unary(self) -> Expr:
         # every nesting (parentheses, calls, signs, powers) passes through here: bound it before Python's stack
-        self.nesting += 1
-        if self.nesting > MAX_DEPTH:
-            raise self.error(f"the expression nests more than {MAX_DEPTH} levels deep, tullax's limit: split it "
-                             f"into several kernels")
-        try:
+        with self.deeper():
             return self.signed()
-        finally:
-            self.nesting -= 1
 
     def signed(self) -> Expr:
         start = self.tok

@@ -9,7 +9,9 @@ one may not appear) and ``pad_values`` (the ``pad(e, value)`` values of the last
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import replace
+from typing import Iterator
 
 from tullax.spec.ir import (
     INDEX_LIMIT,
@@ -26,12 +28,30 @@ from tullax.spec.ir import (
 from tullax.spec.sizes import Sym
 from tullax.spec.tokens import Token
 
+# Deepest nesting accepted (parentheses, calls, signs, in a body, an index or a range bound): every later stage
+# (analysis, gradients, lowering, printers, Python's and Numba's compilers) recurses over the tree, and the parser
+# itself recurses per level, so a deeper one would end in a RecursionError.
+MAX_DEPTH = 64
+
 END = "<end>"  # the key of 'end' in a linear form: not an identifier, so never an index's name
 IND = "<ind>"  # the key of the one indirect term of a position (``ix[i]+j``)
 
 
 class IndexGrammar:
     """The index positions of an access (see the module docstring)."""
+
+    @contextmanager
+    def deeper(self) -> Iterator[None]:
+        """One more level of nesting (``self.nesting`` counts them), refused beyond MAX_DEPTH before Python's
+        stack runs out."""
+        self.nesting += 1
+        try:
+            if self.nesting > MAX_DEPTH:
+                raise self.error(f"the expression nests more than {MAX_DEPTH} levels deep, tullax's limit: split it "
+                                 f"into several kernels (or drop redundant parentheses)")
+            yield
+        finally:
+            self.nesting -= 1
 
     def index_list(self, array: str) -> tuple[Idx, ...]:
         values: list[Expr | None] = []
@@ -192,7 +212,8 @@ class IndexGrammar:
             return {tok.text: 1}
         if tok.text == "(":
             self.advance()
-            value = self.lin_sum()
+            with self.deeper():
+                value = self.lin_sum()
             self.expect(")", "')'")
             return value
         found = "the end of the spec" if tok.kind == "end" else repr(tok.text)
@@ -227,4 +248,4 @@ def _mul(a: dict[str, int], b: dict[str, int], parser: IndexGrammar, tok: Token)
     raise parser.error("an index must be affine: the product of two indices is not allowed", tok)
 
 
-__all__ = ["END", "IND", "IndexGrammar"]
+__all__ = ["END", "IND", "MAX_DEPTH", "IndexGrammar"]

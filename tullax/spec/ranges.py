@@ -162,12 +162,14 @@ def _atom(parser: Parser) -> Sym:
         return floordiv(args[0], args[1].const)
     if tok.text == "(":
         parser.advance()
-        value = _sum(parser)
+        with parser.deeper():  # nesting is bounded as in a body (MAX_DEPTH), before Python's stack
+            value = _sum(parser)
         parser.expect(")", "')'")
         return value
     if tok.text == "-":
         parser.advance()
-        return -_atom(parser)
+        with parser.deeper():
+            return -_atom(parser)
     if tok.kind == "name" and tok.text == "end":
         raise parser.error("end is not a range bound (it is the last position of an axis inside brackets, "
                            "x[i,end]): ranges here are half-open, so 0:size(x,d) runs to the last position of "

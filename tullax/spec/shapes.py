@@ -25,6 +25,7 @@ from tullax.spec.ir import (
     walk,
 )
 from tullax.spec.sizes import Shapes, Sym
+from tullax.spec.work import check_work
 
 Ranges = dict[str, tuple[int, int]]
 
@@ -61,6 +62,7 @@ def check_shapes(spec: Spec, shapes: Shapes) -> None:
     ranges = eval_shapes(spec, shapes)
     _check_free_ranges(spec, shapes, ranges)
     _check_index_arithmetic(spec, shapes, ranges)
+    check_work(spec, shapes, ranges)  # a range typo would run for hours: refused beyond a bound
     _check_bounds(spec, shapes, ranges)
 
 

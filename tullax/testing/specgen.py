@@ -1,6 +1,7 @@
 """Random specs for property tests: valid ones from the grammar of docs/design.md, section 1, and garbage.
 
-``random_spec`` writes specs whose every range is inferable, covering shifts, constants, ``end``, mod/clamp/pad
+``random_spec`` writes specs whose every range is inferable (or written, where a result index would not start at
+0), covering shifts, constants, ``end``, mod/clamp/pad
 (with a pad value), indirect indices (inside affine arithmetic too: ``A[ix[i]+j]``, ``A[2ix[i]+j]``,
 ``pad(ix[i]+j)``), scatters, diagonal writes, ``*=``, every reduction and finaliser (function names and
 expressions of ``_``), the functions of the registry, ``size(A,d)`` values and ``(z in lo:hi)`` clauses;
@@ -230,7 +231,22 @@ def random_spec(rng: Any, complex_values: bool = False) -> str:
     n_reduced = int(rng.choice([0, 1, 1, 2]))
     if n_free + n_reduced == 0:
         n_free = 1
-    return _SpecWriter(rng, list(_INDICES[:n_free + n_reduced]), n_free, complex_values).spec()
+    return _keep_offsets(_SpecWriter(rng, list(_INDICES[:n_free + n_reduced]), n_free, complex_values).spec())
+
+
+def _keep_offsets(text: str) -> str:
+    """``text`` with range clauses for the result's indices where one's inferred range does not start at 0 (``y[i]
+    := A[i]*B[i-1]``): analysis refuses that unless the range is written. Clauses for every result index, with the
+    inferred ranges, keep the result the inference describes (through the explicit-range path); no draw of the
+    generator, so seeds keep their specs."""
+    from tullax.spec.analyze import inferred_free_ranges
+    from tullax.spec.parse import parse_spec
+    from tullax.spec.ranges import format_clause
+
+    free, refused = inferred_free_ranges(parse_spec(text))
+    if not refused:
+        return text
+    return text + "".join(f"  {format_clause(name, rng.lo, rng.hi)}" for name, rng in free.items())
 
 
 def random_call(rng: Any) -> tuple[str, dict[str, Any]]:
@@ -248,7 +264,7 @@ def random_call(rng: Any) -> tuple[str, dict[str, Any]]:
             op = writer.pick(['<', '<=', '>', '>=', '==', '!='])
             body = f"{body} {op} {writer.pick(['0', '0.5', writer.leaf()])}"
         free = writer.indices[:n_free]
-        text = f"({writer.pick(['&', '|'])}) O{'[' + ','.join(free) + ']' if free else ''} := {body}"
+        text = _keep_offsets(f"({writer.pick(['&', '|'])}) O{'[' + ','.join(free) + ']' if free else ''} := {body}")
     else:
         text = random_spec(rng)
     spec = compile_spec(text)[1]
