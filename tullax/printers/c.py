@@ -125,6 +125,8 @@ class CPrinter(CLikePrinter):
         assert isinstance(place, CPlace)
         if _lane_reduction(loop):
             return self.lanes(loop, place)
+        if _simd_reduction(loop):
+            return [self.simd_pragma(loop, place), *super().loop(loop, place)]
         if not loop.reduce_parallel:
             return super().loop(loop, place)
         dtypes = dict(place.declared)
@@ -135,6 +137,16 @@ class CPrinter(CLikePrinter):
         decls, inner = self.declarations(loop.body, inner)
         return [f"{pad}#pragma omp parallel for{clauses} schedule(static) {team()}",
                 pad + self.loop_header(loop, place), *decls, *self.block(loop.body, inner), pad + "}"]
+
+    def simd_pragma(self, loop: Loop, place: CPlace) -> str:
+        """``omp simd`` over a sum/product reduction loop (``_simd_reduction``): the module is compiled without
+        -fassociative-math (it needs -fno-signed-zeros, which lets GCC fold NaN*0 to 0), so this is the one place
+        the compiler may reorder float sums, and vectorise them; the loop's locals are private to each lane."""
+        accums = {s.var: s.op for s in loop.body if isinstance(s, Accum)}
+        clauses = "".join(f" reduction({_OMP_REDUCTIONS[op]}:{var})" for var, op in accums.items())
+        lets = sorted({s.var for s in loop.body if isinstance(s, Let)})
+        private = f" private({', '.join(lets)})" if lets else ""
+        return f"{self.indent * place.depth}#pragma omp simd{clauses}{private}"
 
     def lanes(self, loop: Loop, place: CPlace) -> list[str]:
         """A max/min reduction loop as independent accumulators in vectors of ``vector_lanes(dtype)`` over blocks
@@ -282,6 +294,18 @@ def _lane_reduction(loop: Loop) -> bool:
     count = next((n for n, s in enumerate(loop.body) if not isinstance(s, Let)), len(loop.body))
     accums = loop.body[count:]
     return bool(accums) and all(isinstance(s, Accum) and s.op in ("max", "min") for s in accums)
+
+
+def _simd_reduction(loop: Loop) -> bool:
+    """A serial loop whose body is Lets and then ``+``/``*`` Accums of scalars (one per row of a register tile),
+    none of them a Let's name: its iterations are independent but for the reductions (``CPrinter.simd_pragma``)."""
+    if loop.parallel or loop.reduce_parallel or not loop.body:
+        return False
+    count = next((n for n, s in enumerate(loop.body) if not isinstance(s, Let)), len(loop.body))
+    accums = loop.body[count:]
+    lets = {s.var for s in loop.body[:count]}
+    return bool(accums) and all(isinstance(s, Accum) and s.op in _OMP_REDUCTIONS and s.var not in lets
+                                for s in accums)
 
 
 def team() -> str:
