@@ -110,7 +110,7 @@ def measure(case, repeat: int) -> dict:
         # the fastest round: the least disturbed by the other work on a shared machine
         ms = {variant: min(t) for variant, t in times.items()}
         found[job] = {"ms": ms, "median_ms": {variant: statistics.median(t) for variant, t in times.items()},
-                      "after/before": ms["after"] / ms["before"], "no-simd/before": ms["no-simd"] / ms["before"]}
+                      "after/before": ms["after"] / ms["before"], "no-simd/before": ms.get("no-simd", 0) / ms["before"]}
         print(f"{case.name:22s} {job:10s} " + " ".join(f"{v} {t:8.3f} ms" for v, t in ms.items())
               + f"  after/before {found[job]['after/before']:.2f}", flush=True)
     return found

@@ -50,8 +50,10 @@ from tullax.spec import functions
 from tullax.spec.functions import Function
 
 # fastmath without nnan/ninf: those would let LLVM assume no -inf/+inf/NaN, which breaks the -inf/+inf initial
-# values of max/min, logsumexp's infinity test and NaN reads of out-of-range indirect indices.
-FASTMATH = "{'nsz', 'arcp', 'contract', 'afn', 'reassoc'}"
+# values of max/min, logsumexp's infinity test and NaN reads of out-of-range indirect indices. Nor nsz: with
+# reassoc, LLVM folds 0*x + x*0 to 0 (NaN and inf included); nor arcp: x/d as x*(1/d) is inf for a subnormal d.
+# reassoc alone lets sums vectorise.
+FASTMATH = "{'contract', 'afn', 'reassoc'}"
 
 # Calls printed as tullax.backends.numba.math's vectorisable versions instead of the registry's NumPy spelling,
 # by (function, dtype): Numba's np.exp on float32 is a scalar expf call per element.

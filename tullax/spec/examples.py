@@ -104,11 +104,26 @@ def needs_positive(spec: Spec) -> bool:
     return False
 
 
+def special_values(dtype: Any = np.float64, subnormals: bool = True) -> np.ndarray:
+    """The IEEE values a kernel must get right, in ``dtype`` (real floats): NaN, +-inf, +-0, the largest and
+    smallest normal magnitudes, a subnormal (unless ``subnormals`` is False: XLA on the CPU flushes them to
+    zero), and a few ordinary values around the kinks of abs, relu, sign and round."""
+    info = np.finfo(dtype)
+    values = [np.nan, np.inf, -np.inf, 0.0, -0.0, float(info.max), -float(info.max), float(info.tiny),
+              -float(info.tiny), 1.0, -1.0, 0.5, -2.5, 3.0]
+    if subnormals:
+        values += [float(info.smallest_subnormal), -float(info.smallest_subnormal) * 3]
+    with np.errstate(over="ignore"):
+        return np.array(values, dtype)
+
+
 def random_inputs(spec: Spec, shapes: Mapping[str, tuple[int, ...]] | None = None, seed: int = 0,
-                  dtype: Any = np.float64) -> dict[str, Any]:
+                  dtype: Any = np.float64, special: float = 0.0, special_dtype: Any = None) -> dict[str, Any]:
     """Inputs for ``spec``: data in 0.5..1.5 when the spec needs positive values (see ``needs_positive``),
     standard normal otherwise; index arrays hold valid positions of every axis they index; scalars are
-    numbers of ``dtype``; 'shape' inputs are zeros of their shape."""
+    numbers of ``dtype``; 'shape' inputs are zeros of their shape. ``special``: the fraction of real data
+    elements replaced by ``special_values(special_dtype)`` (default ``dtype``; float32's in float64 inputs that
+    a float32 kernel will get), chosen at random."""
     rng = np.random.default_rng(seed)
     shapes = dict(shapes) if shapes is not None else shapes_for(spec, seed)
     positive = needs_positive(spec)
@@ -124,8 +139,19 @@ def random_inputs(spec: Spec, shapes: Mapping[str, tuple[int, ...]] | None = Non
             env[inp.name] = np.zeros(shape, dtype)
         else:
             value = _random_values(rng, shape, positive, dtype)
+            if special and inp.kind == "array" and dtype.kind == "f":
+                value = _with_special_values(rng, value, special, special_dtype or dtype)
             env[inp.name] = value if inp.kind == "array" else dtype.type(value)
     return env
+
+
+def _with_special_values(rng: np.random.Generator, value: np.ndarray, fraction: float, kind: Any) -> np.ndarray:
+    """``value`` with about ``fraction`` of its elements replaced by special values of ``kind``."""
+    chosen = rng.random(value.shape) < fraction
+    pool = special_values(kind).astype(value.dtype)
+    out = value.copy()
+    out[chosen] = rng.choice(pool, size=int(chosen.sum()))
+    return out
 
 
 def _random_values(rng: np.random.Generator, shape, positive: bool, dtype: np.dtype) -> np.ndarray:
@@ -177,4 +203,4 @@ def _fitting_values(idx: Indirect, extent: int, ranges: Mapping[str, tuple[int, 
     return (-((extent - 1 - high) // -s), low // -s + 1)
 
 
-__all__ = ["shapes_for", "random_inputs", "needs_positive", "index_intervals"]
+__all__ = ["shapes_for", "random_inputs", "special_values", "needs_positive", "index_intervals"]
