@@ -1,5 +1,5 @@
 """What IEEE values cost the ``c`` backend (issue 44): the benchmark suite's kernels, forward and every gradient
-step, compiled in three ways and timed alternately in one process (wall time, the fastest round):
+step, compiled in three ways and timed alternately in one process (the fastest round; ``--cpu``: CPU time):
 
   before   the fast-math flags before issue 44 (``-fno-signed-zeros -fassociative-math -freciprocal-math`` on
            top of ours, which let GCC fold NaN*0 to 0) and no ``omp simd`` pragma;
@@ -85,7 +85,7 @@ def execute(variant: str, kernels: dict):
     return run
 
 
-def measure(case, repeat: int) -> dict:
+def measure(case, repeat: int, cpu: bool = False) -> dict:
     spec = compile_spec(case.spec)[1]
     env = dict(zip(spec.input_names, make_inputs(spec, case.shapes, "float32")))
     kernels: dict = {}
@@ -106,7 +106,8 @@ def measure(case, repeat: int) -> dict:
         times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
         for _ in range(repeat):  # alternately: a load change on the shared machine hits every variant alike
             for variant, run in runs.items():
-                times[variant].append(timed(lambda run=run: call(run), 1, warmup=0).wall_ms[0])
+                timing = timed(lambda run=run: call(run), 1, warmup=0)
+                times[variant].append(timing.cpu_ms[0] if cpu else timing.wall_ms[0])
         # the fastest round: the least disturbed by the other work on a shared machine
         ms = {variant: min(t) for variant, t in times.items()}
         found[job] = {"ms": ms, "median_ms": {variant: statistics.median(t) for variant, t in times.items()},
@@ -121,14 +122,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the suite's --quick sizes")
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None, help="TULLAX_C_THREADS: the kernels' threads")
+    parser.add_argument("--cpu", action="store_true", help="CPU time of this process, not wall time: with --threads 1 "
+                        "it leaves out the time other work on a shared machine takes the core")
     parser.add_argument("cases", nargs="*")
     args = parser.parse_args()
     if args.threads:
         os.environ["TULLAX_C_THREADS"] = str(args.threads)
-    results = {case.name: measure(case, args.repeat) for case in suite(quick=args.quick, names=args.cases or None)}
+    cases = suite(quick=args.quick, names=args.cases or None)
+    results = {case.name: measure(case, args.repeat, args.cpu) for case in cases}
     ratios = [job["after/before"] for case in results.values() for job in case.values()]
     command = ("python benchmarks/ieee_flags.py" + (" --quick" if args.quick else "") + f" --repeat {args.repeat}"
-               + (f" --threads {args.threads}" if args.threads else ""))
+               + (f" --threads {args.threads}" if args.threads else "") + (" --cpu" if args.cpu else ""))
     record = {"command": command, "quick": args.quick, "machine": platform.machine(),
               "cores": c_compile.cores(), "compiler": c_compile.identity()["path"], "flags": {
                   v: list(c_compile.BASE_FLAGS) + extra.split() + ([] if simd else ["(no omp simd)"])
@@ -137,8 +141,9 @@ def main() -> None:
     name = "ieee_flags-quick" if args.quick else "ieee_flags"
     (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     lines = [f"# C backend: IEEE flags against the old fast-math flags ({record['command']})", "",
-             f"{record['cores']} cores; fastest wall time of the rounds in ms (medians in the JSON); after/before < 1: "
-             f"faster now. Geometric mean after/before: {record['geomean_after_over_before']:.3f}.", "",
+             f"{record['cores']} cores; fastest {'CPU' if args.cpu else 'wall'} time of the rounds in ms (medians in "
+             f"the JSON); after/before < 1: faster now. Geometric mean after/before: "
+             f"{record['geomean_after_over_before']:.3f}.", "",
              "| case | kernel | before | no-simd | after | after/before |", "|---|---|---|---|---|---|"]
     for case, jobs in results.items():
         for job, r in jobs.items():

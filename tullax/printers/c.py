@@ -298,14 +298,24 @@ def _lane_reduction(loop: Loop) -> bool:
 
 def _simd_reduction(loop: Loop) -> bool:
     """A serial loop whose body is Lets and then ``+``/``*`` Accums of scalars (one per row of a register tile),
-    none of them a Let's name: its iterations are independent but for the reductions (``CPrinter.simd_pragma``)."""
+    none of them a Let's name, that reads along arrays' last axes: its iterations are independent but for the
+    reductions (``CPrinter.simd_pragma``), and vectors of consecutive iterations are contiguous loads. A loop that
+    reads down a column (the ``k`` of ``W[k,i]*X[k,j]``) gets no pragma: GCC then packs the tile's accumulators,
+    which read along a row, into one vector (5x faster than vectors along ``k``, which gather)."""
     if loop.parallel or loop.reduce_parallel or not loop.body:
         return False
     count = next((n for n, s in enumerate(loop.body) if not isinstance(s, Let)), len(loop.body))
-    accums = loop.body[count:]
-    lets = {s.var for s in loop.body[:count]}
-    return bool(accums) and all(isinstance(s, Accum) and s.op in _OMP_REDUCTIONS and s.var not in lets
-                                for s in accums)
+    lets, accums = loop.body[:count], loop.body[count:]
+    local = {s.var for s in lets}
+    if not accums or not all(isinstance(s, Accum) and s.op in _OMP_REDUCTIONS and s.var not in local
+                             for s in accums):
+        return False
+    streams = _streams(loop.var, lets, accums)  # type: ignore[arg-type]
+    loads = {node for stmt in loop.body for node in walk_expr(stmt.value) if isinstance(node, Load)}
+    moving = {node for node in loads if any((loop.var in expr_vars(index)) or (expr_vars(index) & local)
+                                            or any(isinstance(sub, Load) for sub in walk_expr(index))
+                                            for index in node.index)}
+    return bool(streams) and moving <= set(streams)
 
 
 def team() -> str:
