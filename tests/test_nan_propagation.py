@@ -180,3 +180,17 @@ def test_a_float_division_by_zero_is_inf_or_nan_never_an_exception(backend, jit)
         kernel = tullax.einsum_kernel(spec, backend=backend)
         got = np.asarray((jax.jit(kernel) if jit else kernel)(x))
         np.testing.assert_array_equal(got, want, err_msg=f"{spec} on {backend}")
+
+
+@pytest.mark.parametrize("backend", every_backend())
+def test_integer_division_by_zero_is_a_float_inf_or_nan_as_jnps_true_divide(backend):
+    """The spec language divides integers with ``/`` only, into floats (``//`` and ``%`` do not parse; ``mod``
+    wraps an index and refuses an empty axis): an integer division by zero is inf or NaN as ``jnp.true_divide``
+    gives, never a crash of the process (C's integer division by zero is SIGFPE) nor an exception."""
+    import jax.numpy as jnp
+
+    skip_unavailable(backend)
+    x = np.array([7, -7, 0, 5, -2147483648], np.int32)
+    d = np.array([0, 0, 0, 2, -1], np.int32)
+    got = np.asarray(tullax.einsum_kernel("y[i] := x[i]/d[i]", backend=backend)(x, d))
+    np.testing.assert_array_equal(got, np.asarray(jnp.true_divide(x, d)))
