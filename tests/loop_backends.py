@@ -28,6 +28,33 @@ def c_param() -> object:
     return pytest.param("c", marks=pytest.mark.skipif(bool(why), reason=f"c backend: {why}"))
 
 
+@functools.cache
+def unavailable(name: str) -> str:
+    """Why the registry's backend ``name`` cannot run here ("" when it can; ``auto`` always can)."""
+    if name == "auto":
+        return ""
+    from tullax import backends
+
+    ok, why = backends.get(name).availability()
+    return "" if ok else why
+
+
+def every_backend() -> list[object]:
+    """Every backend of the registry and ``auto``, as pytest params: a test parametrised with them runs on a
+    backend registered later too. One that cannot run here skips with its reason when the test runs (looking
+    at availability while collecting would import numba and jax for every test module)."""
+    from tullax import backends
+
+    return [*backends.names(), "auto"]
+
+
+def skip_unavailable(name: str) -> None:
+    """Skip the running test when the backend ``name`` cannot run here."""
+    why = unavailable(name)
+    if why:
+        pytest.skip(f"{name}: {why}")
+
+
 def run_host(backend: Any, spec: Spec, env: dict, dtype: str = "float64") -> np.ndarray:
     """Build (once per process) and run the kernel of ``spec`` on ``env`` with a host ``backend``, as an eager
     call does (a new result starts as NaN, so a position the kernel never writes shows)."""

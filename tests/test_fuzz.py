@@ -95,3 +95,32 @@ def test_malformed_seeds_and_an_unknown_backend_are_usage_errors(monkeypatch):
         fuzz.main(["--backend", "no-such-backend", "--seeds", "0:2"])
     assert exited.value.code == 2
     assert fuzz.main(["--backend", "auto", "--seeds", "3:3", "--no-grad"]) == 0  # an empty range: 'auto' is taken
+
+
+@pytest.mark.parametrize("backend, dtype", [("xla", "float64"), pytest.param("c", "float32", marks=c_param().marks),
+                                            ("numba", "float64")])
+def test_a_few_seeds_with_special_values_check_clean(backend: str, dtype: str):
+    """The fuzzer's special-values mode (issue 44): a tenth of the inputs NaN, +-inf or +-0, the forward result
+    against the naive evaluator with its NaN and infinities exactly (a few seeds: Numba compiles for seconds)."""
+    with jax.enable_x64(True):
+        outcomes = [fuzz.check_seed(seed, backend, dtype, grads=False, special=0.1) for seed in range(3)]
+    assert sum(o.checked for o in outcomes) >= 2, [o.skipped for o in outcomes]
+    assert [f for o in outcomes for f in o.findings] == []
+
+
+def test_the_special_values_mode_puts_special_values_in_the_inputs():
+    from tullax.spec.examples import random_inputs, special_values
+    from tullax.spec.frontend import compile_spec
+
+    spec = compile_spec("y[i] := x[i,j]*w[j]")[1]
+    env = random_inputs(spec, {"x": (40, 50), "w": (50,)}, seed=0, special=0.2,
+                        pool=special_values("float64", extremes=False))
+    x = env["x"]
+    assert 0.1 < np.mean(np.isnan(x) | np.isinf(x) | (x == 0)) < 0.3
+    assert np.isnan(x).any() and np.isposinf(x).any() and np.isneginf(x).any() and (np.signbit(x) & (x == 0)).any()
+    plain = random_inputs(spec, {"x": (40, 50), "w": (50,)}, seed=0)["x"]
+    assert np.isfinite(plain).all()
+    every = special_values("float32")
+    assert np.isnan(every).any() and (every == np.finfo(np.float32).max).any()
+    assert (np.abs(every) == np.finfo(np.float32).smallest_subnormal).any()
+    assert not (np.abs(special_values("float32", subnormals=False)) == np.finfo(np.float32).smallest_subnormal).any()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from loop_backends import c_param
+from loop_backends import every_backend, skip_unavailable
 from test_julia_printer import run_julia
 
 import tullax
@@ -44,13 +44,18 @@ CASES = [
     ("y[i,j] := max(x[i,j], 0)", lambda x: np.maximum(x, 0)),
     ("y[i,j] := min(0.5, x[i,j])", lambda x: np.minimum(0.5, x)),
     ("(logsumexp) l[i] := x[i,j]", lambda x: np.log(np.exp(x).sum(1))),
+    # relu is max(x, 0), NaN-propagating, as jax.nn.relu (issue 44: it was a select that gave 0 at NaN)
+    ("y[i,j] := relu(x[i,j])", lambda x: np.maximum(x, 0)),
+    ("m[i] := x[i,j] |> relu", lambda x: np.maximum(x.sum(1), 0)),
+    ("(max) m[i] := x[i,j] |> relu(_)", lambda x: np.maximum(x.max(1), 0)),
 ]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("backend", ["numba", "xla", c_param()])
+@pytest.mark.parametrize("backend", every_backend())
 @pytest.mark.parametrize("spec, reference", CASES, ids=[c[0] for c in CASES])
 def test_nan_propagates(spec, reference, backend, dtype):
+    skip_unavailable(backend)
     kernel = tullax.einsum_kernel(spec, backend=backend)
     for x in _inputs():
         x = x.astype(dtype)
@@ -76,6 +81,8 @@ def test_nan_propagates_in_the_printed_julia(spec, reference):
 # ---------------------------------------------------------------------------------------------
 MASKS = [
     ("y[i] := x[i]*(x[i] > 2)", lambda x: x * (x > 2)),
+    ("y[i] := x[i]*0", lambda x: x * 0),  # the c backend's -fno-signed-zeros folded it to 0 (issue 44)
+    ("y[i] := 0*x[i] + x[i]*0", lambda x: 0 * x + x * 0),
     ("s := x[i]*(x[i] > 2)", lambda x: np.sum(x * (x > 2))),
     ("y[i] := (x[i] <= 2)*x[i] + 1", lambda x: (x <= 2) * x + 1),
     ("m[i] := x[i,j]*(w[j] > 0)", lambda x, w: (x * (w > 0)).sum(1)),  # a contraction (einsum on xla)
@@ -85,11 +92,12 @@ MASKS = [
 
 @pytest.mark.parametrize("jit", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("backend", every_backend())
 @pytest.mark.parametrize("spec, reference", MASKS, ids=[c[0] for c in MASKS])
 def test_nan_times_a_false_comparison_is_nan_as_in_numpy(spec, reference, backend, dtype, jit):
     import jax
 
+    skip_unavailable(backend)
     x = np.array([nan, 1.0, 3.0, np.inf, -np.inf, 2.0], dtype)
     args = [x] if "w[" not in spec else [np.stack([x, x[::-1]]).T, np.array([1.0, -1.0], dtype)]
     kernel = tullax.einsum_kernel(spec, backend=backend)
@@ -132,3 +140,57 @@ def test_the_xla_lowerings_max_and_min_differentiate_and_vmap_as_jnps(spec, axes
     x[1, 1] = nan
     assert np.isnan(np.asarray(mine(x))).any()
     assert np.isnan(np.asarray(jax.jvp(mine, (x,), (tangent,))[1])).any()
+
+
+# ---------------------------------------------------------------------------------------------
+# relu, max(_, 0) and jax.nn.relu agree on every backend, and no float arithmetic raises (issue 44: relu(NaN)
+# was 0 on c and numba; a float division by zero was Numba's ZeroDivisionError, or an INTERNAL error under jit)
+# ---------------------------------------------------------------------------------------------
+IEEE_INPUTS = np.array([nan, np.inf, -np.inf, 0.0, -0.0, 2.5, -1.5, 3.0])
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("backend", every_backend())
+def test_relu_max_and_jax_nn_relu_agree(backend, jit):
+    import jax
+
+    skip_unavailable(backend)
+    x = IEEE_INPUTS.astype(np.float32)
+    want = np.asarray(jax.nn.relu(x))
+    rows = np.stack([x, x[::-1]])
+    for spec, args, reference in [("y[i] := relu(x[i])", x, want), ("y[i] := max(x[i], 0)", x, want),
+                                  ("y[i] := x[i] |> relu", x, want),
+                                  ("m[i] := x[i,j] |> relu", rows, np.asarray(jax.nn.relu(rows.sum(1))))]:
+        kernel = tullax.einsum_kernel(spec, backend=backend)
+        got = np.asarray((jax.jit(kernel) if jit else kernel)(args))
+        np.testing.assert_array_equal(got, reference, err_msg=f"{spec} on {backend}")
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("backend", every_backend())
+def test_a_float_division_by_zero_is_inf_or_nan_never_an_exception(backend, jit):
+    import jax
+
+    skip_unavailable(backend)
+    x = IEEE_INPUTS.astype(np.float32)
+    with np.errstate(all="ignore"):
+        cases = [("y[i] := x[i]/x[i]", x / x), ("y[i] := 1/x[i]", 1 / x), ("y[i] := x[i]^(-1)", x ** -1.0),
+                 ("y[i] := x[i]^(-2)", 1 / (x * x)), ("y[i] := x[i]/0", x / np.float32(0))]
+    for spec, want in cases:
+        kernel = tullax.einsum_kernel(spec, backend=backend)
+        got = np.asarray((jax.jit(kernel) if jit else kernel)(x))
+        np.testing.assert_array_equal(got, want, err_msg=f"{spec} on {backend}")
+
+
+@pytest.mark.parametrize("backend", every_backend())
+def test_integer_division_by_zero_is_a_float_inf_or_nan_as_jnps_true_divide(backend):
+    """The spec language divides integers with ``/`` only, into floats (``//`` and ``%`` do not parse; ``mod``
+    wraps an index and refuses an empty axis): an integer division by zero is inf or NaN as ``jnp.true_divide``
+    gives, never a crash of the process (C's integer division by zero is SIGFPE) nor an exception."""
+    import jax.numpy as jnp
+
+    skip_unavailable(backend)
+    x = np.array([7, -7, 0, 5, -2147483648], np.int32)
+    d = np.array([0, 0, 0, 2, -1], np.int32)
+    got = np.asarray(tullax.einsum_kernel("y[i] := x[i]/d[i]", backend=backend)(x, d))
+    np.testing.assert_array_equal(got, np.asarray(jnp.true_divide(x, d)))

@@ -283,8 +283,9 @@ def _imag(args: list[Expr], compute: str) -> Expr:
 
 
 def _relu(args: list[Expr], compute: str) -> Expr:
+    """max(x, 0), NaN-propagating as jax.nn.relu (a select on x > 0 gave 0 at NaN)."""
     x, zero = cast(args[0], compute), Const(0.0, compute)
-    return Select(binop(">", x, zero), x, zero, compute)
+    return binop("max", x, zero)
 
 
 def _sign(args: list[Expr], compute: str) -> Expr:

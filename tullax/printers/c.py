@@ -124,6 +124,8 @@ class CPrinter(CLikePrinter):
         assert isinstance(place, CPlace)
         if _lane_reduction(loop):
             return self.lanes(loop, place)
+        if _simd_reduction(loop):
+            return [self.simd_pragma(loop, place), *super().loop(loop, place)]
         if not loop.reduce_parallel:
             return super().loop(loop, place)
         dtypes = dict(place.declared)
@@ -134,6 +136,16 @@ class CPrinter(CLikePrinter):
         decls, inner = self.declarations(loop.body, inner)
         return [f"{pad}#pragma omp parallel for{clauses} schedule(static) {team()}",
                 pad + self.loop_header(loop, place), *decls, *self.block(loop.body, inner), pad + "}"]
+
+    def simd_pragma(self, loop: Loop, place: CPlace) -> str:
+        """``omp simd`` over a sum/product reduction loop (``_simd_reduction``): the module is compiled without
+        -fassociative-math (it needs -fno-signed-zeros, which lets GCC fold NaN*0 to 0), so this is the one place
+        the compiler may reorder float sums, and vectorise them; the loop's locals are private to each lane."""
+        accums = {s.var: s.op for s in loop.body if isinstance(s, Accum)}
+        clauses = "".join(f" reduction({_OMP_REDUCTIONS[op]}:{var})" for var, op in accums.items())
+        lets = sorted({s.var for s in loop.body if isinstance(s, Let)})
+        private = f" private({', '.join(lets)})" if lets else ""
+        return f"{self.indent * place.depth}#pragma omp simd{clauses}{private}"
 
     def lanes(self, loop: Loop, place: CPlace) -> list[str]:
         """A max/min reduction loop as independent accumulators in vectors of ``vector_lanes(dtype)`` over blocks
@@ -281,6 +293,28 @@ def _lane_reduction(loop: Loop) -> bool:
     count = next((n for n, s in enumerate(loop.body) if not isinstance(s, Let)), len(loop.body))
     accums = loop.body[count:]
     return bool(accums) and all(isinstance(s, Accum) and s.op in ("max", "min") for s in accums)
+
+
+def _simd_reduction(loop: Loop) -> bool:
+    """A serial loop whose body is Lets and then ``+``/``*`` Accums of scalars (one per row of a register tile),
+    none of them a Let's name, that reads along arrays' last axes: its iterations are independent but for the
+    reductions (``CPrinter.simd_pragma``), and vectors of consecutive iterations are contiguous loads. A loop that
+    reads down a column (the ``k`` of ``W[k,i]*X[k,j]``) gets no pragma: GCC then packs the tile's accumulators,
+    which read along a row, into one vector (5x faster than vectors along ``k``, which gather)."""
+    if loop.parallel or loop.reduce_parallel or not loop.body:
+        return False
+    count = next((n for n, s in enumerate(loop.body) if not isinstance(s, Let)), len(loop.body))
+    lets, accums = loop.body[:count], loop.body[count:]
+    local = {s.var for s in lets}
+    if not accums or not all(isinstance(s, Accum) and s.op in _OMP_REDUCTIONS and s.var not in local
+                             for s in accums):
+        return False
+    streams = _streams(loop.var, lets, accums)  # type: ignore[arg-type]
+    loads = {node for stmt in loop.body for node in walk_expr(stmt.value) if isinstance(node, Load)}
+    moving = {node for node in loads if any((loop.var in expr_vars(index)) or (expr_vars(index) & local)
+                                            or any(isinstance(sub, Load) for sub in walk_expr(index))
+                                            for index in node.index)}
+    return bool(streams) and moving <= set(streams)
 
 
 def team() -> str:

@@ -104,11 +104,28 @@ def needs_positive(spec: Spec) -> bool:
     return False
 
 
+def special_values(dtype: Any = np.float64, subnormals: bool = True, extremes: bool = True) -> np.ndarray:
+    """The IEEE values a kernel must get right, in ``dtype`` (real floats): NaN, +-inf, +-0; with ``extremes``
+    the largest and smallest normal magnitudes and, with ``subnormals`` too, subnormals (XLA on the CPU flushes
+    them to zero), and a few ordinary values around the kinks of abs, relu, sign and round. Without
+    ``extremes``, whatever a kernel makes of them does not depend on the order it sums or multiplies in (a huge
+    value times a huge one and then zero is NaN, the other way round 0)."""
+    values = [np.nan, np.inf, -np.inf, 0.0, -0.0]
+    if extremes:
+        info = np.finfo(dtype)
+        values += [float(info.max), -float(info.max), float(info.tiny), -float(info.tiny), 1.0, -1.0, 0.5, -2.5,
+                   3.0]
+        if subnormals:
+            values += [float(info.smallest_subnormal), -float(info.smallest_subnormal) * 3]
+    return np.array(values, dtype)
+
+
 def random_inputs(spec: Spec, shapes: Mapping[str, tuple[int, ...]] | None = None, seed: int = 0,
-                  dtype: Any = np.float64) -> dict[str, Any]:
+                  dtype: Any = np.float64, special: float = 0.0, pool: np.ndarray | None = None) -> dict[str, Any]:
     """Inputs for ``spec``: data in 0.5..1.5 when the spec needs positive values (see ``needs_positive``),
     standard normal otherwise; index arrays hold valid positions of every axis they index; scalars are
-    numbers of ``dtype``; 'shape' inputs are zeros of their shape."""
+    numbers of ``dtype``; 'shape' inputs are zeros of their shape. ``special``: the fraction of real data
+    elements replaced by values drawn from ``pool`` (default ``special_values(dtype)``), chosen at random."""
     rng = np.random.default_rng(seed)
     shapes = dict(shapes) if shapes is not None else shapes_for(spec, seed)
     positive = needs_positive(spec)
@@ -124,8 +141,19 @@ def random_inputs(spec: Spec, shapes: Mapping[str, tuple[int, ...]] | None = Non
             env[inp.name] = np.zeros(shape, dtype)
         else:
             value = _random_values(rng, shape, positive, dtype)
+            if special and inp.kind == "array" and dtype.kind == "f":
+                value = _with_special_values(rng, value, special, special_values(dtype) if pool is None else pool)
             env[inp.name] = value if inp.kind == "array" else dtype.type(value)
     return env
+
+
+def _with_special_values(rng: np.random.Generator, value: np.ndarray, fraction: float,
+                         pool: np.ndarray) -> np.ndarray:
+    """``value`` with about ``fraction`` of its elements replaced by values drawn from ``pool``."""
+    chosen = rng.random(value.shape) < fraction
+    out = value.copy()
+    out[chosen] = rng.choice(np.asarray(pool, value.dtype), size=int(chosen.sum()))
+    return out
 
 
 def _random_values(rng: np.random.Generator, shape, positive: bool, dtype: np.dtype) -> np.ndarray:
@@ -197,4 +225,5 @@ def make_inputs(spec: Spec, shapes: Mapping[str, tuple[int, ...]], dtype: str, s
     return values
 
 
-__all__ = ["shapes_for", "random_inputs", "needs_positive", "index_intervals", "make_inputs"]
+__all__ = ["shapes_for", "random_inputs", "needs_positive", "index_intervals", "make_inputs",
+           "special_values"]

@@ -74,7 +74,7 @@ def _softplus(x):
 
 
 def _relu(x):
-    return x if x > 0 else 0 * x
+    return np.maximum(x, 0.0)  # as jax.nn.relu: NaN stays NaN, -inf gives 0
 
 
 def _math(name: str, derivative: str | None, from_output: str | None, safe_at_pad: bool, c32: str, c64: str,

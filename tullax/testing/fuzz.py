@@ -14,7 +14,12 @@ rounding of the reduction it is given (``|> sin(_)`` of a float32 sum near 7000,
 of 1e18), what it makes of ``PRE_ERROR`` of that value is allowed on top (``_finaliser_spread``), and an element it
 moves by more than ``ILL_CONDITIONED`` of the scale is not compared.
 
-Usage: ``python -m tullax.testing.fuzz --backend c --dtype float32 --seeds 0:200 [--no-grad] [--json out.json]``.
+With ``--special FRACTION`` that fraction of the input elements are NaN, +-inf or +-0 (values whose results do not
+depend on the order a kernel sums or multiplies in), and the forward result is checked against the oracle with
+its NaN and infinities exactly.
+
+Usage: ``python -m tullax.testing.fuzz --backend c --dtype float32 --seeds 0:200 [--no-grad] [--special 0.1]
+[--json out.json]``.
 Each mismatch is printed with its seed, spec and shapes as it is found; the exit status is 1 when there was one.
 Specs that do not compile, find no shapes or run into a ``TullaxError`` are skipped and counted.
 """
@@ -64,12 +69,14 @@ class Outcome:
     findings: tuple[Finding, ...] = ()
 
 
-def check_seed(seed: int, backend: str, dtype: str = "float64", grads: bool = True) -> Outcome:
-    """Generate the spec of ``seed`` with inputs of its size class and check ``backend`` on it in ``dtype``."""
+def check_seed(seed: int, backend: str, dtype: str = "float64", grads: bool = True, special: float = 0.0) -> Outcome:
+    """Generate the spec of ``seed`` with inputs of its size class and check ``backend`` on it in ``dtype``.
+    ``special``: the fraction of input elements that are NaN, +-inf or +-0; then the forward result alone is
+    checked (a gradient through them is mostly NaN), its NaN and infinities exactly."""
     import tullax
     from tullax.backends.workload import iterations
     from tullax.errors import TullaxError
-    from tullax.spec.examples import random_inputs, shapes_for
+    from tullax.spec.examples import random_inputs, shapes_for, special_values
     from tullax.spec.frontend import compile_spec
     from tullax.testing.oracle import naive_eval
     from tullax.testing.specgen import random_spec
@@ -83,7 +90,10 @@ def check_seed(seed: int, backend: str, dtype: str = "float64", grads: bool = Tr
         return Outcome(False, f"no spec or shapes: {err}")
     if iterations(spec, shapes) > MAX_POINTS:
         return Outcome(False, "too large for the naive evaluator")
-    env = random_inputs(spec, shapes, seed=seed)
+    # NaN, +-inf, +-0 only: what a kernel makes of huge or subnormal values depends on the order it multiplies
+    # in (tests/test_special_values.py puts them through every operator alone)
+    pool = special_values(dtype, extremes=False)
+    env = random_inputs(spec, shapes, seed=seed, special=special, pool=pool)
     try:
         with np.errstate(all="ignore"):
             expected = np.asarray(naive_eval(spec, env), np.float64)
@@ -103,7 +113,7 @@ def check_seed(seed: int, backend: str, dtype: str = "float64", grads: bool = Tr
             problem = _compare(got, expected, TOLERANCE[dtype], dtype, spread)
     if problem:
         return Outcome(True, findings=(Finding(seed, text, shapes, "forward", problem),))
-    if not grads:
+    if not grads or special:
         return Outcome(True)
     wrt = [k for k, (item, a) in enumerate(zip(spec.inputs, args))
            if item.kind == "array" and np.asarray(a).dtype.kind == "f"]
@@ -221,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float64", choices=sorted(TOLERANCE))
     parser.add_argument("--seeds", default="0:100", type=_seeds, help="START:STOP (or one seed)")
     parser.add_argument("--no-grad", dest="grads", action="store_false", help="check the forward kernel only")
+    parser.add_argument("--special", type=float, default=0.0, metavar="FRACTION",
+                        help="this fraction of the inputs are NaN, +-inf or +-0 (forward only)")
     parser.add_argument("--json", help="write the findings and the counts here")
     options = parser.parse_args(argv)
     from tullax import backends
@@ -241,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with Progress(transient=True) as progress:
         task = progress.add_task(f"{options.backend} {options.dtype}", total=len(seeds))
         for seed in seeds:
-            outcome = check_seed(seed, options.backend, options.dtype, options.grads)
+            outcome = check_seed(seed, options.backend, options.dtype, options.grads, options.special)
             checked += outcome.checked
             skipped += not outcome.checked
             for found in outcome.findings:

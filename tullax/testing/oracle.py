@@ -230,7 +230,9 @@ _BINARY: dict[str, Callable] = {
     "-": lambda a, b, k: a - b,
     "*": lambda a, b, k: a * b,
     "/": lambda a, b, k: a / b,
-    "^": lambda a, b, k: k(np.power(a, b)),
+    # the scalars' ``**`` is C's pow (C99 Annex F, as jnp and every backend: (-inf)^0.5 is inf); np.power
+    # gives NaN there
+    "^": lambda a, b, k: k(k(a) ** k(b)),
     "<": lambda a, b, k: k(a < b),
     "<=": lambda a, b, k: k(a <= b),
     ">": lambda a, b, k: k(a > b),

@@ -421,6 +421,7 @@ void grad0_step0(
                 t0_0_1 = a2[i0_r0 * a2_e1 + (i1_r0 + 1)];
                 t0_1_0 = a2[(i0_r0 + 1) * a2_e1 + i1_r0];
                 t0_1_1 = a2[(i0_r0 + 1) * a2_e1 + (i1_r0 + 1)];
+                #pragma omp simd reduction(+:acc_part_0_0) reduction(+:acc_part_0_1) reduction(+:acc_part_1_0) reduction(+:acc_part_1_1)
                 for (tx_i64 i2 = 0; i2 < n3; ++i2) {
                     acc_part_0_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
                     acc_part_0_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_0_1 - a3[i0_r0 * a3_e1 + i2]));
@@ -439,6 +440,7 @@ void grad0_step0(
                         acc_part_0_1 = 0.0f;
                         acc_part_1_0 = 0.0f;
                         acc_part_1_1 = 0.0f;
+                        #pragma omp simd reduction(+:acc_part_0_0) reduction(+:acc_part_0_1) reduction(+:acc_part_1_0) reduction(+:acc_part_1_1)
                         for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
                             acc_part_0_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
                             acc_part_0_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_0_1 - a3[i0_r0 * a3_e1 + i2]));
@@ -465,6 +467,7 @@ void grad0_step0(
                         acc_part = 0.0f;
                         t0 = a2[i0 * a2_e1 + i1];
                         i2_s = 0.0f;
+                        #pragma omp simd reduction(+:i2_s)
                         for (tx_i64 i2 = 0; i2 < n3; ++i2) {
                             i2_s += a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
                         }
@@ -476,6 +479,7 @@ void grad0_step0(
                                 blk_hi = tx_min_i64(blk_lo + 512, n0);
                                 acc_part = 0.0f;
                                 i2_s1 = 0.0f;
+                                #pragma omp simd reduction(+:i2_s1)
                                 for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
                                     i2_s1 += a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
                                 }

@@ -294,6 +294,7 @@ void forward(
         blk_lo = blk * 512;
         blk_hi = tx_min_i64(blk_lo + 512, n0);
         acc_part = 0.0f;
+        #pragma omp simd reduction(+:acc_part)
         for (tx_i64 i0 = blk_lo; i0 < blk_hi; ++i0) {
             acc_part += a1[i0] * a2[i0];
         }

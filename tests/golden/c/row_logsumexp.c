@@ -375,6 +375,7 @@ void forward(
         }
         shift = accm > (-tx_inf_f32()) && accm < tx_inf_f32() ? accm : 0.0f;
         accs_part = 0.0f;
+        #pragma omp simd reduction(+:accs_part)
         for (tx_i64 i1 = 0; i1 < n2; ++i1) {
             accs_part += expf(a1[i0 * a1_e1 + i1] - shift);
         }
@@ -384,6 +385,7 @@ void forward(
                 blk_lo = n2 + (blk - 1) * 512;
                 blk_hi = tx_min_i64(blk_lo + 512, n0);
                 accs_part = 0.0f;
+                #pragma omp simd reduction(+:accs_part)
                 for (tx_i64 i1 = blk_lo; i1 < blk_hi; ++i1) {
                     accs_part += expf(a1[i0 * a1_e1 + i1] - shift);
                 }

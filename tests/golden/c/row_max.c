@@ -405,6 +405,7 @@ void grad0_step0(
         tx_i64 blk_hi;
         acc_part = 0.0f;
         t0 = a2[i0];
+        #pragma omp simd reduction(+:acc_part)
         for (tx_i64 i1 = 0; i1 < n2; ++i1) {
             acc_part += ((float)(a1[i0 * a1_e1 + i1] == t0));
         }
@@ -414,6 +415,7 @@ void grad0_step0(
                 blk_lo = n2 + (blk - 1) * 512;
                 blk_hi = tx_min_i64(blk_lo + 512, n0);
                 acc_part = 0.0f;
+                #pragma omp simd reduction(+:acc_part)
                 for (tx_i64 i1 = blk_lo; i1 < blk_hi; ++i1) {
                     acc_part += ((float)(a1[i0 * a1_e1 + i1] == t0));
                 }

@@ -6,10 +6,10 @@ compilation of a translation unit to a shared library.
   changed compiler or a cache directory shared with another machine never loads a stale library. No
   subprocess: the key costs microseconds.
 * ``flags()``: ``-O3 -march=native -fopenmp -fPIC -shared`` (on x86-64 ``-mprefer-vector-width=256``), plus
-  the fast-math flags that keep NaN and infinity semantics, like Numba's ``fastmath`` set (``nsz arcp contract
-  afn reassoc``, never ``nnan``/``ninf``): ``-fno-math-errno -fno-trapping-math -fno-signed-zeros
-  -fassociative-math -freciprocal-math -ffp-contract=fast``. Never ``-ffinite-math-only`` (-inf initial values
-  of max, NaN propagation).
+  the fast-math flags that change no IEEE value (NaN, infinities, signed zeros): ``-fno-math-errno
+  -fno-trapping-math -ffp-contract=fast``. Never ``-ffinite-math-only`` (-inf initial values of max, NaN
+  propagation) nor ``-fno-signed-zeros`` (GCC folds ``x*0`` to 0 under it, NaN*0 included); sums vectorise
+  through the printer's ``#pragma omp simd reduction`` instead of ``-fassociative-math``.
   ``$TULLAX_CFLAGS`` adds flags after ours; glibc's libmvec is linked where it exists (``vector_math``).
 * ``probe()``: whether the compiler builds an OpenMP shared library here (remembered in the compile cache per
   ``identity()``, so a warm process does not pay for it).
@@ -43,8 +43,13 @@ CFLAGS_ENV = "TULLAX_CFLAGS"  # extra flags after ours (in the cache key too): e
 TIMEOUT_ENV = "TULLAX_CC_TIMEOUT"  # seconds one compile may take before it is stopped and reported
 DEFAULT_TIMEOUT_S = settings.SETTINGS[TIMEOUT_ENV].default
 PROBE_TIMEOUT_S = 60.0  # the probe's tiny compile, at most (less where the setting is less)
+# IEEE values: no -fno-signed-zeros (GCC then folds x*0 to 0, NaN and inf included), so no -fassociative-math
+# (which needs it; the printer's `omp simd reduction` reorders the sums it vectorises), no -freciprocal-math
+# (a/b as a*(1/b): inf for a subnormal b); -fno-trapping-math and -fno-math-errno change no value
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math",
-              "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math", "-ffp-contract=fast")
+              "-ffp-contract=fast")
+# the fast-math flags before issue 44 (benchmarks/ieee_flags.py compares them with ours)
+OLD_FAST_FLAGS = ("-fno-signed-zeros", "-fassociative-math", "-freciprocal-math")
 # x86-64: 256-bit vectors even where AVX-512 exists, as LLVM (Numba) prefers: the reductions of a convolution's
 # gradient run ~60 iterations, which 16-float vectors mostly spend in their remainder (measured: the conv2d
 # kernel gradient on one core 64 -> 37 ms; Linear, Dist, attention unchanged or faster).
@@ -301,5 +306,6 @@ def _loads(library: Path) -> None:
         raise TullaxError(f"the library it built does not load: {err}") from None
 
 
-__all__ = ["BASE_FLAGS", "CC_ENV", "CFLAGS_ENV", "PARALLEL_UNITS", "TIMEOUT_ENV", "compile_library", "compiler",
-           "cores", "flags", "identity", "libraries", "probe", "resolved", "split_units", "timeout_s", "vector_math"]
+__all__ = ["BASE_FLAGS", "CC_ENV", "CFLAGS_ENV", "OLD_FAST_FLAGS", "PARALLEL_UNITS", "TIMEOUT_ENV",
+           "compile_library", "compiler", "cores", "flags", "identity", "libraries", "probe", "resolved",
+           "split_units", "timeout_s", "vector_math"]

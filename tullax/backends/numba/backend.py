@@ -17,9 +17,11 @@
   and combines them (supported for + * max min). Scatter kernels are race-free on any thread count without
   atomics (Numba has none on the CPU): the lowering makes only collision-free loops parallel and prints the
   colliding ones serially inside each parallel iteration; a scatter with no collision-free index runs serially.
-* fastmath: ``{'nsz', 'arcp', 'contract', 'afn', 'reassoc'}``, i.e. ``fastmath=True`` WITHOUT ``nnan`` and
-  ``ninf``: those would let LLVM assume no -inf/+inf/NaN, which breaks the -inf/+inf initial values of max/min,
-  logsumexp's infinity test and NaN reads of out-of-range indirect indices.
+* fastmath: ``{'contract', 'afn', 'reassoc'}``, i.e. ``fastmath=True`` WITHOUT ``nnan`` and ``ninf``: those
+  would let LLVM assume no -inf/+inf/NaN, which breaks the -inf/+inf initial values of max/min, logsumexp's
+  infinity test and NaN reads of out-of-range indirect indices; nor ``nsz`` (with ``reassoc`` LLVM folds
+  ``0*x + x*0`` to 0 at NaN and inf) nor ``arcp`` (``x/d`` as ``x*(1/d)``: inf for a subnormal ``d``).
+  ``error_model='numpy'``: a float division by zero is inf or NaN, not ZeroDivisionError.
 * max/min reduction loops are printed as 8 independent lanes (``_lanes``), which LLVM vectorises; a float32
   ``exp`` is printed as ``_exp_f32`` (``tullax.backends.numba.math``: arithmetic LLVM vectorises, where
   ``np.exp`` is a scalar libm call without SVML).

@@ -1,0 +1,158 @@
+"""What IEEE values cost the ``c`` backend (issue 44): the benchmark suite's kernels, forward and every gradient
+step, compiled in three ways and timed alternately in one process (the fastest round; ``--cpu``: CPU time):
+
+  before   the fast-math flags before issue 44 (``-fno-signed-zeros -fassociative-math -freciprocal-math`` on
+           top of ours, which let GCC fold NaN*0 to 0) and no ``omp simd`` pragma;
+  no-simd  our flags, no pragma: what dropping those flags alone costs;
+  after    our flags and the printer's ``#pragma omp simd reduction`` on sum/product loops (what ships).
+
+Each variant is its own module in the compile cache (the flags are in its key). Writes
+benchmarks/results/ieee_flags.json and .md (``after/before`` per case: below 1 is faster now).
+
+    python benchmarks/ieee_flags.py [--quick] [--repeat N] [--threads N] [CASE ...]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.cases import suite  # noqa: E402
+from tullax.backends import host  # noqa: E402
+from tullax.backends.base import Signature  # noqa: E402
+from tullax.backends.c import backend as c_backend  # noqa: E402
+from tullax.backends.c import compile as c_compile  # noqa: E402
+from tullax.benchmarking.case import make_inputs  # noqa: E402
+from tullax.benchmarking.timing import timed  # noqa: E402
+from tullax.grad import gradients  # noqa: E402
+from tullax.grad.run import gradient_env, run_gradient  # noqa: E402
+from tullax.spec.frontend import compile_spec  # noqa: E402
+
+VARIANTS = {"before": (" ".join(c_compile.OLD_FAST_FLAGS), False), "no-simd": ("", False), "after": ("", True)}
+RESULTS = Path(__file__).parent / "results"
+
+
+def _without_simd(source: str) -> str:
+    return "\n".join(line for line in source.splitlines() if "#pragma omp simd" not in line) + "\n"
+
+
+def build(spec, signature: Signature, variant: str):
+    """The c backend's host kernel of ``spec`` compiled as ``variant`` says."""
+    extra, simd = VARIANTS[variant]
+    saved = os.environ.get(c_compile.CFLAGS_ENV)
+    os.environ[c_compile.CFLAGS_ENV] = extra
+    try:
+        base = c_backend._recipe(c_backend.FORWARD)
+
+        def generate(spec, signature):
+            kernel, source = base.generate(spec, signature)
+            return kernel, source if simd else _without_simd(source)
+
+        recipe = dataclasses.replace(base, options={**base.options, "ieee_variant": variant},
+                                     generate=generate, load_cached=None)
+        return host.build_module(recipe, spec, signature)
+    finally:
+        if saved is None:
+            os.environ.pop(c_compile.CFLAGS_ENV, None)
+        else:
+            os.environ[c_compile.CFLAGS_ENV] = saved
+
+
+def execute(variant: str, kernels: dict):
+    """``execute(step, env)`` on ``variant``'s kernels (built once per step)."""
+    def run(step, env):
+        inputs = [np.asarray(env[name]) for name in step.input_names]
+        signature = Signature(tuple(v.dtype.name for v in inputs), "float32")
+        key = (variant, step, signature)
+        if key not in kernels:
+            kernels[key] = build(step, signature, variant)
+        shapes = {name: v.shape for name, v in zip(step.input_names, inputs)}
+        if step.assign == ":=":
+            out = np.zeros(tuple(s.eval(shapes) for s in step.out_shape), np.float32)
+        else:
+            out = np.array(env[step.out], np.float32, copy=True)
+        kernels[key](out, *inputs)
+        return out
+    return run
+
+
+def measure(case, repeat: int, cpu: bool = False) -> dict:
+    spec = compile_spec(case.spec)[1]
+    env = dict(zip(spec.input_names, make_inputs(spec, case.shapes, "float32")))
+    kernels: dict = {}
+    jobs = {"forward": lambda run: run(spec, env)}
+    forward = execute("after", kernels)(spec, env)
+    cotangent = np.random.default_rng(1).standard_normal(forward.shape).astype(np.float32)
+    genv = gradient_env(spec, env, forward, cotangent)
+    for grad in gradients(spec):
+        if np.asarray(env[grad.wrt]).dtype.kind == "f":
+            jobs[f"grad {grad.wrt}"] = lambda run, grad=grad: run_gradient(grad, spec, genv, run)
+    found = {}
+    for job, call in jobs.items():
+        runs = {variant: execute(variant, kernels) for variant in VARIANTS}
+        results = {variant: call(run) for variant, run in runs.items()}  # builds, and checks they agree
+        for variant, value in results.items():
+            np.testing.assert_allclose(value, results["after"], rtol=2e-3, atol=2e-3 * np.abs(value).max(),
+                                       err_msg=f"{case.name} {job} {variant}")
+        times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+        for _ in range(repeat):  # alternately: a load change on the shared machine hits every variant alike
+            for variant, run in runs.items():
+                timing = timed(lambda run=run: call(run), 1, warmup=0)
+                times[variant].append(timing.cpu_ms[0] if cpu else timing.wall_ms[0])
+        # the fastest round: the least disturbed by the other work on a shared machine
+        ms = {variant: min(t) for variant, t in times.items()}
+        found[job] = {"ms": ms, "median_ms": {variant: statistics.median(t) for variant, t in times.items()},
+                      "after/before": ms["after"] / ms["before"], "no-simd/before": ms.get("no-simd", 0) / ms["before"]}
+        print(f"{case.name:22s} {job:10s} " + " ".join(f"{v} {t:8.3f} ms" for v, t in ms.items())
+              + f"  after/before {found[job]['after/before']:.2f}", flush=True)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the suite's --quick sizes")
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=None, help="TULLAX_C_THREADS: the kernels' threads")
+    parser.add_argument("--cpu", action="store_true", help="CPU time of this process, not wall time: with --threads 1 "
+                        "it leaves out the time other work on a shared machine takes the core")
+    parser.add_argument("cases", nargs="*")
+    args = parser.parse_args()
+    if args.threads:
+        os.environ["TULLAX_C_THREADS"] = str(args.threads)
+    cases = suite(quick=args.quick, names=args.cases or None)
+    results = {case.name: measure(case, args.repeat, args.cpu) for case in cases}
+    ratios = [job["after/before"] for case in results.values() for job in case.values()]
+    command = ("python benchmarks/ieee_flags.py" + (" --quick" if args.quick else "") + f" --repeat {args.repeat}"
+               + (f" --threads {args.threads}" if args.threads else "") + (" --cpu" if args.cpu else ""))
+    record = {"command": command, "quick": args.quick, "machine": platform.machine(),
+              "cores": c_compile.cores(), "compiler": c_compile.identity()["path"], "flags": {
+                  v: list(c_compile.BASE_FLAGS) + extra.split() + ([] if simd else ["(no omp simd)"])
+                  for v, (extra, simd) in VARIANTS.items()},
+              "geomean_after_over_before": float(np.exp(np.mean(np.log(ratios)))), "cases": results}
+    name = "ieee_flags-quick" if args.quick else "ieee_flags"
+    (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    lines = [f"# C backend: IEEE flags against the old fast-math flags ({record['command']})", "",
+             f"{record['cores']} cores; fastest {'CPU' if args.cpu else 'wall'} time of the rounds in ms (medians in "
+             f"the JSON); after/before < 1: faster now. Geometric mean after/before: "
+             f"{record['geomean_after_over_before']:.3f}.", "",
+             "| case | kernel | before | no-simd | after | after/before |", "|---|---|---|---|---|---|"]
+    for case, jobs in results.items():
+        for job, r in jobs.items():
+            ms = r["ms"]
+            lines.append(f"| {case} | {job} | {ms['before']:.3f} | {ms['no-simd']:.3f} | {ms['after']:.3f} "
+                         f"| {r['after/before']:.2f} |")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print(f"geomean after/before {record['geomean_after_over_before']:.3f}; wrote {RESULTS / name}.json/.md")
+
+
+if __name__ == "__main__":
+    main()
