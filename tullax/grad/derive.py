@@ -61,6 +61,10 @@ def gradients(spec: Spec, complex_inputs: frozenset[str] = frozenset()) -> tuple
         raise SpecError("gradients of products of complex values ((*) reductions, *= updates) are not supported: "
                         "the exact gradient finds the zero factors, and complex values have no comparison; "
                         "differentiate real(..)/imag(..) parts, or use the forward only")
+    if spec.scan is not None:  # a recurrence: the gradients of its unrolled form plus one rule
+        from tullax.grad.scan import scan_gradients
+
+        return scan_gradients(spec, complex_inputs, gradients)
     fw = forward_of(spec, complex_inputs)
     wrt = [inp for inp in spec.inputs if inp.kind in ("array", "scalar")]
     results = fresh_sequence(["Δ" + inp.name for inp in wrt], fw.taken)
