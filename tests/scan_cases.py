@@ -27,7 +27,7 @@ def _lru(lam, x, h0):
     def step(h, xt):
         h = lam * h + xt
         return h, h
-    _, hs = jax.lax.scan(step, h0, jnp.moveaxis(x, 1, 0))
+    _, hs = jax.lax.scan(step, h0.astype(jnp.result_type(lam, x, h0)), jnp.moveaxis(x, 1, 0))
     return jnp.moveaxis(hs, 0, 1)
 
 

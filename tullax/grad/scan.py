@@ -6,7 +6,7 @@ rule: a position of h̃ inside the result IS the result, so the result's cotange
 state ``g = Δh + Δh̃`` (at h's positions), a recurrence running the other way:
 
     h[b,t,n] := lam[n]*h[b,t-1,n] + x[b,t,n]  (t scan from h0)
-    g[b,t,n] := lam[n]*g[b,t+1,n] |> _ + Δh[b,t,n]  (t scan reverse)
+    g[b,t,n] := Δh[b,t,n] + g[b,t+1,n]*lam[n]  (t scan reverse)
     Δlam[n] := g[b,t,n]*ifelse(t >= 1, h[b,pad(t-1),n], h0[b,n])
     Δh0[b,n] := lam[n]*g[b,pad(0),n]
 
@@ -42,12 +42,15 @@ from tullax.spec.ir import (
 )
 from tullax.spec.scan import TRAJECTORY, Scan, unrolled
 from tullax.spec.sizes import Extent, Sym
+from tullax.spec.valuetype import result_is_complex
 
 
 def scan_gradients(spec: Spec, complex_inputs: frozenset[str], derive) -> tuple[Gradient, ...]:
     """One Gradient per differentiable input of the recurrence ``spec``; ``derive`` is ``derive.gradients``."""
     scan: Scan = spec.scan
     flat = unrolled(spec)
+    if complex_inputs and result_is_complex(flat, complex_inputs):  # the trajectory holds complex states too
+        complex_inputs = complex_inputs | {TRAJECTORY}
     base = {grad.wrt: grad for grad in derive(flat, complex_inputs)}
     seed = seed_name(spec)
     g_name = fresh("g" + spec.out, spec_names(spec) | {seed} | {s.out for gr in base.values() for s in gr.steps})
@@ -114,8 +117,11 @@ def _adjoint(spec: Spec, step: Spec, seed: str, g_name: str, rename: dict) -> Sp
     ranges = dict(step.ranges)
     ranges[q] = Range(Sym(0), Sym.extent(seed, scan.axis))
     ranges = {n: Range(_swap(r.lo, TRAJECTORY, seed), _swap(r.hi, TRAJECTORY, seed)) for n, r in ranges.items()}
+    # the cotangent once per element: after the sum when there is one (a finaliser), else in the body
+    finalizer = Binary("+", Hole(), seed_read) if step.reduced else None
+    body = body if step.reduced else Binary("+", seed_read, body)
     adjoint = replace(
-        step, out=g_name, body=body, finalizer=Binary("+", Hole(), seed_read),
+        step, out=g_name, body=body, finalizer=finalizer,
         ranges=tuple(ranges.items()), out_shape=tuple(ranges[n].extent() for n in step.free),
         scan=Scan(q, scan.axis, depth, not scan.reverse, None), agreements=())
     return replace(adjoint, inputs=_inputs(adjoint, spec, (seed,)))
@@ -204,12 +210,14 @@ def _affine_value(aff: Affine) -> Expr:
     if aff.div != 1 or any(not isinstance(a, Extent) for a, _ in aff.const.terms):
         raise SpecError("a gradient of this recurrence reads its trajectory at a computed position: not "
                         "supported yet")
-    value: Expr = Num(aff.const.const)
-    for atom, coef in aff.const.terms:
-        value = Binary("+", value, Binary("*", Num(coef), Size(atom.array, atom.axis)))
-    for name, coef in aff.terms:
-        term: Expr = IndexVal(name) if coef == 1 else Binary("*", Num(coef), IndexVal(name))
-        value = Binary("+", value, term)
+    parts: list[Expr] = [IndexVal(name) if coef == 1 else Binary("*", Num(coef), IndexVal(name))
+                         for name, coef in aff.terms]
+    parts += [Binary("*", Num(coef), Size(atom.array, atom.axis)) for atom, coef in aff.const.terms]
+    if aff.const.const or not parts:
+        parts.append(Num(aff.const.const))
+    value = parts[0]
+    for part in parts[1:]:
+        value = Binary("+", value, part)
     return value
 
 
