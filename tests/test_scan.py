@@ -226,6 +226,14 @@ def test_wrong_initial_state_shape_is_a_shape_error():
         tullax.einsum_kernel(case.spec, backend="xla")(lam, x, h0[:, :2])
 
 
+@pytest.mark.parametrize("backend", (c_param(), "xla"))
+def test_a_mixing_read_beyond_the_state_is_a_shape_error(backend):
+    """W[n,m] with more columns than the state has lanes would read h[b,t-1,m] outside the state."""
+    kernel = tullax.einsum_kernel(BY_NAME["elman"].spec, backend=backend)
+    with pytest.raises(TullaxError, match=r"axis 2 of h \(as the scan reads it"):
+        kernel(np.ones((3, 4)), np.ones((2, 5, 3)))
+
+
 def _steps(case, dtype):
     """(spec, env) of the forward kernel and every gradient step of ``case``, environments from float64 runs."""
     spec = compile_spec(case.spec)[1]

@@ -44,14 +44,17 @@ if TYPE_CHECKING:
     from tullax.backends.base import Signature
 
 
-def lower_scan(spec: Spec, signature: Signature, name: str = "kernel") -> LoopKernel:
-    """The one loop kernel of the recurrence ``spec`` (``spec.scan`` set) for ``signature``."""
+def lower_scan(spec: Spec, signature: Signature, name: str = "kernel", contiguous: bool = False) -> LoopKernel:
+    """The one loop kernel of the recurrence ``spec`` (``spec.scan`` set) for ``signature``. ``contiguous``
+    (CPU printers): the last axis of the result, when it is a lane and another lane stays parallel, runs inside
+    ``t`` too, so each step is a contiguous row that vectorises, rather than one lane per thread walking ``t``
+    with a stride."""
     from tullax.compiler.lower import lower
 
     scan = spec.scan
     flat = unrolled(spec)
     init_at = spec.input_names.index(scan.init) if scan.init is not None else None
-    in_dtypes = tuple(d for k, d in enumerate(signature.in_dtypes) if k != init_at) + (signature.out_dtype,)
+    in_dtypes = signature.in_dtypes + (signature.out_dtype,)
     kernel = lower(flat, replace(signature, in_dtypes=in_dtypes), name, tile=False, share=False)
     trajectory = next(a for a in kernel.arrays if a.source == TRAJECTORY)
     init = None
@@ -69,6 +72,9 @@ def lower_scan(spec: Spec, signature: Signature, name: str = "kernel") -> LoopKe
     var_of = [ix.name if isinstance(ix, Var) else None for ix in store.index]
     t_var = var_of[scan.axis]
     mixing = _mixing(spec, var_of)
+    lanes = [v for v in var_of if v is not None and v != t_var and v not in mixing]
+    if contiguous and len(lanes) > 1 and var_of[-1] in lanes:
+        mixing.add(var_of[-1])
     by_var = {loop.var: loop for loop in loops}
     if set(by_var) != set(v for v in var_of if v is not None) or any(
             expr_vars(loop.start) | expr_vars(loop.stop) & set(by_var) for loop in loops):

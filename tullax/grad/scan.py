@@ -272,7 +272,9 @@ def _inputs(step: Spec, spec: Spec, extra: tuple[str, ...]) -> tuple[Input, ...]
     """The inputs ``step`` reads: its own (the trajectory left out), the result and initial state where read."""
     read = {a.array for e in (step.body, step.finalizer) if e is not None for a in accesses(e)}
     read |= {n.array for e in (step.body, step.finalizer) if e is not None for n in _walk(e) if isinstance(n, Size)}
-    kept = [i for i in step.inputs if i.name != TRAJECTORY and (i.name in read or i.kind in ("scalar", "shape"))]
+    accessed = {a.array for e in (step.body, step.finalizer) if e is not None for a in accesses(e)}
+    kept = [replace(i, kind="array") if i.kind == "shape" and i.name in accessed else i for i in step.inputs
+            if i.name != TRAJECTORY and (i.name in read or i.kind in ("scalar", "shape"))]
     names = {i.name for i in kept}
     for name in (spec.out, spec.scan.init, *extra):
         if name is not None and name in read and name not in names:

@@ -258,7 +258,7 @@ def trajectory_position(scan: Scan, pos: Affine) -> Affine:
 
 def unrolled(spec: Spec, name: str = TRAJECTORY) -> Spec:
     """``spec`` without its scan clause, its self-reads reading input ``name`` (the trajectory h̃, of the
-    result's rank, T + depth long along ``t``) instead, and without the initial state input."""
+    result's rank, T + depth long along ``t``) instead, the initial state a 'shape' input."""
     scan: Scan = spec.scan
 
     def swap(node: Expr) -> Expr:
@@ -268,7 +268,9 @@ def unrolled(spec: Spec, name: str = TRAJECTORY) -> Spec:
             return Access(name, tuple(idx), span=node.span)
         return node
 
-    inputs = tuple(i for i in spec.inputs if i.name != scan.init) + (Input(name, "array", len(spec.lhs)),)
+    # the initial state stays, for its extents only (a batch index may take its range from it)
+    inputs = tuple(replace(i, kind="shape") if i.name == scan.init else i for i in spec.inputs) + (
+        Input(name, "array", len(spec.lhs)),)
     agreements = tuple(a for a in spec.agreements if scan.init not in (a.first[0], a.second[0]))
     return replace(spec, body=map_expr(spec.body, swap), inputs=inputs, agreements=agreements, scan=None)
 
@@ -288,12 +290,17 @@ def check_scan_shapes(spec: Spec, shapes: Mapping[str, tuple[int, ...]], check) 
 
     scan: Scan = spec.scan
     flat = unrolled(spec)
-    known = {name: tuple(shape) for name, shape in shapes.items() if name != scan.init}
+    known = {name: tuple(shape) for name, shape in shapes.items()}
     for inp in flat.inputs:  # ranks first: the shapes of the trajectory are computed from them
-        if inp.name != TRAJECTORY and len(known.get(inp.name, ())) != inp.rank:
+        if inp.name not in (TRAJECTORY, scan.init) and len(known.get(inp.name, ())) != inp.rank:
             check(flat, {**known, TRAJECTORY: (1,) * len(spec.lhs)})
     trajectory, init = scan_shapes(spec, known)
-    check(flat, {**known, TRAJECTORY: trajectory})
+    try:
+        check(flat, {**known, TRAJECTORY: trajectory})
+    except ShapeError as err:  # name the state as the user wrote it
+        where = "its positions then the initial state" if scan.reverse else "the initial state then its positions"
+        raise ShapeError(str(err).replace(TRAJECTORY, f"{spec.out} (as the scan reads it: {where} along "
+                                                      f"{scan.index})")) from None
     if scan.init is not None and tuple(shapes[scan.init]) != init:
         lead = "" if scan.depth == 1 else f" with a leading axis of {scan.depth} (the deepest self-read)"
         raise ShapeError(f"the initial state {scan.init} of the scan has shape {tuple(shapes[scan.init])}; it "
