@@ -44,12 +44,11 @@ if TYPE_CHECKING:
     from tullax.backends.base import Signature
 
 
-def lower_scan(spec: Spec, signature: Signature, name: str = "kernel", contiguous: bool = False) -> LoopKernel:
+def lower_scan(spec: Spec, signature: Signature, lower, name: str = "kernel", contiguous: bool = False) -> LoopKernel:
     """The one loop kernel of the recurrence ``spec`` (``spec.scan`` set) for ``signature``. ``contiguous``
     (CPU printers): the last axis of the result, when it is a lane and another lane stays parallel, runs inside
     ``t`` too, so each step is a contiguous row that vectorises, rather than one lane per thread walking ``t``
-    with a stride."""
-    from tullax.compiler.lower import lower
+    with a stride. ``lower`` is ``compiler.lower.lower`` (passed in: that module imports this one)."""
 
     scan = spec.scan
     flat = unrolled(spec)

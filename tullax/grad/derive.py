@@ -64,7 +64,7 @@ def gradients(spec: Spec, complex_inputs: frozenset[str] = frozenset()) -> tuple
     if spec.scan is not None:  # a recurrence: the gradients of its unrolled form plus one rule
         from tullax.grad.scan import scan_gradients
 
-        return scan_gradients(spec, complex_inputs, gradients)
+        return tuple(Gradient(*found) for found in scan_gradients(spec, complex_inputs, gradients))
     fw = forward_of(spec, complex_inputs)
     wrt = [inp for inp in spec.inputs if inp.kind in ("array", "scalar")]
     results = fresh_sequence(["Δ" + inp.name for inp in wrt], fw.taken)

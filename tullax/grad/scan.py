@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tullax.errors import SpecError
-from tullax.grad.derive import Gradient
 from tullax.grad.names import fresh, seed_name, spec_names
 from tullax.spec.ir import (
     Access,
@@ -45,8 +44,9 @@ from tullax.spec.sizes import Extent, Sym
 from tullax.spec.valuetype import result_is_complex
 
 
-def scan_gradients(spec: Spec, complex_inputs: frozenset[str], derive) -> tuple[Gradient, ...]:
-    """One Gradient per differentiable input of the recurrence ``spec``; ``derive`` is ``derive.gradients``."""
+def scan_gradients(spec: Spec, complex_inputs: frozenset[str], derive) -> tuple[tuple[str, tuple, str], ...]:
+    """(wrt, steps, result) of one ``Gradient`` per differentiable input of the recurrence ``spec``; ``derive``
+    is ``derive.gradients`` (which builds the Gradients: no import back into it)."""
     scan: Scan = spec.scan
     flat = unrolled(spec)
     if complex_inputs and result_is_complex(flat, complex_inputs):  # the trajectory holds complex states too
@@ -64,16 +64,16 @@ def scan_gradients(spec: Spec, complex_inputs: frozenset[str], derive) -> tuple[
             continue
         if inp.name == scan.init:
             steps = shared + (adjoint, _init_step(spec, final, g_name, rename))
-            found.append(Gradient(inp.name, steps, steps[-1].out))
+            found.append((inp.name, steps, steps[-1].out))
             continue
         grad = base[inp.name]
         own = tuple(_reading_result(spec, step, rename) for step in grad.steps)
         steps = shared + (adjoint,) + tuple(step for step in own if step not in shared)
-        found.append(Gradient(inp.name, steps, grad.result))
+        found.append((inp.name, steps, grad.result))
     return tuple(found)
 
 
-def _split(grad: Gradient, seed: str) -> tuple[tuple[Spec, ...], Spec]:
+def _split(grad, seed: str) -> tuple[tuple[Spec, ...], Spec]:
     """The preludes of Δh̃ (forward values it reads, not the cotangent) and its last step, a plain spec."""
     *preludes, final = grad.steps
     if final.is_scatter or final.finalizer is not None or any(

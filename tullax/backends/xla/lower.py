@@ -90,7 +90,7 @@ def lower(spec: Spec, *, einsum: bool = True, grid: str = "free-first") -> Calla
     if spec.scan is not None:  # a recurrence: one lax.scan (tullax.backends.xla.scan)
         from tullax.backends.xla.scan import lower_scan
 
-        return lower_scan(spec)
+        return lower_scan(spec, lower, _dtype_of)
 
     def run(env: Env):
         return _evaluate(spec, env, einsum, grid)

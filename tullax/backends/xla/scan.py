@@ -39,10 +39,10 @@ STEP = "ʹstep"  # the scalar input holding t inside a step (no user name can sp
 
 
 @functools.lru_cache(maxsize=256)
-def lower_scan(spec: Spec) -> Callable[[Env], Any]:
-    """``fn(env) -> jax.Array``: ``spec`` (``spec.scan`` set) as one ``lax.scan``; differentiable and jit-able."""
-    from tullax.backends.xla.lower import lower
-
+def lower_scan(spec: Spec, lower: Callable[[Spec], Callable], dtype_of: Callable) -> Callable[[Env], Any]:
+    """``fn(env) -> jax.Array``: ``spec`` (``spec.scan`` set) as one ``lax.scan``; differentiable and jit-able.
+    ``lower`` is the plain jnp lowering (``xla.lower.lower``) and ``dtype_of`` its dtype rule, passed in (that
+    module imports this one)."""
     scan = spec.scan
     step_spec, along = _step_spec(unrolled(spec), scan.index, scan.axis)
     step_fn = lower(step_spec)
@@ -51,13 +51,12 @@ def lower_scan(spec: Spec) -> Callable[[Env], Any]:
         import jax
         import jax.numpy as jnp
 
-        from tullax.backends.xla.lower import _dtype_of
         from tullax.spec.shapes import check_shapes, input_shapes, result_dtype
 
         shapes = input_shapes(spec, env)
         check_shapes(spec, shapes)
         dtype = np.dtype(jax.dtypes.canonicalize_dtype(
-            result_dtype(spec, {n: _dtype_of(env[n]) for n in spec.input_names})))
+            result_dtype(spec, {n: dtype_of(env[n]) for n in spec.input_names})))
         trajectory, _ = scan_shapes(spec, shapes)
         length = trajectory[scan.axis] - scan.depth
         window = list(trajectory)
