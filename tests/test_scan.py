@@ -1,8 +1,7 @@
 """Recurrences (issue 48): ``(t scan)`` specs against independent ``lax.scan`` oracles (tests/scan_cases.py) on
 c, numba, xla and auto: forward (eager and jit), grad, second derivatives, jacfwd, jacrev, vmap of grad, float32,
-float64 and a complex64 lam; the
-printed CUDA C through the host harness and the printed Julia through the subset evaluator; the loop structure
-(lanes parallel, t sequential inside); hostile specs refused with a caret."""
+float64 and a complex64 lam; the printed CUDA C through the host harness and the printed Julia through the
+subset evaluator; the loop structure (lanes parallel, t sequential inside); hostile specs refused with a caret."""
 from __future__ import annotations
 
 import jax
