@@ -35,7 +35,7 @@ def test_a_read_of_the_result_at_another_position_is_refused_as_a_recurrence(tex
     message = str(err)
     assert f"{at} reads the result" in message and "would be a recurrence" in message
     assert "one step of a map" in message and "with " + at + " read from the input" in message
-    assert "(t scan) clause) are planned but not available yet" in message
+    assert "a recurrence is written with ':=' and a scan clause" in message
     assert text[err.column:].startswith(at), (text, err.column, at)
     for entry in (tullax.explain, tullax.einsum_kernel):
         with pytest.raises(SpecError, match="would be a recurrence"):
@@ -51,8 +51,8 @@ def test_the_new_result_on_the_right_says_which_update_is_allowed_and_which_is_a
     message = str(info.value)
     assert "y is the result being defined with ':=', it cannot appear on the right" in message
     assert "from its value at the same position, write y[i] = ... y[i] ... (or +=)" in message
-    assert f"a read at another position{example} would be a recurrence" in message
-    assert "planned but not available yet" in message
+    assert f"a read at another position{example} is a recurrence: add its scan clause" in message
+    assert "docs/recurrences.md" in message
     assert info.value.column == text.index("y[", 2)
 
 

@@ -111,6 +111,10 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
 
     ``streams=True`` (a printer whose max/min lanes take several accumulators, the C printer's): a max/min
     reduction along contiguous rows reads several rows at once (``schedule.register_tiles``)."""
+    if spec.scan is not None:  # a recurrence: its own nest around the plain lowering (tullax.compiler.scan)
+        from tullax.compiler.scan import lower_scan
+
+        return lower_scan(spec, signature, lower, name, contiguous=tile)
     params = parameters(spec, signature)
     guards = find_guards(spec, loop_order(spec)[1])
     # a tile accumulates in the output elements: not when they are real and the sum complex (|> abs), nor for a

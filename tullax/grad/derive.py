@@ -26,6 +26,7 @@ The environment a gradient's steps read (see ``Gradient``; ``tullax.grad.run`` r
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -52,16 +53,23 @@ class Gradient:
 
 
 @lru_cache(maxsize=1024)
-def gradients(spec: Spec, complex_inputs: frozenset[str] = frozenset()) -> tuple[Gradient, ...]:
+def gradients(spec: Spec, complex_inputs: frozenset[str] = frozenset(),
+              hoist_factor: bool = True) -> tuple[Gradient, ...]:
     """One Gradient per differentiable input ('array' and 'scalar' kinds), in ``spec.inputs`` order.
     Whether an array holds integers is a runtime matter: callers skip those. ``complex_inputs``: the inputs
     that hold complex numbers; their gradients (and those of real inputs next to them) follow jax's convention:
-    the cotangent of a real loss w.r.t. a complex input is what ``jax.grad`` returns."""
+    the cotangent of a real loss w.r.t. a complex input is what ``jax.grad`` returns. ``hoist_factor=False``
+    keeps the seed factor inside each gradient (a recurrence's adjoint must be one plain step)."""
     if complex_inputs and (spec.redop == "*" or spec.assign == "*="):
         raise SpecError("gradients of products of complex values ((*) reductions, *= updates) are not supported: "
                         "the exact gradient finds the zero factors, and complex values have no comparison; "
                         "differentiate real(..)/imag(..) parts, or use the forward only")
-    fw = forward_of(spec, complex_inputs)
+    if spec.scan is not None:  # a recurrence: the gradients of its unrolled form plus one rule
+        from tullax.grad.scan import scan_gradients
+
+        unhoisted = functools.partial(gradients, hoist_factor=False)
+        return tuple(Gradient(*found) for found in scan_gradients(spec, complex_inputs, unhoisted))
+    fw = forward_of(spec, complex_inputs, hoist_factor)
     wrt = [inp for inp in spec.inputs if inp.kind in ("array", "scalar")]
     results = fresh_sequence(["Δ" + inp.name for inp in wrt], fw.taken)
     return tuple(Gradient(inp.name, gradient_steps(fw, inp, result), result) for inp, result in zip(wrt, results))

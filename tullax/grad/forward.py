@@ -109,8 +109,9 @@ class Forward:
                          lhs=lhs, rank=rank, finalizer=finalizer)
 
 
-def forward_of(spec: Spec, complex_inputs: frozenset[str] = frozenset()) -> Forward:
-    """``complex_inputs``: the data inputs that hold complex numbers (their gradients follow jax's convention)."""
+def forward_of(spec: Spec, complex_inputs: frozenset[str] = frozenset(), hoist_factor: bool = True) -> Forward:
+    """``complex_inputs``: the data inputs that hold complex numbers (their gradients follow jax's convention);
+    ``hoist_factor``: a costly seed factor may be a prelude step of its own (``_worth_a_step``)."""
     seed = seed_name(spec)
     rank = len(spec.lhs or ())
     ranks = {i.name: i.rank for i in spec.inputs if i.kind != "scalar"}
@@ -121,7 +122,7 @@ def forward_of(spec: Spec, complex_inputs: frozenset[str] = frozenset()) -> Forw
         names |= {seed, spec.out} if spec.assign == ":=" else {seed}
     base = Forward(spec, seed, frozenset(spec_names(spec) | {seed}), MappingProxyType(ranks),
                    MappingProxyType(dict(spec.ranges)), sizes, facts, complex_names=names)
-    return _with_seed_factor(base)
+    return _with_seed_factor(base, hoist_factor)
 
 
 def _learn_sizes(spec: Spec, seed: str) -> tuple[KnownSizes, tuple[Fact, ...]]:
@@ -184,7 +185,7 @@ def _free_step(fw: Forward, base: str, body: Expr, redop: str,
     return grown, Access(name, tuple(Affine(((i, 1),), -shifts.get(i, Sym(0))) for i in spec.free))
 
 
-def _with_seed_factor(fw: Forward) -> Forward:
+def _with_seed_factor(fw: Forward, hoist_factor: bool = True) -> Forward:
     """The forward with its seed factor ΔOUT[free] * f'(pre) * ∂OUT/∂body and the prelude steps it reads."""
     spec = fw.spec
     # a scatter dropped the elements whose ix[e] is outside the result: the cotangent there reads 0, not NaN
@@ -227,7 +228,7 @@ def _with_seed_factor(fw: Forward) -> Forward:
         fw = replace(fw, hole=pre)
         grad = mul(seed, fill_hole(derivative(spec.finalizer, lambda node: isinstance(node, Hole)), pre))
     if grad is None or spec.redop == "+":
-        if grad is not None and _worth_a_step(fw, grad):
+        if grad is not None and hoist_factor and _worth_a_step(fw, grad):
             fw, grad = _hoisted(fw, grad)
         return replace(fw, factor=grad)
     if spec.redop == "*":

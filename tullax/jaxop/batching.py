@@ -72,8 +72,9 @@ def batch_spec(spec: Spec, batched_axes: Sequence[int | None],
         out_shape = (plan.extent,) + tuple(plan.sym(s) for s in spec.out_shape)
     else:
         out_shape = tuple(Sym.extent(spec.out, d) for d in range(len(spec.lhs or ()) + 1))
+    scan = spec.scan if spec.scan is None else replace(spec.scan, axis=spec.scan.axis + 1)
     return replace(spec, body=body, finalizer=finalizer, lhs=lhs, inputs=plan.inputs(), free=free,
-                   reduced=reduced, ranges=ranges, agreements=plan.agreements(), out_shape=out_shape)
+                   reduced=reduced, ranges=ranges, agreements=plan.agreements(), out_shape=out_shape, scan=scan)
 
 
 class _Plan:
@@ -184,6 +185,8 @@ class _Plan:
             if node.array in self.shifted:
                 at = self.shifted[node.array]
                 idx = idx[:at] + (Affine.index(self.b),) + idx[at:]
+            elif self.spec.scan is not None and node.array == self.spec.out:  # a recurrence's self-read
+                idx = (Affine.index(self.b),) + idx
             return replace(node, idx=idx)
         if isinstance(node, Param) and node.name in self.params:
             return Access(node.name, (Affine.index(self.b),))
@@ -226,6 +229,12 @@ def batch_arguments(spec: Spec, args: Sequence[Any], dims: Sequence[int | None],
     new_args, axes, extents = [], [], {}
     for pos, (item, arg, dim) in enumerate(zip(spec.inputs, args, dims)):
         given = pos == 0 and spec.assign != ":="
+        if spec.scan is not None and item.name == spec.scan.init:  # laid out as the result: batch axis first
+            given, lead = True, 0 if spec.scan.depth == 1 else 1  # (after a depth axis)
+            arg = jnp.broadcast_to(arg, (size,) + tuple(arg.shape)) if dim is None else jnp.moveaxis(arg, dim, 0)
+            new_args.append(jnp.moveaxis(arg, 0, lead))
+            axes.append(lead)
+            continue
         if dim is None and given:
             arg, dim = jnp.broadcast_to(arg, (size,) + tuple(arg.shape)), 0
         elif dim is not None and (given or item.kind == "index"):

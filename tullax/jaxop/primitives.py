@@ -410,9 +410,15 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
     by_input = {g.wrt: g for g in gradients(spec, complex_names)}
     from_zeros = zero_start_steps(spec, complex_names)
 
+    done: dict = {}  # a step several gradients share (a recurrence's adjoint state) runs once per call
+
     def execute(step: Spec, step_env: dict) -> Any:
-        form = joined[step].form if step in joined else None  # with the forward, one XLA program
-        return apply(step, backend, [step_env[name] for name in step.input_names], form, step in from_zeros)
+        values = [step_env[name] for name in step.input_names]
+        key = (step, tuple(id(v) for v in values))
+        if key not in done:
+            form = joined[step].form if step in joined else None  # with the forward, one XLA program
+            done[key] = (apply(step, backend, values, form, step in from_zeros), values)  # values kept: ids stay
+        return done[key][0]
 
     found = {}
     for i in wanted:

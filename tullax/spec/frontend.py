@@ -36,9 +36,24 @@ def ranges_key(ranges: Mapping | None) -> RangesKey:
 
 @lru_cache(maxsize=1024)
 def _compile(text: str, key: RangesKey) -> tuple[str, Spec]:
+    if isinstance(text, str) and " scan" in text:
+        from tullax.spec.scan import split_scan
+
+        blanked, clause = split_scan(text.strip())
+        if clause is not None:
+            return _compile_scan(blanked, clause, key)
     parsed = parse_spec(text)
     spec = analyze(_as_extremum(parsed), dict(key))
     return format_spec(parsed), spec
+
+
+def _compile_scan(blanked: str, clause, key: RangesKey) -> tuple[str, Spec]:
+    """A recurrence (``tullax.spec.scan``): its self-reads hidden from range inference, then restored."""
+    from tullax.spec.scan import finish, prepare
+
+    parsed, scan = prepare(parse_spec(blanked), clause)
+    spec = finish(analyze(_as_extremum(parsed), dict(key)), scan, blanked.strip())
+    return format_spec(spec), spec
 
 
 def _as_extremum(parsed: ParsedSpec) -> ParsedSpec:

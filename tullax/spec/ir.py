@@ -6,7 +6,7 @@ the same spec give equal (and equally hashed) trees.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Iterator, Union
+from typing import Any, Iterator, Union
 
 from tullax.spec.sizes import Sym
 
@@ -327,6 +327,7 @@ class Spec:
     ranges: tuple[tuple[str, Range], ...]
     agreements: tuple[Agreement, ...] = ()
     out_shape: tuple[Sym, ...] = ()  # extents of a ':=' result; for '='/'+=' the given array's own shape
+    scan: "Any" = None  # a ``tullax.spec.scan.Scan`` when one index runs sequentially (a recurrence)
 
     def __hash__(self) -> int:
         # Every plan, cache and jax lookup hashes the spec, and a field-wise hash walks its whole tree each

@@ -311,4 +311,8 @@ def parse_spec(source: str) -> ParsedSpec:
         raise SpecError(f"a spec is a string, got {type(source).__name__}")
     if "\n" in source.strip():
         raise SpecError("a spec is one line")
+    if " scan" in source:  # a recurrence's clause: analysed apart (tullax.spec.scan), blanked here
+        from tullax.spec.scan import split_scan
+
+        source, _ = split_scan(source.strip())
     return _Parser(source.strip()).spec()

@@ -12,12 +12,12 @@ import json
 from typing import Any
 
 from tullax.errors import TullaxError
-from tullax.spec import ir, sizes
+from tullax.spec import ir, scan, sizes
 
 
 def _kinds() -> dict[str, type]:
     found = {}
-    for module in (ir, sizes):
+    for module in (ir, sizes, scan):
         for name, value in vars(module).items():
             if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == module.__name__:
                 found[name] = value

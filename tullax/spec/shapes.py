@@ -57,6 +57,10 @@ def eval_shapes(spec: Spec, shapes: Shapes) -> Ranges:
 
 def check_shapes(spec: Spec, shapes: Shapes) -> None:
     """Raise ShapeError unless arrays of these ``shapes`` fit ``spec`` (see the module docstring)."""
+    if spec.scan is not None:  # a recurrence: checked in its unrolled form (tullax.spec.scan)
+        from tullax.spec.scan import check_scan_shapes
+
+        return check_scan_shapes(spec, shapes, check_shapes)
     _check_ranks(spec, shapes)
     _check_agreements(spec, shapes)
     ranges = eval_shapes(spec, shapes)

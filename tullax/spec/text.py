@@ -139,6 +139,8 @@ def format_spec(spec: ParsedSpec | Spec) -> str:
     hidden = spec.ranges if isinstance(spec, ParsedSpec) else _unseen_reductions(spec)
     if hidden:  # a sum over an index the body does not mention multiplies it by the range's length: say so
         text += "  " + " ".join(format_clause(name, rng.lo, rng.hi) for name, rng in hidden)
+    if getattr(spec, "scan", None) is not None:
+        text += "  " + spec.scan.clause()
     return text
 
 

@@ -108,6 +108,8 @@ def _may_split(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, ...]]
     lowering it a second time)."""
     if not settings.value(SPLIT_ENV):
         return False
+    if spec.scan is not None:  # a recurrence's sums run inside each sequential step
+        return False
     if spec.redop != "+" or spec.finalizer is not None or spec.assign not in (":=", "+=") or spec.is_scatter:
         return False
     if signature.out_dtype not in FLOATS or not spec.reduced:

@@ -77,6 +77,10 @@ def lower(spec: Spec, *, einsum: bool = True, grid: str = "free-first") -> Calla
     benchmarks' "xla-naive" comparator. The default puts the free indices first, which XLA fuses better."""
     if grid not in ("free-first", "appearance"):
         raise ValueError(f"grid must be 'free-first' or 'appearance', got {grid!r}")
+    if spec.scan is not None:  # a recurrence: one lax.scan (tullax.backends.xla.scan)
+        from tullax.backends.xla.scan import lower_scan
+
+        return lower_scan(spec, lower, _dtype_of)
 
     def run(env: Env):
         return _evaluate(spec, env, einsum, grid)

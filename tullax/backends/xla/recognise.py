@@ -173,6 +173,8 @@ def window_indices(spec: Spec) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=1024)  # every plan of a kernel asks, and its rule, and the race ahead of it
 def forms(spec: Spec) -> tuple[str, ...]:
     """The XLA forms that apply to ``spec``, best first; 'grid' always applies (then 'factored', if it does)."""
+    if spec.scan is not None:  # a recurrence has one form: lax.scan
+        return ("grid",)
     found = []
     contraction = is_contraction(spec) and _einsum_covers(spec)
     if contraction:

@@ -1,0 +1,177 @@
+"""Lower a recurrence (a spec with a ``(t scan)`` clause, ``tullax.spec.scan``) to one loop kernel.
+
+The spec's unrolled form (self-reads as reads of the trajectory h̃) is lowered as any spec, plainly (no
+tiles, no register tiles: they would compute several positions of ``t`` at once), and its loop nest is then
+rearranged:
+
+* the lanes (free indices a self-read keeps at the result's own index) stay parallel, outermost;
+* ``t`` runs sequentially inside them (reverse: downwards), so each thread walks its lanes' whole sequence;
+* the other free indices (those the state mixes along, ``W[n,m]*h[b,t-1,m]``) run sequentially inside ``t``:
+  every position of step t is written before step t+1 reads it.
+
+The output array holds the state: a read of h̃ at a position along ``t`` inside the result reads the result
+already written there; one before the start (after the end, reverse) reads the initial state, or 0.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from tullax.compiler.loops import (
+    INDEX,
+    Const,
+    Expr,
+    Let,
+    Load,
+    Loop,
+    LoopKernel,
+    Select,
+    Stmt,
+    Store,
+    Var,
+    binop,
+    cast,
+    children,
+    expr_vars,
+    parallel_nest,
+    walk_stmts,
+)
+from tullax.errors import TullaxError
+from tullax.spec.ir import Affine, Spec, accesses
+from tullax.spec.scan import TRAJECTORY, unrolled
+
+if TYPE_CHECKING:
+    from tullax.spec.signature import Signature
+
+
+def lower_scan(spec: Spec, signature: Signature, lower, name: str = "kernel", contiguous: bool = False) -> LoopKernel:
+    """The one loop kernel of the recurrence ``spec`` (``spec.scan`` set) for ``signature``. ``contiguous``
+    (CPU printers): the last axis of the result, when it is a lane and another lane stays parallel, runs inside
+    ``t`` too, so each step is a contiguous row that vectorises, rather than one lane per thread walking ``t``
+    with a stride. ``lower`` is ``compiler.lower.lower`` (passed in: that module imports this one)."""
+
+    scan = spec.scan
+    flat = unrolled(spec)
+    init_at = spec.input_names.index(scan.init) if scan.init is not None else None
+    in_dtypes = signature.in_dtypes + (signature.out_dtype,)
+    kernel = lower(flat, replace(signature, in_dtypes=in_dtypes), name, tile=False, share=False)
+    trajectory = next(a for a in kernel.arrays if a.source == TRAJECTORY)
+    init = None
+    arrays = tuple(a for a in kernel.arrays if a.source != TRAJECTORY)
+    if scan.init is not None:
+        init = replace(trajectory, name=f"a{len(arrays)}", source=scan.init,
+                       rank=len(spec.lhs) - (1 if scan.depth == 1 else 0),
+                       dtype=signature.in_dtypes[init_at])
+        arrays += (init,)
+    out = kernel.output
+    loops, inner = parallel_nest(kernel)
+    store = next((s for s in walk_stmts(inner) if isinstance(s, Store) and s.array == out.name), None)
+    if store is None or not isinstance(store.index[scan.axis], Var):
+        raise TullaxError(f"internal error: the scan kernel of {kernel.spec_text} stores no plain position")
+    var_of = [ix.name if isinstance(ix, Var) else None for ix in store.index]
+    t_var = var_of[scan.axis]
+    mixing = _mixing(spec, var_of)
+    lanes = [v for v in var_of if v is not None and v != t_var and v not in mixing]
+    if contiguous and len(lanes) > 1 and var_of[-1] in lanes:
+        mixing.add(var_of[-1])
+    by_var = {loop.var: loop for loop in loops}
+    if set(by_var) != set(v for v in var_of if v is not None) or any(
+            expr_vars(loop.start) | expr_vars(loop.stop) & set(by_var) for loop in loops):
+        raise TullaxError(f"internal error: the free loops of the scan kernel of {kernel.spec_text} are not a "
+                          f"plain nest")
+    t_loop = by_var[t_var]
+    stop = t_loop.stop
+    body = _swap_reads(inner, trajectory.name, out, init, scan, t_var, stop)
+    for loop in reversed([by_var[v] for v in var_of if v in mixing]):
+        body = (replace(loop, parallel=False, body=body),)
+    if scan.reverse:  # t = start + stop - 1 - u, for u running upwards
+        u = t_var + "r"
+        top = binop("-", binop("+", t_loop.start, stop), Const(1, INDEX))
+        body = (Let(t_var, binop("-", top, Var(u, INDEX))),) + body
+        body = (Loop(u, t_loop.start, stop, False, body),)
+    else:
+        body = (replace(t_loop, parallel=False, body=body),)
+    for loop in reversed([loop for loop in loops if loop.var != t_var and loop.var not in mixing]):
+        body = (replace(loop, body=body),)
+    return replace(kernel, arrays=arrays, body=body)
+
+
+def _mixing(spec: Spec, var_of: list[str | None]) -> set[str]:
+    """The loop variables of the free indices the state mixes along: a self-read reads another position there."""
+    mixing = set()
+    for acc in accesses(spec.body):
+        for axis, idx in enumerate(acc.idx if acc.array == spec.out else ()):
+            if axis != spec.scan.axis and not (isinstance(idx, Affine) and idx.plain == spec.lhs[axis].plain):
+                mixing.add(var_of[axis])
+    return mixing
+
+
+def _swap_reads(stmts: tuple[Stmt, ...], trajectory: str, out, init, scan, t_var: str,
+                stop: Expr) -> tuple[Stmt, ...]:
+    """Reads of the trajectory as reads of the result (inside it) or of the initial state (before it)."""
+
+    def fix(expr: Expr) -> Expr:
+        if isinstance(expr, Load) and expr.array == trajectory:
+            index = tuple(fix(i) for i in expr.index)
+            pos = index[scan.axis]
+            if scan.reverse:  # h̃ = [h, h0]: position p is h[p] below T, else h0[p - T]
+                inside = binop("<", pos, stop)
+                here = pos
+                before = binop("-", pos, stop)
+            else:  # h̃ = [h0, h]: position p is h[p - d] from d on, else h0[p]
+                inside = binop(">=", pos, Const(scan.depth, INDEX))
+                here = binop("-", pos, Const(scan.depth, INDEX))
+                before = pos
+            rest = index[:scan.axis] + index[scan.axis + 1:]
+            mine = Load(out.name, index[:scan.axis] + (here,) + index[scan.axis + 1:], expr.dtype)
+            if init is None:
+                start: Expr = Const(0, expr.dtype) if expr.dtype == INDEX else cast(Const(0.0, "float64"),
+                                                                                     expr.dtype)
+            else:
+                where = rest if scan.depth == 1 else (before,) + rest
+                start = cast(Load(init.name, where, init.dtype), expr.dtype)
+            return Select(inside, mine, start, expr.dtype)
+        return _rebuild(expr, fix)
+
+    return tuple(_map_stmt(s, fix) for s in stmts)
+
+
+def _rebuild(expr: Expr, fix) -> Expr:
+    kids = children(expr)
+    if not kids:
+        return expr
+    new = tuple(fix(k) for k in kids)
+    if new == kids:
+        return expr
+    from tullax.compiler.loops import BinOp, Call, Cast, UnOp
+
+    if isinstance(expr, Load):
+        return replace(expr, index=new)
+    if isinstance(expr, BinOp):
+        return replace(expr, lhs=new[0], rhs=new[1])
+    if isinstance(expr, (UnOp, Cast)):
+        return replace(expr, arg=new[0])
+    if isinstance(expr, Call):
+        return replace(expr, args=new)
+    assert isinstance(expr, Select)
+    return replace(expr, cond=new[0], then=new[1], orelse=new[2])
+
+
+def _map_stmt(stmt: Stmt, fix) -> Stmt:
+    from tullax.compiler.loops import Accum, If, Scratch
+
+    if isinstance(stmt, Loop):
+        return replace(stmt, start=fix(stmt.start), stop=fix(stmt.stop),
+                       body=tuple(_map_stmt(s, fix) for s in stmt.body))
+    if isinstance(stmt, If):
+        return replace(stmt, cond=fix(stmt.cond), then=tuple(_map_stmt(s, fix) for s in stmt.then),
+                       orelse=tuple(_map_stmt(s, fix) for s in stmt.orelse))
+    if isinstance(stmt, (Let, Accum)):
+        return replace(stmt, value=fix(stmt.value))
+    if isinstance(stmt, Store):
+        return replace(stmt, index=tuple(fix(i) for i in stmt.index), value=fix(stmt.value))
+    assert isinstance(stmt, Scratch)
+    return stmt
+
+
+__all__ = ["lower_scan"]
