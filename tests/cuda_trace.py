@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
 
 def _traced_source(kernel: LoopKernel, index_bits: int) -> str:
     """The kernel's printed text with each input pointer parameter declared as a ``tx_traced<T>``."""
-    source = print_module([(kernel, index_bits)]).split("#endif\n", 1)[1]  # without the prelude
+    source = print_module([(kernel, index_bits)])[len(print_module([])):]  # without the prelude
     for param in parameters(kernel, index_bits):
         if param.pointer and param.ctype.startswith("const ") and param.kind == "array":
             source = source.replace(param.declaration, f"tx_traced<{storage_type(param.dtype)}> {param.name}", 1)

@@ -174,9 +174,20 @@ class Loop:
     parallel: bool
     body: tuple["Stmt", ...]
     reduce_parallel: bool = False
+    lanes: bool = False  # cooperative kernels: the block's threads share the iterations
 
 
-Stmt = Union[Let, Accum, Store, If, Loop, Scratch]
+@dataclass(frozen=True)
+class Combine:
+    """Cooperative kernels: every thread's partial of accumulator ``var`` (``op``: + max min) merged over the
+    block; afterwards every thread holds the total."""
+
+    var: str
+    op: str
+    dtype: str
+
+
+Stmt = Union[Let, Accum, Store, If, Loop, Scratch, Combine]
 
 
 @dataclass(frozen=True)
@@ -190,6 +201,7 @@ class LoopKernel:
     compute_dtype: str
     is_scatter: bool = False
     split: bool = False
+    cooperative: bool = False  # one block per point of the parallel nest (``Loop.lanes``, ``Combine``)
 
     @property
     def interface(self) -> KernelInterface:
@@ -368,7 +380,7 @@ def statement_expressions(stmt: Stmt) -> tuple[Expr, ...]:
         return (stmt.cond,)
     if isinstance(stmt, (Let, Accum)):
         return (stmt.value,)
-    if isinstance(stmt, Scratch):
+    if isinstance(stmt, (Scratch, Combine)):
         return ()
     assert isinstance(stmt, Store), stmt
     return stmt.index + (stmt.value,)

@@ -1,0 +1,119 @@
+"""Block-cooperative reductions (GPU printers): a kernel whose per-element work is a few long reductions along
+the contiguous axis of an input (row logsumexp, max/min, norms) runs ONE block per output element instead of
+one thread, its threads striding each reduction so a warp reads 32 consecutive elements per request, then
+combining their partials with a fixed tree (``Combine``; the loop IR's docstring says what printers do).
+
+One thread per row reads rows 32 lines apart per warp request and, with few rows, leaves most of the GPU idle;
+a block per row reads each row's lines once, whole. The choice is by shapes (``cooperate``): reductions at least
+``min_length`` long over a unit-stride axis.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Mapping
+
+from tullax.compiler.loops import (
+    FLOATS,
+    Accum,
+    Combine,
+    If,
+    Let,
+    Load,
+    Loop,
+    LoopKernel,
+    Stmt,
+    Store,
+    Var,
+    eval_int,
+    expressions,
+    parallel_nest,
+    walk_expr,
+    walk_stmts,
+)
+from tullax.errors import TullaxError
+
+# 8 terms for each of a block's 256 threads (tullax.printers.cuda.BLOCK_THREADS) at least: the combine (two
+# shuffle trees, two barriers) then costs less than the terms. Shorter rows over many outputs (a Dist gradient's
+# 512) would spend most of their time combining; they need block tiles instead.
+MIN_LENGTH = 2048
+# Fewer output elements leave most SMs without a block: a sum over so few is split over threads instead
+# (tullax.compiler.split), anything else still gains from whole-line reads
+MIN_BLOCKS = 64
+COMBINED = ("+", "max", "min")
+
+
+def cooperate(kernel: LoopKernel, sizes: Mapping[str, int], min_length: int = MIN_LENGTH,
+              max_float32_sum: int | None = None, min_blocks: int = 1) -> LoopKernel | None:
+    """``kernel`` as a cooperative kernel for these ``sizes`` (size parameter -> value), or None where its
+    per-element work is not a sequence of Lets, long unit-stride reductions and stores of the output.
+    ``max_float32_sum``: the longest float32 sum taken (each thread sums its share in one float32 register);
+    ``min_blocks``: the fewest output elements taken."""
+    if kernel.is_scatter or kernel.split or kernel.cooperative or kernel.compute_dtype not in FLOATS:
+        return None
+    loops, body = parallel_nest(kernel)
+    if not loops or not any(isinstance(s, Loop) for s in body):
+        return None
+    try:
+        outputs = math.prod(max(eval_int(loop.stop, dict(sizes)) - eval_int(loop.start, dict(sizes)), 0)
+                            for loop in loops)
+    except (TullaxError, KeyError):
+        return None
+    if outputs < min_blocks:
+        return None
+    declared: dict[str, str] = {}  # accumulator candidates: Lets at the top of the per-element block
+    stmts: list[Stmt] = []
+    for stmt in body:
+        if isinstance(stmt, Let):
+            declared[stmt.var] = stmt.value.dtype
+            stmts.append(stmt)
+        elif isinstance(stmt, Store):
+            if stmt.mode != "set" or stmt.array != kernel.output.name:
+                return None
+            stmts.append(stmt)
+        elif isinstance(stmt, Loop) and not stmt.parallel:
+            combined = _reduction(stmt, declared, sizes, min_length)
+            if combined is None:
+                return None
+            if max_float32_sum is not None and any(op == "+" and declared[v] == "float32" for v, op in combined) \
+                    and _length(stmt, sizes) > max_float32_sum:
+                return None
+            stmts.append(replace(stmt, lanes=True))
+            stmts += [Combine(var, op, declared[var]) for var, op in combined]
+        else:  # a guard or anything else around the reductions: not every thread would reach each Combine
+            return None
+    nest: tuple[Stmt, ...] = tuple(stmts)
+    for loop in reversed(loops):
+        nest = (replace(loop, body=nest),)
+    return replace(kernel, body=nest, cooperative=True)
+
+
+def _reduction(loop: Loop, declared: Mapping[str, str], sizes: Mapping[str, int],
+               min_length: int) -> list[tuple[str, str]] | None:
+    """(accumulator, op) of each accumulator ``loop`` updates, in order, when the block's threads may share its
+    iterations: only Lets, Accums (+ max min, of floats declared before it) and nested loops and guards inside,
+    the loop variable the last (unit-stride) index of a load, at least ``min_length`` iterations."""
+    ops: dict[str, str] = {}
+    for stmt in walk_stmts(loop.body):
+        if isinstance(stmt, Accum):
+            if stmt.var not in declared or declared[stmt.var] not in FLOATS or stmt.op not in COMBINED \
+                    or ops.setdefault(stmt.var, stmt.op) != stmt.op:
+                return None
+        elif not isinstance(stmt, (Let, Loop, If)):
+            return None
+    if not ops:
+        return None
+    unit = any(isinstance(node, Load) and node.index and node.index[-1] == Var(loop.var, node.index[-1].dtype)
+               for expr in expressions(loop.body) for node in walk_expr(expr))
+    length = _length(loop, sizes)
+    return list(ops.items()) if unit and length is not None and length >= min_length else None
+
+
+def _length(loop: Loop, sizes: Mapping[str, int]) -> int | None:
+    try:
+        return eval_int(loop.stop, dict(sizes)) - eval_int(loop.start, dict(sizes))
+    except (TullaxError, KeyError):  # bounds that depend on the element (a triangle): not a fixed row
+        return None
+
+
+__all__ = ["MIN_BLOCKS", "MIN_LENGTH", "cooperate"]
