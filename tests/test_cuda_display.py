@@ -17,9 +17,9 @@ ROWS = "(logsumexp) l[i] := x[i,j]"
 def test_long_rows_print_the_cooperative_kernel_and_short_ones_do_not():
     long = tullax.generate_source(ROWS, backend="cuda", shapes={"x": (4096, 4096)})
     assert "forward (forward): grid 4096 x block 256, a block per output element" in long
-    assert "tx_block_combine<tx_op_max>" in long.split("#endif")[-1]
+    assert "tx_block_logsumexp(" in long.split("#endif")[-1]
     short = tullax.generate_source(ROWS, backend="cuda", shapes={"x": (4096, 64)})
-    assert "tx_block_combine<" not in short.split("#endif")[-1]
+    assert "tx_block_" not in short.split("#endif")[-1]
     assert "grid 16 x block 256, a thread per output element" in short
 
 

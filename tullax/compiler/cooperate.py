@@ -16,15 +16,21 @@ from typing import Mapping
 from tullax.compiler.loops import (
     FLOATS,
     Accum,
+    BinOp,
+    Call,
     Combine,
+    Const,
+    Expr,
     If,
     Let,
     Load,
     Loop,
     LoopKernel,
+    Select,
     Stmt,
     Store,
     Var,
+    binop,
     eval_int,
     expressions,
     parallel_nest,
@@ -82,7 +88,7 @@ def cooperate(kernel: LoopKernel, sizes: Mapping[str, int], min_length: int = MI
             stmts += [Combine(var, op, declared[var]) for var, op in combined]
         else:  # a guard or anything else around the reductions: not every thread would reach each Combine
             return None
-    nest: tuple[Stmt, ...] = tuple(stmts)
+    nest: tuple[Stmt, ...] = _online_logsumexp(tuple(stmts))
     for loop in reversed(loops):
         nest = (replace(loop, body=nest),)
     return replace(kernel, body=nest, cooperative=True)
@@ -107,6 +113,54 @@ def _reduction(loop: Loop, declared: Mapping[str, str], sizes: Mapping[str, int]
                for expr in expressions(loop.body) for node in walk_expr(expr))
     length = _length(loop, sizes)
     return list(ops.items()) if unit and length is not None and length >= min_length else None
+
+
+def _online_logsumexp(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    """The two passes of a logsumexp (``lower._logsumexp``: the max, then the sum of exp(x - shift)) as ONE
+    pass that keeps a running max m and a sum s of exp(x - m') rescaled whenever m grows, so each row is read
+    once; merged over the block by ``Combine(m, "logsumexp", scaled=s)``. Other statements unchanged."""
+    for k in range(len(stmts) - 7):
+        init_m, first, max_all, shift, init_s, second, sum_all = stmts[k:k + 7]
+        if not (isinstance(init_m, Let) and isinstance(first, Loop) and isinstance(max_all, Combine)
+                and isinstance(shift, Let) and isinstance(init_s, Let) and isinstance(second, Loop)
+                and isinstance(sum_all, Combine) and max_all.op == "max" and sum_all.op == "+"):
+            continue
+        m, total = max_all.var, sum_all.var
+        if (first.var, first.start, first.stop) != (second.var, second.start, second.stop) \
+                or len(first.body) != 1 or len(second.body) != 1:
+            continue
+        take_max, add = first.body[0], second.body[0]
+        if not (isinstance(take_max, Accum) and take_max.var == m and isinstance(add, Accum) and add.var == total):
+            continue
+        dtype = max_all.dtype
+        shifted = Call("exp", (BinOp("-", take_max.value, Var(shift.var, dtype), dtype),), dtype)
+        if add.value != shifted or init_m.var != m or init_s.var != total:
+            continue
+        body = _online_step(m, total, take_max.value, dtype)
+        online = (init_m, init_s, replace(first, body=body), Combine(m, "logsumexp", dtype, scaled=total), shift)
+        return stmts[:k] + online + stmts[k + 7:]
+    return stmts
+
+
+def _online_step(m: str, total: str, value: Expr, dtype: str) -> tuple[Stmt, ...]:
+    """One term x of a running (m, s): m_new = max(m, x); s = rescaled(s) + exp(x - safe(m_new)), where safe(v)
+    is v when finite, else 0 (as the two-pass shift), and s is only rescaled when m grew and s is not 0 (0 times
+    an overflowing factor would be NaN)."""
+    x, grown = Var("term_x", dtype), Var("max_new", dtype)
+    old, running = Var(m, dtype), Var(total, dtype)
+    rescaled = Select(binop("or", binop("==", running, Const(0.0, dtype)), binop("==", old, grown)), running,
+                      running, dtype)
+    shift = Var("shift_new", dtype)
+    rescaled = replace(rescaled, orelse=BinOp("*", running, Call("exp", (BinOp("-", _safe(old), shift, dtype),),
+                                                                   dtype), dtype))
+    term = Call("exp", (BinOp("-", x, shift, dtype),), dtype)
+    return (Let(x.name, value), Let(grown.name, BinOp("max", old, x, dtype)), Let(shift.name, _safe(grown)),
+            Let(total, BinOp("+", rescaled, term, dtype)), Let(m, grown))
+
+
+def _safe(v: Var) -> Expr:
+    finite = binop("and", binop(">", v, Const(-math.inf, v.dtype)), binop("<", v, Const(math.inf, v.dtype)))
+    return Select(finite, v, Const(0.0, v.dtype), v.dtype)
 
 
 def _length(loop: Loop, sizes: Mapping[str, int]) -> int | None:

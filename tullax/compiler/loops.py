@@ -180,11 +180,14 @@ class Loop:
 @dataclass(frozen=True)
 class Combine:
     """Cooperative kernels: every thread's partial of accumulator ``var`` (``op``: + max min) merged over the
-    block; afterwards every thread holds the total."""
+    block; afterwards every thread holds the total. ``op`` "logsumexp": ``var`` is a running max m and
+    ``scaled`` a running sum s of exp(x - m') (m' = m, or 0 where m is infinite); pairs merge by rescaling
+    each sum to the larger max (``tullax.compiler.cooperate``'s one-pass logsumexp)."""
 
     var: str
     op: str
     dtype: str
+    scaled: str = ""
 
 
 Stmt = Union[Let, Accum, Store, If, Loop, Scratch, Combine]

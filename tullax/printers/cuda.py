@@ -113,6 +113,9 @@ class CudaPrinter(CLikePrinter):
 
     def statement(self, stmt: Stmt, place: Place) -> list[str]:
         pad = self.indent * place.depth
+        if isinstance(stmt, Combine) and stmt.op == "logsumexp":
+            kind = self.type_name(stmt.dtype)
+            return [f"{pad}tx_block_logsumexp({stmt.var}, {stmt.scaled}, ({kind}*)tx_red);"]
         if isinstance(stmt, Combine):
             op, identity = self.combine_forms[stmt.op]
             kind = self.type_name(stmt.dtype)
@@ -157,7 +160,7 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
     total = " * ".join(f"tx_ext{k}" for k in range(len(loops)))
     lines.append(f"    const {index} tx_total = {total};")
     if kernel.cooperative:  # a block per element: the grid-stride loop over blocks, the same for all its threads
-        lines += ["    TX_SHARED(double, tx_red, 32);  // one partial per warp (a double holds any float type)",
+        lines += ["    TX_SHARED(double, tx_red, 64);  // up to two partials per warp (a double holds any float type)",
                   f"    const {index} {_THREAD.name} = {index}(threadIdx.x);",
                   f"    for ({index} tx_flat = {index}(blockIdx.x); tx_flat < tx_total; tx_flat += "
                   f"{index}(gridDim.x)) {{"]
@@ -190,6 +193,9 @@ __device__ __forceinline__ float tx_inf_f32() { return __int_as_float(0x7f800000
 __device__ __forceinline__ float tx_nan_f32() { return __int_as_float(0x7fc00000); }
 __device__ __forceinline__ double tx_inf_f64() { return __longlong_as_double(0x7ff0000000000000LL); }
 __device__ __forceinline__ double tx_nan_f64() { return __longlong_as_double(0x7ff8000000000000LL); }
+template <typename T> __device__ __forceinline__ T tx_inf_of();
+template <> __device__ __forceinline__ float tx_inf_of<float>() { return tx_inf_f32(); }
+template <> __device__ __forceinline__ double tx_inf_of<double>() { return tx_inf_f64(); }
 
 """ + helper_definitions("__device__ __forceinline__") + """
 // Block-cooperative reductions: every thread's v combined by op over the block in a fixed order, the total
@@ -207,6 +213,40 @@ template <typename Op, typename T> __device__ __forceinline__ T tx_block_combine
     for (int offset = 16; offset > 0; offset >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
     __syncthreads();  // red is free for the next combine only once every warp has read it
     return v;
+}
+// A running (max m, sum s of exp(x - m') with m' = m, or 0 where m is infinite) of every thread, merged over the
+// block like tx_block_combine: each pair's sums rescaled to the larger max (not when a sum is 0 or its max is
+// already the larger: 0 times an overflowing factor would be NaN). red holds 64 values.
+template <typename T> __device__ __forceinline__ T tx_exp_of(T x);
+template <> __device__ __forceinline__ float tx_exp_of<float>(float x) { return expf(x); }
+template <> __device__ __forceinline__ double tx_exp_of<double>(double x) { return exp(x); }
+template <typename T> __device__ __forceinline__ T tx_lse_safe(T m) { return m - m == (T)0 ? m : (T)0; }
+template <typename T> __device__ __forceinline__ T tx_lse_rescale(T s, T m, T to) {
+    return s == (T)0 || m == to ? s : s * tx_exp_of<T>(tx_lse_safe<T>(m) - tx_lse_safe<T>(to));
+}
+template <typename T> __device__ __forceinline__ void tx_lse_merge(T& m, T& s, T other_m, T other_s) {
+    T to = tx_max<T>(m, other_m);
+    s = tx_lse_rescale<T>(s, m, to) + tx_lse_rescale<T>(other_s, other_m, to);
+    m = to;
+}
+template <typename T> __device__ __forceinline__ void tx_block_logsumexp(T& m, T& s, T* red) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        T other_m = __shfl_xor_sync(0xffffffffu, m, offset), other_s = __shfl_xor_sync(0xffffffffu, s, offset);
+        tx_lse_merge<T>(m, s, other_m, other_s);
+    }
+    if ((threadIdx.x & 31u) == 0) {
+        red[threadIdx.x >> 5] = m;
+        red[32 + (threadIdx.x >> 5)] = s;
+    }
+    __syncthreads();
+    bool present = (threadIdx.x & 31u) < (blockDim.x >> 5);
+    m = present ? red[threadIdx.x & 31u] : -tx_inf_of<T>();
+    s = present ? red[32 + (threadIdx.x & 31u)] : (T)0;
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        T other_m = __shfl_xor_sync(0xffffffffu, m, offset), other_s = __shfl_xor_sync(0xffffffffu, s, offset);
+        tx_lse_merge<T>(m, s, other_m, other_s);
+    }
+    __syncthreads();
 }
 #ifndef TX_SHARED
 #define TX_SHARED(type, name, count) __shared__ type name[count]
