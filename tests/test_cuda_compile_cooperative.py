@@ -13,6 +13,7 @@ from test_cuda_compile import ARCHS, BITS, CUOBJDUMP, NVDISASM, NVRTC_MISSING
 
 from tullax.backends.base import Signature
 from tullax.backends.cuda.launch import device_lowering
+from tullax.compiler.cooperate import FORCE_BLOCK, FORCE_WARP
 from tullax.planner.decide import kernel_shapes
 from tullax.printers.cuda import BLOCK_THREADS
 from tullax.spec.examples import shapes_for
@@ -23,16 +24,18 @@ pytestmark = [pytest.mark.skipif(bool(NVRTC_MISSING), reason=f"NVRTC cannot be l
 
 
 def cooperative_kernels(dtype: str):
+    """Every corpus kernel the stage accepts, a block per element and a warp per element."""
     kernels = []
     for case in CORPUS:
         spec = compile_spec(case.spec, case.ranges)[1]
         shapes = {**shapes_for(spec, seed=0), **(case.shapes or {})}
         for number, (_, step, its_shapes) in enumerate(kernel_shapes(spec, shapes)):
             its_shapes = {**its_shapes, step.out: tuple(s.eval(its_shapes) for s in step.out_shape)}
-            kernel, _ = device_lowering(step, Signature.for_dtype(step, dtype), its_shapes,
-                                        f"{case.id}_coop{number}", cooperate_from=1)
-            if kernel.cooperative:
-                kernels.append(kernel)
+            for unit, cooperation in (("block", FORCE_BLOCK), ("warp", FORCE_WARP)):
+                kernel, _ = device_lowering(step, Signature.for_dtype(step, dtype), its_shapes,
+                                            f"{case.id}_{unit}{number}", cooperation=cooperation)
+                if kernel.cooperative:
+                    kernels.append(kernel)
     return kernels
 
 
@@ -70,20 +73,27 @@ def test_the_sass_shuffles_synchronises_and_uses_shared_memory(cubin):
                           env=env).stdout
     bodies = dict(re.findall(r"Function : (\w+)\n(.*?)(?=\n\s*Function : |\Z)", sass, re.S))
     assert set(bodies) == {k.name for k in kernels}
+    warp = {k.name for k in kernels if k.warp}
+    assert warp and len(warp) < len(bodies)
     for name, body in bodies.items():
         assert re.search(r"\bSHFL\.BFLY\b", body), name
-        assert re.search(r"\bBAR\.SYNC\b", body), name
-        assert re.search(r"\bSTS\b", body) and re.search(r"\bLDS\b", body), name
+        block = name not in warp  # a warp's merge is the shuffle tree alone
+        assert bool(re.search(r"\bBAR\.SYNC\b", body)) == block, name
+        assert bool(re.search(r"\bSTS\b", body) and re.search(r"\bLDS\b", body)) == block, name
 
 
 def test_registers_barriers_and_shared_memory_fit_a_block(cubin):
-    """ptxas's report: one barrier, 512 bytes of shared memory (64 doubles of partials, nothing else), and
-    registers that let a block of BLOCK_THREADS fit an SM's register file."""
+    """ptxas's report: a block per element uses one barrier and 512 bytes of shared memory (64 doubles of
+    partials, nothing else), a warp per element neither; registers let a block of BLOCK_THREADS fit an SM."""
     kernels, _, report = cubin
-    used = dict((name, (int(reg), int(bars), int(smem))) for name, reg, bars, smem in re.findall(
-        r"Function properties for (\w+)\n.*?Used (\d+) registers, used (\d+) barriers, (\d+) bytes smem", report,
-        re.S))
+    used = {}
+    for chunk in report.split("Function properties for ")[1:]:  # ptxas leaves out a zero barrier or smem count
+        name = chunk.split()[0]
+        counts = [re.search(pattern, chunk.split("Compiling entry function")[0])
+                  for pattern in (r"Used (\d+) registers", r"used (\d+) barriers", r"(\d+) bytes smem")]
+        used[name] = tuple(int(c.group(1)) if c else 0 for c in counts)
     names = {k.name for k in kernels}
     assert names <= set(used)
-    assert all(used[n][0] <= 65536 // BLOCK_THREADS and used[n][1:] == (1, 512) for n in names), \
+    want = {k.name: (0, 0) if k.warp else (1, 512) for k in kernels}
+    assert all(used[n][0] <= 65536 // BLOCK_THREADS and used[n][1:] == want[n] for n in names), \
         {n: used[n] for n in names}

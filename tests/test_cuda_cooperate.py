@@ -13,6 +13,7 @@ from test_cuda_host import DTYPES, FLOAT32_TIES, TOL, case_env, kernel_runs, lau
 
 from tullax.backends.base import Signature
 from tullax.backends.cuda.launch import device_lowering
+from tullax.compiler.cooperate import FORCE_BLOCK, FORCE_WARP
 from tullax.compiler.loops import Combine, Loop, walk_stmts
 from tullax.spec.examples import random_inputs
 from tullax.spec.frontend import compile_spec
@@ -31,13 +32,15 @@ def collect():
         for case in CORPUS:
             spec, env = case_env(case, dtype)
             for step, step_env in kernel_runs(spec, env, dtype):
-                launch = launch_for(step, step_env, f"k{len(jobs)}", dtype == np.float64, cooperate_from=1)
-                if launch.kernel.cooperative:
-                    compare = dtype == np.float64 or case.id not in FLOAT32_TIES
-                    jobs.append((f"{case.id} {np.dtype(dtype).name}: {step.out}", launch,
-                                 naive_eval(step, step_env) if compare else None, dtype))
+                for unit, cooperation in (("block", FORCE_BLOCK), ("warp", FORCE_WARP)):
+                    launch = launch_for(step, step_env, f"k{len(jobs)}", dtype == np.float64,
+                                        cooperation=cooperation)
+                    if launch.kernel.cooperative:
+                        compare = dtype == np.float64 or case.id not in FLOAT32_TIES
+                        jobs.append((f"{case.id} {np.dtype(dtype).name} {unit}: {step.out}", launch,
+                                     naive_eval(step, step_env) if compare else None, dtype))
     for length in (1, 31, 33, 64, 97):  # shorter than a warp, ragged, whole warps, more than the block
-        for dtype in DTYPES:
+        for dtype, cooperation in ((np.float32, FORCE_BLOCK), (np.float64, FORCE_BLOCK), (np.float32, FORCE_WARP)):
             spec = compile_spec(ROWS)[1]
             env = random_inputs(spec, {"x": (5, length)}, seed=length, dtype=dtype)
             if length == 33:
@@ -46,13 +49,14 @@ def collect():
                 env["x"][0] -= 200  # exp(200) overflows float32: the one-pass sum must not rescale 0 by it
                 env["x"][3] = -np.inf  # every term 0: log(0)
                 env["x"][4, 50] = np.nan
-            launch = launch_for(spec, env, f"k{len(jobs)}", dtype == np.float64, cooperate_from=1)
-            jobs.append((f"rows of {length} {np.dtype(dtype).name}", launch, naive_eval(spec, env), dtype))
+            launch = launch_for(spec, env, f"k{len(jobs)}", dtype == np.float64, cooperation=cooperation)
+            unit = "warp" if cooperation is FORCE_WARP else "block"
+            jobs.append((f"rows of {length} {np.dtype(dtype).name} {unit}", launch, naive_eval(spec, env), dtype))
     for dtype in DTYPES:
         spec = compile_spec("(max) m[i] := x[i,j]")[1]
         env = random_inputs(spec, {"x": (4, 70)}, seed=3, dtype=dtype)
         env["x"][1, 45] = np.nan
-        launch = launch_for(spec, env, f"k{len(jobs)}", dtype == np.float64, cooperate_from=1)
+        launch = launch_for(spec, env, f"k{len(jobs)}", dtype == np.float64, cooperation=FORCE_BLOCK)
         expected = np.max(env["x"].astype(np.float64), axis=1)  # NaN propagates as jnp.max
         jobs.append((f"max with a NaN {np.dtype(dtype).name}", launch, expected, dtype))
     return jobs
@@ -87,8 +91,10 @@ def check(jobs, outputs):
 
 def test_the_row_reductions_of_the_corpus_go_cooperative(results):
     jobs, _ = results
-    found = {label.split(" ")[0] for label, _, _, _ in jobs}
-    assert set(EXPECTED) <= found, found
+    for unit in ("block", "warp"):
+        found = {label.split(" ")[0] for label, _, _, _ in jobs if f" {unit}: " in label}
+        assert set(EXPECTED) <= found, (unit, found)
+    assert any(launch.kernel.warp for _, launch, _, _ in jobs)
 
 
 def test_cooperative_kernels_match_the_naive_evaluator(results):
@@ -126,6 +132,10 @@ def test_the_choice_is_by_shapes():
     assert sum(isinstance(s, Combine) for s in walk_stmts(long.body)) == 1  # max and sum together
     assert not kernel(ROWS, {"x": (4096, 64)})[0].cooperative
     assert not kernel("D[i,j] := (W[k,i]-X[k,j])^2", {"W": (784, 1024), "X": (784, 512)})[0].cooperative
+    # rows of 512 over many elements (a Dist gradient's shape): a warp each
+    medium, plan = kernel("ΔW[k,i] := ΔD[i,j]*X[k,j]", {"ΔD": (1024, 512), "X": (784, 512)})
+    assert medium.cooperative and medium.warp and plan.grid * plan.block == 784 * 1024 * 32
+    assert not kernel(ROWS, {"x": (64, 512)})[0].cooperative  # too few elements for a warp each
 
 
 @pytest.mark.parametrize("text,helper", [("(max) m[i] := x[i,j]", "tx_block_combine(T v"),
@@ -137,7 +147,7 @@ def test_a_missing_barrier_is_caught(tmp_path, text, helper, barrier):
     spec = compile_spec(text)[1]
     # 8 rows per block: the sanitizer keeps only a few past accesses of each word, so give it many chances
     env = random_inputs(spec, {"x": (24, 300)}, seed=5, dtype=np.float64)
-    launch = launch_for(spec, env, "racy", wide=False, cooperate_from=1)
+    launch = launch_for(spec, env, "racy", wide=False, cooperation=FORCE_BLOCK)
 
     def drop(source: str) -> str:
         head, rest = source.split(helper, 1)

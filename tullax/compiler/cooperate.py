@@ -1,16 +1,18 @@
-"""Block-cooperative reductions (GPU printers): a kernel whose per-element work is a few long reductions along
-the contiguous axis of an input (row logsumexp, max/min, norms) runs ONE block per output element instead of
-one thread, its threads striding each reduction so a warp reads 32 consecutive elements per request, then
-combining their partials with a fixed tree (``Combine``; the loop IR's docstring says what printers do).
+"""Block- and warp-cooperative reductions (GPU printers): a kernel whose per-element work is a few long
+reductions along the contiguous axis of an input (row logsumexp, max/min, norms, a Dist or Linear gradient
+``ΔW[k,i] := ΔD[i,j]*...``) runs ONE block (or one warp) per output element instead of one thread, its threads
+striding each reduction so a warp reads 32 consecutive elements per request, then combining their partials
+with a fixed tree (``Combine``; the loop IR's docstring says what printers do).
 
 One thread per row reads rows 32 lines apart per warp request and, with few rows, leaves most of the GPU idle;
-a block per row reads each row's lines once, whole. The choice is by shapes (``cooperate``): reductions at least
-``min_length`` long over a unit-stride axis.
+a block per row reads each row's lines once, whole. The choice is by shapes (``Cooperation``): a block for rows
+long enough to give each of its threads several terms, a warp for medium rows over many elements (its merge is
+one shuffle tree, no barrier).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from tullax.compiler.loops import (
@@ -32,6 +34,7 @@ from tullax.compiler.loops import (
     Var,
     binop,
     eval_int,
+    expr_vars,
     expressions,
     parallel_nest,
     walk_expr,
@@ -39,22 +42,33 @@ from tullax.compiler.loops import (
 )
 from tullax.errors import TullaxError
 
-# 8 terms for each of a block's 256 threads (tullax.printers.cuda.BLOCK_THREADS) at least: the combine (two
-# shuffle trees, two barriers) then costs less than the terms. Shorter rows over many outputs (a Dist gradient's
-# 512) would spend most of their time combining; they need block tiles instead.
-MIN_LENGTH = 2048
-# Fewer output elements leave most SMs without a block: a sum over so few is split over threads instead
-# (tullax.compiler.split), anything else still gains from whole-line reads
-MIN_BLOCKS = 64
+
+@dataclass(frozen=True)
+class Cooperation:
+    """When threads cooperate on a reduction, by shapes. A block per output element for rows at least
+    ``block_from`` long (8 terms for each of 256 threads: the merge, two shuffle trees and two barriers, then
+    costs less than the terms) into at least ``block_outputs`` elements (fewer leave most SMs idle: a sum over
+    so few is split over threads instead, ``tullax.compiler.split``; anything else still takes a block each,
+    after the split was tried). Else a warp per element for rows at least ``warp_from`` long (8 terms per lane)
+    into at least ``warp_outputs`` elements (enough warps to fill the GPU)."""
+
+    block_from: int = 2048
+    block_outputs: int = 64
+    warp_from: int = 256
+    warp_outputs: int = 1024
+
+
+FORCE_BLOCK = Cooperation(block_from=1, block_outputs=1)  # every kernel that can (tests, at small sizes)
+FORCE_WARP = Cooperation(block_from=1 << 62, warp_from=1, warp_outputs=1)
 COMBINED = ("+", "max", "min")
 
 
-def cooperate(kernel: LoopKernel, sizes: Mapping[str, int], min_length: int = MIN_LENGTH,
-              max_float32_sum: int | None = None, min_blocks: int = 1) -> LoopKernel | None:
+def cooperate(kernel: LoopKernel, sizes: Mapping[str, int], min_length: int, max_float32_sum: int | None = None,
+              min_outputs: int = 1, warp: bool = False) -> LoopKernel | None:
     """``kernel`` as a cooperative kernel for these ``sizes`` (size parameter -> value), or None where its
     per-element work is not a sequence of Lets, long unit-stride reductions and stores of the output.
     ``max_float32_sum``: the longest float32 sum taken (each thread sums its share in one float32 register);
-    ``min_blocks``: the fewest output elements taken."""
+    ``min_outputs``: the fewest output elements taken; ``warp``: a warp per element instead of a block."""
     if kernel.is_scatter or kernel.split or kernel.cooperative or kernel.compute_dtype not in FLOATS:
         return None
     loops, body = parallel_nest(kernel)
@@ -65,7 +79,7 @@ def cooperate(kernel: LoopKernel, sizes: Mapping[str, int], min_length: int = MI
                             for loop in loops)
     except (TullaxError, KeyError):
         return None
-    if outputs < min_blocks:
+    if outputs < min_outputs:
         return None
     declared: dict[str, str] = {}  # accumulator candidates: Lets at the top of the per-element block
     stmts: list[Stmt] = []
@@ -91,14 +105,15 @@ def cooperate(kernel: LoopKernel, sizes: Mapping[str, int], min_length: int = MI
     nest: tuple[Stmt, ...] = _online_logsumexp(tuple(stmts))
     for loop in reversed(loops):
         nest = (replace(loop, body=nest),)
-    return replace(kernel, body=nest, cooperative=True)
+    return replace(kernel, body=nest, cooperative=True, warp=warp)
 
 
 def _reduction(loop: Loop, declared: Mapping[str, str], sizes: Mapping[str, int],
                min_length: int) -> list[tuple[str, str]] | None:
     """(accumulator, op) of each accumulator ``loop`` updates, in order, when the block's threads may share its
     iterations: only Lets, Accums (+ max min, of floats declared before it) and nested loops and guards inside,
-    the loop variable the last (unit-stride) index of a load, at least ``min_length`` iterations."""
+    every load that moves with the loop variable indexed by it alone along its last (unit-stride) axis, at least
+    ``min_length`` iterations."""
     ops: dict[str, str] = {}
     for stmt in walk_stmts(loop.body):
         if isinstance(stmt, Accum):
@@ -109,8 +124,12 @@ def _reduction(loop: Loop, declared: Mapping[str, str], sizes: Mapping[str, int]
             return None
     if not ops:
         return None
-    unit = any(isinstance(node, Load) and node.index and node.index[-1] == Var(loop.var, node.index[-1].dtype)
-               for expr in expressions(loop.body) for node in walk_expr(expr))
+    # every load that moves with the loop moves along its array's last axis: lanes then read consecutive
+    # elements of each (a load strided along the loop, ΔD[i,j] of ΔX[k,j] := ΔD[i,j]*W[k,i], would read 32 lines)
+    moving = [node for expr in expressions(loop.body) for node in walk_expr(expr)
+              if isinstance(node, Load) and any(loop.var in expr_vars(i) for i in node.index)]
+    unit = bool(moving) and all(node.index[-1] == Var(loop.var, node.index[-1].dtype)
+                                and not any(loop.var in expr_vars(i) for i in node.index[:-1]) for node in moving)
     length = _length(loop, sizes)
     return list(ops.items()) if unit and length is not None and length >= min_length else None
 
@@ -170,4 +189,4 @@ def _length(loop: Loop, sizes: Mapping[str, int]) -> int | None:
         return None
 
 
-__all__ = ["MIN_BLOCKS", "MIN_LENGTH", "cooperate"]
+__all__ = ["FORCE_BLOCK", "FORCE_WARP", "Cooperation", "cooperate"]

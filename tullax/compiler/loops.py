@@ -205,6 +205,7 @@ class LoopKernel:
     is_scatter: bool = False
     split: bool = False
     cooperative: bool = False  # one block per point of the parallel nest (``Loop.lanes``, ``Combine``)
+    warp: bool = False  # with ``cooperative``: one warp per point instead of a block
 
     @property
     def interface(self) -> KernelInterface:

@@ -27,7 +27,9 @@ The mapping:
   (a fixed ``__shfl_xor_sync`` tree per warp, the warps' partials through the shared array ``tx_red``, the same
   tree again: every thread gets the total, identical on every run); stores are guarded to thread 0. The block
   is a whole number of warps (the host launches ``BLOCK_THREADS``). Shared arrays are declared through
-  ``TX_SHARED(type, name, count)`` so the host header can give each emulated block its own.
+  ``TX_SHARED(type, name, count)`` so the host header can give each emulated block its own. With
+  ``LoopKernel.warp`` the unit is a warp: the grid-stride loop runs over warps, lanes loops stride by 32, a
+  ``Combine`` is the shuffle tree alone (``tx_warp_combine``), no shared memory, no barrier.
 * Identifiers: the IR's generated names (``a0``, ``s0``, ``n0``, ``i0``, ``t0``, ``acc``...), names derived from
   them (``a1_e1``, ``s0_at``) and the printer's own ``tx_`` names. The spec text appears in a comment only.
 
@@ -97,28 +99,32 @@ class CudaPrinter(CLikePrinter):
     combine_forms: ClassVar[Mapping[str, tuple[str, float]]] = {
         "+": ("tx_op_add", 0.0), "max": ("tx_op_max", float("-inf")), "min": ("tx_op_min", float("inf"))}
 
-    def __init__(self, index_bits: int, cooperative: bool = False):
+    def __init__(self, index_bits: int, cooperative: bool = False, warp: bool = False):
         if index_bits not in INDEX_BITS:
             raise TullaxError(f"internal error: index arithmetic is 32 or 64 bits, not {index_bits}")
         super().__init__(INDEX_TYPES[index_bits])
-        self.cooperative = cooperative
+        self.cooperative, self.warp = cooperative, warp
 
     def loop_header(self, loop: Loop, place: Place) -> str:
         if not loop.lanes:
             return super().loop_header(loop, place)
         index = self.index_type
         start = self.expr(binop("+", loop.start, _THREAD))
-        return (f"for ({index} {loop.var} = {start}; {loop.var} < {self.expr(loop.stop)}; "
-                f"{loop.var} += {index}(blockDim.x)) {{")
+        width = "32" if self.warp else f"{index}(blockDim.x)"
+        return f"for ({index} {loop.var} = {start}; {loop.var} < {self.expr(loop.stop)}; {loop.var} += {width}) {{"
 
     def statement(self, stmt: Stmt, place: Place) -> list[str]:
         pad = self.indent * place.depth
         if isinstance(stmt, Combine) and stmt.op == "logsumexp":
             kind = self.type_name(stmt.dtype)
+            if self.warp:
+                return [f"{pad}tx_warp_logsumexp({stmt.var}, {stmt.scaled});"]
             return [f"{pad}tx_block_logsumexp({stmt.var}, {stmt.scaled}, ({kind}*)tx_red);"]
         if isinstance(stmt, Combine):
             op, identity = self.combine_forms[stmt.op]
             kind = self.type_name(stmt.dtype)
+            if self.warp:
+                return [f"{pad}{stmt.var} = tx_warp_combine<{op}>({stmt.var});"]
             return [f"{pad}{stmt.var} = tx_block_combine<{op}>({stmt.var}, "
                     f"{self.expr(Const(identity, stmt.dtype))}, ({kind}*)tx_red);"]
         if isinstance(stmt, Store) and self.cooperative:
@@ -140,7 +146,7 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
     """The ``extern "C" __global__`` function of ``kernel``."""
     dtypes = {kernel.compute_dtype, *(a.dtype for a in kernel.arrays), *(s.dtype for s in kernel.scalars)}
     refuse_complex(dtypes, "cuda")
-    printer = CudaPrinter(index_bits, kernel.cooperative)
+    printer = CudaPrinter(index_bits, kernel.cooperative, kernel.warp)
     index = printer.index_type
     declarations = ",\n    ".join(p.declaration for p in parameters(kernel, index_bits))
     lines = [f"// {kernel.name}: {kernel.spec_text}",
@@ -159,7 +165,12 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
         lines.append(f"    const {index} tx_ext{k} = {printer.expr(extent)};")
     total = " * ".join(f"tx_ext{k}" for k in range(len(loops)))
     lines.append(f"    const {index} tx_total = {total};")
-    if kernel.cooperative:  # a block per element: the grid-stride loop over blocks, the same for all its threads
+    if kernel.cooperative and kernel.warp:  # a warp per element: the grid-stride loop over warps
+        lines += [f"    const {index} {_THREAD.name} = {index}(threadIdx.x) & 31;  // the lane",
+                  f"    const {index} tx_stride = {index}(gridDim.x) * ({index}(blockDim.x) / 32);",
+                  f"    for ({index} tx_flat = ({index}(blockIdx.x) * {index}(blockDim.x) + {index}(threadIdx.x)) "
+                  "/ 32; tx_flat < tx_total; tx_flat += tx_stride) {"]
+    elif kernel.cooperative:  # a block per element: the grid-stride loop over blocks, the same for all its threads
         lines += ["    TX_SHARED(double, tx_red, 64);  // up to two partials per warp (a double holds any float type)",
                   f"    const {index} {_THREAD.name} = {index}(threadIdx.x);",
                   f"    for ({index} tx_flat = {index}(blockIdx.x); tx_flat < tx_total; tx_flat += "
@@ -205,12 +216,16 @@ template <> __device__ __forceinline__ double tx_inf_of<double>() { return tx_in
 struct tx_op_add { template <typename T> __device__ static T apply(T a, T b) { return a + b; } };
 struct tx_op_max { template <typename T> __device__ static T apply(T a, T b) { return tx_max<T>(a, b); } };
 struct tx_op_min { template <typename T> __device__ static T apply(T a, T b) { return tx_min<T>(a, b); } };
-template <typename Op, typename T> __device__ __forceinline__ T tx_block_combine(T v, T identity, T* red) {
+template <typename Op, typename T> __device__ __forceinline__ T tx_warp_combine(T v) {
     for (int offset = 16; offset > 0; offset >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+template <typename Op, typename T> __device__ __forceinline__ T tx_block_combine(T v, T identity, T* red) {
+    v = tx_warp_combine<Op, T>(v);
     if ((threadIdx.x & 31u) == 0) red[threadIdx.x >> 5] = v;
     __syncthreads();
     v = (threadIdx.x & 31u) < (blockDim.x >> 5) ? red[threadIdx.x & 31u] : identity;
-    for (int offset = 16; offset > 0; offset >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    v = tx_warp_combine<Op, T>(v);
     __syncthreads();  // red is free for the next combine only once every warp has read it
     return v;
 }
@@ -229,11 +244,14 @@ template <typename T> __device__ __forceinline__ void tx_lse_merge(T& m, T& s, T
     s = tx_lse_rescale<T>(s, m, to) + tx_lse_rescale<T>(other_s, other_m, to);
     m = to;
 }
-template <typename T> __device__ __forceinline__ void tx_block_logsumexp(T& m, T& s, T* red) {
+template <typename T> __device__ __forceinline__ void tx_warp_logsumexp(T& m, T& s) {
     for (int offset = 16; offset > 0; offset >>= 1) {
         T other_m = __shfl_xor_sync(0xffffffffu, m, offset), other_s = __shfl_xor_sync(0xffffffffu, s, offset);
         tx_lse_merge<T>(m, s, other_m, other_s);
     }
+}
+template <typename T> __device__ __forceinline__ void tx_block_logsumexp(T& m, T& s, T* red) {
+    tx_warp_logsumexp<T>(m, s);
     if ((threadIdx.x & 31u) == 0) {
         red[threadIdx.x >> 5] = m;
         red[32 + (threadIdx.x >> 5)] = s;
@@ -242,10 +260,7 @@ template <typename T> __device__ __forceinline__ void tx_block_logsumexp(T& m, T
     bool present = (threadIdx.x & 31u) < (blockDim.x >> 5);
     m = present ? red[threadIdx.x & 31u] : -tx_inf_of<T>();
     s = present ? red[32 + (threadIdx.x & 31u)] : (T)0;
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        T other_m = __shfl_xor_sync(0xffffffffu, m, offset), other_s = __shfl_xor_sync(0xffffffffu, s, offset);
-        tx_lse_merge<T>(m, s, other_m, other_s);
-    }
+    tx_warp_logsumexp<T>(m, s);
     __syncthreads();
 }
 #ifndef TX_SHARED
