@@ -138,8 +138,10 @@ def device_rows(name: str, spec_text: str, shapes: dict, dtype: str, device: str
             all_shapes = {**work["shapes"], spec.out: work["out_shape"]}
             built = device_kernel(spec, signature, all_shapes)
             out = jnp.zeros(work["out_shape"], dtype)
-            row["schedule"] = ("cooperative" if built.kernel.cooperative else "split" if built.kernel.split
-                               else "thread per element")
+            kernel = built.kernel
+            row["schedule"] = ("warp per element" if kernel.cooperative and kernel.warp else
+                               "block per element" if kernel.cooperative else "split" if kernel.split else
+                               "thread per element")
             row["grid"], row["block"] = built.plan.grid, built.plan.block
             row["device_ms"] = event_ms(built, out, values)
             row["roofline_ms"] = roofline_ms(work, device, dtype)

@@ -47,3 +47,10 @@ def test_explain_prints_the_cuda_schedule_for_the_shapes(capsys):
     assert main(["explain", ROWS, "--backend", "cuda", "--shape", "x=4096x4096"]) == 0
     out = capsys.readouterr().out
     assert "a block per output element (cooperative reduction)" in out
+
+
+def test_the_dist_gradient_wrt_its_first_input_takes_a_warp_per_element():
+    source = tullax.generate_source("D[i,j] := (W[k,i]-X[k,j])^2", backend="cuda",
+                                    shapes={"W": (784, 1024), "X": (784, 512)})
+    assert "(gradient wrt W): grid 100352 x block 256, a warp per output element" in source
+    assert "(gradient wrt X): grid 392 x block 256, a thread per output element" in source

@@ -57,7 +57,8 @@ def shaped_module_source(spec: Spec, signature: Signature, shapes: Mapping[str, 
         known[step.spec.out] = its[step.spec.out]
         step_signature = signature if number == 0 else Signature.for_dtype(step.spec, signature.out_dtype)
         kernel, plan = device_lowering(step.spec, step_signature, its, step.name)
-        schedule = ("a block per output element (cooperative reduction)" if kernel.cooperative else
+        schedule = ("a warp per output element (cooperative reduction)" if kernel.cooperative and kernel.warp else
+                    "a block per output element (cooperative reduction)" if kernel.cooperative else
                     "a split sum (atomic adds)" if kernel.split else "a thread per output element or tile")
         launches.append(f"// {step.name} ({step.label}): grid {plan.grid} x block {plan.block}, {schedule}, "
                         f"{plan.index_bits}-bit indices")
