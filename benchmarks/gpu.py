@@ -19,6 +19,10 @@ refuses with the reason anywhere else. Three parts:
    ``TULLAX_CUDA_COMMAND_BUFFER`` 0 and 1 (``command_buffer_compatible`` on the buffer_callback), each checked
    against XLA on fresh inputs every call (a replayed capture over stale buffers would show).
 4. The targets of issue 11, each PASS or FAIL.
+5. Device time (part ``device``, ``benchmarks/gpu_device.py``): each tullax kernel (forward and every gradient
+   step) timed with CUDA events around many pipelined launches, its schedule, its roofline (bytes and FLOPs
+   from the shapes at the device's peaks) and the fraction reached; the forward operation's pipelined time
+   per call on cuda and XLA beside it (the host's per-call overhead hidden).
 """
 from __future__ import annotations
 
@@ -474,13 +478,45 @@ def markdown(report: dict) -> str:
         lines.append(f"- {dtype} (rtol {RTOL[dtype]:g}): {len(rows) - len(failed)}/{len(rows)} cases pass"
                      + (": failing " + ", ".join(f"{r['case']} ({str(r.get('error') or r.get('max_error'))[:80]})"
                                                   for r in failed) if failed else ""))
+    if report.get("device_time"):
+        lines += [""] + device_markdown(report["device_time"])
     verdict = {True: "PASS", False: "FAIL", None: "NOT RUN"}
     lines += ["", "## Targets", ""] + [f"- {verdict[ok]}: {what}" for what, ok in report["targets"]]
     lines += ["", "Seconds per part: " + ", ".join(f"{k} {v}" for k, v in report.get("seconds", {}).items())]
     return "\n".join(lines) + "\n"
 
 
-PARTS = ("timings", "unsplit", "overhead", "ttfk", "buffers", "corpus")
+PARTS = ("timings", "unsplit", "overhead", "ttfk", "buffers", "corpus", "device")
+
+
+def device_part(device: str, dtype: str, quick: bool, names: list[str]) -> dict:
+    """Part ``device``: per case the CUDA-event time of every kernel and the pipelined time per call."""
+    import gpu_device
+
+    found: dict[str, list] = {"kernels": [], "pipelined": []}
+    for name, spec_text, shapes, _ in cases(quick):
+        if name in names:
+            print(f"device time of {name}", flush=True)
+            found["kernels"] += gpu_device.device_rows(name, spec_text, shapes, dtype, device)
+            found["pipelined"].append(gpu_device.pipelined_rows(name, spec_text, shapes, dtype))
+    return found
+
+
+def device_markdown(found: dict) -> list[str]:
+    lines = ["## Device time (CUDA events around pipelined launches) and roofline", "",
+             "| case | kernel | schedule | grid x block | device ms | roofline ms | of roofline |",
+             "|---|---|---|---|---|---|---|"]
+    for row in found.get("kernels", []):
+        if "error" in row:
+            lines.append(f"| {row['case']} | {row['kernel']} | error: {row['error'].splitlines()[0][:120]} |")
+            continue
+        lines.append(f"| {row['case']} | {row['kernel']} | {row.get('schedule')} | {row.get('grid')} x "
+                     f"{row.get('block')} | {_ms(row.get('device_ms'))} | {_ms(row.get('roofline_ms'))} | "
+                     f"{_ms(row.get('roofline_fraction'))} |")
+    lines += ["", "| case | cuda fwd pipelined ms/call | XLA fwd pipelined ms/call |", "|---|---|---|"]
+    for row in found.get("pipelined", []):
+        lines.append(f"| {row['case']} | {_ms(row.get('cuda_pipelined_ms'))} | {_ms(row.get('xla_pipelined_ms'))} |")
+    return lines + [""]
 
 
 def save(report: dict, out_dir: Path) -> Path:
@@ -517,6 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     # every process of the benchmark shares the GPU: jax must not take 75% of its memory in each
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # gpu_device
     import jax
 
     jax.config.update("jax_enable_x64", True)  # float64 checks; float32 inputs stay float32
@@ -573,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
             report["command_buffers"] = command_buffers(args.dtype)
         elif part == "corpus":
             report["corpus"] = corpus_rows()
+        elif part == "device":
+            report["device_time"] = device_part(device_name, args.dtype, args.quick, names)
         report["seconds"][part] = round(time.perf_counter() - start, 1)
         stem = save(report, out_dir)
         print(f"{part} done in {report['seconds'][part]:.1f} s", flush=True)

@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -28,6 +28,8 @@ HEADER = Path(__file__).parent / "cuda_host.h"
 GPP = shutil.which("g++")
 WORKERS = 3  # OS threads per launch: more than the 2 cores, so blocks interleave
 GEOMETRIES = ((3, 4), (2, 1), (5, 3), (1, 8), (4, 2))  # (blocks, threads per block), cycled over launches
+# Cooperative kernels need whole warps; 1, 2 and 3 warps run the cross-warp combine with idle slots
+COOPERATIVE_GEOMETRIES = ((3, 64), (2, 32), (2, 96))
 _INT = struct.Struct("<q")
 # Every plain sum split, however short (the corpus's sizes are small), into up to 3 pieces per output element:
 # most cut a loop into chunks (a power of two long), so ragged last chunks run too
@@ -97,7 +99,8 @@ def _case(number: int, launch: Launch) -> str:
     for k, param in enumerate(parameters(launch.kernel, launch.index_bits)):
         args.append(f"({param.ctype})p[{k}]" if param.pointer else f"*({param.ctype}*)p[{k}]")
     call = f"[](void** p) {{ {launch.kernel.name}({', '.join(args)}); }}"
-    return f"            case {number}: tx_launch(geometry, {call}, p.data()); break;"
+    launcher = "tx_launch_blocks" if launch.kernel.cooperative else "tx_launch"
+    return f"            case {number}: {launcher}(geometry, {call}, p.data()); break;"
 
 
 @functools.lru_cache(maxsize=None)
@@ -112,16 +115,21 @@ def sanitizer_works() -> bool:
         return built.returncode == 0 and subprocess.run([str(exe)], capture_output=True).returncode == 0
 
 
-def build(kernels: Sequence[tuple[LoopKernel, int]], directory: Path) -> Path:
-    """Compile ``kernels`` (unique names) into one executable; launches refer to them by position."""
+def build(kernels: Sequence[tuple[LoopKernel, int]], directory: Path,
+          edit: Callable[[str], str] | None = None, sanitize: bool = True) -> Path:
+    """Compile ``kernels`` (unique names) into one executable; launches refer to them by position. ``edit``:
+    a change to the printed source first (tests that break a kernel on purpose). ``sanitize=False``: without
+    the thread sanitizer (many launches of cooperating threads run several times faster)."""
     source = print_module(kernels)
+    if edit is not None:
+        source = edit(source)
     launches = [Launch(kernel, bits, ()) for kernel, bits in kernels]
     cases = "\n".join(_case(n, launch) for n, launch in enumerate(launches))
     path = directory / "kernels.cpp"
     path.write_text(f'#include "{HEADER}"\n{source}\n{_MAIN % {"cases": cases}}')
     exe = directory / "kernels"
     flags = ["-std=c++20", "-O1", "-g0", "-pthread", "-Wall", "-Werror", "-Wno-unused-variable"]
-    if sanitizer_works():
+    if sanitize and sanitizer_works():
         flags.append("-fsanitize=thread")
     done = subprocess.run([GPP, *flags, str(path), "-o", str(exe)], capture_output=True, text=True)
     if done.returncode != 0:
@@ -142,7 +150,8 @@ def run(exe: Path, jobs: Sequence[tuple[int, Launch]], seed: int = 0) -> list[np
         with open(jobs_path, "wb") as f:
             f.write(_INT.pack(len(jobs)))
             for n, (number, launch) in enumerate(jobs):
-                grid, block = GEOMETRIES[n % len(GEOMETRIES)]
+                shapes = COOPERATIVE_GEOMETRIES if launch.kernel.cooperative else GEOMETRIES
+                grid, block = shapes[n % len(shapes)]
                 params = parameters(launch.kernel, launch.index_bits)
                 f.write(b"".join(_INT.pack(v) for v in (number, grid, block, WORKERS, seed + n, len(params))))
                 for param, value in zip(params, launch.arguments, strict=True):

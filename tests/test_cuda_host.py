@@ -17,6 +17,7 @@ from cuda_harness import GPP, SPLIT_EVERYTHING, Launch, RaceError, build, run, s
 
 from tullax.backends.base import Signature
 from tullax.backends.cuda.launch import START_GIVEN, START_ZERO, device_lowering
+from tullax.compiler.cooperate import Cooperation
 from tullax.compiler.loops import Loop, Store, walk_stmts
 from tullax.compiler.split import CHUNK, SplitPolicy
 from tullax.errors import TullaxError
@@ -67,7 +68,8 @@ def naive_result(step, step_env) -> np.ndarray:
     return naive_eval(step, step_env).astype(result_dtype(step, arrays))
 
 
-def launch_for(step, env, name: str, wide: bool, policy: SplitPolicy = SplitPolicy()) -> Launch:
+def launch_for(step, env, name: str, wide: bool, policy: SplitPolicy = SplitPolicy(),
+               cooperation: Cooperation = Cooperation()) -> Launch:
     """The launch of ``step`` on ``env``: the kernel the cuda backend lowers for these shapes (split as
     ``policy`` says) with the arguments the host's launch plan gives (the output filled as the plan's ``start``
     says; NaN where the kernel must write)."""
@@ -79,7 +81,7 @@ def launch_for(step, env, name: str, wide: bool, policy: SplitPolicy = SplitPoli
     signature = Signature(tuple(np.dtype(a.dtype).name for a in arrays), dtype.name)
     shapes = {n: np.shape(a) for n, a in zip(step.input_names, arrays)}
     shapes[step.out] = tuple(s.eval(shapes) for s in step.out_shape)
-    kernel, plan = device_lowering(step, signature, shapes, name, policy)
+    kernel, plan = device_lowering(step, signature, shapes, name, policy, cooperation)
     if plan.start == START_GIVEN:
         out = np.array(arrays[0], dtype=dtype, copy=True)
     elif plan.start == START_ZERO:

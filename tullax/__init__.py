@@ -36,11 +36,12 @@ def einsum_kernel(spec: str, *, backend: str = "auto", ranges: Mapping | None = 
 
 
 def generate_source(spec: str, backend: str = "numba", dtype: str = "float32",
-                    ranges: Mapping | None = None) -> str:
-    """The whole generated module (forward and every gradient kernel) of ``spec`` for ``backend``."""
+                    ranges: Mapping | None = None, shapes: Mapping | None = None) -> str:
+    """The whole generated module (forward and every gradient kernel) of ``spec`` for ``backend``; for
+    ``backend="cuda"`` with ``shapes`` (input name -> shape), the kernels launched at those shapes."""
     from tullax.api.source import generate_source as _generate
 
-    return _generate(spec, backend=backend, dtype=dtype, ranges=ranges)
+    return _generate(spec, backend=backend, dtype=dtype, ranges=ranges, shapes=shapes)
 
 
 def warm(spec: str, backend: str = "auto", dtype: str = "float32", ranges: Mapping | None = None) -> dict:

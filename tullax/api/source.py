@@ -9,9 +9,11 @@ from tullax.spec.frontend import compile_spec
 
 
 def generate_source(spec: str, backend: str = "numba", dtype: str = "float32",
-                    ranges: Mapping | None = None) -> str:
+                    ranges: Mapping | None = None, shapes: Mapping | None = None) -> str:
     """The whole module when the backend prints one; otherwise the forward kernel's source and each gradient
-    step's (gradients that cannot be derived are left out), each under a title."""
+    step's (gradients that cannot be derived are left out), each under a title. ``shapes`` (input name ->
+    shape; the cuda backend, which picks its kernels by shapes): the kernels launched at those shapes, each
+    with its launch. For cuda, ``ranges`` that fix every input's shape do the same."""
     from tullax import backends
     from tullax.backends.base import Signature
     from tullax.backends.host import kernel_steps
@@ -19,6 +21,11 @@ def generate_source(spec: str, backend: str = "numba", dtype: str = "float32",
     try:
         _, analysed = compile_spec(spec, ranges)
         impl = backends.get(backend)
+        if shapes is not None:
+            if not hasattr(impl, "shaped_source"):
+                raise TullaxError(f"generate_source(shapes=...): the {backend} backend does not choose its kernels "
+                                  "by shapes; leave shapes out (backend='cuda' does)")
+            return impl.shaped_source(analysed, dtype, {k: tuple(v) for k, v in shapes.items()})
         if backends.capabilities(impl).module_source:
             return impl.module_source(analysed, dtype)
         parts = []

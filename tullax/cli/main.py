@@ -225,7 +225,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         from rich.syntax import Syntax
 
         generate_source = _require("tullax", "generate_source")
-        source = generate_source(args.spec, backend=args.backend, dtype=args.dtype)
+        # cuda picks its kernels by shapes: with --shape, the kernels (and launches) it would run at them
+        by_shapes = {"shapes": shapes} if shapes and args.backend == "cuda" else {}
+        source = generate_source(args.spec, backend=args.backend, dtype=args.dtype, **by_shapes)
         console.print(Rule(escape(f"generated {args.backend} source ({args.dtype})")))
         console.print(Syntax(source, _SOURCE_LEXERS.get(args.backend, "text"), line_numbers=True))
     return 0

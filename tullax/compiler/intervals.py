@@ -19,6 +19,7 @@ from tullax.compiler.loops import (
     BinOp,
     Call,
     Cast,
+    Combine,
     Const,
     Expr,
     If,
@@ -91,6 +92,8 @@ def _block(stmts: tuple[Stmt, ...], env: dict[str, Interval], bound: Interval) -
         elif isinstance(stmt, Store):
             for expr in (*stmt.index, stmt.value):
                 _value(expr, env, bound)
+        elif isinstance(stmt, Combine):
+            continue  # floats only
         else:
             raise TullaxError(f"internal error: no interval rule for the loop IR statement {stmt!r}")
 

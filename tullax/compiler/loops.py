@@ -174,9 +174,23 @@ class Loop:
     parallel: bool
     body: tuple["Stmt", ...]
     reduce_parallel: bool = False
+    lanes: bool = False  # cooperative kernels: the block's threads share the iterations
 
 
-Stmt = Union[Let, Accum, Store, If, Loop, Scratch]
+@dataclass(frozen=True)
+class Combine:
+    """Cooperative kernels: every thread's partial of accumulator ``var`` (``op``: + max min) merged over the
+    block; afterwards every thread holds the total. ``op`` "logsumexp": ``var`` is a running max m and
+    ``scaled`` a running sum s of exp(x - m') (m' = m, or 0 where m is infinite); pairs merge by rescaling
+    each sum to the larger max (``tullax.compiler.cooperate``'s one-pass logsumexp)."""
+
+    var: str
+    op: str
+    dtype: str
+    scaled: str = ""
+
+
+Stmt = Union[Let, Accum, Store, If, Loop, Scratch, Combine]
 
 
 @dataclass(frozen=True)
@@ -190,6 +204,8 @@ class LoopKernel:
     compute_dtype: str
     is_scatter: bool = False
     split: bool = False
+    cooperative: bool = False  # one block per point of the parallel nest (``Loop.lanes``, ``Combine``)
+    warp: bool = False  # with ``cooperative``: one warp per point instead of a block
 
     @property
     def interface(self) -> KernelInterface:
@@ -368,7 +384,7 @@ def statement_expressions(stmt: Stmt) -> tuple[Expr, ...]:
         return (stmt.cond,)
     if isinstance(stmt, (Let, Accum)):
         return (stmt.value,)
-    if isinstance(stmt, Scratch):
+    if isinstance(stmt, (Scratch, Combine)):
         return ()
     assert isinstance(stmt, Store), stmt
     return stmt.index + (stmt.value,)

@@ -22,6 +22,14 @@ The mapping:
   ``powf``/``pow``; functions are spelled as the registry's ``c`` field says; ``Select`` is a C ternary (only the
   chosen branch runs); infinities and NaN are built from their bit patterns (NVRTC has no ``<cmath>``).
 * ``atomic_add`` stores print as ``atomicAdd`` (only scatter kernels have them); every other store is plain.
+* Cooperative kernels (``LoopKernel.cooperative``): the grid-stride loop runs over BLOCKS, one per point of the
+  launch nest; a ``lanes`` loop strides by the block's threads; a ``Combine`` is a call of ``tx_block_combine``
+  (a fixed ``__shfl_xor_sync`` tree per warp, the warps' partials through the shared array ``tx_red``, the same
+  tree again: every thread gets the total, identical on every run); stores are guarded to thread 0. The block
+  is a whole number of warps (the host launches ``BLOCK_THREADS``). Shared arrays are declared through
+  ``TX_SHARED(type, name, count)`` so the host header can give each emulated block its own. With
+  ``LoopKernel.warp`` the unit is a warp: the grid-stride loop runs over warps, lanes loops stride by 32, a
+  ``Combine`` is the shuffle tree alone (``tx_warp_combine``), no shared memory, no barrier.
 * Identifiers: the IR's generated names (``a0``, ``s0``, ``n0``, ``i0``, ``t0``, ``acc``...), names derived from
   them (``a1_e1``, ``s0_at``) and the printer's own ``tx_`` names. The spec text appears in a comment only.
 
@@ -34,9 +42,9 @@ from __future__ import annotations
 from typing import ClassVar, Mapping, Sequence
 
 from tullax._version import __version__
-from tullax.compiler.loops import INDEX, LoopKernel, binop, const
+from tullax.compiler.loops import INDEX, Combine, Const, Loop, LoopKernel, Stmt, Store, Var, binop, const
 from tullax.errors import TullaxError
-from tullax.printers.base import Precedence
+from tullax.printers.base import Place, Precedence
 from tullax.printers.clike import (
     TYPEDEFS,
     CLikePrinter,
@@ -74,6 +82,7 @@ def parameters(kernel: LoopKernel, index_bits: int) -> tuple[Parameter, ...]:
     return tuple(params)
 
 
+_THREAD = Var("tx_thread", INDEX)  # the thread's position in its block, declared by cooperative kernels
 CudaPlace = CPlace  # the name the CUDA tests and callers know
 
 
@@ -85,10 +94,42 @@ class CudaPrinter(CLikePrinter):
     store_forms: ClassVar[Mapping[str, str]] = {"set": "{target} = {value}", "add": "{target} += {value}",
                                                 "atomic_add": "atomicAdd(&{target}, {value})"}
 
-    def __init__(self, index_bits: int):
+    # Combine.op -> the combining operation of tx_block_combine and its identity (what a warp slot past the
+    # block's last warp contributes)
+    combine_forms: ClassVar[Mapping[str, tuple[str, float]]] = {
+        "+": ("tx_op_add", 0.0), "max": ("tx_op_max", float("-inf")), "min": ("tx_op_min", float("inf"))}
+
+    def __init__(self, index_bits: int, cooperative: bool = False, warp: bool = False):
         if index_bits not in INDEX_BITS:
             raise TullaxError(f"internal error: index arithmetic is 32 or 64 bits, not {index_bits}")
         super().__init__(INDEX_TYPES[index_bits])
+        self.cooperative, self.warp = cooperative, warp
+
+    def loop_header(self, loop: Loop, place: Place) -> str:
+        if not loop.lanes:
+            return super().loop_header(loop, place)
+        index = self.index_type
+        start = self.expr(binop("+", loop.start, _THREAD))
+        width = "32" if self.warp else f"{index}(blockDim.x)"
+        return f"for ({index} {loop.var} = {start}; {loop.var} < {self.expr(loop.stop)}; {loop.var} += {width}) {{"
+
+    def statement(self, stmt: Stmt, place: Place) -> list[str]:
+        pad = self.indent * place.depth
+        if isinstance(stmt, Combine) and stmt.op == "logsumexp":
+            kind = self.type_name(stmt.dtype)
+            if self.warp:
+                return [f"{pad}tx_warp_logsumexp({stmt.var}, {stmt.scaled});"]
+            return [f"{pad}tx_block_logsumexp({stmt.var}, {stmt.scaled}, ({kind}*)tx_red);"]
+        if isinstance(stmt, Combine):
+            op, identity = self.combine_forms[stmt.op]
+            kind = self.type_name(stmt.dtype)
+            if self.warp:
+                return [f"{pad}{stmt.var} = tx_warp_combine<{op}>({stmt.var});"]
+            return [f"{pad}{stmt.var} = tx_block_combine<{op}>({stmt.var}, "
+                    f"{self.expr(Const(identity, stmt.dtype))}, ({kind}*)tx_red);"]
+        if isinstance(stmt, Store) and self.cooperative:
+            return [f"{pad}if (tx_thread == 0) {self.store(stmt)}{self.statement_end}"]
+        return super().statement(stmt, place)
 
     def helper_name(self, name: str, dtype: str) -> str:
         """Binary helpers get their template argument (an index operand and a literal would otherwise deduce two
@@ -105,7 +146,7 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
     """The ``extern "C" __global__`` function of ``kernel``."""
     dtypes = {kernel.compute_dtype, *(a.dtype for a in kernel.arrays), *(s.dtype for s in kernel.scalars)}
     refuse_complex(dtypes, "cuda")
-    printer = CudaPrinter(index_bits)
+    printer = CudaPrinter(index_bits, kernel.cooperative, kernel.warp)
     index = printer.index_type
     declarations = ",\n    ".join(p.declaration for p in parameters(kernel, index_bits))
     lines = [f"// {kernel.name}: {kernel.spec_text}",
@@ -123,10 +164,21 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
         extent = binop("max", binop("-", loop.stop, loop.start), const(0))
         lines.append(f"    const {index} tx_ext{k} = {printer.expr(extent)};")
     total = " * ".join(f"tx_ext{k}" for k in range(len(loops)))
-    lines += [f"    const {index} tx_total = {total};",
-              f"    const {index} tx_stride = {index}(gridDim.x) * {index}(blockDim.x);",
-              f"    for ({index} tx_flat = {index}(blockIdx.x) * {index}(blockDim.x) + {index}(threadIdx.x); "
-              "tx_flat < tx_total; tx_flat += tx_stride) {"]
+    lines.append(f"    const {index} tx_total = {total};")
+    if kernel.cooperative and kernel.warp:  # a warp per element: the grid-stride loop over warps
+        lines += [f"    const {index} {_THREAD.name} = {index}(threadIdx.x) & 31;  // the lane",
+                  f"    const {index} tx_stride = {index}(gridDim.x) * ({index}(blockDim.x) / 32);",
+                  f"    for ({index} tx_flat = ({index}(blockIdx.x) * {index}(blockDim.x) + {index}(threadIdx.x)) "
+                  "/ 32; tx_flat < tx_total; tx_flat += tx_stride) {"]
+    elif kernel.cooperative:  # a block per element: the grid-stride loop over blocks, the same for all its threads
+        lines += ["    TX_SHARED(double, tx_red, 64);  // up to two partials per warp (a double holds any float type)",
+                  f"    const {index} {_THREAD.name} = {index}(threadIdx.x);",
+                  f"    for ({index} tx_flat = {index}(blockIdx.x); tx_flat < tx_total; tx_flat += "
+                  f"{index}(gridDim.x)) {{"]
+    else:
+        lines += [f"    const {index} tx_stride = {index}(gridDim.x) * {index}(blockDim.x);",
+                  f"    for ({index} tx_flat = {index}(blockIdx.x) * {index}(blockDim.x) + {index}(threadIdx.x); "
+                  "tx_flat < tx_total; tx_flat += tx_stride) {"]
     if len(loops) > 1:
         lines.append(f"        {index} tx_rest = tx_flat;")
     rest = "tx_rest" if len(loops) > 1 else "tx_flat"
@@ -152,8 +204,69 @@ __device__ __forceinline__ float tx_inf_f32() { return __int_as_float(0x7f800000
 __device__ __forceinline__ float tx_nan_f32() { return __int_as_float(0x7fc00000); }
 __device__ __forceinline__ double tx_inf_f64() { return __longlong_as_double(0x7ff0000000000000LL); }
 __device__ __forceinline__ double tx_nan_f64() { return __longlong_as_double(0x7ff8000000000000LL); }
+template <typename T> __device__ __forceinline__ T tx_inf_of();
+template <> __device__ __forceinline__ float tx_inf_of<float>() { return tx_inf_f32(); }
+template <> __device__ __forceinline__ double tx_inf_of<double>() { return tx_inf_f64(); }
 
-""" + helper_definitions("__device__ __forceinline__") + """#endif
+""" + helper_definitions("__device__ __forceinline__") + """
+// Block-cooperative reductions: every thread's v combined by op over the block in a fixed order, the total
+// returned to every thread. A xor-shuffle tree in each warp; lane 0 of each warp leaves its result in red (32
+// shared slots); then every warp runs the same tree over the warps' results (identity past the last warp), so
+// all threads agree bit for bit. blockDim.x must be a whole number of warps and every thread must call it.
+struct tx_op_add { template <typename T> __device__ static T apply(T a, T b) { return a + b; } };
+struct tx_op_max { template <typename T> __device__ static T apply(T a, T b) { return tx_max<T>(a, b); } };
+struct tx_op_min { template <typename T> __device__ static T apply(T a, T b) { return tx_min<T>(a, b); } };
+template <typename Op, typename T> __device__ __forceinline__ T tx_warp_combine(T v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+template <typename Op, typename T> __device__ __forceinline__ T tx_block_combine(T v, T identity, T* red) {
+    v = tx_warp_combine<Op, T>(v);
+    if ((threadIdx.x & 31u) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = (threadIdx.x & 31u) < (blockDim.x >> 5) ? red[threadIdx.x & 31u] : identity;
+    v = tx_warp_combine<Op, T>(v);
+    __syncthreads();  // red is free for the next combine only once every warp has read it
+    return v;
+}
+// A running (max m, sum s of exp(x - m') with m' = m, or 0 where m is infinite) of every thread, merged over the
+// block like tx_block_combine: each pair's sums rescaled to the larger max (not when a sum is 0 or its max is
+// already the larger: 0 times an overflowing factor would be NaN). red holds 64 values.
+template <typename T> __device__ __forceinline__ T tx_exp_of(T x);
+template <> __device__ __forceinline__ float tx_exp_of<float>(float x) { return expf(x); }
+template <> __device__ __forceinline__ double tx_exp_of<double>(double x) { return exp(x); }
+template <typename T> __device__ __forceinline__ T tx_lse_safe(T m) { return m - m == (T)0 ? m : (T)0; }
+template <typename T> __device__ __forceinline__ T tx_lse_rescale(T s, T m, T to) {
+    return s == (T)0 || m == to ? s : s * tx_exp_of<T>(tx_lse_safe<T>(m) - tx_lse_safe<T>(to));
+}
+template <typename T> __device__ __forceinline__ void tx_lse_merge(T& m, T& s, T other_m, T other_s) {
+    T to = tx_max<T>(m, other_m);
+    s = tx_lse_rescale<T>(s, m, to) + tx_lse_rescale<T>(other_s, other_m, to);
+    m = to;
+}
+template <typename T> __device__ __forceinline__ void tx_warp_logsumexp(T& m, T& s) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        T other_m = __shfl_xor_sync(0xffffffffu, m, offset), other_s = __shfl_xor_sync(0xffffffffu, s, offset);
+        tx_lse_merge<T>(m, s, other_m, other_s);
+    }
+}
+template <typename T> __device__ __forceinline__ void tx_block_logsumexp(T& m, T& s, T* red) {
+    tx_warp_logsumexp<T>(m, s);
+    if ((threadIdx.x & 31u) == 0) {
+        red[threadIdx.x >> 5] = m;
+        red[32 + (threadIdx.x >> 5)] = s;
+    }
+    __syncthreads();
+    bool present = (threadIdx.x & 31u) < (blockDim.x >> 5);
+    m = present ? red[threadIdx.x & 31u] : -tx_inf_of<T>();
+    s = present ? red[32 + (threadIdx.x & 31u)] : (T)0;
+    tx_warp_logsumexp<T>(m, s);
+    __syncthreads();
+}
+#ifndef TX_SHARED
+#define TX_SHARED(type, name, count) __shared__ type name[count]
+#endif
+#endif
 """
 
 _HEADER = "// Generated by tullax {version} for the cuda backend. Do not edit: regenerated from the spec.\n"

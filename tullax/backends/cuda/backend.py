@@ -102,8 +102,15 @@ def _record(cubin: Any, kernel: LoopKernel, codegen_ms: float, load_ms: float, s
 
 
 def module_source(spec: Spec, dtype: Signature | str = "float32") -> str:
-    """The forward kernel and every gradient step kernel of ``spec`` as ONE CUDA module, for display."""
+    """The forward kernel and every gradient step kernel of ``spec`` as ONE CUDA module, for display: when the
+    spec's ranges fix every input's shape, the kernels the backend launches at those shapes, with their
+    launches (``tullax.backends.cuda.display``); else the default lowering, 64-bit indices."""
+    from tullax.backends.cuda.display import shaped_module_source, shapes_from_ranges
+
     sig = Signature.for_dtype(spec, dtype) if isinstance(dtype, str) else dtype
+    shapes = shapes_from_ranges(spec)
+    if shapes is not None:
+        return shaped_module_source(spec, sig, shapes)
     return host.module_source(spec, sig, lambda step, step_sig, name: lower(step, step_sig, name=name),
                               lambda kernels: print_module([(k, DISPLAY_INDEX_BITS) for k in kernels]))
 
@@ -137,6 +144,12 @@ class CudaBackend:
 
     def module_source(self, spec: Spec, dtype: Signature | str = "float32") -> str:
         return module_source(spec, dtype)
+
+    def shaped_source(self, spec: Spec, dtype: str, shapes: Mapping[str, tuple[int, ...]]) -> str:
+        """The module of the kernels launched for these input shapes, each with its launch."""
+        from tullax.backends.cuda.display import shaped_module_source
+
+        return shaped_module_source(spec, Signature.for_dtype(spec, dtype), shapes)
 
 
 __all__ = ["CudaBackend", "DeviceKernel", "device_kernel", "device_pointer", "module_source"]

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tullax import settings
+from tullax.compiler.cooperate import Cooperation, cooperate
 from tullax.compiler.intervals import dtype_interval, fits
 from tullax.compiler.loops import FLOATS, LoopKernel, eval_int
 from tullax.compiler.lower import lower
@@ -58,6 +59,11 @@ def plan_launch(kernel: LoopKernel, spec: Spec, shapes: Mapping[str, tuple[int, 
     total = math.prod(extents)
     if not extents:  # a scalar result: one thread
         grid, block = 1, 1
+    elif kernel.cooperative and kernel.warp:  # a warp per element (tullax.compiler.cooperate)
+        block = BLOCK_THREADS
+        grid = min(-(-total * WARP_THREADS // block), MAX_GRID_BLOCKS)
+    elif kernel.cooperative:  # a block per element
+        grid, block = min(total, MAX_GRID_BLOCKS), BLOCK_THREADS
     elif total == 0:
         grid, block = 0, BLOCK_THREADS
     else:
@@ -90,15 +96,37 @@ def size_values(kernel: LoopKernel, shapes: Mapping[str, tuple[int, ...]]) -> di
 
 
 def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, ...]], name: str,
-                    policy: SplitPolicy = SplitPolicy()) -> tuple[LoopKernel, LaunchPlan]:
+                    policy: SplitPolicy = SplitPolicy(),
+                    cooperation: Cooperation = Cooperation()) -> tuple[LoopKernel, LaunchPlan]:
     """The kernel the cuda backend launches for one call's shapes (inputs by name plus ``spec.out``), and its
-    launch: a plain sum over few output elements split over more threads (``tullax.compiler.split``), else the
-    default lowering, one thread per output element (or per register tile)."""
-    if _may_split(spec, signature, shapes, policy):
-        plain = lower(spec, signature, name=name, share=False, block_sums=False)
-        cut = split_sums(plain, size_values(plain, shapes), policy)
-        if cut is not None:
-            return cut, plan_launch(cut, spec, shapes, signature.out_dtype)
+    launch, the first that applies: a block per output element for long rows over enough elements, a warp per
+    element for medium rows over many (``tullax.compiler.cooperate``, as ``cooperation`` says); a plain sum over
+    few output elements split over more threads (``tullax.compiler.split``); a block per element for long rows
+    over few; the default lowering, one thread per output element (or per register tile)."""
+    plain: LoopKernel | None = None
+    sizes: dict[str, int] = {}
+    # a recurrence's reductions run inside each sequential step of its one thread per lane
+    may_cooperate = spec.reduced and signature.out_dtype in FLOATS and not spec.is_scatter and spec.scan is None
+
+    def together(min_length: int, min_outputs: int, warp: bool) -> LoopKernel | None:
+        nonlocal plain, sizes
+        if not may_cooperate:
+            return None
+        if plain is None:
+            plain = lower(spec, signature, name=name, share=False, block_sums=False)
+            sizes = size_values(plain, shapes)
+        # a float32 sum: each thread's share in one register no longer than a split piece's
+        width = WARP_THREADS if warp else BLOCK_THREADS
+        return cooperate(plain, sizes, min_length, width * policy.max_float32_terms, min_outputs, warp)
+
+    found = (together(cooperation.block_from, cooperation.block_outputs, False)
+             or together(cooperation.warp_from, cooperation.warp_outputs, True))
+    if found is None and _may_split(spec, signature, shapes, policy):
+        plain = plain or lower(spec, signature, name=name, share=False, block_sums=False)
+        found = split_sums(plain, size_values(plain, shapes), policy)
+    found = found or together(cooperation.block_from, 1, False)
+    if found is not None:
+        return found, plan_launch(found, spec, shapes, signature.out_dtype)
     kernel = lower(spec, signature, name=name)
     return kernel, plan_launch(kernel, spec, shapes, signature.out_dtype)
 

@@ -1,0 +1,218 @@
+"""The memory-traffic tracer: one block of a printed CUDA kernel run on the CPU (g++, ``tests/cuda_trace.h``)
+through traced input pointers, each load recorded as (thread, its dynamic load number, array, byte offset).
+
+The k-th load of the 32 lanes of a warp is one warp request (lanes execute in lockstep; a lane that has no k-th
+load, past a ragged edge, is left out). Per request: the 32-byte sectors and 128-byte lines it touches (what
+the L1 serves and what DRAM would move), and whether every lane read one address (a broadcast). Offsets are
+from the buffer's start, which cudaMalloc aligns to 256 bytes, so sectors and lines are those of the device.
+
+Only the kernel's INPUT arrays are traced (the global loads of a ``:=`` kernel); a kernel's shared-memory reads
+are not global traffic and are not counted here.
+"""
+from __future__ import annotations
+
+import math
+import struct
+import subprocess
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from cuda_harness import GPP, HEADER, Launch, _bytes
+
+from tullax.compiler.loops import LoopKernel
+from tullax.printers.clike import storage_type
+from tullax.printers.cuda import parameters, print_module
+
+TRACE_HEADER = Path(__file__).parent / "cuda_trace.h"
+WARP = 32
+SECTOR = 32
+LINE = 128
+_INT = struct.Struct("<q")
+
+
+@dataclass(frozen=True)
+class ArrayTraffic:
+    """The warp requests of one input array over the traced warps."""
+
+    array: str  # the kernel's array parameter (a1...)
+    source: str  # the spec input it holds
+    requests: int
+    sectors: float  # mean 32-byte sectors per request
+    lines: float  # mean 128-byte lines per request
+    max_sectors: int
+    broadcasts: int  # requests whose lanes all read one address
+
+    @property
+    def coalesced(self) -> bool:
+        """At most 4 sectors (one line of 4-byte elements) per request, or every request a broadcast."""
+        return self.max_sectors <= 4 or self.broadcasts == self.requests
+
+
+@dataclass(frozen=True)
+class Traffic:
+    kernel: str
+    grid: int
+    block: int
+    threads: int  # GPU threads traced
+    arrays: tuple[ArrayTraffic, ...]
+    loads: int  # global loads of the traced threads
+
+    def array(self, source: str) -> ArrayTraffic:
+        return next(a for a in self.arrays if a.source == source)
+
+    def summary(self) -> str:
+        parts = [f"{a.source}: {a.sectors:.1f} sectors / {a.lines:.1f} lines per request ({a.requests} requests"
+                 + (f", {a.broadcasts} broadcast" if a.broadcasts else "") + ")" for a in self.arrays]
+        return f"{self.kernel} grid {self.grid} x {self.block}: " + "; ".join(parts)
+
+
+_MAIN = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+static long long tx_read_int(FILE* in) {
+    long long value = 0;
+    if (std::fread(&value, sizeof value, 1, in) != 1) std::exit(3);
+    return value;
+}
+
+int main(int argc, char** argv) {
+    if (argc != 3) return 2;
+    FILE* in = std::fopen(argv[1], "rb");
+    FILE* out = std::fopen(argv[2], "wb");
+    if (!in || !out) return 2;
+    long long launches = tx_read_int(in);
+    for (long long n = 0; n < launches; ++n) {
+        long long kernel = tx_read_int(in);
+        tx_geometry geometry;
+        geometry.grid = unsigned(tx_read_int(in));
+        geometry.block = unsigned(tx_read_int(in));
+        geometry.workers = 1;
+        geometry.seed = 0;
+        unsigned block = unsigned(tx_read_int(in));
+        long long count = tx_read_int(in);
+        std::vector<std::vector<long double>> storage(count);
+        std::vector<void*> p(count);
+        for (long long k = 0; k < count; ++k) {
+            long long size = tx_read_int(in);
+            storage[k].resize(size / sizeof(long double) + 1);
+            if (size && std::fread(storage[k].data(), 1, size, in) != size_t(size)) return 3;
+            p[k] = storage[k].data();
+        }
+        std::vector<std::vector<tx_trace_record>> lists;
+        switch (kernel) {
+%(cases)s
+            default: return 4;
+        }
+        long long threads = (long long)lists.size();
+        std::fwrite(&threads, sizeof threads, 1, out);
+        for (auto& list : lists) {
+            long long size = (long long)list.size();
+            std::fwrite(&size, sizeof size, 1, out);
+            std::fwrite(list.data(), sizeof(tx_trace_record), list.size(), out);
+        }
+    }
+    std::fclose(out);
+    return 0;
+}
+"""
+
+
+def _traced_source(kernel: LoopKernel, index_bits: int) -> str:
+    """The kernel's printed text with each input pointer parameter declared as a ``tx_traced<T>``."""
+    source = print_module([(kernel, index_bits)])[len(print_module([])):]  # without the prelude
+    for param in parameters(kernel, index_bits):
+        if param.pointer and param.ctype.startswith("const ") and param.kind == "array":
+            source = source.replace(param.declaration, f"tx_traced<{storage_type(param.dtype)}> {param.name}", 1)
+    return source
+
+
+def _case(number: int, launch: Launch) -> str:
+    args = []
+    for k, param in enumerate(parameters(launch.kernel, launch.index_bits)):
+        if param.pointer and param.ctype.startswith("const ") and param.kind == "array":
+            args.append(f"tx_traced<{storage_type(param.dtype)}>{{({param.ctype})p[{k}], {k}}}")
+        elif param.pointer:
+            args.append(f"({param.ctype})p[{k}]")
+        else:
+            args.append(f"*({param.ctype}*)p[{k}]")
+    call = f"[](void** p) {{ {launch.kernel.name}({', '.join(args)}); }}"
+    return f"            case {number}: lists = tx_trace_block(geometry, block, {call}, p.data()); break;"
+
+
+def trace(jobs: Sequence[tuple[Launch, int, int]], block_index: int = 0, warps: int | None = 1) -> list[Traffic]:
+    """Trace block ``block_index`` of each launch (with its (grid, block) geometry); the first ``warps`` warps'
+    requests are counted (None: every warp of the block)."""
+    assert GPP is not None
+    jobs = [(replace(launch, kernel=replace(launch.kernel, name=f"tx_traced{n}")), grid, block)
+            for n, (launch, grid, block) in enumerate(jobs)]  # unique names in one translation unit
+    prelude = print_module([]).rstrip()
+    sources = [_traced_source(launch.kernel, launch.index_bits) for launch, _, _ in jobs]
+    cases = "\n".join(_case(n, launch) for n, (launch, _, _) in enumerate(jobs))
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        path = directory / "trace.cpp"
+        path.write_text(f'#include "{HEADER}"\n#include "{TRACE_HEADER}"\n{prelude}\n' + "\n".join(sources)
+                        + _MAIN % {"cases": cases})
+        exe = directory / "trace"
+        flags = ["-std=c++20", "-O1", "-g0", "-pthread", "-Wall", "-Werror", "-Wno-unused-variable"]
+        done = subprocess.run([GPP, *flags, str(path), "-o", str(exe)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise AssertionError(f"g++ could not compile the traced CUDA C ({path}):\n{done.stderr[-20000:]}")
+        jobs_path, out_path = directory / "jobs.bin", directory / "trace.bin"
+        with open(jobs_path, "wb") as f:
+            f.write(_INT.pack(len(jobs)))
+            for n, (launch, grid, block) in enumerate(jobs):
+                params = parameters(launch.kernel, launch.index_bits)
+                f.write(b"".join(_INT.pack(v) for v in (n, grid, block, block_index, len(params))))
+                for param, value in zip(params, launch.arguments, strict=True):
+                    data = _bytes(param, value)
+                    f.write(_INT.pack(len(data)) + data)
+        ran = subprocess.run([str(exe), str(jobs_path), str(out_path)], capture_output=True, text=True)
+        if ran.returncode != 0:
+            raise AssertionError(f"the traced kernels failed (exit {ran.returncode}):\n{ran.stderr[-6000:]}")
+        data = out_path.read_bytes()
+    results, at = [], 0
+    for launch, grid, block in jobs:
+        (threads,) = _INT.unpack_from(data, at)
+        at += 8
+        lists = []
+        for _ in range(threads):
+            (size,) = _INT.unpack_from(data, at)
+            at += 8
+            lists.append(np.frombuffer(data, dtype=np.int64, count=2 * size, offset=at).reshape(size, 2))
+            at += 16 * size
+        results.append(_count(launch, grid, block, lists, warps))
+    return results
+
+
+def _count(launch: Launch, grid: int, block: int, lists: list[np.ndarray], warps: int | None) -> Traffic:
+    params = parameters(launch.kernel, launch.index_bits)
+    sources = {a.name: a.source for a in launch.kernel.arrays}
+    count = math.ceil(len(lists) / WARP) if warps is None else min(warps, math.ceil(len(lists) / WARP))
+    stats: dict[int, list[tuple[int, int, bool]]] = defaultdict(list)
+    for w in range(count):
+        lanes = lists[w * WARP:(w + 1) * WARP]
+        for k in range(max((len(lane) for lane in lanes), default=0)):
+            present = [lane[k] for lane in lanes if len(lane) > k]
+            by_array: dict[int, list[int]] = defaultdict(list)
+            for array, offset in present:
+                by_array[int(array)].append(int(offset))
+            for array, offsets in by_array.items():
+                stats[array].append((len({o // SECTOR for o in offsets}), len({o // LINE for o in offsets}),
+                                     len(set(offsets)) == 1 and len(offsets) > 1))
+    arrays = []
+    for position in sorted(stats):
+        rows = stats[position]
+        name = params[position].name
+        arrays.append(ArrayTraffic(name, sources[name], len(rows), sum(r[0] for r in rows) / len(rows),
+                                   sum(r[1] for r in rows) / len(rows), max(r[0] for r in rows),
+                                   sum(r[2] for r in rows)))
+    threads = min(len(lists), count * WARP)
+    return Traffic(launch.kernel.name, grid, block, threads, tuple(arrays),
+                   sum(len(lane) for lane in lists[:threads]))

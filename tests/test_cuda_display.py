@@ -1,0 +1,56 @@
+"""Reading the CUDA schedule for given shapes without a GPU: ``generate_source(..., backend="cuda", shapes=...)``
+or ranges that fix every shape, and ``tullax explain --backend cuda --shape``, print the kernels the backend
+launches at those shapes (``device_lowering``) with their launches."""
+from __future__ import annotations
+
+import pytest
+
+import tullax
+from tullax.backends.cuda.display import shapes_from_ranges
+from tullax.cli import main
+from tullax.errors import TullaxError
+from tullax.spec.frontend import compile_spec
+
+ROWS = "(logsumexp) l[i] := x[i,j]"
+
+
+def test_long_rows_print_the_cooperative_kernel_and_short_ones_do_not():
+    long = tullax.generate_source(ROWS, backend="cuda", shapes={"x": (4096, 4096)})
+    assert "forward (forward): grid 4096 x block 256, a block per output element" in long
+    assert "tx_block_logsumexp(" in long.split("#endif")[-1]
+    short = tullax.generate_source(ROWS, backend="cuda", shapes={"x": (4096, 64)})
+    assert "tx_block_" not in short.split("#endif")[-1]
+    assert "grid 16 x block 256, a thread per output element" in short
+
+
+def test_ranges_that_fix_the_shapes_select_the_same_kernels():
+    def launches(source: str) -> list[str]:
+        return [line for line in source.splitlines() if line.startswith("// ") and " x block " in line]
+
+    by_ranges = tullax.generate_source(ROWS, backend="cuda", ranges={"i": range(4096), "j": range(4096)})
+    by_shapes = tullax.generate_source(ROWS, backend="cuda", shapes={"x": (4096, 4096)})
+    assert launches(by_ranges) == launches(by_shapes) and len(launches(by_ranges)) == 2
+    conv = compile_spec("y[n,o,h,w] := x[n,c,h+p,w+q]*k[o,c,p,q]",
+                        {"n": range(2), "o": range(3), "h": range(4), "w": range(5), "c": range(2), "p": range(3),
+                         "q": range(3)})[1]
+    assert shapes_from_ranges(conv) == {"x": (2, 2, 6, 7), "k": (3, 2, 3, 3)}
+    assert shapes_from_ranges(compile_spec(ROWS)[1]) is None  # no ranges: the plain module, as before
+    assert "launches at" not in tullax.generate_source(ROWS, backend="cuda")
+
+
+def test_shapes_are_refused_by_a_backend_that_does_not_choose_by_them():
+    with pytest.raises(TullaxError, match="does not choose its kernels by shapes"):
+        tullax.generate_source(ROWS, backend="c", shapes={"x": (4, 4)})
+
+
+def test_explain_prints_the_cuda_schedule_for_the_shapes(capsys):
+    assert main(["explain", ROWS, "--backend", "cuda", "--shape", "x=4096x4096"]) == 0
+    out = capsys.readouterr().out
+    assert "a block per output element (cooperative reduction)" in out
+
+
+def test_the_dist_gradient_wrt_its_first_input_takes_a_warp_per_element():
+    source = tullax.generate_source("D[i,j] := (W[k,i]-X[k,j])^2", backend="cuda",
+                                    shapes={"W": (784, 1024), "X": (784, 512)})
+    assert "(gradient wrt W): grid 100352 x block 256, a warp per output element" in source
+    assert "(gradient wrt X): grid 392 x block 256, a thread per output element" in source

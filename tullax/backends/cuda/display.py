@@ -1,0 +1,71 @@
+"""The CUDA module of a spec as the backend would launch it at given extents: ``generate_source(spec,
+backend="cuda", ranges=...)`` with every index's range given prints, for the shapes those ranges imply, the
+kernel ``device_lowering`` selects for each step (cooperative, split or one thread per element, with the index
+width the host would pick) and its launch, so the schedule for those shapes can be read without a GPU."""
+from __future__ import annotations
+
+from typing import Mapping
+
+from tullax.backends.base import Signature
+from tullax.spec.ir import Affine, Spec, spec_accesses
+from tullax.spec.sizes import Sym
+
+
+def shapes_from_ranges(spec: Spec) -> dict[str, tuple[int, ...]] | None:
+    """Each input's shape when every position of every access is an affine form with positive coefficients
+    over indices whose ranges are constants from 0: the least extent holding every position; else None."""
+    ranges = {}
+    for name, extent in spec.ranges:
+        if extent.lo != Sym(0) or extent.hi.terms:
+            return None
+        ranges[name] = extent.hi.const
+    kinds = {i.name: i for i in spec.inputs}
+    found: dict[str, list[int]] = {}
+    for access in spec_accesses(spec):
+        if access.array not in kinds:
+            continue
+        extents = found.setdefault(access.array, [0] * len(access.idx))
+        for axis, idx in enumerate(access.idx):
+            if not isinstance(idx, Affine) or idx.div != 1 or idx.const.terms or \
+                    any(c <= 0 or n not in ranges for n, c in idx.terms):
+                return None
+            top = idx.const.const + sum(c * (ranges[n] - 1) for n, c in idx.terms)
+            extents[axis] = max(extents[axis], top + 1)
+    if any(i.kind != "scalar" and i.name not in found for i in spec.inputs):
+        return None
+    return {name: tuple(extents) for name, extents in found.items()}
+
+
+def shaped_module_source(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]]) -> str:
+    """Every kernel of ``spec`` (forward, then each gradient step) as ``device_lowering`` selects it for these
+    input ``shapes``, each headed by its launch, in one module."""
+    import numpy as np
+
+    from tullax.backends.cuda.launch import device_lowering
+    from tullax.backends.host import kernel_steps
+    from tullax.printers.cuda import print_module
+
+    signature = signature.widened()
+    known = dict(shapes)
+    kernels, launches = [], []
+    steps = kernel_steps(spec, signature.out_dtype)
+    if np.dtype(signature.out_dtype).kind in "iu":  # integers have no gradient
+        steps = steps[:1]
+    for number, step in enumerate(steps):
+        its = {n: tuple(known[n if n in known else n[1:]]) for n in step.spec.input_names}
+        its[step.spec.out] = tuple(s.eval(its) for s in step.spec.out_shape)
+        known[step.spec.out] = its[step.spec.out]
+        step_signature = signature if number == 0 else Signature.for_dtype(step.spec, signature.out_dtype)
+        kernel, plan = device_lowering(step.spec, step_signature, its, step.name)
+        schedule = ("a warp per output element (cooperative reduction)" if kernel.cooperative and kernel.warp else
+                    "a block per output element (cooperative reduction)" if kernel.cooperative else
+                    "a split sum (atomic adds)" if kernel.split else "a thread per output element or tile")
+        launches.append(f"// {step.name} ({step.label}): grid {plan.grid} x block {plan.block}, {schedule}, "
+                        f"{plan.index_bits}-bit indices")
+        kernels.append((kernel, plan.index_bits))
+    first, rest = print_module(kernels).split("\n", 1)  # the generated-by line stays first
+    shown = ", ".join(f"{n} {tuple(s)}" for n, s in shapes.items())
+    return "\n".join([first, f"// launches at {shown}:", *launches, rest])
+
+
+__all__ = ["shaped_module_source", "shapes_from_ranges"]
