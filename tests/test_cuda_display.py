@@ -43,7 +43,8 @@ def test_shapes_are_refused_by_a_backend_that_does_not_choose_by_them():
         tullax.generate_source(ROWS, backend="c", shapes={"x": (4, 4)})
 
 
-def test_explain_prints_the_cuda_schedule_for_the_shapes(capsys):
+def test_explain_prints_the_cuda_schedule_for_the_shapes(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich fits the printed source to the terminal's width, whatever it is
     assert main(["explain", ROWS, "--backend", "cuda", "--shape", "x=4096x4096"]) == 0
     out = capsys.readouterr().out
     assert "a block per output element (cooperative reduction)" in out
