@@ -133,3 +133,12 @@ def test_random_specs_write_the_ranges_that_do_not_start_at_0():
         compile_spec(random_call(seed)[0])
         written += "  (i in " in text or "  (j in " in text or "  (k in " in text
     assert written  # some seeds need it: the check above covers them
+
+
+def test_a_start_that_is_0_for_every_shape_is_not_a_shift():
+    """``x[-i-3]`` starts ``i`` at max(-size(x,0)-2, 0), which no extent makes anything but 0: no shift to refuse
+    (the int64-limit property tests of the c and numba backends meet it with an empty x)."""
+    text = tullax.explain("y[i] := x[-1*i - 3] * z[i]")
+    assert "i in 0:" in text
+    with pytest.raises(tullax.SpecError, match="does not start at 0"):
+        tullax.explain("y[i] := x[i-3] * z[i]")

@@ -12,7 +12,7 @@ from typing import Any, Callable, Collection
 
 from tullax.spec.ir import Access, Affine, Indirect, ParsedSpec, Range, Spec, Wrapped, spec_accesses
 from tullax.spec.ranges import format_clause
-from tullax.spec.sizes import Sym
+from tullax.spec.sizes import Extent, Extremum, FloorDiv, Sym
 from tullax.spec.text import format_access, format_spec
 
 Context = Any  # analyze's error context (not imported: analyze imports this module)
@@ -35,7 +35,36 @@ def erased_offsets(spec: Spec, explicit: Collection[str]) -> tuple[str, ...]:
     did not write."""
     if spec.assign != ":=":
         return ()
-    return tuple(name for name in spec.free if spec.range_of[name].lo != Sym(0) and name not in explicit)
+    return tuple(name for name in spec.free if not _always_zero(spec.range_of[name].lo) and name not in explicit)
+
+
+def _always_zero(value: Sym) -> bool:
+    """Whether ``value`` is 0 for every shape (extents are never negative): ``max(-size(x,0)-2, 0)`` is."""
+    return _bounds(value) == (0, 0)
+
+
+def _bounds(value: Any) -> tuple[int | None, int | None]:
+    """(lowest, highest) ``value`` (a Sym or one of its atoms) can take with extents >= 0; None: unbounded."""
+    if isinstance(value, Sym):
+        low, high = value.const, value.const
+        for atom, coef in value.terms:
+            a_low, a_high = _bounds(atom)
+            low = None if low is None or (a_low if coef > 0 else a_high) is None else \
+                low + coef * (a_low if coef > 0 else a_high)
+            high = None if high is None or (a_high if coef > 0 else a_low) is None else \
+                high + coef * (a_high if coef > 0 else a_low)
+        return low, high
+    if isinstance(value, Extremum):
+        lows, highs = zip(*(_bounds(arg) for arg in value.args))
+        if value.kind == "max":
+            known = [b for b in lows if b is not None]
+            return (max(known) if known else None), (None if None in highs else max(highs))
+        known = [b for b in highs if b is not None]
+        return (None if None in lows else min(lows)), (min(known) if known else None)
+    if isinstance(value, FloorDiv) and value.den > 0:
+        low, high = _bounds(value.num)
+        return (None if low is None else low // value.den), (None if high is None else high // value.den)
+    return (0, None) if isinstance(value, Extent) else (None, None)
 
 
 def _culprit(parsed: ParsedSpec, name: str, lo: Sym, bounds_for: BoundsFor) -> tuple[Access, int] | None:
