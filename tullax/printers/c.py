@@ -218,13 +218,14 @@ class CPrinter(CLikePrinter):
         return lines + super().loop(rest, CPlace(place.depth + 1, place.declared)) + [pad + "}"]
 
     def sum_lanes(self, loop: Loop, place: CPlace) -> list[str]:
-        """A float sum/product loop (``_sum_lanes``) as an array of independent partial sums, lane ``l`` of a
-        block taking its iteration ``l``: the inner loop over the lanes has no reduction, so GCC vectorises it
-        without reassociating anything (calls through their ``declare simd`` clones), and keeps the lanes in
-        registers; ``omp simd reduction`` kept them on the stack, with a scalar remainder. The lanes start from the
-        op's identity (-0.0 keeps a sum of -0.0s -0.0) and fold in a fixed order, halves with halves, into the
-        accumulator; then the remainder, one by one. One accumulator gets ``lane_count(dtype)`` lanes and a last
-        block of ``vector_lanes(dtype)``; several (the rows of a register tile) one vector each."""
+        """A float sum/product loop (``_sum_lanes``) as vectors of independent partial sums: a loop without a
+        reduction computes a block's terms into an array (GCC vectorises it without reassociating anything, calls
+        through their ``declare simd`` clones), and the block's vectors are added to the lanes, which stay in
+        registers; ``omp simd reduction`` kept its lanes on the stack, with a scalar remainder. The lanes start from
+        the op's identity (-0.0: a sum of -0.0s stays -0.0) and fold in a fixed order, halves with halves, into the
+        accumulator; then the remainder, one by one: deterministic, and NaN and inf reach the result. One
+        accumulator gets ``lane_count(dtype)`` lanes and a last block of ``vector_lanes(dtype)``; several (the rows
+        of a register tile) one vector each."""
         pad, inner_pad, var = self.indent * place.depth, self.indent * (place.depth + 1), loop.var
         if_pad, deep = self.indent * (place.depth + 2), self.indent * (place.depth + 3)
         lets = [s for s in loop.body if isinstance(s, Let)]
