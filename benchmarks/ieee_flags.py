@@ -4,7 +4,10 @@ step, compiled in three ways and timed alternately in one process (the fastest r
   before   the fast-math flags before issue 44 (``-fno-signed-zeros -fassociative-math -freciprocal-math`` on
            top of ours, which let GCC fold NaN*0 to 0) and no ``omp simd`` pragma;
   no-simd  our flags, no pragma: what dropping those flags alone costs;
-  after    our flags and the printer's ``#pragma omp simd reduction`` on sum/product loops (what ships).
+  after    our flags and what ships: float sums/products along an array's last axis as vector lanes of partial
+           sums (``CPrinter.lanes``), other sum/product loops under ``#pragma omp simd reduction``.
+
+``before`` and ``no-simd`` print without the sum lanes (the printer's ``_sum_lanes`` answers no while they build).
 
 Each variant is its own module in the compile cache (the flags are in its key). Writes
 benchmarks/results/ieee_flags.json and .md (``after/before`` per case: below 1 is faster now).
@@ -31,10 +34,11 @@ from tullax.backends import host  # noqa: E402
 from tullax.backends.base import Signature  # noqa: E402
 from tullax.backends.c import backend as c_backend  # noqa: E402
 from tullax.backends.c import compile as c_compile  # noqa: E402
-from tullax.benchmarking.case import make_inputs  # noqa: E402
 from tullax.benchmarking.timing import timed  # noqa: E402
 from tullax.grad import gradients  # noqa: E402
 from tullax.grad.run import gradient_env, run_gradient  # noqa: E402
+from tullax.printers import c as c_printer  # noqa: E402
+from tullax.spec.examples import make_inputs  # noqa: E402
 from tullax.spec.frontend import compile_spec  # noqa: E402
 
 VARIANTS = {"before": (" ".join(c_compile.OLD_FAST_FLAGS), False), "no-simd": ("", False), "after": ("", True)}
@@ -54,8 +58,15 @@ def build(spec, signature: Signature, variant: str):
         base = c_backend._recipe(c_backend.FORWARD)
 
         def generate(spec, signature):
-            kernel, source = base.generate(spec, signature)
-            return kernel, source if simd else _without_simd(source)
+            if simd:
+                return base.generate(spec, signature)
+            lanes = c_printer._sum_lanes
+            c_printer._sum_lanes = lambda loop, declared: False  # the printing before the sum lanes
+            try:
+                kernel, source = base.generate(spec, signature)
+            finally:
+                c_printer._sum_lanes = lanes
+            return kernel, _without_simd(source)
 
         recipe = dataclasses.replace(base, options={**base.options, "ieee_variant": variant},
                                      generate=generate, load_cached=None)

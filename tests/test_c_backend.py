@@ -93,6 +93,32 @@ def test_long_float32_sums_use_the_irs_blocked_float64_totals():
     np.testing.assert_allclose(got, x.astype(np.float64).sum(1), rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_sum_lanes_keep_nan_and_inf_at_every_position_of_every_length(dtype: str):
+    """Float sums along a row are printed as vector lanes of partial sums with a fixed-order fold and a scalar
+    remainder (CPrinter.sum_lanes): a NaN, NaN*0 or inf-inf in any lane, the last vector or the remainder stays
+    NaN, inf stays inf, and the finite sums agree with float64, at lengths with no lane block, one, and more."""
+    spec = analysed("s[i] := x[i,j]*y[i,j]")
+    assert "tx_vfoldadd_" in module_source(spec, dtype)
+    rng = np.random.default_rng(3)
+    for n in (1, 7, 8, 15, 16, 24, 37, 64):
+        x = rng.standard_normal((3 * n + 1, n)).astype(dtype)
+        y = rng.standard_normal((3 * n + 1, n)).astype(dtype)
+        want = [np.float64("nan")] * (3 * n) + [None]
+        for j in range(n):  # row j: NaN*0 at j; row n+j: inf*1 and -inf*1; row 2n+j: inf alone
+            x[j, j], y[j, j] = np.nan, 0.0
+            x[n + j, j], y[n + j, j], x[n + j, (j + 1) % n], y[n + j, (j + 1) % n] = np.inf, 1.0, -np.inf, 1.0
+            x[2 * n + j, j], y[2 * n + j, j] = np.inf, 2.0
+            if n == 1:  # one element: inf alone, and -inf alone in row n+j
+                want[n + j] = -np.inf
+            want[2 * n + j] = np.inf
+        got = run_c(spec, {"x": x, "y": y}, dtype)
+        for row, value in enumerate(want[:-1]):
+            np.testing.assert_array_equal(got[row], value, err_msg=f"n={n} row={row}")
+        exact = (x[-1].astype(np.float64) * y[-1]).sum()
+        np.testing.assert_allclose(got[-1], exact, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-5)
+
+
 def test_special_values():
     x = np.array([[-np.inf, -np.inf], [1.0, np.inf], [0.0, 1.0]])
     np.testing.assert_array_equal(run_c(analysed("(max) m[i] := x[i,j]"), {"x": x}), [-np.inf, np.inf, 1.0])

@@ -81,6 +81,8 @@ VECTOR_BYTES = 32
 # benchmarks/results/ffi_call.json)
 PREFETCH_BYTES = 16384
 _OMP_REDUCTIONS = {"+": "+", "*": "*"}  # OpenMP's own; max/min are the prelude's NaN-propagating ones
+_LANE_SUMS = {"+": "add", "*": "mul"}  # the sum/product lanes' folds (the prelude's ``tx_vfoldadd_f32``)
+_IDENTITY = {"+": "-0.0", "*": "1.0"}
 
 
 def parameters(kernel: LoopKernel) -> tuple[Parameter, ...]:
@@ -124,6 +126,8 @@ class CPrinter(CLikePrinter):
         assert isinstance(place, CPlace)
         if _lane_reduction(loop):
             return self.lanes(loop, place)
+        if _sum_lanes(loop, dict(place.declared)):
+            return self.sum_lanes(loop, place)
         if _simd_reduction(loop):
             return [self.simd_pragma(loop, place), *super().loop(loop, place)]
         if not loop.reduce_parallel:
@@ -213,6 +217,67 @@ class CPrinter(CLikePrinter):
         rest = Loop(var, Var(end, INDEX), loop.stop, False, loop.body)
         return lines + super().loop(rest, CPlace(place.depth + 1, place.declared)) + [pad + "}"]
 
+    def sum_lanes(self, loop: Loop, place: CPlace) -> list[str]:
+        """A float sum/product loop (``_sum_lanes``) as vectors of independent partial sums: a loop without a
+        reduction computes a block's terms into an array (GCC vectorises it without reassociating anything, calls
+        through their ``declare simd`` clones), and the block's vectors are added to the lanes, which stay in
+        registers; ``omp simd reduction`` kept its lanes on the stack, with a scalar remainder. The lanes start from
+        the op's identity (-0.0: a sum of -0.0s stays -0.0) and fold in a fixed order, halves with halves, into the
+        accumulator; then the remainder, one by one: deterministic, and NaN and inf reach the result. One
+        accumulator gets ``lane_count(dtype)`` lanes and a last block of ``vector_lanes(dtype)``; several (the rows
+        of a register tile) one vector each."""
+        pad, inner_pad, var = self.indent * place.depth, self.indent * (place.depth + 1), loop.var
+        if_pad, deep = self.indent * (place.depth + 2), self.indent * (place.depth + 3)
+        lets = [s for s in loop.body if isinstance(s, Let)]
+        accums = [s for s in loop.body if isinstance(s, Accum)]
+        dtype = dict(place.declared)[accums[0].var]
+        suffix, width, ctype = TYPE_SUFFIX[dtype], vector_lanes(dtype), self.type_name(dtype)
+        lanes = lane_count(dtype) if len(accums) == 1 else width
+        vector = f"tx_v{width}_{suffix}"
+        extent = binop("max", binop("-", loop.stop, loop.start), const(0))
+        top = binop("+", loop.start, binop("*", binop("//", extent, const(lanes)), const(lanes)))
+        tail = binop("+", loop.start, binop("*", binop("//", extent, const(width)), const(width)))
+        start, idx = self.expr(loop.start), self.index_type
+        private = f" private({', '.join(sorted({s.var for s in lets}))})" if lets else ""
+        body = CPlace(place.depth + 4, place.declared)
+
+        def block(first: str, count: int, at: str) -> list[str]:
+            # the terms of a block into an array by a loop without a reduction, then added to the lanes' vectors
+            lines = [f"{at}{ctype} {', '.join(f'{a.var}_t[{count}]' for a in accums)};",
+                     f"{at}#pragma omp simd{private}",
+                     f"{at}for ({idx} {var}_l = 0; {var}_l < {count}; ++{var}_l) {{",
+                     f"{at}{self.indent}const {idx} {var} = {first} + {var}_l;",
+                     *self.block(lets, body),
+                     *(f"{at}{self.indent}{a.var}_t[{var}_l] = {self.expr(a.value)};" for a in accums),
+                     at + "}"]
+            for a in accums:
+                for c in range(count // width):
+                    lines += [f"{at}memcpy(&{a.var}_t{c}, &{a.var}_t[{c * width}], sizeof({vector}));",
+                              f"{at}{a.var}_l{c} {a.op}= {a.var}_t{c};"]
+            return lines
+
+        chains = range(lanes // width)
+        lines = [pad + "{", f"{inner_pad}const {idx} {var}_top = {self.expr(top)};",
+                 f"{inner_pad}const {idx} {var}_tail = {self.expr(tail)};",
+                 f"{inner_pad}if ({var}_tail > {start}) {{"]
+        for a in accums:
+            ident = ", ".join([_IDENTITY[a.op]] * width)
+            lines += [f"{if_pad}{vector} {', '.join(f'{a.var}_l{c} = {{{ident}}}' for c in chains)};",
+                      f"{if_pad}{vector} {', '.join(f'{a.var}_t{c}' for c in chains)};"]
+        lines.append(f"{if_pad}for ({idx} {var}_blk = {start}; {var}_blk < {var}_top; {var}_blk += {lanes}) {{")
+        lines += block(f"{var}_blk", lanes, deep)
+        lines.append(if_pad + "}")
+        if lanes > width:
+            lines.append(f"{if_pad}if ({var}_top < {var}_tail) {{")
+            lines += block(f"{var}_top", width, deep)
+            lines.append(if_pad + "}")
+        for a in accums:
+            lines += [f"{if_pad}{a.var}_l0 {a.op}= {a.var}_l{c};" for c in chains[1:]]
+            lines.append(f"{if_pad}{a.var} = tx_vfold{_LANE_SUMS[a.op]}_{suffix}({a.var}_l0, {a.var});")
+        lines.append(inner_pad + "}")
+        rest = Loop(var, Var(f"{var}_tail", INDEX), loop.stop, False, loop.body)
+        return lines + super().loop(rest, CPlace(place.depth + 1, place.declared)) + [pad + "}"]
+
     def _lane_block(self, var: str, lets: Sequence[Let], accums: Sequence[Accum], chains: range, width: int,
                     dtype: str, place: CPlace) -> list[str]:
         """One block of the lanes from ``{var}_blk``: the values of ``chains`` vectors, one by one as the IR says,
@@ -293,6 +358,16 @@ def _lane_reduction(loop: Loop) -> bool:
     count = next((n for n, s in enumerate(loop.body) if not isinstance(s, Let)), len(loop.body))
     accums = loop.body[count:]
     return bool(accums) and all(isinstance(s, Accum) and s.op in ("max", "min") for s in accums)
+
+
+def _sum_lanes(loop: Loop, declared: dict[str, str]) -> bool:
+    """A ``_simd_reduction`` loop of float sums/products of one type: printed as lanes of partial sums
+    (``CPrinter.sum_lanes``)."""
+    if not _simd_reduction(loop):
+        return False
+    accums = [s for s in loop.body if isinstance(s, Accum)]
+    dtypes = {declared.get(a.var) for a in accums}
+    return len(dtypes) == 1 and dtypes <= set(FLOATS) and all(a.op in _LANE_SUMS for a in accums)
 
 
 def _simd_reduction(loop: Loop) -> bool:
@@ -421,6 +496,11 @@ def _lane_helpers(dtype: str) -> str:
                       f"    nan |= TX_SHUFFLE(nan, {mask}, {half});"]
         nan = f"nan[0] ? tx_nan_{suffix}() : " if dtype in FLOATS else ""
         lines += [f"    return {nan}tx_{op}_{suffix}(acc, l[0]);", "}"]
+    for op, sign in (("add", "+"), ("mul", "*")):  # halves with halves, a fixed order: then the accumulator
+        lines.append(f"static inline {storage_type(dtype)} tx_vfold{op}_{suffix}({vector} l, "
+                     f"{storage_type(dtype)} acc) {{")
+        lines += [f"    l = l {sign} TX_SHUFFLE(l, {mask}, {half});" for half in halves]
+        lines += [f"    return acc {sign} l[0];", "}"]
     return "\n".join(lines) + "\n"
 
 

@@ -178,6 +178,18 @@ static inline float tx_vfoldmin_f32(tx_v8_f32 l, tx_m8_f32 nan, float acc) {
     nan |= TX_SHUFFLE(nan, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
     return nan[0] ? tx_nan_f32() : tx_min_f32(acc, l[0]);
 }
+static inline float tx_vfoldadd_f32(tx_v8_f32 l, float acc) {
+    l = l + TX_SHUFFLE(l, tx_m8_f32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = l + TX_SHUFFLE(l, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = l + TX_SHUFFLE(l, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return acc + l[0];
+}
+static inline float tx_vfoldmul_f32(tx_v8_f32 l, float acc) {
+    l = l * TX_SHUFFLE(l, tx_m8_f32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = l * TX_SHUFFLE(l, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = l * TX_SHUFFLE(l, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return acc * l[0];
+}
 typedef double tx_v4_f64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_f64 __attribute__((vector_size(32)));
 static inline tx_v4_f64 tx_vmax_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
@@ -214,6 +226,16 @@ static inline double tx_vfoldmin_f64(tx_v4_f64 l, tx_m4_f64 nan, double acc) {
     nan |= TX_SHUFFLE(nan, tx_m4_f64, 1, 0, 3, 2);
     return nan[0] ? tx_nan_f64() : tx_min_f64(acc, l[0]);
 }
+static inline double tx_vfoldadd_f64(tx_v4_f64 l, double acc) {
+    l = l + TX_SHUFFLE(l, tx_m4_f64, 2, 3, 0, 1);
+    l = l + TX_SHUFFLE(l, tx_m4_f64, 1, 0, 3, 2);
+    return acc + l[0];
+}
+static inline double tx_vfoldmul_f64(tx_v4_f64 l, double acc) {
+    l = l * TX_SHUFFLE(l, tx_m4_f64, 2, 3, 0, 1);
+    l = l * TX_SHUFFLE(l, tx_m4_f64, 1, 0, 3, 2);
+    return acc * l[0];
+}
 typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
 static inline tx_v8_i32 tx_vmax_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
@@ -246,6 +268,18 @@ static inline tx_i32 tx_vfoldmin_i32(tx_v8_i32 l, tx_m8_i32 nan, tx_i32 acc) {
     nan |= TX_SHUFFLE(nan, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
     return tx_min_i32(acc, l[0]);
 }
+static inline tx_i32 tx_vfoldadd_i32(tx_v8_i32 l, tx_i32 acc) {
+    l = l + TX_SHUFFLE(l, tx_m8_i32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = l + TX_SHUFFLE(l, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = l + TX_SHUFFLE(l, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return acc + l[0];
+}
+static inline tx_i32 tx_vfoldmul_i32(tx_v8_i32 l, tx_i32 acc) {
+    l = l * TX_SHUFFLE(l, tx_m8_i32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = l * TX_SHUFFLE(l, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = l * TX_SHUFFLE(l, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return acc * l[0];
+}
 typedef tx_i64 tx_v4_i64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_i64 __attribute__((vector_size(32)));
 static inline tx_v4_i64 tx_vmax_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
@@ -273,6 +307,16 @@ static inline tx_i64 tx_vfoldmin_i64(tx_v4_i64 l, tx_m4_i64 nan, tx_i64 acc) {
     l = tx_vmin_i64(TX_SHUFFLE(l, tx_m4_i64, 1, 0, 3, 2), l, &nan);
     nan |= TX_SHUFFLE(nan, tx_m4_i64, 1, 0, 3, 2);
     return tx_min_i64(acc, l[0]);
+}
+static inline tx_i64 tx_vfoldadd_i64(tx_v4_i64 l, tx_i64 acc) {
+    l = l + TX_SHUFFLE(l, tx_m4_i64, 2, 3, 0, 1);
+    l = l + TX_SHUFFLE(l, tx_m4_i64, 1, 0, 3, 2);
+    return acc + l[0];
+}
+static inline tx_i64 tx_vfoldmul_i64(tx_v4_i64 l, tx_i64 acc) {
+    l = l * TX_SHUFFLE(l, tx_m4_i64, 2, 3, 0, 1);
+    l = l * TX_SHUFFLE(l, tx_m4_i64, 1, 0, 3, 2);
+    return acc * l[0];
 }
 
 // ---- tullax: kernel ----
@@ -421,12 +465,48 @@ void grad0_step0(
                 t0_0_1 = a2[i0_r0 * a2_e1 + (i1_r0 + 1)];
                 t0_1_0 = a2[(i0_r0 + 1) * a2_e1 + i1_r0];
                 t0_1_1 = a2[(i0_r0 + 1) * a2_e1 + (i1_r0 + 1)];
-                #pragma omp simd reduction(+:acc_part_0_0) reduction(+:acc_part_0_1) reduction(+:acc_part_1_0) reduction(+:acc_part_1_1)
-                for (tx_i64 i2 = 0; i2 < n3; ++i2) {
-                    acc_part_0_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
-                    acc_part_0_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_0_1 - a3[i0_r0 * a3_e1 + i2]));
-                    acc_part_1_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_1_0 - a3[(i0_r0 + 1) * a3_e1 + i2]));
-                    acc_part_1_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_1_1 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                {
+                    const tx_i64 i2_top = tx_floordiv_i64(tx_max_i64(n3, 0), 8) * 8;
+                    const tx_i64 i2_tail = tx_floordiv_i64(tx_max_i64(n3, 0), 8) * 8;
+                    if (i2_tail > 0) {
+                        tx_v8_f32 acc_part_0_0_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+                        tx_v8_f32 acc_part_0_0_t0;
+                        tx_v8_f32 acc_part_0_1_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+                        tx_v8_f32 acc_part_0_1_t0;
+                        tx_v8_f32 acc_part_1_0_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+                        tx_v8_f32 acc_part_1_0_t0;
+                        tx_v8_f32 acc_part_1_1_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+                        tx_v8_f32 acc_part_1_1_t0;
+                        for (tx_i64 i2_blk = 0; i2_blk < i2_top; i2_blk += 8) {
+                            float acc_part_0_0_t[8], acc_part_0_1_t[8], acc_part_1_0_t[8], acc_part_1_1_t[8];
+                            #pragma omp simd
+                            for (tx_i64 i2_l = 0; i2_l < 8; ++i2_l) {
+                                const tx_i64 i2 = i2_blk + i2_l;
+                                acc_part_0_0_t[i2_l] = a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
+                                acc_part_0_1_t[i2_l] = a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_0_1 - a3[i0_r0 * a3_e1 + i2]));
+                                acc_part_1_0_t[i2_l] = a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_1_0 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                                acc_part_1_1_t[i2_l] = a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_1_1 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                            }
+                            memcpy(&acc_part_0_0_t0, &acc_part_0_0_t[0], sizeof(tx_v8_f32));
+                            acc_part_0_0_l0 += acc_part_0_0_t0;
+                            memcpy(&acc_part_0_1_t0, &acc_part_0_1_t[0], sizeof(tx_v8_f32));
+                            acc_part_0_1_l0 += acc_part_0_1_t0;
+                            memcpy(&acc_part_1_0_t0, &acc_part_1_0_t[0], sizeof(tx_v8_f32));
+                            acc_part_1_0_l0 += acc_part_1_0_t0;
+                            memcpy(&acc_part_1_1_t0, &acc_part_1_1_t[0], sizeof(tx_v8_f32));
+                            acc_part_1_1_l0 += acc_part_1_1_t0;
+                        }
+                        acc_part_0_0 = tx_vfoldadd_f32(acc_part_0_0_l0, acc_part_0_0);
+                        acc_part_0_1 = tx_vfoldadd_f32(acc_part_0_1_l0, acc_part_0_1);
+                        acc_part_1_0 = tx_vfoldadd_f32(acc_part_1_0_l0, acc_part_1_0);
+                        acc_part_1_1 = tx_vfoldadd_f32(acc_part_1_1_l0, acc_part_1_1);
+                    }
+                    for (tx_i64 i2 = i2_tail; i2 < n3; ++i2) {
+                        acc_part_0_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
+                        acc_part_0_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_0_1 - a3[i0_r0 * a3_e1 + i2]));
+                        acc_part_1_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_1_0 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                        acc_part_1_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_1_1 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                    }
                 }
                 if (n0 > 512) {
                     acc_0_0 = ((double)acc_part_0_0);
@@ -440,12 +520,48 @@ void grad0_step0(
                         acc_part_0_1 = 0.0f;
                         acc_part_1_0 = 0.0f;
                         acc_part_1_1 = 0.0f;
-                        #pragma omp simd reduction(+:acc_part_0_0) reduction(+:acc_part_0_1) reduction(+:acc_part_1_0) reduction(+:acc_part_1_1)
-                        for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
-                            acc_part_0_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
-                            acc_part_0_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_0_1 - a3[i0_r0 * a3_e1 + i2]));
-                            acc_part_1_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_1_0 - a3[(i0_r0 + 1) * a3_e1 + i2]));
-                            acc_part_1_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_1_1 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                        {
+                            const tx_i64 i2_top = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 8) * 8;
+                            const tx_i64 i2_tail = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 8) * 8;
+                            if (i2_tail > blk_lo) {
+                                tx_v8_f32 acc_part_0_0_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+                                tx_v8_f32 acc_part_0_0_t0;
+                                tx_v8_f32 acc_part_0_1_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+                                tx_v8_f32 acc_part_0_1_t0;
+                                tx_v8_f32 acc_part_1_0_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+                                tx_v8_f32 acc_part_1_0_t0;
+                                tx_v8_f32 acc_part_1_1_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+                                tx_v8_f32 acc_part_1_1_t0;
+                                for (tx_i64 i2_blk = blk_lo; i2_blk < i2_top; i2_blk += 8) {
+                                    float acc_part_0_0_t[8], acc_part_0_1_t[8], acc_part_1_0_t[8], acc_part_1_1_t[8];
+                                    #pragma omp simd
+                                    for (tx_i64 i2_l = 0; i2_l < 8; ++i2_l) {
+                                        const tx_i64 i2 = i2_blk + i2_l;
+                                        acc_part_0_0_t[i2_l] = a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
+                                        acc_part_0_1_t[i2_l] = a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_0_1 - a3[i0_r0 * a3_e1 + i2]));
+                                        acc_part_1_0_t[i2_l] = a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_1_0 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                                        acc_part_1_1_t[i2_l] = a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_1_1 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                                    }
+                                    memcpy(&acc_part_0_0_t0, &acc_part_0_0_t[0], sizeof(tx_v8_f32));
+                                    acc_part_0_0_l0 += acc_part_0_0_t0;
+                                    memcpy(&acc_part_0_1_t0, &acc_part_0_1_t[0], sizeof(tx_v8_f32));
+                                    acc_part_0_1_l0 += acc_part_0_1_t0;
+                                    memcpy(&acc_part_1_0_t0, &acc_part_1_0_t[0], sizeof(tx_v8_f32));
+                                    acc_part_1_0_l0 += acc_part_1_0_t0;
+                                    memcpy(&acc_part_1_1_t0, &acc_part_1_1_t[0], sizeof(tx_v8_f32));
+                                    acc_part_1_1_l0 += acc_part_1_1_t0;
+                                }
+                                acc_part_0_0 = tx_vfoldadd_f32(acc_part_0_0_l0, acc_part_0_0);
+                                acc_part_0_1 = tx_vfoldadd_f32(acc_part_0_1_l0, acc_part_0_1);
+                                acc_part_1_0 = tx_vfoldadd_f32(acc_part_1_0_l0, acc_part_1_0);
+                                acc_part_1_1 = tx_vfoldadd_f32(acc_part_1_1_l0, acc_part_1_1);
+                            }
+                            for (tx_i64 i2 = i2_tail; i2 < blk_hi; ++i2) {
+                                acc_part_0_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
+                                acc_part_0_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_0_1 - a3[i0_r0 * a3_e1 + i2]));
+                                acc_part_1_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_1_0 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                                acc_part_1_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_1_1 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                            }
                         }
                         acc_0_0 += ((double)acc_part_0_0);
                         acc_0_1 += ((double)acc_part_0_1);
@@ -467,9 +583,40 @@ void grad0_step0(
                         acc_part = 0.0f;
                         t0 = a2[i0 * a2_e1 + i1];
                         i2_s = 0.0f;
-                        #pragma omp simd reduction(+:i2_s)
-                        for (tx_i64 i2 = 0; i2 < n3; ++i2) {
-                            i2_s += a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                        {
+                            const tx_i64 i2_top = tx_floordiv_i64(tx_max_i64(n3, 0), 16) * 16;
+                            const tx_i64 i2_tail = tx_floordiv_i64(tx_max_i64(n3, 0), 8) * 8;
+                            if (i2_tail > 0) {
+                                tx_v8_f32 i2_s_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0}, i2_s_l1 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+                                tx_v8_f32 i2_s_t0, i2_s_t1;
+                                for (tx_i64 i2_blk = 0; i2_blk < i2_top; i2_blk += 16) {
+                                    float i2_s_t[16];
+                                    #pragma omp simd
+                                    for (tx_i64 i2_l = 0; i2_l < 16; ++i2_l) {
+                                        const tx_i64 i2 = i2_blk + i2_l;
+                                        i2_s_t[i2_l] = a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                                    }
+                                    memcpy(&i2_s_t0, &i2_s_t[0], sizeof(tx_v8_f32));
+                                    i2_s_l0 += i2_s_t0;
+                                    memcpy(&i2_s_t1, &i2_s_t[8], sizeof(tx_v8_f32));
+                                    i2_s_l1 += i2_s_t1;
+                                }
+                                if (i2_top < i2_tail) {
+                                    float i2_s_t[8];
+                                    #pragma omp simd
+                                    for (tx_i64 i2_l = 0; i2_l < 8; ++i2_l) {
+                                        const tx_i64 i2 = i2_top + i2_l;
+                                        i2_s_t[i2_l] = a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                                    }
+                                    memcpy(&i2_s_t0, &i2_s_t[0], sizeof(tx_v8_f32));
+                                    i2_s_l0 += i2_s_t0;
+                                }
+                                i2_s_l0 += i2_s_l1;
+                                i2_s = tx_vfoldadd_f32(i2_s_l0, i2_s);
+                            }
+                            for (tx_i64 i2 = i2_tail; i2 < n3; ++i2) {
+                                i2_s += a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                            }
                         }
                         acc_part += 2.0f * i2_s;
                         if (n0 > 512) {
@@ -479,9 +626,40 @@ void grad0_step0(
                                 blk_hi = tx_min_i64(blk_lo + 512, n0);
                                 acc_part = 0.0f;
                                 i2_s1 = 0.0f;
-                                #pragma omp simd reduction(+:i2_s1)
-                                for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
-                                    i2_s1 += a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                                {
+                                    const tx_i64 i2_top = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 16) * 16;
+                                    const tx_i64 i2_tail = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 8) * 8;
+                                    if (i2_tail > blk_lo) {
+                                        tx_v8_f32 i2_s1_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0}, i2_s1_l1 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+                                        tx_v8_f32 i2_s1_t0, i2_s1_t1;
+                                        for (tx_i64 i2_blk = blk_lo; i2_blk < i2_top; i2_blk += 16) {
+                                            float i2_s1_t[16];
+                                            #pragma omp simd
+                                            for (tx_i64 i2_l = 0; i2_l < 16; ++i2_l) {
+                                                const tx_i64 i2 = i2_blk + i2_l;
+                                                i2_s1_t[i2_l] = a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                                            }
+                                            memcpy(&i2_s1_t0, &i2_s1_t[0], sizeof(tx_v8_f32));
+                                            i2_s1_l0 += i2_s1_t0;
+                                            memcpy(&i2_s1_t1, &i2_s1_t[8], sizeof(tx_v8_f32));
+                                            i2_s1_l1 += i2_s1_t1;
+                                        }
+                                        if (i2_top < i2_tail) {
+                                            float i2_s1_t[8];
+                                            #pragma omp simd
+                                            for (tx_i64 i2_l = 0; i2_l < 8; ++i2_l) {
+                                                const tx_i64 i2 = i2_top + i2_l;
+                                                i2_s1_t[i2_l] = a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                                            }
+                                            memcpy(&i2_s1_t0, &i2_s1_t[0], sizeof(tx_v8_f32));
+                                            i2_s1_l0 += i2_s1_t0;
+                                        }
+                                        i2_s1_l0 += i2_s1_l1;
+                                        i2_s1 = tx_vfoldadd_f32(i2_s1_l0, i2_s1);
+                                    }
+                                    for (tx_i64 i2 = i2_tail; i2 < blk_hi; ++i2) {
+                                        i2_s1 += a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                                    }
                                 }
                                 acc_part += 2.0f * i2_s1;
                                 acc += ((double)acc_part);

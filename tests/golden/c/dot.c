@@ -178,6 +178,18 @@ static inline float tx_vfoldmin_f32(tx_v8_f32 l, tx_m8_f32 nan, float acc) {
     nan |= TX_SHUFFLE(nan, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
     return nan[0] ? tx_nan_f32() : tx_min_f32(acc, l[0]);
 }
+static inline float tx_vfoldadd_f32(tx_v8_f32 l, float acc) {
+    l = l + TX_SHUFFLE(l, tx_m8_f32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = l + TX_SHUFFLE(l, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = l + TX_SHUFFLE(l, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return acc + l[0];
+}
+static inline float tx_vfoldmul_f32(tx_v8_f32 l, float acc) {
+    l = l * TX_SHUFFLE(l, tx_m8_f32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = l * TX_SHUFFLE(l, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = l * TX_SHUFFLE(l, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return acc * l[0];
+}
 typedef double tx_v4_f64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_f64 __attribute__((vector_size(32)));
 static inline tx_v4_f64 tx_vmax_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
@@ -214,6 +226,16 @@ static inline double tx_vfoldmin_f64(tx_v4_f64 l, tx_m4_f64 nan, double acc) {
     nan |= TX_SHUFFLE(nan, tx_m4_f64, 1, 0, 3, 2);
     return nan[0] ? tx_nan_f64() : tx_min_f64(acc, l[0]);
 }
+static inline double tx_vfoldadd_f64(tx_v4_f64 l, double acc) {
+    l = l + TX_SHUFFLE(l, tx_m4_f64, 2, 3, 0, 1);
+    l = l + TX_SHUFFLE(l, tx_m4_f64, 1, 0, 3, 2);
+    return acc + l[0];
+}
+static inline double tx_vfoldmul_f64(tx_v4_f64 l, double acc) {
+    l = l * TX_SHUFFLE(l, tx_m4_f64, 2, 3, 0, 1);
+    l = l * TX_SHUFFLE(l, tx_m4_f64, 1, 0, 3, 2);
+    return acc * l[0];
+}
 typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
 static inline tx_v8_i32 tx_vmax_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
@@ -246,6 +268,18 @@ static inline tx_i32 tx_vfoldmin_i32(tx_v8_i32 l, tx_m8_i32 nan, tx_i32 acc) {
     nan |= TX_SHUFFLE(nan, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
     return tx_min_i32(acc, l[0]);
 }
+static inline tx_i32 tx_vfoldadd_i32(tx_v8_i32 l, tx_i32 acc) {
+    l = l + TX_SHUFFLE(l, tx_m8_i32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = l + TX_SHUFFLE(l, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = l + TX_SHUFFLE(l, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return acc + l[0];
+}
+static inline tx_i32 tx_vfoldmul_i32(tx_v8_i32 l, tx_i32 acc) {
+    l = l * TX_SHUFFLE(l, tx_m8_i32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = l * TX_SHUFFLE(l, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = l * TX_SHUFFLE(l, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return acc * l[0];
+}
 typedef tx_i64 tx_v4_i64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_i64 __attribute__((vector_size(32)));
 static inline tx_v4_i64 tx_vmax_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
@@ -274,6 +308,16 @@ static inline tx_i64 tx_vfoldmin_i64(tx_v4_i64 l, tx_m4_i64 nan, tx_i64 acc) {
     nan |= TX_SHUFFLE(nan, tx_m4_i64, 1, 0, 3, 2);
     return tx_min_i64(acc, l[0]);
 }
+static inline tx_i64 tx_vfoldadd_i64(tx_v4_i64 l, tx_i64 acc) {
+    l = l + TX_SHUFFLE(l, tx_m4_i64, 2, 3, 0, 1);
+    l = l + TX_SHUFFLE(l, tx_m4_i64, 1, 0, 3, 2);
+    return acc + l[0];
+}
+static inline tx_i64 tx_vfoldmul_i64(tx_v4_i64 l, tx_i64 acc) {
+    l = l * TX_SHUFFLE(l, tx_m4_i64, 2, 3, 0, 1);
+    l = l * TX_SHUFFLE(l, tx_m4_i64, 1, 0, 3, 2);
+    return acc * l[0];
+}
 
 // ---- tullax: kernel ----
 // forward: s := x[i]*y[i]
@@ -294,9 +338,40 @@ void forward(
         blk_lo = blk * 512;
         blk_hi = tx_min_i64(blk_lo + 512, n0);
         acc_part = 0.0f;
-        #pragma omp simd reduction(+:acc_part)
-        for (tx_i64 i0 = blk_lo; i0 < blk_hi; ++i0) {
-            acc_part += a1[i0] * a2[i0];
+        {
+            const tx_i64 i0_top = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 16) * 16;
+            const tx_i64 i0_tail = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 8) * 8;
+            if (i0_tail > blk_lo) {
+                tx_v8_f32 acc_part_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0}, acc_part_l1 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+                tx_v8_f32 acc_part_t0, acc_part_t1;
+                for (tx_i64 i0_blk = blk_lo; i0_blk < i0_top; i0_blk += 16) {
+                    float acc_part_t[16];
+                    #pragma omp simd
+                    for (tx_i64 i0_l = 0; i0_l < 16; ++i0_l) {
+                        const tx_i64 i0 = i0_blk + i0_l;
+                        acc_part_t[i0_l] = a1[i0] * a2[i0];
+                    }
+                    memcpy(&acc_part_t0, &acc_part_t[0], sizeof(tx_v8_f32));
+                    acc_part_l0 += acc_part_t0;
+                    memcpy(&acc_part_t1, &acc_part_t[8], sizeof(tx_v8_f32));
+                    acc_part_l1 += acc_part_t1;
+                }
+                if (i0_top < i0_tail) {
+                    float acc_part_t[8];
+                    #pragma omp simd
+                    for (tx_i64 i0_l = 0; i0_l < 8; ++i0_l) {
+                        const tx_i64 i0 = i0_top + i0_l;
+                        acc_part_t[i0_l] = a1[i0] * a2[i0];
+                    }
+                    memcpy(&acc_part_t0, &acc_part_t[0], sizeof(tx_v8_f32));
+                    acc_part_l0 += acc_part_t0;
+                }
+                acc_part_l0 += acc_part_l1;
+                acc_part = tx_vfoldadd_f32(acc_part_l0, acc_part);
+            }
+            for (tx_i64 i0 = i0_tail; i0 < blk_hi; ++i0) {
+                acc_part += a1[i0] * a2[i0];
+            }
         }
         acc += ((double)acc_part);
     }

@@ -178,6 +178,18 @@ static inline float tx_vfoldmin_f32(tx_v8_f32 l, tx_m8_f32 nan, float acc) {
     nan |= TX_SHUFFLE(nan, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
     return nan[0] ? tx_nan_f32() : tx_min_f32(acc, l[0]);
 }
+static inline float tx_vfoldadd_f32(tx_v8_f32 l, float acc) {
+    l = l + TX_SHUFFLE(l, tx_m8_f32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = l + TX_SHUFFLE(l, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = l + TX_SHUFFLE(l, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return acc + l[0];
+}
+static inline float tx_vfoldmul_f32(tx_v8_f32 l, float acc) {
+    l = l * TX_SHUFFLE(l, tx_m8_f32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = l * TX_SHUFFLE(l, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = l * TX_SHUFFLE(l, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return acc * l[0];
+}
 typedef double tx_v4_f64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_f64 __attribute__((vector_size(32)));
 static inline tx_v4_f64 tx_vmax_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
@@ -214,6 +226,16 @@ static inline double tx_vfoldmin_f64(tx_v4_f64 l, tx_m4_f64 nan, double acc) {
     nan |= TX_SHUFFLE(nan, tx_m4_f64, 1, 0, 3, 2);
     return nan[0] ? tx_nan_f64() : tx_min_f64(acc, l[0]);
 }
+static inline double tx_vfoldadd_f64(tx_v4_f64 l, double acc) {
+    l = l + TX_SHUFFLE(l, tx_m4_f64, 2, 3, 0, 1);
+    l = l + TX_SHUFFLE(l, tx_m4_f64, 1, 0, 3, 2);
+    return acc + l[0];
+}
+static inline double tx_vfoldmul_f64(tx_v4_f64 l, double acc) {
+    l = l * TX_SHUFFLE(l, tx_m4_f64, 2, 3, 0, 1);
+    l = l * TX_SHUFFLE(l, tx_m4_f64, 1, 0, 3, 2);
+    return acc * l[0];
+}
 typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
 static inline tx_v8_i32 tx_vmax_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
@@ -246,6 +268,18 @@ static inline tx_i32 tx_vfoldmin_i32(tx_v8_i32 l, tx_m8_i32 nan, tx_i32 acc) {
     nan |= TX_SHUFFLE(nan, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
     return tx_min_i32(acc, l[0]);
 }
+static inline tx_i32 tx_vfoldadd_i32(tx_v8_i32 l, tx_i32 acc) {
+    l = l + TX_SHUFFLE(l, tx_m8_i32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = l + TX_SHUFFLE(l, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = l + TX_SHUFFLE(l, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return acc + l[0];
+}
+static inline tx_i32 tx_vfoldmul_i32(tx_v8_i32 l, tx_i32 acc) {
+    l = l * TX_SHUFFLE(l, tx_m8_i32, 4, 5, 6, 7, 0, 1, 2, 3);
+    l = l * TX_SHUFFLE(l, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5);
+    l = l * TX_SHUFFLE(l, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
+    return acc * l[0];
+}
 typedef tx_i64 tx_v4_i64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_i64 __attribute__((vector_size(32)));
 static inline tx_v4_i64 tx_vmax_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
@@ -273,6 +307,16 @@ static inline tx_i64 tx_vfoldmin_i64(tx_v4_i64 l, tx_m4_i64 nan, tx_i64 acc) {
     l = tx_vmin_i64(TX_SHUFFLE(l, tx_m4_i64, 1, 0, 3, 2), l, &nan);
     nan |= TX_SHUFFLE(nan, tx_m4_i64, 1, 0, 3, 2);
     return tx_min_i64(acc, l[0]);
+}
+static inline tx_i64 tx_vfoldadd_i64(tx_v4_i64 l, tx_i64 acc) {
+    l = l + TX_SHUFFLE(l, tx_m4_i64, 2, 3, 0, 1);
+    l = l + TX_SHUFFLE(l, tx_m4_i64, 1, 0, 3, 2);
+    return acc + l[0];
+}
+static inline tx_i64 tx_vfoldmul_i64(tx_v4_i64 l, tx_i64 acc) {
+    l = l * TX_SHUFFLE(l, tx_m4_i64, 2, 3, 0, 1);
+    l = l * TX_SHUFFLE(l, tx_m4_i64, 1, 0, 3, 2);
+    return acc * l[0];
 }
 
 // ---- tullax: kernel ----
@@ -375,9 +419,40 @@ void forward(
         }
         shift = accm > (-tx_inf_f32()) && accm < tx_inf_f32() ? accm : 0.0f;
         accs_part = 0.0f;
-        #pragma omp simd reduction(+:accs_part)
-        for (tx_i64 i1 = 0; i1 < n2; ++i1) {
-            accs_part += expf(a1[i0 * a1_e1 + i1] - shift);
+        {
+            const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n2, 0), 16) * 16;
+            const tx_i64 i1_tail = tx_floordiv_i64(tx_max_i64(n2, 0), 8) * 8;
+            if (i1_tail > 0) {
+                tx_v8_f32 accs_part_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0}, accs_part_l1 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+                tx_v8_f32 accs_part_t0, accs_part_t1;
+                for (tx_i64 i1_blk = 0; i1_blk < i1_top; i1_blk += 16) {
+                    float accs_part_t[16];
+                    #pragma omp simd
+                    for (tx_i64 i1_l = 0; i1_l < 16; ++i1_l) {
+                        const tx_i64 i1 = i1_blk + i1_l;
+                        accs_part_t[i1_l] = expf(a1[i0 * a1_e1 + i1] - shift);
+                    }
+                    memcpy(&accs_part_t0, &accs_part_t[0], sizeof(tx_v8_f32));
+                    accs_part_l0 += accs_part_t0;
+                    memcpy(&accs_part_t1, &accs_part_t[8], sizeof(tx_v8_f32));
+                    accs_part_l1 += accs_part_t1;
+                }
+                if (i1_top < i1_tail) {
+                    float accs_part_t[8];
+                    #pragma omp simd
+                    for (tx_i64 i1_l = 0; i1_l < 8; ++i1_l) {
+                        const tx_i64 i1 = i1_top + i1_l;
+                        accs_part_t[i1_l] = expf(a1[i0 * a1_e1 + i1] - shift);
+                    }
+                    memcpy(&accs_part_t0, &accs_part_t[0], sizeof(tx_v8_f32));
+                    accs_part_l0 += accs_part_t0;
+                }
+                accs_part_l0 += accs_part_l1;
+                accs_part = tx_vfoldadd_f32(accs_part_l0, accs_part);
+            }
+            for (tx_i64 i1 = i1_tail; i1 < n2; ++i1) {
+                accs_part += expf(a1[i0 * a1_e1 + i1] - shift);
+            }
         }
         if (n0 > 512) {
             accs = ((double)accs_part);
@@ -385,9 +460,40 @@ void forward(
                 blk_lo = n2 + (blk - 1) * 512;
                 blk_hi = tx_min_i64(blk_lo + 512, n0);
                 accs_part = 0.0f;
-                #pragma omp simd reduction(+:accs_part)
-                for (tx_i64 i1 = blk_lo; i1 < blk_hi; ++i1) {
-                    accs_part += expf(a1[i0 * a1_e1 + i1] - shift);
+                {
+                    const tx_i64 i1_top = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 16) * 16;
+                    const tx_i64 i1_tail = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 8) * 8;
+                    if (i1_tail > blk_lo) {
+                        tx_v8_f32 accs_part_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0}, accs_part_l1 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+                        tx_v8_f32 accs_part_t0, accs_part_t1;
+                        for (tx_i64 i1_blk = blk_lo; i1_blk < i1_top; i1_blk += 16) {
+                            float accs_part_t[16];
+                            #pragma omp simd
+                            for (tx_i64 i1_l = 0; i1_l < 16; ++i1_l) {
+                                const tx_i64 i1 = i1_blk + i1_l;
+                                accs_part_t[i1_l] = expf(a1[i0 * a1_e1 + i1] - shift);
+                            }
+                            memcpy(&accs_part_t0, &accs_part_t[0], sizeof(tx_v8_f32));
+                            accs_part_l0 += accs_part_t0;
+                            memcpy(&accs_part_t1, &accs_part_t[8], sizeof(tx_v8_f32));
+                            accs_part_l1 += accs_part_t1;
+                        }
+                        if (i1_top < i1_tail) {
+                            float accs_part_t[8];
+                            #pragma omp simd
+                            for (tx_i64 i1_l = 0; i1_l < 8; ++i1_l) {
+                                const tx_i64 i1 = i1_top + i1_l;
+                                accs_part_t[i1_l] = expf(a1[i0 * a1_e1 + i1] - shift);
+                            }
+                            memcpy(&accs_part_t0, &accs_part_t[0], sizeof(tx_v8_f32));
+                            accs_part_l0 += accs_part_t0;
+                        }
+                        accs_part_l0 += accs_part_l1;
+                        accs_part = tx_vfoldadd_f32(accs_part_l0, accs_part);
+                    }
+                    for (tx_i64 i1 = i1_tail; i1 < blk_hi; ++i1) {
+                        accs_part += expf(a1[i0 * a1_e1 + i1] - shift);
+                    }
                 }
                 accs += ((double)accs_part);
             }

@@ -9,7 +9,8 @@ compilation of a translation unit to a shared library.
   the fast-math flags that change no IEEE value (NaN, infinities, signed zeros): ``-fno-math-errno
   -fno-trapping-math -ffp-contract=fast``. Never ``-ffinite-math-only`` (-inf initial values of max, NaN
   propagation) nor ``-fno-signed-zeros`` (GCC folds ``x*0`` to 0 under it, NaN*0 included); sums vectorise
-  through the printer's ``#pragma omp simd reduction`` instead of ``-fassociative-math``.
+  through the printer's vector lanes of partial sums (float sums along a row) or its ``#pragma omp simd
+  reduction`` instead of ``-fassociative-math``.
   ``$TULLAX_CFLAGS`` adds flags after ours; glibc's libmvec is linked where it exists (``vector_math``).
 * ``probe()``: whether the compiler builds an OpenMP shared library here (remembered in the compile cache per
   ``identity()``, so a warm process does not pay for it).
@@ -44,8 +45,8 @@ TIMEOUT_ENV = "TULLAX_CC_TIMEOUT"  # seconds one compile may take before it is s
 DEFAULT_TIMEOUT_S = settings.SETTINGS[TIMEOUT_ENV].default
 PROBE_TIMEOUT_S = 60.0  # the probe's tiny compile, at most (less where the setting is less)
 # IEEE values: no -fno-signed-zeros (GCC then folds x*0 to 0, NaN and inf included), so no -fassociative-math
-# (which needs it; the printer's `omp simd reduction` reorders the sums it vectorises), no -freciprocal-math
-# (a/b as a*(1/b): inf for a subnormal b); -fno-trapping-math and -fno-math-errno change no value
+# (which needs it; the printer's sum lanes and `omp simd reduction` reorder the sums they vectorise), no
+# -freciprocal-math (a/b as a*(1/b): inf for a subnormal b); -fno-trapping-math and -fno-math-errno change no value
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math",
               "-ffp-contract=fast")
 # the fast-math flags before issue 44 (benchmarks/ieee_flags.py compares them with ours)
