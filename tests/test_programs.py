@@ -1,0 +1,173 @@
+"""Programs (issue 50): several statements in one kernel string, against jnp written by hand
+(tests/program_cases.py): forward eager and jit, gradients eager and jit, float32 and float64, on c, numba, xla
+and auto; vmap and a second derivative; the flow checks with carets; explain."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from loop_backends import c_param
+from program_cases import CASES, LAYERNORM
+
+import tullax
+from tullax.api.program import ProgramKernel
+from tullax.errors import SpecError
+from tullax.spec.program import is_program, split_statements
+
+BACKENDS = (c_param(), "numba", "xla", "auto")
+TOL = {"float64": 1e-9, "float32": 3e-4}
+
+
+@pytest.fixture(autouse=True)
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+def _close(got, want, dtype):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    scale = max(1.0, float(np.abs(want).max(initial=0)))
+    np.testing.assert_allclose(got, want, rtol=TOL[dtype], atol=TOL[dtype] * scale)
+
+
+def _outputs(value):
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _oracle(case, args):
+    return _outputs(case.oracle(*[jnp.asarray(a, jnp.float64) for a in args]))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_forward_matches_jnp(case, backend, dtype, mode):
+    args = case.inputs(np.random.default_rng(0), dtype)
+    kernel = tullax.einsum_kernel(case.spec, backend=backend)
+    assert isinstance(kernel, ProgramKernel)
+    if mode == "jit":
+        # Python scalars stay Python numbers (closed over): a jit argument would be a float64 tracer
+        arrays = [k for k, a in enumerate(args) if not isinstance(a, float)]
+
+        def run(*values):
+            full = list(args)
+            for k, value in zip(arrays, values):
+                full[k] = value
+            return kernel(*full)
+        got = _outputs(jax.jit(run)(*[jnp.asarray(args[k]) for k in arrays]))
+    else:
+        got = _outputs(kernel(*args))
+    want = _oracle(case, args)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert np.asarray(g).dtype == np.dtype(dtype)
+        assert np.shape(g) == np.shape(w)
+        _close(g, w, dtype)
+
+
+def _loss(fn, weights):
+    def loss(*args):
+        return sum((out * w).sum() for out, w in zip(_outputs(fn(*args)), weights))
+    return loss
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_gradients_match_jnp(case, backend, dtype, mode):
+    """Every input's gradient, scalars included, of a weighted sum of the outputs (a plain sum of a softmax has
+    zero gradient and would hide mistakes)."""
+    rng = np.random.default_rng(1)
+    args = [jnp.asarray(a, dtype) for a in case.inputs(rng, dtype)]
+    want_out = _oracle(case, args)
+    weights = [jnp.asarray(rng.normal(size=np.shape(w))) for w in want_out]
+    kernel = tullax.einsum_kernel(case.spec, backend=backend)
+    argnums = tuple(range(len(args)))
+    grad = jax.grad(_loss(kernel, [w.astype(dtype) for w in weights]), argnums=argnums)
+    got = (jax.jit(grad) if mode == "jit" else grad)(*args)
+    want = jax.grad(_loss(case.oracle, weights), argnums=argnums)(*[a.astype(jnp.float64) for a in args])
+    for name, g, w in zip(case.shapes, got, want):
+        assert g.dtype == np.dtype(dtype), name
+        _close(g, w, dtype)
+
+
+@pytest.mark.parametrize("backend", [c_param(), "xla"])
+def test_vmap_of_a_program(backend):
+    case = next(c for c in CASES if c.name == "layernorm")
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.normal(size=(3, 5, 8)))
+    g, beta = jnp.asarray(rng.normal(size=8)), jnp.asarray(rng.normal(size=8))
+    kernel = tullax.einsum_kernel(case.spec, backend=backend)
+    got = jax.jit(jax.vmap(kernel, in_axes=(0, None, None, None)))(x, 1e-5, g, beta)
+    want = jax.vmap(case.oracle, in_axes=(0, None, None, None))(x, 1e-5, g, beta)
+    _close(got, want, "float64")
+
+
+@pytest.mark.parametrize("backend", [c_param(), "xla"])
+def test_second_derivative_of_a_program(backend):
+    """A Hessian-vector product: the statements' gradient kernels are differentiated again."""
+    case = next(c for c in CASES if c.name == "rmsnorm")
+    rng = np.random.default_rng(3)
+    x, g = jnp.asarray(rng.normal(size=(4, 6))), jnp.asarray(rng.normal(size=6))
+    w, v = jnp.asarray(rng.normal(size=(4, 6))), jnp.asarray(rng.normal(size=(4, 6)))
+    kernel = tullax.einsum_kernel(case.spec, backend=backend)
+
+    def hvp(fn):
+        loss = lambda x: (fn(x, 1e-5, g) * w).sum()  # noqa: E731
+        return jax.jvp(jax.grad(loss), (x,), (v,))[1]
+
+    _close(jax.jit(lambda: hvp(kernel))(), hvp(case.oracle), "float64")
+
+
+def test_named_inputs_and_outputs():
+    kernel = tullax.einsum_kernel(LAYERNORM, backend="xla")
+    assert kernel.inputs == ("x", "eps", "g", "beta") and kernel.outputs == ("y",)
+    rng = np.random.default_rng(4)
+    x, g, beta = rng.normal(size=(3, 4)), rng.normal(size=4), rng.normal(size=4)
+    np.testing.assert_allclose(kernel(x, g=g, beta=beta, eps=1e-5), kernel(x, 1e-5, g, beta))
+    assert kernel.spec.splitlines()[0].startswith("local mu[b] := ")
+
+
+def test_statements_split_on_newlines_semicolons_and_continuations():
+    text = "local a[i] := x[i] +\n   1.0   # a comment\n\n b[i] := a[i]*2; c[i] := a[i]^2"
+    assert split_statements(text) == ["local a[i] := x[i] + 1.0", "b[i] := a[i]*2", "c[i] := a[i]^2"]
+    assert is_program(text)
+    assert not is_program("y[i] := x[i,j]\n")  # one statement stays an ordinary kernel
+    assert not is_program("y[i] := local[i,j]")
+    assert isinstance(tullax.einsum_kernel("y[i] := x[i,j]\n"), tullax.Kernel)
+
+
+@pytest.mark.parametrize("text, message, caret", [
+    ("y[i] := a[i] + 1\na[i] := x[i]", "reads a, the output of statement 2, which comes later",
+     "y[i] := a[i] + 1\n        ^"),
+    ("local a[i] := x[i]\ny[i] := x[i]*2", "local a is never read",
+     "local a[i] := x[i]\n    ^"),
+    ("a[i] := b[i] + x[i]\nb[i] := a[i]*2", "a cycle", "a[i] := b[i] + x[i]\n        ^"),
+    ("a[i] := x[i]\na[i] := x[i]*2", "already defines", None),
+    ("a[i] := x[i]\ny[i] += a[i]", "every statement defines a new array with ':='", None),
+    ("a[i] := x[i]\ny[i] := a[i] +* 2", "statement 2 of the program", None),
+])
+def test_flow_errors_point_at_the_statement(text, message, caret):
+    with pytest.raises(SpecError) as info:
+        tullax.einsum_kernel(text)
+    assert message in str(info.value)
+    if caret is not None:
+        shown = str(info.value).split("\n")[1:]
+        rendered = "\n".join(line[4:] for line in shown)
+        stmt, mark = caret.split("\n")
+        mark_col = mark.index("^")
+        if stmt.startswith("local "):  # shown without the keyword: the caret sits on the output's name
+            stmt, mark_col = stmt[len("local "):], 0
+        assert rendered == f"{stmt}\n{' ' * mark_col}^"
+
+
+def test_explain_prints_statements_groups_and_gradients():
+    text = tullax.explain(LAYERNORM)
+    assert "program:   3 statements; inputs x, eps, g, beta; returns y" in text
+    assert "reads mu (statement 1), var (statement 2)" in text
+    assert "fusion groups:" in text
+    assert "Δmu = sum of the cotangents from statement 2, statement 3" in text
+    assert "-> Δvar: Δvar[b] := " in text
