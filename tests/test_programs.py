@@ -171,3 +171,55 @@ def test_explain_prints_statements_groups_and_gradients():
     assert "fusion groups:" in text
     assert "Δmu = sum of the cotangents from statement 2, statement 3" in text
     assert "-> Δvar: Δvar[b] := " in text
+
+
+# -- random two-statement programs: a first statement (elementwise, a sum or a max), a second reading it -------
+_F = {"tanh": jnp.tanh, "sin": jnp.sin, "exp": jnp.exp, "sigmoid": jax.nn.sigmoid}
+
+
+def _random_program(seed: int):
+    """(text, jnp oracle over (x, w)) of a random program; its first statement local or returned."""
+    rng = np.random.default_rng(seed)
+    f, g = (str(rng.choice(list(_F))) for _ in range(2))
+    first = int(rng.integers(3))
+    if first == 0:
+        s1, a = f"a[i,j] := {f}(x[i,j]) * w[j]", (lambda x, w: _F[f](x) * w)
+    elif first == 1:
+        s1, a = f"a[i] := {f}(x[i,j]) * w[j]", (lambda x, w: (_F[f](x) * w).sum(1))
+    else:
+        s1, a = "(max) a[i] := x[i,j] * w[j]", (lambda x, w: (x * w).max(1))
+    if first == 0:
+        s2, y = (f"y[i] := {g}(a[i,j]) * x[i,j]", lambda av, x: (_F[g](av) * x).sum(1)) if rng.integers(2) else \
+            (f"y[i,j] := {g}(a[i,j]) + x[i,j]", lambda av, x: _F[g](av) + x)
+    else:
+        s2, y = (f"y[i,j] := {g}(a[i]) * x[i,j]", lambda av, x: _F[g](av)[:, None] * x) if rng.integers(2) else \
+            (f"y[j] := {g}(a[i]) * x[i,j]", lambda av, x: (_F[g](av)[:, None] * x).sum(0))
+    local = bool(rng.integers(2))
+    text = f"{'local ' if local else ''}{s1}\n{s2}"
+
+    def oracle(x, w):
+        av = a(x, w)
+        return y(av, x) if local else (av, y(av, x))
+    return text, oracle
+
+
+@pytest.mark.parametrize("backend", [c_param(), "xla"])
+@pytest.mark.parametrize("seed", range(6))
+def test_random_programs(seed, backend):
+    text, oracle = _random_program(seed)
+    rng = np.random.default_rng(seed)
+    x, w = jnp.asarray(rng.normal(size=(4, 5))), jnp.asarray(rng.normal(size=5))
+    kernel = tullax.einsum_kernel(text, backend=backend)
+    assert kernel.inputs[:2] == ("x", "w") or kernel.inputs == ("x", "w"), text
+    for got, want in zip(_outputs(jax.jit(kernel)(x, w)), _outputs(oracle(x, w))):
+        _close(got, want, "float64")
+    weights = [jnp.asarray(rng.normal(size=np.shape(o))) for o in _outputs(oracle(x, w))]
+    got = jax.jit(jax.grad(_loss(kernel, weights), (0, 1)))(x, w)
+    want = jax.grad(_loss(oracle, weights), (0, 1))(x, w)
+    for gv, wv in zip(got, want):
+        _close(gv, wv, "float64")
+
+
+def test_generate_source_of_a_program_has_every_statement():
+    source = tullax.generate_source("local a[i] := x[i,j]^2\ny[i,j] := x[i,j] / a[i]", backend="c", dtype="float64")
+    assert "# ==== statement 1: a[i] := x[i,j]^2" in source and "# ==== statement 2: y[i,j] := x[i,j]/a[i]" in source
