@@ -135,6 +135,7 @@ def test_statements_split_on_newlines_semicolons_and_continuations():
     text = "local a[i] := x[i] +\n   1.0   # a comment\n\n b[i] := a[i]*2; c[i] := a[i]^2"
     assert split_statements(text) == ["local a[i] := x[i] + 1.0", "b[i] := a[i]*2", "c[i] := a[i]^2"]
     assert is_program(text)
+    assert split_statements("y[b,j] := x[b,j]\n  * w[j]\n  (j in 1:3)") == ["y[b,j] := x[b,j] * w[j] (j in 1:3)"]
     assert not is_program("y[i] := x[i,j]\n")  # one statement stays an ordinary kernel
     assert not is_program("y[i] := local[i,j]")
     assert isinstance(tullax.einsum_kernel("y[i] := x[i,j]\n"), tullax.Kernel)

@@ -1,7 +1,7 @@
 """Programs (issue 50): several statements in one string, analysed as one unit.
 
 Statements are separated by newlines or ``;`` (a line ending in an operator, a comma or an open bracket continues
-on the next); ``#`` starts a comment. Each statement is a ``:=`` spec as today; it may read the outputs of the
+on the next, and so does a line starting with an operator or a range clause); ``#`` starts a comment. Each statement is a ``:=`` spec as today; it may read the outputs of the
 statements before it. ``local`` before a statement's output (or before its ``(op)`` prefix) marks an
 intermediate that is not returned. The program returns the other outputs, in order.
 
@@ -18,6 +18,7 @@ from tullax.errors import SpecError, TullaxError
 from tullax.spec.ir import Spec
 
 _LOCAL = re.compile(r"^(\(\s*[^()\s]+\s*\)\s*)?local\s+")
+_LEADS = re.compile(r"^([-+*/^,)\]]|\|>|\(\s*\w+\s+(in|scan)\b)")  # a line that continues the one before
 _CONTINUES = ("+", "-", "*", "/", "^", ",", "(", "[", ":=", "|>", "=", "<", ">", "&", "|")
 
 
@@ -69,6 +70,8 @@ def split_statements(source: str) -> list[str]:
         for k, part in enumerate(parts):
             if not part:
                 continue
+            if out and not pending and k == 0 and _LEADS.match(part):
+                pending = out.pop()
             pending = f"{pending} {part}".strip() if pending else part
             last_on_line = k == len(parts) - 1
             if last_on_line and (pending.endswith(_CONTINUES) or _open_brackets(pending)):
