@@ -1,9 +1,10 @@
 """Programs (issue 50): several statements in one string, analysed as one unit.
 
 Statements are separated by newlines or ``;`` (a line ending in an operator, a comma or an open bracket continues
-on the next, and so does a line starting with an operator or a range clause); ``#`` starts a comment. Each statement is a ``:=`` spec as today; it may read the outputs of the
-statements before it. ``local`` before a statement's output (or before its ``(op)`` prefix) marks an
-intermediate that is not returned. The program returns the other outputs, in order.
+on the next, and so does a line starting with an operator or a range clause); ``#`` starts a comment. Each
+statement is a ``:=`` spec as today; it may read the outputs of the statements before it. ``local`` before a
+statement's output (or before its ``(op)`` prefix) marks an intermediate that is not returned. The program
+returns the other outputs, in order.
 
 Analysis here is pure text and ``Spec`` work: it splits, compiles every statement with the ordinary frontend and
 checks the flow of names between them; errors point at the offending statement with a caret.
