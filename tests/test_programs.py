@@ -224,3 +224,33 @@ def test_random_programs(seed, backend):
 def test_generate_source_of_a_program_has_every_statement():
     source = tullax.generate_source("local a[i] := x[i,j]^2\ny[i,j] := x[i,j] / a[i]", backend="c", dtype="float64")
     assert "# ==== statement 1: a[i] := x[i,j]^2" in source and "# ==== statement 2: y[i,j] := x[i,j]/a[i]" in source
+
+
+@pytest.mark.parametrize("backend", [c_param(), "xla"])
+def test_a_scan_statement_inside_a_program(backend):
+    """A (t scan) statement reads an earlier statement's local (a projection of the input), and a later one
+    reads the trajectory: forward and gradients against lax.scan written by hand."""
+    text = """
+        local u[b,t,n] := x[b,t,i] * W[i,n]
+        local h[b,t,n] := lam[n]*h[b,t-1,n] + u[b,t,n]   (t scan from h0)
+        y[b,t] := h[b,t,n] * c[n]
+    """
+
+    def oracle(x, W, lam, h0, c):
+        def step(h, ut):
+            h = lam * h + ut
+            return h, h
+        _, hs = jax.lax.scan(step, h0, jnp.moveaxis(jnp.einsum("bti,in->btn", x, W), 1, 0))
+        return jnp.einsum("tbn,n->bt", hs, c)
+
+    rng = np.random.default_rng(5)
+    args = [jnp.asarray(rng.normal(size=s)) for s in [(2, 7, 3), (3, 4), (4,), (2, 4), (4,)]]
+    args[2] = jnp.asarray(rng.uniform(0.5, 0.9, 4))
+    kernel = tullax.einsum_kernel(text, backend=backend)
+    assert kernel.inputs == ("x", "W", "lam", "h0", "c")
+    _close(jax.jit(kernel)(*args), oracle(*args), "float64")
+    weights = [jnp.asarray(rng.normal(size=(2, 7)))]
+    got = jax.jit(jax.grad(_loss(kernel, weights), tuple(range(5))))(*args)
+    want = jax.grad(_loss(oracle, weights), tuple(range(5)))(*args)
+    for g, w in zip(got, want):
+        _close(g, w, "float64")
