@@ -134,6 +134,7 @@ def analyze_program(source: str, ranges: Mapping | None = None) -> Program:
         try:
             canonical, spec = compile_spec(text, statement_ranges(text, ranges))
         except SpecError as err:
+            _scan_step_check(text, number, [st.text for st in statements])
             raise SpecError(f"statement {number} of the program: {err.message}", err.spec or text,
                             err.column) from None
         if spec.assign != ":=":
@@ -151,6 +152,21 @@ def analyze_program(source: str, ranges: Mapping | None = None) -> Program:
         defined.add(st.out)
     outputs = tuple(st.out for st in statements if not st.local)
     return Program(source, tuple(statements), tuple(inputs), outputs)
+
+
+def _scan_step_check(text: str, number: int, earlier: list[str]) -> None:
+    """A scan whose step is spread over several statements (an earlier statement reads the scan's result, as
+    issue 7024's loop would be written) gets its own message, not the scan statement's own complaint."""
+    found = re.match(r"^(\(\s*[^()\s]+\s*\)\s*)?([A-Za-z_]\w*)", text)
+    if " scan" not in text or found is None:
+        return
+    out = found.group(2)
+    for k, other in enumerate(earlier, 1):
+        column = _column(other, out)
+        if column is not None:
+            raise SpecError(f"statement {k} of the program reads {out}, the result of statement {number}'s scan: a "
+                            f"scan step spread over several statements is not supported yet; write the step as one "
+                            f"(t scan) statement (the earlier statement inlined into it)", other, column)
 
 
 def statement_ranges(text: str, ranges: Mapping | None) -> Mapping | None:
