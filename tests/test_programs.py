@@ -252,3 +252,15 @@ def test_a_scan_statement_inside_a_program(backend):
     want = jax.grad(_loss(oracle, weights), tuple(range(5)))(*args)
     for g, w in zip(got, want):
         _close(g, w, "float64")
+
+
+@pytest.mark.parametrize("backend", [c_param(), "xla"])
+def test_jacfwd_and_vmap_of_grad_of_a_program(backend):
+    case = next(c for c in CASES if c.name == "softmax")
+    rng = np.random.default_rng(6)
+    s = jnp.asarray(rng.normal(size=(3, 2, 2, 5)))
+    w = jnp.asarray(rng.normal(size=(2, 2, 5)))
+    kernel = tullax.einsum_kernel(case.spec, backend=backend)
+    _close(jax.jit(jax.jacfwd(kernel))(s[0]), jax.jacfwd(case.oracle)(s[0]), "float64")
+    per_batch = jax.vmap(jax.grad(lambda v, fn: (fn(v) * w).sum()), in_axes=(0, None))
+    _close(jax.jit(lambda v: per_batch(v, kernel))(s), per_batch(s, case.oracle), "float64")
