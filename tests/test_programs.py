@@ -264,3 +264,69 @@ def test_jacfwd_and_vmap_of_grad_of_a_program(backend):
     _close(jax.jit(jax.jacfwd(kernel))(s[0]), jax.jacfwd(case.oracle)(s[0]), "float64")
     per_batch = jax.vmap(jax.grad(lambda v, fn: (fn(v) * w).sum()), in_axes=(0, None))
     _close(jax.jit(lambda v: per_batch(v, kernel))(s), per_batch(s, case.oracle), "float64")
+
+
+# -- the printed CUDA C and Julia of every statement's forward and gradient kernels -------------------------------
+def _program_steps(case):
+    """(spec, env) of every statement's forward kernel and each of its gradient steps, in program order, the
+    locals from the XLA lowering of the statements before (float64)."""
+    from tullax.backends.xla.lower import lower as xla_lower
+    from tullax.grad import gradients
+    from tullax.grad.run import gradient_env, run_gradient
+    from tullax.spec.program import analyze_program
+
+    program = analyze_program(case.spec)
+    values = case.inputs(np.random.default_rng(8), "float64")
+    env = {n: (np.float64(v) if isinstance(v, float) else v) for n, v in zip(program.inputs, values)}
+    runs = []
+    rng = np.random.default_rng(9)
+
+    def record(step, step_env):
+        runs.append((step, step_env))
+        return np.asarray(xla_lower(step)(step_env))
+
+    for st in program.statements:
+        own = {n: env[n] for n in st.spec.input_names}
+        result = record(st.spec, own)
+        env[st.out] = result
+        genv = gradient_env(st.spec, own, result, rng.normal(size=result.shape))
+        for grad in gradients(st.spec):
+            run_gradient(grad, st.spec, genv, record)
+    return runs
+
+
+def _xla(step, step_env):
+    from tullax.backends.xla.lower import lower as xla_lower
+
+    return np.asarray(xla_lower(step)(step_env))
+
+
+PRINTED = [c for c in CASES if c.name in ("layernorm", "softmax", "attention", "gelu_layer", "groupnorm")]
+# erf is not in Base Julia (the Julia printer refuses it): the GELU layer is left out there, log-softmax in
+PRINTED_JULIA = [c for c in CASES if c.name in ("layernorm", "softmax", "logsoftmax", "attention", "groupnorm")]
+
+
+@pytest.mark.parametrize("case", PRINTED_JULIA, ids=lambda c: c.name)
+def test_printed_julia_of_every_statement_in_the_subset_evaluator(case):
+    pytest.importorskip("tree_sitter_julia")
+    from test_julia_printer import run_julia
+
+    for step, env in _program_steps(case):
+        _close(run_julia(step, env), _xla(step, env), "float64")
+
+
+@pytest.mark.parametrize("case", PRINTED, ids=lambda c: c.name)
+def test_printed_cuda_of_every_statement_in_the_host_harness(case, tmp_path):
+    from cuda_harness import GPP, build, run
+
+    if GPP is None:
+        pytest.skip("g++ is not installed")
+    from test_cuda_host import launch_for
+
+    jobs, expected = [], []
+    for k, (step, env) in enumerate(_program_steps(case)):
+        jobs.append(launch_for(step, env, f"k{k}", True))
+        expected.append(_xla(step, env))
+    exe = build([(job.kernel, job.index_bits) for job in jobs], tmp_path)
+    for got, want in zip(run(exe, list(enumerate(jobs))), expected):
+        _close(got.reshape(want.shape), want, "float64")
