@@ -330,3 +330,16 @@ def test_printed_cuda_of_every_statement_in_the_host_harness(case, tmp_path):
     exe = build([(job.kernel, job.index_bits) for job in jobs], tmp_path)
     for got, want in zip(run(exe, list(enumerate(jobs))), expected):
         _close(got.reshape(want.shape), want, "float64")
+
+
+def test_nograd_names_program_inputs():
+    text = "local ms[b] := x[b,j]^2 |> _ / size(x,1); y[b,j] := x[b,j] / sqrt(ms[b] + 1e-5) * g[j]"
+    rng = np.random.default_rng(10)
+    x, g = jnp.asarray(rng.normal(size=(3, 4))), jnp.asarray(rng.normal(size=4))
+    kernel = tullax.einsum_kernel(text, backend="xla", nograd="g")
+    dx, dg = jax.grad(lambda x, g: kernel(x, g).sum(), (0, 1))(x, g)
+    assert np.all(np.asarray(dg) == 0) and np.any(np.asarray(dx) != 0)
+    with pytest.raises(tullax.TullaxError, match="not inputs of the program"):
+        tullax.einsum_kernel(text, nograd="ms")
+    with pytest.raises(SpecError, match="init= applies to one statement"):
+        tullax.einsum_kernel(text, init=0.0)
