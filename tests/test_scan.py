@@ -1,7 +1,7 @@
 """Recurrences (issue 48): ``(t scan)`` specs against independent ``lax.scan`` oracles (tests/scan_cases.py) on
-c, numba, xla and auto: forward (eager and jit), grad, jacfwd, jacrev, vmap of grad, float32 and float64; the
-printed CUDA C through the host harness and the printed Julia through the subset evaluator; the loop structure
-(lanes parallel, t sequential inside); hostile specs refused with a caret."""
+c, numba, xla and auto: forward (eager and jit), grad, second derivatives, jacfwd, jacrev, vmap of grad, float32,
+float64 and a complex64 lam; the printed CUDA C through the host harness and the printed Julia through the
+subset evaluator; the loop structure (lanes parallel, t sequential inside); hostile specs refused with a caret."""
 from __future__ import annotations
 
 import jax
@@ -103,6 +103,20 @@ def test_vmap_of_grad_matches_lax_scan(case, backend):
     want = jax.vmap(jax.grad(lambda *a: jnp.sum(case.oracle(*a) ** 2), tuple(range(len(args)))))(*batched)
     for g, w in zip(got, want):
         _close(g, w)
+
+
+@pytest.mark.parametrize("backend", (c_param(), "xla"))
+@pytest.mark.parametrize("case", [BY_NAME[n] for n in ("lru", "elman", "second", "returns")], ids=lambda c: c.name)
+def test_second_derivatives(case, backend):
+    """grad of a function of the gradient: the adjoint recurrence is differentiated like the forward one."""
+    args = _inputs(case)
+    kernel = tullax.einsum_kernel(case.spec, backend=backend)
+
+    def outer(fn):
+        inner = jax.grad(lambda a, *rest: jnp.sum(fn(a, *rest) ** 2))
+        return jax.grad(lambda a, *rest: jnp.sum(inner(a, *rest) ** 2))
+
+    _close(outer(kernel)(*args), outer(case.oracle)(*args))
 
 
 @pytest.mark.parametrize("backend", (c_param(), "xla"))
