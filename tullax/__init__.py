@@ -12,26 +12,35 @@ from typing import Any, Iterable, Mapping
 from tullax._version import __version__
 from tullax.api.explain import explain
 from tullax.api.kernel import Kernel
+from tullax.api.program import ProgramKernel
 from tullax.errors import (
     BackendUnavailableError,
     ShapeError,
     SpecError,
     TullaxError,
 )
+from tullax.spec.program import is_program
 
 __all__ = [
-    "__version__", "einsum_kernel", "explain", "generate_source", "warm", "Kernel", "TullaxError", "SpecError",
-    "ShapeError", "BackendUnavailableError",
+    "__version__", "einsum_kernel", "explain", "generate_source", "warm", "Kernel", "ProgramKernel", "TullaxError",
+    "SpecError", "ShapeError", "BackendUnavailableError",
 ]
 
 
 def einsum_kernel(spec: str, *, backend: str = "auto", ranges: Mapping | None = None, init: Any = None,
-                  nograd: str | Iterable[str] = ()) -> Kernel:
+                  nograd: str | Iterable[str] = ()) -> "Kernel | ProgramKernel":
     """Compile ``spec`` (docs/design.md, section 1) into a Kernel running on ``backend``: 'auto' (the planner: loops or
     an XLA form per kernel), 'c' (host C/OpenMP, the CPU default), 'numba', 'julia', 'julia-cuda', 'cuda'
     (CUDA C through NVRTC) or 'xla' (plain jnp, the oracle). ``ranges`` gives index ranges explicitly:
     ``{"i": 10}`` or ``{"i": (2, 12)}``; ``init`` is the starting value of the reduction (Tullio's ``init=``);
-    ``nograd`` names inputs that get no gradient (``jax.grad`` gives zeros for them). See ``tullax.api.options``."""
+    ``nograd`` names inputs that get no gradient (``jax.grad`` gives zeros for them). See ``tullax.api.options``.
+    Several statements (one per line or separated by ';', ``local`` before an intermediate) make a program:
+    ``tullax.api.program.ProgramKernel``."""
+    if is_program(spec):
+        if init is not None:
+            raise SpecError("init= applies to one statement: inside a program write the starting value into the "
+                            "statement that needs it")
+        return ProgramKernel(spec, backend=backend, ranges=ranges, nograd=nograd)
     return Kernel(spec, backend=backend, ranges=ranges, init=init, nograd=nograd)
 
 

@@ -50,7 +50,12 @@ def explain(spec: str, ranges: Mapping | None = None, shapes: Mapping[str, tuple
     those shapes, as the compile cache holds it when it was timed."""
     from tullax.errors import with_spec_context
     from tullax.planner.explain import explain_lines
+    from tullax.spec.program import is_program
 
+    if is_program(spec):  # several statements: tullax.api.explain_program
+        from tullax.api.explain_program import explain_program
+
+        return explain_program(spec, ranges, shapes, dtype)
     canonical, analysed = compile_spec(spec, ranges)
     try:
         planned = explain_lines(analysed, shapes, dtype)

@@ -17,7 +17,12 @@ def generate_source(spec: str, backend: str = "numba", dtype: str = "float32",
     from tullax import backends
     from tullax.backends.base import Signature
     from tullax.backends.host import kernel_steps
+    from tullax.spec.program import analyze_program, is_program, statement_ranges
 
+    if is_program(spec):  # a program: each statement's module, in program order, under its statement
+        return "\n\n".join(f"# ==== statement {st.number}: {st.canonical}\n"
+                            + generate_source(st.text, backend, dtype, statement_ranges(st.text, ranges))
+                            for st in analyze_program(spec, ranges).statements)
     try:
         _, analysed = compile_spec(spec, ranges)
         impl = backends.get(backend)
@@ -45,7 +50,11 @@ def warm(spec: str, backend: str = "auto", dtype: str = "float32", ranges: Mappi
     from tullax.backends.host import kernel_steps
     from tullax.spec.arguments import result_dtype
     from tullax.spec.examples import random_inputs
+    from tullax.spec.program import analyze_program, is_program, statement_ranges
 
+    if is_program(spec):  # a program: every statement's kernels, keyed by statement number and kernel
+        return {f"statement {st.number} {label}": ms for st in analyze_program(spec, ranges).statements
+                for label, ms in warm(st.text, backend, dtype, statement_ranges(st.text, ranges)).items()}
     try:
         _, analysed = compile_spec(spec, ranges)
         impl = backends.resolve(backend)

@@ -1,0 +1,143 @@
+"""Programs (issue 50): LayerNorm, softmax and an attention block written as one tullax program, against jnp
+written by hand and against the same statements as separate tullax kernels called one after another, all jitted,
+in ONE process with the subjects alternating each round. Operations: forward, and ``grad`` of a weighted sum
+w.r.t. every array input. Prints medians and ratios (jnp / program and separate / program: > 1 means the
+program is faster), the same for the best of the rounds, and writes them to benchmarks/results/programs.json.
+
+    PYTHONPATH=$PWD python benchmarks/programs.py [--rounds 15] [--backend c]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LAYERNORM = """
+local mu[b]  := x[b,j] |> _ / size(x,1)
+local var[b] := (x[b,j] - mu[b])^2 |> _ / size(x,1)
+y[b,j] := (x[b,j] - mu[b]) / sqrt(var[b] + 1e-5) * g[j] + beta[j]
+"""
+SOFTMAX = """
+(max) local m[r,i] := s[r,i,j]
+local z[r,i] := exp(s[r,i,j] - m[r,i])
+p[r,i,j] := exp(s[r,i,j] - m[r,i]) / z[r,i]
+"""
+ATTENTION = """
+local s[b,i,j] := q[b,i,d] * k[b,j,d] * 0.125
+(max) local m[b,i] := s[b,i,j]
+local z[b,i] := exp(s[b,i,j] - m[b,i])
+local p[b,i,j] := exp(s[b,i,j] - m[b,i]) / z[b,i]
+o[b,i,e] := p[b,i,j] * v[b,j,e]
+"""
+
+
+def _softmax(s):
+    import jax.numpy as jnp
+
+    e = jnp.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def cases(rng):
+    import jax.numpy as jnp
+
+    def layernorm(x, g, beta):
+        mu = x.mean(1, keepdims=True)
+        var = ((x - mu) ** 2).mean(1, keepdims=True)
+        return (x - mu) / jnp.sqrt(var + 1e-5) * g + beta
+
+    def attention(q, k, v):
+        return jnp.einsum("bij,bje->bie", _softmax(jnp.einsum("bid,bjd->bij", q, k) * 0.125), v)
+
+    f32 = "float32"
+    return [
+        ("layernorm", LAYERNORM, layernorm, [rng.normal(size=(512, 1024)).astype(f32),
+                                             rng.normal(size=1024).astype(f32), rng.normal(size=1024).astype(f32)]),
+        ("softmax", SOFTMAX, _softmax, [rng.normal(size=(32, 128, 128)).astype(f32)]),
+        ("attention", ATTENTION, attention, [rng.normal(size=(8, 128, 64)).astype(f32) for _ in range(3)]),
+    ]
+
+
+def separate(program_text: str, backend: str):
+    """The same statements as separate tullax kernels, called one after another by hand."""
+    import tullax
+    from tullax.spec.program import analyze_program
+
+    program = analyze_program(program_text)
+    kernels = [(st, tullax.einsum_kernel(st.text, backend=backend)) for st in program.statements]
+
+    def run(*args):
+        env = dict(zip(program.inputs, args))
+        for st, kernel in kernels:
+            env[st.out] = kernel(*(env[n] for n in st.reads))
+        return env[program.outputs[0]]
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--backend", default="c")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "programs.json"))
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TULLAX_CACHE_DIR", tempfile.mkdtemp(prefix="tullax-programs-bench-"))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import tullax
+
+    rng = np.random.default_rng(0)
+    results = []
+    for name, text, oracle, inputs in cases(rng):
+        subjects = {"program": tullax.einsum_kernel(text, backend=args.backend), "jnp": oracle,
+                    "separate": separate(text, args.backend)}
+        weight = rng.normal(size=np.shape(oracle(*inputs))).astype(np.float32)
+        calls = {}
+        for label, fn in subjects.items():
+            def loss(*a, fn=fn):
+                return jnp.sum(fn(*a) * weight)
+            for op, f in (("forward", jax.jit(fn)), ("grad", jax.jit(jax.grad(loss, tuple(range(len(inputs))))))):
+                calls[(label, op)] = (lambda f=f: jax.block_until_ready(f(*inputs)))
+        for (label, op), call in calls.items():  # compile, and check every subject against jnp
+            got, want = call(), calls[("jnp", op)]()
+            for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+                assert np.abs(np.asarray(g) - np.asarray(w)).max() <= 1e-3 * max(1.0, np.abs(w).max()), (name, label)
+        times: dict = {key: [] for key in calls}
+        keys = list(calls)
+        for r in range(args.rounds):
+            for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+                start = time.perf_counter()
+                calls[key]()
+                times[key].append(time.perf_counter() - start)
+        for op in ("forward", "grad"):
+            med = {label: statistics.median(times[(label, op)]) for label in subjects}
+            best = {label: min(times[(label, op)]) for label in subjects}
+            row = {"program": name, "op": op, "shapes": [list(np.shape(a)) for a in inputs],
+                   **{f"{k}_ms": round(v * 1e3, 4) for k, v in med.items()},
+                   **{f"{k}_best_ms": round(v * 1e3, 4) for k, v in best.items()},
+                   "best_jnp_over_program": round(best["jnp"] / best["program"], 2),
+                   "best_separate_over_program": round(best["separate"] / best["program"], 2),
+                   "jnp_over_program": round(med["jnp"] / med["program"], 2),
+                   "separate_over_program": round(med["separate"] / med["program"], 2)}
+            results.append(row)
+            print(f"{name:10s} {op:8s} program {row['program_ms']:9.3f} ms  jnp {row['jnp_ms']:9.3f} ms  "
+                  f"separate {row['separate_ms']:9.3f} ms  jnp/program x{row['jnp_over_program']:.2f}  "
+                  f"separate/program x{row['separate_over_program']:.2f}  (best: x{row['best_jnp_over_program']:.2f} / "
+                  f"x{row['best_separate_over_program']:.2f})", flush=True)
+    record = {"backend": args.backend, "dtype": "float32", "rounds": args.rounds, "machine": platform.machine(),
+              "cpus": os.cpu_count(), "load_average": os.getloadavg(), "jax": jax.__version__,
+              "results": results}
+    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The public ``ProgramKernel``: a program (``tullax.spec.program``) run as its statements in order.
+
+Each statement is an ordinary ``Kernel`` on the program's backend (its forward and gradient kernels, its
+planning under ``auto``); locals are temporaries passed from statement to statement. Under ``jax.grad`` the
+composition is reverse accumulation over the statements: each statement's VJP runs its derived gradient specs,
+and the cotangent of a local read by several later statements is the sum of theirs (JAX adds them).
+"""
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any, Iterable, Mapping
+
+from tullax.api.kernel import Kernel
+from tullax.errors import ShapeError
+from tullax.spec.program import Program, analyze_program, statement_ranges
+
+
+class ProgramKernel:
+    """A compiled program. Call it with its external inputs positionally (in order of first appearance) or by
+    name; it returns the non-local outputs (one output: the array, several: a tuple)."""
+
+    def __init__(self, source: str, *, backend: str = "auto", ranges: Mapping | None = None,
+                 nograd: str | Iterable[str] = ()):
+        self.source = source
+        self.program: Program = analyze_program(source, ranges)
+        skip = {nograd} if isinstance(nograd, str) else set(nograd)
+        unknown = skip - set(self.program.inputs)
+        if unknown:
+            raise ShapeError(f"nograd names {sorted(unknown)}, which are not inputs of the program "
+                             f"(inputs: {', '.join(self.program.inputs)})")
+        self.kernels = tuple(
+            Kernel(st.text, backend=backend, ranges=statement_ranges(st.text, ranges),
+                   nograd=tuple(n for n in st.reads if n in skip))
+            for st in self.program.statements)
+        self.backend_name = backend
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.program.inputs
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return self.program.outputs
+
+    @property
+    def spec(self) -> str:
+        """The canonical program: one canonical statement per line, ``local`` where written."""
+        return "\n".join(("local " if st.local else "") + st.canonical for st in self.program.statements)
+
+    @cached_property
+    def grad_specs(self) -> tuple[tuple[str, ...], ...]:
+        """Per statement (in program order), the gradient specs its VJP runs."""
+        return tuple(k.grad_specs for k in self.kernels)
+
+    def __repr__(self) -> str:
+        return f"tullax.ProgramKernel({self.spec!r}, backend={self.backend_name!r})"
+
+    def __call__(self, *args: Any, **named: Any) -> Any:
+        env = _bind(self.program, args, named)
+        for st, kernel in zip(self.program.statements, self.kernels):
+            env[st.out] = kernel(*(env[name] for name in st.reads))
+        found = tuple(env[name] for name in self.program.outputs)
+        return found[0] if len(found) == 1 else found
+
+
+def _bind(program: Program, args: tuple, named: dict) -> dict[str, Any]:
+    names = program.inputs
+    if len(args) > len(names):
+        raise ShapeError(f"the program takes {len(names)} inputs ({', '.join(names)}), got {len(args)} positional")
+    env = dict(zip(names, args))
+    for name, value in named.items():
+        if name not in names:
+            raise ShapeError(f"the program has no input {name!r} (inputs: {', '.join(names)})")
+        if name in env:
+            raise ShapeError(f"input {name!r} given twice (positionally and by name)")
+        env[name] = value
+    missing = [n for n in names if n not in env]
+    if missing:
+        raise ShapeError(f"missing input(s) {', '.join(missing)}: the program's inputs are {', '.join(names)}")
+    return env
+
