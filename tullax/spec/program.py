@@ -128,13 +128,15 @@ def analyze_program(source: str, ranges: Mapping | None = None) -> Program:
     texts = split_statements(source)
     if not texts:
         raise SpecError("empty program: write one statement per line, like  y[i] := x[i,j]", source, 0)
+    stripped = [_strip_local(raw)[0] for raw in texts]
+    for number, text in enumerate(stripped, 1):  # before any statement's own complaint about its reads
+        _scan_step_check(text, number, stripped[:number - 1])
     statements: list[Statement] = []
     for number, raw in enumerate(texts, 1):
         text, local = _strip_local(raw)
         try:
             canonical, spec = compile_spec(text, statement_ranges(text, ranges))
         except SpecError as err:
-            _scan_step_check(text, number, [st.text for st in statements])
             raise SpecError(f"statement {number} of the program: {err.message}", err.spec or text,
                             err.column) from None
         if spec.assign != ":=":
