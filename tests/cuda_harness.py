@@ -47,7 +47,8 @@ class Launch:
     arguments: tuple[Any, ...]
 
 
-_MAIN = r"""
+# what every main that runs printed kernels begins with: the launch file's reader, the two files, the launch count
+MAIN_PRELUDE = r"""
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -64,7 +65,8 @@ int main(int argc, char** argv) {
     FILE* out = std::fopen(argv[2], "wb");
     if (!in || !out) return 2;
     long long launches = tx_read_int(in);
-    for (long long n = 0; n < launches; ++n) {
+"""
+_MAIN = MAIN_PRELUDE + r"""    for (long long n = 0; n < launches; ++n) {
         long long kernel = tx_read_int(in);
         tx_geometry geometry;
         geometry.grid = unsigned(tx_read_int(in));

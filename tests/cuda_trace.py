@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from cuda_harness import GPP, HEADER, Launch, _bytes
+from cuda_harness import GPP, HEADER, MAIN_PRELUDE, Launch, _bytes
 
 from tullax.compiler.loops import LoopKernel
 from tullax.printers.clike import storage_type
@@ -70,24 +70,7 @@ class Traffic:
         return f"{self.kernel} grid {self.grid} x {self.block}: " + "; ".join(parts)
 
 
-_MAIN = r"""
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-static long long tx_read_int(FILE* in) {
-    long long value = 0;
-    if (std::fread(&value, sizeof value, 1, in) != 1) std::exit(3);
-    return value;
-}
-
-int main(int argc, char** argv) {
-    if (argc != 3) return 2;
-    FILE* in = std::fopen(argv[1], "rb");
-    FILE* out = std::fopen(argv[2], "wb");
-    if (!in || !out) return 2;
-    long long launches = tx_read_int(in);
-    for (long long n = 0; n < launches; ++n) {
+_MAIN = MAIN_PRELUDE + r"""    for (long long n = 0; n < launches; ++n) {
         long long kernel = tx_read_int(in);
         tx_geometry geometry;
         geometry.grid = unsigned(tx_read_int(in));
