@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from loop_backends import every_backend, skip_unavailable
 
 import tullax
 from tullax.errors import SpecError
@@ -214,3 +215,21 @@ def test_a_scalar_before_a_range_clause_is_not_a_call():
 
     spec = compile_spec("y[i] := x[i] |> _*a  (z in 0:2)", None)[1]
     assert "z" in spec.reduced
+
+
+@pytest.mark.parametrize("backend", every_backend())
+@pytest.mark.parametrize("ranges", [None, {"k": 5}], ids=["clause", "keyword"])
+def test_a_ranged_index_that_indexes_no_array_is_summed_not_taken_as_a_scalar(backend, ranges):
+    # `k` was taken as a scalar argument as well as summed over: the kernel wanted two arguments and its
+    # gradient specs named a gradient for k; k's values are 0..4, so y = 10 x and dy/dx = 10
+    import jax
+
+    skip_unavailable(backend)
+    text = "y[i] := x[i]*k" + ("  (k in 0:5)" if ranges is None else "")
+    spec = analyze(parse_spec(text), ranges)
+    assert [i.name for i in spec.inputs] == ["x"]
+    assert [g.wrt for g in gradients(spec)] == ["x"]
+    assert format_spec(gradients(spec)[0].steps[-1]).endswith("(k in 0:5)")  # the text parses back to the same
+    kernel = tullax.einsum_kernel(text, backend=backend, ranges=ranges)
+    np.testing.assert_allclose(np.asarray(kernel(x1)), 10 * x1, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.grad(lambda x: kernel(x).sum())(x1)), np.full_like(x1, 10), rtol=1e-6)

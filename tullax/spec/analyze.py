@@ -108,7 +108,7 @@ def _analyse(parsed: ParsedSpec, ranges: Mapping[str, RangeArg] | None) -> _Anal
     parsed, copies = diagonal_write(parsed)  # D[i,i] := A[i]: a new index per repetition, zeros off the diagonal
     _check_lhs(parsed, ctx)
     occurrences = _occurrences(parsed)
-    index_names = _index_names(parsed, occurrences)
+    index_names = _index_names(parsed, occurrences, ranges or {})
     inputs = _inputs(parsed, index_names, ctx)
     arrays = {i.name for i in inputs if i.kind != "scalar"}
     body = _resolve_names(parsed.body, index_names, arrays, ctx)
@@ -192,12 +192,18 @@ def _lhs_access(parsed: ParsedSpec) -> list[Access]:
     return [Access(parsed.out, parsed.lhs)]
 
 
-def _index_names(parsed: ParsedSpec, occurrences: list[Occurrence]) -> list[str]:
+def _index_names(parsed: ParsedSpec, occurrences: list[Occurrence], ranges: Mapping[str, RangeArg]) -> list[str]:
     names: list[str] = []
     for idx in list(parsed.lhs or ()) + [o.idx for o in occurrences]:
         for name in idx_names(idx):
             if name not in names:
                 names.append(name)
+    # a name given a range (`(k in 0:5)` or ranges={'k': 5}) is an index even where no array is indexed by it:
+    # `y[i] := x[i]*k (k in 0:5)` sums x[i]*k over k, it does not take k as a scalar argument
+    bare = {n.name for n in walk(parsed.body) if isinstance(n, Name)}
+    for name in [n for n, _ in parsed.ranges] + [n for n in ranges if n in bare]:
+        if name not in names:
+            names.append(name)
     return names
 
 

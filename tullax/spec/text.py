@@ -152,17 +152,16 @@ def format_finalizer(finalizer: Expr) -> str:
 
 
 def _unseen_reductions(spec: ParsedSpec | Spec) -> list[tuple[str, Range]]:
-    """Reduced indices of an analysed spec that appear nowhere in its text, with their ranges."""
+    """Reduced indices of an analysed spec that index no array (their range is in no array's shape: it must be
+    written for the text to mean the same spec), with their ranges."""
     if not isinstance(spec, Spec):
         return []
-    seen = set(_index_names(spec.body))
+    seen = set(_indexing_names(spec.body))
     return [(name, rng) for name, rng in spec.ranges if name in spec.reduced and name not in seen]
 
 
-def _index_names(expr: Expr):
+def _indexing_names(expr: Expr):
     for node in walk(expr):
-        if isinstance(node, IndexVal):
-            yield node.name
-        elif isinstance(node, Access):
+        if isinstance(node, Access):
             for idx in node.idx:
                 yield from idx_names(idx)
