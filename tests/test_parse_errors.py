@@ -82,6 +82,9 @@ SPEC_MISTAKES = [
                             r"sums over j", "sum("),
     ("y[i] := prod(x[i,j])", r"reductions are implicit: .* write \(\*\) y\[i\] := x\[i,j\]", "prod("),
     ("y[i] := mean(x[i,j])", r"reductions are implicit: .* \|> _ / size\(x,1\)", "mean("),
+    # a running sum written out by hand: was "s is an array: index it", for a scalar result
+    ("s = s + x[i]", r"s is the result being defined; .* implicit: write `s := ...` with only the summed term", "s +"),
+    ("s := s + x[i]", r"s is the result being defined; .* implicit: write `s := ...`", "s +"),
 ]
 
 

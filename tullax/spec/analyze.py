@@ -237,11 +237,13 @@ def _inputs(parsed: ParsedSpec, index_names: list[str], ctx: _Context) -> tuple[
                 if isinstance(idx, Indirect):
                     note(idx.array, 1, idx.span, False)
         elif isinstance(node, Name) and node.name not in index_names:
+            if node.name == parsed.out:  # `s = s + x[i]`: a running sum written out by hand
+                raise ctx.error(f"{node.name} is the result being defined; it cannot appear on the right. A sum "
+                                f"over the indices missing on the left is implicit: write `{node.name} := ...` "
+                                f"with only the summed term (`{node.name} += ...` adds it to a given "
+                                f"{node.name})", node.span)
             if node.name in ranks:
                 raise ctx.error(f"{node.name} is an array: index it, as in {node.name}[i]", node.span)
-            if node.name == parsed.out:
-                raise ctx.error(f"{node.name} is the result being defined; it cannot appear on the right",
-                                node.span)
             note(node.name, None, node.span, True)
     for idx in parsed.lhs or ():
         if isinstance(idx, Indirect):
