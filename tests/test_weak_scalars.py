@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from loop_backends import every_backend, skip_unavailable
 
 import tullax
 
@@ -37,3 +38,22 @@ def test_big_endian_inputs_are_byte_swapped_not_refused(backend, dtype):
     x = np.arange(6).astype(dtype)
     y = tullax.einsum_kernel("y[i] := x[i]*2 + w[i]", backend=backend)(x, np.ones(6, np.float32))
     np.testing.assert_allclose(y, np.arange(6) * 2.0 + 1.0)
+
+
+@pytest.mark.parametrize("backend", every_backend())
+def test_a_python_number_under_jit_with_x64_stays_weak(backend):
+    # under x64 a jitted Python float arrives as a weakly typed float64 tracer: the result came back float64
+    # where jnp's s*x with float32 x is float32 (and eagerly tullax's was float32 too)
+    import jax
+
+    skip_unavailable(backend)
+    x = np.linspace(-1, 1, 5).astype(np.float32)
+    kernel = tullax.einsum_kernel("y[i] := s*x[i] + 1", backend=backend)
+    with jax.enable_x64(True):
+        jitted = jax.jit(kernel)(2.5, x)
+        strong = jax.jit(kernel)(np.float64(2.5), x)
+        assert jitted.dtype == jax.jit(lambda s, x: s * x + 1)(2.5, x).dtype == np.float32
+        assert strong.dtype == np.float64  # a NumPy scalar is strongly typed, as in jnp
+        grad = jax.jit(jax.grad(lambda s: kernel(s, x).sum()))(2.5)
+    np.testing.assert_allclose(jitted, 2.5 * x + 1, rtol=1e-6)
+    np.testing.assert_allclose(grad, x.astype(np.float64).sum(), rtol=1e-5, atol=1e-6)

@@ -147,7 +147,7 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: s
     from tullax.calls.host import callback_path
     from tullax.spec.shapes import result_dtype
 
-    dtype = result_dtype(spec, [v.dtype if hasattr(v, "dtype") else type(v) for v in values])  # weak floats
+    dtype = result_dtype(spec, [_dtype_or_weak_type(v) for v in values])
     dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
     zero_start = zero_start and spec.assign == "+="
     if backend_name == "auto":
@@ -156,6 +156,18 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: s
     if backend_name == "xla":
         return KernelOp(spec, backend_name, dtype.name, "xla")
     return KernelOp(spec, backend_name, dtype.name, callback_path(), zero_start=zero_start)
+
+
+def _dtype_or_weak_type(value: Any) -> Any:
+    """A value's dtype, or ``float``/``int``/``complex`` for a weakly typed one: a Python number, or a tracer of one
+    under jit (float64 under x64, yet ``s*x`` with float32 x is float32 in jnp: the same dtype eagerly and jitted)."""
+    if not hasattr(value, "dtype"):
+        return type(value)
+    if getattr(getattr(value, "aval", None), "weak_type", False) or getattr(value, "weak_type", False):
+        import numpy as np
+
+        return {"f": float, "i": int, "u": int, "c": complex}.get(np.dtype(value.dtype).kind, value.dtype)
+    return value.dtype
 
 
 def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any], zero_start: bool = False) -> KernelOp:
