@@ -224,7 +224,8 @@ def _nest(loops: tuple[Loop, ...], pre: tuple[Let, ...], reduction: Loop, post: 
     registers: dict[tuple[str, int], Var] = {}
     for s in staged:
         for a in range(counts[s.side]):
-            slot = binop("+", binop("*", step, const(widths[s.side])), binop("+", mine[s.side], const(a * across[s.side])))
+            column = binop("+", mine[s.side], const(a * across[s.side]))
+            slot = binop("+", binop("*", step, const(widths[s.side])), column)
             registers[s.name, a] = Var(f"{s.name}_{a}", s.load.dtype)
             term_body.append(Let(registers[s.name, a].name, Load(s.name, (slot,), s.load.dtype)))
     k_value = binop("+", first, step)
