@@ -106,9 +106,10 @@ def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, 
     """The kernel the cuda backend launches for one call's shapes (inputs by name plus ``spec.out``), and its
     launch, the first that applies: shared-memory block tiles for a matmul-like kernel
     (``tullax.compiler.tiles``, as ``tiles`` says; off under ``TULLAX_CUDA_TILES=0``); a block per output element
-    for long rows over enough elements, a warp per element for medium rows over many (``tullax.compiler.cooperate``, as ``cooperation`` says); a plain sum over
-    few output elements split over more threads (``tullax.compiler.split``); a block per element for long rows
-    over few; the default lowering, one thread per output element (or per register tile)."""
+    for long rows over enough elements, a warp per element for medium rows over many
+    (``tullax.compiler.cooperate``, as ``cooperation`` says); a plain sum over few output elements split over
+    more threads (``tullax.compiler.split``); a block per element for long rows over few; the default lowering,
+    one thread per output element (or per register tile)."""
     plain: LoopKernel | None = None
     sizes: dict[str, int] = {}
     # a recurrence's reductions run inside each sequential step of its one thread per lane
