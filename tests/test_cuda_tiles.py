@@ -98,6 +98,14 @@ def test_under_the_sanitizer(jobs, tmp_path):
     check(chosen, build_and_run(chosen, tmp_path, sanitize=True))
 
 
+@pytest.mark.parametrize("name,text", RAGGED)
+def test_the_gpu_tests_shapes_tile_every_kernel(name, text):
+    """tests/test_gpu_device.py's TILED_SHAPES (run against XLA on a GPU) give block tiles in the forward and both
+    gradients, at the default policy."""
+    found = launches(name, text, {"W": (100, 130), "X": (100, 70)})
+    assert len(found) == 3 and all(launch.kernel.tile is not None for _, launch, _ in found)
+
+
 def test_the_schedule_is_ir_data():
     """Shared arrays, two barriers per chunk and the thread's position are IR; the pseudo printer shows them."""
     from tullax.printers.pseudo import format_kernel
