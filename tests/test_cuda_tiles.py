@@ -185,6 +185,7 @@ def test_the_tracer_shows_the_global_traffic_drop(traced, label):
     hoisted, length = HOISTED[label], LENGTH[label.split(" ", 1)[1]]
     assert per_before == 2 * length + hoisted
     assert per_after == 2 * length / 64 + hoisted
+    assert (per_after - hoisted) / length <= 1 / 8  # the hot loop: at most one global load per 8 terms
     assert all(a.max_sectors <= 4 for a in after.arrays)
     sectors_before, sectors_after = before.sectors / before.outputs, after.sectors / after.outputs
     assert sectors_before / sectors_after >= per_before / per_after

@@ -194,17 +194,14 @@ def _nest(loops: tuple[Loop, ...], pre: tuple[Let, ...], reduction: Loop, post: 
     copies = [(a, b) for a in range(counts[0]) for b in range(counts[1])]
     bound = {s.var for s in pre} | {s.var for s in reduction.body if isinstance(s, Let)}
 
-    def values(a: int, b: int, k: Expr | None = None) -> dict[str, Expr]:
-        found: dict[str, Expr] = {loops[0].var: where[0][a], loops[1].var: where[1][b]}
-        found.update({name: Var(f"{name}_{a}_{b}", INDEX) for name in bound})  # renamed below with their types
-        if k is not None:
-            found[reduction.var] = k
-        return found
+    types = {s.var: s.value.dtype for s in walk_stmts(pre + reduction.body) if isinstance(s, Let)}
 
     def renamed(stmts: tuple[Stmt, ...], a: int, b: int, k: Expr | None = None) -> tuple[Stmt, ...]:
-        table = values(a, b, k)
-        types = {s.var: s.value.dtype for s in walk_stmts(pre + reduction.body) if isinstance(s, Let)}
+        """Statements of element (a, b) of the register tile: its positions, its own copy of every local."""
+        table: dict[str, Expr] = {loops[0].var: where[0][a], loops[1].var: where[1][b]}
         table.update({name: Var(f"{name}_{a}_{b}", types[name]) for name in bound})
+        if k is not None:
+            table[reduction.var] = k
         return substitute_stmts(stmts, table)
 
     both = [binop("and", inside[0][a], inside[1][b]) for a, b in copies]
