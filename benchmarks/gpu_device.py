@@ -139,7 +139,8 @@ def device_rows(name: str, spec_text: str, shapes: dict, dtype: str, device: str
             built = device_kernel(spec, signature, all_shapes)
             out = jnp.zeros(work["out_shape"], dtype)
             kernel = built.kernel
-            row["schedule"] = ("warp per element" if kernel.cooperative and kernel.warp else
+            row["schedule"] = ("block tile" if kernel.tile is not None else
+                               "warp per element" if kernel.cooperative and kernel.warp else
                                "block per element" if kernel.cooperative else "split" if kernel.split else
                                "thread per element")
             row["grid"], row["block"] = built.plan.grid, built.plan.block

@@ -30,6 +30,7 @@ WORKERS = 3  # OS threads per launch: more than the 2 cores, so blocks interleav
 GEOMETRIES = ((3, 4), (2, 1), (5, 3), (1, 8), (4, 2))  # (blocks, threads per block), cycled over launches
 # Cooperative kernels need whole warps; 1, 2 and 3 warps run the cross-warp combine with idle slots
 COOPERATIVE_GEOMETRIES = ((3, 64), (2, 32), (2, 96))
+TILED_GRIDS = (3, 2, 1)  # blocks of a block-tiled kernel (its grid-stride loop covers every tile)
 _INT = struct.Struct("<q")
 # Every plain sum split, however short (the corpus's sizes are small), into up to 3 pieces per output element:
 # most cut a loop into chunks (a power of two long), so ragged last chunks run too
@@ -101,7 +102,7 @@ def _case(number: int, launch: Launch) -> str:
     for k, param in enumerate(parameters(launch.kernel, launch.index_bits)):
         args.append(f"({param.ctype})p[{k}]" if param.pointer else f"*({param.ctype}*)p[{k}]")
     call = f"[](void** p) {{ {launch.kernel.name}({', '.join(args)}); }}"
-    launcher = "tx_launch_blocks" if launch.kernel.cooperative else "tx_launch"
+    launcher = "tx_launch_blocks" if launch.kernel.cooperative or launch.kernel.tile else "tx_launch"
     return f"            case {number}: {launcher}(geometry, {call}, p.data()); break;"
 
 
@@ -153,6 +154,8 @@ def run(exe: Path, jobs: Sequence[tuple[int, Launch]], seed: int = 0) -> list[np
             f.write(_INT.pack(len(jobs)))
             for n, (number, launch) in enumerate(jobs):
                 shapes = COOPERATIVE_GEOMETRIES if launch.kernel.cooperative else GEOMETRIES
+                if launch.kernel.tile is not None:  # exactly the threads of its register tiles
+                    shapes = tuple((grid, launch.kernel.tile.threads) for grid in TILED_GRIDS)
                 grid, block = shapes[n % len(shapes)]
                 params = parameters(launch.kernel, launch.index_bits)
                 f.write(b"".join(_INT.pack(v) for v in (number, grid, block, WORKERS, seed + n, len(params))))

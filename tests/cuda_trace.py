@@ -60,6 +60,16 @@ class Traffic:
     threads: int  # GPU threads traced
     arrays: tuple[ArrayTraffic, ...]
     loads: int  # global loads of the traced threads
+    outputs: int = 0  # output elements the traced block wrote (a ':=' kernel's output starts as NaN)
+
+    @property
+    def sectors(self) -> float:
+        """32-byte sectors of every counted warp request together."""
+        return sum(a.sectors * a.requests for a in self.arrays)
+
+    @property
+    def requests(self) -> int:
+        return sum(a.requests for a in self.arrays)
 
     def array(self, source: str) -> ArrayTraffic:
         return next(a for a in self.arrays if a.source == source)
@@ -99,6 +109,9 @@ _MAIN = MAIN_PRELUDE + r"""    for (long long n = 0; n < launches; ++n) {
             std::fwrite(&size, sizeof size, 1, out);
             std::fwrite(list.data(), sizeof(tx_trace_record), list.size(), out);
         }
+        long long output = tx_read_int(in);  // the output's size: it comes back, to count what the block wrote
+        std::fwrite(&output, sizeof output, 1, out);
+        std::fwrite(p[0], 1, output, out);
     }
     std::fclose(out);
     return 0;
@@ -156,6 +169,7 @@ def trace(jobs: Sequence[tuple[Launch, int, int]], block_index: int = 0, warps: 
                 for param, value in zip(params, launch.arguments, strict=True):
                     data = _bytes(param, value)
                     f.write(_INT.pack(len(data)) + data)
+                f.write(_INT.pack(np.asarray(launch.arguments[0]).nbytes))
         ran = subprocess.run([str(exe), str(jobs_path), str(out_path)], capture_output=True, text=True)
         if ran.returncode != 0:
             raise AssertionError(f"the traced kernels failed (exit {ran.returncode}):\n{ran.stderr[-6000:]}")
@@ -170,7 +184,13 @@ def trace(jobs: Sequence[tuple[Launch, int, int]], block_index: int = 0, warps: 
             at += 8
             lists.append(np.frombuffer(data, dtype=np.int64, count=2 * size, offset=at).reshape(size, 2))
             at += 16 * size
-        results.append(_count(launch, grid, block, lists, warps))
+        (size,) = _INT.unpack_from(data, at)
+        before = np.asarray(launch.arguments[0])
+        after = np.frombuffer(data, dtype=before.dtype, count=before.size, offset=at + 8)
+        at += 8 + size
+        # elements the block wrote: the output starts as NaN (a ':=' kernel writes every element once)
+        written = int(np.count_nonzero(np.isnan(before.ravel()) & ~np.isnan(after)))
+        results.append(replace(_count(launch, grid, block, lists, warps), outputs=written))
     return results
 
 

@@ -62,7 +62,14 @@ The subset (anything else raises UnsupportedJulia / UndefinedName at load time):
   (grouped to the left; write ``a^(b^c)``) and a number literal directly before ``^(`` (``2^(x+1)`` parses
   as a juxtaposition; write ``2 ^ (x + 1)`` or ``2.0f0^k``).
 
-KernelAbstractions 0.9 rules enforced at load time: ``@index(Global, Linear|Cartesian|NTuple)``
+Work-groups that cooperate (a kernel that uses ``@localmem`` or ``@synchronize()``) run as on a GPU: every
+work-item of a group at once, one Python thread each, ``@synchronize()`` a barrier of the group, ``x = @localmem T
+(n,)`` one zero-filled array per group (not race-tracked: its accesses are ordered by the barriers), and
+``@index(Local, Linear)`` / ``@index(Group, Linear)`` the work-item's position in its group and the group's
+number; the groups run one after another in a shuffled order, and the ndrange must be a whole number of groups.
+A missing barrier then shows as a wrong result.
+
+KernelAbstractions 0.9 rules enforced at load time: ``@index(Global|Local|Group, Linear|Cartesian|NTuple)``
 only as the right-hand side of a top-level assignment of the kernel body (the CPU backend hoists
 exactly those statements), no ``return`` in a ``@kernel`` (KA rejects it), no assignment to a kernel parameter (the CPU
 backend's work-item loop would carry it over to the next work-item), only the ``inbounds=`` option, KA
@@ -75,6 +82,7 @@ import inspect
 import itertools
 import math
 import random
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -857,15 +865,37 @@ class _Return(Exception):
 class _Frame:
     """One activation: local scopes (index = static scope depth), and the work-item if in a kernel."""
 
-    __slots__ = ("scopes", "module", "tracker", "item", "ndrange")
+    __slots__ = ("scopes", "module", "tracker", "item", "ndrange", "group")
 
     def __init__(self, module: JuliaModule, scope: dict[str, Any], tracker: _RaceTracker | None = None,
-                 item: tuple[int, ...] | None = None, ndrange: tuple[int, ...] | None = None):
+                 item: tuple[int, ...] | None = None, ndrange: tuple[int, ...] | None = None,
+                 group: _Group | None = None):
         self.scopes = [scope]
         self.module = module
         self.tracker = tracker
         self.item = item
         self.ndrange = ndrange
+        self.group = group
+
+
+class _Group:
+    """One work-group of a cooperating kernel: its number, size, barrier and local memory (per @localmem site)."""
+
+    def __init__(self, number: int, size: int):
+        self.number, self.size = number, size
+        self.barrier = threading.Barrier(size)
+        self.local: dict[int, JuliaArray] = {}
+        self.lock = threading.Lock()
+
+    def localmem(self, site: int, make: Callable[[], JuliaArray]) -> JuliaArray:
+        with self.lock:
+            if site not in self.local:
+                self.local[site] = make()
+            return self.local[site]
+
+
+class _ThreadItem(threading.local):
+    item: tuple[int, ...] = ()
 
 
 class _RaceTracker:
@@ -875,10 +905,18 @@ class _RaceTracker:
 
     def __init__(self, names: dict[int, str]):
         self.names = names
-        self.item: tuple[int, ...] = ()
+        self._now = _ThreadItem()  # the work-item now running on this thread (cooperating groups run at once)
         self.writer: dict[tuple[int, int], tuple] = {}
         self.reader: dict[tuple[int, int], tuple] = {}
         self.atomic: dict[tuple[int, int], tuple] = {}
+
+    @property
+    def item(self) -> tuple[int, ...]:
+        return self._now.item
+
+    @item.setter
+    def item(self, value: tuple[int, ...]) -> None:
+        self._now.item = value
 
     def _other(self, table: dict, key: tuple[int, int]) -> tuple | None:
         who = table.get(key)
@@ -969,6 +1007,7 @@ class _KernelDef:
     index_statements: list[Closure]
     body: Closure
     module: JuliaModule
+    cooperates: bool = False
 
     def instantiate(self, args: Sequence[Any], kwargs: dict[str, Any]) -> _KernelInstance:
         if kwargs or not 1 <= len(args) <= 3 or not isinstance(args[0], Backend):
@@ -1018,7 +1057,10 @@ class _KernelInstance:
                                     f"more dimensions than the ndrange {dims}")
         module = self.kernel.module
         geometry = cpu_launch(self.kernel.name, dims, workgroupsize, module.nthreads)
-        _launch(self.kernel, list(args), dims)
+        if self.kernel.cooperates:
+            _launch_groups(self.kernel, list(args), dims, workgroupsize)
+        else:
+            _launch(self.kernel, list(args), dims)
         if geometry.groups:  # KernelAbstractions returns before running anything when there are no groups
             module.geometry.append(geometry)
 
@@ -1093,6 +1135,47 @@ def _launch(kernel: _KernelDef, args: list[Any], ndrange: tuple[int, ...]) -> No
         tracker.item = item
         scope = {p.name: a for p, a in zip(kernel.params, bound)}
         kernel.run_work_item(_Frame(module, scope, tracker, item, ndrange))
+    module.launches.append((kernel.name, ndrange))
+
+
+def _launch_groups(kernel: _KernelDef, args: list[Any], ndrange: tuple[int, ...],
+                   workgroupsize: tuple[int, ...] | None) -> None:
+    """A cooperating kernel: each work-group's work-items at once, one thread each (a GPU's semantics)."""
+    _check_arguments(kernel.name, kernel.params, args)
+    if len(ndrange) != 1 or workgroupsize is None or len(workgroupsize) != 1 or ndrange[0] % workgroupsize[0]:
+        raise JuliaRuntimeError(f"{kernel.name}: a kernel with @localmem/@synchronize needs a 1-D ndrange that is a "
+                                f"whole number of work-groups of a given size (ndrange {ndrange}, workgroupsize "
+                                f"{workgroupsize})")
+    bound = [a.as_const() if p.const and isinstance(a, JuliaArray) else a for p, a in zip(kernel.params, args)]
+    _check_const_aliasing(kernel, bound)
+    tracker = _RaceTracker({a.ptr: p.name for p, a in zip(kernel.params, bound) if isinstance(a, JuliaArray)})
+    module = kernel.module
+    size = workgroupsize[0]
+    numbers = list(range(1, ndrange[0] // size + 1))
+    module.rng.shuffle(numbers)
+    for number in numbers:
+        group = _Group(number, size)
+        failures: list[BaseException] = []
+
+        def work(item: int) -> None:
+            tracker.item = (item,)
+            frame = _Frame(module, {p.name: a for p, a in zip(kernel.params, bound)}, tracker, (item,), ndrange,
+                           group)
+            try:
+                kernel.run_work_item(frame)
+            except BaseException as err:  # noqa: BLE001 - re-raised below, after every thread stopped
+                failures.append(err)
+                group.barrier.abort()
+
+        threads = [threading.Thread(target=work, args=((number - 1) * size + k,)) for k in range(1, size + 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        first = next((f for f in failures if not isinstance(f, JuliaRuntimeError) or "another work-item" not in
+                      str(f)), failures[0] if failures else None)
+        if first is not None:
+            raise first
     module.launches.append((kernel.name, ndrange))
 
 
@@ -1408,6 +1491,7 @@ class _BodyCompiler:
         self.scopes: list[_Scope] = []
         self.loop_depth = 0
         self.parameters: set[str] = set()
+        self.cooperates = False  # a kernel with @localmem or @synchronize(): its work-groups run at once
 
     # -- scopes ---------------------------------------------------------------------------------
 
@@ -1775,6 +1859,30 @@ class _BodyCompiler:
         if qualifier == "Atomix" and name == "atomic" and len(args) == 1:
             self.mc.require_package("Atomix", node)
             return self.atomic(args[0])
+        if qualifier is None and name == "synchronize" and not args and self.kind == "kernel":
+            self.cooperates = True
+
+            def synchronize(frame: _Frame) -> None:
+                try:
+                    frame.group.barrier.wait()
+                except threading.BrokenBarrierError:
+                    raise JuliaRuntimeError("another work-item of the group failed before @synchronize") from None
+
+            return synchronize
+        if qualifier is None and name == "localmem" and len(args) == 2 and self.kind == "kernel":
+            self.cooperates = True
+            element, dims = self.expression(args[0]), self.expression(args[1])
+            site = node.start_byte
+
+            def localmem(frame: _Frame) -> JuliaArray:
+                t, sizes = element(frame), dims(frame)
+                if not isinstance(t, JuliaType) or not isinstance(sizes, tuple):
+                    raise JuliaRuntimeError("@localmem T (n...,) needs a type and a tuple of sizes")
+                ints = _index_ints(sizes)
+                return frame.group.localmem(site, lambda: JuliaArray(np.zeros(tuple(reversed(ints)), t.dtype),
+                                                                     private=True))
+
+            return localmem
         if qualifier is None and name == "index":
             raise _reject(node, "@index is only supported as the right-hand side of a top-level assignment "
                                 "in a @kernel body (KernelAbstractions' CPU backend hoists exactly those)")
@@ -1904,12 +2012,23 @@ class _BodyCompiler:
         words = [_text(a) for a in args]
         if not parenthesized or any(a.type != "identifier" for a in args) or not 1 <= len(words) <= 2:
             raise _reject(rhs, "@index(Global[, Linear|Cartesian|NTuple])")
-        if words[0] != "Global":
-            raise _reject(rhs, f"@index({words[0]}, ...): only Global indices are in the supported subset")
+        if words[0] not in ("Global", "Local", "Group"):
+            raise _reject(rhs, f"@index({words[0]}, ...): only Global, Local and Group indices are in the subset")
         kind = words[1] if len(words) == 2 else "Linear"
         if kind not in ("Linear", "Cartesian", "NTuple"):
             raise _reject(rhs, f"@index kind {kind}")
+        if words[0] != "Global" and kind != "Linear":
+            raise _reject(rhs, f"@index({words[0]}, {kind}): only Linear positions in and of groups")
         store = self.store_target(lhs)
+        if words[0] != "Global":
+            self.cooperates = True
+            group = words[0] == "Group"
+
+            def in_group(frame: _Frame) -> None:
+                (item,) = frame.item
+                store(frame, np.int64(frame.group.number if group else (item - 1) % frame.group.size + 1))
+
+            return _with_line(in_group, _line(node))
 
         def run(frame: _Frame) -> None:
             item = tuple(np.int64(i) for i in frame.item)
@@ -2113,4 +2232,5 @@ class _ModuleCompiler:
                             if n.type == "assignment" and _is_index_macro(_named(n)[-1])]
         others = [n for n in body_nodes if not (n.type == "assignment" and _is_index_macro(_named(n)[-1]))]
         body = compiler.statements(others) if others else _constant(None)
-        self.define(name, _KernelDef(name, params, index_statements, body, self.module), definition)
+        self.define(name, _KernelDef(name, params, index_statements, body, self.module, compiler.cooperates),
+                    definition)

@@ -15,6 +15,7 @@ from tullax.backends.base import Signature
 from tullax.backends.cuda.launch import device_lowering
 from tullax.compiler.cooperate import FORCE_BLOCK, FORCE_WARP
 from tullax.compiler.loops import Combine, Loop, walk_stmts
+from tullax.compiler.tiles import TilePolicy
 from tullax.spec.examples import random_inputs
 from tullax.spec.frontend import compile_spec
 from tullax.testing.oracle import naive_eval
@@ -122,10 +123,10 @@ def test_logsumexp_reads_each_row_once():
 def test_the_choice_is_by_shapes():
     """At the default threshold a row of 4096 goes cooperative, a row of 64 does not; Dist, whose reduced
     index is not any load's contiguous axis, never does."""
-    def kernel(text, shapes):
+    def kernel(text, shapes, tiles=TilePolicy(min_outputs=1 << 62)):  # matmul-like kernels tile first
         spec = compile_spec(text)[1]
         shapes = {**shapes, spec.out: tuple(s.eval(shapes) for s in spec.out_shape)}
-        return device_lowering(spec, Signature.for_dtype(spec, "float32"), shapes, "k")
+        return device_lowering(spec, Signature.for_dtype(spec, "float32"), shapes, "k", tiles=tiles)
 
     long, plan = kernel(ROWS, {"x": (4096, 4096)})
     assert long.cooperative and plan.grid == 4096 and plan.block == 256
@@ -135,6 +136,8 @@ def test_the_choice_is_by_shapes():
     # rows of 512 over many elements (a Dist gradient's shape): a warp each
     medium, plan = kernel("ΔW[k,i] := ΔD[i,j]*X[k,j]", {"ΔD": (1024, 512), "X": (784, 512)})
     assert medium.cooperative and medium.warp and plan.grid * plan.block == 784 * 1024 * 32
+    tiled, plan = kernel("ΔW[k,i] := ΔD[i,j]*X[k,j]", {"ΔD": (1024, 512), "X": (784, 512)}, TilePolicy())
+    assert tiled.tile is not None and not tiled.cooperative and plan.block == 256 and plan.grid == 13 * 16
     assert not kernel(ROWS, {"x": (64, 512)})[0].cooperative  # too few elements for a warp each
 
 

@@ -50,7 +50,15 @@ def test_explain_prints_the_cuda_schedule_for_the_shapes(capsys, monkeypatch):
     assert "a block per output element (cooperative reduction)" in out
 
 
-def test_the_dist_gradient_wrt_its_first_input_takes_a_warp_per_element():
+def test_dist_and_its_gradients_take_block_tiles(monkeypatch):
+    source = tullax.generate_source("D[i,j] := (W[k,i]-X[k,j])^2", backend="cuda",
+                                    shapes={"W": (784, 1024), "X": (784, 512)})
+    tiles = "a block per 64x64 tile (4x4 per thread, shared-memory chunks of 16)"
+    assert f"(forward): grid 128 x block 256, {tiles}" in source
+    assert f"(gradient wrt W): grid 208 x block 256, {tiles}" in source
+    assert f"(gradient wrt X): grid 104 x block 256, {tiles}" in source
+    assert source.split("#endif")[-1].count("__syncthreads();\n") == 6  # two per kernel
+    monkeypatch.setenv("TULLAX_CUDA_TILES", "0")  # as before the tiles: a warp per ΔW element
     source = tullax.generate_source("D[i,j] := (W[k,i]-X[k,j])^2", backend="cuda",
                                     shapes={"W": (784, 1024), "X": (784, 512)})
     assert "(gradient wrt W): grid 100352 x block 256, a warp per output element" in source

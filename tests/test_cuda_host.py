@@ -20,6 +20,7 @@ from tullax.backends.cuda.launch import START_GIVEN, START_ZERO, device_lowering
 from tullax.compiler.cooperate import Cooperation
 from tullax.compiler.loops import Loop, Store, walk_stmts
 from tullax.compiler.split import CHUNK, SplitPolicy
+from tullax.compiler.tiles import TilePolicy
 from tullax.errors import TullaxError
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
@@ -69,7 +70,7 @@ def naive_result(step, step_env) -> np.ndarray:
 
 
 def launch_for(step, env, name: str, wide: bool, policy: SplitPolicy = SplitPolicy(),
-               cooperation: Cooperation = Cooperation()) -> Launch:
+               cooperation: Cooperation = Cooperation(), tiles: TilePolicy = TilePolicy()) -> Launch:
     """The launch of ``step`` on ``env``: the kernel the cuda backend lowers for these shapes (split as
     ``policy`` says) with the arguments the host's launch plan gives (the output filled as the plan's ``start``
     says; NaN where the kernel must write)."""
@@ -81,7 +82,7 @@ def launch_for(step, env, name: str, wide: bool, policy: SplitPolicy = SplitPoli
     signature = Signature(tuple(np.dtype(a.dtype).name for a in arrays), dtype.name)
     shapes = {n: np.shape(a) for n, a in zip(step.input_names, arrays)}
     shapes[step.out] = tuple(s.eval(shapes) for s in step.out_shape)
-    kernel, plan = device_lowering(step, signature, shapes, name, policy, cooperation)
+    kernel, plan = device_lowering(step, signature, shapes, name, policy, cooperation, tiles)
     if plan.start == START_GIVEN:
         out = np.array(arrays[0], dtype=dtype, copy=True)
     elif plan.start == START_ZERO:

@@ -49,6 +49,11 @@ SPLIT_SPECS = [
     ("r[i] := x[i,j]", {"x": (3, 100000)}),
 ]
 SPECS += SPLIT_SPECS
+# Shapes where the cuda backend runs Dist's and Linear's kernels as 64 x 64 block tiles (tullax.compiler.tiles):
+# ragged tiles (130 = 2 x 64 + 2, 70 = 64 + 6) and a ragged last chunk (100 = 6 x 16 + 4) in every kernel
+TILED_SHAPES = {"W": (100, 130), "X": (100, 70)}  # tests/test_cuda_tiles.py checks that every kernel tiles
+TILED_SPECS = [(DIST, TILED_SHAPES), ("C[i,j] := W[k,i]*X[k,j]", TILED_SHAPES)]
+SPECS += TILED_SPECS
 
 
 def _inputs(kernel, shapes: dict, dtype) -> list:

@@ -640,12 +640,14 @@ def test_bare_definitions_are_accepted_as_the_bridge_evaluates_them():
         "function f(x)\n    return x\nend\nfunction f(x, y)\n    return x\nend",
         "function max(x, y)\n    return x\nend",
         "@kernel cpu=false function k!(out)\n    i = @index(Global, Linear)\nend",
-        "@kernel function k!(out)\n    i = @index(Local, Linear)\nend",
+        "@kernel function k!(out)\n    i = @index(Local, Cartesian)\nend",
+        "function f(out)\n    @synchronize()\nend",
+        "function f(out)\n    x = @localmem Float32 (4,)\nend",
         "@kernel function k!(out)\n    i = @index(Global, Linear)\n    return\nend",
         "@kernel function k!(out)\n    i = @index(Global, Linear)\n    if i > 1\n"
         "        j = @index(Global, Linear)\n    end\nend",
         "@kernel function k!(out)\n    out[@index(Global, Linear)] = 1\nend",
-        "@kernel function k!(out)\n    @synchronize()\nend",
+        "@kernel function k!(out)\n    @synchronize(1)\nend",
         "@kernel function k!(out)\n    i = @index(Global, Linear)\n    break\nend",
         "@kernel function k!(out)\n    @print(\"x\")\nend",
         "@kernel function k!(out, n)\n    i = @index(Global, Linear)\n    n += 1\nend",
@@ -656,6 +658,19 @@ def test_constructs_outside_the_subset_are_rejected(body):
     with pytest.raises(UnsupportedJulia) as info:
         module(body)
     assert info.value.line is not None
+
+
+def test_work_groups_that_cooperate_run_at_once():
+    """@localmem is one array per group, @synchronize() a barrier of the group: each work-item writes its slot,
+    synchronises, then reads its neighbour's; the groups' numbers and positions come from @index(Group/Local)."""
+    mod = module("@kernel function k!(out)\n    l = @index(Local, Linear)\n    g = @index(Group, Linear)\n"
+                 "    s = @localmem Int64 (4,)\n    s[l] = 10 * g + l\n    @synchronize()\n"
+                 "    out[(g - 1) * 4 + l] = s[mod(l, 4) + 1]\nend")
+    out = np.zeros(8, np.int64)
+    mod.launch("k!", out, ndrange=(8,), workgroupsize=(4,))
+    assert out.tolist() == [12, 13, 14, 11, 22, 23, 24, 21]
+    with pytest.raises(JuliaRuntimeError, match="whole number of work-groups"):
+        mod.launch("k!", np.zeros(6, np.int64), ndrange=(6,), workgroupsize=(4,))
 
 
 def test_rejections_name_the_node_type_and_line():

@@ -11,6 +11,7 @@ from test_cuda_host import launch_for
 from tullax.backends.base import Signature
 from tullax.backends.cuda.launch import LaunchPlan, plan_launch
 from tullax.backends.host import kernel_steps
+from tullax.compiler.tiles import TilePolicy
 from tullax.spec.arguments import as_numpy_inputs, result_dtype
 from tullax.spec.examples import random_inputs
 from tullax.spec.frontend import compile_spec
@@ -36,15 +37,17 @@ def step_shapes(step_spec, full: dict) -> dict:
     return out
 
 
-def launches(name: str, text: str, shapes: dict, dtype=np.float32) -> list[tuple[str, object, object]]:
-    """(label, Launch, LaunchPlan) of every kernel of the case: the forward and each gradient step."""
+def launches(name: str, text: str, shapes: dict, dtype=np.float32,
+             tiles: TilePolicy = TilePolicy()) -> list[tuple[str, object, object]]:
+    """(label, Launch, LaunchPlan) of every kernel of the case: the forward and each gradient step (block-tiled
+    as ``tiles`` says)."""
     forward = compile_spec(text)[1]
     found, full = [], dict(shapes)
     for number, step in enumerate(kernel_steps(forward, np.dtype(dtype).name)):
         spec_shapes = step_shapes(step.spec, full)
         full[step.spec.out] = tuple(s.eval(spec_shapes) for s in step.spec.out_shape)
         env = random_inputs(step.spec, spec_shapes, seed=number, dtype=dtype)
-        launch = launch_for(step.spec, env, f"k{number}", False)
+        launch = launch_for(step.spec, env, f"k{number}", False, tiles=tiles)
         found.append((f"{name} {step.label}", launch, launch_plan(step.spec, env, launch)))
     return found
 

@@ -192,6 +192,9 @@ _ALL = (
     _setting("TULLAX_CUDA_SPLIT", "a flag", True, "on", _FLAG,
              "Whether a float sum over few output elements is split across thread blocks (benchmarks/gpu.py "
              "compares both).", "cuda modules (the source changes)", _flag),
+    _setting("TULLAX_CUDA_TILES", "a flag", True, "on", _FLAG,
+             "Whether matmul-like kernels (Dist, Linear and their gradients) run as shared-memory block tiles "
+             "(benchmarks/gpu_device.py compares both).", "cuda modules (the source changes)", _flag),
     _setting("TULLAX_CUDA_COMMAND_BUFFER", "a flag", False, "off", _FLAG,
              "Marks device kernels `command_buffer_compatible`, so XLA may capture them in CUDA graphs.",
              "the traced operation", _flag),

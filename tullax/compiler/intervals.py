@@ -15,7 +15,9 @@ import numpy as np
 
 from tullax.compiler.loops import (
     BOOL,
+    THREAD,
     Accum,
+    Barrier,
     BinOp,
     Call,
     Cast,
@@ -28,6 +30,7 @@ from tullax.compiler.loops import (
     Loop,
     LoopKernel,
     Select,
+    Shared,
     Stmt,
     Store,
     UnOp,
@@ -65,6 +68,8 @@ class _Widest(Exception):
 def fits(kernel: LoopKernel, sizes: Mapping[str, int], bound: Interval) -> bool:
     """Whether every integer ``kernel`` computes lies in ``bound`` when its size parameters have ``sizes``."""
     env = {name: Interval(int(v), int(v)) for name, v in sizes.items()}
+    if kernel.tile is not None:
+        env[THREAD] = Interval(0, kernel.tile.threads - 1)
     try:
         _block(kernel.body, env, bound)
     except _Widest:
@@ -92,8 +97,8 @@ def _block(stmts: tuple[Stmt, ...], env: dict[str, Interval], bound: Interval) -
         elif isinstance(stmt, Store):
             for expr in (*stmt.index, stmt.value):
                 _value(expr, env, bound)
-        elif isinstance(stmt, Combine):
-            continue  # floats only
+        elif isinstance(stmt, (Combine, Shared, Barrier)):
+            continue  # floats only, or no values
         else:
             raise TullaxError(f"internal error: no interval rule for the loop IR statement {stmt!r}")
 

@@ -49,6 +49,13 @@ Semantics printers must respect:
   element) or ``atomic_add`` (a scatter whose serial loops may hit the same element twice: serial printing is
   race-free, a printer that parallelises those loops too must make the addition atomic; in a ``split`` kernel
   parallel iterations add into one element, so it must always be atomic).
+* ``LoopKernel.tile`` (``tullax.compiler.tiles``, GPU printers only): a block of exactly ``BlockTile.threads``
+  threads per point of the parallel nest (a block tile of the output); ``Var(THREAD)`` is the thread's position
+  in its block, ``0 <= thread < threads``, bound by the printer. ``Shared(var, length, dtype)`` is a 1-D array of
+  the block, one per block however often it is reached (a printer declares it once at the kernel's top);
+  ``Barrier()`` waits until every thread of the block has arrived, and makes the shared writes before it visible
+  after it; every thread reaches every Barrier the same number of times. CPU printers never receive such a
+  kernel (only the cuda backend's launch planner makes one); the Julia printer prints it for KernelAbstractions.
 """
 from __future__ import annotations
 
@@ -190,7 +197,41 @@ class Combine:
     scaled: str = ""
 
 
-Stmt = Union[Let, Accum, Store, If, Loop, Scratch, Combine]
+@dataclass(frozen=True)
+class Shared:
+    """Block-tiled kernels: a zero-based 1-D array of ``length`` elements shared by the threads of one block."""
+
+    var: str
+    length: int
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """Block-tiled kernels: every thread of the block waits here for the others (``__syncthreads``)."""
+
+
+THREAD = "thread"  # block-tiled kernels: the thread's position in its block, bound by the printer
+
+
+@dataclass(frozen=True)
+class BlockTile:
+    """A block-tiled kernel's geometry (``tullax.compiler.tiles``): each block computes ``rows`` x ``cols``
+    output elements of its two parallel loops, each of its ``threads`` threads a ``thread_rows`` x
+    ``thread_cols`` register tile, staging ``chunk`` steps of the reduction in shared memory at a time."""
+
+    rows: int
+    cols: int
+    thread_rows: int
+    thread_cols: int
+    chunk: int
+
+    @property
+    def threads(self) -> int:
+        return (self.rows // self.thread_rows) * (self.cols // self.thread_cols)
+
+
+Stmt = Union[Let, Accum, Store, If, Loop, Scratch, Combine, Shared, Barrier]
 
 
 @dataclass(frozen=True)
@@ -206,6 +247,7 @@ class LoopKernel:
     split: bool = False
     cooperative: bool = False  # one block per point of the parallel nest (``Loop.lanes``, ``Combine``)
     warp: bool = False  # with ``cooperative``: one warp per point instead of a block
+    tile: BlockTile | None = None  # a block of tile.threads threads per point of the parallel nest
 
     @property
     def interface(self) -> KernelInterface:
@@ -384,7 +426,7 @@ def statement_expressions(stmt: Stmt) -> tuple[Expr, ...]:
         return (stmt.cond,)
     if isinstance(stmt, (Let, Accum)):
         return (stmt.value,)
-    if isinstance(stmt, (Scratch, Combine)):
+    if isinstance(stmt, (Scratch, Combine, Shared, Barrier)):
         return ()
     assert isinstance(stmt, Store), stmt
     return stmt.index + (stmt.value,)

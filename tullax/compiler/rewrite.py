@@ -27,6 +27,7 @@ from tullax.compiler.loops import (
     COMPARE,
     INDEX,
     Accum,
+    Barrier,
     BinOp,
     Call,
     Cast,
@@ -38,6 +39,7 @@ from tullax.compiler.loops import (
     Loop,
     Scratch,
     Select,
+    Shared,
     Stmt,
     Store,
     UnOp,
@@ -165,7 +167,7 @@ def substitute_stmts(stmts: tuple[Stmt, ...], values: Mapping[str, Expr]) -> tup
             value = substitute(stmt.value, values)
             if not (stmt.op == "+" and _is_zero(value)):
                 out.append(Accum(_renamed(stmt.var, values), stmt.op, value))
-        elif isinstance(stmt, Scratch):
+        elif isinstance(stmt, (Scratch, Shared, Barrier)):
             out.append(stmt)
         elif isinstance(stmt, Store):
             index = _position(stmt.array, tuple(substitute(i, values) for i in stmt.index), values)

@@ -27,6 +27,7 @@ from typing import Callable, ClassVar, Mapping, Sequence
 from tullax.compiler.loops import (
     COMPARE,
     Accum,
+    Barrier,
     BinOp,
     Call,
     Cast,
@@ -38,6 +39,7 @@ from tullax.compiler.loops import (
     Loop,
     Scratch,
     Select,
+    Shared,
     Stmt,
     Store,
     UnOp,
@@ -261,9 +263,21 @@ class LoopPrinter(ABC):
                 line = self.store(stmt)
             case Scratch():
                 line = self.scratch_form.format(var=stmt.var, length=stmt.length, type=self.type_name(stmt.dtype))
+            case Shared():
+                return self.shared(stmt, place)
+            case Barrier():
+                line = self.barrier()
             case _:
                 raise TullaxError(f"internal error: no printer for the loop IR statement {stmt!r}")
         return [self.indent * place.depth + line + self.statement_end]
+
+    def shared(self, stmt: Shared, place: Place) -> list[str]:
+        """A block's shared array (block-tiled kernels, ``tullax.compiler.tiles``): a printer that runs no
+        block-tiled kernel never receives one (only the cuda backend's launch planner makes them)."""
+        raise TullaxError(f"internal error: {type(self).__name__} prints no block-tiled kernel (shared {stmt.var})")
+
+    def barrier(self) -> str:
+        raise TullaxError(f"internal error: {type(self).__name__} prints no block-tiled kernel (a barrier)")
 
     def loop(self, loop: Loop, place: Place) -> list[str]:
         pad = self.indent * place.depth

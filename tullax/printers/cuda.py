@@ -30,6 +30,10 @@ The mapping:
   ``TX_SHARED(type, name, count)`` so the host header can give each emulated block its own. With
   ``LoopKernel.warp`` the unit is a warp: the grid-stride loop runs over warps, lanes loops stride by 32, a
   ``Combine`` is the shuffle tree alone (``tx_warp_combine``), no shared memory, no barrier.
+* Block-tiled kernels (``LoopKernel.tile``, ``tullax.compiler.tiles``): the grid-stride loop runs over blocks,
+  one per tile; the host launches exactly ``tile.threads`` threads per block; the IR's ``thread`` is
+  ``threadIdx.x``; each ``Shared`` array is declared once at the kernel's top through ``TX_SHARED``; a
+  ``Barrier`` is ``__syncthreads()``.
 * Identifiers: the IR's generated names (``a0``, ``s0``, ``n0``, ``i0``, ``t0``, ``acc``...), names derived from
   them (``a1_e1``, ``s0_at``) and the printer's own ``tx_`` names. The spec text appears in a comment only.
 
@@ -42,7 +46,22 @@ from __future__ import annotations
 from typing import ClassVar, Mapping, Sequence
 
 from tullax._version import __version__
-from tullax.compiler.loops import INDEX, Combine, Const, Loop, LoopKernel, Stmt, Store, Var, binop, const
+from tullax.compiler.loops import (
+    INDEX,
+    THREAD,
+    Barrier,
+    Combine,
+    Const,
+    Loop,
+    LoopKernel,
+    Shared,
+    Stmt,
+    Store,
+    Var,
+    binop,
+    const,
+    walk_stmts,
+)
 from tullax.errors import TullaxError
 from tullax.printers.base import Place, Precedence
 from tullax.printers.clike import (
@@ -127,6 +146,10 @@ class CudaPrinter(CLikePrinter):
                 return [f"{pad}{stmt.var} = tx_warp_combine<{op}>({stmt.var});"]
             return [f"{pad}{stmt.var} = tx_block_combine<{op}>({stmt.var}, "
                     f"{self.expr(Const(identity, stmt.dtype))}, ({kind}*)tx_red);"]
+        if isinstance(stmt, Barrier):
+            return [f"{pad}__syncthreads();"]
+        if isinstance(stmt, Shared):  # declared once at the kernel's top (``kernel_function``)
+            return []
         if isinstance(stmt, Store) and self.cooperative:
             return [f"{pad}if (tx_thread == 0) {self.store(stmt)}{self.statement_end}"]
         return super().statement(stmt, place)
@@ -170,6 +193,12 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
                   f"    const {index} tx_stride = {index}(gridDim.x) * ({index}(blockDim.x) / 32);",
                   f"    for ({index} tx_flat = ({index}(blockIdx.x) * {index}(blockDim.x) + {index}(threadIdx.x)) "
                   "/ 32; tx_flat < tx_total; tx_flat += tx_stride) {"]
+    elif kernel.tile is not None:  # a block per tile: the grid-stride loop over blocks, shared arrays declared once
+        lines += [f"    TX_SHARED({storage_type(s.dtype)}, {s.var}, {s.length});"
+                  for s in walk_stmts(kernel.body) if isinstance(s, Shared)]
+        lines += [f"    const {index} {THREAD} = {index}(threadIdx.x);  // the thread's position in its block",
+                  f"    for ({index} tx_flat = {index}(blockIdx.x); tx_flat < tx_total; tx_flat += "
+                  f"{index}(gridDim.x)) {{"]
     elif kernel.cooperative:  # a block per element: the grid-stride loop over blocks, the same for all its threads
         lines += ["    TX_SHARED(double, tx_red, 64);  // up to two partials per warp (a double holds any float type)",
                   f"    const {index} {_THREAD.name} = {index}(threadIdx.x);",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar, Mapping
 
-from tullax.compiler.loops import Const, Expr, Loop, LoopKernel
+from tullax.compiler.loops import THREAD, Const, Expr, Loop, LoopKernel, Shared
 from tullax.printers.base import (
     Infix,
     LoopPrinter,
@@ -63,6 +63,12 @@ class PseudoPrinter(LoopPrinter):
         head = "parallel for" if loop.parallel else ("reduce-parallel for" if loop.reduce_parallel else "for")
         return f"{head} {loop.var} in {self.expr(loop.start)}:{self.expr(loop.stop)}"
 
+    def shared(self, stmt: Shared, place: Place) -> list[str]:
+        return [f"{self.indent * place.depth}{stmt.var} = shared({stmt.dtype}, {stmt.length})"]
+
+    def barrier(self) -> str:
+        return "barrier"
+
 
 def format_expr(expr: Expr) -> str:
     """One expression as pseudo-code."""
@@ -78,6 +84,10 @@ def format_kernel(kernel: LoopKernel) -> str:
         lines.append(f"  scalar {sc.name}: {sc.dtype}  ({sc.source})")
     for size in kernel.sizes:
         lines.append(f"  size   {size.name} = {size.size}")
+    if kernel.tile is not None:
+        tile = kernel.tile
+        lines.append(f"  block  {tile.threads} threads ({THREAD}) per {tile.rows}x{tile.cols} tile, "
+                     f"{tile.thread_rows}x{tile.thread_cols} per thread, chunks of {tile.chunk}")
     lines.append("body")
     lines += PseudoPrinter().block(kernel.body, Place(1))
     return "\n".join(lines) + "\n"

@@ -1,7 +1,7 @@
 """The CUDA module of a spec as the backend would launch it at given extents: ``generate_source(spec,
 backend="cuda", ranges=...)`` with every index's range given prints, for the shapes those ranges imply, the
-kernel ``device_lowering`` selects for each step (cooperative, split or one thread per element, with the index
-width the host would pick) and its launch, so the schedule for those shapes can be read without a GPU."""
+kernel ``device_lowering`` selects for each step (block-tiled, cooperative, split or one thread per element,
+with the index width the host would pick) and its launch, so the schedule for those shapes can be read without a GPU."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -57,7 +57,10 @@ def shaped_module_source(spec: Spec, signature: Signature, shapes: Mapping[str, 
         known[step.spec.out] = its[step.spec.out]
         step_signature = signature if number == 0 else Signature.for_dtype(step.spec, signature.out_dtype)
         kernel, plan = device_lowering(step.spec, step_signature, its, step.name)
-        schedule = ("a warp per output element (cooperative reduction)" if kernel.cooperative and kernel.warp else
+        tile = kernel.tile
+        schedule = (f"a block per {tile.rows}x{tile.cols} tile ({tile.thread_rows}x{tile.thread_cols} per thread, "
+                    f"shared-memory chunks of {tile.chunk})" if tile is not None else
+                    "a warp per output element (cooperative reduction)" if kernel.cooperative and kernel.warp else
                     "a block per output element (cooperative reduction)" if kernel.cooperative else
                     "a split sum (atomic adds)" if kernel.split else "a thread per output element or tile")
         launches.append(f"// {step.name} ({step.label}): grid {plan.grid} x block {plan.block}, {schedule}, "

@@ -20,6 +20,7 @@ from tullax.compiler.intervals import dtype_interval, fits
 from tullax.compiler.loops import FLOATS, LoopKernel, eval_int
 from tullax.compiler.lower import lower
 from tullax.compiler.split import SplitPolicy, split_sums
+from tullax.compiler.tiles import TilePolicy, block_tiles
 from tullax.printers.cuda import BLOCK_THREADS, Parameter, parameters
 from tullax.printers.launch import ndrange_extents
 from tullax.spec.ir import Spec
@@ -34,6 +35,7 @@ START_ANY = "any"  # ':=': the kernel writes every element
 START_GIVEN = "given"  # '=' and '+=' (scatters too): the given array (input 0), unless XLA aliased it
 START_ZERO = "zero"  # ':=' split over threads that add into the output (tullax.compiler.split)
 SPLIT_ENV = "TULLAX_CUDA_SPLIT"  # 0: never split a sum (benchmarks/gpu.py compares both)
+TILES_ENV = "TULLAX_CUDA_TILES"  # 0: never block-tile (benchmarks/gpu_device.py compares both)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ def plan_launch(kernel: LoopKernel, spec: Spec, shapes: Mapping[str, tuple[int, 
         grid = min(-(-total * WARP_THREADS // block), MAX_GRID_BLOCKS)
     elif kernel.cooperative:  # a block per element
         grid, block = min(total, MAX_GRID_BLOCKS), BLOCK_THREADS
+    elif kernel.tile is not None:  # a block per tile, exactly the threads of its register tiles
+        grid, block = min(total, MAX_GRID_BLOCKS), kernel.tile.threads
     elif total == 0:
         grid, block = 0, BLOCK_THREADS
     else:
@@ -97,12 +101,15 @@ def size_values(kernel: LoopKernel, shapes: Mapping[str, tuple[int, ...]]) -> di
 
 def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, ...]], name: str,
                     policy: SplitPolicy = SplitPolicy(),
-                    cooperation: Cooperation = Cooperation()) -> tuple[LoopKernel, LaunchPlan]:
+                    cooperation: Cooperation = Cooperation(),
+                    tiles: TilePolicy = TilePolicy()) -> tuple[LoopKernel, LaunchPlan]:
     """The kernel the cuda backend launches for one call's shapes (inputs by name plus ``spec.out``), and its
-    launch, the first that applies: a block per output element for long rows over enough elements, a warp per
-    element for medium rows over many (``tullax.compiler.cooperate``, as ``cooperation`` says); a plain sum over
-    few output elements split over more threads (``tullax.compiler.split``); a block per element for long rows
-    over few; the default lowering, one thread per output element (or per register tile)."""
+    launch, the first that applies: shared-memory block tiles for a matmul-like kernel
+    (``tullax.compiler.tiles``, as ``tiles`` says; off under ``TULLAX_CUDA_TILES=0``); a block per output element
+    for long rows over enough elements, a warp per element for medium rows over many
+    (``tullax.compiler.cooperate``, as ``cooperation`` says); a plain sum over few output elements split over
+    more threads (``tullax.compiler.split``); a block per element for long rows over few; the default lowering,
+    one thread per output element (or per register tile)."""
     plain: LoopKernel | None = None
     sizes: dict[str, int] = {}
     # a recurrence's reductions run inside each sequential step of its one thread per lane
@@ -119,7 +126,12 @@ def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, 
         width = WARP_THREADS if warp else BLOCK_THREADS
         return cooperate(plain, sizes, min_length, width * policy.max_float32_terms, min_outputs, warp)
 
-    found = (together(cooperation.block_from, cooperation.block_outputs, False)
+    found = None
+    if may_cooperate and settings.value(TILES_ENV):
+        plain = lower(spec, signature, name=name, share=False, block_sums=False)
+        sizes = size_values(plain, shapes)
+        found = block_tiles(plain, sizes, tiles, policy.max_float32_terms)
+    found = (found or together(cooperation.block_from, cooperation.block_outputs, False)
              or together(cooperation.warp_from, cooperation.warp_outputs, True))
     if found is None and _may_split(spec, signature, shapes, policy):
         plain = plain or lower(spec, signature, name=name, share=False, block_sums=False)
@@ -185,4 +197,4 @@ class ParamBlock:
 
 
 __all__ = ["LaunchPlan", "ParamBlock", "device_lowering", "plan_launch", "SPLIT_ENV", "START_ANY", "START_GIVEN",
-           "START_ZERO"]
+           "START_ZERO", "TILES_ENV"]

@@ -1,0 +1,110 @@
+"""Global-memory traffic per output element of the printed CUDA kernels, before and after the shared-memory
+block tiles, counted by the memory-traffic tracer on the CPU (no GPU): block 0 of each kernel (forward and
+every gradient step) at the trace shapes of ``tests/trace_cases.py`` (the GPU benchmark's shapes, cut only where
+an extent merely adds blocks), every warp of the block, float32, with the host's own launch plan.
+
+Per kernel and schedule: the launch, global loads per output element, 32-byte sectors per output element (the
+bytes the L1 fetches, /32), the coalescing ratio (bytes the loads use / bytes of the sectors they touch: 1.0 when
+a warp's 32 loads fill 4 sectors, 0.125 when each lane touches its own sector) and the most sectors one warp
+request touches. "before" is ``TULLAX_CUDA_TILES=0`` (the schedule the backend picked without block tiles).
+
+    PYTHONPATH=$PWD python benchmarks/gpu_trace.py            # Dist and Linear
+    PYTHONPATH=$PWD python benchmarks/gpu_trace.py --all      # every GPU benchmark case
+
+writes ``benchmarks/results/gpu-trace-cpu.{json,md}`` (``--out`` another stem).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))  # the tracer and the trace cases live beside the tests
+
+from cuda_trace import trace  # noqa: E402
+from trace_cases import CASES, launches  # noqa: E402
+
+from tullax.compiler.tiles import TilePolicy  # noqa: E402
+
+SCHEDULES = (("before", TilePolicy(min_outputs=1 << 62)), ("after", TilePolicy()))
+ITEMSIZE = 4  # float32
+
+
+def schedule_name(kernel) -> str:
+    tile = kernel.tile
+    if tile is not None:
+        return f"block tile {tile.rows}x{tile.cols}, {tile.thread_rows}x{tile.thread_cols} per thread"
+    if kernel.cooperative:
+        return "a warp per element" if kernel.warp else "a block per element"
+    return "split sum" if kernel.split else "a thread per element (or register tile)"
+
+
+def measure(cases) -> list[dict]:
+    rows = []
+    for when, tiles in SCHEDULES:
+        jobs, meta = [], []
+        for case in cases:
+            for label, launch, plan in launches(*case, tiles=tiles):
+                jobs.append((launch, plan.grid, plan.block))
+                meta.append((label, launch.kernel, plan))
+        for (label, kernel, plan), counted in zip(meta, trace(jobs, warps=None)):
+            outputs = max(counted.outputs, 1)
+            sectors = counted.sectors
+            rows.append({
+                "kernel": label, "schedule": when, "chosen": schedule_name(kernel), "grid": plan.grid,
+                "block": plan.block, "outputs_in_block": counted.outputs, "loads": counted.loads,
+                "loads_per_output": counted.loads / outputs, "sectors_per_output": sectors / outputs,
+                "bytes_per_output": 32 * sectors / outputs,
+                "coalescing": counted.loads * ITEMSIZE / (32 * sectors) if sectors else None,
+                "max_sectors_per_request": max((a.max_sectors for a in counted.arrays), default=0),
+                "arrays": {a.source: {"requests": a.requests, "sectors": a.sectors, "lines": a.lines,
+                                      "broadcasts": a.broadcasts} for a in counted.arrays},
+            })
+    return rows
+
+
+def markdown(rows: list[dict], command: str) -> str:
+    lines = ["# Global-memory traffic per output element, before and after the block tiles (tracer, CPU, no GPU)",
+             "", f"Made by: `{command}` (benchmarks/gpu_trace.py; block 0 of each printed kernel, every warp, "
+             "float32, tests/trace_cases.py shapes). Loads and 32-byte sectors per output element the block wrote; "
+             "coalescing = bytes the loads use / bytes of the sectors they touch.", "",
+             "| kernel | schedule | launch | loads / output | sectors / output | bytes / output | coalescing | "
+             "max sectors / request |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    by_kernel: dict[str, dict[str, dict]] = {}
+    for row in rows:
+        by_kernel.setdefault(row["kernel"], {})[row["schedule"]] = row
+    for kernel, found in by_kernel.items():
+        for when in ("before", "after"):
+            row = found[when]
+            coalescing = "-" if row["coalescing"] is None else f"{row['coalescing']:.3f}"
+            lines.append(f"| {kernel} | {when}: {row['chosen']} | {row['grid']} x {row['block']} | "
+                         f"{row['loads_per_output']:.2f} | {row['sectors_per_output']:.3f} | "
+                         f"{row['bytes_per_output']:.1f} | {coalescing} | {row['max_sectors_per_request']} |")
+    lines += ["", "Ratios before / after:", ""]
+    for kernel, found in by_kernel.items():
+        b, a = found["before"], found["after"]
+        if a["loads_per_output"] and a["sectors_per_output"]:
+            lines.append(f"- {kernel}: loads per output {b['loads_per_output'] / a['loads_per_output']:.1f}x, "
+                         f"sectors per output {b['sectors_per_output'] / a['sectors_per_output']:.1f}x")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--all", action="store_true", help="every GPU benchmark case, not only Dist and Linear")
+    parser.add_argument("--out", default=str(HERE / "results" / "gpu-trace-cpu"), help="results path stem")
+    args = parser.parse_args(argv)
+    cases = CASES if args.all else [c for c in CASES if c[0] in ("Dist", "Linear")]
+    rows = measure(cases)
+    command = "PYTHONPATH=$PWD python benchmarks/gpu_trace.py" + (" --all" if args.all else "")
+    Path(args.out + ".json").write_text(json.dumps({"command": command, "rows": rows}, indent=1) + "\n")
+    text = markdown(rows, command)
+    Path(args.out + ".md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""NVRTC compiles the block-tiled kernels (``tullax.compiler.tiles``: Dist's and Linear's forward and gradients at
+the GPU benchmark's shapes, 64 x 64 tiles) for sm_90 and sm_80, float32 and float64: no register spill, one
+barrier, the two staged operands' shared arrays and nothing else in shared memory, and in the SASS the shared
+stores and loads and the barrier; registers let one block of 256 threads fit an SM."""
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_cuda_compile import ARCHS, BITS, CUOBJDUMP, NVDISASM, NVRTC_MISSING
+from trace_cases import CASES, launches
+
+pytestmark = [pytest.mark.skipif(bool(NVRTC_MISSING), reason=f"NVRTC cannot be loaded: {NVRTC_MISSING}"),
+              pytest.mark.slow]
+
+
+@pytest.fixture(scope="module", params=[(arch, dtype) for arch in ARCHS for dtype in BITS],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def cubin(request, tmp_path_factory):
+    from tullax.backends.cuda import compile as cuda_compile
+    from tullax.printers.cuda import print_module
+
+    arch, dtype = request.param
+    found = [launch.kernel for case in CASES[:2] for _, launch, _ in launches(*case, dtype=np.dtype(dtype).type)]
+    kernels = [replace(k, name=f"tiled{n}") for n, k in enumerate(found)]  # unique names in one module
+    assert len(kernels) == 6 and all(k.tile is not None for k in kernels)
+    image, report = cuda_compile.compile_with_report(print_module([(k, BITS[dtype]) for k in kernels]), arch)
+    path = tmp_path_factory.mktemp("cubin") / f"tiles-{arch}-{dtype}.cubin"
+    path.write_bytes(image)
+    return kernels, path, report, np.dtype(dtype).itemsize
+
+
+def test_no_spill_one_barrier_and_the_staged_operands_in_shared_memory(cubin):
+    kernels, _, report, itemsize = cubin
+    used = {}
+    for chunk in report.split("Function properties for ")[1:]:
+        name = chunk.split()[0]
+        head = chunk.split("Compiling entry function")[0]
+        spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", head)
+        counts = [re.search(p, head) for p in (r"Used (\d+) registers", r"used (\d+) barriers", r"(\d+) bytes smem")]
+        used[name] = (spill.groups(), *(int(c.group(1)) if c else 0 for c in counts))
+    for kernel in kernels:
+        spills, registers, barriers, smem = used[kernel.name]
+        assert spills == ("0", "0"), kernel.name
+        assert registers <= 255 and registers * 256 <= 65536, (kernel.name, registers)
+        assert barriers == 1 and smem == 2 * 16 * 64 * itemsize, (kernel.name, used[kernel.name])
+
+
+@pytest.mark.skipif(CUOBJDUMP is None or NVDISASM is None, reason="cuobjdump and nvdisasm are not installed")
+def test_the_sass_stages_through_shared_memory(cubin):
+    kernels, path, _, _ = cubin
+    env = {"PATH": str(Path(NVDISASM).parent)}
+    sass = subprocess.run([CUOBJDUMP, "-sass", str(path)], capture_output=True, text=True, check=True,
+                          env=env).stdout
+    bodies = dict(re.findall(r"Function : (\w+)\n(.*?)(?=\n\s*Function : |\Z)", sass, re.S))
+    assert set(bodies) == {k.name for k in kernels}
+    for name, body in bodies.items():
+        assert re.search(r"\bBAR\.SYNC", body) and re.search(r"\bSTS\b", body) and re.search(r"\bLDS\b", body), name

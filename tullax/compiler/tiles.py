@@ -1,0 +1,314 @@
+"""Shared-memory block tiles (GPU printers): a matmul-like kernel (Dist, Linear, the Gaussian kernel sum and
+their gradients: two parallel indices p0, p1 and one reduction over k whose loads each move with k and ONE of
+p0, p1) as one block per ``rows`` x ``cols`` tile of the output. For each chunk of ``chunk`` steps of k the
+block's threads copy the chunk of every such load into shared memory (``Shared``), each thread several
+elements, consecutive threads along the array's own contiguous axis (a ``ΔD[i,j]`` read down its columns by
+one thread per output is read along its rows here); a ``Barrier``; then each thread computes its
+``thread_rows`` x ``thread_cols`` register tile from the staged values (a staged value is read once per row or
+column of the register tile, not once per term); a second barrier before the next chunk overwrites them.
+
+Global loads per output element drop from about one per term (a 2x2 register tile: 4 loads for 4 terms) to
+``(rows + cols) / (rows * cols)`` per term: 1/32 for 64 x 64 tiles (``tests/test_cuda_tiles.py`` holds the
+ratio from the memory-traffic tracer's counts).
+
+The result is loop IR (``tullax.compiler.loops``: ``LoopKernel.tile``, ``Shared``, ``Barrier``, the printer's
+``THREAD``); every other statement is ordinary IR. Each thread sums its elements' terms in k's order, as the
+serial definition. Edge tiles: the copies store 0 outside the loads' ranges, the register tile computes every
+element of the tile from the staged values, and only elements inside the output are stored. Loads in the
+per-element statements that do not move with k (hoisted by the lowering) are read under the same guard.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from tullax.compiler.loops import (
+    BOOL,
+    FLOATS,
+    INDEX,
+    THREAD,
+    Accum,
+    Barrier,
+    BlockTile,
+    Const,
+    Expr,
+    If,
+    Let,
+    Load,
+    Loop,
+    LoopKernel,
+    Select,
+    Shared,
+    Stmt,
+    Store,
+    Var,
+    binop,
+    children,
+    const,
+    eval_int,
+    expr_vars,
+    parallel_nest,
+    walk_expr,
+    walk_stmts,
+)
+from tullax.compiler.rewrite import substitute, substitute_stmts
+from tullax.errors import TullaxError
+
+
+@dataclass(frozen=True)
+class TilePolicy:
+    """When and how a kernel is block-tiled, by shapes: ``tile`` the geometry (64 x 64 outputs per block, 4 x 4
+    per thread, chunks of 16: 256 threads, 8 KiB of shared memory per staged float32 load pair); at least
+    ``min_outputs`` output elements (a few tiles) and a reduction at least ``min_length`` long (shorter ones
+    reuse too little to pay for the barriers)."""
+
+    tile: BlockTile = BlockTile(64, 64, 4, 4, 16)
+    min_outputs: int = 64 * 64
+    min_length: int = 64
+
+
+# every kernel that can, with small tiles (the host harness runs one OS thread per GPU thread)
+FORCE_TILES = TilePolicy(BlockTile(8, 8, 2, 2, 4), min_outputs=1, min_length=1)
+PREFIX = "bt_"  # the names this stage makes: no other generated name starts with it
+
+
+@dataclass(frozen=True)
+class _Staged:
+    load: Load
+    side: int  # 0: moves with p0 (and k), 1: with p1
+    k_fastest: bool  # the array's last axis moves with k: the copy runs consecutive threads along k
+    name: str
+
+
+def block_tiles(kernel: LoopKernel, sizes: Mapping[str, int], policy: TilePolicy = TilePolicy(),
+                max_float32_sum: int | None = None) -> LoopKernel | None:
+    """``kernel`` as a block-tiled kernel for these ``sizes`` (size parameter -> value), or None where it is
+    not matmul-like (see the module docstring) or the shapes are below ``policy``'s thresholds.
+    ``max_float32_sum``: the longest float32 sum a thread may take in one register."""
+    tile = policy.tile
+    if kernel.is_scatter or kernel.split or kernel.cooperative or kernel.tile is not None \
+            or kernel.compute_dtype not in FLOATS:
+        return None
+    if tile.rows % tile.thread_rows or tile.cols % tile.thread_cols \
+            or (tile.chunk * tile.rows) % tile.threads or (tile.chunk * tile.cols) % tile.threads:
+        raise TullaxError(f"internal error: a block tile {tile} must divide evenly over its threads")
+    loops, body = parallel_nest(kernel)
+    known = {s.name for s in kernel.sizes}
+    if len(loops) != 2 or not all(_over(e, known) for loop in loops for e in (loop.start, loop.stop)):
+        return None
+    pre, reduction, post = _parts(body)
+    if reduction is None or not (_over(reduction.start, known) and _over(reduction.stop, known)):
+        return None
+    try:
+        extents = [eval_int(loop.stop, dict(sizes)) - eval_int(loop.start, dict(sizes)) for loop in loops]
+        length = eval_int(reduction.stop, dict(sizes)) - eval_int(reduction.start, dict(sizes))
+    except (TullaxError, KeyError):
+        return None
+    if math.prod(max(e, 0) for e in extents) < policy.min_outputs or length < policy.min_length:
+        return None
+    declared = {s.var: s.value.dtype for s in pre}
+    for stmt in reduction.body:
+        if isinstance(stmt, Accum) and (stmt.var not in declared or declared[stmt.var] not in FLOATS):
+            return None
+        if not isinstance(stmt, (Let, Accum)):
+            return None
+        if isinstance(stmt, Accum) and stmt.op == "+" and declared[stmt.var] == "float32" \
+                and max_float32_sum is not None and length > max_float32_sum:
+            return None
+    p0, p1, k = loops[0].var, loops[1].var, reduction.var
+    staged = _staged(reduction.body, p0, p1, k, known)
+    if not staged:
+        return None
+    return replace(kernel, body=_nest(loops, pre, reduction, post, staged, tile, kernel.compute_dtype),
+                   tile=tile)
+
+
+def _over(expr: Expr, names: set[str]) -> bool:
+    return expr_vars(expr) <= names
+
+
+def _parts(body: tuple[Stmt, ...]) -> tuple[tuple[Let, ...], Loop | None, tuple[Stmt, ...]]:
+    """(Lets before the reduction, the one serial reduction loop, the statements after it), or a None loop."""
+    at = next((n for n, s in enumerate(body) if isinstance(s, Loop)), None)
+    if at is None or not all(isinstance(s, Let) for s in body[:at]):
+        return (), None, ()
+    loop, post = body[at], body[at + 1:]
+    if loop.parallel or loop.lanes or any(isinstance(s, (Loop, Shared, Barrier)) for s in walk_stmts(post)):
+        return (), None, ()
+    return body[:at], loop, post  # type: ignore[return-value]
+
+
+def _staged(stmts: tuple[Stmt, ...], p0: str, p1: str, k: str, known: set[str]) -> list[_Staged] | None:
+    """The loads to stage in shared memory (each moving with k and one of p0, p1), or None where a load
+    cannot be tiled (it moves with k and both or neither of p0 and p1, it is a gather, or it sits in a
+    checked branch and may be out of range where the branch is not taken)."""
+    found: dict[Load, _Staged] = {}
+    for stmt in stmts:
+        value = stmt.value  # Lets and Accums only
+        for node in walk_expr(value):
+            if isinstance(node, Select) and any(isinstance(n, Load) for branch in (node.then, node.orelse)
+                                                for n in walk_expr(branch)):
+                return None
+            if not isinstance(node, Load):
+                continue
+            if any(isinstance(n, (Load, Select)) for i in node.index for n in walk_expr(i)):
+                return None
+            names = set().union(*(expr_vars(i) for i in node.index)) if node.index else set()
+            if not names <= known | {p0, p1, k}:
+                return None
+            if k not in names:
+                continue  # read per term from global memory, guarded at edge tiles
+            sides = [side for side, p in enumerate((p0, p1)) if p in names]
+            if len(sides) != 1:
+                return None
+            if node not in found:
+                last = expr_vars(node.index[-1])
+                found[node] = _Staged(node, sides[0], k in last and not last & {p0, p1},
+                                      f"{PREFIX}s{len(found)}")
+    return list(found.values())
+
+
+def _nest(loops: tuple[Loop, ...], pre: tuple[Let, ...], reduction: Loop, post: tuple[Stmt, ...],
+          staged: list[_Staged], tile: BlockTile, compute: str) -> tuple[Stmt, ...]:
+    thread = Var(THREAD, INDEX)
+    across = (tile.rows // tile.thread_rows, tile.cols // tile.thread_cols)  # threads along each tile axis
+    widths = (tile.rows, tile.cols)
+    counts = (tile.thread_rows, tile.thread_cols)
+    blocks = [Var(f"{PREFIX}b{n}", INDEX) for n in range(2)]
+    origin = [Var(f"{PREFIX}o{n}", INDEX) for n in range(2)]
+    mine = [Var(f"{PREFIX}t{n}", INDEX) for n in range(2)]  # the thread's row and column in the tile
+    out: list[Stmt] = [Shared(s.name, tile.chunk * widths[s.side], s.load.dtype) for s in staged]
+    out += [Let(origin[n].name, binop("+", loops[n].start, binop("*", blocks[n], const(widths[n]))))
+            for n in range(2)]
+    out += [Let(mine[0].name, binop("//", thread, const(across[1]))),
+            Let(mine[1].name, binop("mod", thread, const(across[1])))]
+    # the thread's elements: rows origin0 + t0 + a*across0, columns origin1 + t1 + b*across1 (consecutive
+    # threads on consecutive columns: the output's stores and the staged columns' reads are contiguous)
+    where = [[Var(f"{PREFIX}p{n}_{a}", INDEX) for a in range(counts[n])] for n in range(2)]
+    inside = [[Var(f"{PREFIX}in{n}_{a}", BOOL) for a in range(counts[n])] for n in range(2)]
+    for n in range(2):
+        for a in range(counts[n]):
+            out.append(Let(where[n][a].name, binop("+", origin[n], binop("+", mine[n], const(a * across[n])))))
+            out.append(Let(inside[n][a].name, binop("<", where[n][a], loops[n].stop)))
+    copies = [(a, b) for a in range(counts[0]) for b in range(counts[1])]
+    bound = {s.var for s in pre} | {s.var for s in reduction.body if isinstance(s, Let)}
+
+    types = {s.var: s.value.dtype for s in walk_stmts(pre + reduction.body) if isinstance(s, Let)}
+
+    def renamed(stmts: tuple[Stmt, ...], a: int, b: int, k: Expr | None = None) -> tuple[Stmt, ...]:
+        """Statements of element (a, b) of the register tile: its positions, its own copy of every local."""
+        table: dict[str, Expr] = {loops[0].var: where[0][a], loops[1].var: where[1][b]}
+        table.update({name: Var(f"{name}_{a}_{b}", types[name]) for name in bound})
+        if k is not None:
+            table[reduction.var] = k
+        return substitute_stmts(stmts, table)
+
+    both = [binop("and", inside[0][a], inside[1][b]) for a, b in copies]
+    for (a, b), ok in zip(copies, both):
+        for let in renamed(pre, a, b):
+            assert isinstance(let, Let)
+            out.append(Let(let.var, _guarded(let.value, ok)))
+    length = binop("-", reduction.stop, reduction.start)
+    chunk = Var(f"{PREFIX}c", INDEX)
+    first = Var(f"{PREFIX}k0", INDEX)
+    step = Var(f"{PREFIX}kk", INDEX)
+    chunk_body: list[Stmt] = [Let(first.name, binop("+", reduction.start, binop("*", chunk, const(tile.chunk))))]
+    for s in staged:
+        chunk_body.append(_copy(s, loops[s.side], origin[s.side], widths[s.side], reduction, first, tile, thread))
+    chunk_body.append(Barrier())
+    term_body: list[Stmt] = []
+    registers: dict[tuple[str, int], Var] = {}
+    for s in staged:
+        for a in range(counts[s.side]):
+            column = binop("+", mine[s.side], const(a * across[s.side]))
+            slot = binop("+", binop("*", step, const(widths[s.side])), column)
+            registers[s.name, a] = Var(f"{s.name}_{a}", s.load.dtype)
+            term_body.append(Let(registers[s.name, a].name, Load(s.name, (slot,), s.load.dtype)))
+    k_value = binop("+", first, step)
+    for (a, b), ok in zip(copies, both):
+        swapped = tuple(_swap_loads(stmt, {s.load: registers[s.name, (a, b)[s.side]] for s in staged}, ok,
+                                    loops[0].var, loops[1].var, inside[0][a], inside[1][b]) for stmt in reduction.body)
+        term_body += renamed(swapped, a, b, k_value)
+    steps = binop("min", const(tile.chunk), binop("-", length, binop("*", chunk, const(tile.chunk))))
+    chunk_body.append(Loop(step.name, const(0), steps, False, tuple(term_body)))
+    chunk_body.append(Barrier())
+    chunks = binop("//", binop("+", length, const(tile.chunk - 1)), const(tile.chunk))
+    out.append(Loop(chunk.name, const(0), chunks, False, tuple(chunk_body)))
+    for (a, b), ok in zip(copies, both):
+        out.append(If(ok, renamed(post, a, b)))
+    nest: tuple[Stmt, ...] = tuple(out)
+    for n in reversed(range(2)):
+        extent = binop("-", loops[n].stop, loops[n].start)
+        count = binop("//", binop("+", extent, const(widths[n] - 1)), const(widths[n]))
+        nest = (Loop(blocks[n].name, const(0), count, True, nest),)
+    return nest
+
+
+def _copy(s: _Staged, along: Loop, origin: Var, width: int, reduction: Loop, first: Var, tile: BlockTile,
+          thread: Var) -> Loop:
+    """The block's threads copy ``chunk`` x ``width`` values of ``s.load`` into its shared array (k-major:
+    position kk * width + pp), each thread ``chunk * width / threads`` of them, consecutive threads on
+    consecutive elements of the array's contiguous axis; 0 where (k, p) is outside the loops' ranges."""
+    r = Var(f"{PREFIX}r", INDEX)
+    e = Var(f"{PREFIX}e", INDEX)
+    kk, pp = Var(f"{PREFIX}ck", INDEX), Var(f"{PREFIX}cp", INDEX)
+    fast, slow = (kk, pp) if s.k_fastest else (pp, kk)
+    fast_width = tile.chunk if s.k_fastest else width
+    k, p = binop("+", first, kk), binop("+", origin, pp)
+    ok = binop("and", binop("<", k, reduction.stop), binop("<", p, along.stop))
+    value = Select(ok, substitute(s.load, {reduction.var: k, along.var: p}), Const(0.0, s.load.dtype), s.load.dtype)
+    body = (Let(e.name, binop("+", binop("*", r, const(tile.threads)), thread)),
+            Let(fast.name, binop("mod", e, const(fast_width))), Let(slow.name, binop("//", e, const(fast_width))),
+            Store(s.name, (binop("+", binop("*", kk, const(width)), pp),), value))
+    return Loop(r.name, const(0), const(tile.chunk * width // tile.threads), False, body)
+
+
+def _guarded(value: Expr, ok: Expr) -> Expr:
+    """A per-element value that reads memory, read only for elements inside the output (edge tiles)."""
+    if not any(isinstance(n, Load) for n in walk_expr(value)):
+        return value
+    return Select(ok, value, _zero(value.dtype), value.dtype)
+
+
+def _zero(dtype: str) -> Const:
+    return Const(False if dtype == BOOL else 0.0 if dtype in FLOATS else 0, dtype)
+
+
+def _swap_loads(stmt: Stmt, staged: Mapping[Load, Var], ok: Expr, p0: str, p1: str, in0: Expr, in1: Expr) -> Stmt:
+    """A statement of the reduction with its staged loads replaced by the registers read from shared memory,
+    and its other loads that move with p0 or p1 guarded to the output's range."""
+    def swap(expr: Expr) -> Expr:
+        if isinstance(expr, Load):
+            if expr in staged:
+                return staged[expr]
+            names = set().union(*(expr_vars(i) for i in expr.index)) if expr.index else set()
+            guard = {p0: in0, p1: in1}
+            conds = [guard[p] for p in (p0, p1) if p in names]
+            if conds:
+                cond = conds[0] if len(conds) == 1 else ok
+                return Select(cond, expr, _zero(expr.dtype), expr.dtype)
+            return expr
+        parts = children(expr)
+        if not parts:
+            return expr
+        return _rebuild(expr, tuple(swap(c) for c in parts))
+
+    assert isinstance(stmt, (Let, Accum)), stmt
+    return replace(stmt, value=swap(stmt.value))
+
+
+def _rebuild(expr: Expr, parts: tuple[Expr, ...]) -> Expr:
+    from tullax.compiler.loops import BinOp, Call, Cast, UnOp
+
+    if isinstance(expr, BinOp):
+        return replace(expr, lhs=parts[0], rhs=parts[1])
+    if isinstance(expr, (UnOp, Cast)):
+        return replace(expr, arg=parts[0])
+    if isinstance(expr, Call):
+        return replace(expr, args=parts)
+    assert isinstance(expr, Select), expr
+    return replace(expr, cond=parts[0], then=parts[1], orelse=parts[2])
+
+
+__all__ = ["FORCE_TILES", "TilePolicy", "block_tiles"]
