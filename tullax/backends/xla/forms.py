@@ -54,6 +54,13 @@ def lower_form(spec: Spec, form: str) -> Callable[[Env], Any]:
         if product_terms(spec) is None:
             raise ValueError(f"{spec.out}: not a sum of products")
         return functools.partial(_factored, spec, plain)
+    if form == "expanded":  # the opt-in algebra="expand" (tullax.backends.xla.expand)
+        from tullax.backends.xla.expand import expansion
+
+        found = expansion(spec)
+        if found is None:
+            raise ValueError(f"{spec.out}: no polynomial body to expand")
+        return functools.partial(_expanded, spec, found, plain)
     raise ValueError(f"unknown XLA form {form!r}")
 
 
@@ -268,6 +275,29 @@ def _factored_block(spec: Spec, plain: Callable, env: Env):
     if spec.finalizer is not None:
         total = xla.finalize_value(spec, env, total)
     return total.astype(result)
+
+
+def _expanded(spec: Spec, found: Any, plain: Callable, env: Env):
+    """The expanded body (``expand.Expansion``) contracted term by term (``_factored``); a square clamped at 0
+    before the finaliser; float32 inputs in float64 where jax has float64 enabled, the result rounded once."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from tullax.backends.xla import lower as xla
+
+    _, _, dtype = _setup(spec, env)
+    if np.dtype(dtype).kind != "f":  # complex or integer results: the plain lowering, as written
+        return plain(env)
+    wide = np.dtype(dtype) == np.float32 and bool(jax.config.jax_enable_x64)
+    data = {item.name for item in spec.inputs if item.kind in ("array", "scalar")}
+    inner = {name: (jnp.asarray(v).astype(jnp.float64) if wide and name in data else v) for name, v in env.items()}
+    total = _factored(found.body, xla.lower(found.body), inner)
+    if found.nonnegative:
+        total = jnp.maximum(total, jnp.zeros((), total.dtype))
+    if spec.finalizer is not None:
+        total = xla.finalize_value(spec, inner, total)
+    return total.astype(dtype)
 
 
 def _contract(operands: list[tuple[str, Any]], out: str):
