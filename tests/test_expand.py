@@ -22,8 +22,8 @@ from tullax.planner import rules, tuning  # noqa: E402
 DIST = "D[i,j] := (W[k,i] - X[k,j])^2"
 WEIGHTED = "D[i,j] := c[k]*(W[k,i] - X[k,j])^2"
 EPS32 = float(np.finfo(np.float32).eps)
-# the expansion's error, measured: at most ~4 ulps of |w|^2 + |x|^2 at K=784 (benchmarks/dist_expand.py), ~2 at
-# these sizes; the tests allow 16, a bound the plain loops' error also meets, far below the cancellation itself
+# the documented bound of the expansion's error, in units of |w|^2 + |x|^2 (docs/backends.md): a few float32 ulps
+# of that sum, with room for the order BLAS sums in; far below the relative error cancellation leaves in D
 BOUND = 16 * EPS32
 
 
