@@ -254,3 +254,12 @@ def test_explain_says_where_the_expansion_would_apply_and_that_it_needs_the_opt_
     assert "the first call times loops, xla:grid, xla:expanded" in opted
     assert "x fewer or better" in opted and "cancellation" in opted
     assert "algebra" not in tullax.explain("C[i,j] := W[k,i]*X[k,j]")
+
+
+def test_the_cli_explains_the_opted_in_plan(capsys):
+    from tullax.cli import main
+
+    assert main(["explain", DIST, "--algebra", "expand", "--shape", "W=64x48", "--shape", "X=64x40"]) == 0
+    shown = capsys.readouterr().out
+    assert "algebra='expand': raced as xla:expanded" in shown and "the first call times loops, xla:grid, " \
+        "xla:expanded" in shown
