@@ -56,6 +56,10 @@ def explain(spec: str, ranges: Mapping | None = None, shapes: Mapping[str, tuple
 
     if is_program(spec):  # several statements: tullax.api.explain_program
         from tullax.api.explain_program import explain_program
+        from tullax.errors import SpecError
+
+        if algebra is not None:
+            raise SpecError("algebra= applies to one statement: explain the statement to expand on its own")
 
         return explain_program(spec, ranges, shapes, dtype)
     canonical, analysed = compile_spec(spec, ranges)
