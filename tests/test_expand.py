@@ -149,6 +149,21 @@ def test_float32_expands_in_float64_where_jax_has_it():
     np.testing.assert_allclose(got, _exact(W, X), rtol=4 * EPS32)
 
 
+@pytest.mark.parametrize("text, ranges, numpy", [
+    # a factor that is not a plain read: contracted on the grid (forms._factored) instead of on the arrays
+    ("D[i,j] := (W[k,i] - exp(X[k,j]))^2", None,
+     lambda W, X: ((W[:, :, None] - np.exp(X[:, None, :])) ** 2).sum(0)),
+    # a range that is not the whole axis: the same
+    ("D[i,j] := (W[k,i] - X[k,j])^2", {"k": (2, 12)}, lambda W, X: ((W[2:12, :, None] - X[2:12, None, :]) ** 2).sum(0)),
+])
+def test_expansions_the_arrays_cannot_contract_as_laid_out_run_on_the_grid(text, ranges, numpy):
+    W, X = _data(16, 12, 10)
+    kernel = tullax.einsum_kernel(text, backend="xla", ranges=ranges, algebra="expand")
+    assert [op.form for op in _ops(kernel, jnp.asarray(W), jnp.asarray(X))] == ["expanded"]
+    want = numpy(W.astype(np.float64), X.astype(np.float64))
+    np.testing.assert_allclose(np.asarray(jax.jit(kernel)(W, X)), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 def test_weighted_expansion_and_its_gradients_match_jnp():
     W, X = _data(16, 24, 20)
     c = np.random.default_rng(3).uniform(0.5, 2.0, 16).astype(np.float32)

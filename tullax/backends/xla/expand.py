@@ -38,6 +38,7 @@ class Expansion:
     nonnegative: bool
     largest: int
     before: int
+    monomials: tuple[tuple[float, tuple[Expr, ...]], ...] = ()  # (coefficient, atoms), as ``body`` sums them
 
 
 def _key(atom: Expr) -> str:
@@ -100,10 +101,14 @@ def polynomial(expr: Expr) -> Poly | None:
     return {(expr,): 1.0}
 
 
+def _ordered(poly: Poly) -> tuple[tuple[float, tuple[Expr, ...]], ...]:
+    return tuple((coef, mono) for mono, coef in sorted(poly.items(), key=lambda item: [_key(a) for a in item[0]]))
+
+
 def _as_expr(poly: Poly) -> Expr:
     """The polynomial written back as a sum of signed products (coefficient first, then its atoms)."""
     body: Expr | None = None
-    for mono, coef in sorted(poly.items(), key=lambda item: [_key(a) for a in item[0]]):
+    for coef, mono in _ordered(poly):
         size = abs(coef)
         term: Expr | None = None if size == 1.0 and mono else Num(int(size) if float(size).is_integer() else size)
         for atom in mono:
@@ -155,7 +160,7 @@ def expansion(spec: Spec) -> Expansion | None:
     largest, before = _largest(body), _largest(spec)
     if largest >= before or not _factors_apart(body):
         return None
-    return Expansion(body, len(poly), nonnegative(spec.body), largest, before)
+    return Expansion(body, len(poly), nonnegative(spec.body), largest, before, _ordered(poly))
 
 
 def applies(spec: Spec) -> bool:
