@@ -5,7 +5,9 @@ with a random cotangent), float32, K=784, I=1024, J=512 by default.
 
 Every subject is timed in this one process, alternating round by round, best of ``--rounds``, after a first call
 that pays compiles and ``auto``'s races (reported apart; with a fresh compile cache, ``--fresh-cache``, the races
-run here). Ratios are jnp's time over each subject's (above 1: the subject is faster). The accuracy of each
+run here). Ratios are jnp's time over each subject's (above 1: the subject is faster), on the wall clock and on
+the process's CPU time (every thread's; steadier than the wall clock on a shared machine, where other processes
+take the cores for whole rounds). The accuracy of each
 subject's forward against NumPy in float64 is measured on the same normal data and on close points (X = W's
 first J columns plus noise of 1e-3): the largest error relative to max|D|, and relative to |w|^2 + |x|^2 (the
 expansion's bound: cancellation leaves an error of a few ulps of that sum, not of D).
@@ -70,16 +72,20 @@ def main(argv: list[str] | None = None) -> int:
         jax.block_until_ready(fn(W, X))
         first_ms[key] = (time.perf_counter() - start) * 1e3
         print(f"{key[0]} {key[1]}: first call {first_ms[key]:.0f} ms", flush=True)
+    cpu_ms = {}
     for _ in range(args.rounds):
         for key, fn in compiled.items():
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             jax.block_until_ready(fn(W, X))
             best_ms[key] = min(best_ms.get(key, float("inf")), (time.perf_counter() - start) * 1e3)
+            cpu_ms[key] = min(cpu_ms.get(key, float("inf")), (time.process_time() - cpu) * 1e3)
     accuracy = {"normal": _accuracy(compiled, np.asarray(W), np.asarray(X))}
     close = np.asarray(W)[:, :j] + 1e-3 * rng.standard_normal((k, j)).astype(np.float32)
     accuracy["close"] = _accuracy(compiled, np.asarray(W), close)
     rows = {f"{name} {way}": {"best_ms": best_ms[(name, way)], "first_call_ms": first_ms[(name, way)],
-                              "jnp_over_this": best_ms[("jnp expert", way)] / best_ms[(name, way)]}
+                              "jnp_over_this": best_ms[("jnp expert", way)] / best_ms[(name, way)],
+                              "best_cpu_ms": cpu_ms[(name, way)],
+                              "jnp_over_this_cpu": cpu_ms[("jnp expert", way)] / cpu_ms[(name, way)]}
             for name, way in compiled}
     plans = {label: [line.strip() for line in tullax.explain(DIST, shapes={"W": (k, i), "X": (k, j)},
                                                              algebra=algebra).splitlines()
@@ -90,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
               "jax": jax.__version__, "results": rows, "accuracy": accuracy,
               "close_points": "X = W[:, :J] + 1e-3 * standard normal noise", "plan": plans}
     for name, row in rows.items():
-        print(f"{name:24s} best {row['best_ms']:8.2f} ms   jnp/this {row['jnp_over_this']:.2f}x")
+        print(f"{name:24s} best {row['best_ms']:8.2f} ms   jnp/this {row['jnp_over_this']:.2f}x   cpu "
+              f"{row['best_cpu_ms']:8.2f} ms   jnp/this {row['jnp_over_this_cpu']:.2f}x")
     for label, found in accuracy.items():
         print(f"accuracy, {label}:")
         for name, errs in found.items():
