@@ -17,6 +17,9 @@ and, for a close call, the candidates a race times) or None where it does not ap
 6. ``window``: a small reduced index that shifts an access: the shifted slices or the loops, raced.
 7. ``loops``: everything else (functions, guards, broadcast reductions): the loops, which fuse the body into one
    pass, raced against XLA's factored form and its broadcast lowering where those can run the shapes.
+
+With the caller's opt-in (``einsum_kernel(algebra="expand")``), a kernel whose polynomial body multiplies out into
+contractions (``tullax.backends.xla.expand``) also races ``xla:expanded`` (``decide._close``); never without it.
 """
 from __future__ import annotations
 
