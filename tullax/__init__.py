@@ -28,20 +28,26 @@ __all__ = [
 
 
 def einsum_kernel(spec: str, *, backend: str = "auto", ranges: Mapping | None = None, init: Any = None,
-                  nograd: str | Iterable[str] = ()) -> "Kernel | ProgramKernel":
+                  nograd: str | Iterable[str] = (), algebra: str | None = None) -> "Kernel | ProgramKernel":
     """Compile ``spec`` (docs/design.md, section 1) into a Kernel running on ``backend``: 'auto' (the planner: loops or
     an XLA form per kernel), 'c' (host C/OpenMP, the CPU default), 'numba', 'julia', 'julia-cuda', 'cuda'
     (CUDA C through NVRTC) or 'xla' (plain jnp, the oracle). ``ranges`` gives index ranges explicitly:
     ``{"i": 10}`` or ``{"i": (2, 12)}``; ``init`` is the starting value of the reduction (Tullio's ``init=``);
     ``nograd`` names inputs that get no gradient (``jax.grad`` gives zeros for them). See ``tullax.api.options``.
+    ``algebra="expand"`` (an opt-in, as Tullio's ``fastmath``) lets a polynomial body summed over an index run
+    multiplied out, as contractions: ``(W[k,i] - X[k,j])^2`` as row norms and one GEMM, on 'auto' (raced against
+    the loops, for the forward kernel and each gradient step) or 'xla' (always); it rounds differently, with
+    cancellation when points are close (docs/backends.md, "Expanding polynomial bodies").
     Several statements (one per line or separated by ';', ``local`` before an intermediate) make a program:
     ``tullax.api.program.ProgramKernel``."""
     if is_program(spec):
         if init is not None:
             raise SpecError("init= applies to one statement: inside a program write the starting value into the "
                             "statement that needs it")
+        if algebra is not None:
+            raise SpecError("algebra= applies to one statement: write the statement to expand as a kernel of its own")
         return ProgramKernel(spec, backend=backend, ranges=ranges, nograd=nograd)
-    return Kernel(spec, backend=backend, ranges=ranges, init=init, nograd=nograd)
+    return Kernel(spec, backend=backend, ranges=ranges, init=init, nograd=nograd, algebra=algebra)
 
 
 def generate_source(spec: str, backend: str = "numba", dtype: str = "float32",

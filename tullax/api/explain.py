@@ -43,22 +43,32 @@ def explain_spec(canonical: str, spec: Spec) -> str:
 
 
 def explain(spec: str, ranges: Mapping | None = None, shapes: Mapping[str, tuple[int, ...]] | None = None,
-            dtype: str = "float32") -> str:
+            dtype: str = "float32", algebra: str | None = None) -> str:
     """The canonical spec, its free and reduced indices, every index range (symbolic in the input
     shapes), each gradient spec, and the plan of ``backend='auto'``: what each kernel (the forward one and
     every gradient step) runs on and why, by rule, or with ``shapes`` (input name -> shape) the decision for
-    those shapes, as the compile cache holds it when it was timed."""
+    those shapes, as the compile cache holds it when it was timed. ``algebra``: the plan of a kernel made with
+    that opt-in (``einsum_kernel(algebra="expand")``); without it, each kernel whose polynomial body would
+    expand says what the expansion would do and gain."""
     from tullax.errors import with_spec_context
     from tullax.planner.explain import explain_lines
     from tullax.spec.program import is_program
 
     if is_program(spec):  # several statements: tullax.api.explain_program
         from tullax.api.explain_program import explain_program
+        from tullax.errors import SpecError
+
+        if algebra is not None:
+            raise SpecError("algebra= applies to one statement: explain the statement to expand on its own")
 
         return explain_program(spec, ranges, shapes, dtype)
     canonical, analysed = compile_spec(spec, ranges)
     try:
-        planned = explain_lines(analysed, shapes, dtype)
+        if algebra is not None:
+            from tullax.api.options import check_algebra
+
+            check_algebra(canonical, analysed, algebra, "auto")
+        planned = explain_lines(analysed, shapes, dtype, algebra or "")
     except TullaxError as err:
         raise with_spec_context(err, spec) from None
     return explain_spec(canonical, analysed) + "\n" + "\n".join(planned)

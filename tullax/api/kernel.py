@@ -18,13 +18,13 @@ class Kernel:
     on the right-hand side; for '=' and '+=' the existing output first) or by name."""
 
     def __init__(self, spec: str, *, backend: str = "auto", ranges: Mapping | None = None, init: Any = None,
-                 nograd: str | Iterable[str] = ()):
+                 nograd: str | Iterable[str] = (), algebra: str | None = None):
         from tullax import backends
 
         self.source = spec
         self.canonical, self.ir = compile_spec(spec, ranges)
         try:
-            self.options = make_options(self.canonical, self.ir, init, nograd)
+            self.options = make_options(self.canonical, self.ir, init, nograd, algebra, backend)
         except TullaxError as err:
             raise with_spec_context(err, spec) from None
         if backend != "auto":
@@ -80,7 +80,8 @@ class Kernel:
 
     def __repr__(self) -> str:
         extra = (f", init={self.options.init!r}" if self.options.init is not None else "") + \
-            (f", nograd={tuple(sorted(self.options.nograd))!r}" if self.options.nograd else "")
+            (f", nograd={tuple(sorted(self.options.nograd))!r}" if self.options.nograd else "") + \
+            (f", algebra={self.options.algebra!r}" if self.options.algebra else "")
         return f"tullax.Kernel({self.canonical!r}, backend={self.backend_name!r}{extra})"
 
     def _jax_backend(self) -> str:
@@ -99,7 +100,8 @@ class Kernel:
                 from tullax.jaxop.primitives import apply
 
                 values = stop_gradients(self.options, self.ir, values)
-                return finish(self.options, self.ir.redop, apply(self.ir, self._jax_backend(), values), jnp)
+                return finish(self.options, self.ir.redop,
+                              apply(self.ir, self._jax_backend(), values, algebra=self.options.algebra), jnp)
             import numpy as np
 
             return finish(self.options, self.ir.redop, run_eager(self.ir, self._eager_backend(values), values), np)

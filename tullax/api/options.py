@@ -36,10 +36,13 @@ class Options:
     # a diagonal write (``D[i,i] := ...``): pairs of result axes that hold one index; init= reaches only the
     # elements where they agree (the others are not written: they stay 0)
     diagonal: tuple[tuple[int, int], ...] = ()
+    algebra: str = ""  # "expand": polynomial bodies may run multiplied out, as contractions (check_algebra)
 
 
-def make_options(canonical: str, spec: Spec, init: Any = None, nograd: str | Iterable[str] = ()) -> Options:
-    """Check ``init`` and ``nograd`` against the spec (SpecError on misuse) and collect them."""
+def make_options(canonical: str, spec: Spec, init: Any = None, nograd: str | Iterable[str] = (),
+                 algebra: str | None = None, backend: str = "auto") -> Options:
+    """Check ``init``, ``nograd`` and ``algebra`` against the spec and ``backend`` (SpecError on misuse) and
+    collect them."""
     parsed = parse_spec(canonical)  # the text as written: the analysed spec renames a repeated left index
     redop = parsed.redop
     boolean = redop if redop in BOOLEAN_START else None
@@ -51,7 +54,39 @@ def make_options(canonical: str, spec: Spec, init: Any = None, nograd: str | Ite
         if name not in differentiable:
             raise SpecError(f"nograd names {name!r}, which is not an input of this spec that could have a gradient "
                             f"(those are: {', '.join(differentiable) or 'none'})", canonical)
-    return Options(boolean, init, frozenset(names), _diagonal(parsed))
+    return Options(boolean, init, frozenset(names), _diagonal(parsed), check_algebra(canonical, spec, algebra, backend))
+
+
+ALGEBRA_BACKENDS = ("auto", "xla")  # the backends whose plans include XLA's forms: where an expansion can run
+
+
+def check_algebra(canonical: str, spec: Spec, algebra: str | None, backend: str) -> str:
+    """``algebra`` ("expand" or None) checked against the spec and the backend: the opt-in of the expanded form
+    of polynomial bodies (``tullax.backends.xla.expand``). It names an XLA form, so a loop backend refuses it
+    (the loops run the body as written); a spec with nothing to expand, in its forward kernel or any gradient
+    step, refuses it too: the opt-in would silently do nothing."""
+    if algebra is None:
+        return ""
+    if algebra != "expand":
+        raise SpecError(f"algebra= takes 'expand' (multiply out a polynomial body into contractions) or None, "
+                        f"got {algebra!r}", canonical)
+    if backend not in ALGEBRA_BACKENDS:
+        raise SpecError(f"algebra='expand' runs the multiplied-out body as XLA contractions (dot_general), and "
+                        f"backend={backend!r} runs the loops as written: use backend='auto' (the expansion is "
+                        f"raced against the loops) or backend='xla' (always expanded), or drop algebra=", canonical)
+    from tullax.backends.xla.expand import applies
+    from tullax.errors import TullaxError
+    from tullax.grad import gradients
+
+    try:
+        steps = [step for grad in gradients(spec) for step in grad.steps]
+    except TullaxError:
+        steps = []
+    if not any(applies(kernel) for kernel in (spec, *steps)):
+        raise SpecError("algebra='expand' multiplies out a polynomial body summed over an index into contractions "
+                        "(e.g. D[i,j] := (W[k,i] - X[k,j])^2 becomes row norms and one GEMM); neither this spec "
+                        "nor its gradients has one that separates into smaller factors: drop algebra=", canonical)
+    return algebra
 
 
 def _diagonal(parsed: Any) -> tuple[tuple[int, int], ...]:

@@ -218,7 +218,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         from tullax.benchmarking.case import parse_shape_arg
 
         shapes = dict(parse_shape_arg(text) for text in args.shape)
-    console.print(explain(args.spec, shapes=shapes, dtype=args.dtype), markup=False)
+    console.print(explain(args.spec, shapes=shapes, dtype=args.dtype, algebra=args.algebra), markup=False)
     if args.backend:
         from rich.markup import escape
         from rich.rule import Rule
@@ -393,6 +393,9 @@ def _build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--shape", action="append", default=[], metavar="NAME=AxB",
                          help="plan for these input shapes (repeat per array input): what backend='auto' runs "
                               "each kernel on, as decided or cached for them")
+    explain.add_argument("--algebra", choices=["expand"], default=None,
+                         help="the plan of a kernel made with einsum_kernel(algebra='expand'): polynomial bodies "
+                              "raced multiplied out, as contractions")
     explain.set_defaults(handler=_cmd_explain)
 
     doctor = commands.add_parser("doctor", help="which backends work here, and how to fix those that don't")

@@ -68,11 +68,14 @@ class KernelOp:
     # A '+=' gradient step whose given array (input 0) is zeros: a host kernel clears its own output instead
     # (``tullax.calls.host.host_call``); XLA's forms and device kernels take the zeros as given.
     zero_start: bool = False
+    # "expand": the caller opted in to the expanded form of polynomial bodies (``einsum_kernel(algebra=...)``);
+    # its gradient steps and batched forms are planned with it too
+    algebra: str = ""
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_hash", hash((self.spec, self.backend, self.out_dtype, self.path, self.form,
-                                                self.requested, self.zero_start)))
+                                                self.requested, self.zero_start, self.algebra)))
 
     @property
     def steps_backend(self) -> str:
@@ -88,20 +91,23 @@ class KernelOp:
         form = f" {self.form}" if self.form else ""
         planned = ", planned" if self.requested == "auto" else ""
         zeros = ", from zeros" if self.zero_start else ""
-        return f"'{format_spec(self.spec)}' on {self.backend}{form} ({self.path}, {self.out_dtype}{planned}{zeros})"
+        algebra = f", algebra={self.algebra}" if self.algebra else ""
+        return (f"'{format_spec(self.spec)}' on {self.backend}{form} ({self.path}, {self.out_dtype}{planned}{zeros}"
+                f"{algebra})")
 
     def with_spec(self, spec: Spec) -> "KernelOp":
         return replace(self, spec=spec)
 
 
 def apply(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | None = None,
-          zero_start: bool = False) -> Any:
+          zero_start: bool = False, algebra: str = "") -> Any:
     """Run ``spec`` on jax values (arrays, tracers or numbers, one per input) on backend ``backend_name``
     (``auto`` with ``xla_form``: on XLA in that form, as the planner decided for it). ``zero_start``: ``spec``
-    is a '+=' gradient step and ``values[0]`` the zeros it starts from. Everything is checked here, at trace
-    time."""
+    is a '+=' gradient step and ``values[0]`` the zeros it starts from. ``algebra="expand"``: the expanded form
+    of a polynomial body is a candidate (``auto``), or the form (``xla``), where it applies. Everything is
+    checked here, at trace time."""
     args = _same_variance(prepare_inputs(spec, values))
-    op = _kernel_op(spec, backend_name, values, xla_form, zero_start)
+    op = _kernel_op(spec, backend_name, values, xla_form, zero_start, algebra)
     half = [item.kind in ("array", "scalar") and a.dtype.name in HALF for item, a in zip(spec.inputs, args)]
     if not any(half):
         return _prims().kernel.bind(*args, op=op)
@@ -110,7 +116,7 @@ def apply(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | 
     # compare the recomputed float32 body with the result, which a half result no longer equals.
     args = [a.astype("float32") if h else a for a, h in zip(args, half)]
     wide = [a if h else v for a, v, h in zip(args, values, half)]
-    return _prims().kernel.bind(*args, op=_kernel_op(spec, backend_name, wide, xla_form, zero_start)
+    return _prims().kernel.bind(*args, op=_kernel_op(spec, backend_name, wide, xla_form, zero_start, algebra)
                                 ).astype(op.out_dtype)
 
 
@@ -140,7 +146,7 @@ def _same_variance(args: list[Any]) -> list[Any]:
 
 
 def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | None = None,
-               zero_start: bool = False) -> KernelOp:
+               zero_start: bool = False, algebra: str = "") -> KernelOp:
     import jax
     import numpy as np
 
@@ -151,10 +157,13 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: s
     dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
     zero_start = zero_start and spec.assign == "+="
     if backend_name == "auto":
-        return _planned_op(spec, dtype.name, values, zero_start) if xla_form is None else \
-            _xla_op(spec, dtype.name, xla_form)
-    if backend_name == "xla":
-        return KernelOp(spec, backend_name, dtype.name, "xla")
+        return _planned_op(spec, dtype.name, values, zero_start, algebra) if xla_form is None else \
+            _xla_op(spec, dtype.name, xla_form, algebra)
+    if backend_name == "xla":  # with the opt-in, the expanded form wherever it applies (nothing is raced)
+        from tullax.backends.xla.expand import applies
+
+        expand = algebra == "expand" and applies(spec)
+        return KernelOp(spec, backend_name, dtype.name, "xla", form="expanded" if expand else "", algebra=algebra)
     return KernelOp(spec, backend_name, dtype.name, callback_path(), zero_start=zero_start)
 
 
@@ -170,30 +179,32 @@ def _dtype_or_weak_type(value: Any) -> Any:
     return value.dtype
 
 
-def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any], zero_start: bool = False) -> KernelOp:
+def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any], zero_start: bool = False,
+                algebra: str = "") -> KernelOp:
     """``backend='auto'``: the planner's choice for this kernel and these shapes (tullax.planner.decide)."""
     from tullax.calls.host import callback_path
     from tullax.planner.call import call_shapes_and_dtypes
     from tullax.planner.decide import plan
 
-    found = plan(spec, *call_shapes_and_dtypes(spec, values), zero_start=zero_start)
+    found = plan(spec, *call_shapes_and_dtypes(spec, values), zero_start=zero_start, algebra=algebra)
     if found.backend == "xla":
-        return _xla_op(spec, out_dtype, found.form)
-    return KernelOp(spec, found.backend, out_dtype, callback_path(), requested="auto", zero_start=zero_start)
+        return _xla_op(spec, out_dtype, found.form, algebra)
+    return KernelOp(spec, found.backend, out_dtype, callback_path(), requested="auto", zero_start=zero_start,
+                    algebra=algebra)
 
 
-def _joint_plans(spec: Spec, args: Sequence[Any], out_dtype: str, wrt: Sequence[int]) -> dict:
+def _joint_plans(spec: Spec, args: Sequence[Any], out_dtype: str, wrt: Sequence[int], algebra: str = "") -> dict:
     """``planner.joint_plans`` for a differentiated call of ``spec`` on ``args``: the XLA plans of the forward
     and of the gradient steps of the inputs at positions ``wrt``, when they run as one XLA program."""
     from tullax.planner.call import call_shapes_and_dtypes
     from tullax.planner.decide import joint_plans
 
     shapes, dtypes = call_shapes_and_dtypes(spec, args)
-    return joint_plans(spec, shapes, dtypes, out_dtype, [spec.inputs[i].name for i in wrt])
+    return joint_plans(spec, shapes, dtypes, out_dtype, [spec.inputs[i].name for i in wrt], algebra=algebra)
 
 
-def _xla_op(spec: Spec, out_dtype: str, form: str) -> KernelOp:
-    return KernelOp(spec, "xla", out_dtype, "xla", form=form, requested="auto")
+def _xla_op(spec: Spec, out_dtype: str, form: str, algebra: str = "") -> KernelOp:
+    return KernelOp(spec, "xla", out_dtype, "xla", form=form, requested="auto", algebra=algebra)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,7 +306,9 @@ def _kernel_batch(args, dims, *, op: KernelOp):
     args, axes, extents = batch_arguments(op.spec, args, dims, size)
     batched = batch_spec(op.spec, axes, extents)
     if op.requested == "auto":
-        new_op = _planned_op(batched, op.out_dtype, args, op.zero_start)
+        new_op = _planned_op(batched, op.out_dtype, args, op.zero_start, op.algebra)
+    elif op.form == "expanded":  # backend='xla' with the opt-in: the batched spec's own form
+        new_op = _kernel_op(batched, "xla", args, algebra=op.algebra)
     else:
         new_op = op.with_spec(batched)
     return _prims().kernel.bind(*args, op=new_op), 0
@@ -320,9 +333,9 @@ def _kernel_jvp(primals, tangents, *, op: KernelOp):
         out = _prims().kernel.bind(*primals, op=op)
         return out, _zero_tangent(out)
     if op.requested == "auto" and op.path != "xla":  # one XLA program with its gradient steps, where they fit
-        joined = _joint_plans(op.spec, primals, op.out_dtype, [i for i, keep in enumerate(live) if keep])
+        joined = _joint_plans(op.spec, primals, op.out_dtype, [i for i, keep in enumerate(live) if keep], op.algebra)
         if op.spec in joined:
-            op = _xla_op(op.spec, op.out_dtype, joined[op.spec].form)
+            op = _xla_op(op.spec, op.out_dtype, joined[op.spec].form, op.algebra)
     out = _prims().kernel.bind(*primals, op=op)
     live_tangents = [t for t, keep in zip(tangents, live) if keep]
     return out, _prims().linear.bind(*primals, out, *live_tangents, op=op, live=live)
@@ -357,7 +370,7 @@ def _linear_transpose(ct, *operands, op: KernelOp, live: tuple):
         return [None] * len(operands)
     positions = [i for i, keep in enumerate(live) if keep]
     wanted = [i for i, t in zip(positions, tangents) if ad.is_undefined_primal(t)]
-    grads = input_gradients(op.spec, op.steps_backend, args, out, ct, wanted)
+    grads = input_gradients(op.spec, op.steps_backend, args, out, ct, wanted, op.algebra)
     return [None] * (len(args) + 1) + [grads.get(i) for i in positions]
 
 
@@ -372,7 +385,7 @@ def _linear_value(op: KernelOp, live: tuple, *operands) -> Any:
     positions = [i for i, keep in enumerate(live) if keep]
 
     def pullback(cotangent):
-        grads = input_gradients(op.spec, op.steps_backend, args, out, cotangent, positions)
+        grads = input_gradients(op.spec, op.steps_backend, args, out, cotangent, positions, op.algebra)
         return [grads[i] for i in positions]
 
     _, vjp = jax.vjp(pullback, jnp.zeros(out.shape, out.dtype))
@@ -401,9 +414,9 @@ def _linear_jvp(primals, tangents, *, op: KernelOp, live: tuple):
 
 
 def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cotangent: Any,
-                    wanted: Sequence[int]) -> dict[int, Any]:
+                    wanted: Sequence[int], algebra: str = "") -> dict[int, Any]:
     """The cotangents of the inputs at positions ``wanted``, each from its derived gradient spec(s), each of
-    which runs as a tullax kernel on ``backend`` (and is differentiable again)."""
+    which runs as a tullax kernel on ``backend`` (and is differentiable again), with the forward's ``algebra``."""
     from tullax.grad import gradients
     from tullax.grad.run import gradient_env, run_gradient, zero_start_steps
     from tullax.spec.valuetype import complex_inputs
@@ -414,7 +427,7 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
     if backend == "auto":  # one compiler run for every step that may run on the loops, not one per step
         from tullax.planner.decide import build_gradient_module
 
-        joined = _joint_plans(spec, args, out.dtype.name, wanted)
+        joined = _joint_plans(spec, args, out.dtype.name, wanted, algebra)
         if not joined:
             build_gradient_module(spec, args, out.dtype.name)
     env = gradient_env(spec, dict(zip(spec.input_names, args)), out, cotangent)
@@ -429,7 +442,7 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
         key = (step, tuple(id(v) for v in values))
         if key not in done:
             form = joined[step].form if step in joined else None  # with the forward, one XLA program
-            done[key] = (apply(step, backend, values, form, step in from_zeros), values)  # values kept: ids stay
+            done[key] = (apply(step, backend, values, form, step in from_zeros, algebra), values)  # ids stay
         return done[key][0]
 
     found = {}

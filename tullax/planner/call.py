@@ -27,6 +27,7 @@ class Analysis:
     cuttable: Mapping[str, frozenset[tuple[str, int]]]
     pure_gather: bool
     indexed: bool
+    expandable: bool = False  # a polynomial body that multiplies out into contractions (``xla.expand``)
 
     @property
     def contraction(self) -> bool:
@@ -37,7 +38,7 @@ class Analysis:
 @functools.lru_cache(maxsize=1024)  # every plan of a kernel reads it: its rule, its race, its explanation
 def analyse(spec: Spec) -> Analysis:
     """The one analysis of ``spec`` the planner makes."""
-    from tullax.backends.xla import recognise
+    from tullax.backends.xla import expand, recognise
 
     terms = recognise.product_terms(spec) or ()
     return Analysis(
@@ -46,7 +47,8 @@ def analyse(spec: Spec) -> Analysis:
         factor_indices=tuple(recognise.factor_indices(f) for _, factors in terms for f in factors),
         cuttable=recognise.cuttable(spec),
         pure_gather=is_pure_gather(spec),
-        indexed=spec.is_scatter or any(isinstance(i, Indirect) for a in accesses(spec.body) for i in a.idx))
+        indexed=spec.is_scatter or any(isinstance(i, Indirect) for a in accesses(spec.body) for i in a.idx),
+        expandable=expand.applies(spec))
 
 
 def is_pure_gather(spec: Spec) -> bool:
@@ -69,13 +71,14 @@ class Call:
     loops: str | None
     zero_start: bool = False
     clock: Callable[[], float] = field(default=time.perf_counter, compare=False)
+    algebra: str = ""  # "expand": the caller opted in to the expanded form (``einsum_kernel(algebra=...)``)
 
     @classmethod
     def of(cls, spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], loops: str | None, zero_start: bool = False,
-           clock: Callable[[], float] = time.perf_counter) -> "Call":
+           clock: Callable[[], float] = time.perf_counter, algebra: str = "") -> "Call":
         return cls(spec, {name: tuple(int(e) for e in shapes[name]) for name in spec.input_names},
                    {name: str(dtypes[name]) for name in spec.input_names}, loops,
-                   zero_start and spec.assign == "+=", clock)
+                   zero_start and spec.assign == "+=", clock, algebra if expand_applies(spec, algebra) else "")
 
     @property
     def analysis(self) -> Analysis:
@@ -85,7 +88,7 @@ class Call:
     def key(self) -> tuple:
         """The key of this process's decision for the call."""
         return (self.spec, tuple(sorted(self.shapes.items())), tuple(sorted(self.dtypes.items())), self.loops,
-                self.zero_start)
+                self.zero_start, self.algebra)
 
     @functools.cached_property
     def ranges(self) -> dict[str, tuple[int, int]]:
@@ -110,7 +113,13 @@ class Call:
 
     def on(self, shapes: Shapes) -> "Call":
         """The same call on other input shapes (a slice of it)."""
-        return Call.of(self.spec, shapes, self.dtypes, self.loops, self.zero_start, self.clock)
+        return Call.of(self.spec, shapes, self.dtypes, self.loops, self.zero_start, self.clock, self.algebra)
+
+
+def expand_applies(spec: Spec, algebra: str) -> bool:
+    """Whether the opt-in ``algebra`` ("expand") changes anything for ``spec``: elsewhere a call keeps its plain
+    key, so a kernel the expansion does not reach shares its decisions with calls that did not opt in."""
+    return algebra == "expand" and analyse(spec).expandable
 
 
 def call_shapes_and_dtypes(spec: Spec, values: Iterable[Any]) -> tuple[dict, dict]:

@@ -50,15 +50,16 @@ STATS = {"timed": 0, "from_cache": 0}
 
 
 def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool | None = None,
-         zero_start: bool = False, clock: Callable[[], float] | None = None) -> Plan:
+         zero_start: bool = False, clock: Callable[[], float] | None = None, algebra: str = "") -> Plan:
     """The plan for one call of ``spec`` with inputs of these ``shapes`` and ``dtypes`` (by input name).
     ``timing=False``: never time a close call (the rule's default, unless the compile cache holds a decision);
     such a plan is not remembered, so a later call may still time it. ``zero_start``: ``spec`` is a '+=' gradient
     step that starts from zeros (``tullax.grad.run.zero_start_steps``); its race runs both candidates so, and its
-    decision is kept apart. ``clock``: what a race times with (seconds; ``time.perf_counter``)."""
-    call = call_for(spec, shapes, dtypes, zero_start, clock)
+    decision is kept apart. ``clock``: what a race times with (seconds; ``time.perf_counter``). ``algebra="expand"``
+(the caller's opt-in): the expanded form of a polynomial body (``xla.expand``) joins the race where it applies."""
+    call = call_for(spec, shapes, dtypes, zero_start, clock, algebra)
     if timing is False:
-        return _decide(call, False, "the first call times " + ", ".join(rule_for(spec, call.loops).close))
+        return _decide(call, False, "the first call times " + ", ".join(_close(call, rule_for(spec, call.loops))))
     found = _MEMO.get(call.key)
     if found is not None:
         return found
@@ -70,12 +71,20 @@ def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool 
 
 
 def call_for(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], zero_start: bool = False,
-          clock: Callable[[], float] | None = None) -> Call:
+             clock: Callable[[], float] | None = None, algebra: str = "") -> Call:
     """The call record of a call of ``spec``; its loop backend is the one ``auto`` uses for these dtypes."""
     import time
 
     return Call.of(spec, shapes, dtypes, loops_for(spec, (str(dtypes[n]) for n in spec.input_names)), zero_start,
-                   clock or time.perf_counter)
+                   clock or time.perf_counter, algebra)
+
+
+def _close(call: Call, rule: Rule) -> tuple[str, ...]:
+    """The candidates a race of ``call`` times: the rule's close call, and the expanded form where the caller
+    opted in (``Call.algebra``) and it applies (with the rule's default where the rule times nothing)."""
+    if not call.algebra:
+        return rule.close
+    return tuple(dict.fromkeys(rule.close or (rule.default,))) + (rules.EXPANDED,)
 
 
 def _peek(call: Call) -> Plan:
@@ -109,7 +118,7 @@ def _settle(call: Call, timing: bool, untimed: str = "timing is off", *, counted
         if rule.for_tiny == LOOPS and rules.whole_module_cached(loops):
             return as_plan(LOOPS, loops, TINY_LOOPS)
         return as_plan(f"xla:{call.analysis.forms[0]}", loops, TINY_XLA)
-    close = tuple(c for c in rule.close if usable(call, c))
+    close = tuple(c for c in _close(call, rule) if usable(call, c))
     if len(close) < 2:
         return as_plan(rule.default, loops, rule)
     key = store.cache_key(call)
@@ -228,7 +237,7 @@ def slice_shapes(call: Call, target: int) -> dict | None:
 # A differentiated call: every kernel of it
 # ---------------------------------------------------------------------------------------------
 def joint_plans(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dtype: str, wrt: Iterable[str], *,
-                timing: bool | None = None) -> dict[Spec, Plan]:
+                timing: bool | None = None, algebra: str = "") -> dict[Spec, Plan]:
     """In a call differentiated w.r.t. the inputs ``wrt``: XLA plans for the forward kernel and every gradient
     step of those inputs, when they should run as one XLA program: each of them runs on XLA already, or the
     loops won its timed race by less than ``JOINT_MARGIN`` (it then runs in its fastest timed XLA form), and
@@ -245,13 +254,14 @@ def joint_plans(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dtype
     steps = {step for grad in gradients(spec) if grad.wrt in wanted for step in grad.steps}
     from_zeros = zero_start_steps(spec)
     calls = [call_for(kernel, its_shapes, {name: forward_dtypes.get(name, out_dtype) for name in kernel.input_names},
-                   kernel in from_zeros)
+                      kernel in from_zeros, algebra=algebra)
              for _, kernel, its_shapes in kernel_shapes(spec, shapes) if kernel is spec or kernel in steps]
     compile_ahead(calls, timing=timing)
     found: dict[Spec, Plan] = {}
     moved = False
     for call in calls:
-        own = plan(call.spec, call.shapes, call.dtypes, timing=timing, zero_start=call.zero_start)
+        own = plan(call.spec, call.shapes, call.dtypes, timing=timing, zero_start=call.zero_start,
+                   algebra=call.algebra)
         if own.backend != "xla":
             timed = dict(own.timings_ms)
             full = {c.removesuffix(FULL): ms for c, ms in timed.items() if c.endswith(FULL)}

@@ -17,6 +17,9 @@ and, for a close call, the candidates a race times) or None where it does not ap
 6. ``window``: a small reduced index that shifts an access: the shifted slices or the loops, raced.
 7. ``loops``: everything else (functions, guards, broadcast reductions): the loops, which fuse the body into one
    pass, raced against XLA's factored form and its broadcast lowering where those can run the shapes.
+
+With the caller's opt-in (``einsum_kernel(algebra="expand")``), a kernel whose polynomial body multiplies out into
+contractions (``tullax.backends.xla.expand``) also races ``xla:expanded`` (``decide._close``); never without it.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from tullax.planner.call import Analysis, Call, analyse
 from tullax.spec.ir import Spec
 
 LOOPS = "loops"  # the form of a plan on the loop backend; as a candidate: the loop backend ``auto`` uses
+EXPANDED = "xla:expanded"  # the opt-in candidate of ``einsum_kernel(algebra="expand")`` (``xla.expand``)
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,13 @@ def usable(call: Call, candidate: str) -> bool:
         return call.iterations <= tuning.GRID_ITERATIONS
     if candidate == "xla:factored":  # it materialises each factor on its own indices, and their products
         return all(points(call.ranges, names) <= tuning.GRID_ITERATIONS for names in call.analysis.factor_indices)
+    if candidate == EXPANDED:  # the same, on the expanded body's factors; only where the caller opted in
+        from tullax.backends.xla.expand import expansion
+        from tullax.backends.xla.recognise import factor_indices, product_terms
+
+        found = expansion(call.spec) if call.algebra == "expand" else None
+        return found is not None and all(points(call.ranges, factor_indices(f)) <= tuning.GRID_ITERATIONS
+                                         for _, fs in product_terms(found.body) or () for f in fs)
     if candidate != "xla:slices":
         return True
     lo, hi = call.ranges[call.analysis.windows[0]]

@@ -20,6 +20,8 @@ def cache_key(call: Call) -> str:
     from tullax.spec.text import format_spec
 
     start = {"zero_start": True} if call.zero_start else {}  # a '+=' step on zeros is raced apart from one on data
+    if call.algebra:  # a race with the opted-in expanded form is kept apart from one without it
+        start["algebra"] = call.algebra
     if on_gpu():  # a GPU's race is decided by the GPU, not by the host's cores
         import jax
 

@@ -54,6 +54,13 @@ def lower_form(spec: Spec, form: str) -> Callable[[Env], Any]:
         if product_terms(spec) is None:
             raise ValueError(f"{spec.out}: not a sum of products")
         return functools.partial(_factored, spec, plain)
+    if form == "expanded":  # the opt-in algebra="expand" (tullax.backends.xla.expand)
+        from tullax.backends.xla.expand import expansion
+
+        found = expansion(spec)
+        if found is None:
+            raise ValueError(f"{spec.out}: no polynomial body to expand")
+        return functools.partial(_expanded, spec, found, plain)
     raise ValueError(f"unknown XLA form {form!r}")
 
 
@@ -268,6 +275,73 @@ def _factored_block(spec: Spec, plain: Callable, env: Env):
     if spec.finalizer is not None:
         total = xla.finalize_value(spec, env, total)
     return total.astype(result)
+
+
+def _expanded(spec: Spec, found: Any, plain: Callable, env: Env):
+    """The expanded body (``expand.Expansion``) contracted term by term (``_factored``); a square clamped at 0
+    before the finaliser; float32 inputs in float64 where jax has float64 enabled, the result rounded once."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from tullax.backends.xla import lower as xla
+
+    _, _, dtype = _setup(spec, env)
+    if np.dtype(dtype).kind != "f":  # complex or integer results: the plain lowering, as written
+        return plain(env)
+    wide = np.dtype(dtype) == np.float32 and bool(jax.config.jax_enable_x64)
+    data = {item.name for item in spec.inputs if item.kind in ("array", "scalar")}
+    inner = {name: (jnp.asarray(v).astype(jnp.float64) if wide and name in data else v) for name, v in env.items()}
+    total = _monomials(spec, found, inner, dtype if not wide else np.dtype(np.float64))
+    if total is None:
+        total = _factored(found.body, xla.lower(found.body), inner)
+    if found.nonnegative:
+        total = jnp.maximum(total, jnp.zeros((), total.dtype))
+    if spec.finalizer is not None:
+        total = xla.finalize_value(spec, inner, total)
+    return total.astype(dtype)
+
+
+def _monomials(spec: Spec, found: Any, env: Env, dtype: Any):
+    """Each monomial of the expansion contracted on the arrays as they are laid out (``_contract``: row norms
+    and one GEMM for Dist, as jnp code writes them), its coefficient applied to the contracted result; None
+    unless every factor is a plain read of a whole array axis by axis (or a scalar input) and every range
+    starts at 0: ``_factored`` on the grid then does it, transposing each factor into the grid's order."""
+    import jax.numpy as jnp
+
+    from tullax.spec.ir import Access, Affine, Param
+
+    shapes, ranges, _ = _setup(spec, env)
+    if any(lo != 0 or hi <= 0 for lo, hi in ranges.values()):
+        return None
+    labels = {name: chr(ord("a") + k) for k, name in enumerate(spec.indices)}
+    full = tuple(ranges[n][1] for n in spec.free)
+    total = None
+    for coef, atoms in found.monomials:
+        operands, scale = [], float(coef)
+        for atom in atoms:
+            if isinstance(atom, Param):
+                operands.append(("", jnp.asarray(env[atom.name]).astype(dtype)))
+                continue
+            if not isinstance(atom, Access):
+                return None
+            names = [i.plain if isinstance(i, Affine) else None for i in atom.idx]
+            value = jnp.asarray(env[atom.array]).astype(dtype)
+            if None in names or len(set(names)) != len(names) or any(
+                    ranges[n] != (0, value.shape[axis]) for axis, n in enumerate(names)):
+                return None
+            operands.append(("".join(labels[n] for n in names), value))
+        used = set("".join(sub for sub, _ in operands))
+        for name in spec.reduced:  # a summed index no factor reads: the sum is a multiple
+            if labels[name] not in used:
+                scale *= ranges[name][1]
+        here = [n for n in spec.free if labels[n] in used]
+        part = _contract(operands, "".join(labels[n] for n in here)) if operands else jnp.ones((), dtype)
+        part = part * jnp.asarray(scale, dtype)
+        part = part.reshape(tuple(full[k] if n in here else 1 for k, n in enumerate(spec.free)))
+        part = jnp.broadcast_to(part, full)
+        total = part if total is None else total + part
+    return total
 
 
 def _contract(operands: list[tuple[str, Any]], out: str):

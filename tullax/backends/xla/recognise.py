@@ -21,6 +21,8 @@ function of the inputs (differentiable, jit-able, vmap-able).
   XLA's CPU backend fuses that into one library (YNNPACK) kernel where it runs a ``dot`` of the same layout on
   Eigen (a contraction over both operands' first axis); the planner times it against ``einsum`` on the CPU and
   never runs it where the compiled program would materialise the product (``tullax.planner.tuning.MAX_TEMP_BYTES``).
+* ``expanded``: only where the caller opted in (``algebra="expand"``), not among ``forms``: a polynomial body
+  multiplied out, each monomial a contraction (``tullax.backends.xla.expand``; Dist as row norms and one GEMM).
 
 """
 from __future__ import annotations
