@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any, Iterable, Mapping
 
+from tullax.api.fused_call import FUSED_BACKENDS, FusedProgram
 from tullax.api.kernel import Kernel
 from tullax.errors import ShapeError
 from tullax.spec.program import Program, analyze_program, statement_ranges
@@ -20,7 +21,7 @@ class ProgramKernel:
     name; it returns the non-local outputs (one output: the array, several: a tuple)."""
 
     def __init__(self, source: str, *, backend: str = "auto", ranges: Mapping | None = None,
-                 nograd: str | Iterable[str] = ()):
+                 nograd: str | Iterable[str] = (), fuse: bool = True):
         self.source = source
         self.program: Program = analyze_program(source, ranges)
         skip = {nograd} if isinstance(nograd, str) else set(nograd)
@@ -33,6 +34,9 @@ class ProgramKernel:
                    nograd=tuple(n for n in st.reads if n in skip))
             for st in self.program.statements)
         self.backend_name = backend
+        # a row-wise program runs as one fused kernel on the host backends (tullax.api.fused_call)
+        fused_on = "c" if backend == "auto" else backend
+        self.fusion = FusedProgram(self.program, fused_on) if fuse and fused_on in FUSED_BACKENDS else None
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -57,6 +61,16 @@ class ProgramKernel:
 
     def __call__(self, *args: Any, **named: Any) -> Any:
         env = _bind(self.program, args, named)
+        if self.fusion is not None:
+            found = self.fusion.call(env, self._unfused)
+            if found is not None:
+                return found
+        return self._run(env)
+
+    def _unfused(self, *values: Any) -> Any:
+        return self._run(dict(zip(self.program.inputs, values)))
+
+    def _run(self, env: dict[str, Any]) -> Any:
         for st, kernel in zip(self.program.statements, self.kernels):
             env[st.out] = kernel(*(env[name] for name in st.reads))
         found = tuple(env[name] for name in self.program.outputs)
