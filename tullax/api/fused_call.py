@@ -70,9 +70,23 @@ class FusedProgram:
             host(out, dict(zip(names, given)), shapes)
             return out
 
+        @jax.custom_batching.custom_vmap
+        def one_call(*given: Any) -> Any:
+            if self.backend == "c":  # XLA's custom call into the kernel, as a c kernel's own
+                found = host.ffi_call(names, given, shapes, result)
+                if found is not None:
+                    return found
+            return jax.pure_callback(run, result, *given, vmap_method="sequential")
+
+        @one_call.def_vmap
+        def _batched(size: int, batched: list[bool], *given: Any) -> tuple[Any, bool]:
+            # a batch of programs runs as the unfused statements, which batch as kernels do
+            axes = [0 if b else None for b in batched]
+            return jax.vmap(unfused, in_axes=axes, axis_size=size)(*given), True
+
         @jax.custom_jvp
         def program(*given: Any) -> Any:
-            return jax.pure_callback(run, result, *given, vmap_method="sequential")
+            return one_call(*given)
 
         @program.defjvp
         def _jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:

@@ -55,6 +55,8 @@ class CProgram:
                              + [ctypes.c_int64] * (len(kernel.sizes) + len(self._extents)) + [ctypes.c_int])
         function.restype = None
         self._function = function
+        self._packed = getattr(load_library(str(library)), f"{kernel.name}_packed")
+        self._source = source
 
     def __call__(self, out: np.ndarray, values: Mapping[str, Any], shapes: Shapes) -> None:
         from tullax.backends.c.load import threads
@@ -62,6 +64,31 @@ class CProgram:
         arrays, scalars = arguments(self.kernel, out, values)
         self._function(*[a.ctypes.data for a in arrays], *scalars, *size_values(self.kernel, shapes),
                        *[arrays[k].shape[axis] for k, axis in self._extents], threads())
+
+
+    def ffi_call(self, names: Sequence[str], operands: Sequence[Any], shapes: Shapes, result: Any) -> Any | None:
+        """The kernel as a custom call inside XLA's program (``tullax.backends.ffi``, as a c kernel's) on the
+        program's inputs ``operands`` (jax values in the order of ``names``, scalars as 0-d arrays of the
+        kernel's dtype), or None where the handler is not there: the caller takes the buffer callback."""
+        import hashlib
+
+        from tullax.backends import ffi
+        from tullax.backends.c.load import threads
+
+        kernel = self.kernel
+        if len(kernel.arrays) + len(kernel.scalars) > ffi.MAX_POINTERS or not ffi.available()[0]:
+            return None
+        payload = "program:" + hashlib.sha256(self._source.encode("utf-8")).hexdigest()
+        identity = ffi.content_identity(payload)
+        slot = ffi.register(ctypes.cast(self._packed, ctypes.c_void_p).value, identity)
+        if slot is None:
+            return None
+        position = {name: k + 1 for k, name in enumerate(names)}
+        sources = [0] + [position[a.source] for a in kernel.arrays[1:]] + [position[s.source] for s in kernel.scalars]
+        array_shapes = [tuple(result.shape)] + [tuple(shapes[a.source]) for a in kernel.arrays[1:]]
+        extents = [array_shapes[k][axis] for k, axis in self._extents]
+        meta = ffi.meta(slot, identity, threads(), sources, [*size_values(kernel, shapes), *extents])
+        return ffi.call(meta, list(operands), result, None, payload)
 
 
 class NumbaProgram:
