@@ -57,6 +57,7 @@ class CProgram:
         self._function = function
         self._packed = getattr(load_library(str(library)), f"{kernel.name}_packed")
         self._source = source
+        self.slot: int | None = None
 
     def __call__(self, out: np.ndarray, values: Mapping[str, Any], shapes: Shapes) -> None:
         from tullax.backends.c.load import threads
@@ -83,6 +84,7 @@ class CProgram:
         slot = ffi.register(ctypes.cast(self._packed, ctypes.c_void_p).value, identity)
         if slot is None:
             return None
+        self.slot = slot  # the handler's slot: ffi.launches(slot) counts the kernel's runs
         position = {name: k + 1 for k, name in enumerate(names)}
         sources = [0] + [position[a.source] for a in kernel.arrays[1:]] + [position[s.source] for s in kernel.scalars]
         array_shapes = [tuple(result.shape)] + [tuple(shapes[a.source]) for a in kernel.arrays[1:]]
