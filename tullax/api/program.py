@@ -21,7 +21,7 @@ class ProgramKernel:
     name; it returns the non-local outputs (one output: the array, several: a tuple)."""
 
     def __init__(self, source: str, *, backend: str = "auto", ranges: Mapping | None = None,
-                 nograd: str | Iterable[str] = (), fuse: bool = True):
+                 nograd: str | Iterable[str] = (), fuse: bool | str = True):
         self.source = source
         self.program: Program = analyze_program(source, ranges)
         skip = {nograd} if isinstance(nograd, str) else set(nograd)
@@ -36,7 +36,11 @@ class ProgramKernel:
         self.backend_name = backend
         # a row-wise program runs as one fused kernel on the host backends (tullax.api.fused_call)
         fused_on = "c" if backend == "auto" else backend
-        self.fusion = FusedProgram(self.program, fused_on) if fuse and fused_on in FUSED_BACKENDS else None
+        if fuse not in (True, False, "grad"):
+            raise ShapeError(f"fuse= takes True (the forward fused), 'grad' (reverse-mode gradients fused too) or "
+                             f"False, not {fuse!r}")
+        self.fusion = (FusedProgram(self.program, fused_on, gradients=fuse == "grad" and not skip, ranges=ranges)
+                       if fuse and fused_on in FUSED_BACKENDS else None)
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -62,7 +66,7 @@ class ProgramKernel:
     def __call__(self, *args: Any, **named: Any) -> Any:
         env = _bind(self.program, args, named)
         if self.fusion is not None:
-            found = self.fusion.call(env, self._unfused)
+            found = self.fusion.call(env, self._unfused, self.grad_specs if self.fusion.gradients else None)
             if found is not None:
                 return found
         return self._run(env)

@@ -54,6 +54,17 @@ class Fused:
     kernel: LoopKernel
     rows: tuple[str, ...]
     output: str
+    agree: tuple[tuple[Expr, Expr], ...] = ()  # row bounds (over the size parameters) that must be equal
+
+    def check(self, sizes: dict[str, int]) -> str:
+        """Why a call with these size parameters cannot run fused ("" where it can): the statements' rows
+        read off different arrays, whose shapes disagree."""
+        from tullax.compiler.loops import eval_int
+
+        for a, b in self.agree:
+            if eval_int(a, sizes) != eval_int(b, sizes):
+                return "the statements' rows have different extents"
+        return ""
 
 
 def row_indices(program: Program) -> tuple[str, ...]:
@@ -86,6 +97,7 @@ def fuse_program(program: Program, dtype: str, name: str = "program") -> Fused:
     outer: tuple[Loop, ...] = ()
     body: list[Stmt] = []
     compute = dtype
+    agree: list[tuple[Expr, Expr]] = []
     for st in program.statements:
         spec = st.spec
         signature = Signature(tuple(INDEX_DTYPE if i.kind == "index" else dtype for i in spec.inputs), dtype)
@@ -93,7 +105,12 @@ def fuse_program(program: Program, dtype: str, name: str = "program") -> Fused:
         if kernel.is_scatter or kernel.split or kernel.cooperative:
             raise NotFusable(f"statement {st.number} does not lower to a plain loop nest")
         loops, inner = parallel_nest(kernel)
-        by_index = _loop_of_index(kernel, spec.free, inner, st.number)
+        try:
+            by_index = _loop_of_index(kernel, spec.free, inner, st.number)
+        except NotFusable:  # register tiles (several rows per iteration): each row on its own instead
+            kernel = lower(spec, signature, name, share=False)
+            loops, inner = parallel_nest(kernel)
+            by_index = _loop_of_index(kernel, spec.free, inner, st.number)
         if tuple(loop.var for loop in loops[:len(rows)]) != tuple(by_index[r] for r in rows):
             raise NotFusable(f"statement {st.number}'s loops do not run over the rows {list(rows)} first")
         rename = _Rename(kernel, st.number, dict(zip((by_index[r] for r in rows), row_vars)), locals_, params,
@@ -101,8 +118,8 @@ def fuse_program(program: Program, dtype: str, name: str = "program") -> Fused:
         here = tuple(rename.stmt(replace(loop, body=())) for loop in loops[:len(rows)])
         if not outer:
             outer = here
-        elif [(a.start, a.stop) for a in outer] != [(a.start, a.stop) for a in here]:
-            raise NotFusable(f"statement {st.number}'s rows have other bounds than statement 1's")
+        for a, b in zip(outer, here):  # bounds read off other arrays' shapes must agree at call time
+            agree.extend((x, y) for x, y in ((a.start, b.start), (a.stop, b.stop)) if x != y)
         work = tuple(rename.stmt(s) for s in inner)
         for loop in reversed(loops[len(rows):]):  # the output's other indices: serial loops inside the row
             work = (replace(rename.stmt(replace(loop, body=())), parallel=False, body=work),)
@@ -114,7 +131,7 @@ def fuse_program(program: Program, dtype: str, name: str = "program") -> Fused:
     text = "; ".join(("local " if st.local else "") + st.canonical for st in program.statements)
     kernel = LoopKernel(name, text, params.array_args(), tuple(params.scalars.values()), tuple(params.sizes.values()),
                         nest, compute)
-    return Fused(kernel, rows, program.outputs[0])
+    return Fused(kernel, rows, program.outputs[0], tuple(agree))
 
 
 def _loop_of_index(kernel: LoopKernel, free: tuple[str, ...], inner: tuple[Stmt, ...], number: int) -> dict[str, str]:
