@@ -85,8 +85,9 @@ def row_indices(program: Program) -> tuple[str, ...]:
     return rows
 
 
-def fuse_program(program: Program, dtype: str, name: str = "program") -> Fused:
-    """The program as one loop kernel for data of ``dtype`` (a float dtype: inputs, locals and the result)."""
+def fuse_program(program: Program, dtype: str, name: str = "program", block_sums: bool = True) -> Fused:
+    """The program as one loop kernel for data of ``dtype`` (a float dtype: inputs, locals and the result).
+    ``block_sums=False``: float32 sums in one register (the GPU form, whose threads each sum a share)."""
     from tullax.compiler.lower import lower
     from tullax.spec.signature import Signature
 
@@ -101,14 +102,14 @@ def fuse_program(program: Program, dtype: str, name: str = "program") -> Fused:
     for st in program.statements:
         spec = st.spec
         signature = Signature(tuple(INDEX_DTYPE if i.kind == "index" else dtype for i in spec.inputs), dtype)
-        kernel = lower(spec, signature, name)
+        kernel = lower(spec, signature, name, block_sums=block_sums)
         if kernel.is_scatter or kernel.split or kernel.cooperative:
             raise NotFusable(f"statement {st.number} does not lower to a plain loop nest")
         loops, inner = parallel_nest(kernel)
         try:
             by_index = _loop_of_index(kernel, spec.free, inner, st.number)
         except NotFusable:  # register tiles (several rows per iteration): each row on its own instead
-            kernel = lower(spec, signature, name, share=False)
+            kernel = lower(spec, signature, name, share=False, block_sums=block_sums)
             loops, inner = parallel_nest(kernel)
             by_index = _loop_of_index(kernel, spec.free, inner, st.number)
         if tuple(loop.var for loop in loops[:len(rows)]) != tuple(by_index[r] for r in rows):
@@ -238,3 +239,16 @@ class _Rename:
                             tuple(self.expr(a) for a in expr.args) if f.name == "args" else getattr(expr, f.name))
                    for f in fields(expr)}
         return type(expr)(**changes)
+
+
+def block_per_row(program: Program, dtype: str, sizes: dict[str, int], warp: bool = False,
+                  name: str = "program") -> Fused | None:
+    """The GPU form of a fused program: a block (``warp``: a warp) per row, its threads striding each of the
+    row's reductions and combining them (``tullax.compiler.cooperate``), then each writing its share of the
+    output row; the locals per-row values every thread holds. None where the row's work does not have that
+    shape. ``sizes``: the fused kernel's size parameters for the call."""
+    from tullax.compiler.cooperate import cooperate
+
+    fused = fuse_program(program, dtype, name, block_sums=False)
+    kernel = cooperate(fused.kernel, sizes, 1, warp=warp)
+    return None if kernel is None else replace(fused, kernel=kernel)

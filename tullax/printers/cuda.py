@@ -104,6 +104,14 @@ class CudaPrinter(CLikePrinter):
             raise TullaxError(f"internal error: index arithmetic is 32 or 64 bits, not {index_bits}")
         super().__init__(INDEX_TYPES[index_bits])
         self.cooperative, self.warp = cooperative, warp
+        self._lanes = 0  # depth of loops whose iterations the block's threads share
+
+    def loop(self, loop: Loop, place: Place) -> list[str]:
+        self._lanes += loop.lanes
+        try:
+            return super().loop(loop, place)
+        finally:
+            self._lanes -= loop.lanes
 
     def loop_header(self, loop: Loop, place: Place) -> str:
         if not loop.lanes:
@@ -127,7 +135,7 @@ class CudaPrinter(CLikePrinter):
                 return [f"{pad}{stmt.var} = tx_warp_combine<{op}>({stmt.var});"]
             return [f"{pad}{stmt.var} = tx_block_combine<{op}>({stmt.var}, "
                     f"{self.expr(Const(identity, stmt.dtype))}, ({kind}*)tx_red);"]
-        if isinstance(stmt, Store) and self.cooperative:
+        if isinstance(stmt, Store) and self.cooperative and not self._lanes:  # a lanes loop's: each thread its own
             return [f"{pad}if (tx_thread == 0) {self.store(stmt)}{self.statement_end}"]
         return super().statement(stmt, place)
 
