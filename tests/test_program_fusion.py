@@ -197,3 +197,38 @@ def test_printed_cuda_of_a_block_per_row_in_the_host_harness(warp, tmp_path):
     exe = build([(job.kernel, job.index_bits) for job in jobs], tmp_path)
     for got, (want, dtype) in zip(run(exe, list(enumerate(jobs))), expected):
         _close(got.reshape(want.shape), want, dtype)
+
+
+@pytest.mark.parametrize("backend", ["c", "numba"])
+@pytest.mark.parametrize("case", FUSED, ids=lambda c: c.name)
+def test_fused_gradient_programs_match_jnp(case, backend):
+    """fuse='grad': the row-wise input's cotangent is one fused kernel (its gradient program fuses), the others
+    run unfused; every cotangent matches jnp's (float64, jitted)."""
+    from tullax.api.program import ProgramKernel
+
+    kernel = ProgramKernel(case.spec, backend=backend, fuse="grad")
+    grads = kernel.fusion.gradient_kernels(kernel.grad_specs)
+    assert len(grads) == 1 and all(g.fusion.fused("float64") is not None for g in grads.values())
+    with jax.enable_x64(True):
+        args = [jnp.asarray(a) for a in case.inputs(np.random.default_rng(6), "float64")]
+        weights = np.random.default_rng(7).normal(size=np.shape(case.oracle(*args)))
+        wrt = tuple(k for k, a in enumerate(args) if np.ndim(a))
+        got = jax.jit(jax.grad(lambda *a: (kernel(*a) * weights).sum(), wrt))(*args)
+        want = jax.grad(lambda *a: (case.oracle(*a) * weights).sum(), wrt)(*args)
+        for g, w in zip(got, want):
+            _close(g, np.asarray(w), "float64")
+
+
+def test_auto_plans_a_program_as_one_unit(monkeypatch):
+    """Under auto the fused kernel and the program's XLA lowering are the two candidates, timed once per shapes;
+    with timing off the rule picks the fused kernel."""
+    case = next(c for c in CASES if c.name == "rmsnorm")
+    args = case.inputs(np.random.default_rng(8), "float32")
+    kernel = tullax.einsum_kernel(case.spec)
+    _close(jax.jit(kernel)(*args), _oracle(case, args), "float32")
+    ((winner, timings),) = kernel.plans.values()
+    assert winner in ("fused", "xla") and [label for label, _ in timings] == ["fused", "xla"]
+    monkeypatch.setenv("TULLAX_PLAN_TIMING", "0")
+    again = tullax.einsum_kernel(case.spec)
+    _close(again(*args), _oracle(case, args), "float32")
+    assert list(again.plans.values()) == [("fused", [])]

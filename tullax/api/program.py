@@ -41,6 +41,10 @@ class ProgramKernel:
                              f"False, not {fuse!r}")
         self.fusion = (FusedProgram(self.program, fused_on, gradients=fuse == "grad" and not skip, ranges=ranges)
                        if fuse and fused_on in FUSED_BACKENDS else None)
+        # under auto the program is planned as one unit: the fused kernel against the program's XLA lowering
+        self._xla = ProgramKernel(source, backend="xla", ranges=ranges, nograd=nograd) if (
+            backend == "auto" and self.fusion is not None) else None
+        self.plans: dict[tuple, tuple[str, list]] = {}  # call shapes and dtypes -> (winner, timings)
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -65,11 +69,30 @@ class ProgramKernel:
 
     def __call__(self, *args: Any, **named: Any) -> Any:
         env = _bind(self.program, args, named)
-        if self.fusion is not None:
+        if self.fusion is not None and self._planned(env) != "xla":
             found = self.fusion.call(env, self._unfused, self.grad_specs if self.fusion.gradients else None)
             if found is not None:
                 return found
+        if self._xla is not None:
+            return self._xla(**env)
         return self._run(env)
+
+    def _planned(self, env: dict[str, Any]) -> str:
+        """Under auto: which of the fused kernel and the XLA lowering runs calls like this one (timed once)."""
+        if self._xla is None or self.fusion is None:
+            return "fused"
+        from tullax.api.program_plan import decide, plan_key
+
+        names = self.program.inputs
+        key = plan_key(names, env)
+        if key not in self.plans:
+            fusion, xla = self.fusion, self._xla
+
+            def fused(*values: Any) -> Any:
+                found = fusion.call(dict(zip(names, values)), self._unfused)
+                return xla(*values) if found is None else found
+            self.plans[key] = decide(names, env, fused, xla)
+        return self.plans[key][0]
 
     def _unfused(self, *values: Any) -> Any:
         return self._run(dict(zip(self.program.inputs, values)))
