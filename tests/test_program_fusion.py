@@ -19,7 +19,7 @@ from tullax.compiler.loops import Let, Loop, Store, parallel_nest, walk_stmts
 from tullax.spec.program import analyze_program, program_shapes
 
 FUSED = [c for c in CASES if c.name in ("layernorm", "rmsnorm", "softmax", "logsoftmax", "groupnorm")]
-NOT_FUSED = {"attention": "not the rows", "gelu_layer": "does not store its output once",
+NOT_FUSED = {"attention": "not the rows", "gelu_layer": "would lose its register tiles",
              "two_outputs": "returns one output"}
 ROWS = {"layernorm": ("b",), "rmsnorm": ("b",), "softmax": ("b", "i"), "logsoftmax": ("b", "i"),
         "groupnorm": ("b", "g")}

@@ -28,19 +28,22 @@ __all__ = [
 
 
 def einsum_kernel(spec: str, *, backend: str = "auto", ranges: Mapping | None = None, init: Any = None,
-                  nograd: str | Iterable[str] = ()) -> "Kernel | ProgramKernel":
+                  nograd: str | Iterable[str] = (), fuse: bool | str = True) -> "Kernel | ProgramKernel":
     """Compile ``spec`` (docs/design.md, section 1) into a Kernel running on ``backend``: 'auto' (the planner: loops or
     an XLA form per kernel), 'c' (host C/OpenMP, the CPU default), 'numba', 'julia', 'julia-cuda', 'cuda'
     (CUDA C through NVRTC) or 'xla' (plain jnp, the oracle). ``ranges`` gives index ranges explicitly:
     ``{"i": 10}`` or ``{"i": (2, 12)}``; ``init`` is the starting value of the reduction (Tullio's ``init=``);
     ``nograd`` names inputs that get no gradient (``jax.grad`` gives zeros for them). See ``tullax.api.options``.
     Several statements (one per line or separated by ';', ``local`` before an intermediate) make a program:
-    ``tullax.api.program.ProgramKernel``."""
+    ``tullax.api.program.ProgramKernel``; ``fuse`` (programs only): True runs a row-wise program as one fused
+    kernel, "grad" fuses its reverse-mode gradients too, False runs each statement as its own kernel."""
     if is_program(spec):
         if init is not None:
             raise SpecError("init= applies to one statement: inside a program write the starting value into the "
                             "statement that needs it")
-        return ProgramKernel(spec, backend=backend, ranges=ranges, nograd=nograd)
+        return ProgramKernel(spec, backend=backend, ranges=ranges, nograd=nograd, fuse=fuse)
+    if fuse is not True:
+        raise SpecError("fuse= applies to programs (several statements); one statement is one kernel already")
     return Kernel(spec, backend=backend, ranges=ranges, init=init, nograd=nograd)
 
 

@@ -109,6 +109,10 @@ def fuse_program(program: Program, dtype: str, name: str = "program", block_sums
         try:
             by_index = _loop_of_index(kernel, spec.free, inner, st.number)
         except NotFusable:  # register tiles (several rows per iteration): each row on its own instead
+            if len(program.statements[-1].spec.free) == len(rows):
+                # one output element per row: fusing gains an epilogue and loses the contraction's tiles
+                raise NotFusable(f"statement {st.number} is a contraction into the rows; fused it would lose its "
+                                 f"register tiles") from None
             kernel = lower(spec, signature, name, share=False, block_sums=block_sums)
             loops, inner = parallel_nest(kernel)
             by_index = _loop_of_index(kernel, spec.free, inner, st.number)
