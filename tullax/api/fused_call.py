@@ -22,9 +22,11 @@ FUSED_BACKENDS = ("c", "numba")
 class FusedProgram:
     """The fused forms of one program on ``backend``, one per data dtype (or the reason it does not fuse)."""
 
-    def __init__(self, program: Program, backend: str, gradients: bool = False, ranges: Any = None):
+    def __init__(self, program: Program, backend: str, gradients: bool = False, ranges: Any = None,
+                 make_kernel: Callable[[str], Any] | None = None):
         self.program, self.backend, self.gradients = program, backend, gradients
         self.ranges = ranges
+        self.make_kernel = make_kernel  # program text -> its kernel (the gradient programs' ProgramKernel)
         self._fused: dict[str, Fused | str] = {}
         self._gradient_kernels: dict[str, Any] | None = None
 
@@ -48,7 +50,6 @@ class FusedProgram:
         """Row-wise input -> its gradient program as a (fused) ``ProgramKernel`` (``tullax.api.fused_grad``)."""
         if self._gradient_kernels is None:
             from tullax.api.fused_grad import analyzed_gradients
-            from tullax.api.program import ProgramKernel
             from tullax.compiler.fuse import row_indices
 
             found = {}
@@ -58,7 +59,8 @@ class FusedProgram:
             except NotFusable:
                 programs = {}
             for name, program in programs.items():
-                found[name] = ProgramKernel(program.source, backend=self.backend, ranges=self.ranges)
+                if self.make_kernel is not None:
+                    found[name] = self.make_kernel(program.source)
             self._gradient_kernels = found
         return self._gradient_kernels
 

@@ -39,7 +39,8 @@ class ProgramKernel:
         if fuse not in (True, False, "grad"):
             raise ShapeError(f"fuse= takes True (the forward fused), 'grad' (reverse-mode gradients fused too) or "
                              f"False, not {fuse!r}")
-        self.fusion = (FusedProgram(self.program, fused_on, gradients=fuse == "grad" and not skip, ranges=ranges)
+        self.fusion = (FusedProgram(self.program, fused_on, gradients=fuse == "grad" and not skip, ranges=ranges,
+                                    make_kernel=lambda text: ProgramKernel(text, backend=fused_on, ranges=ranges))
                        if fuse and fused_on in FUSED_BACKENDS else None)
         # under auto the program is planned as one unit: the fused kernel against the program's XLA lowering
         self._xla = ProgramKernel(source, backend="xla", ranges=ranges, nograd=nograd) if (
