@@ -168,10 +168,10 @@ def test_printed_cuda_of_the_fused_kernels_in_the_host_harness(tmp_path):
         _close(got.reshape(want.shape), want, "float64")
 
 
-@pytest.mark.parametrize("warp", [False, True], ids=["block", "warp"])
-def test_printed_cuda_of_a_block_per_row_in_the_host_harness(warp, tmp_path):
+def test_printed_cuda_of_a_block_per_row_in_the_host_harness(tmp_path):
     """The GPU form: a block (or a warp) per row, its threads striding the row's reductions, combining them, and
-    writing their share of the output row; under the harness's thread sanitizer, float32 and float64."""
+    writing their share of the output row; under the harness's thread sanitizer, float32 and float64, blocks and
+    warps in one build."""
     from dataclasses import replace
 
     from cuda_harness import GPP, Launch, build, run
@@ -182,18 +182,18 @@ def test_printed_cuda_of_a_block_per_row_in_the_host_harness(warp, tmp_path):
     if GPP is None:
         pytest.skip("g++ is not installed")
     jobs, expected = [], []
-    for case in [c for c in FUSED if c.name != "groupnorm"]:  # groupnorm's row is two loops deep: a thread per row
-        for dtype in ("float64", "float32"):
-            case, program, fused = _fused(case.name, dtype)
-            args, values, shapes = _inputs(case, program, dtype)
-            sizes = dict(zip((s.name for s in fused.kernel.sizes), size_values(fused.kernel, shapes)))
-            found = block_per_row(program, dtype, sizes, warp=warp)
-            assert found is not None and found.kernel.cooperative
-            kernel = replace(found.kernel, name=f"program{len(jobs)}")
-            arrays, scalars = arguments(kernel, np.full(shapes[fused.output], np.nan, dtype), values)
-            extents = [a.shape[axis] for a in arrays for axis in range(1, a.ndim)]
-            jobs.append(Launch(kernel, 32, (*arrays, *scalars, *size_values(kernel, shapes), *extents)))
-            expected.append((_oracle(case, args), dtype))
+    cases = [c for c in FUSED if c.name != "groupnorm"]  # groupnorm's row is two loops deep: a thread per row
+    for case, dtype, warp in [(c, d, w) for c in cases for d in ("float64", "float32") for w in (False, True)]:
+        case, program, fused = _fused(case.name, dtype)
+        args, values, shapes = _inputs(case, program, dtype)
+        sizes = dict(zip((s.name for s in fused.kernel.sizes), size_values(fused.kernel, shapes)))
+        found = block_per_row(program, dtype, sizes, warp=warp)
+        assert found is not None and found.kernel.cooperative
+        kernel = replace(found.kernel, name=f"program{len(jobs)}")
+        arrays, scalars = arguments(kernel, np.full(shapes[fused.output], np.nan, dtype), values)
+        extents = [a.shape[axis] for a in arrays for axis in range(1, a.ndim)]
+        jobs.append(Launch(kernel, 32, (*arrays, *scalars, *size_values(kernel, shapes), *extents)))
+        expected.append((_oracle(case, args), dtype))
     exe = build([(job.kernel, job.index_bits) for job in jobs], tmp_path)
     for got, (want, dtype) in zip(run(exe, list(enumerate(jobs))), expected):
         _close(got.reshape(want.shape), want, dtype)

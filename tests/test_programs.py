@@ -84,7 +84,7 @@ def _loss(fn, weights):
     return loss
 
 
-@pytest.mark.parametrize(("dtype", "mode"), DTYPE_MODES[::-1])  # float32 eager, float64 jitted here
+@pytest.mark.parametrize(("dtype", "mode"), [("float32", "eager"), ("float64", "jit")])  # the other two pairs
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_gradients_match_jnp(case, backend, dtype, mode):
