@@ -33,8 +33,8 @@ def decide(names: tuple[str, ...], env: Mapping[str, Any], fused: Callable[..., 
     for n in names:
         value = env[n]
         dtype = np.dtype(getattr(value, "dtype", np.float64))
-        values.append(jax.numpy.asarray(rng.normal(size=np.shape(value)).astype(dtype)) if np.ndim(value)
-                      else value)
+        # concrete stand-ins of every input, scalars too (under jit the call's own values are tracers)
+        values.append(jax.numpy.asarray(np.asarray(rng.normal(size=np.shape(value))).astype(dtype)))
     runs = {}
     for label, fn in ((FUSED, fused), (XLA, xla)):
         jitted = jax.jit(fn)
