@@ -1,7 +1,9 @@
-"""Programs (issue 50): LayerNorm, softmax and an attention block written as one tullax program, against jnp
-written by hand and against the same statements as separate tullax kernels called one after another, all jitted,
-in ONE process with the subjects alternating each round. Operations: forward, and ``grad`` of a weighted sum
-w.r.t. every array input. Prints medians and ratios (jnp / program and separate / program: > 1 means the
+"""Programs (issue 50): LayerNorm, softmax and an attention block written as one tullax program, run FUSED (one
+loop kernel over the rows, ``tullax.compiler.fuse``; attention does not fuse and runs its statements), UNFUSED
+(``ProgramKernel(fuse=False)``: each statement its own kernel, locals as arrays; the fused subject is
+``fuse="grad"``: its gradient w.r.t. the row-wise input is one fused kernel too) and as jnp written by hand, all
+jitted, in ONE process with the subjects alternating each round. Operations: forward, and ``grad`` of a weighted
+sum w.r.t. every array input. Prints medians and ratios (jnp / fused and unfused / fused: > 1 means the fused
 program is faster), the same for the best of the rounds, and writes them to benchmarks/results/programs.json.
 
     PYTHONPATH=$PWD python benchmarks/programs.py [--rounds 15] [--backend c]
@@ -64,22 +66,6 @@ def cases(rng):
     ]
 
 
-def separate(program_text: str, backend: str):
-    """The same statements as separate tullax kernels, called one after another by hand."""
-    import tullax
-    from tullax.spec.program import analyze_program
-
-    program = analyze_program(program_text)
-    kernels = [(st, tullax.einsum_kernel(st.text, backend=backend)) for st in program.statements]
-
-    def run(*args):
-        env = dict(zip(program.inputs, args))
-        for st, kernel in kernels:
-            env[st.out] = kernel(*(env[n] for n in st.reads))
-        return env[program.outputs[0]]
-    return run
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -92,13 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    import tullax
+    from tullax.api.program import ProgramKernel
 
     rng = np.random.default_rng(0)
     results = []
     for name, text, oracle, inputs in cases(rng):
-        subjects = {"program": tullax.einsum_kernel(text, backend=args.backend), "jnp": oracle,
-                    "separate": separate(text, args.backend)}
+        fused = ProgramKernel(text, backend=args.backend, fuse="grad")
+        subjects = {"fused": fused, "jnp": oracle, "unfused": ProgramKernel(text, backend=args.backend, fuse=False)}
+        dtype = np.asarray(inputs[0]).dtype.name
+        why = fused.fusion.reason(dtype) if fused.fusion is not None else "no fusion on this backend"
         weight = rng.normal(size=np.shape(oracle(*inputs))).astype(np.float32)
         calls = {}
         for label, fn in subjects.items():
@@ -121,17 +109,19 @@ def main(argv: list[str] | None = None) -> int:
             med = {label: statistics.median(times[(label, op)]) for label in subjects}
             best = {label: min(times[(label, op)]) for label in subjects}
             row = {"program": name, "op": op, "shapes": [list(np.shape(a)) for a in inputs],
+                   "fused": not why, "not_fused_because": why,
                    **{f"{k}_ms": round(v * 1e3, 4) for k, v in med.items()},
                    **{f"{k}_best_ms": round(v * 1e3, 4) for k, v in best.items()},
-                   "best_jnp_over_program": round(best["jnp"] / best["program"], 2),
-                   "best_separate_over_program": round(best["separate"] / best["program"], 2),
-                   "jnp_over_program": round(med["jnp"] / med["program"], 2),
-                   "separate_over_program": round(med["separate"] / med["program"], 2)}
+                   "best_jnp_over_fused": round(best["jnp"] / best["fused"], 2),
+                   "best_unfused_over_fused": round(best["unfused"] / best["fused"], 2),
+                   "jnp_over_fused": round(med["jnp"] / med["fused"], 2),
+                   "unfused_over_fused": round(med["unfused"] / med["fused"], 2)}
             results.append(row)
-            print(f"{name:10s} {op:8s} program {row['program_ms']:9.3f} ms  jnp {row['jnp_ms']:9.3f} ms  "
-                  f"separate {row['separate_ms']:9.3f} ms  jnp/program x{row['jnp_over_program']:.2f}  "
-                  f"separate/program x{row['separate_over_program']:.2f}  (best: x{row['best_jnp_over_program']:.2f} / "
-                  f"x{row['best_separate_over_program']:.2f})", flush=True)
+            print(f"{name:10s} {op:8s} fused {row['fused_ms']:9.3f} ms  jnp {row['jnp_ms']:9.3f} ms  "
+                  f"unfused {row['unfused_ms']:9.3f} ms  jnp/fused x{row['jnp_over_fused']:.2f}  "
+                  f"unfused/fused x{row['unfused_over_fused']:.2f}  (best: x{row['best_jnp_over_fused']:.2f} / "
+                  f"x{row['best_unfused_over_fused']:.2f}){'' if not why else '  [not fused: ' + why + ']'}",
+                  flush=True)
     record = {"backend": args.backend, "dtype": "float32", "rounds": args.rounds, "machine": platform.machine(),
               "cpus": os.cpu_count(), "load_average": os.getloadavg(), "jax": jax.__version__,
               "results": results}

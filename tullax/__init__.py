@@ -28,7 +28,8 @@ __all__ = [
 
 
 def einsum_kernel(spec: str, *, backend: str = "auto", ranges: Mapping | None = None, init: Any = None,
-                  nograd: str | Iterable[str] = (), algebra: str | None = None) -> "Kernel | ProgramKernel":
+                  nograd: str | Iterable[str] = (), algebra: str | None = None,
+                  fuse: bool | str = True) -> "Kernel | ProgramKernel":
     """Compile ``spec`` (docs/design.md, section 1) into a Kernel running on ``backend``: 'auto' (the planner: loops or
     an XLA form per kernel), 'c' (host C/OpenMP, the CPU default), 'numba', 'julia', 'julia-cuda', 'cuda'
     (CUDA C through NVRTC) or 'xla' (plain jnp, the oracle). ``ranges`` gives index ranges explicitly:
@@ -39,14 +40,17 @@ def einsum_kernel(spec: str, *, backend: str = "auto", ranges: Mapping | None = 
     the loops, for the forward kernel and each gradient step) or 'xla' (always); it rounds differently, with
     cancellation when points are close (docs/backends.md, "Expanding polynomial bodies").
     Several statements (one per line or separated by ';', ``local`` before an intermediate) make a program:
-    ``tullax.api.program.ProgramKernel``."""
+    ``tullax.api.program.ProgramKernel``; ``fuse`` (programs only): True runs a row-wise program as one fused
+    kernel, "grad" fuses its reverse-mode gradients too, False runs each statement as its own kernel."""
     if is_program(spec):
         if init is not None:
             raise SpecError("init= applies to one statement: inside a program write the starting value into the "
                             "statement that needs it")
         if algebra is not None:
             raise SpecError("algebra= applies to one statement: write the statement to expand as a kernel of its own")
-        return ProgramKernel(spec, backend=backend, ranges=ranges, nograd=nograd)
+        return ProgramKernel(spec, backend=backend, ranges=ranges, nograd=nograd, fuse=fuse)
+    if fuse is not True:
+        raise SpecError("fuse= applies to programs (several statements); one statement is one kernel already")
     return Kernel(spec, backend=backend, ranges=ranges, init=init, nograd=nograd, algebra=algebra)
 
 

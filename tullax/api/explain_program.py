@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from tullax.errors import TullaxError
 from tullax.spec.program import Program, analyze_program
 from tullax.spec.text import format_spec
 
@@ -17,12 +18,37 @@ def explain_program(source: str, ranges: Mapping | None = None, shapes: Mapping 
         came = [f"{n} (statement {program.producer(n).number})" for n in st.reads if program.producer(n)]
         flow = f"   reads {', '.join(came)}" if came else ""
         lines.append(f"  {st.number}. {'local ' if st.local else ''}{st.canonical}{flow}")
-    lines.append("fusion groups:")
-    lines += [f"  [{st.number}] {st.out}: its own kernel (forward and gradients), run in program order"
-              for st in program.statements]
+    lines += _fusion_lines(program, dtype)
     lines += _gradient_lines(program)
     lines += _plan_lines(program, shapes, dtype)
     return "\n".join(lines)
+
+
+def _fusion_lines(program: Program, dtype: str) -> list[str]:
+    """One fused kernel over the rows (``tullax.compiler.fuse``) on the host backends, or one kernel per statement
+    and why; with ``fuse='grad'``, the gradient programs that fuse."""
+    from tullax.compiler.fuse import NotFusable, fuse_program
+
+    try:
+        fused = fuse_program(program, dtype)
+    except NotFusable as why:
+        return ["fusion groups: one kernel per statement, in program order (not fused: " + str(why) + ")"] + [
+            f"  [{st.number}] {st.out}" for st in program.statements]
+    numbers = ", ".join(str(st.number) for st in program.statements)
+    lines = ["fusion groups: one fused kernel on c and numba (the xla backend runs the statements as jnp)",
+             f"  [{numbers}] one parallel loop over the rows {', '.join(fused.rows)}; locals "
+             f"{', '.join(st.out for st in program.statements if st.local)} per-row variables, never arrays"]
+    try:
+        from tullax.api.fused_grad import analyzed_gradients
+        from tullax.api.kernel import Kernel
+
+        specs = tuple(Kernel(st.text, backend="xla").grad_specs for st in program.statements)
+        for name, grad in analyzed_gradients(program, specs, fused.rows).items():
+            lines.append(f"  fuse='grad': Δ{name} is one fused kernel over the same rows:")
+            lines += [f"    {'local ' if st.local else ''}{st.canonical}" for st in grad.statements]
+    except TullaxError as err:  # a statement without gradients: the call's gradients run unfused
+        lines.append(f"  fuse='grad': the gradients run unfused ({err})")
+    return lines
 
 
 def _gradient_lines(program: Program) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any, Iterable, Mapping
 
+from tullax.api.fused_call import FUSED_BACKENDS, FusedProgram
 from tullax.api.kernel import Kernel
 from tullax.errors import ShapeError
 from tullax.spec.program import Program, analyze_program, statement_ranges
@@ -20,7 +21,7 @@ class ProgramKernel:
     name; it returns the non-local outputs (one output: the array, several: a tuple)."""
 
     def __init__(self, source: str, *, backend: str = "auto", ranges: Mapping | None = None,
-                 nograd: str | Iterable[str] = ()):
+                 nograd: str | Iterable[str] = (), fuse: bool | str = True):
         self.source = source
         self.program: Program = analyze_program(source, ranges)
         skip = {nograd} if isinstance(nograd, str) else set(nograd)
@@ -33,6 +34,18 @@ class ProgramKernel:
                    nograd=tuple(n for n in st.reads if n in skip))
             for st in self.program.statements)
         self.backend_name = backend
+        # a row-wise program runs as one fused kernel on the host backends (tullax.api.fused_call)
+        fused_on = "c" if backend == "auto" else backend
+        if fuse not in (True, False, "grad"):
+            raise ShapeError(f"fuse= takes True (the forward fused), 'grad' (reverse-mode gradients fused too) or "
+                             f"False, not {fuse!r}")
+        self.fusion = (FusedProgram(self.program, fused_on, gradients=fuse == "grad" and not skip, ranges=ranges,
+                                    make_kernel=lambda text: ProgramKernel(text, backend=fused_on, ranges=ranges))
+                       if fuse and fused_on in FUSED_BACKENDS else None)
+        # under auto the program is planned as one unit: the fused kernel against the program's XLA lowering
+        self._xla = ProgramKernel(source, backend="xla", ranges=ranges, nograd=nograd) if (
+            backend == "auto" and self.fusion is not None) else None
+        self.plans: dict[tuple, tuple[str, list]] = {}  # call shapes and dtypes -> (winner, timings)
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -57,6 +70,35 @@ class ProgramKernel:
 
     def __call__(self, *args: Any, **named: Any) -> Any:
         env = _bind(self.program, args, named)
+        if self.fusion is not None and self._planned(env) != "xla":
+            found = self.fusion.call(env, self._unfused, self.grad_specs if self.fusion.gradients else None)
+            if found is not None:
+                return found
+        if self._xla is not None:
+            return self._xla(**env)
+        return self._run(env)
+
+    def _planned(self, env: dict[str, Any]) -> str:
+        """Under auto: which of the fused kernel and the XLA lowering runs calls like this one (timed once)."""
+        if self._xla is None or self.fusion is None:
+            return "fused"
+        from tullax.api.program_plan import decide, plan_key
+
+        names = self.program.inputs
+        key = plan_key(names, env)
+        if key not in self.plans:
+            fusion, xla = self.fusion, self._xla
+
+            def fused(*values: Any) -> Any:
+                found = fusion.call(dict(zip(names, values)), self._unfused)
+                return xla(*values) if found is None else found
+            self.plans[key] = decide(names, env, fused, xla)
+        return self.plans[key][0]
+
+    def _unfused(self, *values: Any) -> Any:
+        return self._run(dict(zip(self.program.inputs, values)))
+
+    def _run(self, env: dict[str, Any]) -> Any:
         for st, kernel in zip(self.program.statements, self.kernels):
             env[st.out] = kernel(*(env[name] for name in st.reads))
         found = tuple(env[name] for name in self.program.outputs)

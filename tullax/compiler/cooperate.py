@@ -91,6 +91,8 @@ def cooperate(kernel: LoopKernel, sizes: Mapping[str, int], min_length: int, max
             if stmt.mode != "set" or stmt.array != kernel.output.name:
                 return None
             stmts.append(stmt)
+        elif isinstance(stmt, Loop) and not stmt.parallel and _elementwise(stmt, kernel.output.name):
+            stmts.append(replace(stmt, lanes=True))  # a fused program's output row: each thread its elements
         elif isinstance(stmt, Loop) and not stmt.parallel:
             combined = _reduction(stmt, declared, sizes, min_length)
             if combined is None:
@@ -132,6 +134,16 @@ def _reduction(loop: Loop, declared: Mapping[str, str], sizes: Mapping[str, int]
                                 and not any(loop.var in expr_vars(i) for i in node.index[:-1]) for node in moving)
     length = _length(loop, sizes)
     return list(ops.items()) if unit and length is not None and length >= min_length else None
+
+
+def _elementwise(loop: Loop, output: str) -> bool:
+    """A loop of a fused program (``tullax.compiler.fuse``) writing one row of the output, an element per
+    iteration along its last axis: Lets and plain stores only, so the block's threads may share it with no
+    combine and no barrier (the per-row values it reads, every thread holds after the Combines before it)."""
+    stores = [s for s in loop.body if isinstance(s, Store)]
+    return bool(stores) and all(isinstance(s, (Let, Store)) for s in loop.body) and all(
+        s.array == output and s.mode == "set" and s.index[-1] == Var(loop.var, s.index[-1].dtype)
+        and not any(loop.var in expr_vars(i) for i in s.index[:-1]) for s in stores)
 
 
 def _online_logsumexp(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:

@@ -181,7 +181,7 @@ class Loop:
     parallel: bool
     body: tuple["Stmt", ...]
     reduce_parallel: bool = False
-    lanes: bool = False  # cooperative kernels: the block's threads share the iterations
+    lanes: bool = False  # cooperative kernels: the block's threads share the iterations (a Store in it: each its own)
 
 
 @dataclass(frozen=True)

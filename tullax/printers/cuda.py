@@ -123,6 +123,14 @@ class CudaPrinter(CLikePrinter):
             raise TullaxError(f"internal error: index arithmetic is 32 or 64 bits, not {index_bits}")
         super().__init__(INDEX_TYPES[index_bits])
         self.cooperative, self.warp = cooperative, warp
+        self._lanes = 0  # depth of loops whose iterations the block's threads share
+
+    def loop(self, loop: Loop, place: Place) -> list[str]:
+        self._lanes += loop.lanes
+        try:
+            return super().loop(loop, place)
+        finally:
+            self._lanes -= loop.lanes
 
     def loop_header(self, loop: Loop, place: Place) -> str:
         if not loop.lanes:
@@ -150,7 +158,7 @@ class CudaPrinter(CLikePrinter):
             return [f"{pad}__syncthreads();"]
         if isinstance(stmt, Shared):  # declared once at the kernel's top (``kernel_function``)
             return []
-        if isinstance(stmt, Store) and self.cooperative:
+        if isinstance(stmt, Store) and self.cooperative and not self._lanes:  # a lanes loop's: each thread its own
             return [f"{pad}if (tx_thread == 0) {self.store(stmt)}{self.statement_end}"]
         return super().statement(stmt, place)
 

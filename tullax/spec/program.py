@@ -220,3 +220,11 @@ def _reaches(start: Statement, target: str, where: dict[str, Statement]) -> bool
         seen.add(name)
         todo.extend(where[name].reads)
     return False
+
+
+def program_shapes(program: Program, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The shapes of the program's inputs (``shapes``) and of every statement's result, in program order."""
+    found = dict(shapes)
+    for st in program.statements:
+        found[st.out] = tuple(int(size.eval(found)) for size in st.spec.out_shape)
+    return found

@@ -1,0 +1,234 @@
+"""Fused programs (issue 50, tullax.compiler.fuse): a row-wise program is ONE loop kernel whose parallel nest runs
+over the rows its locals share, the locals per-row variables (never arrays), printed by every printer and computing
+what NumPy float64 computes: the C and Numba kernels on the host, the printed CUDA C through the host harness, the
+printed Julia through the subset evaluator. One fused kernel per case and dtype, shared by every test here."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from program_cases import CASES
+
+import tullax
+from tullax.backends.program_host import host_program
+from tullax.compiler.fuse import NotFusable, fuse_program
+from tullax.compiler.loops import Let, Loop, Store, parallel_nest, walk_stmts
+from tullax.spec.program import analyze_program, program_shapes
+
+FUSED = [c for c in CASES if c.name in ("layernorm", "rmsnorm", "softmax", "logsoftmax", "groupnorm")]
+NOT_FUSED = {"attention": "not the rows", "gelu_layer": "would lose its register tiles",
+             "two_outputs": "returns one output"}
+ROWS = {"layernorm": ("b",), "rmsnorm": ("b",), "softmax": ("b", "i"), "logsoftmax": ("b", "i"),
+        "groupnorm": ("b", "g")}
+TOL = {"float64": 1e-12, "float32": 2e-5}
+
+
+@functools.lru_cache(maxsize=None)
+def _fused(name: str, dtype: str):
+    case = next(c for c in CASES if c.name == name)
+    program = analyze_program(case.spec)
+    return case, program, fuse_program(program, dtype)
+
+
+def _oracle(case, args):
+    with jax.enable_x64(True):
+        return np.asarray(case.oracle(*[jnp.asarray(a, jnp.float64) for a in args]))
+
+
+def _close(got, want, dtype):
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=TOL[dtype], atol=TOL[dtype] * scale)
+
+
+def _inputs(case, program, dtype):
+    args = case.inputs(np.random.default_rng(3), dtype)
+    values = dict(zip(program.inputs, args))
+    shapes = program_shapes(program, {n: np.shape(v) for n, v in values.items()})
+    return args, values, shapes
+
+
+@pytest.mark.parametrize("case", FUSED, ids=lambda c: c.name)
+def test_a_row_wise_program_is_one_parallel_nest_over_its_rows_with_locals_in_registers(case):
+    _, program, fused = _fused(case.name, "float32")
+    kernel = fused.kernel
+    assert fused.rows == ROWS[case.name]
+    loops, body = parallel_nest(kernel)
+    assert len(loops) == len(fused.rows)  # the rows only: the output's other indices are serial inside a row
+    assert not any(isinstance(s, Loop) and s.parallel for s in walk_stmts(body))
+    locals_ = {st.out for st in program.statements if st.local}
+    # no local is a parameter or a store: each is one Let per row
+    assert {a.source for a in kernel.arrays} == set(program.inputs) - {s.source for s in kernel.scalars} | {
+        fused.output}
+    assert {s.array for s in walk_stmts(body) if isinstance(s, Store)} == {"a0"}
+    assert {f"l_{name}" for name in locals_} <= {s.var for s in body if isinstance(s, Let)}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_FUSED))
+def test_programs_of_another_shape_say_why_they_do_not_fuse(name):
+    case = next(c for c in CASES if c.name == name)
+    with pytest.raises(NotFusable, match=NOT_FUSED[name]):
+        fuse_program(analyze_program(case.spec), "float64")
+    kernel = tullax.einsum_kernel(case.spec, backend="c")
+    assert NOT_FUSED[name] in kernel.fusion.reason("float64")
+
+
+@pytest.mark.parametrize("case", FUSED, ids=lambda c: c.name)
+def test_every_printer_prints_the_fused_kernel(case):
+    from tullax.printers import c, cuda, julia, numba
+
+    _, program, fused = _fused(case.name, "float32")
+    kernel = fused.kernel
+    c_source = c.print_module([kernel])
+    assert c_source.count("#pragma omp parallel for") == 1 and c_source.count("void program(") == 1
+    sources = (c_source, numba.print_module([kernel]), cuda.print_module([(kernel, 32)]),
+               julia.print_module([kernel], flavour=julia.CPU_FLAVOUR))
+    for source in sources:  # each local a per-row variable of the one kernel
+        assert all(f"l_{st.out} =" in source for st in program.statements if st.local)
+    assert "__global__" in sources[2] and "@kernel" in sources[3]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("backend", ["c", "numba"])
+@pytest.mark.parametrize("case", FUSED, ids=lambda c: c.name)
+def test_the_fused_kernel_on_the_host_matches_numpy_float64(case, backend, dtype):
+    case, program, fused = _fused(case.name, dtype)
+    args, values, shapes = _inputs(case, program, dtype)
+    out = np.full(shapes[fused.output], np.nan, dtype)
+    host_program(backend, fused.kernel)(out, values, shapes)
+    _close(out, _oracle(case, args), dtype)
+
+
+def test_a_fused_program_runs_one_kernel_forward_and_its_unfused_gradient():
+    """Through the public kernel: forward (eager and jit) is the one custom call of the fused kernel (its launch
+    count rises by one per call); grad runs the statements' derived gradients and matches jnp."""
+    from tullax.backends import ffi
+
+    case = next(c for c in CASES if c.name == "layernorm")
+    kernel = tullax.einsum_kernel(case.spec, backend="c")
+    with jax.enable_x64(True):
+        args = [jnp.asarray(a) for a in case.inputs(np.random.default_rng(4), "float64")]
+        want = _oracle(case, args)
+        _close(kernel(*args), want, "float64")
+        if not ffi.available()[0]:
+            pytest.skip("no XLA FFI handler here")
+        host = host_program("c", kernel.fusion.fused("float64").kernel)
+        before = ffi.launches(host.slot)
+        _close(jax.jit(kernel)(*args), want, "float64")
+        assert ffi.launches(host.slot) == before + 1
+        weights = np.random.default_rng(5).normal(size=want.shape)
+        got = jax.grad(lambda *a: (kernel(*a) * weights).sum(), (0, 2, 3))(*args)
+        expected = jax.grad(lambda *a: (case.oracle(*a) * weights).sum(), (0, 2, 3))(*args)
+        for g, w in zip(got, expected):
+            _close(g, np.asarray(w), "float64")
+
+
+@pytest.mark.parametrize("case", FUSED, ids=lambda c: c.name)
+def test_printed_julia_of_the_fused_kernel_in_the_subset_evaluator(case):
+    pytest.importorskip("tree_sitter_julia")
+    from julia_subset import CPU_BACKEND, load_module
+
+    from tullax.printers.julia import CPU_FLAVOUR, launcher_name, print_module
+
+    case, program, fused = _fused(case.name, "float64")
+    kernel = fused.kernel
+    args, values, shapes = _inputs(case, program, "float64")
+    out = np.full(shapes[fused.output], np.nan)
+    from tullax.backends.program_host import arguments, size_values
+
+    arrays, scalars = arguments(kernel, out, values)
+    load_module(print_module([kernel], flavour=CPU_FLAVOUR)).call(
+        launcher_name(kernel), CPU_BACKEND, *arrays, *(float(s) for s in scalars), *size_values(kernel, shapes))
+    _close(out, _oracle(case, args), "float64")
+
+
+def test_printed_cuda_of_the_fused_kernels_in_the_host_harness(tmp_path):
+    """A thread per row: every fused case in one build, each launched as the harness's geometries say."""
+    from cuda_harness import GPP, Launch, build, run
+
+    from tullax.backends.program_host import arguments, size_values
+
+    if GPP is None:
+        pytest.skip("g++ is not installed")
+    jobs, expected = [], []
+    for number, case in enumerate(FUSED):
+        case, program, fused = _fused(case.name, "float64")
+        from dataclasses import replace
+
+        kernel = replace(fused.kernel, name=f"program{number}")
+        args, values, shapes = _inputs(case, program, "float64")
+        arrays, scalars = arguments(kernel, np.full(shapes[fused.output], np.nan), values)
+        extents = [a.shape[axis] for a in arrays for axis in range(1, a.ndim)]
+        jobs.append(Launch(kernel, 64, (*arrays, *scalars, *size_values(kernel, shapes), *extents)))
+        expected.append(_oracle(case, args))
+    exe = build([(job.kernel, job.index_bits) for job in jobs], tmp_path)
+    for got, want in zip(run(exe, list(enumerate(jobs))), expected):
+        _close(got.reshape(want.shape), want, "float64")
+
+
+def test_printed_cuda_of_a_block_per_row_in_the_host_harness(tmp_path):
+    """The GPU form: a block (or a warp) per row, its threads striding the row's reductions, combining them, and
+    writing their share of the output row; under the harness's thread sanitizer, float32 and float64, blocks and
+    warps in one build."""
+    from dataclasses import replace
+
+    from cuda_harness import GPP, Launch, build, run
+
+    from tullax.backends.program_host import arguments, size_values
+    from tullax.compiler.fuse import block_per_row
+
+    if GPP is None:
+        pytest.skip("g++ is not installed")
+    jobs, expected = [], []
+    cases = [c for c in FUSED if c.name != "groupnorm"]  # groupnorm's row is two loops deep: a thread per row
+    for case, dtype, warp in [(c, d, w) for c in cases for d in ("float64", "float32") for w in (False, True)]:
+        case, program, fused = _fused(case.name, dtype)
+        args, values, shapes = _inputs(case, program, dtype)
+        sizes = dict(zip((s.name for s in fused.kernel.sizes), size_values(fused.kernel, shapes)))
+        found = block_per_row(program, dtype, sizes, warp=warp)
+        assert found is not None and found.kernel.cooperative
+        kernel = replace(found.kernel, name=f"program{len(jobs)}")
+        arrays, scalars = arguments(kernel, np.full(shapes[fused.output], np.nan, dtype), values)
+        extents = [a.shape[axis] for a in arrays for axis in range(1, a.ndim)]
+        jobs.append(Launch(kernel, 32, (*arrays, *scalars, *size_values(kernel, shapes), *extents)))
+        expected.append((_oracle(case, args), dtype))
+    exe = build([(job.kernel, job.index_bits) for job in jobs], tmp_path)
+    for got, (want, dtype) in zip(run(exe, list(enumerate(jobs))), expected):
+        _close(got.reshape(want.shape), want, dtype)
+
+
+@pytest.mark.parametrize("backend", ["c", "numba"])
+@pytest.mark.parametrize("case", FUSED, ids=lambda c: c.name)
+def test_fused_gradient_programs_match_jnp(case, backend):
+    """fuse='grad': the row-wise input's cotangent is one fused kernel (its gradient program fuses), the others
+    run unfused; every cotangent matches jnp's (float64, jitted)."""
+    from tullax.api.program import ProgramKernel
+
+    kernel = ProgramKernel(case.spec, backend=backend, fuse="grad")
+    grads = kernel.fusion.gradient_kernels(kernel.grad_specs)
+    assert len(grads) == 1 and all(g.fusion.fused("float64") is not None for g in grads.values())
+    with jax.enable_x64(True):
+        args = [jnp.asarray(a) for a in case.inputs(np.random.default_rng(6), "float64")]
+        weights = np.random.default_rng(7).normal(size=np.shape(case.oracle(*args)))
+        wrt = tuple(k for k, a in enumerate(args) if np.ndim(a))
+        got = jax.jit(jax.grad(lambda *a: (kernel(*a) * weights).sum(), wrt))(*args)
+        want = jax.grad(lambda *a: (case.oracle(*a) * weights).sum(), wrt)(*args)
+        for g, w in zip(got, want):
+            _close(g, np.asarray(w), "float64")
+
+
+def test_auto_plans_a_program_as_one_unit(monkeypatch):
+    """Under auto the fused kernel and the program's XLA lowering are the two candidates, timed once per shapes;
+    with timing off the rule picks the fused kernel."""
+    case = next(c for c in CASES if c.name == "rmsnorm")
+    args = case.inputs(np.random.default_rng(8), "float32")
+    kernel = tullax.einsum_kernel(case.spec)
+    _close(jax.jit(kernel)(*args), _oracle(case, args), "float32")
+    ((winner, timings),) = kernel.plans.values()
+    assert winner in ("fused", "xla") and [label for label, _ in timings] == ["fused", "xla"]
+    monkeypatch.setenv("TULLAX_PLAN_TIMING", "0")
+    again = tullax.einsum_kernel(case.spec)
+    _close(again(*args), _oracle(case, args), "float32")
+    assert list(again.plans.values()) == [("fused", [])]

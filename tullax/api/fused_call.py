@@ -1,0 +1,156 @@
+"""A program run fused (``tullax.compiler.fuse``): its one loop kernel on the host backend, inside JAX.
+
+The forward is a ``pure_callback`` into the fused kernel (``tullax.backends.program_host``), wrapped in a
+``custom_jvp`` whose rule is the JVP of the unfused program (its statements' kernels, which JAX linearises and
+transposes): a forward call runs the one fused kernel; ``jax.grad``, ``jacfwd`` and higher orders run the
+statements' derived gradient kernels by reverse accumulation, exactly as unfused (the gradient program is not
+fused yet).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from tullax.backends.program_host import size_values
+from tullax.compiler.fuse import Fused, NotFusable, fuse_program
+from tullax.spec.program import Program, program_shapes
+
+FUSED_BACKENDS = ("c", "numba")
+
+
+class FusedProgram:
+    """The fused forms of one program on ``backend``, one per data dtype (or the reason it does not fuse)."""
+
+    def __init__(self, program: Program, backend: str, gradients: bool = False, ranges: Any = None,
+                 make_kernel: Callable[[str], Any] | None = None):
+        self.program, self.backend, self.gradients = program, backend, gradients
+        self.ranges = ranges
+        self.make_kernel = make_kernel  # program text -> its kernel (the gradient programs' ProgramKernel)
+        self._fused: dict[str, Fused | str] = {}
+        self._gradient_kernels: dict[str, Any] | None = None
+
+    def fused(self, dtype: str) -> Fused | None:
+        found = self._fused.get(dtype)
+        if found is None:
+            try:
+                found = fuse_program(self.program, dtype, "program")
+            except NotFusable as why:
+                found = str(why)
+            self._fused[dtype] = found
+        return found if isinstance(found, Fused) else None
+
+    def reason(self, dtype: str) -> str:
+        """Why the program does not fuse for ``dtype`` ("" where it does)."""
+        self.fused(dtype)
+        found = self._fused[dtype]
+        return found if isinstance(found, str) else ""
+
+    def gradient_kernels(self, grad_specs: Any) -> dict[str, Any]:
+        """Row-wise input -> its gradient program as a (fused) ``ProgramKernel`` (``tullax.api.fused_grad``)."""
+        if self._gradient_kernels is None:
+            from tullax.api.fused_grad import analyzed_gradients
+            from tullax.compiler.fuse import row_indices
+
+            found = {}
+            try:
+                rows = row_indices(self.program)
+                programs = analyzed_gradients(self.program, grad_specs, rows, self.ranges)
+            except NotFusable:
+                programs = {}
+            for name, program in programs.items():
+                if self.make_kernel is not None:
+                    found[name] = self.make_kernel(program.source)
+            self._gradient_kernels = found
+        return self._gradient_kernels
+
+    def call(self, env: dict[str, Any], unfused: Callable[..., Any], grad_specs: Any = None) -> Any | None:
+        """The program's output on the values of ``env`` (input name -> value), or None where it does not fuse
+        (mixed or non-float dtypes, or a program of another shape): the caller runs it unfused."""
+        import jax
+        import jax.numpy as jnp
+
+        from tullax.backends.program_host import host_program
+
+        names = self.program.inputs
+        kinds = {i.name: i.kind for st in self.program.statements for i in st.spec.inputs}
+        arrays = [n for n in names if kinds.get(n) != "scalar"]
+        dtypes = {np.dtype(getattr(env[n], "dtype", np.float64)).name for n in arrays}
+        if len(dtypes) != 1 or not dtypes <= {"float32", "float64"}:
+            return None
+        dtype = dtypes.pop()
+        fused = self.fused(dtype)
+        if fused is None:
+            return None
+        kernel = fused.kernel
+        host = host_program(self.backend, kernel)
+        values = [jnp.asarray(env[n], dtype) for n in names]
+        shapes = program_shapes(self.program, {n: tuple(np.shape(v)) for n, v in zip(names, values)})
+        if fused.check(dict(zip((s.name for s in kernel.sizes), size_values(kernel, shapes)))):
+            return None  # the unfused statements say what is wrong with the shapes
+        result = jax.ShapeDtypeStruct(shapes[fused.output], dtype)
+
+        def run(*given: Any) -> np.ndarray:
+            out = np.empty(result.shape, dtype)
+            host(out, dict(zip(names, given)), shapes)
+            return out
+
+        @jax.custom_batching.custom_vmap
+        def one_call(*given: Any) -> Any:
+            if self.backend == "c":  # XLA's custom call into the kernel, as a c kernel's own
+                found = host.ffi_call(names, given, shapes, result)
+                if found is not None:
+                    return found
+            return jax.pure_callback(run, result, *given, vmap_method="sequential")
+
+        @one_call.def_vmap
+        def _batched(size: int, batched: list[bool], *given: Any) -> tuple[Any, bool]:
+            # a batch of programs runs as the unfused statements, which batch as kernels do
+            axes = [0 if b else None for b in batched]
+            return jax.vmap(unfused, in_axes=axes, axis_size=size)(*given), True
+
+        if self.gradients and grad_specs is not None:
+            return self._with_fused_gradients(one_call, unfused, grad_specs, values)
+
+        @jax.custom_jvp
+        def program(*given: Any) -> Any:
+            return one_call(*given)
+
+        @program.defjvp
+        def _jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+            return jax.jvp(unfused, primals, tangents)
+
+        return program(*values)
+
+    def _with_fused_gradients(self, one_call: Callable[..., Any], unfused: Callable[..., Any], grad_specs: Any,
+                              values: list[Any]) -> Any:
+        """Reverse mode through the fused gradient programs: each row-wise input's cotangent is one fused kernel;
+        the others (reducing over the rows: a gain, a bias, a scalar) run as the unfused statements' gradients
+        with the row-wise inputs held constant. A ``custom_vjp``: no forward mode (jvp, jacfwd)."""
+        import jax
+
+        names = self.program.inputs
+        grads = self.gradient_kernels(grad_specs)
+        cotangent = f"Δ{self.program.outputs[0]}"
+
+        @jax.custom_vjp
+        def program(*given: Any) -> Any:
+            return one_call(*given)
+
+        def forward(*given: Any) -> tuple[Any, tuple]:
+            return one_call(*given), given
+
+        def backward(given: tuple, ct: Any) -> tuple:
+            env = dict(zip(names, given))
+            found = {name: kernel(**{n: ct if n == cotangent else env[n] for n in kernel.inputs})
+                     for name, kernel in grads.items()}
+            rest = [n for n in names if n not in found]
+            if rest:
+                def part(*others: Any) -> Any:
+                    full = {**env, **dict(zip(rest, others))}
+                    return unfused(*(full[n] for n in names))
+                found.update(zip(rest, jax.vjp(part, *(env[n] for n in rest))[1](ct)))
+            return tuple(found[n] for n in names)
+
+        program.defvjp(forward, backward)
+        return program(*values)

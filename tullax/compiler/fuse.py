@@ -1,0 +1,258 @@
+"""Per-row fusion of a program (issue 50): statements that share their parallel (row) indices as ONE loop kernel.
+
+A row-wise program (LayerNorm, RMSNorm, softmax, log-softmax, GroupNorm, logsumexp) has locals indexed by the
+same row indices ``R`` (LayerNorm's ``b``, softmax's ``b, i``) and one returned output indexed by ``R`` and
+perhaps more. Each statement is lowered as today (``tullax.compiler.lower``: its reductions, finaliser, blocked
+float32 sums); the fused kernel is ONE parallel nest over ``R`` holding every statement's per-row work in
+program order. A local's store becomes a ``Let`` (a per-row scalar, a register: never an array in memory), and
+its loads in later statements the variable; the output's other indices run as serial loops inside the row. The
+result is ordinary loop IR, so every printer prints it (C/OpenMP: a parallel loop over rows; CUDA: a thread
+per row; Numba; Julia).
+
+Stitching lowered statement kernels, rather than lowering the program anew, keeps every statement's lowering
+decisions (accumulator initial values, NaN rules, blocked sums) exactly those of the statement run on its own.
+A program that does not have this shape raises ``NotFusable`` with the reason; it then runs unfused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any
+
+from tullax.compiler.interface import ArrayArg, ScalarArg, SizeArg
+from tullax.compiler.loops import (
+    Accum,
+    Combine,
+    Expr,
+    If,
+    Let,
+    Load,
+    Loop,
+    LoopKernel,
+    Scratch,
+    Stmt,
+    Store,
+    Var,
+    parallel_nest,
+    walk_stmts,
+)
+from tullax.errors import TullaxError
+
+if TYPE_CHECKING:
+    from tullax.spec.program import Program
+
+INDEX_DTYPE = "int64"
+
+
+class NotFusable(TullaxError):
+    """The program is not a row-wise program this fusion takes (the message says why); it runs unfused."""
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A fused program: its kernel, the row indices its parallel nest runs over, and the returned output."""
+
+    kernel: LoopKernel
+    rows: tuple[str, ...]
+    output: str
+    agree: tuple[tuple[Expr, Expr], ...] = ()  # row bounds (over the size parameters) that must be equal
+
+    def check(self, sizes: dict[str, int]) -> str:
+        """Why a call with these size parameters cannot run fused ("" where it can): the statements' rows
+        read off different arrays, whose shapes disagree."""
+        from tullax.compiler.loops import eval_int
+
+        for a, b in self.agree:
+            if eval_int(a, sizes) != eval_int(b, sizes):
+                return "the statements' rows have different extents"
+        return ""
+
+
+def row_indices(program: Program) -> tuple[str, ...]:
+    """The row indices every local shares (the fused kernel's parallel nest), or ``NotFusable``."""
+    if len(program.outputs) != 1 or program.statements[-1].local:
+        raise NotFusable("a fused program returns one output, written by its last statement")
+    locals_ = [st for st in program.statements if st.local]
+    if not locals_:
+        raise NotFusable("no local to keep in registers")
+    rows = locals_[0].spec.free
+    for st in program.statements:
+        if st.spec.scan is not None:
+            raise NotFusable(f"statement {st.number} is a scan")
+        if st.local and st.spec.free != rows:
+            raise NotFusable(f"local {st.out} is indexed by {list(st.spec.free)}, not the rows {list(rows)}")
+    if not rows or not set(rows) <= set(program.statements[-1].spec.free):
+        raise NotFusable("the output does not run over the locals' rows")
+    return rows
+
+
+def fuse_program(program: Program, dtype: str, name: str = "program", block_sums: bool = True) -> Fused:
+    """The program as one loop kernel for data of ``dtype`` (a float dtype: inputs, locals and the result).
+    ``block_sums=False``: float32 sums in one register (the GPU form, whose threads each sum a share)."""
+    from tullax.compiler.lower import lower
+    from tullax.spec.signature import Signature
+
+    rows = row_indices(program)
+    locals_ = {st.out for st in program.statements if st.local}
+    params = _Params()
+    row_vars = tuple(f"r{k}" for k in range(len(rows)))
+    outer: tuple[Loop, ...] = ()
+    body: list[Stmt] = []
+    compute = dtype
+    agree: list[tuple[Expr, Expr]] = []
+    for st in program.statements:
+        spec = st.spec
+        signature = Signature(tuple(INDEX_DTYPE if i.kind == "index" else dtype for i in spec.inputs), dtype)
+        kernel = lower(spec, signature, name, block_sums=block_sums)
+        if kernel.is_scatter or kernel.split or kernel.cooperative:
+            raise NotFusable(f"statement {st.number} does not lower to a plain loop nest")
+        loops, inner = parallel_nest(kernel)
+        try:
+            by_index = _loop_of_index(kernel, spec.free, inner, st.number)
+        except NotFusable:  # register tiles (several rows per iteration): each row on its own instead
+            if len(program.statements[-1].spec.free) == len(rows):
+                # one output element per row: fusing gains an epilogue and loses the contraction's tiles
+                raise NotFusable(f"statement {st.number} is a contraction into the rows; fused it would lose its "
+                                 f"register tiles") from None
+            kernel = lower(spec, signature, name, share=False, block_sums=block_sums)
+            loops, inner = parallel_nest(kernel)
+            by_index = _loop_of_index(kernel, spec.free, inner, st.number)
+        if tuple(loop.var for loop in loops[:len(rows)]) != tuple(by_index[r] for r in rows):
+            raise NotFusable(f"statement {st.number}'s loops do not run over the rows {list(rows)} first")
+        rename = _Rename(kernel, st.number, dict(zip((by_index[r] for r in rows), row_vars)), locals_, params,
+                         st.local)
+        here = tuple(rename.stmt(replace(loop, body=())) for loop in loops[:len(rows)])
+        if not outer:
+            outer = here
+        for a, b in zip(outer, here):  # bounds read off other arrays' shapes must agree at call time
+            agree.extend((x, y) for x, y in ((a.start, b.start), (a.stop, b.stop)) if x != y)
+        work = tuple(rename.stmt(s) for s in inner)
+        for loop in reversed(loops[len(rows):]):  # the output's other indices: serial loops inside the row
+            work = (replace(rename.stmt(replace(loop, body=())), parallel=False, body=work),)
+        body.extend(work)
+        compute = kernel.compute_dtype
+    nest: tuple[Stmt, ...] = tuple(body)
+    for loop in reversed(outer):
+        nest = (replace(loop, body=nest),)
+    text = "; ".join(("local " if st.local else "") + st.canonical for st in program.statements)
+    kernel = LoopKernel(name, text, params.array_args(), tuple(params.scalars.values()), tuple(params.sizes.values()),
+                        nest, compute)
+    return Fused(kernel, rows, program.outputs[0], tuple(agree))
+
+
+def _loop_of_index(kernel: LoopKernel, free: tuple[str, ...], inner: tuple[Stmt, ...], number: int) -> dict[str, str]:
+    """Each output index's loop variable, read off the store of the output (a plain ``out[i0, i1, ..]``)."""
+    out = kernel.arrays[0].name
+    stores = [s for s in walk_stmts(inner) if isinstance(s, Store) and s.array == out]
+    if len(stores) != 1 or stores[0].mode != "set" or not all(isinstance(i, Var) for i in stores[0].index) \
+            or len(stores[0].index) != len(free):
+        raise NotFusable(f"statement {number} does not store its output once, at its loop indices")
+    return {index: var.name for index, var in zip(free, stores[0].index)}
+
+
+class _Params:
+    """The fused kernel's parameters: one array per external input (by name), one scalar, one size per symbol."""
+
+    def __init__(self):
+        self.output: ArrayArg | None = None
+        self.arrays: dict[str, ArrayArg] = {}
+        self.scalars: dict[str, ScalarArg] = {}
+        self.sizes: dict[Any, SizeArg] = {}
+
+    def array(self, arg: ArrayArg) -> str:
+        if arg.role != "in":
+            self.output = replace(arg, name="a0")
+            return "a0"
+        if arg.source not in self.arrays:
+            self.arrays[arg.source] = replace(arg, name=f"a{len(self.arrays) + 1}")
+        return self.arrays[arg.source].name
+
+    def scalar(self, arg: ScalarArg) -> str:
+        if arg.source not in self.scalars:
+            self.scalars[arg.source] = replace(arg, name=f"s{len(self.scalars)}")
+        return self.scalars[arg.source].name
+
+    def size(self, arg: SizeArg) -> str:
+        if arg.size not in self.sizes:
+            self.sizes[arg.size] = replace(arg, name=f"n{len(self.sizes)}")
+        return self.sizes[arg.size].name
+
+    def array_args(self) -> tuple[ArrayArg, ...]:
+        assert self.output is not None
+        return (self.output, *self.arrays.values())
+
+
+class _Rename:
+    """One statement's kernel renamed into the fused one: its parameters to the fused kernel's, its row loop
+    variables to the shared ones, every other name suffixed with the statement's number, and its local's
+    array turned into a per-row variable."""
+
+    def __init__(self, kernel: LoopKernel, number: int, rows: dict[str, str], locals_: set[str], params: _Params,
+                 local: bool):
+        self.number, self.rows, self.local = number, rows, local
+        self.local_of: dict[str, str] = {}  # the array parameter of a local -> its per-row variable
+        self.names: dict[str, str] = {}
+        for arg in kernel.arrays:
+            if arg.source in locals_:
+                self.local_of[arg.name] = f"l_{arg.source}"
+            else:
+                self.names[arg.name] = params.array(arg)
+        for sc in kernel.scalars:
+            self.names[sc.name] = params.scalar(sc)
+        for size in kernel.sizes:
+            self.names[size.name] = params.size(size)
+        self.row_index = tuple(Var(var, INDEX_DTYPE) for var in rows.values())
+
+    def var(self, name: str) -> str:
+        return self.rows.get(name) or self.names.get(name) or f"{name}_{self.number}"
+
+    def stmt(self, stmt: Stmt) -> Stmt:
+        if isinstance(stmt, Store) and stmt.array in self.local_of:
+            return Let(self.local_of[stmt.array], self.expr(stmt.value))
+        if isinstance(stmt, Store):
+            return Store(self.names[stmt.array], tuple(self.expr(e) for e in stmt.index), self.expr(stmt.value),
+                         stmt.mode)
+        if isinstance(stmt, Loop):
+            return replace(stmt, var=self.var(stmt.var), start=self.expr(stmt.start), stop=self.expr(stmt.stop),
+                           body=tuple(self.stmt(s) for s in stmt.body))
+        if isinstance(stmt, If):
+            return If(self.expr(stmt.cond), tuple(self.stmt(s) for s in stmt.then),
+                      tuple(self.stmt(s) for s in stmt.orelse))
+        if isinstance(stmt, Let):
+            return Let(self.var(stmt.var), self.expr(stmt.value))
+        if isinstance(stmt, Accum):
+            return Accum(self.var(stmt.var), stmt.op, self.expr(stmt.value))
+        if isinstance(stmt, Scratch):
+            return replace(stmt, var=self.var(stmt.var))
+        if isinstance(stmt, Combine):
+            return replace(stmt, var=self.var(stmt.var), scaled=self.var(stmt.scaled) if stmt.scaled else "")
+        raise NotFusable(f"statement {self.number}: no fusion for {type(stmt).__name__}")
+
+    def expr(self, expr: Expr) -> Expr:
+        if isinstance(expr, Var):
+            return Var(self.var(expr.name), expr.dtype)
+        if isinstance(expr, Load) and expr.array in self.local_of:
+            index = tuple(self.expr(e) for e in expr.index)
+            if index != self.row_index:
+                raise NotFusable(f"statement {self.number} reads a local elsewhere than at its own row")
+            return Var(self.local_of[expr.array], expr.dtype)
+        if isinstance(expr, Load):
+            return Load(self.names.get(expr.array) or self.var(expr.array), tuple(self.expr(e) for e in expr.index),
+                        expr.dtype)
+        changes = {f.name: (self.expr(getattr(expr, f.name)) if f.name in ("lhs", "rhs", "arg", "cond", "then",
+                                                                           "orelse") else
+                            tuple(self.expr(a) for a in expr.args) if f.name == "args" else getattr(expr, f.name))
+                   for f in fields(expr)}
+        return type(expr)(**changes)
+
+
+def block_per_row(program: Program, dtype: str, sizes: dict[str, int], warp: bool = False,
+                  name: str = "program") -> Fused | None:
+    """The GPU form of a fused program: a block (``warp``: a warp) per row, its threads striding each of the
+    row's reductions and combining them (``tullax.compiler.cooperate``), then each writing its share of the
+    output row; the locals per-row values every thread holds. None where the row's work does not have that
+    shape. ``sizes``: the fused kernel's size parameters for the call."""
+    from tullax.compiler.cooperate import cooperate
+
+    fused = fuse_program(program, dtype, name, block_sums=False)
+    kernel = cooperate(fused.kernel, sizes, 1, warp=warp)
+    return None if kernel is None else replace(fused, kernel=kernel)
