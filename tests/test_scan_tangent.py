@@ -1,7 +1,9 @@
 """Forward mode of recurrences (issue 48): ``jax.jvp``/``jacfwd`` of a ``(t scan)`` kernel runs its tangent
 recurrence (``tullax.grad.tangent``), one forward scan kernel, checked against ``jax.jvp`` of the independent
 ``lax.scan`` oracles of tests/scan_cases.py in float64 on c, numba, xla and auto; the derived spec; that a jvp
-lowers to two kernels (the forward and its tangent); higher orders through it; complex lam."""
+lowers to two kernels (the forward and its tangent); higher orders through it; complex lam. And the XLA form
+'associative' (``lax.associative_scan`` of a linear recurrence) against the same oracles, and raced by the
+planner."""
 from __future__ import annotations
 
 import re
@@ -128,3 +130,109 @@ def test_jvp_with_a_complex_lam(backend):
     want = jax.jvp(lambda lam: case.oracle(lam, x, h0), (lam,), (dlam,))[1]
     assert got.dtype == np.complex64
     _close(got, want, 2e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# lax.associative_scan: the planner's candidate for a linear recurrence
+# ---------------------------------------------------------------------------------------------
+LINEAR = [BY_NAME[n] for n in ("lru", "returns", "mamba")]
+
+
+@pytest.mark.parametrize("case", LINEAR, ids=lambda c: c.name)
+def test_the_associative_form_equals_the_sequential_scan(case):
+    """Forward and the gradient of every input through it (jitted: eager, each op dispatches alone), against
+    the lax.scan oracle."""
+    from tullax.backends.xla.forms import lower_form
+
+    _, spec = compile_spec(case.spec)
+    args = _inputs(case)
+    run = lower_form(spec, "associative")
+    env = lambda a: dict(zip(spec.input_names, a))  # noqa: E731
+    _close(jax.jit(lambda *a: run(env(a)))(*args), case.oracle(*args))
+    weight = np.random.default_rng(1).normal(size=np.shape(case.oracle(*args)))
+    argnums = tuple(range(len(args)))
+    got = jax.jit(jax.grad(lambda *a: jnp.sum(run(env(a)) * weight), argnums))(*args)
+    want = jax.grad(lambda *a: jnp.sum(case.oracle(*a) * weight), argnums)(*args)
+    for g, w in zip(got, want):
+        _close(g, w)
+
+
+def test_the_associative_form_with_a_complex_lam_and_a_long_scan():
+    from tullax.backends.xla.forms import lower_form
+
+    case = BY_NAME["lru"]
+    rng = np.random.default_rng(2)
+    lam = rng.uniform(0.9, 0.99, 3) * np.exp(0.3j * np.arange(3))
+    x, h0 = rng.normal(size=(2, 300, 3)), rng.normal(size=(2, 3))
+    _, spec = compile_spec(case.spec)
+    run = jax.jit(lambda *a: lower_form(spec, "associative")(dict(zip(spec.input_names, a))))
+    _close(run(lam, x, h0), case.oracle(lam, x, h0), 1e-9)
+
+
+def test_a_nonlinear_or_mixing_step_has_no_associative_form():
+    from tullax.backends.xla.associative import is_linear
+
+    for text in ("h[b,t,n] := tanh(lam[n]*h[b,t-1,n] + x[b,t,n])  (t scan)",
+                 "h[b,t,n] := lam[n]*h[b,t-1,n]*h[b,t-1,n] + x[b,t,n]  (t scan)",
+                 "h[b,t,n] := conj(h[b,t-1,n]) + x[b,t,n]  (t scan)",
+                 "h[b,t,n] := W[n,m]*h[b,t-1,m] + x[b,t,n]  (t scan)",
+                 "y[b,t] := a1*y[b,t-1] + a2*y[b,t-2] + x[b,t]  (t scan from y0)",
+                 "(max) m[b,t] := max(m[b,t-1], x[b,t,j])  (t scan)"):
+        assert not is_linear(compile_spec(text)[1]), text
+    assert not is_linear(compile_spec("h[b,t] := (x[b,t] - 1)*(h[b,t-1] + 2) |> 2*_  (t scan)")[1])  # finaliser
+    assert is_linear(compile_spec("h[b,t] := (x[b,t] - 1)*(h[b,t-1] + 2)  (t scan)")[1])
+
+
+def test_the_planner_races_the_associative_form_and_runs_it_when_it_wins(monkeypatch, tmp_path):
+    """A race on a scripted clock where lax.associative_scan is fastest: the plan says so, and an ``auto``
+    kernel of those shapes then runs it, matching the oracle."""
+    from tullax.planner import candidates, tuning
+    from tullax.planner import decide as planner
+
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    from tullax.backends import workload
+
+    monkeypatch.setattr(tuning, "UNTIMED_WORK", 0)  # small shapes, raced all the same
+    monkeypatch.setattr(workload, "serial_threshold", lambda: 0)
+    clock = {"now": 0.0}
+    original = candidates.prepared
+    raced = []
+
+    def scripted(call, candidate, values):
+        if call.spec.scan is None or original(call, candidate, values) is None:
+            return original(call, candidate, values)
+        raced.append(candidate)
+
+        def run() -> None:
+            clock["now"] += 0.001 if candidate == "xla:associative" else 0.005
+        return run
+
+    monkeypatch.setattr(candidates, "prepared", scripted)
+    case = BY_NAME["lru"]
+    _, spec = compile_spec(case.spec)
+    rng = np.random.default_rng(4)
+    lam, x, h0 = rng.uniform(0.5, 0.95, 4), rng.normal(size=(3, 40, 4)), rng.normal(size=(3, 4))
+    planner.forget()
+    try:
+        found = planner.plan(spec, {"lam": lam.shape, "x": x.shape, "h0": h0.shape},
+                             {"lam": "float64", "x": "float64", "h0": "float64"}, clock=lambda: clock["now"])
+        assert {"loops", "xla:grid", "xla:associative"} <= set(raced)
+        assert (found.rule, found.backend, found.form) == ("linear recurrence", "xla", "associative")
+        kernel = tullax.einsum_kernel(case.spec, backend="auto")
+        assert "on xla associative" in str(jax.make_jaxpr(kernel)(lam, x, h0))
+        _close(jax.jit(kernel)(lam, x, h0), case.oracle(lam, x, h0))
+    finally:
+        planner.forget()
+
+
+def test_the_associative_form_of_a_reverse_scan_from_an_initial_state():
+    from tullax.backends.xla.forms import lower_form
+
+    rng = np.random.default_rng(6)
+    r, gamma, G0 = rng.normal(size=(2, 7)), rng.uniform(0.5, 0.9, (2, 7)), rng.normal(size=2)
+    want, G = np.zeros((2, 7)), G0
+    for t in reversed(range(7)):
+        want[:, t] = G = r[:, t] + gamma[:, t] * G
+    _, spec = compile_spec("G[b,t] := r[b,t] + gamma[b,t]*G[b,t+1]  (t scan reverse from G0)")
+    _close(jax.jit(lambda *a: lower_form(spec, "associative")(dict(zip(spec.input_names, a))))(r, gamma, G0), want)
