@@ -236,3 +236,9 @@ def test_the_associative_form_of_a_reverse_scan_from_an_initial_state():
         want[:, t] = G = r[:, t] + gamma[:, t] * G
     _, spec = compile_spec("G[b,t] := r[b,t] + gamma[b,t]*G[b,t+1]  (t scan reverse from G0)")
     _close(jax.jit(lambda *a: lower_form(spec, "associative")(dict(zip(spec.input_names, a))))(r, gamma, G0), want)
+
+
+def test_explain_prints_the_tangent_recurrence():
+    text = tullax.explain(BY_NAME["lru"].spec)
+    assert "tangent (jvp, jacfwd):\n  dh[b,t,n] := ifelse(t >= 1, h[b,pad(t-1),n], h0[b,n])*dlam[n]" in text
+    assert "(none: the transpose of the gradient kernels)" in tullax.explain(BY_NAME["runmax"].spec)
