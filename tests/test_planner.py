@@ -78,6 +78,14 @@ CORPUS = [
      ("xla:conv", "xla:conv-padded", "xla:slices", "loops")),
     ("y[i] := x[i+k]*w[k] + x[i]", "window", "loops", ("xla:slices", "loops")),
     ("(max) y[b,i] := x[b,i+k]*w[k]", "window", "loops", ("xla:slices", "loops")),
+    # recurrences: lax.associative_scan only where the step is affine in the state, lane by lane
+    ("h[b,t,n] := lam[n]*h[b,t-1,n] + x[b,t,n]  (t scan from h0)", "linear recurrence", "loops",
+     ("loops", "xla:grid", "xla:associative")),
+    ("G[b,t] := r[b,t] + gamma[b,t]*G[b,t+1]  (t scan reverse)", "linear recurrence", "loops",
+     ("loops", "xla:grid", "xla:associative")),
+    ("h[b,t,n] := tanh(lam[n]*h[b,t-1,n] + x[b,t,n])  (t scan)", "loops", "loops", ("loops", "xla:grid")),
+    ("h[b,t,n] := W[n,m]*h[b,t-1,m] + x[b,t,n]  (t scan)", "loops", "loops", ("loops", "xla:grid")),
+    ("y[b,t] := a1*y[b,t-1] + a2*y[b,t-2] + x[b,t]  (t scan from y0)", "loops", "loops", ("loops", "xla:grid")),
 ]
 
 

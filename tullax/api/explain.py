@@ -39,7 +39,19 @@ def explain_spec(canonical: str, spec: Spec) -> str:
         grads = (f"(no gradients: {err})",)
     lines.append("gradients:")
     lines += [f"  {text}" for text in grads] or [f"  ({'a bool result' if boolean else 'no differentiable inputs'})"]
+    if spec.scan is not None:
+        lines.append("tangent (jvp, jacfwd):")
+        lines.append(f"  {_tangent_text(spec)}")
     return "\n".join(lines)
+
+
+def _tangent_text(spec: Spec) -> str:
+    """The tangent recurrence of every differentiable input of the recurrence ``spec`` (real values)."""
+    from tullax.grad.tangent import tangent_spec
+    from tullax.spec.text import format_spec
+
+    found = tangent_spec(spec, tuple(i.name for i in spec.inputs if i.kind in ("array", "scalar")))
+    return format_spec(found.spec) if found is not None else "(none: the transpose of the gradient kernels)"
 
 
 def explain(spec: str, ranges: Mapping | None = None, shapes: Mapping[str, tuple[int, ...]] | None = None,

@@ -24,7 +24,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tullax.spec.ir import Affine, IndexVal, Indirect, Size, Spec, Wrapped, spec_accesses, spec_exprs, walk
+from tullax.spec.ir import (
+    Affine,
+    IndexVal,
+    Indirect,
+    Size,
+    Spec,
+    Wrapped,
+    idx_names,
+    spec_accesses,
+    spec_exprs,
+    walk,
+)
 from tullax.spec.sizes import Sym
 
 COMBINES = {"+": "psum", "max": "pmax", "min": "pmin", "logsumexp": "logsumexp"}
@@ -98,6 +109,8 @@ def factors(spec: Spec) -> Factors:
     for idx in spec.lhs or ():  # a scatter's index array: its axis is read plainly by the summed index
         if isinstance(idx, Indirect) and idx.inner.plain is not None and axes.get(idx.array):
             _claim(axes, idx.array, 0, of_index(idx.inner.plain), whole, idx.inner.plain, names)
+    if spec.scan is not None:
+        _recurrence(spec, axes, of_index, whole, names)
     ranges = spec.range_of
     for index, factor in list(names.items()):  # an axis only the range of an index is read from (a shape input)
         found = ranges.get(index)
@@ -145,6 +158,27 @@ def factors(spec: Spec) -> Factors:
     replicated = tuple(sorted(every - set(free) - set(summed)))
     return Factors(operands, tuple(result), free, summed, replicated, COMBINES.get(spec.redop, ""),
                    tuple(sorted(index_of.items())))
+
+
+def _recurrence(spec: Spec, axes: dict, of_index, whole: set[str], names: dict[str, str]) -> None:
+    """A recurrence splits along its lanes only: each step reads the whole previous state along an axis it mixes
+    (``W[n,m]*h[b,t-1,m]``: neither n nor m), a sum inside a step is not one across devices, and ``t`` runs in
+    order. The initial state's axes are the result's without ``t`` (after the depth axis, for offsets up to d)."""
+    scan = spec.scan
+    whole.add(scan.index)
+    whole.update(spec.reduced)
+    for access in spec_accesses(spec):
+        if access.array != spec.out:
+            continue
+        for position, (idx, own) in enumerate(zip(access.idx, spec.lhs)):
+            if position != scan.axis and not (isinstance(idx, Affine) and idx.plain == own.plain):
+                whole.update(idx_names(idx) + idx_names(own))
+    if scan.init is not None and scan.init in axes:
+        lanes = [idx.plain for position, idx in enumerate(spec.lhs) if position != scan.axis]
+        skip = len(axes[scan.init]) - len(lanes)  # the depth axis: replicated
+        for position, index in enumerate(lanes):
+            if index is not None and skip + position < len(axes[scan.init]):
+                _claim(axes, scan.init, skip + position, of_index(index), whole, index, names)
 
 
 def _claim(axes: dict, array: str, position: int, factor: str, whole: set[str], index: str | None,

@@ -383,6 +383,10 @@ def _linear_value(op: KernelOp, live: tuple, *operands) -> Any:
 
     args, out, tangents = _split(op, operands)
     positions = [i for i, keep in enumerate(live) if keep]
+    if op.spec.scan is not None:
+        value = _tangent_recurrence(op, positions, args, out, tangents)
+        if value is not None:
+            return value
 
     def pullback(cotangent):
         grads = input_gradients(op.spec, op.steps_backend, args, out, cotangent, positions, op.algebra)
@@ -391,6 +395,26 @@ def _linear_value(op: KernelOp, live: tuple, *operands) -> Any:
     _, vjp = jax.vjp(pullback, jnp.zeros(out.shape, out.dtype))
     (value,) = vjp(list(tangents))
     return value
+
+
+def _tangent_recurrence(op: KernelOp, positions: Sequence[int], args: Sequence[Any], out: Any,
+                        tangents: Sequence[Any]) -> Any:
+    """Forward mode of a recurrence: its tangent recurrence (``grad.tangent``), one forward scan kernel; None
+    where it has none."""
+    import jax.numpy as jnp
+
+    from tullax.grad.tangent import tangent_spec
+    from tullax.spec.valuetype import complex_inputs
+
+    names = op.spec.input_names
+    found = tangent_spec(op.spec, tuple(names[i] for i in positions),
+                         complex_inputs(op.spec, {n: a.dtype for n, a in zip(names, args)}))
+    if found is None:
+        return None
+    env = {**dict(zip(names, args)), op.spec.out: out}
+    env.update({dot: t for (_, dot), t in zip(found.tangents, tangents)})
+    value = apply(found.spec, op.steps_backend, [env[n] for n in found.spec.input_names])
+    return (value if jnp.iscomplexobj(out) else jnp.real(value)).astype(out.dtype)
 
 
 def _linear_lowering(ctx, *operands, op: KernelOp, live: tuple):

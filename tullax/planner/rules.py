@@ -15,7 +15,9 @@ and, for a close call, the candidates a race times) or None where it does not ap
 5. ``convolution``: lax.conv (as it is or padded by one element), shifted slices (one window index only) and the
    loops, raced.
 6. ``window``: a small reduced index that shifts an access: the shifted slices or the loops, raced.
-7. ``loops``: everything else (functions, guards, broadcast reductions): the loops, which fuse the body into one
+7. ``linear recurrence``: ``h[t] = a*h[t-1] + b`` lane by lane: the loops (one kernel walking ``t``), raced
+   against ``lax.scan`` and ``lax.associative_scan`` (log T parallel rounds; what a GPU's many lanes want).
+8. ``loops``: everything else (functions, guards, broadcast reductions): the loops, which fuse the body into one
    pass, raced against XLA's factored form and its broadcast lowering where those can run the shapes.
 
 With the caller's opt-in (``einsum_kernel(algebra="expand")``), a kernel whose polynomial body multiplies out into
@@ -122,6 +124,14 @@ def _window(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
                 LOOPS, ("xla:slices", LOOPS))
 
 
+def _linear_recurrence(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
+    if "associative" not in found.forms:
+        return None
+    return Rule("linear recurrence", "a linear recurrence h = a*h[t-1] + b: the loops walk t in one kernel; "
+                "lax.scan steps it; lax.associative_scan combines it in log T parallel rounds", LOOPS,
+                (LOOPS, "xla:grid", "xla:associative"))
+
+
 def _loops(found: Analysis, loops: str | None, gpu: bool) -> Rule:
     factored = ("xla:factored",) if "factored" in found.forms else ()
     return Rule("loops", "functions, guards or a broadcast reduction: the loop nest evaluates the body in one "
@@ -131,7 +141,8 @@ def _loops(found: Analysis, loops: str | None, gpu: bool) -> Rule:
 RuleFunction = Callable[[Analysis, "str | None", bool], "Rule | None"]
 RULES: tuple[tuple[str, RuleFunction], ...] = (
     ("contraction", _contraction), ("no loop backend", _no_loop_backend), ("gather", _gather),
-    ("scatter/gather", _scatter_gather), ("convolution", _convolution), ("window", _window), ("loops", _loops))
+    ("scatter/gather", _scatter_gather), ("convolution", _convolution), ("window", _window),
+    ("linear recurrence", _linear_recurrence), ("loops", _loops))
 
 
 def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:

@@ -50,6 +50,10 @@ def lower_form(spec: Spec, form: str) -> Callable[[Env], Any]:
         if index is None:
             raise ValueError(f"{spec.out}: no window index to unroll")
         return functools.partial(_slices, spec, index, plain)
+    if form == "associative":
+        from tullax.backends.xla.associative import lower_associative
+
+        return lower_associative(spec, xla.lower, xla._dtype_of)
     if form == "factored":
         if product_terms(spec) is None:
             raise ValueError(f"{spec.out}: not a sum of products")

@@ -175,8 +175,10 @@ def window_indices(spec: Spec) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=1024)  # every plan of a kernel asks, and its rule, and the race ahead of it
 def forms(spec: Spec) -> tuple[str, ...]:
     """The XLA forms that apply to ``spec``, best first; 'grid' always applies (then 'factored', if it does)."""
-    if spec.scan is not None:  # a recurrence has one form: lax.scan
-        return ("grid",)
+    if spec.scan is not None:  # a recurrence: lax.scan, and lax.associative_scan where it is linear
+        from tullax.backends.xla.associative import is_linear
+
+        return ("grid",) + (("associative",) if is_linear(spec) else ())
     found = []
     contraction = is_contraction(spec) and _einsum_covers(spec)
     if contraction:
