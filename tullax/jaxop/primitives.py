@@ -248,15 +248,20 @@ def _kernel_lowering(ctx, *args, op: KernelOp, platform: str | None = None):
 
     platform = platform or ctx.module_context.platforms[0]
     lowered = lowered_op(op, platform, portable=portable(ctx), client=has_client(ctx, platform))
-    if lowered.backend == "c" and lowered.path in ("ffi", FFI_ONLY_PATH):
-        from tullax.jaxop.partition import partitioned, spmd_devices
+    from tullax.jaxop.partition import partitioned, relayed, spmd_devices
 
-        if spmd_devices(ctx) > 1:  # split by JAX's partitioner along the spec's indices (no callback may serve)
-            try:
-                return mlir.lower_fun(partitioned(replace(lowered, path=FFI_ONLY_PATH), _run),
+    devices = spmd_devices(ctx)
+    if devices > 1:  # split by JAX's partitioner along the spec's indices
+        if lowered.path == "xla" and not portable(ctx):  # XLA's ops by the same rule (XLA's own may gather more)
+            return mlir.lower_fun(partitioned(lowered, _run, devices), multiple_results=False)(ctx, *args)
+        if lowered.backend == "c" and lowered.path in ("ffi", FFI_ONLY_PATH):
+            try:  # the custom call: no callback in the per-shard module
+                return mlir.lower_fun(partitioned(replace(lowered, path=FFI_ONLY_PATH), _run, devices),
                                       multiple_results=False)(ctx, *args)
             except UnservedPlatformError:
                 pass
+        if lowered.path in RELAYED_PATHS:  # a buffer callback, called through a relay in this program's list
+            return mlir.lower_fun(relayed(ctx, lowered, _run_relayed, devices), multiple_results=False)(ctx, *args)
     try:
         return mlir.lower_fun(partial(_run, lowered), multiple_results=False)(ctx, *args)
     except UnservedPlatformError as err:  # the c kernel has no custom call for this call: XLA's form, if planned
@@ -264,6 +269,17 @@ def _kernel_lowering(ctx, *args, op: KernelOp, platform: str | None = None):
             raise
         return mlir.lower_fun(partial(_run, xla_instead(op, platform, str(err))), multiple_results=False)(ctx,
                                                                                                          *args)
+
+
+# paths whose kernels run through buffer_callback: a split kernel's relay can call them (``tullax.jaxop.relay``)
+RELAYED_PATHS = ("ffi", "buffer", "device")
+
+
+def _run_relayed(relay: Any, op: KernelOp, *args):
+    from tullax.calls.path import run_loops
+
+    path = "buffer" if op.path == "ffi" else op.path  # a c kernel here is one its custom call does not serve
+    return run_loops(op.spec, op.backend, args, op.out_dtype, path, op.zero_start, emit=relay.emit)
 
 
 def _run(op: KernelOp, *args):
