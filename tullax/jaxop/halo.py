@@ -3,9 +3,10 @@
 Device ``d`` of ``P`` computes the result's block ``[d*B, (d+1)*B)`` of ``i`` and reads ``x[d*B : d*B + B + h]``
 (``h = max(k) + c``: its halo). ``x`` is handed to the kernel's partitioning in two operands
 (``tullax.jaxop.partition``): its head ``x[:P*B]``, split as ``i`` is (so Shardy shards it, and the result, along
-the same mesh axes), and its tail ``x[P*B:]`` of ``h`` elements. Each device sends the first ``h`` elements of its
-block to its left neighbour (one ``ppermute`` of ``h`` rows); the last device takes the tail. The whole axis is
-never gathered.
+the same mesh axes), and ``x`` whole, split as given, whose last device's block ends with the last ``h``
+elements. Each device sends the first ``h`` elements of its block of the head to its left neighbour (one
+``ppermute`` of ``h`` rows); the last device takes the end of its block of ``x``. The whole axis is never
+gathered.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def halo_sizes(spec: Any, rule: Factors, shapes: dict[str, tuple[int, ...]]) -> 
 def fits(extent: int, halo: int, parts: int) -> bool:
     """Whether a device's right neighbour holds its whole halo: ``extent`` the axis's length, ``halo`` h, the
     index split in ``parts`` blocks."""
-    return (extent - halo) % parts == 0 and 0 < halo <= (extent - halo) // parts
+    last = extent - (parts - 1) * -(-extent // parts)  # the real elements of the last device's block
+    return (extent - halo) % parts == 0 and 0 < halo <= min((extent - halo) // parts, last)
 
 
 def window(head: Any, tail: Any, axis: int, mesh_axes: Sequence[str], parts: int) -> Any:

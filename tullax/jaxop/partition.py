@@ -41,25 +41,24 @@ def spmd_devices(ctx: Any) -> int:
     return 1
 
 
-def partitioned(op: Any, run: Run, devices: int) -> Callable[..., Any]:
-    """``run(op, *args)`` as a custom_partitioning function of the args (one per spec input), in a program over
-    ``devices`` devices."""
-    return partial(_call, op, run, _partitioned, devices)
+def partitioned(op: Any, run: Run) -> Callable[..., Any]:
+    """``run(op, *args)`` as a custom_partitioning function of the args (one per spec input)."""
+    return partial(_call, op, run, _partitioned)
 
 
-def relayed(ctx: Any, op: Any, run: Callable[..., Any], devices: int) -> Callable[..., Any]:
+def relayed(ctx: Any, op: Any, run: Callable[..., Any]) -> Callable[..., Any]:
     """``run(relay, op, *args)`` as a custom_partitioning function of the args, with a relay registered in the
     program ``ctx`` lowers (``tullax.jaxop.relay``): a kernel that runs through a Python callback."""
     from tullax.jaxop.relay import relay_for
 
-    return partial(_call, op, partial(run, relay_for(ctx)), _partitioned.__wrapped__, devices)  # not cached
+    return partial(_call, op, partial(run, relay_for(ctx)), _partitioned.__wrapped__)  # one per call: not cached
 
 
-def _call(op: Any, run: Run, make: Callable[..., Any], devices: int, *args: Any) -> Any:
-    """A windowed axis (``x[i+k]``) is handed over in two operands: its head, as long as the index's axes (so
-    Shardy splits it, and the result, as the index), and its tail, the last ``devices*h`` elements split the
-    same way, so that the last device's block of it ends with its halo, the axis's last ``h`` elements (a
-    replicated tail would be gathered)."""
+def _call(op: Any, run: Run, make: Callable[..., Any], *args: Any) -> Any:
+    """A windowed axis (``x[i+k]``) is handed over twice: its head, as long as the index's axes (so Shardy
+    splits it, and the result, as the index), and the whole array split as it is, whose last device's block
+    ends with the last device's halo, the axis's last ``h`` elements (a tail sliced off would be moved to every
+    device, or gathered)."""
     from jax import lax
 
     rule = factors(op.spec)
@@ -67,13 +66,12 @@ def _call(op: Any, run: Run, make: Callable[..., Any], devices: int, *args: Any)
     cuts = []
     for k, mapping in enumerate(rule.operands):
         found = [(axis, halos[f][1]) for axis, f in enumerate(mapping) if f in halos]
-        if len(found) == 1 and 0 < found[0][1] * devices <= args[k].shape[found[0][0]]:  # one windowed axis
+        if len(found) == 1 and 0 < found[0][1] < args[k].shape[found[0][0]]:  # one windowed axis
             cuts.append((k, *found[0]))
     heads, tails = list(args), []
     for k, axis, halo in cuts:
-        n = args[k].shape[axis]
-        heads[k] = lax.slice_in_dim(args[k], 0, n - halo, axis=axis)
-        tails.append(lax.slice_in_dim(args[k], n - devices * halo, n, axis=axis))
+        heads[k] = lax.slice_in_dim(args[k], 0, args[k].shape[axis] - halo, axis=axis)
+        tails.append(args[k])
     return make(op, run, tuple(cuts))(*heads, *tails)
 
 
@@ -113,13 +111,11 @@ def _with_cuts(rule: Factors, cuts: tuple) -> Factors:
 
 
 def _rejoined(op: Any, run: Run, cuts: tuple, *args: Any) -> Any:
-    """The kernel on whole operands (one device): each cut axis's head and tail joined again."""
-    from jax import lax
-
+    """The kernel on whole operands (one device): each cut input whole again."""
     count = len(op.spec.inputs)
     args, tails = list(args[:count]), args[count:]
-    for (k, axis, halo), tail in zip(cuts, tails):
-        args[k] = lax.concatenate([args[k], lax.slice_in_dim(tail, tail.shape[axis] - halo, None, axis=axis)], axis)
+    for (k, axis, _), whole in zip(cuts, tails):
+        args[k] = whole
     return run(op, *args)
 
 
@@ -179,8 +175,8 @@ def _partition(op: Any, rule: Factors, run: Run, cuts: tuple, mesh: Any, arg_sha
     shape_inputs = {k: (_local(globals_[item.name], mapping, assign, mesh, halos), arg_shapes[k].dtype)
                     for k, (item, mapping) in enumerate(zip(op.spec.inputs, rule.operands)) if item.kind == "shape"}
     summed_axes = tuple(axis for f in rule.summed if f in assign for axis in assign[f])
-    windows = tuple((k, axis, assign.get(rule.operands[k][axis], ()), _parts(mesh, assign.get(rule.operands[k][axis],
-                                                                                             ())), halo)
+    windows = tuple((k, axis, assign.get(rule.operands[k][axis], ()),
+                     _parts(mesh, assign.get(rule.operands[k][axis], ())), halo, globals_[op.spec.inputs[k].name][axis])
                     for k, axis, halo in cuts)
     lower = partial(_per_shard, op, run, shape_inputs, summed_axes, rule.combine, windows)
     return mesh, lower, result_sharding, arg_shardings
@@ -259,8 +255,9 @@ def _per_shard(op: Any, run: Run, shape_inputs: dict, summed_axes: tuple[str, ..
     count = len(op.spec.inputs)
     args, tails = [jnp.zeros(*shape_inputs[k]) if k in shape_inputs else a for k, a in enumerate(args[:count])], \
         args[count:]
-    for (k, axis, mesh_axes, parts, halo), tail in zip(windows, tails):
-        last = lax.slice_in_dim(tail, tail.shape[axis] - halo, None, axis=axis)  # the axis's last h elements
+    for (k, axis, mesh_axes, parts, halo, extent), whole in zip(windows, tails):
+        end = extent - (parts - 1) * whole.shape[axis]  # where the real elements of the last block end
+        last = lax.slice_in_dim(whole, end - halo, end, axis=axis)  # on the last device: the axis's last h
         args[k] = window(args[k], last, axis, mesh_axes, parts)
     if not summed_axes:
         return run(op, *args)

@@ -68,11 +68,14 @@ class KernelOp:
     # A '+=' gradient step whose given array (input 0) is zeros: a host kernel clears its own output instead
     # (``tullax.calls.host.host_call``); XLA's forms and device kernels take the zeros as given.
     zero_start: bool = False
+    # Planned without timing where a race may still decide: the race is run when the kernel is lowered for this
+    # process's own devices, and never for an export or another platform (``_settled``).
+    pending: bool = False
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_hash", hash((self.spec, self.backend, self.out_dtype, self.path, self.form,
-                                                self.requested, self.zero_start)))
+                                                self.requested, self.zero_start, self.pending)))
 
     @property
     def steps_backend(self) -> str:
@@ -158,16 +161,34 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: s
     return KernelOp(spec, backend_name, dtype.name, callback_path(), zero_start=zero_start)
 
 
-def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any], zero_start: bool = False) -> KernelOp:
-    """``backend='auto'``: the planner's choice for this kernel and these shapes (tullax.planner.decide)."""
+def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any], zero_start: bool = False, *,
+                timed: bool = False) -> KernelOp:
+    """``backend='auto'``: the planner's choice for this kernel and these shapes (tullax.planner.decide). Traced
+    (``timed`` False) with the plan known without timing; a race it may need waits for the lowering
+    (``_settled``), which knows whether the kernel runs on this host."""
     from tullax.calls.host import callback_path
     from tullax.planner.call import call_shapes_and_dtypes
-    from tullax.planner.decide import plan
+    from tullax.planner.decide import known_plan, plan
 
-    found = plan(spec, *call_shapes_and_dtypes(spec, values), zero_start=zero_start)
+    shapes, dtypes = call_shapes_and_dtypes(spec, values)
+    if timed:
+        found, pending = plan(spec, shapes, dtypes, zero_start=zero_start), False
+    else:
+        found, pending = known_plan(spec, shapes, dtypes, zero_start=zero_start)
     if found.backend == "xla":
-        return _xla_op(spec, out_dtype, found.form)
-    return KernelOp(spec, found.backend, out_dtype, callback_path(), requested="auto", zero_start=zero_start)
+        return replace(_xla_op(spec, out_dtype, found.form), pending=pending)
+    return KernelOp(spec, found.backend, out_dtype, callback_path(), requested="auto", zero_start=zero_start,
+                    pending=pending)
+
+
+def _settled(op: KernelOp, ctx: Any, platform: str) -> KernelOp:
+    """A pending plan decided for the lowering ``ctx``: raced where the program runs in this process on its
+    own platform, else the plan it was traced with (an export, another platform: no race on this host)."""
+    from tullax.jaxop.target import has_client, portable
+
+    if portable(ctx) or not has_client(ctx, platform):
+        return replace(op, pending=False)
+    return _planned_op(op.spec, op.out_dtype, ctx.avals_in, op.zero_start, timed=True)
 
 
 def _joint_plans(spec: Spec, args: Sequence[Any], out_dtype: str, wrt: Sequence[int]) -> dict:
@@ -247,21 +268,22 @@ def _kernel_lowering(ctx, *args, op: KernelOp, platform: str | None = None):
     from tullax.jaxop.target import has_client, lowered_op, portable, xla_instead
 
     platform = platform or ctx.module_context.platforms[0]
+    if op.pending:
+        op = _settled(op, ctx, platform)
     lowered = lowered_op(op, platform, portable=portable(ctx), client=has_client(ctx, platform))
     from tullax.jaxop.partition import partitioned, relayed, spmd_devices
 
-    devices = spmd_devices(ctx)
-    if devices > 1:  # split by JAX's partitioner along the spec's indices
+    if spmd_devices(ctx) > 1:  # split by JAX's partitioner along the spec's indices
         if lowered.path == "xla" and not portable(ctx):  # XLA's ops by the same rule (XLA's own may gather more)
-            return mlir.lower_fun(partitioned(lowered, _run, devices), multiple_results=False)(ctx, *args)
+            return mlir.lower_fun(partitioned(lowered, _run), multiple_results=False)(ctx, *args)
         if lowered.backend == "c" and lowered.path in ("ffi", FFI_ONLY_PATH):
             try:  # the custom call: no callback in the per-shard module
-                return mlir.lower_fun(partitioned(replace(lowered, path=FFI_ONLY_PATH), _run, devices),
+                return mlir.lower_fun(partitioned(replace(lowered, path=FFI_ONLY_PATH), _run),
                                       multiple_results=False)(ctx, *args)
             except UnservedPlatformError:
                 pass
         if lowered.path in RELAYED_PATHS:  # a buffer callback, called through a relay in this program's list
-            return mlir.lower_fun(relayed(ctx, lowered, _run_relayed, devices), multiple_results=False)(ctx, *args)
+            return mlir.lower_fun(relayed(ctx, lowered, _run_relayed), multiple_results=False)(ctx, *args)
     try:
         return mlir.lower_fun(partial(_run, lowered), multiple_results=False)(ctx, *args)
     except UnservedPlatformError as err:  # the c kernel has no custom call for this call: XLA's form, if planned
