@@ -89,6 +89,21 @@ def test_a_window_split_exchanges_its_halo_with_the_neighbour(backend: str) -> N
     assert found["sharding"] == found["ref_sharding"] == "P('x',)" and found["local"] == [8], found
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_explicit_sharding_types_the_result_by_the_rule_or_says_what_to_reshard(backend: str) -> None:
+    """Under AxisType.Explicit the kernel's result type is its rule's (split along a free index, whole along a
+    summed one, split with a halo along a window); what it cannot run split is a TullaxError at trace time."""
+    found = {key.split("/", 2)[2]: value for key, value in report().items() if key.startswith(f"explicit/{backend}/")}
+    assert found["dist/i"]["type"] == "float64[16@x,12]" and found["dist/i"]["collectives"] == [], found["dist/i"]
+    assert found["dist/i"]["grad_type"] == "float64[8,16@x]", found["dist/i"]
+    assert found["dist/k"]["type"] == "float64[16,12]" and found["dist/k"]["collectives"] == ["all-reduce"]
+    assert found["conv1d/i"]["type"] == "float64[32@x]", found["conv1d/i"]
+    assert found["conv1d/i"]["collectives"] == ["collective-permute"], found["conv1d/i"]
+    assert found["embedding/b"]["type"] == "float64[12@x,8]", found["embedding/b"]
+    assert "reshard" in found["dist/i+j"]["error"] and "splits both index i and index j" in found["dist/i+j"]["error"]
+    assert "W's axis 0 is split" in found["embedding/row"]["error"] and "reshard" in found["embedding/row"]["error"]
+
+
 def test_every_corpus_spec_split_along_each_axis_equals_the_unsplit_call() -> None:
     found = report("corpus")["corpus"]
     assert found["checked"] > 100 and found["wrong"] == [], "\n".join(found["wrong"])

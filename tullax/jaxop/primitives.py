@@ -245,6 +245,11 @@ def _out_aval(op: KernelOp, in_avals: Sequence[Any], all_avals: Sequence[Any]):
     shape = tuple(s.eval(shapes) for s in op.spec.out_shape)
     varying = frozenset().union(*(getattr(getattr(a, "manual_axis_type", None), "varying", ()) for a in all_avals))
     if not varying:
+        from tullax.jaxop.explicit import explicit_sharding
+
+        explicit = explicit_sharding(op.spec, in_avals, shape)  # explicit mode: the result typed by the kernel's rule
+        if explicit is not None:
+            return core.ShapedArray(shape, op.out_dtype, sharding=explicit)
         return core.ShapedArray(shape, op.out_dtype)
     sharding = NamedSharding(mesh_lib.get_abstract_mesh(), PartitionSpec())
     mat = core.ManualAxisType(varying=varying, unreduced=frozenset(), reduced=frozenset())
@@ -260,7 +265,16 @@ LOWERING_PLATFORMS = ("cpu", "cuda", "rocm")
 
 def _kernel_lowering(ctx, *args, op: KernelOp, platform: str | None = None):
     """The kernel in ``ctx``'s program, for ``platform`` (the default rule: the module's first platform).
-    Another platform than the process's, several at once, or an export: ``tullax.jaxop.target``."""
+    Another platform than the process's, several at once, or an export: ``tullax.jaxop.target``. Under
+    explicit sharding, lowered on untyped values (``tullax.jaxop.explicit.untyped``)."""
+    from tullax.jaxop.explicit import untyped
+
+    ctx, whole_program = untyped(ctx)
+    with whole_program:
+        return _lowering(ctx, *args, op=op, platform=platform)
+
+
+def _lowering(ctx, *args, op: KernelOp, platform: str | None = None):
     from jax.interpreters import mlir
 
     from tullax.calls.host import FFI_ONLY_PATH
