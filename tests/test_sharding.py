@@ -127,3 +127,21 @@ def test_the_sharding_rule_is_read_off_the_notation(text: str, rule: str, free: 
 
     found = factors(compile_spec(text)[1])
     assert (found.text(), found.free, found.summed) == (rule, free, summed)
+
+
+@pytest.mark.parametrize("platform, target", [("cpu", "xla_buffer_python_cpu_callback"),
+                                              ("cuda", "xla_buffer_python_gpu_callback")])
+def test_a_relayed_kernel_calls_the_whole_programs_callback_by_its_index(platform: str, target: str) -> None:
+    """Inside a per-shard module a callback kernel (numba, julia, cuda on its GPU) is buffer_callback's custom call
+    for the platform, naming the relay's index in the whole program's callbacks, not a slot of its own module
+    (lowered here for cuda from this CPU host: no GPU is needed to read the call)."""
+    import jax
+    import jax.numpy as jnp
+
+    from tullax.jaxop.relay import Relay
+
+    relay = Relay(7)
+    result = jax.ShapeDtypeStruct((4,), jnp.float32)
+    lowered = jax.jit(lambda x: relay.emit(lambda ctx, out, x: None, result, None, [x])).trace(
+        jnp.zeros(4, jnp.float32)).lower(lowering_platforms=(platform,)).as_text()
+    assert f'stablehlo.custom_call @{target}' in lowered and "index = 7 : ui64" in lowered, lowered
