@@ -92,8 +92,9 @@ def _partitioned(op: Any, run: Run, cuts: tuple = ()) -> Callable[..., Any]:
 
 
 def _with_cuts(rule: Factors, cuts: tuple) -> Factors:
-    """The rule of the operands ``_call`` hands over: a cut axis's head takes its index's factor, its tail a
-    factor of its own (``t0``, ...: split as the index is, ``_partition``); a windowed axis not cut stays whole."""
+    """The rule of the operands ``_call`` hands over: a cut axis's head takes its index's factor; the whole
+    input after the spec's inputs, a factor of its own on that axis (``t0``, ...: split as the index is, by
+    ``_partition``); a windowed axis not cut stays whole."""
     from dataclasses import replace
 
     linked = {factor: split for factor, split, _, _ in rule.halo}
