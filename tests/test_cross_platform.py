@@ -92,3 +92,31 @@ def test_export_for_the_cpu_alone(backend: str) -> None:
     assert "tullax_c_kernel" in exported.mlir_module()
     for g, w in zip(export.deserialize(exported.serialize()).call(*args), jax.jit(function)(*args)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_races_only_when_lowered_for_this_host(monkeypatch) -> None:
+    """A close call ``auto`` has not decided yet is traced with the plan known without timing; its race waits for
+    the lowering: none while tracing, none for a cuda lowering or an export (they never run on this host's CPU),
+    one when the jitted call is lowered to run here."""
+    from jax import export
+
+    from tullax.planner import decide, store, tuning
+
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setattr(store, "load", lambda key: None)  # no decision of an earlier run: it must be raced
+    monkeypatch.setattr(store, "store", lambda *args, **kwargs: None)
+    decide.forget()
+    try:
+        kernel = tullax.einsum_kernel(DIST, backend="auto")
+        rng = np.random.default_rng(1)
+        W, X = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((64, 300), (64, 200)))
+        traced = jax.jit(kernel).trace(W, X)
+        traced.lower(lowering_platforms=("cuda",))
+        checks = [export.DisabledSafetyCheck.custom_call("tullax_c_kernel")]
+        export.export(jax.jit(kernel), platforms=("cpu",), disabled_checks=checks)(W, X)
+        assert decide.STATS["timed"] == 0, "a race was timed while tracing or lowering for export/another platform"
+        got = jax.jit(kernel)(W, X)
+        assert decide.STATS["timed"] == 1
+        np.testing.assert_allclose(got, ((W[:, :, None] - X[:, None, :]) ** 2).sum(0), rtol=1e-4, atol=1e-3)
+    finally:
+        decide.forget()

@@ -326,7 +326,7 @@ def test_the_lowering_and_the_planners_loop_candidate_take_one_path_choice(monke
 
     launched = []
 
-    def recorded(spec, backend_name, args, out_dtype):
+    def recorded(spec, backend_name, args, out_dtype, emit=None):
         launched.append(backend_name)
         return jnp.zeros(tuple(s.eval({n: tuple(a.shape) for n, a in zip(spec.input_names, args)})
                                for s in spec.out_shape), out_dtype)

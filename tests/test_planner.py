@@ -245,13 +245,18 @@ def _check(text: str, shapes: dict, batch: int = 3):
 
 
 def _ops(fn, *values):
-    """The KernelOps of every tullax kernel in the jaxpr of ``fn``."""
+    """The KernelOps of every tullax kernel in the jaxpr of ``fn``, as lowered to run here (a plan a race may still
+    decide is traced pending: its lowering for this host races it, ``primitives._settled``)."""
+    from tullax.jaxop.primitives import _planned_op
+
     found = []
 
     def visit(jaxpr):
         for eqn in jaxpr.eqns:
             if eqn.primitive.name == "tullax_kernel":
-                found.append(eqn.params["op"])
+                op = eqn.params["op"]
+                found.append(_planned_op(op.spec, op.out_dtype, [v.aval for v in eqn.invars], op.zero_start,
+                                         timed=True) if op.pending else op)
             for value in eqn.params.values():
                 inner = getattr(value, "jaxpr", None)
                 if inner is not None and hasattr(inner, "eqns"):

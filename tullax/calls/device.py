@@ -52,9 +52,10 @@ def device_path(backend_name: str, platform: str) -> str:
     return HOST_COPY_PATH
 
 
-def device_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any) -> Any:
+def device_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any, emit: Any = None) -> Any:
     """Run ``spec`` on the device buffers of ``args`` (jax values) on ``backend_name``'s device kernel; the
-    result as a jax value of dtype ``out_dtype``. Called while lowering, with tracers."""
+    result as a jax value of dtype ``out_dtype``. Called while lowering, with tracers. ``emit``: as
+    ``tullax.calls.host.host_call``'s."""
     import jax
     import numpy as np
     from jax.experimental.buffer_callback import buffer_callback
@@ -80,7 +81,7 @@ def device_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: A
                               f"with jax_enable_x64: enable it, or use backend='xla' for a {result.dtype.name} "
                               "result")
         wide_args = [a.astype(d) for a, d in zip(args, wide.in_dtypes)]
-        return device_call(spec, backend_name, wide_args, wide.out_dtype).astype(result.dtype)
+        return device_call(spec, backend_name, wide_args, wide.out_dtype, emit).astype(result.dtype)
     kernel = backends.resolve(backend_name).device_kernel(spec, signature, {**shapes, spec.out: result.shape})
     aliases = {0: 0} if updates_in_place(spec, args, result) else None
     text = format_spec(spec)
@@ -89,6 +90,8 @@ def device_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: A
         kernel(ctx.stream, out, buffers)
         stats.record_launch(text, backend_name, DEVICE_PATH)
 
+    if emit is not None:
+        return emit(run, result, aliases, args)
     return buffer_callback(run, result, input_output_aliases=aliases,
                            command_buffer_compatible=settings.value(COMMAND_BUFFER_ENV))(*args)
 

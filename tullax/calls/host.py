@@ -30,6 +30,8 @@ from tullax import settings
 from tullax.spec.ir import Spec
 
 PATHS = ("ffi", "buffer", "pure")
+# emit(runner, result, aliases, operands): calls a buffer callback's runner inside the program being traced
+Emit = Callable[[Callable[..., None], Any, "dict[int, int] | None", Sequence[Any]], Any]
 FFI_ONLY_PATH = "ffi-only"  # tullax.jaxop.target: the custom call or a TullaxError
 
 
@@ -59,11 +61,12 @@ def has_buffer_callback() -> bool:
 
 
 def host_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any, path: str,
-              zero_start: bool = False) -> Any:
+              zero_start: bool = False, emit: Emit | None = None) -> Any:
     """Run the host kernel of ``spec`` on ``args`` (jax values) through the callback ``path``; returns the
     result as a jax value of dtype ``out_dtype``. Called while lowering, with tracers. ``zero_start``: ``spec``
     is a '+=' step whose given array (``args[0]``) is zeros: where it can, the callback clears its output itself,
-    and XLA drops the unused zeros."""
+    and XLA drops the unused zeros. ``emit``: how a buffer callback is called (``buffer_callback`` unless given:
+    a split kernel's relay, ``tullax.jaxop.relay``)."""
     import jax
     import numpy as np
 
@@ -104,8 +107,10 @@ def host_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
         from jax.experimental.buffer_callback import buffer_callback
 
         aliases = {0: 0} if clear is None and in_place else None
-        return buffer_callback(_buffer_runner(spec, run_kernel, text, backend_name, clear), result,
-                               input_output_aliases=aliases)(*operands)
+        runner = _buffer_runner(spec, run_kernel, text, backend_name, clear)
+        if emit is not None:
+            return emit(runner, result, aliases, operands)
+        return buffer_callback(runner, result, input_output_aliases=aliases)(*operands)
     return jax.pure_callback(_pure_runner(spec, run_kernel, text, backend_name, result, clear), result,
                              *operands, vmap_method="sequential")
 

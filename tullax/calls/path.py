@@ -40,15 +40,16 @@ def backend_path(backend_name: str) -> str:
 
 
 def run_loops(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any, path: str,
-              zero_start: bool = False) -> Any:
+              zero_start: bool = False, emit: Any = None) -> Any:
     """``spec`` on ``backend_name``'s kernel over the jax values ``args`` (tracers while lowering), on ``path``
-    (``lowered_path``); the result as a jax value of dtype ``out_dtype``."""
+    (``lowered_path``); the result as a jax value of dtype ``out_dtype``. ``emit``: how a buffer callback is
+    called (``tullax.calls.host.Emit``; None: ``buffer_callback``)."""
     from tullax.calls.device import DEVICE_PATH
 
     if path == DEVICE_PATH:
         from tullax.calls.device import device_call
 
-        return device_call(spec, backend_name, args, out_dtype)
+        return device_call(spec, backend_name, args, out_dtype, emit=emit)
     from tullax.calls.host import host_call
 
-    return host_call(spec, backend_name, args, out_dtype, path, zero_start)
+    return host_call(spec, backend_name, args, out_dtype, path, zero_start, emit=emit)

@@ -10,16 +10,18 @@ that the operands (or the result) split each index along, keeps those the kernel
 function each device runs on its blocks: the same kernel (compiled for the per-shard shapes, which are static),
 then, where a summed index is split, the reduction's collective (``combine``).
 
-Only kernels with no Python callback are partitioned: the c backend's custom call on CPU devices (path
-``ffi-only``). A callback traced inside custom_partitioning's per-shard module would not be registered with the
-program's executable; such a kernel (numba, julia, or a kernel on a GPU through its buffer callback) keeps its
-replicated lowering, and XLA's forms are XLA's own ops, which its partitioner splits already.
+Every backend's kernel is split: the c backend's custom call on CPU devices (path ``ffi-only``: no callback), a
+kernel that runs through a Python callback (numba, julia, a c kernel its custom call does not serve, a cuda
+kernel on its GPU) through a relay registered with the whole program (``tullax.jaxop.relay``: a callback
+registered by the per-shard module alone would never be called), and XLA's forms (XLA's ops, split by this rule
+rather than by XLA's partitioner, which gathers a whole operand for some of them).
 """
 from __future__ import annotations
 
 from functools import lru_cache, partial
 from typing import Any, Callable, Sequence
 
+from tullax.jaxop.halo import fits, halo_sizes, window
 from tullax.jaxop.partition_rule import Factors, factors
 
 Run = Callable[..., Any]  # run(op, *jax values) -> the kernel's result
@@ -41,23 +43,81 @@ def spmd_devices(ctx: Any) -> int:
 
 def partitioned(op: Any, run: Run) -> Callable[..., Any]:
     """``run(op, *args)`` as a custom_partitioning function of the args (one per spec input)."""
-    return _partitioned(op, run)
+    return partial(_call, op, run, _partitioned)
+
+
+def relayed(ctx: Any, op: Any, run: Callable[..., Any]) -> Callable[..., Any]:
+    """``run(relay, op, *args)`` as a custom_partitioning function of the args, with a relay registered in the
+    program ``ctx`` lowers (``tullax.jaxop.relay``): a kernel that runs through a Python callback."""
+    from tullax.jaxop.relay import relay_for
+
+    return partial(_call, op, partial(run, relay_for(ctx)), _partitioned.__wrapped__)  # one per call: not cached
+
+
+def _call(op: Any, run: Run, make: Callable[..., Any], *args: Any) -> Any:
+    """A windowed axis (``x[i+k]``) is handed over twice: its head, as long as the index's axes (so Shardy
+    splits it, and the result, as the index), and the whole array split as it is, whose last device's block
+    ends with the last device's halo, the axis's last ``h`` elements (a tail sliced off would be moved to every
+    device, or gathered)."""
+    from jax import lax
+
+    rule = factors(op.spec)
+    halos = halo_sizes(op.spec, rule, {item.name: tuple(a.shape) for item, a in zip(op.spec.inputs, args)})
+    cuts = []
+    for k, mapping in enumerate(rule.operands):
+        found = [(axis, halos[f][1]) for axis, f in enumerate(mapping) if f in halos]
+        if len(found) == 1 and 0 < found[0][1] < args[k].shape[found[0][0]]:  # one windowed axis
+            cuts.append((k, *found[0]))
+    heads, tails = list(args), []
+    for k, axis, halo in cuts:
+        heads[k] = lax.slice_in_dim(args[k], 0, args[k].shape[axis] - halo, axis=axis)
+        tails.append(args[k])
+    return make(op, run, tuple(cuts))(*heads, *tails)
 
 
 @lru_cache(maxsize=None)
-def _partitioned(op: Any, run: Run) -> Callable[..., Any]:
+def _partitioned(op: Any, run: Run, cuts: tuple = ()) -> Callable[..., Any]:
     from jax.experimental.custom_partitioning import SdyShardingRule, custom_partitioning
 
-    rule = factors(op.spec)
+    rule = _with_cuts(factors(op.spec), cuts)
     order = {f: k for k, f in enumerate(dict.fromkeys(f for axes in (*rule.operands, rule.result) for f in axes))}
-    function = custom_partitioning(partial(run, op))
+    function = custom_partitioning(partial(_rejoined, op, run, cuts))
     function.def_partition(  # Shardy wants each kind's factors in the order they first appear in the rule
-        partition=partial(_partition, op, rule, run),
+        partition=partial(_partition, op, rule, run, cuts),
         sharding_rule=SdyShardingRule(operand_mappings=rule.operands, result_mappings=(rule.result,),
                                       reduction_factors=tuple(sorted(rule.summed, key=order.get)),
                                       need_replication_factors=tuple(sorted(rule.replicated, key=order.get))),
     )
     return function
+
+
+def _with_cuts(rule: Factors, cuts: tuple) -> Factors:
+    """The rule of the operands ``_call`` hands over: a cut axis's head takes its index's factor; the whole
+    input after the spec's inputs, a factor of its own on that axis (``t0``, ...: split as the index is, by
+    ``_partition``); a windowed axis not cut stays whole."""
+    from dataclasses import replace
+
+    linked = {factor: split for factor, split, _, _ in rule.halo}
+    operands = [list(axes) for axes in rule.operands]
+    tails, cut = [], set()
+    for n, (k, axis, _) in enumerate(cuts):
+        cut.add(operands[k][axis])
+        tail = list(operands[k])
+        tail[axis] = f"t{n}"
+        operands[k][axis] = linked[operands[k][axis]]
+        tails.append(tuple(tail))
+    uncut = {f for f in linked if f not in cut}
+    return replace(rule, operands=(*map(tuple, operands), *tails), replicated=tuple(sorted({*rule.replicated,
+                                                                                            *uncut})))
+
+
+def _rejoined(op: Any, run: Run, cuts: tuple, *args: Any) -> Any:
+    """The kernel on whole operands (one device): each cut input whole again."""
+    count = len(op.spec.inputs)
+    args, tails = list(args[:count]), args[count:]
+    for (k, axis, _), whole in zip(cuts, tails):
+        args[k] = whole
+    return run(op, *args)
 
 
 def _entries(sharding: Any, rank: int) -> list[tuple[str, ...]]:
@@ -72,26 +132,38 @@ def _entries(sharding: Any, rank: int) -> list[tuple[str, ...]]:
     return found
 
 
-def _partition(op: Any, rule: Factors, run: Run, mesh: Any, arg_shapes: Sequence[Any], result_shape: Any):
+def _partition(op: Any, rule: Factors, run: Run, cuts: tuple, mesh: Any, arg_shapes: Sequence[Any],
+               result_shape: Any):
+    """``rule``: of the operands handed over (``_with_cuts``): the spec's inputs, then the tails of cut axes."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    kinds = [item.kind for item in op.spec.inputs]
+    kinds = [item.kind for item in op.spec.inputs] + ["array"] * len(cuts)
+    globals_ = {item.name: list(s.shape) for item, s in zip(op.spec.inputs, arg_shapes)}
+    for k, axis, halo in cuts:  # the whole input's shape
+        globals_[op.spec.inputs[k].name][axis] += halo
+    globals_ = {name: tuple(shape) for name, shape in globals_.items()}
+    plain = factors(op.spec)
+    halos = {f: v for f, v in halo_sizes(op.spec, plain, globals_).items()
+             if any(rule.operands[k][axis] == v[0] and plain.operands[k][axis] == f for k, axis, _ in cuts)}
     splittable = set(rule.free) | set(rule.summed)
     assign: dict[str, tuple[str, ...]] = {}
     used: set[str] = set()
-    for shape, mapping, kind in [*zip(arg_shapes, rule.operands, kinds), (result_shape, rule.result, "result")]:
+    for shape, mapping, kind in [*zip(arg_shapes, rule.operands, kinds), (result_shape, rule.result, "")]:
         if kind == "shape":
             continue
         for factor, axes in zip(mapping, _entries(shape.sharding, len(shape.shape))):
             if factor in splittable and factor not in assign and axes and not used & set(axes):
                 assign[factor] = axes
                 used |= set(axes)
-    globals_ = {item.name: tuple(s.shape) for item, s in zip(op.spec.inputs, arg_shapes)}
     while True:  # drop a split the kernel cannot run on blocks of, until every split left can
-        bad = _unfit(op.spec, rule, mesh, assign, globals_, tuple(result_shape.shape))
+        bad = _unfit(op.spec, plain, mesh, assign, globals_, tuple(result_shape.shape), halos)
         if bad is None:
             break
         del assign[bad]
+
+    for n, (k, axis, _) in enumerate(cuts):  # a tail is split as its head is
+        if rule.operands[k][axis] in assign:
+            assign[f"t{n}"] = assign[rule.operands[k][axis]]
 
     def spec_of(mapping: Sequence[str]) -> Any:
         return PartitionSpec(*[None if f not in assign else assign[f][0] if len(assign[f]) == 1 else assign[f]
@@ -101,29 +173,49 @@ def _partition(op: Any, rule: Factors, run: Run, mesh: Any, arg_shapes: Sequence
                           else NamedSharding(mesh, spec_of(mapping))
                           for shape, mapping, kind in zip(arg_shapes, rule.operands, kinds))
     result_sharding = NamedSharding(mesh, spec_of(rule.result))
-    shape_inputs = {k: (_local(globals_[item.name], mapping, assign, mesh), arg_shapes[k].dtype)
+    shape_inputs = {k: (_local(globals_[item.name], mapping, assign, mesh, halos), arg_shapes[k].dtype)
                     for k, (item, mapping) in enumerate(zip(op.spec.inputs, rule.operands)) if item.kind == "shape"}
     summed_axes = tuple(axis for f in rule.summed if f in assign for axis in assign[f])
-    lower = partial(_per_shard, op, run, shape_inputs, summed_axes, rule.combine)
+    windows = tuple((k, axis, assign.get(rule.operands[k][axis], ()),
+                     _parts(mesh, assign.get(rule.operands[k][axis], ())), halo, globals_[op.spec.inputs[k].name][axis])
+                    for k, axis, halo in cuts)
+    lower = partial(_per_shard, op, run, shape_inputs, summed_axes, rule.combine, windows)
     return mesh, lower, result_sharding, arg_shardings
 
 
-def _local(shape: Sequence[int], mapping: Sequence[str], assign: dict, mesh: Any) -> tuple[int, ...]:
+def _parts(mesh: Any, axes: Sequence[str]) -> int:
     sizes = dict(mesh.shape)
+    parts = 1
+    for axis in axes:
+        parts *= sizes[axis]
+    return parts
+
+
+def _local(shape: Sequence[int], mapping: Sequence[str], assign: dict, mesh: Any,
+           halos: dict[str, tuple[str, int]] | None = None) -> tuple[int, ...]:
+    """Per-shard extents; a windowed axis split with its index: the index's block and the halo."""
     local = []
     for extent, factor in zip(shape, mapping):
-        parts = 1
-        for axis in assign.get(factor, ()):
-            parts *= sizes[axis]
-        local.append(extent // parts)
+        if halos and factor in halos and halos[factor][0] in assign:
+            split, halo = halos[factor]
+            local.append((extent - halo) // _parts(mesh, assign[split]) + halo)
+        else:
+            local.append(extent // _parts(mesh, assign.get(factor, ())))
     return tuple(local)
 
 
-def _unfit(spec: Any, rule: Factors, mesh: Any, assign: dict, shapes: dict, result: tuple[int, ...]) -> str | None:
+def _unfit(spec: Any, rule: Factors, mesh: Any, assign: dict, shapes: dict, result: tuple[int, ...],
+           halos: dict[str, tuple[str, int]]) -> str | None:
     """A split factor the kernel cannot run on blocks of (an extent the split does not divide, an index whose
-    range is not its axes' whole extent, a result whose per-shard shape is not its block), or None."""
+    range is not its axes' whole extent, a result whose per-shard shape is not its block, a halo one neighbour
+    does not hold), or None."""
     index_of = rule.index_of
-    local = {item.name: _local(shapes[item.name], mapping, assign, mesh)
+    for item, mapping in zip(spec.inputs, rule.operands):
+        for extent, factor in zip(shapes[item.name], mapping):
+            split = halos.get(factor, ("",))[0]
+            if split in assign and not fits(extent, halos[factor][1], _parts(mesh, assign[split])):
+                return split
+    local = {item.name: _local(shapes[item.name], mapping, assign, mesh, halos)
              for item, mapping in zip(spec.inputs, rule.operands)}
     sizes = dict(mesh.shape)
     for factor, axes in assign.items():
@@ -153,12 +245,21 @@ def _unfit(spec: Any, rule: Factors, mesh: Any, assign: dict, shapes: dict, resu
     return None
 
 
-def _per_shard(op: Any, run: Run, shape_inputs: dict, summed_axes: tuple[str, ...], combine: str, *args: Any):
-    """What each device runs on its blocks: the kernel, then the collective over the devices a summed index is
-    split across. A '+=' update adds its given array once, after the collective."""
+def _per_shard(op: Any, run: Run, shape_inputs: dict, summed_axes: tuple[str, ...], combine: str,
+               windows: tuple, *args: Any):
+    """What each device runs on its blocks: the kernel (a windowed read on its block and the halo its neighbour
+    sends, ``tullax.jaxop.halo``), then the collective over the devices a summed index is split across. A '+='
+    update adds its given array once, after the collective."""
     import jax.numpy as jnp
+    from jax import lax
 
-    args = [jnp.zeros(*shape_inputs[k]) if k in shape_inputs else a for k, a in enumerate(args)]
+    count = len(op.spec.inputs)
+    args, tails = [jnp.zeros(*shape_inputs[k]) if k in shape_inputs else a for k, a in enumerate(args[:count])], \
+        args[count:]
+    for (k, axis, mesh_axes, parts, halo, extent), whole in zip(windows, tails):
+        end = extent - (parts - 1) * whole.shape[axis]  # where the real elements of the last block end
+        last = lax.slice_in_dim(whole, end - halo, end, axis=axis)  # on the last device: the axis's last h
+        args[k] = window(args[k], last, axis, mesh_axes, parts)
     if not summed_axes:
         return run(op, *args)
     given = None

@@ -6,9 +6,10 @@ Each axis of each input, and of the result, gets a factor:
 * any other axis (shifted, strided, windowed, ``mod``/``clamp``/``pad``, read through an index array, or a
   constant) gets a factor of its own that must stay replicated: the partitioner gathers only that axis.
 
-An index may be split across devices only where every position it appears in is plain (``x[i+k]`` keeps both
-``i`` and ``k`` whole: a device's block of ``i`` reads outside it) and the body does not read its value
-(``IndexVal``) or an extent (``Size``). Then:
+An index may be split across devices only where every position it appears in is plain, or a window running from
+it to the axis's end (``x[i+k]``, ``k`` from 0, ``i`` over the valid positions: each device's block of ``x`` gets
+the ``max(k)`` elements after it from its neighbour, a halo; ``k`` stays whole), and the body does not read its
+value (``IndexVal``) or an extent (``Size``). Then:
 
 * a free index (on the result's left-hand side): each device runs the kernel on its block, and its result
   block is the result's block along that index (``FREE``);
@@ -46,7 +47,9 @@ class Factors:
     """The sharding rule of one spec. ``operands``: per input, per axis, its factor; ``result``: per result axis.
     ``free``: factors of free indices that may be split; ``summed``: factors of summed indices that may be split
     (then combined by ``combine``); every other factor is in ``replicated``. ``index``: factor -> the index it
-    stands for (replicated axes of their own have none)."""
+    stands for (replicated axes of their own have none). ``halo``: per windowed axis (``x[i+k]``) its factor, the
+    factor of the index split with it, the window index (or None) and the constant offset: split with that index,
+    each device's block extended by the elements after it (``tullax.jaxop.halo``)."""
 
     operands: tuple[tuple[str, ...], ...]
     result: tuple[str, ...]
@@ -55,6 +58,7 @@ class Factors:
     replicated: tuple[str, ...]
     combine: str
     index: tuple[tuple[str, str], ...]
+    halo: tuple[tuple[str, str, str | None, int], ...] = ()
 
     @property
     def index_of(self) -> dict[str, str]:
@@ -81,6 +85,7 @@ def factors(spec: Spec) -> Factors:
         return own[-1]
 
     whole: set[str] = set()  # indices that must not be split
+    halos: list[tuple[str, int, str, str | None, int]] = []  # array, axis, split index, window index, offset
     axes: dict[str, list[str | None]] = {item.name: [None] * item.rank for item in spec.inputs}
 
     def place(array: str, position: int, idx: object) -> None:
@@ -95,7 +100,12 @@ def factors(spec: Spec) -> Factors:
         elif isinstance(idx, Wrapped):
             whole.update(idx.inner.names())
         elif isinstance(idx, Affine) and plain is None:
-            whole.update(idx.names())
+            window = _window(spec, array, position, idx)
+            if window is None or array not in axes or axes[array][position] is not None:
+                whole.update(idx.names())
+            else:  # x[i+k]: i may be split, each device's block of x extended by a halo from its neighbour
+                whole.update(window[1:2] if window[1] else ())
+                halos.append((array, position, *window))
         if array not in axes or position >= len(axes[array]):
             return
         if plain is not None:
@@ -154,10 +164,33 @@ def factors(spec: Spec) -> Factors:
     free = tuple(names[i] for i in lhs_plain if i not in whole)
     summed = tuple(names[i] for i in names if i not in lhs_plain and i not in whole and summable and
                    any(names[i] in axes_ for axes_ in operands))
+    inputs = [item.name for item in spec.inputs]
+    halo = tuple((operands[inputs.index(array)][axis], names[split], window, offset)
+                 for array, axis, split, window, offset in halos
+                 if names[split] in free + summed and operands[inputs.index(array)][axis] not in index_of)
     every = {f for axes_ in operands for f in axes_} | set(result)
-    replicated = tuple(sorted(every - set(free) - set(summed)))
+    replicated = tuple(sorted(every - set(free) - set(summed) - {h[0] for h in halo}))
     return Factors(operands, tuple(result), free, summed, replicated, COMBINES.get(spec.redop, ""),
-                   tuple(sorted(index_of.items())))
+                   tuple(sorted(index_of.items())), halo)
+
+
+def _window(spec: Spec, array: str, axis: int, idx: Affine) -> tuple[str, str | None, int] | None:
+    """``(i, k, c)`` where ``array``'s ``axis`` is read at ``i+k+c`` (or ``i+c``), c >= 0 a constant, ``k`` a
+    window from 0 and ``i`` running to where the window meets the axis's end: then a device's block of ``i``
+    reads its block of the axis and the first ``max(k)+c`` elements after it (its halo). None otherwise."""
+    if idx.div != 1 or not idx.const.is_const or idx.const.const < 0 or any(c != 1 for _, c in idx.terms) or \
+            not 1 <= len(idx.terms) <= 2:
+        return None
+    ranges, extent, offset = spec.range_of, Sym.extent(array, axis), idx.const.const
+    names = idx.names()
+    for split in names:
+        window = next((n for n in names if n != split), None)
+        found, over = ranges.get(split), ranges.get(window) if window else None
+        if found is None or found.lo != Sym(0) or (window is not None and (over is None or over.lo != Sym(0))):
+            continue
+        if found.hi == extent - offset - (over.hi - 1 if over is not None else 0) and (window or offset):
+            return split, window, offset
+    return None
 
 
 def _recurrence(spec: Spec, axes: dict, of_index, whole: set[str], names: dict[str, str]) -> None:

@@ -71,11 +71,14 @@ class KernelOp:
     # "expand": the caller opted in to the expanded form of polynomial bodies (``einsum_kernel(algebra=...)``);
     # its gradient steps and batched forms are planned with it too
     algebra: str = ""
+    # Planned without timing where a race may still decide: the race is run when the kernel is lowered for this
+    # process's own devices, and never for an export or another platform (``_settled``).
+    pending: bool = False
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_hash", hash((self.spec, self.backend, self.out_dtype, self.path, self.form,
-                                                self.requested, self.zero_start, self.algebra)))
+                                                self.requested, self.zero_start, self.algebra, self.pending)))
 
     @property
     def steps_backend(self) -> str:
@@ -180,17 +183,33 @@ def _dtype_or_weak_type(value: Any) -> Any:
 
 
 def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any], zero_start: bool = False,
-                algebra: str = "") -> KernelOp:
-    """``backend='auto'``: the planner's choice for this kernel and these shapes (tullax.planner.decide)."""
+                algebra: str = "", *, timed: bool = False) -> KernelOp:
+    """``backend='auto'``: the planner's choice for this kernel and these shapes (tullax.planner.decide). Traced
+    (``timed`` False) with the plan known without timing; a race it may need waits for the lowering
+    (``_settled``), which knows whether the kernel runs on this host."""
     from tullax.calls.host import callback_path
     from tullax.planner.call import call_shapes_and_dtypes
-    from tullax.planner.decide import plan
+    from tullax.planner.decide import known_plan, plan
 
-    found = plan(spec, *call_shapes_and_dtypes(spec, values), zero_start=zero_start, algebra=algebra)
+    shapes, dtypes = call_shapes_and_dtypes(spec, values)
+    if timed:
+        found, pending = plan(spec, shapes, dtypes, zero_start=zero_start, algebra=algebra), False
+    else:
+        found, pending = known_plan(spec, shapes, dtypes, zero_start=zero_start, algebra=algebra)
     if found.backend == "xla":
-        return _xla_op(spec, out_dtype, found.form, algebra)
+        return replace(_xla_op(spec, out_dtype, found.form, algebra), pending=pending)
     return KernelOp(spec, found.backend, out_dtype, callback_path(), requested="auto", zero_start=zero_start,
-                    algebra=algebra)
+                    algebra=algebra, pending=pending)
+
+
+def _settled(op: KernelOp, ctx: Any, platform: str) -> KernelOp:
+    """A pending plan decided for the lowering ``ctx``: raced where the program runs in this process on its
+    own platform, else the plan it was traced with (an export, another platform: no race on this host)."""
+    from tullax.jaxop.target import has_client, portable
+
+    if portable(ctx) or not has_client(ctx, platform):
+        return replace(op, pending=False)
+    return _planned_op(op.spec, op.out_dtype, ctx.avals_in, op.zero_start, op.algebra, timed=True)
 
 
 def _joint_plans(spec: Spec, args: Sequence[Any], out_dtype: str, wrt: Sequence[int], algebra: str = "") -> dict:
@@ -247,6 +266,11 @@ def _out_aval(op: KernelOp, in_avals: Sequence[Any], all_avals: Sequence[Any]):
     shape = tuple(s.eval(shapes) for s in op.spec.out_shape)
     varying = frozenset().union(*(getattr(getattr(a, "manual_axis_type", None), "varying", ()) for a in all_avals))
     if not varying:
+        from tullax.jaxop.explicit import explicit_sharding
+
+        explicit = explicit_sharding(op.spec, in_avals, shape)  # explicit mode: the result typed by the kernel's rule
+        if explicit is not None:
+            return core.ShapedArray(shape, op.out_dtype, sharding=explicit)
         return core.ShapedArray(shape, op.out_dtype)
     sharding = NamedSharding(mesh_lib.get_abstract_mesh(), PartitionSpec())
     mat = core.ManualAxisType(varying=varying, unreduced=frozenset(), reduced=frozenset())
@@ -262,7 +286,16 @@ LOWERING_PLATFORMS = ("cpu", "cuda", "rocm")
 
 def _kernel_lowering(ctx, *args, op: KernelOp, platform: str | None = None):
     """The kernel in ``ctx``'s program, for ``platform`` (the default rule: the module's first platform).
-    Another platform than the process's, several at once, or an export: ``tullax.jaxop.target``."""
+    Another platform than the process's, several at once, or an export: ``tullax.jaxop.target``. Under
+    explicit sharding, lowered on untyped values (``tullax.jaxop.explicit.untyped``)."""
+    from tullax.jaxop.explicit import untyped
+
+    ctx, whole_program = untyped(ctx)
+    with whole_program:
+        return _lowering(ctx, *args, op=op, platform=platform)
+
+
+def _lowering(ctx, *args, op: KernelOp, platform: str | None = None):
     from jax.interpreters import mlir
 
     from tullax.calls.host import FFI_ONLY_PATH
@@ -270,16 +303,22 @@ def _kernel_lowering(ctx, *args, op: KernelOp, platform: str | None = None):
     from tullax.jaxop.target import has_client, lowered_op, portable, xla_instead
 
     platform = platform or ctx.module_context.platforms[0]
+    if op.pending:
+        op = _settled(op, ctx, platform)
     lowered = lowered_op(op, platform, portable=portable(ctx), client=has_client(ctx, platform))
-    if lowered.backend == "c" and lowered.path in ("ffi", FFI_ONLY_PATH):
-        from tullax.jaxop.partition import partitioned, spmd_devices
+    from tullax.jaxop.partition import partitioned, relayed, spmd_devices
 
-        if spmd_devices(ctx) > 1:  # split by JAX's partitioner along the spec's indices (no callback may serve)
-            try:
+    if spmd_devices(ctx) > 1:  # split by JAX's partitioner along the spec's indices
+        if lowered.path == "xla" and not portable(ctx):  # XLA's ops by the same rule (XLA's own may gather more)
+            return mlir.lower_fun(partitioned(lowered, _run), multiple_results=False)(ctx, *args)
+        if lowered.backend == "c" and lowered.path in ("ffi", FFI_ONLY_PATH):
+            try:  # the custom call: no callback in the per-shard module
                 return mlir.lower_fun(partitioned(replace(lowered, path=FFI_ONLY_PATH), _run),
                                       multiple_results=False)(ctx, *args)
             except UnservedPlatformError:
                 pass
+        if lowered.path in RELAYED_PATHS:  # a buffer callback, called through a relay in this program's list
+            return mlir.lower_fun(relayed(ctx, lowered, _run_relayed), multiple_results=False)(ctx, *args)
     try:
         return mlir.lower_fun(partial(_run, lowered), multiple_results=False)(ctx, *args)
     except UnservedPlatformError as err:  # the c kernel has no custom call for this call: XLA's form, if planned
@@ -287,6 +326,17 @@ def _kernel_lowering(ctx, *args, op: KernelOp, platform: str | None = None):
             raise
         return mlir.lower_fun(partial(_run, xla_instead(op, platform, str(err))), multiple_results=False)(ctx,
                                                                                                          *args)
+
+
+# paths whose kernels run through buffer_callback: a split kernel's relay can call them (``tullax.jaxop.relay``)
+RELAYED_PATHS = ("ffi", "buffer", "device")
+
+
+def _run_relayed(relay: Any, op: KernelOp, *args):
+    from tullax.calls.path import run_loops
+
+    path = "buffer" if op.path == "ffi" else op.path  # a c kernel here is one its custom call does not serve
+    return run_loops(op.spec, op.backend, args, op.out_dtype, path, op.zero_start, emit=relay.emit)
 
 
 def _run(op: KernelOp, *args):

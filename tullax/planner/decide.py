@@ -70,6 +70,20 @@ def plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, timing: bool 
     return found
 
 
+def known_plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, zero_start: bool = False,
+               algebra: str = "") -> tuple[Plan, bool]:
+    """The plan of a call known without timing (this process's decision, else the compile cache's, else the
+    rule's default), and whether ``plan`` may still time a race for it (a close call not decided yet). What a
+    kernel is traced with: the race waits for its lowering, which knows whether it runs here (never for an
+    export or another platform's lowering: ``tullax.jaxop.primitives``)."""
+    call = call_for(spec, shapes, dtypes, zero_start, algebra=algebra)
+    found = _MEMO.get(call.key)
+    if found is not None:
+        return found, False
+    return _decide(call, False, "not timed: lowered for another platform or exported", counted=False), \
+        tuning.timing_enabled()
+
+
 def call_for(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], zero_start: bool = False,
              clock: Callable[[], float] | None = None, algebra: str = "") -> Call:
     """The call record of a call of ``spec``; its loop backend is the one ``auto`` uses for these dtypes."""
@@ -358,4 +372,5 @@ def as_dict(found: Plan) -> dict:
     return asdict(found)
 
 
-__all__ = ["Plan", "Rule", "plan", "joint_plans", "forget", "build_gradient_module", "compile_ahead", "STATS"]
+__all__ = ["Plan", "Rule", "plan", "known_plan", "joint_plans", "forget", "build_gradient_module", "compile_ahead",
+           "STATS"]
