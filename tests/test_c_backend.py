@@ -728,3 +728,23 @@ def test_the_forward_kernel_is_ready_while_its_steps_module_still_compiles(monke
         release.set()
     asking.join(120)
     assert found and found[0].generated.spec == spec and found[0].generated.key != forward.generated.key
+
+
+def test_a_loop_of_tanh_calls_glibcs_vector_tanh_where_glibc_has_one(tmp_path):
+    """glibc 2.35's libmvec has tanhf/tanh (and sinh, log1p, erf, atan2, ...) for every x86-64 vector width: a
+    loop calling them vectorises only where the prelude declares them ``simd`` (the MLP layer's ``|> tanh``
+    finaliser ran 16k scalar tanhf per call, most of its time). The library must call a vector variant."""
+    import platform
+
+    from tullax.backends.c.compile import compile_library, vector_math
+    from tullax.spec.frontend import compile_spec
+
+    name, version = platform.libc_ver()
+    if not vector_math() or name != "glibc" or tuple(int(p) for p in version.split(".")[:2]) < (2, 35):
+        pytest.skip("no libmvec with tanh here (x86-64 glibc >= 2.35)")
+    _, spec = compile_spec("y[i] := tanh(x[i])")
+    source = tmp_path / "tanh.c"
+    source.write_text(module_source(spec, "float32"))
+    compile_library(source, tmp_path / "tanh.so")
+    symbols = (tmp_path / "tanh.so").read_bytes()
+    assert b"v_tanhf" in symbols and b"_ZGV" in symbols  # _ZGV<isa>N<lanes>v_tanhf, libmvec's vector tanhf

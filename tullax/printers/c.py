@@ -55,6 +55,7 @@ from tullax.printers.base import Place, Precedence
 from tullax.printers.c_clear import CLEAR_FUNCTION, CLEAR_SOURCE
 from tullax.printers.c_packed import packed_source
 from tullax.printers.clike import (
+    POWER,
     TYPE_SUFFIX,
     TYPEDEFS,
     CLikePrinter,
@@ -65,6 +66,7 @@ from tullax.printers.clike import (
     refuse_complex,
     storage_type,
 )
+from tullax.spec.functions import FUNCTIONS
 
 NAME = "c"
 THREADS = "tx_threads"  # the last parameter of every function: the OpenMP team size (1: serial)
@@ -506,6 +508,25 @@ def _lane_helpers(dtype: str) -> str:
 
 _LANE_HELPERS = "".join(_lane_helpers(dtype) for dtype in HELPER_TYPES)
 
+
+# glibc's libmvec (registry field ``libmvec``): its functions for every x86-64 vector width, declared ``simd`` where
+# the headers are as new as the glibc that added them (an older libmvec has not their symbols); ``pow`` for `^`
+_MVEC = sorted({f.libmvec for f in FUNCTIONS.values() if f.libmvec})
+
+
+def _simd_declarations(since: tuple[int, int]) -> str:
+    table = [(f.c, f.arity) for f in FUNCTIONS.values() if f.libmvec == since and f.c]
+    if since == _MVEC[0]:
+        table.append(((POWER["float32"], POWER["float64"]), 2))
+    lines = [f"#if defined(__GLIBC__) && __GLIBC_PREREQ({since[0]}, {since[1]})"]
+    for names, arity in table:
+        for name, ctype in zip(names, ("float", "double")):
+            lines += ["#pragma omp declare simd notinbranch", f"{ctype} {name}({', '.join([ctype] * arity)});"]
+    return "\n".join(lines) + "\n#endif\n"
+
+
+_MVEC_DECLARATIONS = "".join(_simd_declarations(since) for since in _MVEC)
+
 _PRELUDE = """\
 #include <math.h>
 #include <stdbool.h>
@@ -513,27 +534,7 @@ _PRELUDE = """\
 """ + TYPEDEFS + """
 #ifdef TX_MVEC
 // glibc's vector math (libmvec, linked by the c backend where it exists): loops calling these vectorise
-#pragma omp declare simd notinbranch
-float expf(float);
-#pragma omp declare simd notinbranch
-double exp(double);
-#pragma omp declare simd notinbranch
-float logf(float);
-#pragma omp declare simd notinbranch
-double log(double);
-#pragma omp declare simd notinbranch
-float sinf(float);
-#pragma omp declare simd notinbranch
-double sin(double);
-#pragma omp declare simd notinbranch
-float cosf(float);
-#pragma omp declare simd notinbranch
-double cos(double);
-#pragma omp declare simd notinbranch
-float powf(float, float);
-#pragma omp declare simd notinbranch
-double pow(double, double);
-#endif
+""" + _MVEC_DECLARATIONS + """#endif
 
 // IEEE infinity and quiet NaN (the module is compiled without -ffinite-math-only: they survive)
 static inline float tx_inf_f32(void) { return __builtin_inff(); }

@@ -13,6 +13,7 @@ typedef unsigned long long tx_u64;
 
 #ifdef TX_MVEC
 // glibc's vector math (libmvec, linked by the c backend where it exists): loops calling these vectorise
+#if defined(__GLIBC__) && __GLIBC_PREREQ(2, 22)
 #pragma omp declare simd notinbranch
 float expf(float);
 #pragma omp declare simd notinbranch
@@ -33,6 +34,65 @@ double cos(double);
 float powf(float, float);
 #pragma omp declare simd notinbranch
 double pow(double, double);
+#endif
+#if defined(__GLIBC__) && __GLIBC_PREREQ(2, 35)
+#pragma omp declare simd notinbranch
+float log1pf(float);
+#pragma omp declare simd notinbranch
+double log1p(double);
+#pragma omp declare simd notinbranch
+float expm1f(float);
+#pragma omp declare simd notinbranch
+double expm1(double);
+#pragma omp declare simd notinbranch
+float tanf(float);
+#pragma omp declare simd notinbranch
+double tan(double);
+#pragma omp declare simd notinbranch
+float tanhf(float);
+#pragma omp declare simd notinbranch
+double tanh(double);
+#pragma omp declare simd notinbranch
+float sinhf(float);
+#pragma omp declare simd notinbranch
+double sinh(double);
+#pragma omp declare simd notinbranch
+float coshf(float);
+#pragma omp declare simd notinbranch
+double cosh(double);
+#pragma omp declare simd notinbranch
+float cbrtf(float);
+#pragma omp declare simd notinbranch
+double cbrt(double);
+#pragma omp declare simd notinbranch
+float exp2f(float);
+#pragma omp declare simd notinbranch
+double exp2(double);
+#pragma omp declare simd notinbranch
+float log2f(float);
+#pragma omp declare simd notinbranch
+double log2(double);
+#pragma omp declare simd notinbranch
+float log10f(float);
+#pragma omp declare simd notinbranch
+double log10(double);
+#pragma omp declare simd notinbranch
+float atanf(float);
+#pragma omp declare simd notinbranch
+double atan(double);
+#pragma omp declare simd notinbranch
+float erff(float);
+#pragma omp declare simd notinbranch
+double erf(double);
+#pragma omp declare simd notinbranch
+float atan2f(float, float);
+#pragma omp declare simd notinbranch
+double atan2(double, double);
+#pragma omp declare simd notinbranch
+float hypotf(float, float);
+#pragma omp declare simd notinbranch
+double hypot(double, double);
+#endif
 #endif
 
 // IEEE infinity and quiet NaN (the module is compiled without -ffinite-math-only: they survive)
