@@ -119,6 +119,31 @@ def test_sum_lanes_keep_nan_and_inf_at_every_position_of_every_length(dtype: str
         np.testing.assert_allclose(got[-1], exact, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-5)
 
 
+def test_sum_lanes_of_plain_arithmetic_run_on_vectors_and_keep_ieee_values():
+    """A lane loop whose terms are plain arithmetic of row reads, broadcast values and locals is printed on GCC
+    vectors (``printers/c_vector.py``), one with a call through the block of terms: float64's sums, zero for
+    a row of -0.0 terms, NaN for a NaN term in the remainder."""
+    spec_text = "s[i] := -(x[i,j] / (2*y[i,j] - z[i]))"
+    spec = analysed(spec_text)
+
+    def forward(text: str) -> str:
+        source = module_source(analysed(text), "float32")
+        return source[source.index("void forward("):source.index("void forward_packed(")]
+
+    assert "tx_vload_f32(&" in forward(spec_text) and "_t[16]" not in forward(spec_text)
+    assert "_t[16]" in forward("s[i] := exp(x[i,j])")  # a call: the block of terms
+    rng = np.random.default_rng(5)
+    n = 37  # two blocks of 16, a vector of 8 and a remainder of 5
+    x, y = rng.standard_normal((4, n)).astype("float32"), rng.uniform(1, 2, (4, n)).astype("float32")
+    z = np.array([-1.0, 0.5, -1.0, 0.25], "float32")
+    x[1] = 0.0  # -(0/positive) = -0.0 in every term
+    x[2, 30] = np.nan  # in the remainder
+    got = run_c(spec, {"x": x, "y": y, "z": z}, "float32")
+    want = (-(x.astype(np.float64) / (2 * y.astype(np.float64) - z[:, None]))).sum(1)
+    np.testing.assert_allclose(got[[0, 3]], want[[0, 3]], rtol=1e-5)
+    assert got[1] == 0 and np.isnan(got[2])
+
+
 def test_special_values():
     x = np.array([[-np.inf, -np.inf], [1.0, np.inf], [0.0, 1.0]])
     np.testing.assert_array_equal(run_c(analysed("(max) m[i] := x[i,j]"), {"x": x}), [-np.inf, np.inf, 1.0])

@@ -54,6 +54,7 @@ from tullax.errors import TullaxError
 from tullax.printers.base import Place, Precedence
 from tullax.printers.c_clear import CLEAR_FUNCTION, CLEAR_SOURCE
 from tullax.printers.c_packed import packed_source
+from tullax.printers.c_vector import vector_block, vector_body
 from tullax.printers.clike import (
     POWER,
     TYPE_SUFFIX,
@@ -243,7 +244,12 @@ class CPrinter(CLikePrinter):
         private = f" private({', '.join(sorted({s.var for s in lets}))})" if lets else ""
         body = CPlace(place.depth + 4, place.declared)
 
+        direct = vector_body(var, lets, accums, dtype)  # plain arithmetic: on vectors (``c_vector``)
+
         def block(first: str, count: int, at: str) -> list[str]:
+            if direct is not None:
+                return vector_block(direct, var, first, count // width, vector, width, at, self.indent, idx,
+                                    self.expr)
             # the terms of a block into an array by a loop without a reduction, then added to the lanes' vectors
             lines = [f"{at}{ctype} {', '.join(f'{a.var}_t[{count}]' for a in accums)};",
                      f"{at}#pragma omp simd{private}",
@@ -264,8 +270,9 @@ class CPrinter(CLikePrinter):
                  f"{inner_pad}if ({var}_tail > {start}) {{"]
         for a in accums:
             ident = ", ".join([_IDENTITY[a.op]] * width)
-            lines += [f"{if_pad}{vector} {', '.join(f'{a.var}_l{c} = {{{ident}}}' for c in chains)};",
-                      f"{if_pad}{vector} {', '.join(f'{a.var}_t{c}' for c in chains)};"]
+            lines.append(f"{if_pad}{vector} {', '.join(f'{a.var}_l{c} = {{{ident}}}' for c in chains)};")
+            if direct is None:
+                lines.append(f"{if_pad}{vector} {', '.join(f'{a.var}_t{c}' for c in chains)};")
         lines.append(f"{if_pad}for ({idx} {var}_blk = {start}; {var}_blk < {var}_top; {var}_blk += {lanes}) {{")
         lines += block(f"{var}_blk", lanes, deep)
         lines.append(if_pad + "}")
@@ -503,6 +510,9 @@ def _lane_helpers(dtype: str) -> str:
                      f"{storage_type(dtype)} acc) {{")
         lines += [f"    l = l {sign} TX_SHUFFLE(l, {mask}, {half});" for half in halves]
         lines += [f"    return acc {sign} l[0];", "}"]
+    # an unaligned vector read (``c_vector``): a local of an inline function, so it never stays on the stack
+    lines += [f"static inline {vector} tx_vload_{suffix}(const {storage_type(dtype)}* p) {{",
+              f"    {vector} v;", "    memcpy(&v, p, sizeof(v));", "    return v;", "}"]
     return "\n".join(lines) + "\n"
 
 

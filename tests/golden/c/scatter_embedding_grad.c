@@ -250,6 +250,11 @@ static inline float tx_vfoldmul_f32(tx_v8_f32 l, float acc) {
     l = l * TX_SHUFFLE(l, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
     return acc * l[0];
 }
+static inline tx_v8_f32 tx_vload_f32(const float* p) {
+    tx_v8_f32 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
 typedef double tx_v4_f64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_f64 __attribute__((vector_size(32)));
 static inline tx_v4_f64 tx_vmax_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
@@ -296,6 +301,11 @@ static inline double tx_vfoldmul_f64(tx_v4_f64 l, double acc) {
     l = l * TX_SHUFFLE(l, tx_m4_f64, 1, 0, 3, 2);
     return acc * l[0];
 }
+static inline tx_v4_f64 tx_vload_f64(const double* p) {
+    tx_v4_f64 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
 typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
 static inline tx_v8_i32 tx_vmax_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
@@ -340,6 +350,11 @@ static inline tx_i32 tx_vfoldmul_i32(tx_v8_i32 l, tx_i32 acc) {
     l = l * TX_SHUFFLE(l, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
     return acc * l[0];
 }
+static inline tx_v8_i32 tx_vload_i32(const tx_i32* p) {
+    tx_v8_i32 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
 typedef tx_i64 tx_v4_i64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_i64 __attribute__((vector_size(32)));
 static inline tx_v4_i64 tx_vmax_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
@@ -377,6 +392,11 @@ static inline tx_i64 tx_vfoldmul_i64(tx_v4_i64 l, tx_i64 acc) {
     l = l * TX_SHUFFLE(l, tx_m4_i64, 2, 3, 0, 1);
     l = l * TX_SHUFFLE(l, tx_m4_i64, 1, 0, 3, 2);
     return acc * l[0];
+}
+static inline tx_v4_i64 tx_vload_i64(const tx_i64* p) {
+    tx_v4_i64 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
 }
 
 // ---- tullax: kernel ----
