@@ -151,7 +151,7 @@ def main() -> None:
                + (f" --threads {args.threads}" if args.threads else "") + (" --cpu" if args.cpu else ""))
     record = {"command": command, "quick": args.quick, "machine": platform.machine(),
               "cores": c_compile.cores(), "compiler": c_compile.identity()["path"], "flags": {
-                  v: list(c_compile.BASE_FLAGS) + extra.split() + ([] if simd else ["(no omp simd)"])
+                  v: list(c_compile.flags()) + extra.split() + ([] if simd else ["(no omp simd)"])
                   for v, (extra, simd) in VARIANTS.items()},
               "geomean_after_over_before": float(np.exp(np.mean(np.log(ratios)))), "cases": results}
     name = "ieee_flags-quick" if args.quick else "ieee_flags"

@@ -200,6 +200,7 @@ def test_two_modules_compile_at_once_and_the_gradient_steps_are_found_in_the_sec
 ])
 def test_tiny_calls_run_serially_and_both_agree_with_xla(text, small, large, monkeypatch):
     monkeypatch.setenv("TULLAX_C_THREADS", "2")
+    monkeypatch.setenv("TULLAX_SERIAL_WORK", str(1 << 18))  # small shapes on both sides of the threshold
     spec = analysed(text)
     kernel = None
     for shapes, serial in ((small, True), (large, False)):
