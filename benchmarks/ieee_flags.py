@@ -5,7 +5,9 @@ step, compiled in three ways and timed alternately in one process (the fastest r
            top of ours, which let GCC fold NaN*0 to 0) and no ``omp simd`` pragma;
   no-simd  our flags, no pragma: what dropping those flags alone costs;
   after    our flags and what ships: float sums/products along an array's last axis as vector lanes of partial
-           sums (``CPrinter.lanes``), other sum/product loops under ``#pragma omp simd reduction``.
+           sums (``CPrinter.sum_lanes``; plain arithmetic printed on GCC vectors, ``printers/c_vector.py``),
+           other sum/product loops under ``#pragma omp simd reduction``, and GCC's instruction scheduling before
+           register allocation (``compile.SCHEDULE_FLAGS``; ``before`` and ``no-simd`` turn it off, as it was).
 
 ``before`` and ``no-simd`` print without the sum lanes (the printer's ``_sum_lanes`` answers no while they build).
 
@@ -41,7 +43,10 @@ from tullax.printers import c as c_printer  # noqa: E402
 from tullax.spec.examples import make_inputs  # noqa: E402
 from tullax.spec.frontend import compile_spec  # noqa: E402
 
-VARIANTS = {"before": (" ".join(c_compile.OLD_FAST_FLAGS), False), "no-simd": ("", False), "after": ("", True)}
+# before and no-simd without the pre-allocation scheduling ours now add (the flags as they were)
+_UNSCHEDULED = " ".join(flag.replace("-f", "-fno-", 1) for flag in c_compile.SCHEDULE_FLAGS)
+VARIANTS = {"before": (" ".join(c_compile.OLD_FAST_FLAGS) + " " + _UNSCHEDULED, False),
+            "no-simd": (_UNSCHEDULED, False), "after": ("", True)}
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -146,7 +151,7 @@ def main() -> None:
                + (f" --threads {args.threads}" if args.threads else "") + (" --cpu" if args.cpu else ""))
     record = {"command": command, "quick": args.quick, "machine": platform.machine(),
               "cores": c_compile.cores(), "compiler": c_compile.identity()["path"], "flags": {
-                  v: list(c_compile.BASE_FLAGS) + extra.split() + ([] if simd else ["(no omp simd)"])
+                  v: list(c_compile.flags()) + extra.split() + ([] if simd else ["(no omp simd)"])
                   for v, (extra, simd) in VARIANTS.items()},
               "geomean_after_over_before": float(np.exp(np.mean(np.log(ratios)))), "cases": results}
     name = "ieee_flags-quick" if args.quick else "ieee_flags"

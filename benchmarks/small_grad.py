@@ -4,7 +4,10 @@ item 2): an MLP layer ``h[b,o] := x[b,i]*W[i,o] |> tanh(_ + c[o])`` and a plain 
 Each (spec, backend) runs in several fresh processes; in each process tullax and jnp alternate round by round
 on the same inputs, and the ratio is the median round's tullax time over jnp's (below 1: tullax is faster).
 
-    .venv/bin/python benchmarks/small_grad.py [--processes 3] [--backends auto,c] [--out results/small_grad.json]
+    .venv/bin/python benchmarks/small_grad.py [--processes 3] [--backends auto,c] [--cpu] [--label L] [--out FILE]
+
+``--cpu``: the process's CPU time per call (all its threads) instead of wall time: on a machine shared with other
+work, wall time mostly measures how long the scheduler keeps a thread waiting.
 """
 from __future__ import annotations
 
@@ -29,9 +32,11 @@ ROUNDS = 9
 ROUND_S = 0.02  # calls per round: as many as take about this long (at least 3), so a slow row stays affordable
 
 
-def measure(name: str, backend: str) -> dict:
+def measure(name: str, backend: str, cpu: bool = False) -> dict:
     """In this process: per-call microseconds of tullax and jnp, alternating, for forward, gradient and loop."""
     import time
+
+    clock = time.process_time if cpu else time.perf_counter
 
     import jax
     import jax.numpy as jnp
@@ -77,11 +82,11 @@ def measure(name: str, backend: str) -> dict:
         for _ in range(ROUNDS):
             for label, fn in (("tullax", mine), ("jnp", ref)):
                 fn(W, x).block_until_ready()
-                start = time.perf_counter()
+                start = clock()
                 for _ in range(calls):
                     result = fn(W, x)
                 result.block_until_ready()
-                times[label].append((time.perf_counter() - start) / calls * 1e6)
+                times[label].append((clock() - start) / calls * 1e6)
         ratios = [a / b for a, b in zip(times["tullax"], times["jnp"])]
         out[phase] = {"tullax_us": statistics.median(times["tullax"]), "jnp_us": statistics.median(times["jnp"]),
                       "ratio": statistics.median(ratios)}
@@ -94,17 +99,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="auto,c")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--label", default="", help="what this run measures (a branch, a setting)")
+    parser.add_argument("--cpu", action="store_true", help="CPU time of the process per call, not wall time")
     parser.add_argument("--child", nargs=2, metavar=("SPEC", "BACKEND"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(*args.child)))
+        print(json.dumps(measure(*args.child, cpu=args.cpu)))
         return 0
     runs: dict[str, dict] = {}
     for name in SPECS:
         for backend in args.backends.split(","):
             samples = []
             for _ in range(args.processes):  # a fresh process each: its compile cache is shared, not its jit
-                done = subprocess.run([sys.executable, __file__, "--child", name, backend], capture_output=True,
+                done = subprocess.run([sys.executable, __file__, "--child", name, backend, *(["--cpu"] * args.cpu)],
+                                      capture_output=True,
                                       text=True, check=True, env={**os.environ})
                 samples.append(json.loads(done.stdout.strip().splitlines()[-1]))
             summary = {phase: {key: statistics.median(s[phase][key] for s in samples)
@@ -115,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:8s} {backend:5s} " + "  ".join(
                 f"{phase} {v['tullax_us']:.0f}/{v['jnp_us']:.0f} us = {v['ratio']:.2f}x"
                 for phase, v in summary.items() if phase != "ratios_per_process"), flush=True)
-    document = {"label": args.label, "spec": SPECS, "shapes": {"x": [BATCH, FEATURES], "W": [FEATURES, FEATURES]},
+    document = {"label": args.label, "clock": "process CPU time" if args.cpu else "wall", "spec": SPECS,
+                "shapes": {"x": [BATCH, FEATURES], "W": [FEATURES, FEATURES]},
                 "processes": args.processes, "round_s": ROUND_S, "rounds": ROUNDS,
                 "load_average": os.getloadavg(), "cpu_count": os.cpu_count(), "results": runs}
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}

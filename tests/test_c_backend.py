@@ -119,6 +119,31 @@ def test_sum_lanes_keep_nan_and_inf_at_every_position_of_every_length(dtype: str
         np.testing.assert_allclose(got[-1], exact, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-5)
 
 
+def test_sum_lanes_of_plain_arithmetic_run_on_vectors_and_keep_ieee_values():
+    """A lane loop whose terms are plain arithmetic of row reads, broadcast values and locals is printed on GCC
+    vectors (``printers/c_vector.py``), one with a call through the block of terms: float64's sums, zero for
+    a row of -0.0 terms, NaN for a NaN term in the remainder."""
+    spec_text = "s[i] := -(x[i,j] / (2*y[i,j] - z[i]))"
+    spec = analysed(spec_text)
+
+    def forward(text: str) -> str:
+        source = module_source(analysed(text), "float32")
+        return source[source.index("void forward("):source.index("void forward_packed(")]
+
+    assert "tx_vload_f32(&" in forward(spec_text) and "_t[16]" not in forward(spec_text)
+    assert "_t[16]" in forward("s[i] := exp(x[i,j])")  # a call: the block of terms
+    rng = np.random.default_rng(5)
+    n = 37  # two blocks of 16, a vector of 8 and a remainder of 5
+    x, y = rng.standard_normal((4, n)).astype("float32"), rng.uniform(1, 2, (4, n)).astype("float32")
+    z = np.array([-1.0, 0.5, -1.0, 0.25], "float32")
+    x[1] = 0.0  # -(0/positive) = -0.0 in every term
+    x[2, 30] = np.nan  # in the remainder
+    got = run_c(spec, {"x": x, "y": y, "z": z}, "float32")
+    want = (-(x.astype(np.float64) / (2 * y.astype(np.float64) - z[:, None]))).sum(1)
+    np.testing.assert_allclose(got[[0, 3]], want[[0, 3]], rtol=1e-5)
+    assert got[1] == 0 and np.isnan(got[2])
+
+
 def test_special_values():
     x = np.array([[-np.inf, -np.inf], [1.0, np.inf], [0.0, 1.0]])
     np.testing.assert_array_equal(run_c(analysed("(max) m[i] := x[i,j]"), {"x": x}), [-np.inf, np.inf, 1.0])
@@ -175,6 +200,7 @@ def test_two_modules_compile_at_once_and_the_gradient_steps_are_found_in_the_sec
 ])
 def test_tiny_calls_run_serially_and_both_agree_with_xla(text, small, large, monkeypatch):
     monkeypatch.setenv("TULLAX_C_THREADS", "2")
+    monkeypatch.setenv("TULLAX_SERIAL_WORK", str(1 << 18))  # small shapes on both sides of the threshold
     spec = analysed(text)
     kernel = None
     for shapes, serial in ((small, True), (large, False)):
@@ -728,3 +754,23 @@ def test_the_forward_kernel_is_ready_while_its_steps_module_still_compiles(monke
         release.set()
     asking.join(120)
     assert found and found[0].generated.spec == spec and found[0].generated.key != forward.generated.key
+
+
+def test_a_loop_of_tanh_calls_glibcs_vector_tanh_where_glibc_has_one(tmp_path):
+    """glibc 2.35's libmvec has tanhf/tanh (and sinh, log1p, erf, atan2, ...) for every x86-64 vector width: a
+    loop calling them vectorises only where the prelude declares them ``simd`` (the MLP layer's ``|> tanh``
+    finaliser ran 16k scalar tanhf per call, most of its time). The library must call a vector variant."""
+    import platform
+
+    from tullax.backends.c.compile import compile_library, vector_math
+    from tullax.spec.frontend import compile_spec
+
+    name, version = platform.libc_ver()
+    if not vector_math() or name != "glibc" or tuple(int(p) for p in version.split(".")[:2]) < (2, 35):
+        pytest.skip("no libmvec with tanh here (x86-64 glibc >= 2.35)")
+    _, spec = compile_spec("y[i] := tanh(x[i])")
+    source = tmp_path / "tanh.c"
+    source.write_text(module_source(spec, "float32"))
+    compile_library(source, tmp_path / "tanh.so")
+    symbols = (tmp_path / "tanh.so").read_bytes()
+    assert b"v_tanhf" in symbols and b"_ZGV" in symbols  # _ZGV<isa>N<lanes>v_tanhf, libmvec's vector tanhf

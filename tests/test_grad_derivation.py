@@ -56,9 +56,17 @@ MORE = {
     # a seed factor that calls a function is a step of its own: each gradient's sum reads it, never re-evaluates
     # it per term (an MLP layer's Δx took a tanh for each of its (b,i,o))
     "h[b,o] := x[b,i]*W[i,o] |> tanh(_ + c[o])": (
-        "pre[b,o] := x[b,i]*W[i,o]; g[b,o] := Δh[b,o]*(1 - tanh(pre[b,o] + c[o])^2); Δx[b,i] := g[b,o]*W[i,o]",
-        "pre[b,o] := x[b,i]*W[i,o]; g[b,o] := Δh[b,o]*(1 - tanh(pre[b,o] + c[o])^2); ΔW[i,o] := g[b,o]*x[b,i]",
-        "pre[b,o] := x[b,i]*W[i,o]; Δc[o] := Δh[b,o]*(1 - tanh(pre[b,o] + c[o])^2)"),
+        "g[b,o] := Δh[b,o]*(1 - h[b,o]^2); Δx[b,i] := g[b,o]*W[i,o]",
+        "g[b,o] := Δh[b,o]*(1 - h[b,o]^2); ΔW[i,o] := g[b,o]*x[b,i]",
+        "g[b,o] := Δh[b,o]*(1 - h[b,o]^2); Δc[o] := g[b,o]"),
+    # f(E) with E linear in _ reads f' from the result (its slope multiplies); E = _*c needs pre for Δc
+    "y[i] := x[i,k]*w[k] |> tanh(2*_ - c[i])": (
+        "g[i] := Δy[i]*(1 - y[i]^2); Δx[i,k] := 2*g[i]*w[k]", "g[i] := Δy[i]*(1 - y[i]^2); Δw[k] := 2*g[i]*x[i,k]",
+        "g[i] := Δy[i]*(1 - y[i]^2); Δc[i] := -g[i]"),
+    "y[i] := x[i,k]*w[k] |> tanh(_ * c[i])": (
+        "pre[i] := x[i,k]*w[k]; g[i] := Δy[i]*((1 - tanh(pre[i]*c[i])^2)*c[i]); Δx[i,k] := g[i]*w[k]",
+        "pre[i] := x[i,k]*w[k]; g[i] := Δy[i]*((1 - tanh(pre[i]*c[i])^2)*c[i]); Δw[k] := g[i]*x[i,k]",
+        "pre[i] := x[i,k]*w[k]; Δc[i] := Δy[i]*((1 - tanh(pre[i]*c[i])^2)*pre[i])"),
     # repeated indices and constant positions: equality guards, never a scatter
     "d[i] := A[i,i]": ("ΔA[i,m] := Δd[i]*(m == i)",),
     "o[i] := x[i,2]*x[1,i]": ("Δx[i,m] := Δo[i]*x[1,i]*(m == 2) + Δo[m]*x[m,2]*(i == 1)",),

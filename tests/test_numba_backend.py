@@ -339,6 +339,10 @@ def test_work_estimate_puts_a_tiny_matmul_below_the_serial_threshold():
     assert workload.work(spec, {"A": (32, 24), "B": (24, 48)}) == 32 * 48 * 24 * 3  # one *, two reads
     assert workload.runs_serially(spec, {"A": (32, 24), "B": (24, 48)})
     assert not workload.runs_serially(spec, {"A": (256, 256), "B": (256, 256)})
+    # an MLP layer's 256x64 by 64x64 (3.1M) runs on one thread: its team cost more than its loops (issue 45)
+    mlp = analysed("h[b,o] := x[b,i]*W[i,o] |> tanh(_ + c[o])")
+    assert workload.runs_serially(mlp, {"x": (256, 64), "W": (64, 64), "c": (64,)})
+    assert workload.work(spec, {"A": (64, 40), "B": (40, 30)}) >= workload.serial_threshold()  # still raced
     exp = analysed("y[i] := exp(x[i,j])")  # a call costs more than arithmetic
     assert workload.body_cost(exp) > workload.body_cost(analysed("y[i] := x[i,j]*2"))
 
@@ -351,7 +355,8 @@ def test_work_estimate_puts_a_tiny_matmul_below_the_serial_threshold():
     ("dWs[ix[b],d] += g[b,d]", {"dWs": (5, 3), "ix": (11,), "g": (11, 3)}, {"dWs": (50, 64), "ix": (20000,),
                                                                              "g": (20000, 64)}),
 ])
-def test_serial_variant_runs_tiny_calls_and_agrees_with_xla(text, small, large):
+def test_serial_variant_runs_tiny_calls_and_agrees_with_xla(text, small, large, monkeypatch):
+    monkeypatch.setenv("TULLAX_SERIAL_WORK", str(1 << 18))  # small shapes on both sides of the threshold
     spec = analysed(text)
     kernel = None
     for shapes, variant in ((small, "_serial"), (large, None)):
@@ -405,7 +410,8 @@ def test_each_call_compiles_only_its_variant_serial_at_o2_and_no_parfor_but_noal
     """A tiny call compiles the serial variant alone, with LLVM's O2 passes (a few % less compile time); a large
     call then compiles its chunk variant alone, at Numba's level (3), without Numba's parfor pipeline (no
     gufunc is compiled: only kernel functions); the level is restored after the serial compile."""
-    env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "TULLAX_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO),
+           "TULLAX_SERIAL_WORK": str(1 << 18)}  # the 90x91x90 call above the threshold
     env.pop("NUMBA_OPT", None)
     done = subprocess.run([sys.executable, "-c", _OPT_LEVELS], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr

@@ -137,9 +137,11 @@ _ALL = (
     _setting("TULLAX_PLAN_TIMING", "a flag", True, "on", _FLAG,
              "Whether `auto` times the candidates of a close call on its first use (off: the rules decide).",
              parse=_flag),
-    _setting("TULLAX_SERIAL_WORK", "a count", None, "SERIAL_WORK in tullax/backends/workload.py (2^18)",
+    _setting("TULLAX_SERIAL_WORK", "a count", None,
+             "TEAM_WORK (2^22) and SERIAL_WORK (2^18) in tullax/backends/workload.py",
              "a whole number of estimated operations (0: never serial)",
-             "Below this much work a loop kernel runs its serial variant (no thread pool wake-up).",
+             "Below this much work a loop kernel runs its serial variant (no thread pool wake-up) and `auto` "
+             "takes its rule's default untimed (rule 'tiny'); unset, the two thresholds differ.",
              parse=_count),
     # how kernels run inside jit
     _setting("TULLAX_CALLBACK", "a callback path", "auto", "auto (ffi where jax has it)",

@@ -15,7 +15,12 @@ from tullax.spec.ir import Access, Binary, Call, Spec, walk
 # operations per nanosecond, so up to ~2^18 estimated operations (a 45^3 matmul) the wake-up alone outweighs
 # what a second thread can save.
 SERIAL_WORK = 1 << 18
-SERIAL_WORK_ENV = "TULLAX_SERIAL_WORK"  # overrides SERIAL_WORK (0: never serial, as before the serial variant)
+SERIAL_WORK_ENV = "TULLAX_SERIAL_WORK"  # overrides SERIAL_WORK and TEAM_WORK (0: never serial, as before)
+# Below this much work a kernel runs on one thread (the planner's 'tiny' rule keeps SERIAL_WORK). The vectorised
+# loops do tens of estimated operations per nanosecond, not a few: the MLP layer's forward (256x64 by 64x64,
+# 3.1M) takes ~60 us on one core, about what a second thread's wake-up and barrier cost on a quiet machine, and
+# on a busy one its team took ~10x its serial time (benchmarks/small_grad.py, TULLAX_C_THREADS=1 against 2).
+TEAM_WORK = 1 << 22
 
 # Relative cost of one evaluation of a body node: a transcendental call costs several arithmetic operations.
 _CALL_COST = 8
@@ -49,8 +54,10 @@ def work(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> int:
 
 
 def runs_serially(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> bool:
-    """Whether a loop kernel of ``spec`` should skip the parallel launch for a call with these shapes."""
-    return work(spec, shapes) < serial_threshold()
+    """Whether a loop kernel of ``spec`` should skip the parallel launch for a call with these shapes: below
+    ``TEAM_WORK``, or the integer in ``TULLAX_SERIAL_WORK``."""
+    configured = settings.value(SERIAL_WORK_ENV)
+    return work(spec, shapes) < (TEAM_WORK if configured is None else configured)
 
 
 def serial_threshold() -> int:

@@ -67,6 +67,9 @@ class Forward:
     complex_names: frozenset[str] = frozenset()
     hole: Expr | None = None  # what the finaliser's ``_`` reads in gradient terms (the pre-finaliser value)
     multiplier: Expr | None = None  # '*=': the factor fin(prod) read at the free indices (a prelude step)
+    # a finaliser f(E) differentiated from the result (``_inner_slope``): ΔOUT * f'(E), which a finaliser
+    # term multiplies by dE/dv; None: finaliser terms read the pre-finaliser value through ``hole``
+    outer: Expr | None = None
 
     @property
     def indices(self) -> tuple[str, ...]:
@@ -95,6 +98,9 @@ class Forward:
 
     def finalizer_term(self, is_var) -> Maybe:
         """ΔOUT times ∂(finaliser)/∂v, ``_`` read as the pre-finaliser value (None: zero)."""
+        if self.outer is not None:
+            assert isinstance(self.spec.finalizer, Call)
+            return mul(self.outer, derivative(self.spec.finalizer.args[0], is_var))
         d_fin = derivative(self.spec.finalizer, is_var)
         if d_fin is None:
             return None
@@ -223,6 +229,14 @@ def _with_seed_factor(fw: Forward, hoist_factor: bool = True) -> Forward:
     elif finalizer:
         fw, pre = pre_value(fw)
         grad = mul(seed, unary_derivative(finalizer, pre))
+    elif residual is not None and not fw.complex_names and (slope := _inner_slope(spec.finalizer)) is not None:
+        # f(E(_)) where f' has an output form and E is linear in _ (``tanh(_ + c[o])``): f'(E(pre)) * E' from
+        # the result alone; recomputing pre would repeat the forward's whole reduction
+        assert isinstance(spec.finalizer, Call)
+        outer = mul(seed, derivative_from_output(spec.finalizer.fn, residual))
+        if hoist_factor and outer is not None and _worth_a_step(fw, outer, operations=3):
+            fw, outer = _hoisted(fw, outer)
+        return replace(fw, factor=mul(outer, slope), outer=outer)
     elif spec.finalizer is not None:  # an expression of _: its derivative in _, at _ = pre
         fw, pre = pre_value(fw)
         fw = replace(fw, hole=pre)
@@ -244,14 +258,33 @@ def _with_seed_factor(fw: Forward, hoist_factor: bool = True) -> Forward:
     return replace(fw, factor=mul(grad, call("exp", sub(spec.body, pre))))  # logsumexp
 
 
-def _worth_a_step(fw: Forward, factor: Expr) -> bool:
+def _worth_a_step(fw: Forward, factor: Expr, operations: int | None = None) -> bool:
     """Whether the seed factor of a sum is computed once, as a step over the free indices, rather than in every
     gradient's loop nest: there it is evaluated once per reduced index too (``h[b,o] := x[b,i]*W[i,o] |> tanh``:
     Δx's loop over (b,i,o) took a tanh per term, 64 times the (b,o) it depends on). Where it calls a function
-    (a transcendental, or several operations), over a plain ':=' result of a real spec with reduced indices."""
+    (a transcendental, or several operations), or takes at least ``operations`` (``Δh*(1 - h^2)``: three per
+    term, as many as a product term itself), over a plain ':=' result of a real spec with reduced indices."""
     spec = fw.spec
+    costly = operations is not None and sum(isinstance(node, Binary | Unary | Call) for node in walk(factor)) \
+        >= operations
     return bool(spec.reduced) and spec.assign == ":=" and not spec.is_scatter and not fw.complex_names \
-        and any(isinstance(node, Call) for node in walk(factor))
+        and (costly or any(isinstance(node, Call) for node in walk(factor)))
+
+
+def _inner_slope(finalizer: Expr | None) -> Maybe:
+    """dE/d_ for a finaliser ``f(E)`` whose f' has an output form and whose E is a sum of ``_`` times a constant
+    and terms without ``_`` (its derivative by ``_`` and by every array or scalar it reads has no ``_``), else None
+    (a zero slope too: the general rule handles it)."""
+    if not (isinstance(finalizer, Call) and len(finalizer.args) == 1 and has_output_form(finalizer.fn)):
+        return None
+    inner = finalizer.args[0]
+    slope = derivative(inner, lambda node: isinstance(node, Hole))
+    if slope is None:
+        return None
+    for read in {node for node in walk(inner) if isinstance(node, Access | Param)}:
+        if any(isinstance(node, Hole) for node in walk(derivative(inner, lambda node, r=read: node == r) or Num(0))):
+            return None
+    return None if any(isinstance(node, Hole) for node in walk(slope)) else slope
 
 
 def _hoisted(fw: Forward, factor: Expr) -> tuple[Forward, Expr]:

@@ -54,7 +54,9 @@ from tullax.errors import TullaxError
 from tullax.printers.base import Place, Precedence
 from tullax.printers.c_clear import CLEAR_FUNCTION, CLEAR_SOURCE
 from tullax.printers.c_packed import packed_source
+from tullax.printers.c_vector import vector_block, vector_body
 from tullax.printers.clike import (
+    POWER,
     TYPE_SUFFIX,
     TYPEDEFS,
     CLikePrinter,
@@ -65,6 +67,7 @@ from tullax.printers.clike import (
     refuse_complex,
     storage_type,
 )
+from tullax.spec.functions import FUNCTIONS
 
 NAME = "c"
 THREADS = "tx_threads"  # the last parameter of every function: the OpenMP team size (1: serial)
@@ -241,7 +244,12 @@ class CPrinter(CLikePrinter):
         private = f" private({', '.join(sorted({s.var for s in lets}))})" if lets else ""
         body = CPlace(place.depth + 4, place.declared)
 
+        direct = vector_body(var, lets, accums, dtype)  # plain arithmetic: on vectors (``c_vector``)
+
         def block(first: str, count: int, at: str) -> list[str]:
+            if direct is not None:
+                return vector_block(direct, var, first, count // width, vector, width, at, self.indent, idx,
+                                    self.expr)
             # the terms of a block into an array by a loop without a reduction, then added to the lanes' vectors
             lines = [f"{at}{ctype} {', '.join(f'{a.var}_t[{count}]' for a in accums)};",
                      f"{at}#pragma omp simd{private}",
@@ -262,8 +270,9 @@ class CPrinter(CLikePrinter):
                  f"{inner_pad}if ({var}_tail > {start}) {{"]
         for a in accums:
             ident = ", ".join([_IDENTITY[a.op]] * width)
-            lines += [f"{if_pad}{vector} {', '.join(f'{a.var}_l{c} = {{{ident}}}' for c in chains)};",
-                      f"{if_pad}{vector} {', '.join(f'{a.var}_t{c}' for c in chains)};"]
+            lines.append(f"{if_pad}{vector} {', '.join(f'{a.var}_l{c} = {{{ident}}}' for c in chains)};")
+            if direct is None:
+                lines.append(f"{if_pad}{vector} {', '.join(f'{a.var}_t{c}' for c in chains)};")
         lines.append(f"{if_pad}for ({idx} {var}_blk = {start}; {var}_blk < {var}_top; {var}_blk += {lanes}) {{")
         lines += block(f"{var}_blk", lanes, deep)
         lines.append(if_pad + "}")
@@ -501,10 +510,32 @@ def _lane_helpers(dtype: str) -> str:
                      f"{storage_type(dtype)} acc) {{")
         lines += [f"    l = l {sign} TX_SHUFFLE(l, {mask}, {half});" for half in halves]
         lines += [f"    return acc {sign} l[0];", "}"]
+    # an unaligned vector read (``c_vector``): a local of an inline function, so it never stays on the stack
+    lines += [f"static inline {vector} tx_vload_{suffix}(const {storage_type(dtype)}* p) {{",
+              f"    {vector} v;", "    memcpy(&v, p, sizeof(v));", "    return v;", "}"]
     return "\n".join(lines) + "\n"
 
 
 _LANE_HELPERS = "".join(_lane_helpers(dtype) for dtype in HELPER_TYPES)
+
+
+# glibc's libmvec (registry field ``libmvec``): its functions for every x86-64 vector width, declared ``simd`` where
+# the headers are as new as the glibc that added them (an older libmvec has not their symbols); ``pow`` for `^`
+_MVEC = sorted({f.libmvec for f in FUNCTIONS.values() if f.libmvec})
+
+
+def _simd_declarations(since: tuple[int, int]) -> str:
+    table = [(f.c, f.arity) for f in FUNCTIONS.values() if f.libmvec == since and f.c]
+    if since == _MVEC[0]:
+        table.append(((POWER["float32"], POWER["float64"]), 2))
+    lines = [f"#if defined(__GLIBC__) && __GLIBC_PREREQ({since[0]}, {since[1]})"]
+    for names, arity in table:
+        for name, ctype in zip(names, ("float", "double")):
+            lines += ["#pragma omp declare simd notinbranch", f"{ctype} {name}({', '.join([ctype] * arity)});"]
+    return "\n".join(lines) + "\n#endif\n"
+
+
+_MVEC_DECLARATIONS = "".join(_simd_declarations(since) for since in _MVEC)
 
 _PRELUDE = """\
 #include <math.h>
@@ -513,27 +544,7 @@ _PRELUDE = """\
 """ + TYPEDEFS + """
 #ifdef TX_MVEC
 // glibc's vector math (libmvec, linked by the c backend where it exists): loops calling these vectorise
-#pragma omp declare simd notinbranch
-float expf(float);
-#pragma omp declare simd notinbranch
-double exp(double);
-#pragma omp declare simd notinbranch
-float logf(float);
-#pragma omp declare simd notinbranch
-double log(double);
-#pragma omp declare simd notinbranch
-float sinf(float);
-#pragma omp declare simd notinbranch
-double sin(double);
-#pragma omp declare simd notinbranch
-float cosf(float);
-#pragma omp declare simd notinbranch
-double cos(double);
-#pragma omp declare simd notinbranch
-float powf(float, float);
-#pragma omp declare simd notinbranch
-double pow(double, double);
-#endif
+""" + _MVEC_DECLARATIONS + """#endif
 
 // IEEE infinity and quiet NaN (the module is compiled without -ffinite-math-only: they survive)
 static inline float tx_inf_f32(void) { return __builtin_inff(); }

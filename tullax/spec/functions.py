@@ -57,6 +57,9 @@ class Function:
     # structural, in grad.derivative), "conjugate" (conj), "real-only" (an ordering of values, or a function
     # jnp/NumPy define on reals only: refused on complex arguments with a SpecError, see spec.valuetype)
     on_complex: Literal["holomorphic", "real-valued", "conjugate", "real-only"] = "holomorphic"
+    # the glibc version from which libmvec has the ``c`` spellings for every x86-64 vector width: the c backend
+    # declares them ``simd`` where its headers are that new, so loops calling them vectorise
+    libmvec: tuple[int, int] | None = None
 
     def partials(self) -> tuple[str | None, ...]:
         """The derivative text per argument (None: that partial derivative is zero)."""
@@ -79,35 +82,37 @@ def _relu(x):
 
 def _math(name: str, derivative: str | None, from_output: str | None, safe_at_pad: bool, c32: str, c64: str,
           julia_domain: str | None = None, numpy: str | None = None, julia: str | None = None,
-          on_complex: str = "holomorphic") -> Function:
+          on_complex: str = "holomorphic", libmvec: tuple[int, int] | None = None) -> Function:
     """A function every target spells as a plain call of the same name (C: with an ``f`` suffix for float32);
     ``numpy`` is NumPy's name where it differs (``arctan``), ``julia`` Julia's (``round`` for NumPy's ``rint``)."""
     return Function(name, 1, derivative, from_output, safe_at_pad, "call", getattr(np, numpy or name),
                     f"jax.numpy.{numpy or name}", numba=f"np.{numpy or name}", julia=julia or name, c=(c32, c64),
-                    julia_domain=julia_domain, on_complex=on_complex)  # type: ignore[arg-type]
+                    julia_domain=julia_domain, on_complex=on_complex, libmvec=libmvec)  # type: ignore[arg-type]
 
 
 LN2, LN10 = "0.6931471805599453", "2.302585092994046"  # log(2), log(10) as derivative literals
 
 
 FUNCTIONS: dict[str, Function] = {f.name: f for f in (
-    _math("exp", "y", "y", True, "expf", "exp"),
-    _math("log", "1/x", "exp(-y)", False, "logf", "log", julia_domain="x < {zero}"),
-    _math("log1p", "1/(1 + x)", "exp(-y)", False, "log1pf", "log1p", julia_domain="x < -{one}"),
-    _math("expm1", "exp(x)", "y + 1", True, "expm1f", "expm1"),
+    _math("exp", "y", "y", True, "expf", "exp", libmvec=(2, 22)),
+    _math("log", "1/x", "exp(-y)", False, "logf", "log", julia_domain="x < {zero}", libmvec=(2, 22)),
+    _math("log1p", "1/(1 + x)", "exp(-y)", False, "log1pf", "log1p", julia_domain="x < -{one}", libmvec=(2, 35)),
+    _math("expm1", "exp(x)", "y + 1", True, "expm1f", "expm1", libmvec=(2, 35)),
     _math("sqrt", "0.5/y", "0.5/y", False, "sqrtf", "sqrt", julia_domain="x < {zero}"),
     _math("abs", "(x >= 0) - (x < 0)", None, True, "fabsf", "fabs", on_complex="real-valued"),
-    _math("sin", "cos(x)", None, True, "sinf", "sin", julia_domain="isinf(x)"),
-    _math("cos", "-sin(x)", None, True, "cosf", "cos", julia_domain="isinf(x)"),
-    _math("tan", "1 + y^2", "1 + y^2", False, "tanf", "tan", julia_domain="isinf(x)"),
-    _math("tanh", "1 - y^2", "1 - y^2", True, "tanhf", "tanh"),
-    _math("sinh", "cosh(x)", "sqrt(1 + y^2)", True, "sinhf", "sinh"),
-    _math("cosh", "sinh(x)", None, True, "coshf", "cosh"),
-    _math("cbrt", "1/(3*y^2)", "1/(3*y^2)", True, "cbrtf", "cbrt", on_complex="real-only"),
-    _math("exp2", f"{LN2}*y", f"{LN2}*y", True, "exp2f", "exp2"),
-    _math("log2", f"1/({LN2}*x)", f"exp2(-y)/{LN2}", False, "log2f", "log2", julia_domain="x < {zero}"),
-    _math("log10", f"1/({LN10}*x)", f"exp(-{LN10}*y)/{LN10}", False, "log10f", "log10", julia_domain="x < {zero}"),
-    _math("atan", "1/(1 + x^2)", "cos(y)^2", True, "atanf", "atan", numpy="arctan"),
+    _math("sin", "cos(x)", None, True, "sinf", "sin", julia_domain="isinf(x)", libmvec=(2, 22)),
+    _math("cos", "-sin(x)", None, True, "cosf", "cos", julia_domain="isinf(x)", libmvec=(2, 22)),
+    _math("tan", "1 + y^2", "1 + y^2", False, "tanf", "tan", julia_domain="isinf(x)", libmvec=(2, 35)),
+    _math("tanh", "1 - y^2", "1 - y^2", True, "tanhf", "tanh", libmvec=(2, 35)),
+    _math("sinh", "cosh(x)", "sqrt(1 + y^2)", True, "sinhf", "sinh", libmvec=(2, 35)),
+    _math("cosh", "sinh(x)", None, True, "coshf", "cosh", libmvec=(2, 35)),
+    _math("cbrt", "1/(3*y^2)", "1/(3*y^2)", True, "cbrtf", "cbrt", on_complex="real-only", libmvec=(2, 35)),
+    _math("exp2", f"{LN2}*y", f"{LN2}*y", True, "exp2f", "exp2", libmvec=(2, 35)),
+    _math("log2", f"1/({LN2}*x)", f"exp2(-y)/{LN2}", False, "log2f", "log2", julia_domain="x < {zero}",
+          libmvec=(2, 35)),
+    _math("log10", f"1/({LN10}*x)", f"exp(-{LN10}*y)/{LN10}", False, "log10f", "log10", julia_domain="x < {zero}",
+          libmvec=(2, 35)),
+    _math("atan", "1/(1 + x^2)", "cos(y)^2", True, "atanf", "atan", numpy="arctan", libmvec=(2, 35)),
     # zero derivative almost everywhere, as jax.grad gives; round is half-to-even on every target (NumPy rint,
     # jnp.round, Julia's round, C's rint under the default rounding mode)
     _math("floor", None, None, True, "floorf", "floor", on_complex="real-only"),
@@ -118,12 +123,12 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
              on_complex="real-only"),
     Function("erf", 1, "1.1283791670955126*exp(-x^2)", None, True, "call", math.erf, "jax.scipy.special.erf",
              numba="math.erf", julia=None, c=("erff", "erf"),  # 2/sqrt(pi) exp(-x^2); Base Julia has no erf
-             on_complex="real-only"),
+             on_complex="real-only", libmvec=(2, 35)),
     Function("atan2", 2, ("x2/(x1^2 + x2^2)", "-x1/(x1^2 + x2^2)"), None, True, "call", np.arctan2,
              "jax.numpy.arctan2", numba="np.arctan2", julia="atan", c=("atan2f", "atan2"), overloads="atan",
-             on_complex="real-only"),
+             on_complex="real-only", libmvec=(2, 35)),
     Function("hypot", 2, ("x1/y", "x2/y"), None, True, "call", np.hypot, "jax.numpy.hypot", numba="np.hypot",
-             julia="hypot", c=("hypotf", "hypot"), on_complex="real-only"),
+             julia="hypot", c=("hypotf", "hypot"), libmvec=(2, 35), on_complex="real-only"),
     Function("sigmoid", 1, "y*(1 - y)", "y*(1 - y)", True, "expand", _sigmoid, "jax.nn.sigmoid",
              on_complex="real-only"),
     Function("softplus", 1, "sigmoid(x)", "-expm1(-y)", True, "expand", _softplus, "jax.nn.softplus",

@@ -13,6 +13,7 @@ typedef unsigned long long tx_u64;
 
 #ifdef TX_MVEC
 // glibc's vector math (libmvec, linked by the c backend where it exists): loops calling these vectorise
+#if defined(__GLIBC__) && __GLIBC_PREREQ(2, 22)
 #pragma omp declare simd notinbranch
 float expf(float);
 #pragma omp declare simd notinbranch
@@ -33,6 +34,65 @@ double cos(double);
 float powf(float, float);
 #pragma omp declare simd notinbranch
 double pow(double, double);
+#endif
+#if defined(__GLIBC__) && __GLIBC_PREREQ(2, 35)
+#pragma omp declare simd notinbranch
+float log1pf(float);
+#pragma omp declare simd notinbranch
+double log1p(double);
+#pragma omp declare simd notinbranch
+float expm1f(float);
+#pragma omp declare simd notinbranch
+double expm1(double);
+#pragma omp declare simd notinbranch
+float tanf(float);
+#pragma omp declare simd notinbranch
+double tan(double);
+#pragma omp declare simd notinbranch
+float tanhf(float);
+#pragma omp declare simd notinbranch
+double tanh(double);
+#pragma omp declare simd notinbranch
+float sinhf(float);
+#pragma omp declare simd notinbranch
+double sinh(double);
+#pragma omp declare simd notinbranch
+float coshf(float);
+#pragma omp declare simd notinbranch
+double cosh(double);
+#pragma omp declare simd notinbranch
+float cbrtf(float);
+#pragma omp declare simd notinbranch
+double cbrt(double);
+#pragma omp declare simd notinbranch
+float exp2f(float);
+#pragma omp declare simd notinbranch
+double exp2(double);
+#pragma omp declare simd notinbranch
+float log2f(float);
+#pragma omp declare simd notinbranch
+double log2(double);
+#pragma omp declare simd notinbranch
+float log10f(float);
+#pragma omp declare simd notinbranch
+double log10(double);
+#pragma omp declare simd notinbranch
+float atanf(float);
+#pragma omp declare simd notinbranch
+double atan(double);
+#pragma omp declare simd notinbranch
+float erff(float);
+#pragma omp declare simd notinbranch
+double erf(double);
+#pragma omp declare simd notinbranch
+float atan2f(float, float);
+#pragma omp declare simd notinbranch
+double atan2(double, double);
+#pragma omp declare simd notinbranch
+float hypotf(float, float);
+#pragma omp declare simd notinbranch
+double hypot(double, double);
+#endif
 #endif
 
 // IEEE infinity and quiet NaN (the module is compiled without -ffinite-math-only: they survive)
@@ -190,6 +250,11 @@ static inline float tx_vfoldmul_f32(tx_v8_f32 l, float acc) {
     l = l * TX_SHUFFLE(l, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
     return acc * l[0];
 }
+static inline tx_v8_f32 tx_vload_f32(const float* p) {
+    tx_v8_f32 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
 typedef double tx_v4_f64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_f64 __attribute__((vector_size(32)));
 static inline tx_v4_f64 tx_vmax_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
@@ -236,6 +301,11 @@ static inline double tx_vfoldmul_f64(tx_v4_f64 l, double acc) {
     l = l * TX_SHUFFLE(l, tx_m4_f64, 1, 0, 3, 2);
     return acc * l[0];
 }
+static inline tx_v4_f64 tx_vload_f64(const double* p) {
+    tx_v4_f64 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
 typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
 static inline tx_v8_i32 tx_vmax_i32(tx_v8_i32 v, tx_v8_i32 l, tx_m8_i32* nan) {
@@ -280,6 +350,11 @@ static inline tx_i32 tx_vfoldmul_i32(tx_v8_i32 l, tx_i32 acc) {
     l = l * TX_SHUFFLE(l, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
     return acc * l[0];
 }
+static inline tx_v8_i32 tx_vload_i32(const tx_i32* p) {
+    tx_v8_i32 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
 typedef tx_i64 tx_v4_i64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_i64 __attribute__((vector_size(32)));
 static inline tx_v4_i64 tx_vmax_i64(tx_v4_i64 v, tx_v4_i64 l, tx_m4_i64* nan) {
@@ -317,6 +392,11 @@ static inline tx_i64 tx_vfoldmul_i64(tx_v4_i64 l, tx_i64 acc) {
     l = l * TX_SHUFFLE(l, tx_m4_i64, 2, 3, 0, 1);
     l = l * TX_SHUFFLE(l, tx_m4_i64, 1, 0, 3, 2);
     return acc * l[0];
+}
+static inline tx_v4_i64 tx_vload_i64(const tx_i64* p) {
+    tx_v4_i64 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
 }
 
 // ---- tullax: kernel ----
@@ -470,31 +550,21 @@ void grad0_step0(
                     const tx_i64 i2_tail = tx_floordiv_i64(tx_max_i64(n3, 0), 8) * 8;
                     if (i2_tail > 0) {
                         tx_v8_f32 acc_part_0_0_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                        tx_v8_f32 acc_part_0_0_t0;
                         tx_v8_f32 acc_part_0_1_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                        tx_v8_f32 acc_part_0_1_t0;
                         tx_v8_f32 acc_part_1_0_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                        tx_v8_f32 acc_part_1_0_t0;
                         tx_v8_f32 acc_part_1_1_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                        tx_v8_f32 acc_part_1_1_t0;
                         for (tx_i64 i2_blk = 0; i2_blk < i2_top; i2_blk += 8) {
-                            float acc_part_0_0_t[8], acc_part_0_1_t[8], acc_part_1_0_t[8], acc_part_1_1_t[8];
-                            #pragma omp simd
-                            for (tx_i64 i2_l = 0; i2_l < 8; ++i2_l) {
-                                const tx_i64 i2 = i2_blk + i2_l;
-                                acc_part_0_0_t[i2_l] = a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
-                                acc_part_0_1_t[i2_l] = a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_0_1 - a3[i0_r0 * a3_e1 + i2]));
-                                acc_part_1_0_t[i2_l] = a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_1_0 - a3[(i0_r0 + 1) * a3_e1 + i2]));
-                                acc_part_1_1_t[i2_l] = a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_1_1 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                            {
+                                const tx_i64 i2 = i2_blk + 0;
+                                const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1_r0 * a1_e1 + i2]);
+                                const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
+                                const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
+                                const tx_v8_f32 i2_ld3 = tx_vload_f32(&a3[(i0_r0 + 1) * a3_e1 + i2]);
+                                acc_part_0_0_l0 += i2_ld0 * (2.0f * (t0_0_0 - i2_ld1));
+                                acc_part_0_1_l0 += i2_ld2 * (2.0f * (t0_0_1 - i2_ld1));
+                                acc_part_1_0_l0 += i2_ld0 * (2.0f * (t0_1_0 - i2_ld3));
+                                acc_part_1_1_l0 += i2_ld2 * (2.0f * (t0_1_1 - i2_ld3));
                             }
-                            memcpy(&acc_part_0_0_t0, &acc_part_0_0_t[0], sizeof(tx_v8_f32));
-                            acc_part_0_0_l0 += acc_part_0_0_t0;
-                            memcpy(&acc_part_0_1_t0, &acc_part_0_1_t[0], sizeof(tx_v8_f32));
-                            acc_part_0_1_l0 += acc_part_0_1_t0;
-                            memcpy(&acc_part_1_0_t0, &acc_part_1_0_t[0], sizeof(tx_v8_f32));
-                            acc_part_1_0_l0 += acc_part_1_0_t0;
-                            memcpy(&acc_part_1_1_t0, &acc_part_1_1_t[0], sizeof(tx_v8_f32));
-                            acc_part_1_1_l0 += acc_part_1_1_t0;
                         }
                         acc_part_0_0 = tx_vfoldadd_f32(acc_part_0_0_l0, acc_part_0_0);
                         acc_part_0_1 = tx_vfoldadd_f32(acc_part_0_1_l0, acc_part_0_1);
@@ -525,31 +595,21 @@ void grad0_step0(
                             const tx_i64 i2_tail = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 8) * 8;
                             if (i2_tail > blk_lo) {
                                 tx_v8_f32 acc_part_0_0_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                                tx_v8_f32 acc_part_0_0_t0;
                                 tx_v8_f32 acc_part_0_1_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                                tx_v8_f32 acc_part_0_1_t0;
                                 tx_v8_f32 acc_part_1_0_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                                tx_v8_f32 acc_part_1_0_t0;
                                 tx_v8_f32 acc_part_1_1_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                                tx_v8_f32 acc_part_1_1_t0;
                                 for (tx_i64 i2_blk = blk_lo; i2_blk < i2_top; i2_blk += 8) {
-                                    float acc_part_0_0_t[8], acc_part_0_1_t[8], acc_part_1_0_t[8], acc_part_1_1_t[8];
-                                    #pragma omp simd
-                                    for (tx_i64 i2_l = 0; i2_l < 8; ++i2_l) {
-                                        const tx_i64 i2 = i2_blk + i2_l;
-                                        acc_part_0_0_t[i2_l] = a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
-                                        acc_part_0_1_t[i2_l] = a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_0_1 - a3[i0_r0 * a3_e1 + i2]));
-                                        acc_part_1_0_t[i2_l] = a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_1_0 - a3[(i0_r0 + 1) * a3_e1 + i2]));
-                                        acc_part_1_1_t[i2_l] = a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_1_1 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                                    {
+                                        const tx_i64 i2 = i2_blk + 0;
+                                        const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1_r0 * a1_e1 + i2]);
+                                        const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
+                                        const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
+                                        const tx_v8_f32 i2_ld3 = tx_vload_f32(&a3[(i0_r0 + 1) * a3_e1 + i2]);
+                                        acc_part_0_0_l0 += i2_ld0 * (2.0f * (t0_0_0 - i2_ld1));
+                                        acc_part_0_1_l0 += i2_ld2 * (2.0f * (t0_0_1 - i2_ld1));
+                                        acc_part_1_0_l0 += i2_ld0 * (2.0f * (t0_1_0 - i2_ld3));
+                                        acc_part_1_1_l0 += i2_ld2 * (2.0f * (t0_1_1 - i2_ld3));
                                     }
-                                    memcpy(&acc_part_0_0_t0, &acc_part_0_0_t[0], sizeof(tx_v8_f32));
-                                    acc_part_0_0_l0 += acc_part_0_0_t0;
-                                    memcpy(&acc_part_0_1_t0, &acc_part_0_1_t[0], sizeof(tx_v8_f32));
-                                    acc_part_0_1_l0 += acc_part_0_1_t0;
-                                    memcpy(&acc_part_1_0_t0, &acc_part_1_0_t[0], sizeof(tx_v8_f32));
-                                    acc_part_1_0_l0 += acc_part_1_0_t0;
-                                    memcpy(&acc_part_1_1_t0, &acc_part_1_1_t[0], sizeof(tx_v8_f32));
-                                    acc_part_1_1_l0 += acc_part_1_1_t0;
                                 }
                                 acc_part_0_0 = tx_vfoldadd_f32(acc_part_0_0_l0, acc_part_0_0);
                                 acc_part_0_1 = tx_vfoldadd_f32(acc_part_0_1_l0, acc_part_0_1);
@@ -588,28 +648,27 @@ void grad0_step0(
                             const tx_i64 i2_tail = tx_floordiv_i64(tx_max_i64(n3, 0), 8) * 8;
                             if (i2_tail > 0) {
                                 tx_v8_f32 i2_s_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0}, i2_s_l1 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                                tx_v8_f32 i2_s_t0, i2_s_t1;
                                 for (tx_i64 i2_blk = 0; i2_blk < i2_top; i2_blk += 16) {
-                                    float i2_s_t[16];
-                                    #pragma omp simd
-                                    for (tx_i64 i2_l = 0; i2_l < 16; ++i2_l) {
-                                        const tx_i64 i2 = i2_blk + i2_l;
-                                        i2_s_t[i2_l] = a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                                    {
+                                        const tx_i64 i2 = i2_blk + 0;
+                                        const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1 * a1_e1 + i2]);
+                                        const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i2]);
+                                        i2_s_l0 += i2_ld0 * (t0 - i2_ld1);
                                     }
-                                    memcpy(&i2_s_t0, &i2_s_t[0], sizeof(tx_v8_f32));
-                                    i2_s_l0 += i2_s_t0;
-                                    memcpy(&i2_s_t1, &i2_s_t[8], sizeof(tx_v8_f32));
-                                    i2_s_l1 += i2_s_t1;
+                                    {
+                                        const tx_i64 i2 = i2_blk + 8;
+                                        const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1 * a1_e1 + i2]);
+                                        const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i2]);
+                                        i2_s_l1 += i2_ld0 * (t0 - i2_ld1);
+                                    }
                                 }
                                 if (i2_top < i2_tail) {
-                                    float i2_s_t[8];
-                                    #pragma omp simd
-                                    for (tx_i64 i2_l = 0; i2_l < 8; ++i2_l) {
-                                        const tx_i64 i2 = i2_top + i2_l;
-                                        i2_s_t[i2_l] = a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                                    {
+                                        const tx_i64 i2 = i2_top + 0;
+                                        const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1 * a1_e1 + i2]);
+                                        const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i2]);
+                                        i2_s_l0 += i2_ld0 * (t0 - i2_ld1);
                                     }
-                                    memcpy(&i2_s_t0, &i2_s_t[0], sizeof(tx_v8_f32));
-                                    i2_s_l0 += i2_s_t0;
                                 }
                                 i2_s_l0 += i2_s_l1;
                                 i2_s = tx_vfoldadd_f32(i2_s_l0, i2_s);
@@ -631,28 +690,27 @@ void grad0_step0(
                                     const tx_i64 i2_tail = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 8) * 8;
                                     if (i2_tail > blk_lo) {
                                         tx_v8_f32 i2_s1_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0}, i2_s1_l1 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                                        tx_v8_f32 i2_s1_t0, i2_s1_t1;
                                         for (tx_i64 i2_blk = blk_lo; i2_blk < i2_top; i2_blk += 16) {
-                                            float i2_s1_t[16];
-                                            #pragma omp simd
-                                            for (tx_i64 i2_l = 0; i2_l < 16; ++i2_l) {
-                                                const tx_i64 i2 = i2_blk + i2_l;
-                                                i2_s1_t[i2_l] = a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                                            {
+                                                const tx_i64 i2 = i2_blk + 0;
+                                                const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1 * a1_e1 + i2]);
+                                                const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i2]);
+                                                i2_s1_l0 += i2_ld0 * (t0 - i2_ld1);
                                             }
-                                            memcpy(&i2_s1_t0, &i2_s1_t[0], sizeof(tx_v8_f32));
-                                            i2_s1_l0 += i2_s1_t0;
-                                            memcpy(&i2_s1_t1, &i2_s1_t[8], sizeof(tx_v8_f32));
-                                            i2_s1_l1 += i2_s1_t1;
+                                            {
+                                                const tx_i64 i2 = i2_blk + 8;
+                                                const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1 * a1_e1 + i2]);
+                                                const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i2]);
+                                                i2_s1_l1 += i2_ld0 * (t0 - i2_ld1);
+                                            }
                                         }
                                         if (i2_top < i2_tail) {
-                                            float i2_s1_t[8];
-                                            #pragma omp simd
-                                            for (tx_i64 i2_l = 0; i2_l < 8; ++i2_l) {
-                                                const tx_i64 i2 = i2_top + i2_l;
-                                                i2_s1_t[i2_l] = a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                                            {
+                                                const tx_i64 i2 = i2_top + 0;
+                                                const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1 * a1_e1 + i2]);
+                                                const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i2]);
+                                                i2_s1_l0 += i2_ld0 * (t0 - i2_ld1);
                                             }
-                                            memcpy(&i2_s1_t0, &i2_s1_t[0], sizeof(tx_v8_f32));
-                                            i2_s1_l0 += i2_s1_t0;
                                         }
                                         i2_s1_l0 += i2_s1_l1;
                                         i2_s1 = tx_vfoldadd_f32(i2_s1_l0, i2_s1);

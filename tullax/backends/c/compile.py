@@ -51,13 +51,18 @@ BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math
               "-ffp-contract=fast")
 # the fast-math flags before issue 44 (benchmarks/ieee_flags.py compares them with ours)
 OLD_FAST_FLAGS = ("-fno-signed-zeros", "-fassociative-math", "-freciprocal-math")
+# x86-64 GCC schedules instructions only after register allocation: a kernel holding two copies of a register
+# tile's sum lanes (the first block, then the float64-blocked rest) kept the tile's loaded vectors on the stack.
+# Scheduling first, aware of register pressure, keeps them in registers (Linear and Dist grad W as fast as under
+# the old fast-math flags again, benchmarks/ieee_flags.py). Values are unchanged; Clang ignores both flags.
+SCHEDULE_FLAGS = ("-fschedule-insns", "-fsched-pressure")
 # x86-64: 256-bit vectors even where AVX-512 exists, as LLVM (Numba) prefers: the reductions of a convolution's
 # gradient run ~60 iterations, which 16-float vectors mostly spend in their remainder (measured: the conv2d
 # kernel gradient on one core 64 -> 37 ms; Linear, Dist, attention unchanged or faster).
-X86_FLAGS = ("-mprefer-vector-width=256",)
-# glibc's vector math library: with it the prelude declares exp/log/sin/cos/pow as OpenMP SIMD functions, so a
-# loop calling them vectorises (measured: the float32 row logsumexp forward 71 ms -> see the report; Numba
-# prints a vectorisable exp of its own, tullax.backends.numba.math). Its functions are within 4 ulp.
+X86_FLAGS = ("-mprefer-vector-width=256",) + SCHEDULE_FLAGS
+# glibc's vector math library: with it the prelude declares its functions (the registry's ``libmvec``) and pow as
+# OpenMP SIMD functions, so a loop calling them vectorises (measured: the float32 row logsumexp forward 71 ms ->
+# see the report; Numba prints a vectorisable exp of its own, tullax.backends.numba.math). Within 4 ulp.
 MVEC_FLAGS = ("-DTX_MVEC",)
 MVEC_LIBS = ("-lmvec",)
 
