@@ -50,12 +50,16 @@ def _norms(W, X, c=None):
 
 
 def _ops(fn, *values):
+    from tullax.jaxop.primitives import _planned_op
+
     found = []
 
     def visit(jaxpr):
         for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "tullax_kernel":
-                found.append(eqn.params["op"])
+            if eqn.primitive.name == "tullax_kernel":  # a pending plan settled as its lowering here would
+                op = eqn.params["op"]
+                found.append(_planned_op(op.spec, op.out_dtype, [v.aval for v in eqn.invars], op.zero_start,
+                                         op.algebra, timed=True) if op.pending else op)
             for value in eqn.params.values():
                 inner = getattr(value, "jaxpr", None)
                 if inner is not None and hasattr(inner, "eqns"):

@@ -256,7 +256,7 @@ def _ops(fn, *values):
             if eqn.primitive.name == "tullax_kernel":
                 op = eqn.params["op"]
                 found.append(_planned_op(op.spec, op.out_dtype, [v.aval for v in eqn.invars], op.zero_start,
-                                         timed=True) if op.pending else op)
+                                         op.algebra, timed=True) if op.pending else op)
             for value in eqn.params.values():
                 inner = getattr(value, "jaxpr", None)
                 if inner is not None and hasattr(inner, "eqns"):
@@ -315,10 +315,11 @@ def test_tiny_calls_run_untimed_on_cached_loops_else_on_xla_and_larger_ones_on_t
     assert (large_gather.backend, large_gather.form, large_gather.rule) == ("xla", "grid", "gather")
 
 
-def test_a_small_close_call_is_not_timed(monkeypatch):
+def test_a_small_close_call_is_not_timed(monkeypatch, tmp_path):
     """Below UNTIMED_WORK every candidate runs in a fraction of a millisecond: timing would compile them all
     (the Gaussian kernel sum's gradients at 32 points compiled XLA's forms for 0.7 s) to win microseconds."""
     monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))  # a decision stored by an earlier run is not a race
     planner.forget()
     try:
         _, spec = compile_spec(CONV1D)

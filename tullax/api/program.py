@@ -10,7 +10,6 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any, Iterable, Mapping
 
-from tullax.api.fused_call import FUSED_BACKENDS, FusedProgram
 from tullax.api.kernel import Kernel
 from tullax.errors import ShapeError
 from tullax.spec.program import Program, analyze_program, statement_ranges
@@ -34,7 +33,10 @@ class ProgramKernel:
                    nograd=tuple(n for n in st.reads if n in skip))
             for st in self.program.statements)
         self.backend_name = backend
-        # a row-wise program runs as one fused kernel on the host backends (tullax.api.fused_call)
+        # a row-wise program runs as one fused kernel on the host backends (tullax.api.fused_call: imported here,
+        # as it brings the loop IR, which `import tullax` and resolving a backend do not need)
+        from tullax.api.fused_call import FUSED_BACKENDS, FusedProgram
+
         fused_on = "c" if backend == "auto" else backend
         if fuse not in (True, False, "grad"):
             raise ShapeError(f"fuse= takes True (the forward fused), 'grad' (reverse-mode gradients fused too) or "
