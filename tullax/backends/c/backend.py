@@ -41,6 +41,7 @@ from typing import Any, Callable
 from tullax.backends import host
 from tullax.backends.base import Capabilities, Signature
 from tullax.backends.c import compile as c_compile
+from tullax.backends.c import tiers
 from tullax.backends.c.generate import (
     FORWARD,
     LIBRARY_PREFIX,
@@ -289,11 +290,13 @@ def _start_steps(spec: Spec, signature: Signature) -> "_StepsBuild | None":
 
 
 def finish_step_builds() -> None:
-    """Wait until every steps module building in this process is loaded (or has failed)."""
+    """Wait until every steps module building in this process is loaded (or has failed), and every optimised
+    build of a fast tier (``tiers``) has landed."""
     with _STEPS_LOCK:
         builds = list(_STEP_BUILDS.values())
     for build in builds:
         build.done.wait()
+    tiers.finish()
 
 
 def _build_steps(spec: Spec, signature: Signature, build: _StepsBuild) -> None:
@@ -303,7 +306,7 @@ def _build_steps(spec: Spec, signature: Signature, build: _StepsBuild) -> None:
                                    for step in host.kernel_steps(spec, signature.out_dtype)[1:])
         finally:
             build.known.set()
-        if build.keys:
+        if build.keys and _tiered(STEPS, spec, signature) is None:
             _STEP_BUILDER.build(_recipe(STEPS), spec, signature)
     except Exception:  # noqa: BLE001 - a step this module does not hold builds its own, and says why it fails
         pass
@@ -323,6 +326,39 @@ def _built_step(spec: Spec, signature: Signature) -> "CHostKernel | None":
             with _STEPS_LOCK:
                 return _STEPS.get((spec, signature))
     return None
+
+
+_FAST: dict[tuple[Spec, Signature], CHostKernel] = {}  # the fast tier's forward kernels made here
+_FAST_LOCK = forks.lock()
+
+
+def _make_fast(generated: host.GeneratedModule, interface: KernelInterface, spec: Spec, function: Any,
+               ready_ms: float, clear: Any, packed: Any) -> CHostKernel:
+    return CHostKernel(generated, interface, spec, function, ready_ms, True, clear, packed=packed, fast=True)
+
+
+def _tiered(part: str, spec: Spec, signature: Signature) -> CHostKernel | None:
+    """The first kernel of the module's fast tier, its optimised build started (``tiers``); the gradient steps'
+    go into the step table. None where tiers are off, where the compile cache holds the module's library (a
+    process loads it in milliseconds) or where tcc cannot compile it: the optimising build then, as before."""
+    if not tiers.enabled():
+        return None
+    recipe = _recipe(part)
+    if (get_cache().entry_path(host.module_key(spec, signature, NAME, recipe.options)) / KERNELS_FILE).is_file():
+        return None
+    try:
+        made = tiers.fast_module(spec, signature, part, _make_fast)
+    except TullaxError:
+        if tiers.mode() == tiers.ONLY:  # a test of the fast tier: nothing else may run in its place
+            raise
+        return None
+    if part == STEPS:
+        with _STEPS_LOCK:
+            for kernel, step_spec, step_sig in made:
+                _STEPS.setdefault((step_spec, step_sig), kernel)
+    builder = _BUILDER if part == FORWARD else _STEP_BUILDER
+    tiers.optimise([kernel for kernel, _, _ in made], lambda: builder.build(recipe, spec, signature))
+    return made[0][0]
 
 
 # =============================================================================================
@@ -363,7 +399,7 @@ class CBackend:
             step = _STEPS.get((spec, signature))
         if step is not None:
             return step
-        forward = _BUILDER.built(spec, signature, NAME)
+        forward = _BUILDER.built(spec, signature, NAME) or _FAST.get((spec, signature))
         if forward is not None:
             return forward
         step = _built_step(spec, signature)
@@ -371,6 +407,11 @@ class CBackend:
             return step
         steps = _start_steps(spec, signature)  # first: its compiler runs beside the forward's
         try:
+            with _FAST_LOCK:
+                fast = _FAST.get((spec, signature)) or _tiered(FORWARD, spec, signature)
+                if fast is not None:
+                    _FAST[(spec, signature)] = fast
+                    return fast
             return _BUILDER.build(_recipe(FORWARD), spec, signature)
         finally:
             if steps is not None:  # the steps module's compiler may take this core now
