@@ -358,7 +358,7 @@ def _optimise_handler(include: Path, jaxlib_version: str) -> None:
     """The optimised handler, built and stored; its layout change replaces the fast tier's in its slot (the
     slot is taken first, so a later registration cannot take the fast tier's function again)."""
     try:
-        library = load_library(str(_library(include, jaxlib_version)))
+        library = load_library(str(_library(include, jaxlib_version, background=True)))
         found = _permute_slot()
         if found is not None:
             replace(found[0], ctypes.cast(getattr(library, PERMUTE), ctypes.c_void_p).value)
@@ -366,7 +366,7 @@ def _optimise_handler(include: Path, jaxlib_version: str) -> None:
         pass
 
 
-def _library(include: Path, jaxlib_version: str, build: bool = True) -> Path | None:
+def _library(include: Path, jaxlib_version: str, build: bool = True, background: bool = False) -> Path | None:
     """The compiled handler: from the compile cache, or compiled now (and stored there); None where the cache
     holds none and not ``build``."""
     from tullax.backends.c import compile as c_compile
@@ -385,7 +385,7 @@ def _library(include: Path, jaxlib_version: str, build: bool = True) -> Path | N
         source = Path(scratch) / SOURCE_FILE
         source.write_text(HANDLER_SOURCE, encoding="utf-8")
         built = Path(scratch) / LIBRARY_FILE
-        c_compile.compile_library(source, built, units=1, include=(include,))
+        c_compile.compile_library(source, built, units=1, include=(include,), background=background)
         data = built.read_bytes()
     stored = cache.write_bytes(key, LIBRARY_FILE, data)
     if stored is not None:

@@ -110,16 +110,18 @@ def _room(generated: host.GeneratedModule, part: str) -> Callable[[], int] | Non
 
 
 def _compile_into_cache(cache: CompileCache, generated: host.GeneratedModule,
-                        part: str = FORWARD) -> tuple[str, float]:
+                        part: str = FORWARD, background: bool = False) -> tuple[str, float]:
     """After the source is written: compile its library into the entry (under the entry's lock). The library's
     path and the seconds it took, which ``build_module`` hands to ``_load`` (``GeneratedModule.made``)."""
-    library, seconds, _ = _library(generated, cache, part)
+    library, seconds, _ = _library(generated, cache, part, background)
     return library, seconds
 
 
-def _library(generated: host.GeneratedModule, cache: CompileCache, part: str = FORWARD) -> tuple[str, float, bool]:
+def _library(generated: host.GeneratedModule, cache: CompileCache, part: str = FORWARD,
+             background: bool = False) -> tuple[str, float, bool]:
     """The path of the module's library, compiling it when the entry holds none for this source that checks;
-    with the seconds that took and whether it compiled."""
+    with the seconds that took and whether it compiled. ``background``: a fast tier's optimised build (the
+    compiler yields the cores to this process, ``compile_library``)."""
     import tempfile
     from pathlib import Path
 
@@ -129,14 +131,15 @@ def _library(generated: host.GeneratedModule, cache: CompileCache, part: str = F
         directory = Path(tempfile.mkdtemp(prefix="tullax-c-"))
         (directory / SOURCE_FILE).write_text(generated.source)
         c_compile.compile_library(directory / SOURCE_FILE, directory / name, units=_units(part),
-                                  room=_room(generated, part))
+                                  room=_room(generated, part), background=background)
         _count("compiled")
         return str(directory / name), time.perf_counter() - start, True
     data, problem = cache.read_checked(generated.key, name)
     if data is not None and problem is None:
         return str(generated.path.with_name(name)), time.perf_counter() - start, False
     built = generated.path.with_name(f".{name}.{os.getpid()}.built")
-    c_compile.compile_library(generated.path, built, units=_units(part), room=_room(generated, part))
+    c_compile.compile_library(generated.path, built, units=_units(part), room=_room(generated, part),
+                              background=background)
     data = built.read_bytes()
     built.unlink(missing_ok=True)
     stale = [p.name for p in generated.path.parent.glob(f"{LIBRARY_PREFIX}*.so") if p.name != name]
@@ -149,12 +152,13 @@ def _library(generated: host.GeneratedModule, cache: CompileCache, part: str = F
     return str(stored), time.perf_counter() - start, True
 
 
-def _load(generated: host.GeneratedModule, part: str = FORWARD) -> "CHostKernel":
+def _load(generated: host.GeneratedModule, part: str = FORWARD, background: bool = False) -> "CHostKernel":
     """dlopen the module's library (compiling it first when the entry has none) and make the host kernels of
     every kernel in it; the gradient steps' go into the step table. Stores the lowered kernels in the entry,
     for ``_load_cached``."""
     cache = get_cache()
-    library, seconds, compiled = (*generated.made, True) if generated.made else _library(generated, cache, part)
+    library, seconds, compiled = (*generated.made, True) if generated.made else \
+        _library(generated, cache, part, background)
     # what a call needs of each kernel: its interface (a later process unpickles these without the loop IR)
     kernels = tuple((kernel.interface, spec, signature)
                     for kernel, spec, signature in part_kernels(generated.spec, generated.signature, part))
@@ -230,13 +234,14 @@ _BUILDER = host.HostBuilder()  # forward modules
 _STEP_BUILDER = host.HostBuilder()  # steps modules: built in a thread of their own, beside the forward's
 
 
-def _recipe(part: str = FORWARD) -> host.ModuleRecipe:
+def _recipe(part: str = FORWARD, background: bool = False) -> host.ModuleRecipe:
     """The build steps of one module, with the compiler's identity in the cache key (read now: ``TULLAX_CC`` may
-    change)."""
+    change); ``background``: a fast tier's optimised build."""
     options = {"compiler": c_compile.identity(), "printer": 1, "generator": generator_fingerprint(), "part": part,
                "streams": streams()}
     return host.ModuleRecipe(NAME, SOURCE_FILE, options, functools.partial(generate_part, part=part),
-                             functools.partial(_compile_into_cache, part=part), functools.partial(_load, part=part),
+                             functools.partial(_compile_into_cache, part=part, background=background),
+                             functools.partial(_load, part=part, background=background),
                              functools.partial(_load_cached, part=part))
 
 
@@ -301,6 +306,8 @@ def finish_step_builds() -> None:
 
 def _build_steps(spec: Spec, signature: Signature, build: _StepsBuild) -> None:
     try:
+        if tiers.enabled():  # lowering holds the GIL: the forward kernel, wanted first, is lowered first
+            build.forward_built.wait()
         try:
             build.keys = frozenset((step.spec, step_signature(step.spec, signature, spec))
                                    for step in host.kernel_steps(spec, signature.out_dtype)[1:])
@@ -343,7 +350,7 @@ def _tiered(part: str, spec: Spec, signature: Signature) -> CHostKernel | None:
     process loads it in milliseconds) or where tcc cannot compile it: the optimising build then, as before."""
     if not tiers.enabled():
         return None
-    recipe = _recipe(part)
+    recipe = _recipe(part, background=True)
     if (get_cache().entry_path(host.module_key(spec, signature, NAME, recipe.options)) / KERNELS_FILE).is_file():
         return None
     try:

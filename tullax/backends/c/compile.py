@@ -129,6 +129,7 @@ def _cpu() -> str:
     return platform.machine() + " " + hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
+BACKGROUND_NICE = 10  # a background compile's niceness (of 19): the fast tier's calls go first
 PARALLEL_UNITS = 2  # translation units compiled at once: the machines we target have at least 2 cores
 _POLL_S = 0.01  # how often units waiting for room look whether they may start
 
@@ -165,13 +166,16 @@ def private_library(data: bytes, prefix: str) -> Path:
 
 
 def compile_library(source: Path, library: Path, timeout: float | None = None, units: int | None = None,
-                    room: Callable[[], int] | None = None, include: Sequence[Path] = ()) -> float:
+                    room: Callable[[], int] | None = None, include: Sequence[Path] = (),
+                    background: bool = False) -> float:
     """Compile ``source`` into the shared library ``library`` (written atomically: a temporary file renamed,
     so a concurrent reader never dlopens half a file); returns the seconds the compiler ran. A module of
     several kernels is cut into ``PARALLEL_UNITS`` (or ``units``) translation units, compiled longest first,
     as many at once as ``room()`` says when it is given, else all at once, and linked: the compiler's time goes
     mostly to the kernel functions, so two units take about half the wall time of one. ``include``: header
-    directories (``-I``); ``timeout``: seconds for each compiler run (``timeout_s()`` when None)."""
+    directories (``-I``); ``timeout``: seconds for each compiler run (``timeout_s()`` when None); ``background``:
+    the compiler runs at ``BACKGROUND_NICE`` (a fast tier's optimised build: the first calls, on the fast tier,
+    keep the cores)."""
     cc = compiler()
     timeout = timeout_s() if timeout is None else timeout
     cflags = [*flags(), *(f"-I{path}" for path in include)]
@@ -180,7 +184,7 @@ def compile_library(source: Path, library: Path, timeout: float | None = None, u
     units = sorted(split_units(source.read_text(encoding="utf-8"), units), key=len, reverse=True)
     try:
         if len(units) == 1:
-            _run([[cc, *cflags, "-o", str(tmp), str(source), *libraries()]], source, timeout)
+            _run([[cc, *cflags, "-o", str(tmp), str(source), *libraries()]], source, timeout, background=background)
         else:
             with tempfile.TemporaryDirectory(prefix="tullax-c-units-") as scratch:
                 objects = []
@@ -190,8 +194,9 @@ def compile_library(source: Path, library: Path, timeout: float | None = None, u
                     objects.append(path.with_suffix(".o"))
 
                 _run([[cc, *cflags, "-c", "-o", str(obj), str(obj.with_suffix(".c"))] for obj in objects],
-                     source, timeout, room)
-                _run([[cc, *cflags, "-o", str(tmp), *map(str, objects), *libraries()]], source, timeout)
+                     source, timeout, room, background)
+                _run([[cc, *cflags, "-o", str(tmp), *map(str, objects), *libraries()]], source, timeout,
+                     background=background)
         if not tmp.is_file():  # a "compiler" that exits 0 and writes nothing
             raise TullaxError(f"the C compiler {cc!r} exited without an error but wrote no library for {source}")
     except TullaxError:
@@ -201,7 +206,8 @@ def compile_library(source: Path, library: Path, timeout: float | None = None, u
     return time.perf_counter() - start
 
 
-def _run(commands: list[list[str]], source: Path, timeout: float, room: Callable[[], int] | None = None) -> None:
+def _run(commands: list[list[str]], source: Path, timeout: float, room: Callable[[], int] | None = None,
+         background: bool = False) -> None:
     """Run the compiler ``commands``, in order, as many at once as ``room()`` says (at least one; all of them
     without it); a TullaxError with the compiler's words if one fails, the others stopped. Each process is
     waited for by a thread blocked in ``waitpid``: ``Popen.wait`` with a timeout polls, every 50 ms at worst,
@@ -233,6 +239,8 @@ def _run(commands: list[list[str]], source: Path, timeout: float, room: Callable
                     raise TullaxError(f"the c backend could not run its C compiler {cc!r} on {source}: {err}") \
                         from None
                 running.append(entry)
+                if background:  # its session's group: the driver and the cc1/as/ld it started
+                    _lower_priority(entry[0].pid)
                 threading.Thread(target=watch, args=(entry,), name="tullax-cc-wait", daemon=True).start()
             with changed:
                 left = deadline - time.monotonic()
@@ -257,6 +265,13 @@ def _run(commands: list[list[str]], source: Path, timeout: float, room: Callable
     if failures:
         raise TullaxError(f"the C compiler {cc!r} could not compile the module generated at {source}; please "
                           f"report it. The compiler said:\n{failures[0]}")
+
+
+def _lower_priority(pid: int) -> None:
+    try:
+        os.setpriority(os.PRIO_PGRP, pid, BACKGROUND_NICE)
+    except (OSError, AttributeError):  # gone already, or not POSIX: it runs at ours
+        pass
 
 
 def _stop(process: subprocess.Popen) -> None:
