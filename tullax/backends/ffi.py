@@ -88,6 +88,10 @@ void tullax_ffi_replace(int64_t slot, void* fn) {
         __atomic_store_n(&tx_slots[slot].fn, (tx_packed)fn, __ATOMIC_RELEASE);
 }
 
+void* tullax_ffi_function(int64_t slot) {
+    return (void*)__atomic_load_n(&tx_slots[slot].fn, __ATOMIC_ACQUIRE);
+}
+
 // An exported program run in a process that never traced it names its kernels by content (their identity):
 // the slot it names holds another kernel or none, so the handler finds the identity in its table, or asks the
 // resolver Python installed (it compiles the kernel from the spec the call carries, or loads it from the compile
@@ -258,6 +262,7 @@ def _load_handler() -> tuple[Any, str]:
         lib.tullax_ffi_launches.argtypes, lib.tullax_ffi_launches.restype = [ctypes.c_int64], ctypes.c_int64
         lib.tullax_ffi_set_resolver.argtypes, lib.tullax_ffi_set_resolver.restype = [ctypes.c_void_p], None
         lib.tullax_ffi_replace.argtypes, lib.tullax_ffi_replace.restype = [ctypes.c_int64, ctypes.c_void_p], None
+        lib.tullax_ffi_function.argtypes, lib.tullax_ffi_function.restype = [ctypes.c_int64], ctypes.c_void_p
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.tullax_ffi_handler), platform="cpu")
     except Exception as err:  # noqa: BLE001 - any failure here only means "keep the buffer callback"
         return None, f"the XLA FFI handler could not be built or registered: {err}"
@@ -457,6 +462,12 @@ def replace(slot: int, address: int) -> None:
         lib.tullax_ffi_replace(slot, address)
 
 
+def function(slot: int) -> int | None:
+    """The address of the packed function the handler's ``slot`` calls (None without the handler)."""
+    lib, _ = _handler()
+    return lib.tullax_ffi_function(slot) if lib is not None else None
+
+
 def launches(slot: int) -> int:
     """How many times the handler ran the kernel of ``slot``."""
     lib, _ = _handler()
@@ -479,5 +490,5 @@ def call(meta_array: Any, operands: Sequence[Any], result: Any, aliases: dict[in
     return jax.ffi.ffi_call(TARGET, result, input_output_aliases=aliases)(*operands, meta=meta_array, spec=payload)
 
 
-__all__ = ["PERMUTE_PAYLOAD", "TARGET", "available", "call", "content_identity", "kernel_payload", "launches", "meta",
-           "register", "replace", "set_resolver"]
+__all__ = ["PERMUTE_PAYLOAD", "TARGET", "available", "call", "content_identity", "function", "kernel_payload",
+           "launches", "meta", "register", "replace", "set_resolver"]
