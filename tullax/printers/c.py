@@ -54,6 +54,7 @@ from tullax.errors import TullaxError
 from tullax.printers.base import Place, Precedence
 from tullax.printers.c_clear import CLEAR_FUNCTION, CLEAR_SOURCE
 from tullax.printers.c_packed import packed_source
+from tullax.printers.c_plain import plain_prelude
 from tullax.printers.clike import (
     TYPE_SUFFIX,
     TYPEDEFS,
@@ -127,7 +128,7 @@ class CPrinter(CLikePrinter):
         assert isinstance(place, CPlace)
         if not self.plain and _lane_reduction(loop):
             return self.lanes(loop, place)
-        if not self.plain and _sum_lanes(loop, dict(place.declared)):
+        if _sum_lanes(loop, dict(place.declared)):
             return self.sum_lanes(loop, place)
         if _simd_reduction(loop):
             return [self.simd_pragma(loop, place), *super().loop(loop, place)]
@@ -253,18 +254,23 @@ class CPrinter(CLikePrinter):
                      at + "}"]
             for a in accums:
                 for c in range(count // width):
-                    lines += [f"{at}memcpy(&{a.var}_t{c}, &{a.var}_t[{c * width}], sizeof({vector}));",
-                              f"{at}{a.var}_l{c} {a.op}= {a.var}_t{c};"]
+                    if self.plain:  # lane by lane, as the vectors add
+                        lines.append(f"{at}for (int k = 0; k < {width}; ++k) {a.var}_l{c}[k] {a.op}= "
+                                     f"{a.var}_t[{c * width} + k];")
+                    else:
+                        lines += [f"{at}memcpy(&{a.var}_t{c}, &{a.var}_t[{c * width}], sizeof({vector}));",
+                                  f"{at}{a.var}_l{c} {a.op}= {a.var}_t{c};"]
             return lines
 
         chains = range(lanes // width)
         lines = [pad + "{", f"{inner_pad}const {idx} {var}_top = {self.expr(top)};",
                  f"{inner_pad}const {idx} {var}_tail = {self.expr(tail)};",
                  f"{inner_pad}if ({var}_tail > {start}) {{"]
-        for a in accums:
+        for a in accums:  # plain: arrays of lanes, added lane by lane as the vectors are
             ident = ", ".join([_IDENTITY[a.op]] * width)
-            lines += [f"{if_pad}{vector} {', '.join(f'{a.var}_l{c} = {{{ident}}}' for c in chains)};",
-                      f"{if_pad}{vector} {', '.join(f'{a.var}_t{c}' for c in chains)};"]
+            lines += [f"{if_pad}{ctype} {', '.join(f'{a.var}_l{c}[{width}] = {{{ident}}}' for c in chains)};"]\
+                if self.plain else [f"{if_pad}{vector} {', '.join(f'{a.var}_l{c} = {{{ident}}}' for c in chains)};",
+                                    f"{if_pad}{vector} {', '.join(f'{a.var}_t{c}' for c in chains)};"]
         lines.append(f"{if_pad}for ({idx} {var}_blk = {start}; {var}_blk < {var}_top; {var}_blk += {lanes}) {{")
         lines += block(f"{var}_blk", lanes, deep)
         lines.append(if_pad + "}")
@@ -273,8 +279,11 @@ class CPrinter(CLikePrinter):
             lines += block(f"{var}_top", width, deep)
             lines.append(if_pad + "}")
         for a in accums:
-            lines += [f"{if_pad}{a.var}_l0 {a.op}= {a.var}_l{c};" for c in chains[1:]]
-            lines.append(f"{if_pad}{a.var} = tx_vfold{_LANE_SUMS[a.op]}_{suffix}({a.var}_l0, {a.var});")
+            each = f"for (int k = 0; k < {width}; ++k) " if self.plain else ""
+            lines += [f"{if_pad}{each}{a.var}_l0{'[k]' if each else ''} {a.op}= {a.var}_l{c}{'[k]' if each else ''};"
+                      for c in chains[1:]]
+            fold = "tx_pfold" if self.plain else "tx_vfold"
+            lines.append(f"{if_pad}{a.var} = {fold}{_LANE_SUMS[a.op]}_{suffix}({a.var}_l0, {a.var});")
         lines.append(inner_pad + "}")
         rest = Loop(var, Var(f"{var}_tail", INDEX), loop.stop, False, loop.body)
         return lines + super().loop(rest, CPlace(place.depth + 1, place.declared)) + [pad + "}"]
@@ -547,11 +556,8 @@ static inline double tx_nan_f64(void) { return __builtin_nan(""); }
 // max/min reductions of a split reduction loop: max/min are idempotent, so each thread may start from the
 // accumulator's value before the loop
 """ + _REDUCTIONS
-# a plain module's infinity and NaN: tcc has no __builtin_inf/nan (the same bits: a positive quiet NaN)
-_PLAIN_PRELUDE = _PRELUDE.replace("__builtin_inff()", "(union { unsigned u; float f; }){0x7f800000u}.f").replace(
-    "__builtin_nanf(\"\")", "(union { unsigned u; float f; }){0x7fc00000u}.f").replace(
-    "__builtin_inf()", "(union { unsigned long long u; double f; }){0x7ff0000000000000ull}.f").replace(
-    "__builtin_nan(\"\")", "(union { unsigned long long u; double f; }){0x7ff8000000000000ull}.f")
+# a plain module's prelude: tcc's infinity and NaN, and the sum lanes' folds on arrays (``tullax.printers.c_plain``)
+_PLAIN_PRELUDE = plain_prelude(_PRELUDE, {dtype: vector_lanes(dtype) for dtype in FLOATS})
 # max/min and sum lanes' helpers (GCC/Clang vectors): not in a plain module
 _LANE_PRELUDE = """
 // max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of 32 bytes, a compare-select that skips NaN
