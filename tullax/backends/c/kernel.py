@@ -127,14 +127,9 @@ class CHostKernel:
         payload = ffi.kernel_payload(self.spec, [np.dtype(o.dtype).name for o in operands],
                                      np.dtype(result.dtype).name, generator_fingerprint())
         identity = ffi.content_identity(payload)
-        slot = ffi.register(ctypes.cast(packed, ctypes.c_void_p).value, identity)
+        slot = self.slot(identity)
         if slot is None:
             return None
-        with self._lock:  # a switch meanwhile did not see this slot: it gets the optimised build here
-            self._slots.add(slot)
-            current = self._packed
-        if current is not packed and current is not None:
-            ffi.replace(slot, ctypes.cast(current, ctypes.c_void_p).value)
         sizes = plan.size_values(shapes)
         names = self.spec.input_names
         array_shapes = [(1,) if plan.rank0_as_vector else tuple(result.shape)]
@@ -147,6 +142,25 @@ class CHostKernel:
         sources = [0] + [position + 1 for position in plan.arrays] + [position + 1 for position, _ in plan.scalars]
         meta = ffi.meta(slot, identity, self._team(sizes, shapes), sources, [*sizes, *extents])
         return ffi.call(meta, values, result, aliases, payload), slot
+
+    def slot(self, identity: int) -> int | None:
+        """The FFI handler's slot of this kernel's packed entry under ``identity`` (registered once per process),
+        None where there is none; a fast tier's kernel switching to its optimised build replaces it there."""
+        from tullax.backends import ffi
+
+        with self._lock:
+            packed = self._packed
+        if packed is None:
+            return None
+        slot = ffi.register(ctypes.cast(packed, ctypes.c_void_p).value, identity)
+        if slot is None:
+            return None
+        with self._lock:  # a switch meanwhile did not see this slot: it gets the optimised build here
+            self._slots.add(slot)
+            current = self._packed
+        if current is not packed and current is not None:
+            ffi.replace(slot, ctypes.cast(current, ctypes.c_void_p).value)
+        return slot
 
     def prepare(self, shapes: Shapes, *, read_only: bool = False) -> None:
         """Nothing to do: the module was compiled (or loaded) when it was built."""
