@@ -38,6 +38,7 @@ from typing import IO
 
 from tullax import settings
 from tullax.errors import TullaxError
+from tullax.runtime import forks
 
 CC_ENV = "TULLAX_CC"
 CFLAGS_ENV = "TULLAX_CFLAGS"  # extra flags after ours (in the cache key too): experiments, another -march
@@ -288,7 +289,24 @@ def probe() -> tuple[bool, str]:
     if identity()["path"] is None:
         return False, (f"no C compiler: {compiler()!r} is not on the PATH (install gcc, or set {CC_ENV} to a C "
                        "compiler with OpenMP)")
-    return _probe(repr(sorted(identity().items())))
+    with _PROBE_LOCK:  # one probe at a time: a caller waits for the one running (``start_probe``)
+        return _probe(repr(sorted(identity().items())))
+
+
+_PROBE_LOCK = forks.lock()
+
+
+@functools.cache
+def start_probe() -> None:
+    """Run ``probe()`` in a thread, once per process: a kernel made for ``c`` or ``auto`` starts it, so its compile
+    (0.1-0.5 s with an empty cache) runs beside the spec's analysis and imports instead of after them."""
+    def run() -> None:
+        try:
+            probe()
+        except Exception:  # noqa: BLE001 - the probe asked for again when the backend resolves says why
+            pass
+
+    threading.Thread(target=run, name="tullax-c-probe", daemon=True).start()
 
 
 @functools.cache
@@ -324,4 +342,4 @@ def _loads(library: Path) -> None:
 
 __all__ = ["BASE_FLAGS", "CC_ENV", "CFLAGS_ENV", "OLD_FAST_FLAGS", "PARALLEL_UNITS", "TIMEOUT_ENV",
            "compile_library", "compiler", "cores", "flags", "identity", "libraries", "probe", "resolved",
-           "split_units", "timeout_s", "vector_math"]
+           "split_units", "start_probe", "timeout_s", "vector_math"]
