@@ -8,10 +8,13 @@ same process, once every optimised build has landed (``finish_step_builds``), th
 ``--calls`` calls of the jitted forward and VJP at larger shapes (the optimised kernels, switched in).
 
 Configurations, interleaved within each round (the machine is shared): ``xla``; ``c`` and ``auto`` with
-``TULLAX_C_TIERS=off`` (before: every module waits for the optimising compiler) and ``on`` (after). Reported: the
-best and the median over ``--reps`` rounds, in ms, and the ratio of the best to ``xla``'s best.
+``TULLAX_C_TIERS=off`` (every module waits for the optimising compiler) and ``on`` (after); with ``--before DIR``
+(a checkout of an earlier commit, its bytecode compiled), ``c`` and ``auto`` of that code too ("before").
+Reported: the best and the median over ``--reps`` rounds, in ms, and the ratio of the best to ``xla``'s best.
+Compile the bytecode first (``python -m compileall -q tullax``): a process that compiles tullax's modules from
+source pays for it on its first kernel.
 
-    PYTHONPATH=$PWD python benchmarks/ttfk_tiers.py [--reps 3] [--calls 15] [--specs Dist ...]
+    PYTHONPATH=$PWD python benchmarks/ttfk_tiers.py [--reps 3] [--calls 15] [--specs Dist ...] [--before DIR]
 
 writes ``benchmarks/results/ttfk_tiers.json`` and prints a Markdown table.
 """
@@ -78,12 +81,12 @@ def child(job: dict) -> dict:
             "steady_bwd_ms": steady["bwd"]}
 
 
-def run_child(job: dict, tiers: str) -> dict:
+def run_child(job: dict, tiers: str, code: Path = REPO) -> dict:
     with tempfile.TemporaryDirectory(prefix="tullax-ttfk-tiers-") as cache:
         env = {**os.environ, "TULLAX_CACHE_DIR": cache, "TULLAX_C_TIERS": tiers,
-               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+               "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
         done = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], env=env, capture_output=True,
-                              text=True, timeout=900, cwd=REPO)
+                              text=True, timeout=900, cwd=code)
     for line in done.stdout.splitlines():
         if line.startswith(MARK):
             return json.loads(line[len(MARK):])
@@ -96,22 +99,26 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=15)
     parser.add_argument("--specs", nargs="*", default=list(HELD_OUT))
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "ttfk_tiers.json"))
+    parser.add_argument("--before", help="a checkout of the code to compare with (c and auto)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(MARK + json.dumps(child(json.loads(args.child))), flush=True)
         return
     results: dict[str, dict[str, list[dict]]] = {}
+    configs = [(f"{b} tiers={t}", b, t, REPO) for b, t in CONFIGS]
+    if args.before:
+        configs += [(f"{b} before", b, "off", Path(args.before).resolve()) for b in ("c", "auto")]
     for name in args.specs:
         text, tiny, big = HELD_OUT[name]
-        runs = results.setdefault(name, {f"{b} tiers={t}": [] for b, t in CONFIGS})
+        runs = results.setdefault(name, {label: [] for label, *_ in configs})
         for _ in range(args.reps):
-            for backend, tiers in CONFIGS:
+            for label, backend, tiers, code in configs:
                 job = {"spec": text, "shapes": tiny, "big": big, "backend": backend, "calls": args.calls}
-                runs[f"{backend} tiers={tiers}"].append(run_child(job, tiers))
-                print(name, backend, tiers, json.dumps(runs[f"{backend} tiers={tiers}"][-1]), flush=True)
-    record = {"reps": args.reps, "calls": args.calls, "cores": os.cpu_count(), "load_after": os.getloadavg(),
-              "specs": {n: HELD_OUT[n][0] for n in args.specs}, "results": results}
+                runs[label].append(run_child(job, tiers, code))
+                print(name, label, json.dumps(runs[label][-1]), flush=True)
+    record = {"before": args.before, "reps": args.reps, "calls": args.calls, "cores": os.cpu_count(),
+              "load_after": os.getloadavg(), "specs": {n: HELD_OUT[n][0] for n in args.specs}, "results": results}
     Path(args.out).write_text(json.dumps(record, indent=1))
     print("\n| spec | config | TTFK best ms | TTFK median ms | best / xla best | steady fwd ms | steady bwd ms |")
     print("|---|---|---:|---:|---:|---:|---:|")
