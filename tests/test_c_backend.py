@@ -31,6 +31,13 @@ from tullax.spec.ir import Spec
 from tullax.testing.oracle import naive_eval
 
 BACKEND = CBackend()
+
+
+@pytest.fixture(autouse=True)
+def _optimising_build_only(monkeypatch):
+    """These tests are of the optimising build (its modules, compiles and cache files); the fast tier that serves a
+    module's first calls where tiers are on has its own (tests/test_c_tiers.py)."""
+    monkeypatch.setenv("TULLAX_C_TIERS", "off")
 REPO = Path(__file__).resolve().parents[1]
 NO_CC = "no C compiler that builds OpenMP shared libraries here"
 pytestmark = pytest.mark.skipif(not BACKEND.availability()[0], reason=NO_CC)

@@ -26,6 +26,17 @@ from tullax.runtime import forks
 _OUTPUT_MEMORY = 1  # TCC_OUTPUT_MEMORY
 _ERROR_FUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
 _LOCK = forks.lock()  # libtcc 0.9.27 keeps global state: one compile at a time
+_BUSY: list[bool] = []  # a compile is running (under _LOCK)
+_FORKED_MID_COMPILE: list[bool] = []  # this process was forked while a compile ran: libtcc's own lock may be held
+
+
+def _after_fork() -> None:
+    if _BUSY:
+        _FORKED_MID_COMPILE.append(True)
+        _BUSY.clear()
+
+
+forks.on_fork(_after_fork)
 
 
 @functools.cache
@@ -58,6 +69,8 @@ def _libtcc() -> tuple[ctypes.CDLL | None, str, str]:
 
 def available() -> tuple[bool, str]:
     """Whether the fast tier's compiler can run here, and why not."""
+    if _FORKED_MID_COMPILE:
+        return False, "this process was forked while libtcc compiled: its state is unknown here"
     lib, _, why = _libtcc()
     return lib is not None, why
 
@@ -85,28 +98,38 @@ def _system_dirs() -> tuple[list[str], list[str]]:
 def compile_module(source: str, include: Sequence[Path] = ()) -> Compiled:
     """``source`` compiled into memory and relocated, libm linked; a TullaxError with tcc's messages where it
     fails (never a compile or relocation on a failed state: libtcc may crash on one)."""
-    lib, runtime, why = _libtcc()
-    if lib is None:
+    ok, why = available()
+    if not ok:
         raise TullaxError(f"the c backend's fast tier cannot compile: {why}")
+    lib, runtime, _ = _libtcc()
     messages: list[str] = []
     report = _ERROR_FUNC(lambda _, message: messages.append(message.decode("utf-8", "replace")))
-    system_include, system_libraries = _system_dirs()
     with _LOCK:
-        state = lib.tcc_new()
-        if not state:
-            raise TullaxError("the c backend's fast tier could not start libtcc")
-        lib.tcc_set_error_func(state, None, report)
-        lib.tcc_set_lib_path(state, runtime.encode())
-        for path in [*system_include, *map(str, include)]:
-            lib.tcc_add_include_path(state, path.encode())
-        for path in system_libraries:
-            lib.tcc_add_library_path(state, path.encode())
-        ok = lib.tcc_set_output_type(state, _OUTPUT_MEMORY) == 0 and lib.tcc_compile_string(state, source.encode()) == 0
-        ok = ok and lib.tcc_add_library(state, b"m") == 0 and lib.tcc_relocate(state, 1) >= 0
-        if not ok:
-            lib.tcc_delete(state)
-            raise TullaxError("the c backend's fast tier (tcc) could not compile a module; please report it. tcc "
-                              "said:\n" + "\n".join(messages))
+        _BUSY.append(True)
+        try:
+            return _compile(lib, runtime, source, include, messages, report)
+        finally:
+            _BUSY.clear()
+
+
+def _compile(lib: ctypes.CDLL, runtime: str, source: str, include: Sequence[Path], messages: list[str],
+             report: object) -> Compiled:
+    system_include, system_libraries = _system_dirs()
+    state = lib.tcc_new()
+    if not state:
+        raise TullaxError("the c backend's fast tier could not start libtcc")
+    lib.tcc_set_error_func(state, None, report)
+    lib.tcc_set_lib_path(state, runtime.encode())
+    for path in [*system_include, *map(str, include)]:
+        lib.tcc_add_include_path(state, path.encode())
+    for path in system_libraries:
+        lib.tcc_add_library_path(state, path.encode())
+    ok = lib.tcc_set_output_type(state, _OUTPUT_MEMORY) == 0 and lib.tcc_compile_string(state, source.encode()) == 0
+    ok = ok and lib.tcc_add_library(state, b"m") == 0 and lib.tcc_relocate(state, 1) >= 0
+    if not ok:
+        lib.tcc_delete(state)
+        raise TullaxError("the c backend's fast tier (tcc) could not compile a module; please report it. tcc "
+                          "said:\n" + "\n".join(messages))
     return Compiled(state, lib, report)
 
 
