@@ -702,12 +702,12 @@ def test_the_forward_kernel_is_ready_while_its_steps_module_still_compiles(monke
     real = c_compile.compile_library
     steps_compile = {}
 
-    def held(source, library, timeout=600.0, units=None, room=None):
+    def held(source, library, timeout=600.0, units=None, room=None, background=False):
         if "void grad" in Path(source).read_text():
             steps_compile.update(units=units, room=room)
             asked.set()
             assert release.wait(120), "never released"
-        return real(source, library, timeout, units, room)
+        return real(source, library, timeout, units, room, background=background)
 
     monkeypatch.setattr(c_compile, "compile_library", held)
     spec = analysed("Fq[i] := xq[i,j]*wq[j] + 1")
