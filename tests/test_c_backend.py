@@ -31,6 +31,13 @@ from tullax.spec.ir import Spec
 from tullax.testing.oracle import naive_eval
 
 BACKEND = CBackend()
+
+
+@pytest.fixture(autouse=True)
+def _optimising_build_only(monkeypatch):
+    """These tests are of the optimising build (its modules, compiles and cache files); the fast tier that serves a
+    module's first calls where tiers are on has its own (tests/test_c_tiers.py)."""
+    monkeypatch.setenv("TULLAX_C_TIERS", "off")
 REPO = Path(__file__).resolve().parents[1]
 NO_CC = "no C compiler that builds OpenMP shared libraries here"
 pytestmark = pytest.mark.skipif(not BACKEND.availability()[0], reason=NO_CC)
@@ -721,12 +728,12 @@ def test_the_forward_kernel_is_ready_while_its_steps_module_still_compiles(monke
     real = c_compile.compile_library
     steps_compile = {}
 
-    def held(source, library, timeout=600.0, units=None, room=None):
+    def held(source, library, timeout=600.0, units=None, room=None, background=False):
         if "void grad" in Path(source).read_text():
             steps_compile.update(units=units, room=room)
             asked.set()
             assert release.wait(120), "never released"
-        return real(source, library, timeout, units, room)
+        return real(source, library, timeout, units, room, background=background)
 
     monkeypatch.setattr(c_compile, "compile_library", held)
     spec = analysed("Fq[i] := xq[i,j]*wq[j] + 1")

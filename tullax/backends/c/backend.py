@@ -41,6 +41,7 @@ from typing import Any, Callable
 from tullax.backends import host
 from tullax.backends.base import Capabilities, Signature
 from tullax.backends.c import compile as c_compile
+from tullax.backends.c import tiers
 from tullax.backends.c.generate import (
     FORWARD,
     LIBRARY_PREFIX,
@@ -109,16 +110,18 @@ def _room(generated: host.GeneratedModule, part: str) -> Callable[[], int] | Non
 
 
 def _compile_into_cache(cache: CompileCache, generated: host.GeneratedModule,
-                        part: str = FORWARD) -> tuple[str, float]:
+                        part: str = FORWARD, background: bool = False) -> tuple[str, float]:
     """After the source is written: compile its library into the entry (under the entry's lock). The library's
     path and the seconds it took, which ``build_module`` hands to ``_load`` (``GeneratedModule.made``)."""
-    library, seconds, _ = _library(generated, cache, part)
+    library, seconds, _ = _library(generated, cache, part, background)
     return library, seconds
 
 
-def _library(generated: host.GeneratedModule, cache: CompileCache, part: str = FORWARD) -> tuple[str, float, bool]:
+def _library(generated: host.GeneratedModule, cache: CompileCache, part: str = FORWARD,
+             background: bool = False) -> tuple[str, float, bool]:
     """The path of the module's library, compiling it when the entry holds none for this source that checks;
-    with the seconds that took and whether it compiled."""
+    with the seconds that took and whether it compiled. ``background``: a fast tier's optimised build (the
+    compiler yields the cores to this process, ``compile_library``)."""
     import tempfile
     from pathlib import Path
 
@@ -128,14 +131,15 @@ def _library(generated: host.GeneratedModule, cache: CompileCache, part: str = F
         directory = Path(tempfile.mkdtemp(prefix="tullax-c-"))
         (directory / SOURCE_FILE).write_text(generated.source)
         c_compile.compile_library(directory / SOURCE_FILE, directory / name, units=_units(part),
-                                  room=_room(generated, part))
+                                  room=_room(generated, part), background=background)
         _count("compiled")
         return str(directory / name), time.perf_counter() - start, True
     data, problem = cache.read_checked(generated.key, name)
     if data is not None and problem is None:
         return str(generated.path.with_name(name)), time.perf_counter() - start, False
     built = generated.path.with_name(f".{name}.{os.getpid()}.built")
-    c_compile.compile_library(generated.path, built, units=_units(part), room=_room(generated, part))
+    c_compile.compile_library(generated.path, built, units=_units(part), room=_room(generated, part),
+                              background=background)
     data = built.read_bytes()
     built.unlink(missing_ok=True)
     stale = [p.name for p in generated.path.parent.glob(f"{LIBRARY_PREFIX}*.so") if p.name != name]
@@ -148,12 +152,13 @@ def _library(generated: host.GeneratedModule, cache: CompileCache, part: str = F
     return str(stored), time.perf_counter() - start, True
 
 
-def _load(generated: host.GeneratedModule, part: str = FORWARD) -> "CHostKernel":
+def _load(generated: host.GeneratedModule, part: str = FORWARD, background: bool = False) -> "CHostKernel":
     """dlopen the module's library (compiling it first when the entry has none) and make the host kernels of
     every kernel in it; the gradient steps' go into the step table. Stores the lowered kernels in the entry,
     for ``_load_cached``."""
     cache = get_cache()
-    library, seconds, compiled = (*generated.made, True) if generated.made else _library(generated, cache, part)
+    library, seconds, compiled = (*generated.made, True) if generated.made else \
+        _library(generated, cache, part, background)
     # what a call needs of each kernel: its interface (a later process unpickles these without the loop IR)
     kernels = tuple((kernel.interface, spec, signature)
                     for kernel, spec, signature in part_kernels(generated.spec, generated.signature, part))
@@ -229,13 +234,14 @@ _BUILDER = host.HostBuilder()  # forward modules
 _STEP_BUILDER = host.HostBuilder()  # steps modules: built in a thread of their own, beside the forward's
 
 
-def _recipe(part: str = FORWARD) -> host.ModuleRecipe:
+def _recipe(part: str = FORWARD, background: bool = False) -> host.ModuleRecipe:
     """The build steps of one module, with the compiler's identity in the cache key (read now: ``TULLAX_CC`` may
-    change)."""
+    change); ``background``: a fast tier's optimised build."""
     options = {"compiler": c_compile.identity(), "printer": 1, "generator": generator_fingerprint(), "part": part,
                "streams": streams()}
     return host.ModuleRecipe(NAME, SOURCE_FILE, options, functools.partial(generate_part, part=part),
-                             functools.partial(_compile_into_cache, part=part), functools.partial(_load, part=part),
+                             functools.partial(_compile_into_cache, part=part, background=background),
+                             functools.partial(_load, part=part, background=background),
                              functools.partial(_load_cached, part=part))
 
 
@@ -289,21 +295,25 @@ def _start_steps(spec: Spec, signature: Signature) -> "_StepsBuild | None":
 
 
 def finish_step_builds() -> None:
-    """Wait until every steps module building in this process is loaded (or has failed)."""
+    """Wait until every steps module building in this process is loaded (or has failed), and every optimised
+    build of a fast tier (``tiers``) has landed."""
     with _STEPS_LOCK:
         builds = list(_STEP_BUILDS.values())
     for build in builds:
         build.done.wait()
+    tiers.finish()
 
 
 def _build_steps(spec: Spec, signature: Signature, build: _StepsBuild) -> None:
     try:
+        if tiers.enabled():  # lowering holds the GIL: the forward kernel, wanted first, is lowered first
+            build.forward_built.wait()
         try:
             build.keys = frozenset((step.spec, step_signature(step.spec, signature, spec))
                                    for step in host.kernel_steps(spec, signature.out_dtype)[1:])
         finally:
             build.known.set()
-        if build.keys:
+        if build.keys and _tiered(STEPS, spec, signature) is None:
             _STEP_BUILDER.build(_recipe(STEPS), spec, signature)
     except Exception:  # noqa: BLE001 - a step this module does not hold builds its own, and says why it fails
         pass
@@ -323,6 +333,39 @@ def _built_step(spec: Spec, signature: Signature) -> "CHostKernel | None":
             with _STEPS_LOCK:
                 return _STEPS.get((spec, signature))
     return None
+
+
+_FAST: dict[tuple[Spec, Signature], CHostKernel] = {}  # the fast tier's forward kernels made here
+_FAST_LOCK = forks.lock()
+
+
+def _make_fast(generated: host.GeneratedModule, interface: KernelInterface, spec: Spec, function: Any,
+               ready_ms: float, clear: Any, packed: Any) -> CHostKernel:
+    return CHostKernel(generated, interface, spec, function, ready_ms, True, clear, packed=packed, fast=True)
+
+
+def _tiered(part: str, spec: Spec, signature: Signature) -> CHostKernel | None:
+    """The first kernel of the module's fast tier, its optimised build started (``tiers``); the gradient steps'
+    go into the step table. None where tiers are off, where the compile cache holds the module's library (a
+    process loads it in milliseconds) or where tcc cannot compile it: the optimising build then, as before."""
+    if not tiers.enabled():
+        return None
+    recipe = _recipe(part, background=True)
+    if (get_cache().entry_path(host.module_key(spec, signature, NAME, recipe.options)) / KERNELS_FILE).is_file():
+        return None
+    try:
+        made = tiers.fast_module(spec, signature, part, _make_fast)
+    except TullaxError:
+        if tiers.mode() == tiers.ONLY:  # a test of the fast tier: nothing else may run in its place
+            raise
+        return None
+    if part == STEPS:
+        with _STEPS_LOCK:
+            for kernel, step_spec, step_sig in made:
+                _STEPS.setdefault((step_spec, step_sig), kernel)
+    builder = _BUILDER if part == FORWARD else _STEP_BUILDER
+    tiers.optimise([kernel for kernel, _, _ in made], lambda: builder.build(recipe, spec, signature))
+    return made[0][0]
 
 
 # =============================================================================================
@@ -363,7 +406,7 @@ class CBackend:
             step = _STEPS.get((spec, signature))
         if step is not None:
             return step
-        forward = _BUILDER.built(spec, signature, NAME)
+        forward = _BUILDER.built(spec, signature, NAME) or _FAST.get((spec, signature))
         if forward is not None:
             return forward
         step = _built_step(spec, signature)
@@ -371,6 +414,11 @@ class CBackend:
             return step
         steps = _start_steps(spec, signature)  # first: its compiler runs beside the forward's
         try:
+            with _FAST_LOCK:
+                fast = _FAST.get((spec, signature)) or _tiered(FORWARD, spec, signature)
+                if fast is not None:
+                    _FAST[(spec, signature)] = fast
+                    return fast
             return _BUILDER.build(_recipe(FORWARD), spec, signature)
         finally:
             if steps is not None:  # the steps module's compiler may take this core now

@@ -38,6 +38,7 @@ from typing import IO
 
 from tullax import settings
 from tullax.errors import TullaxError
+from tullax.runtime import forks
 
 CC_ENV = "TULLAX_CC"
 CFLAGS_ENV = "TULLAX_CFLAGS"  # extra flags after ours (in the cache key too): experiments, another -march
@@ -134,6 +135,7 @@ def _cpu() -> str:
     return platform.machine() + " " + hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
+BACKGROUND_NICE = 10  # a background compile's niceness (of 19): the fast tier's calls go first
 PARALLEL_UNITS = 2  # translation units compiled at once: the machines we target have at least 2 cores
 _POLL_S = 0.01  # how often units waiting for room look whether they may start
 
@@ -170,13 +172,16 @@ def private_library(data: bytes, prefix: str) -> Path:
 
 
 def compile_library(source: Path, library: Path, timeout: float | None = None, units: int | None = None,
-                    room: Callable[[], int] | None = None, include: Sequence[Path] = ()) -> float:
+                    room: Callable[[], int] | None = None, include: Sequence[Path] = (),
+                    background: bool = False) -> float:
     """Compile ``source`` into the shared library ``library`` (written atomically: a temporary file renamed,
     so a concurrent reader never dlopens half a file); returns the seconds the compiler ran. A module of
     several kernels is cut into ``PARALLEL_UNITS`` (or ``units``) translation units, compiled longest first,
     as many at once as ``room()`` says when it is given, else all at once, and linked: the compiler's time goes
     mostly to the kernel functions, so two units take about half the wall time of one. ``include``: header
-    directories (``-I``); ``timeout``: seconds for each compiler run (``timeout_s()`` when None)."""
+    directories (``-I``); ``timeout``: seconds for each compiler run (``timeout_s()`` when None); ``background``:
+    the compiler runs at ``BACKGROUND_NICE`` (a fast tier's optimised build: the first calls, on the fast tier,
+    keep the cores)."""
     cc = compiler()
     timeout = timeout_s() if timeout is None else timeout
     cflags = [*flags(), *(f"-I{path}" for path in include)]
@@ -185,7 +190,7 @@ def compile_library(source: Path, library: Path, timeout: float | None = None, u
     units = sorted(split_units(source.read_text(encoding="utf-8"), units), key=len, reverse=True)
     try:
         if len(units) == 1:
-            _run([[cc, *cflags, "-o", str(tmp), str(source), *libraries()]], source, timeout)
+            _run([[cc, *cflags, "-o", str(tmp), str(source), *libraries()]], source, timeout, background=background)
         else:
             with tempfile.TemporaryDirectory(prefix="tullax-c-units-") as scratch:
                 objects = []
@@ -195,8 +200,9 @@ def compile_library(source: Path, library: Path, timeout: float | None = None, u
                     objects.append(path.with_suffix(".o"))
 
                 _run([[cc, *cflags, "-c", "-o", str(obj), str(obj.with_suffix(".c"))] for obj in objects],
-                     source, timeout, room)
-                _run([[cc, *cflags, "-o", str(tmp), *map(str, objects), *libraries()]], source, timeout)
+                     source, timeout, room, background)
+                _run([[cc, *cflags, "-o", str(tmp), *map(str, objects), *libraries()]], source, timeout,
+                     background=background)
         if not tmp.is_file():  # a "compiler" that exits 0 and writes nothing
             raise TullaxError(f"the C compiler {cc!r} exited without an error but wrote no library for {source}")
     except TullaxError:
@@ -206,7 +212,8 @@ def compile_library(source: Path, library: Path, timeout: float | None = None, u
     return time.perf_counter() - start
 
 
-def _run(commands: list[list[str]], source: Path, timeout: float, room: Callable[[], int] | None = None) -> None:
+def _run(commands: list[list[str]], source: Path, timeout: float, room: Callable[[], int] | None = None,
+         background: bool = False) -> None:
     """Run the compiler ``commands``, in order, as many at once as ``room()`` says (at least one; all of them
     without it); a TullaxError with the compiler's words if one fails, the others stopped. Each process is
     waited for by a thread blocked in ``waitpid``: ``Popen.wait`` with a timeout polls, every 50 ms at worst,
@@ -238,6 +245,8 @@ def _run(commands: list[list[str]], source: Path, timeout: float, room: Callable
                     raise TullaxError(f"the c backend could not run its C compiler {cc!r} on {source}: {err}") \
                         from None
                 running.append(entry)
+                if background:  # its session's group: the driver and the cc1/as/ld it started
+                    _lower_priority(entry[0].pid)
                 threading.Thread(target=watch, args=(entry,), name="tullax-cc-wait", daemon=True).start()
             with changed:
                 left = deadline - time.monotonic()
@@ -264,6 +273,13 @@ def _run(commands: list[list[str]], source: Path, timeout: float, room: Callable
                           f"report it. The compiler said:\n{failures[0]}")
 
 
+def _lower_priority(pid: int) -> None:
+    try:
+        os.setpriority(os.PRIO_PGRP, pid, BACKGROUND_NICE)
+    except (OSError, AttributeError):  # gone already, or not POSIX: it runs at ours
+        pass
+
+
 def _stop(process: subprocess.Popen) -> None:
     """Kill a compiler run and every process it started (its session's group)."""
     try:
@@ -278,7 +294,24 @@ def probe() -> tuple[bool, str]:
     if identity()["path"] is None:
         return False, (f"no C compiler: {compiler()!r} is not on the PATH (install gcc, or set {CC_ENV} to a C "
                        "compiler with OpenMP)")
-    return _probe(repr(sorted(identity().items())))
+    with _PROBE_LOCK:  # one probe at a time: a caller waits for the one running (``start_probe``)
+        return _probe(repr(sorted(identity().items())))
+
+
+_PROBE_LOCK = forks.lock()
+
+
+@functools.cache
+def start_probe() -> None:
+    """Run ``probe()`` in a thread, once per process: a kernel made for ``c`` or ``auto`` starts it, so its compile
+    (0.1-0.5 s with an empty cache) runs beside the spec's analysis and imports instead of after them."""
+    def run() -> None:
+        try:
+            probe()
+        except Exception:  # noqa: BLE001 - the probe asked for again when the backend resolves says why
+            pass
+
+    threading.Thread(target=run, name="tullax-c-probe", daemon=True).start()
 
 
 @functools.cache
@@ -314,4 +347,4 @@ def _loads(library: Path) -> None:
 
 __all__ = ["BASE_FLAGS", "CC_ENV", "CFLAGS_ENV", "OLD_FAST_FLAGS", "PARALLEL_UNITS", "TIMEOUT_ENV",
            "compile_library", "compiler", "cores", "flags", "identity", "libraries", "probe", "resolved",
-           "split_units", "timeout_s", "vector_math"]
+           "split_units", "start_probe", "timeout_s", "vector_math"]

@@ -47,7 +47,6 @@ def resolve(identity: int, payload: str) -> int:
 
 def _build(identity: int, payload: str) -> int:
     from tullax import backends
-    from tullax.backends import ffi
     from tullax.backends.base import Signature
     from tullax.backends.c.backend import generator_fingerprint
     from tullax.spec.serial import from_json
@@ -58,10 +57,9 @@ def _build(identity: int, payload: str) -> int:
                           "again with this one")
     spec = from_json(found["spec"])
     kernel = backends.resolve("c").build(spec, Signature(tuple(found["in"]), found["out"]))
-    packed = getattr(kernel, "_packed", None)
-    if packed is None:
+    if getattr(kernel, "_packed", None) is None:
         raise TullaxError("the c kernel built for an exported program has no packed entry")
-    slot = ffi.register(ctypes.cast(packed, ctypes.c_void_p).value, identity)
+    slot = kernel.slot(identity)  # (a fast tier's kernel moves its slot to its optimised build when that lands)
     if slot is None:
         raise BackendUnavailableError("the XLA FFI handler's table is full or the handler is unavailable")
     return slot

@@ -117,16 +117,17 @@ def has_gradients(signature: Signature) -> bool:
     return np.dtype(signature.out_dtype).kind not in "iuc"
 
 
-def _printed(kernels: tuple[tuple[LoopKernel, Spec, Signature], ...]) -> tuple[LoopKernel, str]:
-    """The first of ``kernels`` and the translation unit of all of them."""
+def _printed(kernels: tuple[tuple[LoopKernel, Spec, Signature], ...], plain: bool = False) -> tuple[LoopKernel, str]:
+    """The first of ``kernels`` and the translation unit of all of them (``plain``: without vector extensions)."""
     from tullax.printers.c import print_module
 
-    return kernels[0][0], print_module([k for k, _, _ in kernels])
+    return kernels[0][0], print_module([k for k, _, _ in kernels], plain)
 
 
-def generate_part(spec: Spec, signature: Signature, part: str) -> tuple[LoopKernel, str]:
-    """The first kernel of one module of ``spec`` and its translation unit."""
-    return _printed(part_kernels(spec, signature, part))
+def generate_part(spec: Spec, signature: Signature, part: str, plain: bool = False) -> tuple[LoopKernel, str]:
+    """The first kernel of one module of ``spec`` and its translation unit; ``plain``: the fast tier's, which
+    any C99 compiler builds (``tullax.backends.c.tiers``)."""
+    return _printed(part_kernels(spec, signature, part), plain)
 
 
 def generate(spec: Spec, signature: Signature) -> tuple[LoopKernel, str]:

@@ -32,24 +32,59 @@ class CHostKernel:
     buffers (``host.marshal``), the sizes, the extents and the team size."""
 
     def __init__(self, generated: host.GeneratedModule, kernel: KernelInterface, spec: Spec, function: Any,
-                 ready_ms: float, compiled: bool, clear: Any = None, packed: Any = None, library: str = ""):
+                 ready_ms: float, compiled: bool, clear: Any = None, packed: Any = None, library: str = "",
+                 fast: bool = False):
         self.generated, self.kernel, self.spec = generated, kernel, spec
-        self._clear = clear  # the module's parallel clear (``tullax.printers.c_clear``), if it has one
-        # its packed entry (``tullax.printers.c_packed``), which XLA's FFI handler calls (``ffi_call``)
-        self._packed, self._library = packed, library
         self._plan = host.ArgumentPlan.of(kernel, spec, scalar=_numpy_scalar, rank0_as_vector=True)
-        arrays = len(kernel.arrays)
-        self._arrays = arrays
+        self._arrays = len(kernel.arrays)
         self._extents = tuple((k, axis) for k, a in enumerate(kernel.arrays) for axis in range(1, a.rank))
-        function.argtypes = ([ctypes.c_void_p] * arrays + [_CTYPES[s.dtype] for s in kernel.scalars]
-                             + [ctypes.c_int64] * (len(kernel.sizes) + len(self._extents)) + [ctypes.c_int])
-        function.restype = None
-        self._function = function
+        self._bind(function, clear)
+        # the function, the module's parallel clear (``tullax.printers.c_clear``) if it has one, and the packed
+        # entry (``tullax.printers.c_packed``) that XLA's FFI handler calls (``ffi_call``); replaced together
+        # when the optimised build of a fast tier's kernel lands (``switch``)
+        self._function, self._clear, self._packed, self._library = function, clear, packed, library
         self._threads: dict[tuple[int, ...], int] = {}  # size arguments -> team size
         self._ready_ms, self._compiled = ready_ms, compiled
-        self._ran = False
+        self._ran = fast  # the fast tier's first run is not the module's (its timings are the optimised build's)
         self._lock = threading.Lock()
         self.teams_run: set[int] = set()  # the team sizes calls have run with (1: the serial variant)
+        self.optimised = threading.Event()  # set once it runs its optimised build (``tullax.backends.c.tiers``)
+        if not fast:
+            self.optimised.set()
+        self._slots: set[int] = set()  # the FFI handler's slots it was registered in
+
+    @property
+    def library(self) -> str:
+        """The path of its compiled library ('' for the fast tier's, which is in memory)."""
+        return self._library
+
+    def _bind(self, function: Any, clear: Any) -> None:
+        function.argtypes = ([ctypes.c_void_p] * self._arrays + [_CTYPES[s.dtype] for s in self.kernel.scalars]
+                             + [ctypes.c_int64] * (len(self.kernel.sizes) + len(self._extents)) + [ctypes.c_int])
+        function.restype = None
+        if clear is not None:
+            clear.argtypes, clear.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int], None
+
+    def switch(self, library: str) -> None:
+        """Run the functions of the optimised ``library`` from now on, here and in every XLA program traced
+        with this kernel (its slots in the FFI handler's table). The fast tier's code stays valid: a call
+        running it finishes there."""
+        from tullax.backends import ffi
+        from tullax.backends.c.load import load_library
+        from tullax.printers.c_clear import CLEAR_FUNCTION
+        from tullax.printers.c_packed import PACKED_SUFFIX
+
+        lib = load_library(library)
+        function, clear = getattr(lib, self.kernel.name), getattr(lib, CLEAR_FUNCTION, None)
+        packed = getattr(lib, self.kernel.name + PACKED_SUFFIX, None)
+        self._bind(function, clear)
+        with self._lock:
+            self._function, self._clear, self._packed, self._library = function, clear, packed, library
+            slots = sorted(self._slots)
+        if packed is not None:
+            for slot in slots:
+                ffi.replace(slot, ctypes.cast(packed, ctypes.c_void_p).value)
+        self.optimised.set()
 
     def __call__(self, out, *inputs) -> None:
         self.run(out, inputs, host.call_shapes(self.spec, out, inputs))
@@ -81,7 +116,8 @@ class CHostKernel:
 
         plan = self._plan
         pointers = 1 + len(plan.arrays) + len(plan.scalars)
-        if self._packed is None or pointers > ffi.MAX_POINTERS or not ffi.available()[0]:
+        packed = self._packed
+        if packed is None or pointers > ffi.MAX_POINTERS or not ffi.available()[0]:
             return None
         # XLA's buffers must hold exactly the element types the kernel reads and writes (a narrow integer result,
         # say, is computed by a kernel of int64: its buffers are not this one's)
@@ -91,7 +127,7 @@ class CHostKernel:
         payload = ffi.kernel_payload(self.spec, [np.dtype(o.dtype).name for o in operands],
                                      np.dtype(result.dtype).name, generator_fingerprint())
         identity = ffi.content_identity(payload)
-        slot = ffi.register(ctypes.cast(self._packed, ctypes.c_void_p).value, identity)
+        slot = self.slot(identity)
         if slot is None:
             return None
         sizes = plan.size_values(shapes)
@@ -106,6 +142,25 @@ class CHostKernel:
         sources = [0] + [position + 1 for position in plan.arrays] + [position + 1 for position, _ in plan.scalars]
         meta = ffi.meta(slot, identity, self._team(sizes, shapes), sources, [*sizes, *extents])
         return ffi.call(meta, values, result, aliases, payload), slot
+
+    def slot(self, identity: int) -> int | None:
+        """The FFI handler's slot of this kernel's packed entry under ``identity`` (registered once per process),
+        None where there is none; a fast tier's kernel switching to its optimised build replaces it there."""
+        from tullax.backends import ffi
+
+        with self._lock:
+            packed = self._packed
+        if packed is None:
+            return None
+        slot = ffi.register(ctypes.cast(packed, ctypes.c_void_p).value, identity)
+        if slot is None:
+            return None
+        with self._lock:  # a switch meanwhile did not see this slot: it gets the optimised build here
+            self._slots.add(slot)
+            current = self._packed
+        if current is not packed and current is not None:
+            ffi.replace(slot, ctypes.cast(current, ctypes.c_void_p).value)
+        return slot
 
     def prepare(self, shapes: Shapes, *, read_only: bool = False) -> None:
         """Nothing to do: the module was compiled (or loaded) when it was built."""
