@@ -91,16 +91,21 @@ def _conv(spec: Spec, shape: ConvShape, plain: Callable, env: Env, padded: bool 
     for item in shape.image_idx:
         if isinstance(item, str):
             image_extent.append(size[item])
-        elif item.kind == "valid":
-            image_extent.append(item.stride * (size[item.out] - 1) + item.dilation * (size[item.win] - 1) + 1)
+        elif item.kind == "valid":  # the reads from -offset on, in the axis
+            reach = item.stride * (size[item.out] - 1) + item.dilation * (size[item.win] - 1) + 1 - item.offset
+            image_extent.append(min(image.shape[item.axis], reach))
         else:
             image_extent.append(min(image.shape[item.axis], size[item.out]))
     # out[o] = sum_w img[o - w] ('full'): a correlation with the flipped kernel over the image padded by the
     # conv itself (as jax's own transpose of a conv: a jnp.pad before it made the input gradient of conv2d 3x
     # slower, 60 against 17 ms: XLA no longer fused the padding into the convolution)
     flipped = [shape.kernel_idx.index(item.win) for item in shape.spatial if item.kind == "full"]
-    padding = [(size[item.win] - 1, size[item.out] - image_extent[item.axis]) if item.kind == "full" else (0, 0)
+    padding = [(size[item.win] - 1, size[item.out] - image_extent[item.axis]) if item.kind == "full"
+               else (item.offset, item.stride * (size[item.out] - 1) + item.dilation * (size[item.win] - 1) + 1
+                     - item.offset - image_extent[item.axis])
                for item in shape.spatial]
+    if any(n <= 0 for n in image_extent):
+        return plain(env)  # a window that reads nothing but padding
     if padded:
         first = next(k for k, item in enumerate(shape.spatial) if item.kind == "valid")
         padding[first] = (0, 1)
