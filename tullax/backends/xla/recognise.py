@@ -5,7 +5,8 @@ function of the inputs (differentiable, jit-able, vmap-able).
 * ``einsum``: a pure contraction (a product of plain accesses summed): ``jnp.einsum``, i.e. ``dot_general``
   (BLAS on the CPU). This is what ``tullax.backends.xla.lower.lower`` already does for such specs.
 * ``conv``: a product of two accesses, an "image" whose axes are plain indices or windows ``s*o + d*w``
-  (``o`` free, ``w`` reduced; or ``pad(o - w)``, the full correlation of a convolution's input gradient) and
+  (``o`` free, ``w`` reduced; zero padded ``pad(s*o + d*w - p)``; or ``pad((o - d*w + c)/s)``, the full
+  correlation of a convolution's input gradient) and
   a "kernel" of plain indices: ``lax.conv_general_dilated``. The image's other plain indices are batch (free,
   not in the kernel) or input features (reduced, in both); the kernel's free indices are output features.
   Several of each are merged into one by a reshape.
@@ -45,8 +46,9 @@ Env = Mapping[str, Any]
 @dataclass(frozen=True)
 class Spatial:
     """One image axis read through a window: ``s*out + d*win`` (kind 'valid'; ``pad(s*out + d*win - offset)``
-    padded by ``offset`` zeros before the axis, and after it as far as the output reads) or ``pad(out - win)``
-    ('full')."""
+    padded by ``offset`` zeros before the axis, and after it as far as the output reads) or
+    ``pad((out - d*win - offset)/s)`` ('full': the correlation with the flipped kernel over the image dilated by
+    ``s``, a strided convolution's input gradient; ``stride`` is that ``s``)."""
 
     axis: int
     out: str
@@ -90,18 +92,15 @@ def _spatial(spec: Spec, axis: int, idx: Any) -> Spatial | str | None:
         return _window(spec, axis, idx.terms) if len(idx.terms) == 2 else None
     if isinstance(idx, Wrapped) and idx.kind == "pad":
         inner = idx.inner
-        if inner.div != 1 or not inner.const.is_const or inner.const.const > 0 or len(inner.terms) != 2:
+        if not inner.const.is_const or len(inner.terms) != 2:
             return None
-        window = _window(spec, axis, inner.terms)
+        window = _window(spec, axis, inner.terms) if inner.div == 1 and inner.const.const <= 0 else None
         if window is not None:
             return replace(window, offset=-inner.const.const)
-        if inner.const != Sym(0):
-            return None
-        coefs = dict(inner.terms)
         outs = [n for n, c in inner.terms if n in free and c == 1]
-        wins = [n for n, c in inner.terms if n in reduced and c == -1]
-        if len(outs) == 1 and len(wins) == 1 and len(coefs) == 2:
-            return Spatial(axis, outs[0], wins[0], 1, 1, "full")
+        wins = [(n, -c) for n, c in inner.terms if n in reduced and c <= -1]
+        if len(outs) == 1 and len(wins) == 1:
+            return Spatial(axis, outs[0], wins[0][0], inner.div, wins[0][1], "full", -inner.const.const)
     return None
 
 
