@@ -64,6 +64,14 @@ MORE = {
     "o[i] := x[i,2]*x[1,i]": ("Δx[i,m] := Δo[i]*x[1,i]*(m == 2) + Δo[m]*x[m,2]*(i == 1)",),
     # several occurrences of one array sum into one spec when they reduce over the same indices
     "y[i] := x[pad(i-1)] - 2*x[i] + x[pad(i+1)]": ("Δx[m] := Δy[pad(m+1)] - 2*Δy[m] + Δy[pad(m-1)]",),
+    # a stride with a window index of coefficient 1: divide (K terms per position), never guard the strided index
+    # (every output position summed, all but K/s of them zero: the strided conv2d's input gradient ran 12x
+    # slower than lax.conv's, a patchify's as many times as it has patches per row)
+    "y[i] := x[2i+k]*w[k]": ("Δx[m] := Δy[pad((m-k)/2)]*w[k]", "Δw[k] := Δy[i]*x[2i+k]"),
+    "P[h,i] := x[4h+i] (i in 0:4)": ("Δx[m] := ΔP[pad((m-i)/4),i]",),
+    "y[n,o,h,w] := x[n,c,pad(2h+p-1),pad(2w+q-1)]*k[o,c,p,q]": (
+        "Δx[n,c,m,r] := Δy[n,o,pad((m-p+1)/2),pad((r-q+1)/2)]*k[o,c,p,q]",
+        "Δk[o,c,p,q] := Δy[n,o,h,w]*x[n,c,pad(2h+p-1),pad(q+2w-1)]"),
     # a reduced index the gradient's body no longer reads still multiplies it: the text says so
     "y[i] := x[i,j] + x[i,k]*v[k]": ("Δx[i,j] := Δy[i] + Δy[i]*v[j]  (k in 0:size(x,1))",
                                      "Δv[k] := Δy[i]*x[i,k]  (j in 0:size(x,1))"),
