@@ -115,3 +115,10 @@ def test_a_padded_layer_and_its_gradients_on_every_backend(backend, text, xs, ks
         want = jax.grad(lambda a, b: jnp.sum(jnp.tanh(conv(a, b))), argnums=(0, 1))(x, k)
         for g, w in zip(got, want):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-10, atol=1e-10)
+
+
+def test_a_padded_shift_without_a_window_keeps_the_axis_length():
+    """``pad(i-1)`` alone is a shift, not a window: y as long as x (the padded-window rule once made it N+1)."""
+    for text in ("y[i] := x[pad(i-1)]", "y[i] := x[pad(i-1, 2.5)]"):
+        _, spec = compile_spec(text)
+        assert eval_shapes(spec, {"x": (10,)})["i"] == (0, 10)

@@ -385,8 +385,8 @@ def _padded_window(name: str, inner: Affine, array: str, axis: int, known: dict[
     if any(n != name and n not in known for n in inner.names()):
         return None
     offset = -inner.const.const
-    if coef == 1 and offset == 0:
-        return None
+    if (coef == 1 and offset == 0) or len(inner.terms) < 2:
+        return None  # no stride or offset, or no window: a shift (pad(i-1)) keeps the axis's length
     rest_lo, rest_hi = _term_bounds(replace(inner, const=Sym(0)), name, known)
     if not (rest_lo.is_const and rest_lo.const == 0):
         return None  # a window that starts anywhere but at its output's position: not a convolution's
