@@ -65,10 +65,12 @@ MORE = {
     # several occurrences of one array sum into one spec when they reduce over the same indices
     "y[i] := x[pad(i-1)] - 2*x[i] + x[pad(i+1)]": ("Δx[m] := Δy[pad(m+1)] - 2*Δy[m] + Δy[pad(m-1)]",),
     # a stride with a window index of coefficient 1: divide (K terms per position), never guard the strided index
-    # (every output position summed, all but K/s of them zero: the strided conv2d's input gradient ran 12x
-    # slower than lax.conv's, a patchify's as many times as it has patches per row)
+    # (every output position summed, all but K/s of them zero, and no lax.conv: the strided conv2d's input
+    # gradient ran 12x slower than lax.conv's)
     "y[i] := x[2i+k]*w[k]": ("Δx[m] := Δy[pad((m-k)/2)]*w[k]", "Δw[k] := Δy[i]*x[2i+k]"),
-    "P[h,i] := x[4h+i] (i in 0:4)": ("Δx[m] := ΔP[pad((m-i)/4),i]",),
+    # ... but a free u (a patchify) is solved for: the loops narrow h's pad read to one value, where the divided
+    # form read 16 of a 4x4 patch (the patchify gradient 2x slower on c, benchmarks/auto_losses.py)
+    "P[h,i] := x[4h+i] (i in 0:4)": ("Δx[m] := ΔP[h,pad(m-4h)]",),
     "y[n,o,h,w] := x[n,c,pad(2h+p-1),pad(2w+q-1)]*k[o,c,p,q]": (
         "Δx[n,c,m,r] := Δy[n,o,pad((m-p+1)/2),pad((r-q+1)/2)]*k[o,c,p,q]",
         "Δk[o,c,p,q] := Δy[n,o,h,w]*x[n,c,pad(2h+p-1),pad(q+2w-1)]"),
