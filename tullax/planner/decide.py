@@ -161,11 +161,8 @@ def _decide(call: Call, timing: bool, untimed: str = "timing is off", *, counted
     listed = tuple((c, ms) for c, ms in valid.items())
     bests = [[c, ms] for c, ms in listed]
     runner_up = min((ms for c, ms in valid.items() if c != best), default=float("inf"))
-    busy = racing.oversubscribed()
-    settled = (runner_up >= tuning.CLOSE_RATIO * valid[best] and not busy) or races >= tuning.CONFIRMING_RACES
+    settled = runner_up >= tuning.CLOSE_RATIO * valid[best] or races >= tuning.CONFIRMING_RACES
     reason = rule.reason + (_within_margin() if by_margin else "")
-    if busy and not settled:
-        reason += " (timed on an oversubscribed machine)"
     if races > 1:
         reason += f" (the best times of {races} races, each in its own process)"
     if not settled:

@@ -22,18 +22,6 @@ class Timings(list):
     over_budget: bool = False
 
 
-def oversubscribed() -> bool:
-    """Whether this machine has more runnable work than cores (the 1-minute load average over the CPU count past
-    ``tuning.BUSY_LOAD``): a race timed now can be decided by another process's burst (one candidate 70x slower
-    in one process than in the next), so its decision is not settled by one race."""
-    import os
-
-    try:
-        return os.getloadavg()[0] > tuning.BUSY_LOAD * (os.cpu_count() or 1)
-    except OSError:  # no load average on this platform
-        return False
-
-
 def compile_budget(loop_seconds: float) -> float:
     """Seconds a race may spend making its candidates ready, given what the loops alone took to compile: a first
     call's race never costs more than a bounded multiple of the loops' own first call, under load too (the

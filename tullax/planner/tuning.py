@@ -59,10 +59,6 @@ LOOP_MARGIN = 1.05
 # in which the host slows a kernel 2x can decide one race (benchmarks/race_stretch.py).
 CLOSE_RATIO = 2.0
 CONFIRMING_RACES = 3
-# A race timed while the load average exceeds this many runnable tasks per core is a close call whatever its
-# margin: on a 2-core machine at load 26, the same candidate timed 1.2 ms in one process and 79 ms in another,
-# and a clear-looking win was kept for every later process (benchmarks/auto_losses.py).
-BUSY_LOAD = 1.5
 
 
 def timing_enabled() -> bool:
