@@ -26,6 +26,7 @@ from tullax.planner import candidates, explain, rules, tuning  # noqa: E402
 from tullax.planner import decide as planner  # noqa: E402
 from tullax.planner import race as racing  # noqa: E402
 from tullax.planner.call import Call, kernel_shapes  # noqa: E402
+from tullax.runtime import own_compiles  # noqa: E402
 from tullax.spec.examples import make_inputs  # noqa: E402
 
 LINEAR = "C[i,j] := W[k,i]*X[k,j]"
@@ -1310,3 +1311,43 @@ def test_the_compile_budget_is_a_multiple_of_the_loops_compile_with_a_floor(monk
     monkeypatch.setattr(tuning, "RACE_COMPILE_RATIO", 3.0)
     monkeypatch.setattr(tuning, "RACE_COMPILE_FLOOR_S", 2.0)
     assert racing.compile_budget(0.1) == 2.0 and racing.compile_budget(5.0) == 15.0
+
+
+@pytest.mark.parametrize("ends", [True, False])
+def test_a_race_waits_for_this_process_own_compiles_before_timing(monkeypatch, tmp_path, ends):
+    """LayerNorm's normalising step (elementwise, 4096x512) timed 4.5-15 ms on the loops in its race against 1.1 ms
+    for XLA's form, where the loops run it well under 1 ms in the program: the race ran while the process's own
+    steps modules compiled, a compiler sharing 2 cores with the loops' thread team. A race waits for those
+    compiles (within its compile budget) before it times; one timed beside them is not settled. Scripted: the
+    loops take 10 ms while a compile of this process runs and 1 ms after; XLA's slices 2 ms. ``ends``: the compile
+    ends after 0.3 s, else the race's clock runs past its compile budget while it waits."""
+    clock = ScriptedClock()
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "RACE_COMPILE_FLOOR_S", 5.0)
+    script = {"loops": lambda: 0.010 if own_compiles.running() else 0.001, "xla:slices": lambda: 0.002}
+    _script_candidates(monkeypatch, lambda c: (lambda: clock.advance(script[c]())) if c in script else None)
+    compile_running = own_compiles.compiling()
+    compile_running.__enter__()
+    left = threading.Event()
+
+    def leave() -> None:
+        if not left.is_set():
+            left.set()
+            compile_running.__exit__(None, None, None)
+
+    if not ends:  # each look of the race at the compiles finds it running, and its clock a second later
+        monkeypatch.setattr(racing, "own_compiles", type("Running", (), {
+            "running": staticmethod(lambda: (clock.advance(1.0), 1)[1])}))
+    timer = threading.Timer(0.3 if ends else 60.0, leave)
+    timer.start()
+    try:
+        found = _conv1d_plan(8006, clock)
+    finally:
+        timer.cancel()
+        leave()
+    beside = "own compiles still ran" in found.reason
+    assert (found.form, beside) == (("loops", False) if ends else ("slices", True)), found
+    stored = [json.loads(p.read_text()) for p in tmp_path.rglob("*.json")]
+    assert any(s.get("settled") is ends and s.get("candidate") == ("loops" if ends else "xla:slices")
+               for s in stored), stored

@@ -161,8 +161,11 @@ def _decide(call: Call, timing: bool, untimed: str = "timing is off", *, counted
     listed = tuple((c, ms) for c, ms in valid.items())
     bests = [[c, ms] for c, ms in listed]
     runner_up = min((ms for c, ms in valid.items() if c != best), default=float("inf"))
-    settled = runner_up >= tuning.CLOSE_RATIO * valid[best] or races >= tuning.CONFIRMING_RACES
+    beside = getattr(timings, "beside_compiles", False)
+    settled = (runner_up >= tuning.CLOSE_RATIO * valid[best] and not beside) or races >= tuning.CONFIRMING_RACES
     reason = rule.reason + (_within_margin() if by_margin else "")
+    if beside:
+        reason += " (timed while this process's own compiles still ran)"
     if races > 1:
         reason += f" (the best times of {races} races, each in its own process)"
     if not settled:

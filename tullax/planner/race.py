@@ -12,6 +12,7 @@ from tullax.planner import candidates as made
 from tullax.planner import tuning
 from tullax.planner.call import Call
 from tullax.planner.rules import LOOPS
+from tullax.runtime import own_compiles
 
 
 class Timings(list):
@@ -20,6 +21,7 @@ class Timings(list):
     was ready, and timed nothing: the plan is then the rule's default."""
 
     over_budget: bool = False
+    beside_compiles: bool = False  # timed while this process's own compiles still ran (``quiet``): not settled
 
 
 def compile_budget(loop_seconds: float) -> float:
@@ -61,7 +63,22 @@ def race(call: Call, candidates: tuple[str, ...], rounds: int | None = None) -> 
         timings = Timings((c, None) for c in candidates)
         timings.over_budget = True
         return timings
-    return time_runs({c: runs[c] for c in candidates}, tuning.TIMING_RUNS if rounds is None else rounds, call.clock)
+    quiet = _quiet(loops)
+    timings = time_runs({c: runs[c] for c in candidates}, tuning.TIMING_RUNS if rounds is None else rounds,
+                        call.clock)
+    timings.beside_compiles = not quiet
+    return timings
+
+
+def _quiet(loops: "_LoopClock") -> bool:
+    """Wait until none of this process's own compiles runs (a steps module's C compile, XLA compiling races to
+    come: ``tullax.runtime.own_compiles``), within the race's compile budget; whether none runs. Timed beside
+    them, the loops' thread team shares the cores with a compiler and loses races it wins in the program."""
+    while own_compiles.running():
+        if loops.over_budget():
+            return False
+        time.sleep(tuning.RACE_POLL_S)
+    return True
 
 
 class _LoopClock:
