@@ -122,10 +122,11 @@ def main() -> None:
     runs = []
     for label, tree in trees:
         with tempfile.TemporaryDirectory() as cache:
+            # run in the tree: ``python -c`` puts the working directory before PYTHONPATH on sys.path
             env = {**os.environ, "PYTHONPATH": tree, "TULLAX_CACHE_DIR": cache}
             done = subprocess.run([sys.executable, "-c", f"import runpy, sys; sys.argv = ['auto_losses', '--child', "
                                    f"'--rounds', '{args.rounds}']; runpy.run_path({str(HERE)!r}, run_name='__main__')"],
-                                  env=env, capture_output=True, text=True, check=True)
+                                  env=env, capture_output=True, text=True, check=True, cwd=tree)
         found = json.loads(done.stdout.strip().splitlines()[-1])
         runs.append({"tree": label, **found})
         for row in found["rows"]:

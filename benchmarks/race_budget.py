@@ -54,11 +54,12 @@ def main() -> None:
         for tree_label, tree in trees:
             for backend in args.backends.split(","):
                 with tempfile.TemporaryDirectory() as cache:
+                    # run in the tree: ``python -c`` puts the working directory before PYTHONPATH on sys.path
                     env = {**os.environ, "PYTHONPATH": tree, "TULLAX_CACHE_DIR": cache}
                     load = os.getloadavg()[0]
                     start = time.perf_counter()
                     done = subprocess.run([sys.executable, "-c", CHILD, json.dumps([text, shapes, backend])],
-                                          env=env, capture_output=True, text=True)
+                                          env=env, capture_output=True, text=True, cwd=tree)
                     wall = time.perf_counter() - start
                 found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {
                     "error": done.stderr[-400:]}
