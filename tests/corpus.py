@@ -50,6 +50,11 @@ CORPUS: tuple[Case, ...] = (
     Case("relu_finaliser", "h[i] := W[i,k]*x[k] |> relu"),
     Case("exp_finaliser", "(logsumexp) e[i] := x[i,j] |> exp"),
     Case("maxpool", "(max) pool[i] := x[2i+k]", ranges={"k": 2}, shapes={"x": (8,)}),
+    # a stride with a reduced window index of coefficient 1: the input gradient divides (pad((m-k)/2)), summing K
+    # terms, not every output position behind guards; a patchify's free i is solved for instead (issue 45)
+    Case("strided_window", "y[i] := x[2i+k]*w[k]", shapes={"x": (9,), "w": (3,)}),
+    Case("patchify", "P[h,i] := x[4h+i] (i in 0:4)", shapes={"x": (12,)}),
+    Case("strided_padded_window", "y[i] := x[pad(2i+k-1)]*w[k]", shapes={"x": (9,), "w": (3,)}),
     # -- finalisers that are expressions of _ (the reduced value), size(A,d), (k in lo:hi) clauses ----------
     Case("bias_after_reduction", "y[i,j] := W[k,i]*X[k,j] |> relu(_ + b[j])"),
     Case("matmul_bias", "C[i,j] := A[i,k]*B[k,j] |> _ + b[j]"),

@@ -26,6 +26,7 @@ from tullax.planner import candidates, explain, rules, tuning  # noqa: E402
 from tullax.planner import decide as planner  # noqa: E402
 from tullax.planner import race as racing  # noqa: E402
 from tullax.planner.call import Call, kernel_shapes  # noqa: E402
+from tullax.runtime import own_compiles  # noqa: E402
 from tullax.spec.examples import make_inputs  # noqa: E402
 
 LINEAR = "C[i,j] := W[k,i]*X[k,j]"
@@ -1255,3 +1256,112 @@ def test_the_one_analysis_of_a_spec_whose_range_is_a_minimum_of_extents():
     found = {step.spec.out: analyse(step.spec).cuttable for step in kernel_steps(spec)}
     assert found["pre"] == {"i": frozenset({("x", 0)})}, found  # i in 0:min(size(x,0), size(z,0)-1)
     assert "forward: y[i] := x[i,k] |> _*z[i+1] + i" in tullax.explain("y[i] := x[i,k] |> _*z[i+1] + i")
+
+
+def _budget_script(monkeypatch, clock: ScriptedClock, loop_s: float, xla_s: float) -> list[str]:
+    """Every candidate is made ready for real, then the scripted clock takes ``loop_s`` for the loops' compile
+    (the module build, or the loops' own preparation) and ``xla_s`` for each XLA candidate's; runs take 1 ms.
+    Returns the XLA candidates made ready, in order."""
+    original_prepared, original_build = candidates.prepared, candidates.start_module_build
+    ready: list[str] = []
+
+    def build(call, values, out_dtype):
+        thread = original_build(call, values, out_dtype)
+        if thread is not None:
+            thread.join()
+            clock.advance(loop_s)
+        return thread
+
+    def prepared(call, candidate, values):
+        found = original_prepared(call, candidate, values)
+        if candidate != rules.LOOPS:
+            ready.append(candidate)
+            clock.advance(xla_s)
+        elif not rules.whole_module_cached(call.loops):
+            clock.advance(loop_s)
+        return None if found is None else (lambda: clock.advance(0.001))
+
+    monkeypatch.setattr(candidates, "start_module_build", build)
+    monkeypatch.setattr(candidates, "prepared", prepared)
+    return ready
+
+
+def test_a_race_never_compiles_past_its_budget(monkeypatch, tmp_path):
+    """``auto``'s first call took 16-81 s on a loaded machine where the loops compiled in 0.1-5 s: a race makes its
+    candidates ready within RACE_COMPILE_RATIO times what the loops took to compile, then takes the rule's
+    default, untimed, and keeps it as a close call the next process races again. Here the loops compile in 1 s
+    and each XLA form in 2.5 s on the scripted clock: after the first, the race is past its 3 s budget and
+    makes no other ready."""
+    clock = ScriptedClock()
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "RACE_COMPILE_FLOOR_S", 0.5)
+    ready = _budget_script(monkeypatch, clock, loop_s=1.0, xla_s=2.5)
+    found = _conv1d_plan(8006, clock)
+    spec = compile_spec(CONV1D)[1]
+    loops = planner.call_for(spec, {"x": (64, 8006), "w": (7,)}, {"x": "float32", "w": "float32"}).loops
+    default = rules.rule_for(spec, loops).default
+    assert "compile budget" in found.reason and found.timings_ms == (), found
+    assert found.form == (rules.LOOPS if default == rules.LOOPS else default[4:]), (found, default)
+    assert len(ready) == 1, ready  # the first form ran past the budget (1 + 2.5 s > 3 s): no other is started
+    stored = [json.loads(p.read_text()) for p in tmp_path.rglob("*.json")]
+    assert any(s.get("settled") is False and "compile budget" in s.get("reason", "") for s in stored), stored
+
+
+def test_a_race_within_its_budget_is_timed_as_before(monkeypatch, tmp_path):
+    """The same race with the XLA forms compiling in 0.5 s each stays within 3x the loops' 1 s: every candidate is
+    made ready and timed."""
+    clock = ScriptedClock()
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "RACE_COMPILE_FLOOR_S", 0.5)
+    ready = _budget_script(monkeypatch, clock, loop_s=1.0, xla_s=0.5)
+    found = _conv1d_plan(8007, clock)
+    assert "compile budget" not in found.reason and found.source == "timed", found
+    assert set(ready) == {c for c, _ in found.timings_ms} - {rules.LOOPS}, (ready, found.timings_ms)
+
+
+def test_the_compile_budget_is_a_multiple_of_the_loops_compile_with_a_floor(monkeypatch):
+    monkeypatch.setattr(tuning, "RACE_COMPILE_RATIO", 3.0)
+    monkeypatch.setattr(tuning, "RACE_COMPILE_FLOOR_S", 2.0)
+    assert racing.compile_budget(0.1) == 2.0 and racing.compile_budget(5.0) == 15.0
+
+
+@pytest.mark.parametrize("ends", [True, False])
+def test_a_race_waits_for_this_process_own_compiles_before_timing(monkeypatch, tmp_path, ends):
+    """LayerNorm's normalising step (elementwise, 4096x512) timed 4.5-15 ms on the loops in its race against 1.1 ms
+    for XLA's form, where the loops run it well under 1 ms in the program: the race ran while the process's own
+    steps modules compiled, a compiler sharing 2 cores with the loops' thread team. A race waits for those
+    compiles (within its compile budget) before it times; one timed beside them is not settled. Scripted: the
+    loops take 10 ms while a compile of this process runs and 1 ms after; XLA's slices 2 ms. ``ends``: the compile
+    ends after 0.3 s, else the race's clock runs past its compile budget while it waits."""
+    clock = ScriptedClock()
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "RACE_COMPILE_FLOOR_S", 5.0)
+    script = {"loops": lambda: 0.010 if own_compiles.running() else 0.001, "xla:slices": lambda: 0.002}
+    _script_candidates(monkeypatch, lambda c: (lambda: clock.advance(script[c]())) if c in script else None)
+    compile_running = own_compiles.compiling()
+    compile_running.__enter__()
+    left = threading.Event()
+
+    def leave() -> None:
+        if not left.is_set():
+            left.set()
+            compile_running.__exit__(None, None, None)
+
+    if not ends:  # each look of the race at the compiles finds it running, and its clock a second later
+        monkeypatch.setattr(racing, "own_compiles", type("Running", (), {
+            "running": staticmethod(lambda: (clock.advance(1.0), 1)[1])}))
+    timer = threading.Timer(0.3 if ends else 60.0, leave)
+    timer.start()
+    try:
+        found = _conv1d_plan(8006, clock)
+    finally:
+        timer.cancel()
+        leave()
+    beside = "own compiles still ran" in found.reason
+    assert (found.form, beside) == (("loops", False) if ends else ("slices", True)), found
+    stored = [json.loads(p.read_text()) for p in tmp_path.rglob("*.json")]
+    assert any(s.get("settled") is ends and s.get("candidate") == ("loops" if ends else "xla:slices")
+               for s in stored), stored

@@ -149,14 +149,28 @@ def _solve_unit_axes(axes: _Axes, solutions: Solutions, pending: list[int]) -> t
         progress = False
         for axis in list(pending):
             form = axes.eqs[axis].substitute(solutions).normalized()
-            units = [n for n, c in axes.unknowns(form, solutions).items() if abs(c) == 1]
-            if not units:
+            unknowns = axes.unknowns(form, solutions)
+            units = [n for n, c in unknowns.items() if abs(c) == 1]
+            if not units or _divides_instead(axes, solutions, axis, pending, unknowns):
                 continue
             name = min(units, key=axes.preference)
             solutions = _record(solutions, name, form.solve_for(name, AffineForm.index(axes.outs[axis])).normalized())
             pending.remove(axis)
             progress = True
     return solutions, pending
+
+
+def _divides_instead(axes: _Axes, solutions: Solutions, axis: int, pending: list[int],
+                     unknowns: Mapping[str, int]) -> bool:
+    """Whether the axis ``s*h + u`` (``h`` free, ``|s| > 1``, ``u`` a reduced index of coefficient ±1) is left to
+    ``_solve_scaled_axes``: ``h = (p - u)/s`` through ``pad(../s)`` keeps the window ``u`` summed (K terms),
+    where solving for ``u`` kept ``h`` summed over its whole range behind guards (a strided convolution's input
+    gradient: H terms per position, all but K/s of them zero, and no form XLA's convolution takes)."""
+    if any(abs(c) == 1 and axes.fw.covered(n) for n, c in unknowns.items()):
+        return False  # a free u (a patchify's x[4h+i]): solving u leaves h behind a pad the loops narrow to one
+    others = [axes.eqs[a] for a in pending if a != axis]
+    return any(abs(c) > 1 and axes.fw.covered(n) and _divisible_ok(axes, solutions, n, others)
+               for n, c in unknowns.items())
 
 
 def _solve_scaled_axes(axes: _Axes, solutions: Solutions, pending: list[int]) -> tuple[Solutions, tuple[int, ...]]:

@@ -164,6 +164,15 @@ def _decide(call: Call, timing: bool, untimed: str = "timing is off", *, counted
     rule, loops = race.rule, call.loops
     timings = racing.race(race.timed, race.close)
     STATS["timed"] += 1
+    if getattr(timings, "over_budget", False):
+        # kept as a close call: the next processes race it again (each within its budget) until
+        # CONFIRMING_RACES races stand behind the default
+        races = race.races + 1
+        reason = rule.reason + (f" (the race ran out of its compile budget, {tuning.RACE_COMPILE_RATIO:g}x what the "
+                                f"loops took to compile: the rule's default)")
+        store.store(race.key, call, {"candidate": rule.default, "timings_ms": [], "reason": reason, "bests": [],
+                                     "races": races, "settled": races >= tuning.CONFIRMING_RACES})
+        return as_plan(rule.default, loops, Rule(rule.name, reason, rule.default), source="timed")
     valid = {c: ms for c, ms in timings if ms is not None}
     if not valid:
         return as_plan(rule.default, loops, rule)
@@ -175,8 +184,11 @@ def _decide(call: Call, timing: bool, untimed: str = "timing is off", *, counted
     listed = tuple((c, ms) for c, ms in valid.items())
     bests = [[c, ms] for c, ms in listed]
     runner_up = min((ms for c, ms in valid.items() if c != best), default=float("inf"))
-    settled = runner_up >= tuning.CLOSE_RATIO * valid[best] or races >= tuning.CONFIRMING_RACES
+    beside = getattr(timings, "beside_compiles", False)
+    settled = (runner_up >= tuning.CLOSE_RATIO * valid[best] and not beside) or races >= tuning.CONFIRMING_RACES
     reason = rule.reason + (_within_margin() if by_margin else "")
+    if beside:
+        reason += " (timed while this process's own compiles still ran)"
     if races > 1:
         reason += f" (the best times of {races} races, each in its own process)"
     if not settled:

@@ -39,6 +39,12 @@ SCOUT_SAMPLE_MS = 3.0
 # An XLA candidate whose compiled program needs more temporary memory than this is neither run nor chosen: a
 # contraction's 'product' form is one fused kernel where XLA fuses it and every index point where it does not.
 MAX_TEMP_BYTES = 256 << 20
+# A race makes its candidates ready (compiles them) within this multiple of what the loops alone took to compile,
+# and at least RACE_COMPILE_FLOOR_S; past it the plan is the rule's default: a first call's race once took 16-81 s
+# under load where the loops compiled in 0.1-5 s (benchmarks/race_budget.py, benchmarks/results/race_budget.json).
+RACE_COMPILE_RATIO = 3.0
+RACE_COMPILE_FLOOR_S = 2.0
+RACE_POLL_S = 0.02  # how often a race waiting for a compile looks at its budget
 # XLA's broadcast lowering is a candidate only up to this many index-space points: it may materialise them
 # (1 GiB of float32 at the limit; the suite's Dist is beyond it: benchmarks/run.py, benchmarks/results/latest.json).
 GRID_ITERATIONS = 1 << 28

@@ -362,16 +362,44 @@ def _infer_ranges(parsed: ParsedSpec, occurrences: list[Occurrence], indices: tu
 
 def _bind_wrapped_only(occurrences: list[Occurrence], known: dict[str, Range]) -> None:
     """An index still unbound that appears only inside mod/clamp/pad, all on ONE axis, runs over that axis:
-    ``y[i] := x[mod(i+1)]`` is as long as x (as the README promises); on several axes it stays ambiguous."""
+    ``y[i] := x[mod(i+1)]`` is as long as x (as the README promises); on several axes it stays ambiguous.
+    A padded window read with a stride or a padding offset (``pad(s*i + d*k - p)``) runs as a convolution's
+    output does (``_padded_window``)."""
     axes: dict[str, set[tuple[str, int]]] = {}
+    inners: dict[str, set[tuple[str, Affine]]] = {}
     for occ in occurrences:
         if isinstance(occ.idx, Wrapped):
             for name in occ.idx.inner.names():
                 axes.setdefault(name, set()).add((occ.array, occ.axis))
+                inners.setdefault(name, set()).add((occ.idx.kind, occ.idx.inner))
     for name, where in axes.items():
         if name not in known and len(where) == 1:
             (array, axis), = where
-            known[name] = Range(Sym(0), Sym.extent(array, axis))
+            found = inners[name]
+            window = _padded_window(name, next(iter(found))[1], array, axis, known) \
+                if len(found) == 1 and next(iter(found))[0] == "pad" else None
+            known[name] = window or Range(Sym(0), Sym.extent(array, axis))
+
+
+def _padded_window(name: str, inner: Affine, array: str, axis: int, known: dict[str, Range]) -> Range | None:
+    """The range of ``name`` in ``pad(s*name + rest - p)`` as PyTorch's and lax's convolutions give it, padded by
+    ``p`` on both sides: ``floor((N + 2p - span - 1)/s) + 1`` outputs, ``span`` the extent of ``rest`` (the window
+    over the other, known, indices), N the axis. Only with a stride ``s > 1`` or an offset ``p > 0``: a plain
+    ``pad(i+k)`` or ``pad(i-k)`` runs over the axis as before (the padding then only guards the reads). None
+    when the read is not of this form."""
+    coef = inner.coef(name)
+    if inner.div != 1 or coef < 1 or not inner.const.is_const or inner.const.const > 0:
+        return None
+    if any(n != name and n not in known for n in inner.names()):
+        return None
+    offset = -inner.const.const
+    if (coef == 1 and offset == 0) or len(inner.terms) < 2:
+        return None  # no stride or offset, or no window: a shift (pad(i-1)) keeps the axis's length
+    rest_lo, rest_hi = _term_bounds(replace(inner, const=Sym(0)), name, known)
+    if not (rest_lo.is_const and rest_lo.const == 0):
+        return None  # a window that starts anywhere but at its output's position: not a convolution's
+    top = Sym.extent(array, axis) - 1 + 2 * offset - rest_hi
+    return Range(Sym(0), smax(floordiv(top, coef) + 1, Sym(0)))
 
 
 def _unbound_message(name: str, parsed: ParsedSpec) -> str:

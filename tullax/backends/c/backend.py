@@ -62,7 +62,7 @@ from tullax.compiler.interface import KernelInterface
 from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.printers.c_clear import CLEAR_FUNCTION
 from tullax.printers.c_packed import PACKED_SUFFIX
-from tullax.runtime import forks
+from tullax.runtime import forks, own_compiles
 from tullax.runtime.cache import CompileCache, get_cache
 from tullax.spec.ir import Spec
 
@@ -314,7 +314,8 @@ def _build_steps(spec: Spec, signature: Signature, build: _StepsBuild) -> None:
         finally:
             build.known.set()
         if build.keys and _tiered(STEPS, spec, signature) is None:
-            _STEP_BUILDER.build(_recipe(STEPS), spec, signature)
+            with own_compiles.compiling():  # a race of this process waits for it before timing
+                _STEP_BUILDER.build(_recipe(STEPS), spec, signature)
     except Exception:  # noqa: BLE001 - a step this module does not hold builds its own, and says why it fails
         pass
     finally:

@@ -102,16 +102,22 @@ def _conv(spec: Spec, shape: ConvShape, plain: Callable, env: Env, padded: bool 
     for item in shape.image_idx:
         if isinstance(item, str):
             image_extent.append(size[item])
-        elif item.kind == "valid":
-            image_extent.append(item.stride * (size[item.out] - 1) + item.dilation * (size[item.win] - 1) + 1)
-        else:
-            image_extent.append(min(image.shape[item.axis], size[item.out]))
+        elif item.kind == "valid":  # the reads from -offset on, in the axis
+            reach = item.stride * (size[item.out] - 1) + item.dilation * (size[item.win] - 1) + 1 - item.offset
+            image_extent.append(min(image.shape[item.axis], reach))
+        else:  # 'full': the dilated image's positions up to the last one read
+            image_extent.append(min(image.shape[item.axis], (size[item.out] - 1 - item.offset) // item.stride + 1))
     # out[o] = sum_w img[o - w] ('full'): a correlation with the flipped kernel over the image padded by the
     # conv itself (as jax's own transpose of a conv: a jnp.pad before it made the input gradient of conv2d 3x
     # slower, 60 against 17 ms: XLA no longer fused the padding into the convolution)
     flipped = [shape.kernel_idx.index(item.win) for item in shape.spatial if item.kind == "full"]
-    padding = [(size[item.win] - 1, size[item.out] - image_extent[item.axis]) if item.kind == "full" else (0, 0)
+    padding = [(item.dilation * (size[item.win] - 1) + item.offset,
+                size[item.out] - 1 - item.offset - item.stride * (image_extent[item.axis] - 1)) if item.kind == "full"
+               else (item.offset, item.stride * (size[item.out] - 1) + item.dilation * (size[item.win] - 1) + 1
+                     - item.offset - image_extent[item.axis])
                for item in shape.spatial]
+    if any(n <= 0 for n in image_extent) or any(lo < 0 for lo, _ in padding):
+        return plain(env)  # a window that reads nothing but padding, or starts inside the image
     if padded:
         first = next(k for k, item in enumerate(shape.spatial) if item.kind == "valid")
         padding[first] = (0, 1)
@@ -133,7 +139,9 @@ def _conv(spec: Spec, shape: ConvShape, plain: Callable, env: Env, padded: bool 
     numbers = lax.ConvDimensionNumbers(lhs_spec=(0, rank - 1, *range(1, rank - 1)),
                                        rhs_spec=(rank - 1, rank - 2, *range(rank - 2)),
                                        out_spec=(0, rank - 1, *range(1, rank - 1)))
-    out = lax.conv_general_dilated(image, kernel, tuple(s.stride for s in shape.spatial), padding,
+    strides = tuple(1 if s.kind == "full" else s.stride for s in shape.spatial)
+    lhs_dilation = tuple(s.stride if s.kind == "full" else 1 for s in shape.spatial)
+    out = lax.conv_general_dilated(image, kernel, strides, padding, lhs_dilation=lhs_dilation,
                                    rhs_dilation=tuple(s.dilation for s in shape.spatial),
                                    dimension_numbers=numbers, precision=jax.lax.Precision.HIGHEST)
     # (batch..., spatial..., outfeat...) -> the spec's own order, each spatial axis cut to the output's extent

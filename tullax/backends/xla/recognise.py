@@ -5,7 +5,8 @@ function of the inputs (differentiable, jit-able, vmap-able).
 * ``einsum``: a pure contraction (a product of plain accesses summed): ``jnp.einsum``, i.e. ``dot_general``
   (BLAS on the CPU). This is what ``tullax.backends.xla.lower.lower`` already does for such specs.
 * ``conv``: a product of two accesses, an "image" whose axes are plain indices or windows ``s*o + d*w``
-  (``o`` free, ``w`` reduced; or ``pad(o - w)``, the full correlation of a convolution's input gradient) and
+  (``o`` free, ``w`` reduced; zero padded ``pad(s*o + d*w - p)``; or ``pad((o - d*w + c)/s)``, the full
+  correlation of a convolution's input gradient) and
   a "kernel" of plain indices: ``lax.conv_general_dilated``. The image's other plain indices are batch (free,
   not in the kernel) or input features (reduced, in both); the kernel's free indices are output features.
   Several of each are merged into one by a reshape.
@@ -28,7 +29,7 @@ function of the inputs (differentiable, jit-able, vmap-able).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 from tullax.spec.contraction import factors, is_contraction
@@ -46,7 +47,10 @@ Env = Mapping[str, Any]
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Spatial:
-    """One image axis read through a window: ``s*out + d*win`` (kind 'valid') or ``pad(out - win)`` ('full')."""
+    """One image axis read through a window: ``s*out + d*win`` (kind 'valid'; ``pad(s*out + d*win - offset)``
+    padded by ``offset`` zeros before the axis, and after it as far as the output reads) or
+    ``pad((out - d*win - offset)/s)`` ('full': the correlation with the flipped kernel over the image dilated by
+    ``s``, a strided convolution's input gradient; ``stride`` is that ``s``)."""
 
     axis: int
     out: str
@@ -54,6 +58,7 @@ class Spatial:
     stride: int
     dilation: int
     kind: str
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,23 +91,29 @@ def _spatial(spec: Spec, axis: int, idx: Any) -> Spatial | str | None:
             return None
         if idx.plain is not None:
             return idx.plain
-        if len(idx.terms) != 2:
-            return None
-        (a, ca), (b, cb) = idx.terms
-        if a in reduced and b in free:
-            (a, ca), (b, cb) = (b, cb), (a, ca)
-        if a in free and b in reduced and ca >= 1 and cb >= 1:
-            return Spatial(axis, a, b, ca, cb, "valid")
-        return None
+        return _window(spec, axis, idx.terms) if len(idx.terms) == 2 else None
     if isinstance(idx, Wrapped) and idx.kind == "pad":
         inner = idx.inner
-        if inner.div != 1 or inner.const != Sym(0) or len(inner.terms) != 2:
+        if not inner.const.is_const or len(inner.terms) != 2:
             return None
-        coefs = dict(inner.terms)
+        window = _window(spec, axis, inner.terms) if inner.div == 1 and inner.const.const <= 0 else None
+        if window is not None:
+            return replace(window, offset=-inner.const.const)
         outs = [n for n, c in inner.terms if n in free and c == 1]
-        wins = [n for n, c in inner.terms if n in reduced and c == -1]
-        if len(outs) == 1 and len(wins) == 1 and len(coefs) == 2:
-            return Spatial(axis, outs[0], wins[0], 1, 1, "full")
+        wins = [(n, -c) for n, c in inner.terms if n in reduced and c <= -1]
+        if len(outs) == 1 and len(wins) == 1:
+            return Spatial(axis, outs[0], wins[0][0], inner.div, wins[0][1], "full", -inner.const.const)
+    return None
+
+
+def _window(spec: Spec, axis: int, terms: tuple) -> Spatial | None:
+    """``s*out + d*win`` (two terms, ``out`` free, ``win`` reduced, both coefficients positive), or None."""
+    free, reduced = set(spec.free), set(spec.reduced)
+    (a, ca), (b, cb) = terms
+    if a in reduced and b in free:
+        (a, ca), (b, cb) = (b, cb), (a, ca)
+    if a in free and b in reduced and ca >= 1 and cb >= 1:
+        return Spatial(axis, a, b, ca, cb, "valid")
     return None
 
 
@@ -186,7 +197,7 @@ def forms(spec: Spec) -> tuple[str, ...]:
     conv = conv_shape(spec)
     if conv is not None:
         found.append("conv")
-        if any(item.kind == "valid" for item in conv.spatial):
+        if any(item.kind == "valid" for item in conv.spatial) and not any(item.offset for item in conv.spatial):
             found.append("conv-padded")
     if window_index(spec) is not None and spec.redop in ("+", "max", "min"):
         found.append("slices")

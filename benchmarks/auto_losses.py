@@ -1,0 +1,140 @@
+"""Where ``auto`` lost to jnp or to its own loop backend (issue 45 item 4): a patchify's gradient, a LayerNorm, a
+logsumexp's gradient, a MaxPool's gradient. Each case under jnp, ``auto`` and ``c``, float32, jitted, interleaved
+call after call after a warm-up (``auto``'s races there), median ms; ratio jnp's time over tullax's (above 1, tullax
+is faster). With the plan ``auto`` chose for every kernel of the case (backend, form, the race's timings).
+
+Before and after in one run: each ``--tree`` (a tullax checkout, e.g. a ``git archive`` of the commit before)
+is measured in a new process of its own, with an empty compile cache of its own.
+
+    .venv/bin/python benchmarks/auto_losses.py [--tree before=/tmp/before] [--rounds 9] [--out FILE.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+RESULTS = HERE.parent / "results" / "auto_losses.json"
+PATCHIFY = "P[b,h,w,c,i,j] := x[b,c,4h+i,4w+j] (i in 0:4) (j in 0:4)"
+MEAN = "m[b] := x[b,i] |> _ / size(x,1)"
+RSTD = "r[b] := (x[b,i] - m[b])^2 |> 1 / sqrt(_ / size(x,1) + 1e-5)"
+NORM = "y[b,i] := (x[b,i] - m[b])*r[b]*g[i] + beta[i]"
+LSE = "(logsumexp) l[i] := x[i,j]"
+MAXPOOL = "(max) y[n,c,h,w] := x[n,c,2h+p,2w+q] (p in 0:2) (q in 0:2)"
+
+
+def _cases(backend: str | None):
+    """(name, function of the inputs, inputs) per case; ``backend`` None: the jnp code."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import tullax
+
+    rng = np.random.default_rng(0)
+    k = (lambda text: tullax.einsum_kernel(text, backend=backend)) if backend else None
+    x4 = jnp.asarray(rng.standard_normal((16, 3, 64, 64)), jnp.float32)
+    xn = jnp.asarray(rng.standard_normal((4096, 512)), jnp.float32)
+    g = jnp.asarray(rng.standard_normal(512), jnp.float32)
+    beta = jnp.asarray(rng.standard_normal(512), jnp.float32)
+    xl = jnp.asarray(rng.standard_normal((2048, 1024)), jnp.float32)
+    xp = jnp.asarray(rng.standard_normal((8, 32, 64, 64)), jnp.float32)
+    if backend:
+        patchify, mean, rstd, norm, lse, pool = k(PATCHIFY), k(MEAN), k(RSTD), k(NORM), k(LSE), k(MAXPOOL)
+
+        def layernorm(x, g, beta):
+            m = mean(x)
+            return norm(x, m, rstd(x, m), g, beta)
+    else:
+        def patchify(x):
+            b, c, hh, ww = x.shape
+            return x.reshape(b, c, hh // 4, 4, ww // 4, 4).transpose(0, 2, 4, 1, 3, 5)
+
+        def layernorm(x, g, beta):
+            m = x.mean(1, keepdims=True)
+            return (x - m) * jax.lax.rsqrt(((x - m) ** 2).mean(1, keepdims=True) + 1e-5) * g + beta
+
+        def lse(x):
+            return jax.nn.logsumexp(x, axis=1)
+
+        def pool(x):
+            n, c, hh, ww = x.shape
+            return x.reshape(n, c, hh // 2, 2, ww // 2, 2).max(axis=(3, 5))
+
+    def grad(f):
+        return jax.grad(lambda a: jnp.sum(jnp.sin(f(a))))
+
+    return [("patchify gradient", grad(patchify), (x4,)), ("LayerNorm", layernorm, (xn, g, beta)),
+            ("logsumexp gradient", grad(lse), (xl,)), ("MaxPool gradient", grad(pool), (xp,))]
+
+
+def child(rounds: int) -> dict:
+    import jax
+    import numpy as np
+
+    from tullax.planner import decide
+
+    fns = {name: _cases(name if name != "jnp" else None) for name in ("jnp", "auto", "c")}
+    rows = []
+    for index, (case, _, args) in enumerate(fns["jnp"]):
+        jitted = {name: jax.jit(cases[index][1]) for name, cases in fns.items()}
+        first = {}
+        for name, fn in jitted.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            first[name] = time.perf_counter() - start
+        want = np.asarray(jitted["jnp"](*args))
+        error = {n: float(np.max(np.abs(np.asarray(f(*args)) - want)) / (np.max(np.abs(want)) or 1.0))
+                 for n, f in jitted.items()}
+        times: dict[str, list[float]] = {name: [] for name in jitted}
+        for _ in range(rounds):
+            for name, fn in jitted.items():
+                jax.block_until_ready(fn(*args))
+                start = time.perf_counter()
+                jax.block_until_ready(fn(*args))
+                times[name].append((time.perf_counter() - start) * 1e3)
+        ms = {name: statistics.median(t) for name, t in times.items()}
+        rows.append({"case": case, "ms": ms, "first_call_s": first, "relative_error": error,
+                     "auto_ratio": ms["jnp"] / ms["auto"], "c_ratio": ms["jnp"] / ms["c"]})
+    plans = sorted({(getattr(key[0], "text", None) or str(key[0])[:160], p.backend, p.form, p.source,
+                     tuple(p.timings_ms)) for key, p in decide._MEMO.items()})
+    return {"rows": rows, "plans": [list(p) for p in plans]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--tree", action="append", default=[], help="LABEL=PATH of another tullax checkout")
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.rounds)))
+        return
+    trees = [t.split("=", 1) for t in args.tree] + [["this checkout", str(HERE.parent.parent)]]
+    runs = []
+    for label, tree in trees:
+        with tempfile.TemporaryDirectory() as cache:
+            # run in the tree: ``python -c`` puts the working directory before PYTHONPATH on sys.path
+            env = {**os.environ, "PYTHONPATH": tree, "TULLAX_CACHE_DIR": cache}
+            done = subprocess.run([sys.executable, "-c", f"import runpy, sys; sys.argv = ['auto_losses', '--child', "
+                                   f"'--rounds', '{args.rounds}']; runpy.run_path({str(HERE)!r}, run_name='__main__')"],
+                                  env=env, capture_output=True, text=True, check=True, cwd=tree)
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        runs.append({"tree": label, **found})
+        for row in found["rows"]:
+            print(f"{label:14s} {row['case']:20s} auto {row['auto_ratio']:.2f}x  c {row['c_ratio']:.2f}x  "
+                  f"(ms: {', '.join(f'{n} {v:.2f}' for n, v in row['ms'].items())})", flush=True)
+    Path(args.out).write_text(json.dumps({"rounds": args.rounds, "cpus": os.cpu_count(), "runs": runs}, indent=1)
+                              + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
