@@ -251,12 +251,10 @@ def _with_seed_factor(fw: Forward, hoist_factor: bool = True) -> Forward:
         fw, pre = pre_value(fw)
     if spec.redop in ("max", "min"):  # ties share the gradient equally, as jax does
         hit = _winner(spec.body, pre)
-        # each winner's share, grad / (number of winners), as one prelude step over the free indices: a division
-        # by a count read in every gradient term kept a strided window's input gradient from dividing its output
-        # index (pad((m-p)/2) reads 0 between windows: 0/0), summing every window behind guards instead
-        ties = Hole() if _reproducible(spec.body) else call("max", Hole(), Num(1))  # a near-miss: no 0/0
-        fw, share = _free_step(fw, "share", hit, "+", div(grad, ties))
-        return replace(fw, factor=mul(share, hit))
+        fw, ties = _free_step(fw, "count", hit, "+")
+        if not _reproducible(spec.body):  # a near-miss may find no winner at all: no 0/0
+            ties = call("max", ties, Num(1))
+        return replace(fw, factor=div(mul(grad, hit), ties))
     return replace(fw, factor=mul(grad, call("exp", sub(spec.body, pre))))  # logsumexp
 
 
