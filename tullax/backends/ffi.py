@@ -347,7 +347,7 @@ def _fast_handler(include: Path, jaxlib_version: str) -> Any:
     that stores it for later processes and moves the layout change to it. None otherwise."""
     from tullax.backends.c import tcc, tiers
 
-    if not tiers.enabled() or _library(include, jaxlib_version, build=False) is not None:
+    if not tiers.enabled() or _library(include, jaxlib_version, build=False, hit=False) is not None:
         return None
     try:
         lib = _FastHandler(tcc.compile_module(HANDLER_SOURCE, [include]))
@@ -371,9 +371,10 @@ def _optimise_handler(include: Path, jaxlib_version: str) -> None:
         pass
 
 
-def _library(include: Path, jaxlib_version: str, build: bool = True, background: bool = False) -> Path | None:
+def _library(include: Path, jaxlib_version: str, build: bool = True, background: bool = False,
+             hit: bool = True) -> Path | None:
     """The compiled handler: from the compile cache, or compiled now (and stored there); None where the cache
-    holds none and not ``build``."""
+    holds none and not ``build``. ``hit=False``: a look that loads nothing counts no hit (the load after does)."""
     from tullax.backends.c import compile as c_compile
     from tullax.runtime.cache import cache_key, get_cache
 
@@ -382,7 +383,8 @@ def _library(include: Path, jaxlib_version: str, build: bool = True, background:
                     compiler=c_compile.identity())
     found, problem = cache.read_checked(key, LIBRARY_FILE)
     if found is not None and problem is None:
-        cache.hit_later(key, spec=HANDLER_SPEC, backend="c", kind="ffi handler")
+        if hit:
+            cache.hit_later(key, spec=HANDLER_SPEC, backend="c", kind="ffi handler")
         return cache.entry_path(key) / LIBRARY_FILE
     if not build:
         return None
