@@ -50,6 +50,12 @@ CASES = [
     # f' from the result times the slope of a linear inner expression; with _*z, Δz needs the recomputed pre
     ("y[i] := x[i,k]*w[k] |> tanh(2*_ - z[i])", (x, w6, z), lambda x, w, z: _tanh(2 * (x @ w) - z)),
     ("y[i] := x[i,k]*w[k] |> tanh(_ * z[i])", (x, w6, z), lambda x, w, z: _tanh((x @ w) * z)),
+    # a max/min/logsumexp needs its pre-finaliser value (its winners, its exp): never f' from the result alone
+    # (the gradient of a (min) with |> sigmoid(_ + b) was the seed at every k, as if it were a sum)
+    ("(min) y[i] := x[i,k]*w[k] |> tanh(_ + z[i])", (x, w6, z), lambda x, w, z: _tanh((x * w).min(1) + z)),
+    ("(max) y[i] := x[i,k]*w[k] |> tanh(_ - z[i])", (x, w6, z), lambda x, w, z: _tanh((x * w).max(1) - z)),
+    ("(logsumexp) y[i] := x[i,k]*w[k] |> tanh(_ + z[i])", (x, w6, z),
+     lambda x, w, z: _tanh(_lse(x * w) + z)),
 ]
 IDS = [case[0] for case in CASES]
 

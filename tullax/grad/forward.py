@@ -229,7 +229,8 @@ def _with_seed_factor(fw: Forward, hoist_factor: bool = True) -> Forward:
     elif finalizer:
         fw, pre = pre_value(fw)
         grad = mul(seed, unary_derivative(finalizer, pre))
-    elif residual is not None and not fw.complex_names and (slope := _inner_slope(spec.finalizer)) is not None:
+    elif spec.redop == "+" and residual is not None and not fw.complex_names \
+            and (slope := _inner_slope(spec.finalizer)) is not None:  # max/min and logsumexp need pre
         # f(E(_)) where f' has an output form and E is linear in _ (``tanh(_ + c[o])``): f'(E(pre)) * E' from
         # the result alone; recomputing pre would repeat the forward's whole reduction
         assert isinstance(spec.finalizer, Call)
