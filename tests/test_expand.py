@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_ops import planned_ops
 
 import tullax
 from tullax.backends.xla.expand import expansion, nonnegative, polynomial
@@ -47,26 +48,6 @@ def _norms(W, X, c=None):
     w, x = W.astype(np.float64), X.astype(np.float64)
     c = np.ones(w.shape[0]) if c is None else np.abs(c.astype(np.float64))
     return (c[:, None] * w * w).sum(0)[:, None] + (c[:, None] * x * x).sum(0)[None, :]
-
-
-def _ops(fn, *values):
-    from tullax.jaxop.primitives import _planned_op
-
-    found = []
-
-    def visit(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "tullax_kernel":  # a pending plan settled as its lowering here would
-                op = eqn.params["op"]
-                found.append(_planned_op(op.spec, op.out_dtype, [v.aval for v in eqn.invars], op.zero_start,
-                                         op.algebra, timed=True) if op.pending else op)
-            for value in eqn.params.values():
-                inner = getattr(value, "jaxpr", None)
-                if inner is not None and hasattr(inner, "eqns"):
-                    visit(inner)
-
-    visit(jax.make_jaxpr(fn)(*values).jaxpr)
-    return found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,7 +98,7 @@ def dist_xla():
 
 def test_the_expansion_runs_on_xla_and_matches_float64_on_normal_data(dist_xla):
     W, X = _data()
-    assert [op.form for op in _ops(dist_xla, jnp.asarray(W), jnp.asarray(X))] == ["expanded"]
+    assert [op.form for op in planned_ops(dist_xla, jnp.asarray(W), jnp.asarray(X))] == ["expanded"]
     got = np.asarray(jax.jit(dist_xla)(W, X), np.float64)
     exact = _exact(W, X)
     assert np.max(np.abs(got - exact) / _norms(W, X)) <= BOUND
@@ -163,7 +144,7 @@ def test_float32_expands_in_float64_where_jax_has_it():
 def test_expansions_the_arrays_cannot_contract_as_laid_out_run_on_the_grid(text, ranges, numpy):
     W, X = _data(16, 12, 10)
     kernel = tullax.einsum_kernel(text, backend="xla", ranges=ranges, algebra="expand")
-    assert [op.form for op in _ops(kernel, jnp.asarray(W), jnp.asarray(X))] == ["expanded"]
+    assert [op.form for op in planned_ops(kernel, jnp.asarray(W), jnp.asarray(X))] == ["expanded"]
     want = numpy(W.astype(np.float64), X.astype(np.float64))
     np.testing.assert_allclose(np.asarray(jax.jit(kernel)(W, X)), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
@@ -183,7 +164,7 @@ def test_weighted_expansion_and_its_gradients_match_jnp():
     want = jax.grad(lambda *a: jnp.sum(reference(*a) * g), (0, 1, 2))(c, W, X)
     for a, b in zip(ours, want):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3 * float(jnp.max(jnp.abs(b))))
-    ops = _ops(jax.grad(lambda *a: jnp.sum(kernel(*a) * g), (0, 1, 2)), c, W, X)
+    ops = planned_ops(jax.grad(lambda *a: jnp.sum(kernel(*a) * g), (0, 1, 2)), c, W, X)
     assert {op.spec.out: op.form for op in ops} == {"D": "expanded", "Δc": "expanded", "ΔW": "expanded",
                                                      "ΔX": "expanded"}
 
@@ -229,7 +210,7 @@ def test_auto_races_the_expansion_only_with_the_opt_in(scripted):
     assert set(scripted) == {"D", "ΔW", "ΔX"} and all(rules.EXPANDED not in c for c in scripted.values())
     scripted.clear()
     opted = tullax.einsum_kernel(DIST, algebra="expand")
-    ops = _ops(jax.grad(loss(opted), (0, 1)), W, X)
+    ops = planned_ops(jax.grad(loss(opted), (0, 1)), W, X)
     assert {op.spec.out: (op.backend, op.form) for op in ops} == {
         "D": ("xla", "expanded"), "ΔW": ("xla", "expanded"), "ΔX": ("xla", "expanded")}
     assert all(rules.EXPANDED in c for c in scripted.values()) and set(scripted) == {"D", "ΔW", "ΔX"}

@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 import pytest
+from kernel_ops import planned_ops
 
 from tullax.spec.frontend import compile_spec
 
@@ -243,28 +244,6 @@ def _check(text: str, shapes: dict, batch: int = 3):
     got_grad = jax.jit(jax.grad(lambda x: jnp.sum(jnp.sin(jax.vmap(at(auto))(x)))))(stacked)
     _close(got_grad, want_grad)
     return auto, values
-
-
-def _ops(fn, *values):
-    """The KernelOps of every tullax kernel in the jaxpr of ``fn``, as lowered to run here (a plan a race may still
-    decide is traced pending: its lowering for this host races it, ``primitives._settled``)."""
-    from tullax.jaxop.primitives import _planned_op
-
-    found = []
-
-    def visit(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "tullax_kernel":
-                op = eqn.params["op"]
-                found.append(_planned_op(op.spec, op.out_dtype, [v.aval for v in eqn.invars], op.zero_start,
-                                         op.algebra, timed=True) if op.pending else op)
-            for value in eqn.params.values():
-                inner = getattr(value, "jaxpr", None)
-                if inner is not None and hasattr(inner, "eqns"):
-                    visit(inner)
-
-    visit(jax.make_jaxpr(fn)(*values).jaxpr)
-    return found
 
 
 @pytest.fixture
@@ -555,7 +534,7 @@ def test_auto_builds_one_module_for_the_gradient_steps_that_may_run_on_the_loops
     before = c.compile_stats()["modules"]
     loss = lambda *v: jnp.sum(kernel(*v))  # noqa: E731
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*values)
-    ops = _ops(jax.grad(loss, argnums=(0, 1, 2)), *values)
+    ops = planned_ops(jax.grad(loss, argnums=(0, 1, 2)), *values)
     assert {op.backend for op in ops} == {LOOP_BACKEND}, [(op.spec.out, op.backend) for op in ops]
     c.finish_step_builds()
     assert c.compile_stats()["modules"] == before + 2
@@ -567,7 +546,7 @@ def test_auto_builds_one_module_for_the_gradient_steps_that_may_run_on_the_loops
 
 def test_each_gradient_step_is_planned_on_its_own(rules_only):
     auto, values = _check(MIXED, {"W": (64, 64), "X": (64, 64), "b": (64,)})
-    ops = _ops(jax.grad(lambda *v: jnp.sum(auto(*v)), argnums=(0, 1, 2)), *values)
+    ops = planned_ops(jax.grad(lambda *v: jnp.sum(auto(*v)), argnums=(0, 1, 2)), *values)
     by_out = {op.spec.out: op for op in ops}
     assert by_out["C"].backend == LOOP_BACKEND and by_out["C"].path != "xla"
     for grad in ("ΔW", "ΔX"):
@@ -603,9 +582,9 @@ def test_a_differentiated_kernel_runs_as_one_xla_program_when_every_race_was_clo
     try:
         kernel = tullax.einsum_kernel(spec_text)
         x = jnp.asarray(np.random.default_rng(0).standard_normal((300, 1000)).astype(np.float32))
-        forward = _ops(kernel, x)
+        forward = planned_ops(kernel, x)
         assert [(op.backend, op.path != "xla") for op in forward] == [(LOOP_BACKEND, True)]
-        ops = _ops(jax.grad(lambda v: jnp.sum(kernel(v))), x)
+        ops = planned_ops(jax.grad(lambda v: jnp.sum(kernel(v))), x)
         by_out = {op.spec.out: op for op in ops}
         step = next(op for name, op in by_out.items() if name != "n")
         assert (by_out["n"].backend == "xla", step.backend == "xla") == (forward_xla, step_xla), by_out
@@ -639,7 +618,7 @@ def test_a_race_confirmed_on_the_full_call_is_read_from_it_when_kernels_join(mon
     try:
         kernel = tullax.einsum_kernel("n[i] := x[i,j]^2 |> sqrt")
         x = jnp.asarray(np.random.default_rng(0).standard_normal((300, 1000)).astype(np.float32))
-        ops = {op.spec.out: op for op in _ops(jax.grad(lambda v: jnp.sum(kernel(v))), x)}
+        ops = {op.spec.out: op for op in planned_ops(jax.grad(lambda v: jnp.sum(kernel(v))), x)}
         forward = planner.plan(kernel.ir, {"x": x.shape}, {"x": "float32"})
         assert "slower on the full call" in forward.reason and forward.backend == LOOP_BACKEND
         assert ops["n"].backend == LOOP_BACKEND and ops["Δx"].backend == "xla", ops
@@ -656,8 +635,8 @@ def test_linear_runs_on_blas_both_ways_and_an_explicit_backend_still_forces_one(
     def grad(k):
         return jax.grad(lambda *v: jnp.sum(k(*v)), argnums=(0, 1))
 
-    assert {(op.backend, op.form) for op in _ops(grad(auto), *values)} == {("xla", "einsum")}
-    assert {op.backend for op in _ops(grad(forced), *values)} == {"numba"}
+    assert {(op.backend, op.form) for op in planned_ops(grad(auto), *values)} == {("xla", "einsum")}
+    assert {op.backend for op in planned_ops(grad(forced), *values)} == {"numba"}
 
 
 def test_a_pure_contraction_never_looks_for_a_loop_backend(monkeypatch):
