@@ -151,6 +151,31 @@ def test_sum_lanes_of_plain_arithmetic_run_on_vectors_and_keep_ieee_values():
     assert got[1] == 0 and np.isnan(got[2])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_remainder_of_a_lane_loop_is_one_more_vector_whose_old_lanes_hold_the_identity(dtype: str):
+    """The iterations after the lanes' last whole vector are the loop's last vector, with the lanes the blocks
+    already took set to the op's identity by a bitwise select (``c_vector.vector_rest``), not a scalar loop: each
+    term counted once (a row of 30 ones sums to 30, of 30 twos multiplies to 2**30), and an inf in
+    an overlapped lane is not turned into NaN by a product with a zero mask."""
+    n = 30  # float32: a block of 16, a vector of 8, then 6 (lanes 22..29); float64: one of 8, one of 4, then 2
+    source = module_source(analysed("s[i] := x[i,j]*y[i,j]"), dtype)
+    forward = source[source.index("void forward("):source.index("void forward_packed(")]
+    assert "_new = (tx_m" in forward and "_rest = n" in forward
+    x, y = np.ones((5, n), dtype), np.ones((5, n), dtype)
+    x[1] = -0.0  # -0.0 lanes: zero
+    x[2, n - 8] = np.inf  # in the blocks and in a lane of the last vector that the blocks took
+    x[3, n - 1] = np.nan
+    x[4, n - 8] = -np.inf
+    x[4, n - 1] = np.inf
+    got = run_c(analysed("s[i] := x[i,j]*y[i,j]"), {"x": x, "y": y}, dtype)
+    assert got[0] == n and got[1] == 0 and got[2] == np.inf
+    assert np.isnan(got[3]) and np.isnan(got[4])
+    if dtype == "float32":
+        twos = np.full((2, n), 2.0, dtype)
+        twos[1, n - 8] = np.inf
+        np.testing.assert_array_equal(run_c(analysed("(*) p[i] := x[i,j]"), {"x": twos}, dtype), [2.0 ** n, np.inf])
+
+
 def test_special_values():
     x = np.array([[-np.inf, -np.inf], [1.0, np.inf], [0.0, 1.0]])
     np.testing.assert_array_equal(run_c(analysed("(max) m[i] := x[i,j]"), {"x": x}), [-np.inf, np.inf, 1.0])

@@ -56,7 +56,7 @@ from tullax.printers.c_clear import CLEAR_FUNCTION, CLEAR_SOURCE
 from tullax.printers.c_mvec import MVEC_DECLARATIONS
 from tullax.printers.c_packed import packed_source
 from tullax.printers.c_plain import plain_prelude
-from tullax.printers.c_vector import vector_block, vector_body
+from tullax.printers.c_vector import vector_block, vector_body, vector_rest
 from tullax.printers.clike import (
     TYPE_SUFFIX,
     TYPEDEFS,
@@ -273,7 +273,7 @@ class CPrinter(CLikePrinter):
         chains = range(lanes // width)
         lines = [pad + "{", f"{inner_pad}const {idx} {var}_top = {self.expr(top)};",
                  f"{inner_pad}const {idx} {var}_tail = {self.expr(tail)};",
-                 f"{inner_pad}if ({var}_tail > {start}) {{"]
+                 f"{inner_pad}{idx} {var}_rest = {var}_tail;", f"{inner_pad}if ({var}_tail > {start}) {{"]
         for a in accums:  # plain: arrays of lanes, added lane by lane as the vectors are
             ident = ", ".join([_IDENTITY[a.op]] * width)
             if self.plain:
@@ -289,6 +289,9 @@ class CPrinter(CLikePrinter):
             lines.append(f"{if_pad}if ({var}_top < {var}_tail) {{")
             lines += block(f"{var}_top", width, deep)
             lines.append(if_pad + "}")
+        if direct is not None:  # the remainder as one more vector, the loop's last (``vector_rest``)
+            lines += vector_rest(direct, var, self.expr(loop.stop), f"{var}_tail", vector, width,
+                                 _IDENTITY[accums[0].op], if_pad, self.indent, idx, self.expr)
         for a in accums:
             each = f"for (int k = 0; k < {width}; ++k) " if self.plain else ""
             lines += [f"{if_pad}{each}{a.var}_l0{'[k]' if each else ''} {a.op}= {a.var}_l{c}{'[k]' if each else ''};"
@@ -296,7 +299,7 @@ class CPrinter(CLikePrinter):
             fold = "tx_pfold" if self.plain else "tx_vfold"
             lines.append(f"{if_pad}{a.var} = {fold}{_LANE_SUMS[a.op]}_{suffix}({a.var}_l0, {a.var});")
         lines.append(inner_pad + "}")
-        rest = Loop(var, Var(f"{var}_tail", INDEX), loop.stop, False, loop.body)
+        rest = Loop(var, Var(f"{var}_rest", INDEX), loop.stop, False, loop.body)
         return lines + super().loop(rest, CPlace(place.depth + 1, place.declared)) + [pad + "}"]
 
     def _lane_block(self, var: str, lets: Sequence[Let], accums: Sequence[Accum], chains: range, width: int,

@@ -106,4 +106,26 @@ def vector_block(body: VectorBody, var: str, first: str, chains: int, vector: st
     return lines
 
 
-__all__ = ["VECTOR_SUFFIX", "VectorBody", "vector_block", "vector_body"]
+def vector_rest(body: VectorBody, var: str, stop: str, tail: str, vector: str, width: int, identity: str, at: str,
+                indent: str, index_type: str, expr: Callable[[Expr], str]) -> list[str]:
+    """The iterations from ``tail`` to ``stop`` (fewer than ``width``) as one vector, the last ``width``
+    iterations of the loop: the lanes of the ones the blocks already took hold the op's ``identity`` (a bitwise
+    select, not a product by zero: a NaN term there stays out) and the others their term, added into lane vector
+    ``{acc}_l0``. For a loop of at least ``width`` iterations, so every read is one the loop makes; then the
+    remainder starts at ``stop``."""
+    mask, suffix = vector.replace("_v", "_m", 1), vector.split("_")[-1]
+    ident = "(" + vector + "){" + ", ".join([identity] * width) + "}"
+    inner = at + indent
+    lanes = "(" + mask + "){" + ", ".join(str(k) for k in range(width)) + "}"
+    lines = [at + f"if ({tail} < {stop}) {{", f"{inner}const {index_type} {var} = {stop} - {width};",
+             f"{inner}const {mask} {var}_new = {lanes} >= (tx_i{suffix[1:]})({width} - ({stop} - {tail}));"]
+    lines += [f"{inner}const {vector} {name} = tx_vload_{suffix}(&{expr(load)});" for load, name in body.loads]
+    zero = "(" + vector + "){" + ", ".join(["-0.0"] * width) + "}"
+    lines += [f"{inner}const {vector} {let.var} = {zero} + ({expr(let.value)});" for let in body.lets]
+    lines += [f"{inner}{a.var}_l0 {a.op}= ({vector})((({mask})({expr(a.value)}) & {var}_new) | "
+              f"(({mask}){ident} & ~{var}_new));" for a in body.accums]
+    lines += [f"{inner}{var}_rest = {stop};", at + "}"]
+    return lines
+
+
+__all__ = ["VECTOR_SUFFIX", "VectorBody", "vector_block", "vector_body", "vector_rest"]
