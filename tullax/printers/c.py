@@ -56,7 +56,7 @@ from tullax.printers.c_clear import CLEAR_FUNCTION, CLEAR_SOURCE
 from tullax.printers.c_mvec import MVEC_DECLARATIONS
 from tullax.printers.c_packed import packed_source
 from tullax.printers.c_plain import plain_prelude
-from tullax.printers.c_vector import vector_block, vector_body, vector_rest
+from tullax.printers.c_vector import LaneLoop, lane_vectors, vector_body
 from tullax.printers.clike import (
     TYPE_SUFFIX,
     TYPEDEFS,
@@ -249,9 +249,6 @@ class CPrinter(CLikePrinter):
         direct = None if self.plain else vector_body(var, lets, accums, dtype)
 
         def block(first: str, count: int, at: str) -> list[str]:
-            if direct is not None:
-                return vector_block(direct, var, first, count // width, vector, width, at, self.indent, idx,
-                                    self.expr)
             # the terms of a block into an array by a loop without a reduction, then added to the lanes' vectors
             lines = [f"{at}{ctype} {', '.join(f'{a.var}_t[{count}]' for a in accums)};",
                      f"{at}#pragma omp simd{private}",
@@ -282,16 +279,16 @@ class CPrinter(CLikePrinter):
             lines.append(f"{if_pad}{vector} {', '.join(f'{a.var}_l{c} = {{{ident}}}' for c in chains)};")
             if direct is None:
                 lines.append(f"{if_pad}{vector} {', '.join(f'{a.var}_t{c}' for c in chains)};")
-        lines.append(f"{if_pad}for ({idx} {var}_blk = {start}; {var}_blk < {var}_top; {var}_blk += {lanes}) {{")
-        lines += block(f"{var}_blk", lanes, deep)
-        lines.append(if_pad + "}")
-        if lanes > width:
-            lines.append(f"{if_pad}if ({var}_top < {var}_tail) {{")
-            lines += block(f"{var}_top", width, deep)
+        if direct is not None:  # the remainder as one more vector too, the loop's last (``vector_rest``)
+            lanes_loop = LaneLoop(var, start, self.expr(loop.stop), lanes, width, vector, _IDENTITY[accums[0].op],
+                                  idx, self.indent)
+            lines += lane_vectors(direct, lanes_loop, if_pad, self.expr)
+        else:
+            lines.append(f"{if_pad}for ({idx} {var}_blk = {start}; {var}_blk < {var}_top; {var}_blk += {lanes}) {{")
+            lines += block(f"{var}_blk", lanes, deep)
             lines.append(if_pad + "}")
-        if direct is not None:  # the remainder as one more vector, the loop's last (``vector_rest``)
-            lines += vector_rest(direct, var, self.expr(loop.stop), f"{var}_tail", vector, width,
-                                 _IDENTITY[accums[0].op], if_pad, self.indent, idx, self.expr)
+            if lanes > width:
+                lines += [f"{if_pad}if ({var}_top < {var}_tail) {{", *block(f"{var}_top", width, deep), if_pad + "}"]
         for a in accums:
             each = f"for (int k = 0; k < {width}; ++k) " if self.plain else ""
             lines += [f"{if_pad}{each}{a.var}_l0{'[k]' if each else ''} {a.op}= {a.var}_l{c}{'[k]' if each else ''};"

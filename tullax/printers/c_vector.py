@@ -10,6 +10,7 @@ form's hold: IEEE throughout (NaN and inf reach the fold, -0.0 starts stay -0.0)
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -88,44 +89,132 @@ def _unit_step(index: Expr, var: str) -> bool:
     return False
 
 
-def vector_block(body: VectorBody, var: str, first: str, chains: int, vector: str, width: int, at: str,
-                 indent: str, index_type: str, expr: Callable[[Expr], str]) -> list[str]:
+@dataclass(frozen=True)
+class LaneLoop:
+    """How a lane loop over ``var`` prints: its bounds (C text), ``lanes`` partial sums per accumulator in vectors
+    of ``width`` (type ``vector``), the op's ``identity``, the index type and one indentation step."""
+
+    var: str
+    start: str
+    stop: str
+    lanes: int
+    width: int
+    vector: str
+    identity: str
+    index_type: str
+    indent: str
+
+    @property
+    def mask(self) -> str:
+        return self.vector.replace("_v", "_m", 1)
+
+    def splat(self, value: str) -> str:
+        return "(" + self.vector + "){" + ", ".join([value] * self.width) + "}"
+
+
+def lane_vectors(body: VectorBody, loop: LaneLoop, at: str, expr: Callable[[Expr], str]) -> list[str]:
+    """The vector part of a lane loop (``vector_part``); where a term scales a difference by a power of two,
+    first with the factor spread over the difference's operands (``scaled_body``), then, only where a lane came
+    out inf or NaN, again from the identity as the IR says."""
+    scaled = scaled_body(body)
+    if scaled is None:
+        return vector_part(body, loop, at, expr)
+    names = [f"{a.var}_l{c}" for a in body.accums for c in range(loop.lanes // loop.width)]
+    check = " + ".join(f"({name} - {name})" for name in names)  # +0 in each lane where every lane is finite
+    suffix, inner = loop.vector.split("_")[-1], at + loop.indent
+    return [*vector_part(scaled, loop, at, expr),
+            f"{at}if (!(tx_vfoldadd_{suffix}({check}, 0) == 0)) {{",
+            *(f"{inner}{name} = {loop.splat(loop.identity)};" for name in names),
+            *vector_part(body, loop, inner, expr), at + "}"]
+
+
+def scaled_body(body: VectorBody) -> VectorBody | None:
+    """``body`` with each ``c*(a - b)`` (or ``+``) of an accumulated value, ``c`` a power of two of at least 2 in
+    magnitude, written ``c*a - c*b``, or None where there is none: where ``a`` or ``b`` repeats across the terms
+    of a register tile (a row's load, a loop-invariant value), its product is shared, one multiplication fewer per
+    term. Scaling by a power of two is exact but for overflow, so a term differs from the IR's only where ``c*a``
+    or ``c*b`` is inf (an operand that large); then the term is inf or NaN, as is its lane, since the path from
+    it to the accumulation holds only ``+ - *``, negation and numerators (``lane_vectors`` checks the lanes).
+    A power of two below 1 is not spread (halving a subnormal rounds)."""
+    changed = False
+
+    def scale(expr: Expr) -> Expr:
+        nonlocal changed
+        if isinstance(expr, UnOp) and expr.op == "neg":
+            return UnOp("neg", scale(expr.arg), expr.dtype)
+        if not isinstance(expr, BinOp) or expr.op not in _ARITHMETIC:
+            return expr
+        for factor, other in ((expr.lhs, expr.rhs), (expr.rhs, expr.lhs)):
+            if expr.op == "*" and _power_of_two(factor) and isinstance(other, BinOp) and other.op in ("+", "-"):
+                changed = True
+                return BinOp(other.op, BinOp("*", factor, other.lhs, expr.dtype),
+                             BinOp("*", factor, other.rhs, expr.dtype), expr.dtype)
+        if expr.op == "/":  # a denominator of inf gives 0: only the numerator keeps the check's reach
+            return BinOp("/", scale(expr.lhs), expr.rhs, expr.dtype)
+        return BinOp(expr.op, scale(expr.lhs), scale(expr.rhs), expr.dtype)
+
+    accums = tuple(Accum(a.var, a.op, scale(a.value)) for a in body.accums)
+    return VectorBody(body.loads, body.lets, accums) if changed else None
+
+
+def _power_of_two(expr: Expr) -> bool:
+    if not isinstance(expr, Const) or isinstance(expr.value, (bool, complex)):
+        return False
+    magnitude = abs(float(expr.value))
+    return magnitude >= 2 and math.isfinite(magnitude) and math.frexp(magnitude)[0] == 0.5
+
+
+def vector_part(body: VectorBody, loop: LaneLoop, at: str, expr: Callable[[Expr], str]) -> list[str]:
+    """Blocks of ``lanes`` iterations from ``start`` to ``{var}_top``, a last vector to ``{var}_tail`` where the
+    chains are several, then the remainder (``vector_rest``)."""
+    var, deep = loop.var, at + loop.indent
+    lines = [f"{at}for ({loop.index_type} {var}_blk = {loop.start}; {var}_blk < {var}_top; {var}_blk += "
+             f"{loop.lanes}) {{", *vector_block(body, loop, f"{var}_blk", loop.lanes // loop.width, deep, expr),
+             at + "}"]
+    if loop.lanes > loop.width:
+        lines += [f"{at}if ({var}_top < {var}_tail) {{", *vector_block(body, loop, f"{var}_top", 1, deep, expr),
+                  at + "}"]
+    return lines + vector_rest(body, loop, at, expr)
+
+
+def vector_block(body: VectorBody, loop: LaneLoop, first: str, chains: int, at: str,
+                 expr: Callable[[Expr], str]) -> list[str]:
     """``chains`` vectors of terms from ``first``: chain c reads iterations ``first + c*width`` on and adds into
     lane vector ``{acc}_l{c}``. A local starts as -0.0 plus its value (a broadcast where it does not move; x +
     -0.0 is x for every x)."""
-    zero = "(" + vector + "){" + ", ".join(["-0.0"] * width) + "}"
+    var, suffix = loop.var, loop.vector.split("_")[-1]
     lines: list[str] = []
     for c in range(chains):
-        inner = at + indent
-        lines += [at + "{", f"{inner}const {index_type} {var} = {first} + {c * width};"]
-        suffix = vector.split("_")[-1]
-        lines += [f"{inner}const {vector} {name} = tx_vload_{suffix}(&{expr(load)});" for load, name in body.loads]
-        lines += [f"{inner}const {vector} {let.var} = {zero} + ({expr(let.value)});" for let in body.lets]
+        inner = at + loop.indent
+        lines += [at + "{", f"{inner}const {loop.index_type} {var} = {first} + {c * loop.width};"]
+        lines += [f"{inner}const {loop.vector} {name} = tx_vload_{suffix}(&{expr(load)});"
+                  for load, name in body.loads]
+        lines += [f"{inner}const {loop.vector} {let.var} = {loop.splat('-0.0')} + ({expr(let.value)});"
+                  for let in body.lets]
         lines += [f"{inner}{a.var}_l{c} {a.op}= {expr(a.value)};" for a in body.accums]
         lines.append(at + "}")
     return lines
 
 
-def vector_rest(body: VectorBody, var: str, stop: str, tail: str, vector: str, width: int, identity: str, at: str,
-                indent: str, index_type: str, expr: Callable[[Expr], str]) -> list[str]:
-    """The iterations from ``tail`` to ``stop`` (fewer than ``width``) as one vector, the last ``width``
-    iterations of the loop: the lanes of the ones the blocks already took hold the op's ``identity`` (a bitwise
-    select, not a product by zero: a NaN term there stays out) and the others their term, added into lane vector
-    ``{acc}_l0``. For a loop of at least ``width`` iterations, so every read is one the loop makes; then the
-    remainder starts at ``stop``."""
-    mask, suffix = vector.replace("_v", "_m", 1), vector.split("_")[-1]
-    ident = "(" + vector + "){" + ", ".join([identity] * width) + "}"
-    inner = at + indent
+def vector_rest(body: VectorBody, loop: LaneLoop, at: str, expr: Callable[[Expr], str]) -> list[str]:
+    """The iterations from ``{var}_tail`` to ``stop`` (fewer than ``width``) as one vector, the last ``width``
+    iterations of the loop: the lanes of the ones the blocks already took hold the op's identity (a bitwise
+    select, not a product by zero: a NaN or inf term there stays out) and the others their term, added into
+    lane vector ``{acc}_l0``. For a loop of at least ``width`` iterations, so every read is one the loop makes;
+    then the scalar remainder starts at ``stop`` (``{var}_rest``)."""
+    var, width, stop, mask = loop.var, loop.width, loop.stop, loop.mask
+    suffix, inner = loop.vector.split("_")[-1], at + loop.indent
     lanes = "(" + mask + "){" + ", ".join(str(k) for k in range(width)) + "}"
-    lines = [at + f"if ({tail} < {stop}) {{", f"{inner}const {index_type} {var} = {stop} - {width};",
-             f"{inner}const {mask} {var}_new = {lanes} >= (tx_i{suffix[1:]})({width} - ({stop} - {tail}));"]
-    lines += [f"{inner}const {vector} {name} = tx_vload_{suffix}(&{expr(load)});" for load, name in body.loads]
-    zero = "(" + vector + "){" + ", ".join(["-0.0"] * width) + "}"
-    lines += [f"{inner}const {vector} {let.var} = {zero} + ({expr(let.value)});" for let in body.lets]
-    lines += [f"{inner}{a.var}_l0 {a.op}= ({vector})((({mask})({expr(a.value)}) & {var}_new) | "
-              f"(({mask}){ident} & ~{var}_new));" for a in body.accums]
+    lines = [at + f"if ({var}_tail < {stop}) {{", f"{inner}const {loop.index_type} {var} = {stop} - {width};",
+             f"{inner}const {mask} {var}_new = {lanes} >= (tx_i{suffix[1:]})({width} - ({stop} - {var}_tail));"]
+    lines += [f"{inner}const {loop.vector} {name} = tx_vload_{suffix}(&{expr(load)});" for load, name in body.loads]
+    lines += [f"{inner}const {loop.vector} {let.var} = {loop.splat('-0.0')} + ({expr(let.value)});"
+              for let in body.lets]
+    lines += [f"{inner}{a.var}_l0 {a.op}= ({loop.vector})((({mask})({expr(a.value)}) & {var}_new) | "
+              f"(({mask}){loop.splat(loop.identity)} & ~{var}_new));" for a in body.accums]
     lines += [f"{inner}{var}_rest = {stop};", at + "}"]
     return lines
 
 
-__all__ = ["VECTOR_SUFFIX", "VectorBody", "vector_block", "vector_body", "vector_rest"]
+__all__ = ["LaneLoop", "VECTOR_SUFFIX", "VectorBody", "lane_vectors", "scaled_body", "vector_block", "vector_body",
+           "vector_rest"]
