@@ -162,7 +162,7 @@ def test_the_remainder_of_a_lane_loop_is_one_more_vector_whose_old_lanes_hold_th
     n = 30  # float32: a block of 16, a vector of 8, then 6 (lanes 22..29); float64: one of 8, one of 4, then 2
     source = module_source(analysed("s[i] := x[i,j]*y[i,j]"), dtype)
     forward = source[source.index("void forward("):source.index("void forward_packed(")]
-    assert "_new = (tx_m" in forward and "_rest = n" in forward
+    assert "_masks[" in forward and "_rest = n" in forward
     x, y = np.ones((5, n), dtype), np.ones((5, n), dtype)
     x[1] = -0.0  # -0.0 lanes: zero
     x[2, n - 8] = np.inf  # in the blocks and in a lane of the last vector that the blocks took

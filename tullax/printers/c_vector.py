@@ -204,9 +204,13 @@ def vector_rest(body: VectorBody, loop: LaneLoop, at: str, expr: Callable[[Expr]
     then the scalar remainder starts at ``stop`` (``{var}_rest``)."""
     var, width, stop, mask = loop.var, loop.width, loop.stop, loop.mask
     suffix, inner = loop.vector.split("_")[-1], at + loop.indent
-    lanes = "(" + mask + "){" + ", ".join(str(k) for k in range(width)) + "}"
+    # the mask from a table, read in the branch: a constant vector of lane numbers would be hoisted out of the
+    # enclosing loops and kept live (spilled around a call) where the branch never runs
+    table = ", ".join(["0"] * width + ["-1"] * width)
     lines = [at + f"if ({var}_tail < {stop}) {{", f"{inner}const {loop.index_type} {var} = {stop} - {width};",
-             f"{inner}const {mask} {var}_new = {lanes} >= (tx_i{suffix[1:]})({width} - ({stop} - {var}_tail));"]
+             f"{inner}static const tx_i{suffix[1:]} {var}_masks[{2 * width}] = {{{table}}};",
+             f"{inner}{mask} {var}_new;",
+             f"{inner}memcpy(&{var}_new, &{var}_masks[{stop} - {var}_tail], sizeof({var}_new));"]
     lines += [f"{inner}const {loop.vector} {name} = tx_vload_{suffix}(&{expr(load)});" for load, name in body.loads]
     lines += [f"{inner}const {loop.vector} {let.var} = {loop.splat('-0.0')} + ({expr(let.value)});"
               for let in body.lets]

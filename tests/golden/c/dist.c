@@ -569,7 +569,9 @@ void grad0_step0(
                         }
                         if (i2_tail < n3) {
                             const tx_i64 i2 = n3 - 8;
-                            const tx_m8_f32 i2_new = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(8 - (n3 - i2_tail));
+                            static const tx_i32 i2_masks[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
+                            tx_m8_f32 i2_new;
+                            memcpy(&i2_new, &i2_masks[n3 - i2_tail], sizeof(i2_new));
                             const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1_r0 * a1_e1 + i2]);
                             const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
                             const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
@@ -600,7 +602,9 @@ void grad0_step0(
                             }
                             if (i2_tail < n3) {
                                 const tx_i64 i2 = n3 - 8;
-                                const tx_m8_f32 i2_new = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(8 - (n3 - i2_tail));
+                                static const tx_i32 i2_masks[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
+                                tx_m8_f32 i2_new;
+                                memcpy(&i2_new, &i2_masks[n3 - i2_tail], sizeof(i2_new));
                                 const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1_r0 * a1_e1 + i2]);
                                 const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
                                 const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
@@ -660,7 +664,9 @@ void grad0_step0(
                                 }
                                 if (i2_tail < blk_hi) {
                                     const tx_i64 i2 = blk_hi - 8;
-                                    const tx_m8_f32 i2_new = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(8 - (blk_hi - i2_tail));
+                                    static const tx_i32 i2_masks[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
+                                    tx_m8_f32 i2_new;
+                                    memcpy(&i2_new, &i2_masks[blk_hi - i2_tail], sizeof(i2_new));
                                     const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1_r0 * a1_e1 + i2]);
                                     const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
                                     const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
@@ -691,7 +697,9 @@ void grad0_step0(
                                     }
                                     if (i2_tail < blk_hi) {
                                         const tx_i64 i2 = blk_hi - 8;
-                                        const tx_m8_f32 i2_new = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(8 - (blk_hi - i2_tail));
+                                        static const tx_i32 i2_masks[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
+                                        tx_m8_f32 i2_new;
+                                        memcpy(&i2_new, &i2_masks[blk_hi - i2_tail], sizeof(i2_new));
                                         const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1_r0 * a1_e1 + i2]);
                                         const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
                                         const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
@@ -765,7 +773,9 @@ void grad0_step0(
                                 }
                                 if (i2_tail < n3) {
                                     const tx_i64 i2 = n3 - 8;
-                                    const tx_m8_f32 i2_new = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(8 - (n3 - i2_tail));
+                                    static const tx_i32 i2_masks[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
+                                    tx_m8_f32 i2_new;
+                                    memcpy(&i2_new, &i2_masks[n3 - i2_tail], sizeof(i2_new));
                                     const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1 * a1_e1 + i2]);
                                     const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i2]);
                                     i2_s_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (t0 - i2_ld1)) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
@@ -816,7 +826,9 @@ void grad0_step0(
                                         }
                                         if (i2_tail < blk_hi) {
                                             const tx_i64 i2 = blk_hi - 8;
-                                            const tx_m8_f32 i2_new = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(8 - (blk_hi - i2_tail));
+                                            static const tx_i32 i2_masks[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
+                                            tx_m8_f32 i2_new;
+                                            memcpy(&i2_new, &i2_masks[blk_hi - i2_tail], sizeof(i2_new));
                                             const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1 * a1_e1 + i2]);
                                             const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i2]);
                                             i2_s1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (t0 - i2_ld1)) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));

@@ -448,7 +448,9 @@ void forward(
                 }
                 if (i0_tail < blk_hi) {
                     const tx_i64 i0 = blk_hi - 8;
-                    const tx_m8_f32 i0_new = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(8 - (blk_hi - i0_tail));
+                    static const tx_i32 i0_masks[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
+                    tx_m8_f32 i0_new;
+                    memcpy(&i0_new, &i0_masks[blk_hi - i0_tail], sizeof(i0_new));
                     const tx_v8_f32 i0_ld0 = tx_vload_f32(&a1[i0]);
                     const tx_v8_f32 i0_ld1 = tx_vload_f32(&a2[i0]);
                     acc_part_l0 += (tx_v8_f32)(((tx_m8_f32)(i0_ld0 * i0_ld1) & i0_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i0_new));
