@@ -10,7 +10,6 @@ form's hold: IEEE throughout (NaN and inf reach the fold, -0.0 starts stay -0.0)
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -113,58 +112,6 @@ class LaneLoop:
 
 
 def lane_vectors(body: VectorBody, loop: LaneLoop, at: str, expr: Callable[[Expr], str]) -> list[str]:
-    """The vector part of a lane loop (``vector_part``); where a term scales a difference by a power of two,
-    first with the factor spread over the difference's operands (``scaled_body``), then, only where a lane came
-    out inf or NaN, again from the identity as the IR says."""
-    scaled = scaled_body(body)
-    if scaled is None:
-        return vector_part(body, loop, at, expr)
-    names = [f"{a.var}_l{c}" for a in body.accums for c in range(loop.lanes // loop.width)]
-    check = " + ".join(f"({name} - {name})" for name in names)  # +0 in each lane where every lane is finite
-    suffix, inner = loop.vector.split("_")[-1], at + loop.indent
-    return [*vector_part(scaled, loop, at, expr),
-            f"{at}if (!(tx_vfoldadd_{suffix}({check}, 0) == 0)) {{",
-            *(f"{inner}{name} = {loop.splat(loop.identity)};" for name in names),
-            *vector_part(body, loop, inner, expr), at + "}"]
-
-
-def scaled_body(body: VectorBody) -> VectorBody | None:
-    """``body`` with each ``c*(a - b)`` (or ``+``) of an accumulated value, ``c`` a power of two of at least 2 in
-    magnitude, written ``c*a - c*b``, or None where there is none: where ``a`` or ``b`` repeats across the terms
-    of a register tile (a row's load, a loop-invariant value), its product is shared, one multiplication fewer per
-    term. Scaling by a power of two is exact but for overflow, so a term differs from the IR's only where ``c*a``
-    or ``c*b`` is inf (an operand that large); then the term is inf or NaN, as is its lane, since the path from
-    it to the accumulation holds only ``+ - *``, negation and numerators (``lane_vectors`` checks the lanes).
-    A power of two below 1 is not spread (halving a subnormal rounds)."""
-    changed = False
-
-    def scale(expr: Expr) -> Expr:
-        nonlocal changed
-        if isinstance(expr, UnOp) and expr.op == "neg":
-            return UnOp("neg", scale(expr.arg), expr.dtype)
-        if not isinstance(expr, BinOp) or expr.op not in _ARITHMETIC:
-            return expr
-        for factor, other in ((expr.lhs, expr.rhs), (expr.rhs, expr.lhs)):
-            if expr.op == "*" and _power_of_two(factor) and isinstance(other, BinOp) and other.op in ("+", "-"):
-                changed = True
-                return BinOp(other.op, BinOp("*", factor, other.lhs, expr.dtype),
-                             BinOp("*", factor, other.rhs, expr.dtype), expr.dtype)
-        if expr.op == "/":  # a denominator of inf gives 0: only the numerator keeps the check's reach
-            return BinOp("/", scale(expr.lhs), expr.rhs, expr.dtype)
-        return BinOp(expr.op, scale(expr.lhs), scale(expr.rhs), expr.dtype)
-
-    accums = tuple(Accum(a.var, a.op, scale(a.value)) for a in body.accums)
-    return VectorBody(body.loads, body.lets, accums) if changed else None
-
-
-def _power_of_two(expr: Expr) -> bool:
-    if not isinstance(expr, Const) or isinstance(expr.value, (bool, complex)):
-        return False
-    magnitude = abs(float(expr.value))
-    return magnitude >= 2 and math.isfinite(magnitude) and math.frexp(magnitude)[0] == 0.5
-
-
-def vector_part(body: VectorBody, loop: LaneLoop, at: str, expr: Callable[[Expr], str]) -> list[str]:
     """Blocks of ``lanes`` iterations from ``start`` to ``{var}_top``, a last vector to ``{var}_tail`` where the
     chains are several, then the remainder (``vector_rest``)."""
     var, deep = loop.var, at + loop.indent
@@ -220,5 +167,5 @@ def vector_rest(body: VectorBody, loop: LaneLoop, at: str, expr: Callable[[Expr]
     return lines
 
 
-__all__ = ["LaneLoop", "VECTOR_SUFFIX", "VectorBody", "lane_vectors", "scaled_body", "vector_block", "vector_body",
+__all__ = ["LaneLoop", "VECTOR_SUFFIX", "VectorBody", "lane_vectors", "vector_block", "vector_body",
            "vector_rest"]

@@ -561,10 +561,10 @@ void grad0_step0(
                                 const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
                                 const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
                                 const tx_v8_f32 i2_ld3 = tx_vload_f32(&a3[(i0_r0 + 1) * a3_e1 + i2]);
-                                acc_part_0_0_l0 += i2_ld0 * (2.0f * t0_0_0 - 2.0f * i2_ld1);
-                                acc_part_0_1_l0 += i2_ld2 * (2.0f * t0_0_1 - 2.0f * i2_ld1);
-                                acc_part_1_0_l0 += i2_ld0 * (2.0f * t0_1_0 - 2.0f * i2_ld3);
-                                acc_part_1_1_l0 += i2_ld2 * (2.0f * t0_1_1 - 2.0f * i2_ld3);
+                                acc_part_0_0_l0 += i2_ld0 * (2.0f * (t0_0_0 - i2_ld1));
+                                acc_part_0_1_l0 += i2_ld2 * (2.0f * (t0_0_1 - i2_ld1));
+                                acc_part_1_0_l0 += i2_ld0 * (2.0f * (t0_1_0 - i2_ld3));
+                                acc_part_1_1_l0 += i2_ld2 * (2.0f * (t0_1_1 - i2_ld3));
                             }
                         }
                         if (i2_tail < n3) {
@@ -576,45 +576,11 @@ void grad0_step0(
                             const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
                             const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
                             const tx_v8_f32 i2_ld3 = tx_vload_f32(&a3[(i0_r0 + 1) * a3_e1 + i2]);
-                            acc_part_0_0_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (2.0f * t0_0_0 - 2.0f * i2_ld1)) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                            acc_part_0_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * t0_0_1 - 2.0f * i2_ld1)) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                            acc_part_1_0_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (2.0f * t0_1_0 - 2.0f * i2_ld3)) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                            acc_part_1_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * t0_1_1 - 2.0f * i2_ld3)) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                            acc_part_0_0_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (2.0f * (t0_0_0 - i2_ld1))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                            acc_part_0_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * (t0_0_1 - i2_ld1))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                            acc_part_1_0_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (2.0f * (t0_1_0 - i2_ld3))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                            acc_part_1_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * (t0_1_1 - i2_ld3))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
                             i2_rest = n3;
-                        }
-                        if (!(tx_vfoldadd_f32((acc_part_0_0_l0 - acc_part_0_0_l0) + (acc_part_0_1_l0 - acc_part_0_1_l0) + (acc_part_1_0_l0 - acc_part_1_0_l0) + (acc_part_1_1_l0 - acc_part_1_1_l0), 0) == 0)) {
-                            acc_part_0_0_l0 = (tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                            acc_part_0_1_l0 = (tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                            acc_part_1_0_l0 = (tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                            acc_part_1_1_l0 = (tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                            for (tx_i64 i2_blk = 0; i2_blk < i2_top; i2_blk += 8) {
-                                {
-                                    const tx_i64 i2 = i2_blk + 0;
-                                    const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1_r0 * a1_e1 + i2]);
-                                    const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
-                                    const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
-                                    const tx_v8_f32 i2_ld3 = tx_vload_f32(&a3[(i0_r0 + 1) * a3_e1 + i2]);
-                                    acc_part_0_0_l0 += i2_ld0 * (2.0f * (t0_0_0 - i2_ld1));
-                                    acc_part_0_1_l0 += i2_ld2 * (2.0f * (t0_0_1 - i2_ld1));
-                                    acc_part_1_0_l0 += i2_ld0 * (2.0f * (t0_1_0 - i2_ld3));
-                                    acc_part_1_1_l0 += i2_ld2 * (2.0f * (t0_1_1 - i2_ld3));
-                                }
-                            }
-                            if (i2_tail < n3) {
-                                const tx_i64 i2 = n3 - 8;
-                                static const tx_i32 i2_masks[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
-                                tx_m8_f32 i2_new;
-                                memcpy(&i2_new, &i2_masks[n3 - i2_tail], sizeof(i2_new));
-                                const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1_r0 * a1_e1 + i2]);
-                                const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
-                                const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
-                                const tx_v8_f32 i2_ld3 = tx_vload_f32(&a3[(i0_r0 + 1) * a3_e1 + i2]);
-                                acc_part_0_0_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (2.0f * (t0_0_0 - i2_ld1))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                                acc_part_0_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * (t0_0_1 - i2_ld1))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                                acc_part_1_0_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (2.0f * (t0_1_0 - i2_ld3))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                                acc_part_1_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * (t0_1_1 - i2_ld3))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                                i2_rest = n3;
-                            }
                         }
                         acc_part_0_0 = tx_vfoldadd_f32(acc_part_0_0_l0, acc_part_0_0);
                         acc_part_0_1 = tx_vfoldadd_f32(acc_part_0_1_l0, acc_part_0_1);
@@ -656,10 +622,10 @@ void grad0_step0(
                                         const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
                                         const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
                                         const tx_v8_f32 i2_ld3 = tx_vload_f32(&a3[(i0_r0 + 1) * a3_e1 + i2]);
-                                        acc_part_0_0_l0 += i2_ld0 * (2.0f * t0_0_0 - 2.0f * i2_ld1);
-                                        acc_part_0_1_l0 += i2_ld2 * (2.0f * t0_0_1 - 2.0f * i2_ld1);
-                                        acc_part_1_0_l0 += i2_ld0 * (2.0f * t0_1_0 - 2.0f * i2_ld3);
-                                        acc_part_1_1_l0 += i2_ld2 * (2.0f * t0_1_1 - 2.0f * i2_ld3);
+                                        acc_part_0_0_l0 += i2_ld0 * (2.0f * (t0_0_0 - i2_ld1));
+                                        acc_part_0_1_l0 += i2_ld2 * (2.0f * (t0_0_1 - i2_ld1));
+                                        acc_part_1_0_l0 += i2_ld0 * (2.0f * (t0_1_0 - i2_ld3));
+                                        acc_part_1_1_l0 += i2_ld2 * (2.0f * (t0_1_1 - i2_ld3));
                                     }
                                 }
                                 if (i2_tail < blk_hi) {
@@ -671,45 +637,11 @@ void grad0_step0(
                                     const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
                                     const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
                                     const tx_v8_f32 i2_ld3 = tx_vload_f32(&a3[(i0_r0 + 1) * a3_e1 + i2]);
-                                    acc_part_0_0_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (2.0f * t0_0_0 - 2.0f * i2_ld1)) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                                    acc_part_0_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * t0_0_1 - 2.0f * i2_ld1)) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                                    acc_part_1_0_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (2.0f * t0_1_0 - 2.0f * i2_ld3)) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                                    acc_part_1_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * t0_1_1 - 2.0f * i2_ld3)) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                                    acc_part_0_0_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (2.0f * (t0_0_0 - i2_ld1))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                                    acc_part_0_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * (t0_0_1 - i2_ld1))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                                    acc_part_1_0_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (2.0f * (t0_1_0 - i2_ld3))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                                    acc_part_1_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * (t0_1_1 - i2_ld3))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
                                     i2_rest = blk_hi;
-                                }
-                                if (!(tx_vfoldadd_f32((acc_part_0_0_l0 - acc_part_0_0_l0) + (acc_part_0_1_l0 - acc_part_0_1_l0) + (acc_part_1_0_l0 - acc_part_1_0_l0) + (acc_part_1_1_l0 - acc_part_1_1_l0), 0) == 0)) {
-                                    acc_part_0_0_l0 = (tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                                    acc_part_0_1_l0 = (tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                                    acc_part_1_0_l0 = (tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                                    acc_part_1_1_l0 = (tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
-                                    for (tx_i64 i2_blk = blk_lo; i2_blk < i2_top; i2_blk += 8) {
-                                        {
-                                            const tx_i64 i2 = i2_blk + 0;
-                                            const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1_r0 * a1_e1 + i2]);
-                                            const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
-                                            const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
-                                            const tx_v8_f32 i2_ld3 = tx_vload_f32(&a3[(i0_r0 + 1) * a3_e1 + i2]);
-                                            acc_part_0_0_l0 += i2_ld0 * (2.0f * (t0_0_0 - i2_ld1));
-                                            acc_part_0_1_l0 += i2_ld2 * (2.0f * (t0_0_1 - i2_ld1));
-                                            acc_part_1_0_l0 += i2_ld0 * (2.0f * (t0_1_0 - i2_ld3));
-                                            acc_part_1_1_l0 += i2_ld2 * (2.0f * (t0_1_1 - i2_ld3));
-                                        }
-                                    }
-                                    if (i2_tail < blk_hi) {
-                                        const tx_i64 i2 = blk_hi - 8;
-                                        static const tx_i32 i2_masks[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
-                                        tx_m8_f32 i2_new;
-                                        memcpy(&i2_new, &i2_masks[blk_hi - i2_tail], sizeof(i2_new));
-                                        const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1_r0 * a1_e1 + i2]);
-                                        const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
-                                        const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
-                                        const tx_v8_f32 i2_ld3 = tx_vload_f32(&a3[(i0_r0 + 1) * a3_e1 + i2]);
-                                        acc_part_0_0_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (2.0f * (t0_0_0 - i2_ld1))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                                        acc_part_0_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * (t0_0_1 - i2_ld1))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                                        acc_part_1_0_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (2.0f * (t0_1_0 - i2_ld3))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                                        acc_part_1_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * (t0_1_1 - i2_ld3))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                                        i2_rest = blk_hi;
-                                    }
                                 }
                                 acc_part_0_0 = tx_vfoldadd_f32(acc_part_0_0_l0, acc_part_0_0);
                                 acc_part_0_1 = tx_vfoldadd_f32(acc_part_0_1_l0, acc_part_0_1);
