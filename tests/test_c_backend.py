@@ -154,13 +154,14 @@ def test_sum_lanes_of_plain_arithmetic_run_on_vectors_and_keep_ieee_values():
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_the_remainder_of_a_lane_loop_is_one_more_vector_whose_old_lanes_hold_the_identity(dtype: str):
     """The iterations after the lanes' last whole vector are the loop's last vector, with the lanes the blocks
-    already took set to the op's identity by a bitwise select (``c_vector.vector_rest``), not a scalar loop: each
-    term counted once (a row of 30 ones sums to 30, of 30 twos multiplies to 2**30), and an inf in
-    an overlapped lane is not turned into NaN by a product with a zero mask."""
+    already took set to the op's identity by a bitwise select (``c_vector.vector_rest``), not a scalar loop, which
+    only a loop shorter than a vector runs (the ``else``): each term counted once (a row of 30 ones sums to 30, of
+    30 twos multiplies to 2**30), and an inf in an overlapped lane is not turned into NaN by a product with a zero
+    mask."""
     n = 30  # float32: a block of 16, a vector of 8, then 6 (lanes 22..29); float64: one of 8, one of 4, then 2
     source = module_source(analysed("s[i] := x[i,j]*y[i,j]"), dtype)
     forward = source[source.index("void forward("):source.index("void forward_packed(")]
-    assert "_masks[" in forward and "_rest = n" in forward
+    assert "_new = (tx_m" in forward and "} else {" in forward
     x, y = np.ones((5, n), dtype), np.ones((5, n), dtype)
     x[1] = -0.0  # -0.0 lanes: zero
     x[2, n - 8] = np.inf  # in the blocks and in a lane of the last vector that the blocks took

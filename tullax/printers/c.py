@@ -270,7 +270,7 @@ class CPrinter(CLikePrinter):
         chains = range(lanes // width)
         lines = [pad + "{", f"{inner_pad}const {idx} {var}_top = {self.expr(top)};",
                  f"{inner_pad}const {idx} {var}_tail = {self.expr(tail)};",
-                 f"{inner_pad}{idx} {var}_rest = {var}_tail;", f"{inner_pad}if ({var}_tail > {start}) {{"]
+                 f"{inner_pad}if ({var}_tail > {start}) {{"]
         for a in accums:  # plain: arrays of lanes, added lane by lane as the vectors are
             ident = ", ".join([_IDENTITY[a.op]] * width)
             if self.plain:
@@ -295,8 +295,12 @@ class CPrinter(CLikePrinter):
                       for c in chains[1:]]
             fold = "tx_pfold" if self.plain else "tx_vfold"
             lines.append(f"{if_pad}{a.var} = {fold}{_LANE_SUMS[a.op]}_{suffix}({a.var}_l0, {a.var});")
+        if direct is not None:  # the vectors took every iteration; a loop shorter than a vector, one by one
+            short = Loop(var, loop.start, loop.stop, False, loop.body)
+            return [*lines, inner_pad + "} else {", *super().loop(short, CPlace(place.depth + 2, place.declared)),
+                    inner_pad + "}", pad + "}"]
         lines.append(inner_pad + "}")
-        rest = Loop(var, Var(f"{var}_rest", INDEX), loop.stop, False, loop.body)
+        rest = Loop(var, Var(f"{var}_tail", INDEX), loop.stop, False, loop.body)
         return lines + super().loop(rest, CPlace(place.depth + 1, place.declared)) + [pad + "}"]
 
     def _lane_block(self, var: str, lets: Sequence[Let], accums: Sequence[Accum], chains: range, width: int,

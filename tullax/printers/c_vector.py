@@ -147,23 +147,18 @@ def vector_rest(body: VectorBody, loop: LaneLoop, at: str, expr: Callable[[Expr]
     """The iterations from ``{var}_tail`` to ``stop`` (fewer than ``width``) as one vector, the last ``width``
     iterations of the loop: the lanes of the ones the blocks already took hold the op's identity (a bitwise
     select, not a product by zero: a NaN or inf term there stays out) and the others their term, added into
-    lane vector ``{acc}_l0``. For a loop of at least ``width`` iterations, so every read is one the loop makes;
-    then the scalar remainder starts at ``stop`` (``{var}_rest``)."""
+    lane vector ``{acc}_l0``. For a loop of at least ``width`` iterations, so every read is one the loop makes."""
     var, width, stop, mask = loop.var, loop.width, loop.stop, loop.mask
     suffix, inner = loop.vector.split("_")[-1], at + loop.indent
-    # the mask from a table, read in the branch: a constant vector of lane numbers would be hoisted out of the
-    # enclosing loops and kept live (spilled around a call) where the branch never runs
-    table = ", ".join(["0"] * width + ["-1"] * width)
+    lanes = "(" + mask + "){" + ", ".join(str(k) for k in range(width)) + "}"
     lines = [at + f"if ({var}_tail < {stop}) {{", f"{inner}const {loop.index_type} {var} = {stop} - {width};",
-             f"{inner}static const tx_i{suffix[1:]} {var}_masks[{2 * width}] = {{{table}}};",
-             f"{inner}{mask} {var}_new;",
-             f"{inner}memcpy(&{var}_new, &{var}_masks[{stop} - {var}_tail], sizeof({var}_new));"]
+             f"{inner}const {mask} {var}_new = {lanes} >= (tx_i{suffix[1:]})({width} - ({stop} - {var}_tail));"]
     lines += [f"{inner}const {loop.vector} {name} = tx_vload_{suffix}(&{expr(load)});" for load, name in body.loads]
     lines += [f"{inner}const {loop.vector} {let.var} = {loop.splat('-0.0')} + ({expr(let.value)});"
               for let in body.lets]
     lines += [f"{inner}{a.var}_l0 {a.op}= ({loop.vector})((({mask})({expr(a.value)}) & {var}_new) | "
               f"(({mask}){loop.splat(loop.identity)} & ~{var}_new));" for a in body.accums]
-    lines += [f"{inner}{var}_rest = {stop};", at + "}"]
+    lines.append(at + "}")
     return lines
 
 

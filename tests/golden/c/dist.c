@@ -548,7 +548,6 @@ void grad0_step0(
                 {
                     const tx_i64 i2_top = tx_floordiv_i64(tx_max_i64(n3, 0), 8) * 8;
                     const tx_i64 i2_tail = tx_floordiv_i64(tx_max_i64(n3, 0), 8) * 8;
-                    tx_i64 i2_rest = i2_tail;
                     if (i2_tail > 0) {
                         tx_v8_f32 acc_part_0_0_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
                         tx_v8_f32 acc_part_0_1_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
@@ -569,9 +568,7 @@ void grad0_step0(
                         }
                         if (i2_tail < n3) {
                             const tx_i64 i2 = n3 - 8;
-                            static const tx_i32 i2_masks[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
-                            tx_m8_f32 i2_new;
-                            memcpy(&i2_new, &i2_masks[n3 - i2_tail], sizeof(i2_new));
+                            const tx_m8_f32 i2_new = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(8 - (n3 - i2_tail));
                             const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1_r0 * a1_e1 + i2]);
                             const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
                             const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
@@ -580,18 +577,18 @@ void grad0_step0(
                             acc_part_0_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * (t0_0_1 - i2_ld1))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
                             acc_part_1_0_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (2.0f * (t0_1_0 - i2_ld3))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
                             acc_part_1_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * (t0_1_1 - i2_ld3))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                            i2_rest = n3;
                         }
                         acc_part_0_0 = tx_vfoldadd_f32(acc_part_0_0_l0, acc_part_0_0);
                         acc_part_0_1 = tx_vfoldadd_f32(acc_part_0_1_l0, acc_part_0_1);
                         acc_part_1_0 = tx_vfoldadd_f32(acc_part_1_0_l0, acc_part_1_0);
                         acc_part_1_1 = tx_vfoldadd_f32(acc_part_1_1_l0, acc_part_1_1);
-                    }
-                    for (tx_i64 i2 = i2_rest; i2 < n3; ++i2) {
-                        acc_part_0_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
-                        acc_part_0_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_0_1 - a3[i0_r0 * a3_e1 + i2]));
-                        acc_part_1_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_1_0 - a3[(i0_r0 + 1) * a3_e1 + i2]));
-                        acc_part_1_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_1_1 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                    } else {
+                        for (tx_i64 i2 = 0; i2 < n3; ++i2) {
+                            acc_part_0_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
+                            acc_part_0_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_0_1 - a3[i0_r0 * a3_e1 + i2]));
+                            acc_part_1_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_1_0 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                            acc_part_1_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_1_1 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                        }
                     }
                 }
                 if (n0 > 512) {
@@ -609,7 +606,6 @@ void grad0_step0(
                         {
                             const tx_i64 i2_top = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 8) * 8;
                             const tx_i64 i2_tail = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 8) * 8;
-                            tx_i64 i2_rest = i2_tail;
                             if (i2_tail > blk_lo) {
                                 tx_v8_f32 acc_part_0_0_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
                                 tx_v8_f32 acc_part_0_1_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
@@ -630,9 +626,7 @@ void grad0_step0(
                                 }
                                 if (i2_tail < blk_hi) {
                                     const tx_i64 i2 = blk_hi - 8;
-                                    static const tx_i32 i2_masks[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
-                                    tx_m8_f32 i2_new;
-                                    memcpy(&i2_new, &i2_masks[blk_hi - i2_tail], sizeof(i2_new));
+                                    const tx_m8_f32 i2_new = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(8 - (blk_hi - i2_tail));
                                     const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1_r0 * a1_e1 + i2]);
                                     const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i2]);
                                     const tx_v8_f32 i2_ld2 = tx_vload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
@@ -641,18 +635,18 @@ void grad0_step0(
                                     acc_part_0_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * (t0_0_1 - i2_ld1))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
                                     acc_part_1_0_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (2.0f * (t0_1_0 - i2_ld3))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
                                     acc_part_1_1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld2 * (2.0f * (t0_1_1 - i2_ld3))) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                                    i2_rest = blk_hi;
                                 }
                                 acc_part_0_0 = tx_vfoldadd_f32(acc_part_0_0_l0, acc_part_0_0);
                                 acc_part_0_1 = tx_vfoldadd_f32(acc_part_0_1_l0, acc_part_0_1);
                                 acc_part_1_0 = tx_vfoldadd_f32(acc_part_1_0_l0, acc_part_1_0);
                                 acc_part_1_1 = tx_vfoldadd_f32(acc_part_1_1_l0, acc_part_1_1);
-                            }
-                            for (tx_i64 i2 = i2_rest; i2 < blk_hi; ++i2) {
-                                acc_part_0_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
-                                acc_part_0_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_0_1 - a3[i0_r0 * a3_e1 + i2]));
-                                acc_part_1_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_1_0 - a3[(i0_r0 + 1) * a3_e1 + i2]));
-                                acc_part_1_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_1_1 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                            } else {
+                                for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
+                                    acc_part_0_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
+                                    acc_part_0_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_0_1 - a3[i0_r0 * a3_e1 + i2]));
+                                    acc_part_1_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_1_0 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                                    acc_part_1_1 += a1[(i1_r0 + 1) * a1_e1 + i2] * (2.0f * (t0_1_1 - a3[(i0_r0 + 1) * a3_e1 + i2]));
+                                }
                             }
                         }
                         acc_0_0 += ((double)acc_part_0_0);
@@ -678,7 +672,6 @@ void grad0_step0(
                         {
                             const tx_i64 i2_top = tx_floordiv_i64(tx_max_i64(n3, 0), 16) * 16;
                             const tx_i64 i2_tail = tx_floordiv_i64(tx_max_i64(n3, 0), 8) * 8;
-                            tx_i64 i2_rest = i2_tail;
                             if (i2_tail > 0) {
                                 tx_v8_f32 i2_s_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0}, i2_s_l1 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
                                 for (tx_i64 i2_blk = 0; i2_blk < i2_top; i2_blk += 16) {
@@ -705,19 +698,17 @@ void grad0_step0(
                                 }
                                 if (i2_tail < n3) {
                                     const tx_i64 i2 = n3 - 8;
-                                    static const tx_i32 i2_masks[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
-                                    tx_m8_f32 i2_new;
-                                    memcpy(&i2_new, &i2_masks[n3 - i2_tail], sizeof(i2_new));
+                                    const tx_m8_f32 i2_new = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(8 - (n3 - i2_tail));
                                     const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1 * a1_e1 + i2]);
                                     const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i2]);
                                     i2_s_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (t0 - i2_ld1)) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                                    i2_rest = n3;
                                 }
                                 i2_s_l0 += i2_s_l1;
                                 i2_s = tx_vfoldadd_f32(i2_s_l0, i2_s);
-                            }
-                            for (tx_i64 i2 = i2_rest; i2 < n3; ++i2) {
-                                i2_s += a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                            } else {
+                                for (tx_i64 i2 = 0; i2 < n3; ++i2) {
+                                    i2_s += a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                                }
                             }
                         }
                         acc_part += 2.0f * i2_s;
@@ -731,7 +722,6 @@ void grad0_step0(
                                 {
                                     const tx_i64 i2_top = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 16) * 16;
                                     const tx_i64 i2_tail = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 8) * 8;
-                                    tx_i64 i2_rest = i2_tail;
                                     if (i2_tail > blk_lo) {
                                         tx_v8_f32 i2_s1_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0}, i2_s1_l1 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
                                         for (tx_i64 i2_blk = blk_lo; i2_blk < i2_top; i2_blk += 16) {
@@ -758,19 +748,17 @@ void grad0_step0(
                                         }
                                         if (i2_tail < blk_hi) {
                                             const tx_i64 i2 = blk_hi - 8;
-                                            static const tx_i32 i2_masks[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
-                                            tx_m8_f32 i2_new;
-                                            memcpy(&i2_new, &i2_masks[blk_hi - i2_tail], sizeof(i2_new));
+                                            const tx_m8_f32 i2_new = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(8 - (blk_hi - i2_tail));
                                             const tx_v8_f32 i2_ld0 = tx_vload_f32(&a1[i1 * a1_e1 + i2]);
                                             const tx_v8_f32 i2_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i2]);
                                             i2_s1_l0 += (tx_v8_f32)(((tx_m8_f32)(i2_ld0 * (t0 - i2_ld1)) & i2_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i2_new));
-                                            i2_rest = blk_hi;
                                         }
                                         i2_s1_l0 += i2_s1_l1;
                                         i2_s1 = tx_vfoldadd_f32(i2_s1_l0, i2_s1);
-                                    }
-                                    for (tx_i64 i2 = i2_rest; i2 < blk_hi; ++i2) {
-                                        i2_s1 += a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                                    } else {
+                                        for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
+                                            i2_s1 += a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
+                                        }
                                     }
                                 }
                                 acc_part += 2.0f * i2_s1;

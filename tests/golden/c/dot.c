@@ -421,7 +421,6 @@ void forward(
         {
             const tx_i64 i0_top = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 16) * 16;
             const tx_i64 i0_tail = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 8) * 8;
-            tx_i64 i0_rest = i0_tail;
             if (i0_tail > blk_lo) {
                 tx_v8_f32 acc_part_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0}, acc_part_l1 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
                 for (tx_i64 i0_blk = blk_lo; i0_blk < i0_top; i0_blk += 16) {
@@ -448,19 +447,17 @@ void forward(
                 }
                 if (i0_tail < blk_hi) {
                     const tx_i64 i0 = blk_hi - 8;
-                    static const tx_i32 i0_masks[16] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
-                    tx_m8_f32 i0_new;
-                    memcpy(&i0_new, &i0_masks[blk_hi - i0_tail], sizeof(i0_new));
+                    const tx_m8_f32 i0_new = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(8 - (blk_hi - i0_tail));
                     const tx_v8_f32 i0_ld0 = tx_vload_f32(&a1[i0]);
                     const tx_v8_f32 i0_ld1 = tx_vload_f32(&a2[i0]);
                     acc_part_l0 += (tx_v8_f32)(((tx_m8_f32)(i0_ld0 * i0_ld1) & i0_new) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i0_new));
-                    i0_rest = blk_hi;
                 }
                 acc_part_l0 += acc_part_l1;
                 acc_part = tx_vfoldadd_f32(acc_part_l0, acc_part);
-            }
-            for (tx_i64 i0 = i0_rest; i0 < blk_hi; ++i0) {
-                acc_part += a1[i0] * a2[i0];
+            } else {
+                for (tx_i64 i0 = blk_lo; i0 < blk_hi; ++i0) {
+                    acc_part += a1[i0] * a2[i0];
+                }
             }
         }
         acc += ((double)acc_part);

@@ -532,7 +532,6 @@ void grad0_step0(
         {
             const tx_i64 i1_top = tx_floordiv_i64(tx_max_i64(n2, 0), 16) * 16;
             const tx_i64 i1_tail = tx_floordiv_i64(tx_max_i64(n2, 0), 8) * 8;
-            tx_i64 i1_rest = i1_tail;
             if (i1_tail > 0) {
                 tx_v8_f32 acc_part_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0}, acc_part_l1 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
                 tx_v8_f32 acc_part_t0, acc_part_t1;
@@ -561,7 +560,7 @@ void grad0_step0(
                 acc_part_l0 += acc_part_l1;
                 acc_part = tx_vfoldadd_f32(acc_part_l0, acc_part);
             }
-            for (tx_i64 i1 = i1_rest; i1 < n2; ++i1) {
+            for (tx_i64 i1 = i1_tail; i1 < n2; ++i1) {
                 acc_part += ((float)(a1[i0 * a1_e1 + i1] == t0));
             }
         }
@@ -574,7 +573,6 @@ void grad0_step0(
                 {
                     const tx_i64 i1_top = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 16) * 16;
                     const tx_i64 i1_tail = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 8) * 8;
-                    tx_i64 i1_rest = i1_tail;
                     if (i1_tail > blk_lo) {
                         tx_v8_f32 acc_part_l0 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0}, acc_part_l1 = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
                         tx_v8_f32 acc_part_t0, acc_part_t1;
@@ -603,7 +601,7 @@ void grad0_step0(
                         acc_part_l0 += acc_part_l1;
                         acc_part = tx_vfoldadd_f32(acc_part_l0, acc_part);
                     }
-                    for (tx_i64 i1 = i1_rest; i1 < blk_hi; ++i1) {
+                    for (tx_i64 i1 = i1_tail; i1 < blk_hi; ++i1) {
                         acc_part += ((float)(a1[i0 * a1_e1 + i1] == t0));
                     }
                 }
