@@ -227,7 +227,8 @@ class CPrinter(CLikePrinter):
         through their ``declare simd`` clones), and the block's vectors are added to the lanes, which stay in
         registers; ``omp simd reduction`` kept its lanes on the stack, with a scalar remainder. The lanes start from
         the op's identity (-0.0: a sum of -0.0s stays -0.0) and fold in a fixed order, halves with halves, into the
-        accumulator; then the remainder, one by one: deterministic, and NaN and inf reach the result. One
+        accumulator; then the remainder, one by one (on vectors, the loop's last vector, where the terms are plain
+        arithmetic: ``c_vector.vector_rest``): deterministic, and NaN and inf reach the result. One
         accumulator gets ``lane_count(dtype)`` lanes and a last block of ``vector_lanes(dtype)``; several (the rows
         of a register tile) one vector each."""
         pad, inner_pad, var = self.indent * place.depth, self.indent * (place.depth + 1), loop.var

@@ -6,7 +6,8 @@ of terms through a stack array (the general form, which calls vectorise through)
 tile's loaded vectors on the stack and read them back for every multiply-add.
 
 Lane by lane the same operations in the same order as the loop's terms, so the lanes hold what the general
-form's hold: IEEE throughout (NaN and inf reach the fold, -0.0 starts stay -0.0).
+form's hold: IEEE throughout (NaN and inf reach the fold, -0.0 starts stay -0.0). The iterations after the last
+whole vector are one more vector (``vector_rest``), not a scalar loop: a 30-term row paid 6 serial scalar terms.
 """
 from __future__ import annotations
 
