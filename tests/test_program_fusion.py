@@ -15,14 +15,15 @@ from program_cases import CASES
 import tullax
 from tullax.backends.program_host import host_program
 from tullax.compiler.fuse import NotFusable, fuse_program
-from tullax.compiler.loops import Let, Loop, Store, parallel_nest, walk_stmts
+from tullax.compiler.loops import Buffer, Let, Loop, Store, parallel_nest, walk_stmts
 from tullax.spec.program import analyze_program, program_shapes
 
-FUSED = [c for c in CASES if c.name in ("layernorm", "rmsnorm", "softmax", "logsoftmax", "groupnorm")]
-NOT_FUSED = {"attention": "not the rows", "gelu_layer": "would lose its register tiles",
-             "two_outputs": "returns one output"}
+FUSED = [c for c in CASES if c.name in ("layernorm", "rmsnorm", "softmax", "logsoftmax", "groupnorm", "attention")]
+NOT_FUSED = {"gelu_layer": "would lose its register tiles", "two_outputs": "returns one output"}
 ROWS = {"layernorm": ("b",), "rmsnorm": ("b",), "softmax": ("b", "i"), "logsoftmax": ("b", "i"),
-        "groupnorm": ("b", "g")}
+        "groupnorm": ("b", "g"), "attention": ("b", "i")}
+# locals with one index more than the rows: row buffers (softmax's and attention's shared exp term among them)
+BUFFERS = {"softmax": {"z_t"}, "attention": {"s", "z_t", "p"}}
 TOL = {"float64": 1e-12, "float32": 2e-5}
 
 
@@ -43,10 +44,13 @@ def _close(got, want, dtype):
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=TOL[dtype], atol=TOL[dtype] * scale)
 
 
-def _inputs(case, program, dtype):
+def _inputs(case, program, dtype, fused=None):
+    """The case's inputs, by name, and the shapes the fused kernel's sizes read (those of the program it fused,
+    which may have a shared term as a local of its own)."""
     args = case.inputs(np.random.default_rng(3), dtype)
     values = dict(zip(program.inputs, args))
-    shapes = program_shapes(program, {n: np.shape(v) for n, v in values.items()})
+    inputs = {n: np.shape(v) for n, v in values.items()}
+    shapes = program_shapes(program, inputs) if fused is None else fused.shapes(inputs)
     return args, values, shapes
 
 
@@ -58,12 +62,26 @@ def test_a_row_wise_program_is_one_parallel_nest_over_its_rows_with_locals_in_re
     loops, body = parallel_nest(kernel)
     assert len(loops) == len(fused.rows)  # the rows only: the output's other indices are serial inside a row
     assert not any(isinstance(s, Loop) and s.parallel for s in walk_stmts(body))
-    locals_ = {st.out for st in program.statements if st.local}
-    # no local is a parameter or a store: each is one Let per row
+    buffers = BUFFERS.get(case.name, set())
+    locals_ = {st.out for st in fused.program.statements if st.local} - buffers
+    # no local is a parameter: each is one Let per row, or a row buffer (declared first in the row)
     assert {a.source for a in kernel.arrays} == set(program.inputs) - {s.source for s in kernel.scalars} | {
         fused.output}
-    assert {s.array for s in walk_stmts(body) if isinstance(s, Store)} == {"a0"}
     assert {f"l_{name}" for name in locals_} <= {s.var for s in body if isinstance(s, Let)}
+    assert [s.var for s in body if isinstance(s, Buffer)] == [s.var for s in body[:len(buffers)]]
+    assert {s.var for s in body if isinstance(s, Buffer)} == {f"b_{name}" for name in buffers}
+    assert {s.array for s in walk_stmts(body) if isinstance(s, Store)} == {"a0"} | {f"b_{n}" for n in buffers}
+
+
+def test_a_term_the_softmax_sums_and_divides_is_computed_once():
+    """Softmax's exp(s - m) is summed by one statement and divided by the next: the fused row computes it once
+    per element, into a row buffer that both read."""
+    from tullax.compiler.loops import Call, expressions, walk_expr
+
+    for name, count in (("softmax", 1), ("attention", 1)):
+        kernel = _fused(name, "float32")[2].kernel
+        calls = [e for x in expressions(kernel.body) for e in walk_expr(x) if isinstance(e, Call) and e.fn == "exp"]
+        assert len(calls) == count, name
 
 
 @pytest.mark.parametrize("name", sorted(NOT_FUSED))
@@ -85,8 +103,10 @@ def test_every_printer_prints_the_fused_kernel(case):
     assert c_source.count("#pragma omp parallel for") == 1 and c_source.count("void program(") == 1
     sources = (c_source, numba.print_module([kernel]), cuda.print_module([(kernel, 32)]),
                julia.print_module([kernel], flavour=julia.CPU_FLAVOUR))
-    for source in sources:  # each local a per-row variable of the one kernel
-        assert all(f"l_{st.out} =" in source for st in program.statements if st.local)
+    buffers = BUFFERS.get(case.name, set())
+    for source in sources:  # each local a per-row variable of the one kernel, or a row buffer
+        assert all(f"l_{st.out} =" in source for st in fused.program.statements if st.local and st.out not in buffers)
+        assert all(f"b_{name}[" in source for name in buffers)
     assert "__global__" in sources[2] and "@kernel" in sources[3]
 
 
@@ -95,7 +115,7 @@ def test_every_printer_prints_the_fused_kernel(case):
 @pytest.mark.parametrize("case", FUSED, ids=lambda c: c.name)
 def test_the_fused_kernel_on_the_host_matches_numpy_float64(case, backend, dtype):
     case, program, fused = _fused(case.name, dtype)
-    args, values, shapes = _inputs(case, program, dtype)
+    args, values, shapes = _inputs(case, program, dtype, fused)
     out = np.full(shapes[fused.output], np.nan, dtype)
     host_program(backend, fused.kernel)(out, values, shapes)
     _close(out, _oracle(case, args), dtype)
@@ -134,7 +154,7 @@ def test_printed_julia_of_the_fused_kernel_in_the_subset_evaluator(case):
 
     case, program, fused = _fused(case.name, "float64")
     kernel = fused.kernel
-    args, values, shapes = _inputs(case, program, "float64")
+    args, values, shapes = _inputs(case, program, "float64", fused)
     out = np.full(shapes[fused.output], np.nan)
     from tullax.backends.program_host import arguments, size_values
 
@@ -158,7 +178,7 @@ def test_printed_cuda_of_the_fused_kernels_in_the_host_harness(tmp_path):
         from dataclasses import replace
 
         kernel = replace(fused.kernel, name=f"program{number}")
-        args, values, shapes = _inputs(case, program, "float64")
+        args, values, shapes = _inputs(case, program, "float64", fused)
         arrays, scalars = arguments(kernel, np.full(shapes[fused.output], np.nan), values)
         extents = [a.shape[axis] for a in arrays for axis in range(1, a.ndim)]
         jobs.append(Launch(kernel, 64, (*arrays, *scalars, *size_values(kernel, shapes), *extents)))
@@ -182,10 +202,12 @@ def test_printed_cuda_of_a_block_per_row_in_the_host_harness(tmp_path):
     if GPP is None:
         pytest.skip("g++ is not installed")
     jobs, expected = [], []
-    cases = [c for c in FUSED if c.name != "groupnorm"]  # groupnorm's row is two loops deep: a thread per row
+    # groupnorm's row is two loops deep, attention's holds row buffers: a thread per row
+    cases = [c for c in FUSED if c.name not in ("groupnorm", "attention")]
     for case, dtype, warp in [(c, d, w) for c in cases for d in ("float64", "float32") for w in (False, True)]:
-        case, program, fused = _fused(case.name, dtype)
-        args, values, shapes = _inputs(case, program, dtype)
+        case, program, _ = _fused(case.name, dtype)
+        fused = fuse_program(program, dtype, block_sums=False, share=False)  # the sizes block_per_row reads
+        args, values, shapes = _inputs(case, program, dtype, fused)
         sizes = dict(zip((s.name for s in fused.kernel.sizes), size_values(fused.kernel, shapes)))
         found = block_per_row(program, dtype, sizes, warp=warp)
         assert found is not None and found.kernel.cooperative
@@ -208,7 +230,9 @@ def test_fused_gradient_programs_match_jnp(case, backend):
 
     kernel = ProgramKernel(case.spec, backend=backend, fuse="grad")
     grads = kernel.fusion.gradient_kernels(kernel.grad_specs)
-    assert len(grads) == 1 and all(g.fusion.fused("float64") is not None for g in grads.values())
+    # attention's gradient programs do not fuse: every cotangent runs the unfused statements' gradients
+    assert len(grads) == (case.name != "attention") and all(g.fusion.fused("float64") is not None
+                                                          for g in grads.values())
     with jax.enable_x64(True):
         args = [jnp.asarray(a) for a in case.inputs(np.random.default_rng(6), "float64")]
         weights = np.random.default_rng(7).normal(size=np.shape(case.oracle(*args)))

@@ -14,7 +14,7 @@ import numpy as np
 
 from tullax.backends.program_host import size_values
 from tullax.compiler.fuse import Fused, NotFusable, fuse_program
-from tullax.spec.program import Program, program_shapes
+from tullax.spec.program import Program
 
 FUSED_BACKENDS = ("c", "numba")
 
@@ -34,7 +34,7 @@ class FusedProgram:
         found = self._fused.get(dtype)
         if found is None:
             try:
-                found = fuse_program(self.program, dtype, "program")
+                found = fuse_program(self.program, dtype, "program", ranges=self.ranges)
             except NotFusable as why:
                 found = str(why)
             self._fused[dtype] = found
@@ -85,7 +85,7 @@ class FusedProgram:
         kernel = fused.kernel
         host = host_program(self.backend, kernel)
         values = [jnp.asarray(env[n], dtype) for n in names]
-        shapes = program_shapes(self.program, {n: tuple(np.shape(v)) for n, v in zip(names, values)})
+        shapes = fused.shapes({n: tuple(np.shape(v)) for n, v in zip(names, values)})
         if fused.check(dict(zip((s.name for s in kernel.sizes), size_values(kernel, shapes)))):
             return None  # the unfused statements say what is wrong with the shapes
         result = jax.ShapeDtypeStruct(shapes[fused.output], dtype)
