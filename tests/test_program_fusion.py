@@ -73,6 +73,17 @@ def test_a_row_wise_program_is_one_parallel_nest_over_its_rows_with_locals_in_re
     assert {s.array for s in walk_stmts(body) if isinstance(s, Store)} == {"a0"} | {f"b_{n}" for n in buffers}
 
 
+def test_attention_rows_tile_their_dot_products_and_add_their_values_along_the_rows():
+    """Attention's row: the scores' dot products four at a time (a register tile over j: four stores into the
+    scores' buffer, and the ragged tile's one), and the values' contraction with its sum outside the output row's
+    loop (the row cleared, then added into along e, four terms at a time)."""
+    body = parallel_nest(_fused("attention", "float32")[2].kernel)[1]
+    stores = [s for s in walk_stmts(body) if isinstance(s, Store)]
+    assert sum(s.array == "b_s" for s in stores) == 5
+    assert [s.mode for s in stores if s.array == "a0"][0] == "set"  # the clear
+    assert {s.mode for s in stores if s.array == "a0"} == {"set", "add"}
+
+
 def test_a_term_the_softmax_sums_and_divides_is_computed_once():
     """Softmax's exp(s - m) is summed by one statement and divided by the next: the fused row computes it once
     per element, into a row buffer that both read."""

@@ -120,6 +120,7 @@ def fuse_program(program: Program, dtype: str, name: str = "program", block_sums
 
 
 def _fuse(program: Program, dtype: str, name: str, block_sums: bool) -> Fused:
+    from tullax.compiler.fuse_axpy import row_axpy, row_tiles
     from tullax.compiler.lower import lower
     from tullax.spec.signature import Signature
 
@@ -149,6 +150,13 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool) -> Fused:
             kernel = lower(spec, signature, name, share=False, block_sums=block_sums)
             loops, inner = parallel_nest(kernel)
             by_index = _loop_of_index(kernel, spec.free, inner, st.number)
+        swapped = None
+        if len(spec.free) == len(rows) + 1 and spec.redop == "+" and spec.finalizer is None and len(spec.reduced) == 1:
+            plain = lower(spec, signature, name, share=False, block_sums=False)
+            swapped = row_axpy(plain, len(rows))
+            if swapped is not None:  # the row's contraction with its sum outside (``tullax.compiler.fuse_axpy``)
+                kernel, loops = plain, parallel_nest(plain)[0]
+                by_index = _loop_of_index(kernel, spec.free, parallel_nest(plain)[1], st.number)
         if tuple(loop.var for loop in loops[:len(rows)]) != tuple(by_index[r] for r in rows):
             raise NotFusable(f"statement {st.number}'s loops do not run over the rows {list(rows)} first")
         rename = _Rename(kernel, st.number, dict(zip((by_index[r] for r in rows), row_vars)), locals_, params,
@@ -159,14 +167,18 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool) -> Fused:
                 raise NotFusable(f"local {st.out}'s last index does not start at 0")
             buffers[st.out] = Buffer(f"b_{st.out}", rename.expr(extra.stop), kernel.arrays[0].dtype)
             rename.buffer_of[kernel.arrays[0].name] = buffers[st.out]
+        if swapped is None and len(spec.free) == len(rows) + 1 and spec.reduced:
+            tiled = row_tiles(kernel, len(rows))  # the row's dot products four at a time
+            if tiled is not None:
+                loops, inner = parallel_nest(tiled)
         here = tuple(rename.stmt(replace(loop, body=())) for loop in loops[:len(rows)])
         if not outer:
             outer = here
         for a, b in zip(outer, here):  # bounds read off other arrays' shapes must agree at call time
             agree.extend((x, y) for x, y in ((a.start, b.start), (a.stop, b.stop)) if x != y)
-        work = tuple(rename.stmt(s) for s in inner)
-        for loop in reversed(loops[len(rows):]):  # the output's other indices: serial loops inside the row
-            work = (replace(rename.stmt(replace(loop, body=())), parallel=False, body=work),)
+        work = tuple(rename.stmt(s) for s in (inner if swapped is None else swapped))
+        for loop in reversed(loops[len(rows):] if swapped is None else ()):  # the output's other indices: serial
+            work = (replace(rename.stmt(replace(loop, body=())), parallel=False, body=work),)  # loops inside the row
         body.extend(work)
         compute = kernel.compute_dtype
     nest: tuple[Stmt, ...] = (*buffers.values(), *body)
@@ -250,7 +262,8 @@ class _Rename:
     def stmt(self, stmt: Stmt) -> Stmt:
         if isinstance(stmt, Store) and stmt.array in self.buffer_of:
             buffer = self.buffer_of[stmt.array]
-            return Store(buffer.var, (self.expr(stmt.index[-1]),), cast(self.expr(stmt.value), buffer.dtype))
+            return Store(buffer.var, (self.expr(stmt.index[-1]),), cast(self.expr(stmt.value), buffer.dtype),
+                         stmt.mode)
         if isinstance(stmt, Store) and stmt.array in self.local_of:
             return Let(self.local_of[stmt.array], self.expr(stmt.value))
         if isinstance(stmt, Store):
