@@ -254,6 +254,25 @@ def test_fused_gradient_programs_match_jnp(case, backend):
             _close(g, np.asarray(w), "float64")
 
 
+def test_forward_mode_under_fused_gradients():
+    """fuse='grad' is a custom_vjp, which JAX cannot differentiate forwards: a call whose inputs carry JVP tangents
+    (jvp, jacfwd, a Hessian's outer jacfwd) runs the custom_jvp path, and matches jnp's; reverse mode stays fused."""
+    from tullax.api.program import ProgramKernel
+
+    case = next(c for c in CASES if c.name == "rmsnorm")
+    kernel = ProgramKernel(case.spec, backend="c", fuse="grad")
+    with jax.enable_x64(True):
+        args = [jnp.asarray(a) for a in case.inputs(np.random.default_rng(9), "float64")]
+        tangent = jnp.asarray(np.random.default_rng(10).normal(size=np.shape(args[0])))
+        got = jax.jvp(lambda x: kernel(x, *args[1:]), (args[0],), (tangent,))
+        want = jax.jvp(lambda x: case.oracle(x, *args[1:]), (args[0],), (tangent,))
+        for g, w in zip(got, want):
+            _close(g, np.asarray(w), "float64")
+        first = args[0][:1]
+        _close(jax.jacfwd(lambda x: kernel(x, *args[1:]))(first),
+               np.asarray(jax.jacfwd(lambda x: case.oracle(x, *args[1:]))(first)), "float64")
+
+
 def test_auto_plans_a_program_as_one_unit(monkeypatch):
     """Under auto the fused kernel and the program's XLA lowering are the two candidates, timed once per shapes;
     with timing off the rule picks the fused kernel."""

@@ -109,7 +109,7 @@ class FusedProgram:
             axes = [0 if b else None for b in batched]
             return jax.vmap(unfused, in_axes=axes, axis_size=size)(*given), True
 
-        if self.gradients and grad_specs is not None:
+        if self.gradients and grad_specs is not None and not _forward_mode(values):
             return self._with_fused_gradients(one_call, unfused, grad_specs, values)
 
         @jax.custom_jvp
@@ -126,7 +126,9 @@ class FusedProgram:
                               values: list[Any]) -> Any:
         """Reverse mode through the fused gradient programs: each row-wise input's cotangent is one fused kernel;
         the others (reducing over the rows: a gain, a bias, a scalar) run as the unfused statements' gradients
-        with the row-wise inputs held constant. A ``custom_vjp``: no forward mode (jvp, jacfwd)."""
+        with the row-wise inputs held constant. A ``custom_vjp``, which JAX cannot differentiate forwards: a call
+        whose inputs carry forward-mode tangents (jvp, jacfwd, a Hessian's outer jacfwd) takes the custom_jvp
+        path instead (``_forward_mode``); one reached through a jit traced first without them still cannot."""
         import jax
 
         names = self.program.inputs
@@ -154,3 +156,11 @@ class FusedProgram:
 
         program.defvjp(forward, backward)
         return program(*values)
+
+
+def _forward_mode(values: list[Any]) -> bool:
+    """Whether the program is called under forward-mode differentiation (an input is a JVP tracer: ``jax.jvp``,
+    ``jacfwd``; reverse mode traces through linearize tracers instead)."""
+    from jax.interpreters import ad
+
+    return any(isinstance(v, ad.JVPTracer) for v in values)
