@@ -5,6 +5,7 @@ printed Julia through the subset evaluator. One fused kernel per case and dtype,
 from __future__ import annotations
 
 import functools
+import importlib.util as importlib_util
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ from tullax.compiler.loops import Buffer, Let, Loop, Store, parallel_nest, walk_
 from tullax.spec.program import analyze_program, program_shapes
 
 FUSED = [c for c in CASES if c.name in ("layernorm", "rmsnorm", "softmax", "logsoftmax", "groupnorm", "attention")]
-NOT_FUSED = {"gelu_layer": "would lose its register tiles", "two_outputs": "returns one output"}
+NOT_FUSED = {"gelu_layer": "would lose its register tiles"}
 ROWS = {"layernorm": ("b",), "rmsnorm": ("b",), "softmax": ("b", "i"), "logsoftmax": ("b", "i"),
         "groupnorm": ("b", "g"), "attention": ("b", "i")}
 # locals with one index more than the rows: row buffers (softmax's and attention's shared exp term among them)
@@ -286,3 +287,74 @@ def test_auto_plans_a_program_as_one_unit(monkeypatch):
     again = tullax.einsum_kernel(case.spec)
     _close(again(*args), _oracle(case, args), "float32")
     assert list(again.plans.values()) == [("fused", [])]
+
+
+def test_several_returned_outputs_are_one_fused_kernel(tmp_path):
+    """A program returning the row statistic its later statements read (mu) and the normalised rows: ONE kernel
+    writing both (the later statements read mu back from its output, in the same row), on the c and numba hosts,
+    in printed Julia and printed CUDA (the harness returns a kernel's first parameter: launched twice, each
+    output first once), and through the public kernel: one custom call returning both, its gradient unfused."""
+    from dataclasses import replace
+
+    from tullax.backends import ffi
+    from tullax.backends.program_host import arguments, size_values
+
+    case = next(c for c in CASES if c.name == "two_outputs")
+    program = analyze_program(case.spec)
+    fused = fuse_program(program, "float64")
+    kernel = fused.kernel
+    assert fused.outputs == ("mu", "y") and [a.role for a in kernel.arrays[:3]] == ["out", "out", "in"]
+    assert len(parallel_nest(kernel)[0]) == 1
+    args, values, shapes = _inputs(case, program, "float64", fused)
+    want = [np.asarray(w) for w in _oracle_tuple(case, args)]
+    for backend in ("c", "numba"):
+        outs = [np.full(shapes[name], np.nan) for name in fused.outputs]
+        host_program(backend, kernel)(outs, values, shapes)
+        for got, w in zip(outs, want):
+            _close(got, w, "float64")
+    if importlib_util.find_spec("tree_sitter_julia") is not None:
+        from julia_subset import CPU_BACKEND, load_module
+
+        from tullax.printers.julia import CPU_FLAVOUR, launcher_name, print_module
+
+        outs = [np.full(shapes[name], np.nan) for name in fused.outputs]
+        arrays, scalars = arguments(kernel, outs, values)
+        load_module(print_module([kernel], flavour=CPU_FLAVOUR)).call(
+            launcher_name(kernel), CPU_BACKEND, *arrays, *(float(s) for s in scalars), *size_values(kernel, shapes))
+        for got, w in zip(outs, want):
+            _close(got, w, "float64")
+    from cuda_harness import GPP, Launch, build, run
+
+    if GPP is not None:
+        jobs = []
+        for first in (0, 1):  # each output as the first parameter once
+            order = (kernel.arrays[first], kernel.arrays[1 - first], *kernel.arrays[2:])
+            variant = replace(kernel, name=f"program{first}", arrays=order)
+            outs = [np.full(shapes[fused.outputs[k]], np.nan) for k in (first, 1 - first)]
+            arrays, scalars = arguments(variant, outs, values)
+            extents = [a.shape[axis] for a in arrays for axis in range(1, a.ndim)]
+            jobs.append(Launch(variant, 64, (*arrays, *scalars, *size_values(variant, shapes), *extents)))
+        exe = build([(job.kernel, job.index_bits) for job in jobs], tmp_path)
+        for got, w in zip(run(exe, list(enumerate(jobs))), want):
+            _close(got.reshape(w.shape), w, "float64")
+    public = tullax.einsum_kernel(case.spec, backend="c")
+    with jax.enable_x64(True):
+        xs = [jnp.asarray(a) for a in args]
+        host = host_program("c", public.fusion.fused("float64").kernel)
+        got = jax.jit(public)(*xs)
+        for g, w in zip(got, want):
+            _close(g, w, "float64")
+        if ffi.available()[0]:
+            before = ffi.launches(host.slot)
+            jax.block_until_ready(jax.jit(public)(*xs))
+            assert ffi.launches(host.slot) == before + 1
+        weights = np.random.default_rng(11).normal(size=want[1].shape)
+
+        def loss(f):
+            return lambda x: (f(x, xs[1])[1] * weights).sum() + f(x, xs[1])[0].sum()
+        _close(jax.grad(loss(public))(xs[0]), np.asarray(jax.grad(loss(case.oracle))(xs[0])), "float64")
+
+
+def _oracle_tuple(case, args):
+    with jax.enable_x64(True):
+        return case.oracle(*[jnp.asarray(a, jnp.float64) for a in args])

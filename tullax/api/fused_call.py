@@ -88,12 +88,14 @@ class FusedProgram:
         shapes = fused.shapes({n: tuple(np.shape(v)) for n, v in zip(names, values)})
         if fused.check(dict(zip((s.name for s in kernel.sizes), size_values(kernel, shapes)))):
             return None  # the unfused statements say what is wrong with the shapes
-        result = jax.ShapeDtypeStruct(shapes[fused.output], dtype)
+        several = len(fused.outputs) > 1  # several returned outputs: one fused call returns them all, a tuple
+        structs = tuple(jax.ShapeDtypeStruct(shapes[name], dtype) for name in fused.outputs)
+        result = structs if several else structs[0]
 
-        def run(*given: Any) -> np.ndarray:
-            out = np.empty(result.shape, dtype)
-            host(out, dict(zip(names, given)), shapes)
-            return out
+        def run(*given: Any) -> Any:
+            outs = tuple(np.empty(s.shape, dtype) for s in structs)
+            host(outs if several else outs[0], dict(zip(names, given)), shapes)
+            return outs if several else outs[0]
 
         @jax.custom_batching.custom_vmap
         def one_call(*given: Any) -> Any:
@@ -107,9 +109,10 @@ class FusedProgram:
         def _batched(size: int, batched: list[bool], *given: Any) -> tuple[Any, bool]:
             # a batch of programs runs as the unfused statements, which batch as kernels do
             axes = [0 if b else None for b in batched]
-            return jax.vmap(unfused, in_axes=axes, axis_size=size)(*given), True
+            found = jax.vmap(unfused, in_axes=axes, axis_size=size)(*given)
+            return found, jax.tree_util.tree_map(lambda _: True, found)
 
-        if self.gradients and grad_specs is not None and not _forward_mode(values):
+        if self.gradients and grad_specs is not None and not several and not _forward_mode(values):
             return self._with_fused_gradients(one_call, unfused, grad_specs, values)
 
         @jax.custom_jvp

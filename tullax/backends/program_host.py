@@ -26,10 +26,18 @@ def size_values(kernel: LoopKernel, shapes: Shapes) -> list[int]:
     return [int(size.size.eval(shapes)) for size in kernel.sizes]
 
 
-def arguments(kernel: LoopKernel, out: np.ndarray, values: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
-    """(arrays in parameter order, ``out`` first, as C-contiguous NumPy arrays of the kernel's dtypes; scalars
-    as NumPy scalars of theirs)."""
-    arrays = [out] + [np.ascontiguousarray(np.asarray(values[a.source], a.dtype)) for a in kernel.arrays[1:]]
+def outputs(kernel: LoopKernel) -> int:
+    """How many returned outputs the fused kernel writes (its first array parameters)."""
+    return sum(a.role != "in" for a in kernel.arrays)
+
+
+def arguments(kernel: LoopKernel, out: np.ndarray | Sequence[np.ndarray], values: Mapping[str, Any]
+              ) -> tuple[list[Any], list[Any]]:
+    """(arrays in parameter order, ``out`` first (one array, or one per returned output), as C-contiguous NumPy
+    arrays of the kernel's dtypes; scalars as NumPy scalars of theirs)."""
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    arrays = outs + [np.ascontiguousarray(np.asarray(values[a.source], a.dtype))
+                     for a in kernel.arrays[len(outs):]]
     scalars = [np.dtype(s.dtype).type(values[s.source]) for s in kernel.scalars]
     return arrays, scalars
 
@@ -99,7 +107,8 @@ class CProgram:
     def ffi_call(self, names: Sequence[str], operands: Sequence[Any], shapes: Shapes, result: Any) -> Any | None:
         """The kernel as a custom call inside XLA's program (``tullax.backends.ffi``, as a c kernel's) on the
         program's inputs ``operands`` (jax values in the order of ``names``, scalars as 0-d arrays of the
-        kernel's dtype), or None where the handler is not there: the caller takes the buffer callback."""
+        kernel's dtype), or None where the handler is not there: the caller takes the buffer callback.
+        ``result``: one ShapeDtypeStruct, or a tuple of one per returned output (the call returns as many)."""
         from tullax.backends import ffi
         from tullax.backends.c.load import threads
 
@@ -112,12 +121,17 @@ class CProgram:
         if slot is None:
             return None
         self.slot = slot  # the handler's slot: ffi.launches(slot) counts the kernel's runs
+        results = list(result) if isinstance(result, (tuple, list)) else [result]
         position = {name: k + 1 for k, name in enumerate(names)}
-        sources = [0] + [position[a.source] for a in kernel.arrays[1:]] + [position[s.source] for s in kernel.scalars]
-        array_shapes = [tuple(result.shape)] + [tuple(shapes[a.source]) for a in kernel.arrays[1:]]
+        sources = ([-k for k in range(len(results))] + [position[a.source] for a in kernel.arrays[len(results):]]
+                   + [position[s.source] for s in kernel.scalars])  # -k: the call's result k
+        array_shapes = ([tuple(r.shape) for r in results]
+                        + [tuple(shapes[a.source]) for a in kernel.arrays[len(results):]])
         extents = [array_shapes[k][axis] for k, axis in self._extents]
         meta = ffi.meta(slot, identity, threads(), sources, [*size_values(kernel, shapes), *extents])
-        return ffi.call(meta, list(operands), result, None, payload)
+        found = ffi.call(meta, list(operands), results if isinstance(result, (tuple, list)) else result, None,
+                         payload)
+        return tuple(found) if isinstance(result, (tuple, list)) else found
 
 
 class NumbaProgram:

@@ -55,13 +55,19 @@ class NotFusable(TullaxError):
 
 @dataclass(frozen=True)
 class Fused:
-    """A fused program: its kernel, the row indices its parallel nest runs over, and the returned output."""
+    """A fused program: its kernel, the row indices its parallel nest runs over, and the returned outputs (the
+    kernel's first array parameters, in this order)."""
 
     kernel: LoopKernel
     rows: tuple[str, ...]
-    output: str
+    outputs: tuple[str, ...]
     agree: tuple[tuple[Expr, Expr], ...] = ()  # row bounds (over the size parameters) that must be equal
     program: Program | None = None  # the program fused (its sizes are read off its statements' shapes)
+
+    @property
+    def output(self) -> str:
+        """The first returned output (the only one of most programs)."""
+        return self.outputs[0]
 
     def shapes(self, inputs: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
         """The shapes of the inputs and of every statement's result of the program fused (the kernel's sizes
@@ -84,8 +90,6 @@ class Fused:
 
 def row_indices(program: Program) -> tuple[str, ...]:
     """The row indices every local shares (the fused kernel's parallel nest), or ``NotFusable``."""
-    if len(program.outputs) != 1 or program.statements[-1].local:
-        raise NotFusable("a fused program returns one output, written by its last statement")
     locals_ = [st for st in program.statements if st.local]
     if not locals_:
         raise NotFusable("no local to keep in registers")
@@ -97,8 +101,9 @@ def row_indices(program: Program) -> tuple[str, ...]:
         if st.local and (free[:len(rows)] != rows or len(free) > len(rows) + 1):
             raise NotFusable(f"local {st.out} is indexed by {list(free)}, not the rows {list(rows)} (and perhaps "
                              f"one index more, a row buffer)")
-    if not rows or not set(rows) <= set(program.statements[-1].spec.free):
-        raise NotFusable("the output does not run over the locals' rows")
+    for st in program.statements:
+        if not st.local and (not rows or not set(rows) <= set(st.spec.free)):
+            raise NotFusable(f"the output {st.out} does not run over the locals' rows")
     return rows
 
 
@@ -127,7 +132,7 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool) -> Fused:
     rows = row_indices(program)
     locals_ = {st.out for st in program.statements if st.local}
     buffers: dict[str, Buffer] = {}  # a local with one index more than the rows -> its row buffer
-    params = _Params()
+    params = _Params(program.outputs)
     row_vars = tuple(f"r{k}" for k in range(len(rows)))
     outer: tuple[Loop, ...] = ()
     body: list[Stmt] = []
@@ -187,7 +192,7 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool) -> Fused:
     text = "; ".join(("local " if st.local else "") + st.canonical for st in program.statements)
     kernel = LoopKernel(name, text, params.array_args(), tuple(params.scalars.values()), tuple(params.sizes.values()),
                         nest, compute)
-    return Fused(kernel, rows, program.outputs[0], tuple(agree), program)
+    return Fused(kernel, rows, program.outputs, tuple(agree), program)
 
 
 def _loop_of_index(kernel: LoopKernel, free: tuple[str, ...], inner: tuple[Stmt, ...], number: int) -> dict[str, str]:
@@ -201,20 +206,25 @@ def _loop_of_index(kernel: LoopKernel, free: tuple[str, ...], inner: tuple[Stmt,
 
 
 class _Params:
-    """The fused kernel's parameters: one array per external input (by name), one scalar, one size per symbol."""
+    """The fused kernel's parameters: the returned outputs first (``a0``, ``a1``... in program order), one array
+    per external input (by name), one scalar, one size per symbol. A later statement's read of a returned output
+    reads its output array (written earlier in the same row)."""
 
-    def __init__(self):
-        self.output: ArrayArg | None = None
+    def __init__(self, outputs: tuple[str, ...]):
+        self.names = outputs
+        self.outputs: dict[str, ArrayArg] = {}
         self.arrays: dict[str, ArrayArg] = {}
         self.scalars: dict[str, ScalarArg] = {}
         self.sizes: dict[Any, SizeArg] = {}
 
     def array(self, arg: ArrayArg) -> str:
         if arg.role != "in":
-            self.output = replace(arg, name="a0")
-            return "a0"
+            self.outputs[arg.source] = replace(arg, name=f"a{self.names.index(arg.source)}")
+            return self.outputs[arg.source].name
+        if arg.source in self.names:
+            return self.outputs[arg.source].name
         if arg.source not in self.arrays:
-            self.arrays[arg.source] = replace(arg, name=f"a{len(self.arrays) + 1}")
+            self.arrays[arg.source] = replace(arg, name=f"a{len(self.names) + len(self.arrays)}")
         return self.arrays[arg.source].name
 
     def scalar(self, arg: ScalarArg) -> str:
@@ -228,8 +238,7 @@ class _Params:
         return self.sizes[arg.size].name
 
     def array_args(self) -> tuple[ArrayArg, ...]:
-        assert self.output is not None
-        return (self.output, *self.arrays.values())
+        return (*(self.outputs[name] for name in self.names), *self.arrays.values())
 
 
 class _Rename:
@@ -243,6 +252,7 @@ class _Rename:
         self.local_of: dict[str, str] = {}  # the array parameter of a local -> its per-row variable
         self.buffer_of: dict[str, Buffer] = {}  # ... or its row buffer
         self.names: dict[str, str] = {}
+        self.returned: set[str] = set()  # a returned output this statement reads
         for arg in kernel.arrays:
             if arg.source in buffers:
                 self.buffer_of[arg.name] = buffers[arg.source]
@@ -250,6 +260,8 @@ class _Rename:
                 self.local_of[arg.name] = f"l_{arg.source}"
             else:
                 self.names[arg.name] = params.array(arg)
+                if arg.role == "in" and arg.source in params.names:
+                    self.returned.add(arg.name)
         for sc in kernel.scalars:
             self.names[sc.name] = params.scalar(sc)
         for size in kernel.sizes:
@@ -298,6 +310,11 @@ class _Rename:
             if index != self.row_index:
                 raise NotFusable(f"statement {self.number} reads a local elsewhere than at its own row")
             return Var(self.local_of[expr.array], expr.dtype)
+        if isinstance(expr, Load) and expr.array in self.returned:
+            index = tuple(self.expr(e) for e in expr.index)
+            if index[:len(self.row_index)] != self.row_index:  # another row's: another thread may write it
+                raise NotFusable(f"statement {self.number} reads a returned output elsewhere than in its own row")
+            return Load(self.names[expr.array], index, expr.dtype)
         if isinstance(expr, Load):
             return Load(self.names.get(expr.array) or self.var(expr.array), tuple(self.expr(e) for e in expr.index),
                         expr.dtype)
