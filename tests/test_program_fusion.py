@@ -1,7 +1,8 @@
 """Fused programs (issue 50, tullax.compiler.fuse): a row-wise program is ONE loop kernel whose parallel nest runs
-over the rows its locals share, the locals per-row variables (never arrays), printed by every printer and computing
-what NumPy float64 computes: the C and Numba kernels on the host, the printed CUDA C through the host harness, the
-printed Julia through the subset evaluator. One fused kernel per case and dtype, shared by every test here."""
+over the rows its locals share, the locals per-row variables or row buffers (never arrays), printed by every printer
+and computing what NumPy float64 computes: the C and Numba kernels on the host, the printed CUDA C through the host
+harness, the printed Julia through the subset evaluator. One fused kernel per case and dtype, shared by every test
+here."""
 from __future__ import annotations
 
 import functools
