@@ -4,7 +4,9 @@ loop kernel over the rows, ``tullax.compiler.fuse``; attention does not fuse and
 ``fuse="grad"``: its gradient w.r.t. the row-wise input is one fused kernel too) and as jnp written by hand, all
 jitted, in ONE process with the subjects alternating each round. Operations: forward, and ``grad`` of a weighted
 sum w.r.t. every array input. Prints medians and ratios (jnp / fused and unfused / fused: > 1 means the fused
-program is faster), the same for the best of the rounds, and writes them to benchmarks/results/programs.json.
+program is faster), the same for the best of the rounds, and the ratio of the median process CPU times (every
+thread's; on a machine shared with other work, where wall times wait on the scheduler), and writes them to
+benchmarks/results/programs.json.
 
     PYTHONPATH=$PWD python benchmarks/programs.py [--rounds 15] [--backend c]
 """
@@ -99,15 +101,18 @@ def main(argv: list[str] | None = None) -> int:
             for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
                 assert np.abs(np.asarray(g) - np.asarray(w)).max() <= 1e-3 * max(1.0, np.abs(w).max()), (name, label)
         times: dict = {key: [] for key in calls}
+        cpu: dict = {key: [] for key in calls}
         keys = list(calls)
         for r in range(args.rounds):
             for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 calls[key]()
                 times[key].append(time.perf_counter() - start)
+                cpu[key].append(time.process_time() - start_cpu)
         for op in ("forward", "grad"):
             med = {label: statistics.median(times[(label, op)]) for label in subjects}
             best = {label: min(times[(label, op)]) for label in subjects}
+            used = {label: statistics.median(cpu[(label, op)]) for label in subjects}
             row = {"program": name, "op": op, "shapes": [list(np.shape(a)) for a in inputs],
                    "fused": not why, "not_fused_because": why,
                    **{f"{k}_ms": round(v * 1e3, 4) for k, v in med.items()},
@@ -115,12 +120,16 @@ def main(argv: list[str] | None = None) -> int:
                    "best_jnp_over_fused": round(best["jnp"] / best["fused"], 2),
                    "best_unfused_over_fused": round(best["unfused"] / best["fused"], 2),
                    "jnp_over_fused": round(med["jnp"] / med["fused"], 2),
-                   "unfused_over_fused": round(med["unfused"] / med["fused"], 2)}
+                   "unfused_over_fused": round(med["unfused"] / med["fused"], 2),
+                   **{f"{k}_cpu_ms": round(v * 1e3, 4) for k, v in used.items()},
+                   "cpu_jnp_over_fused": round(used["jnp"] / used["fused"], 2),
+                   "cpu_unfused_over_fused": round(used["unfused"] / used["fused"], 2)}
             results.append(row)
             print(f"{name:10s} {op:8s} fused {row['fused_ms']:9.3f} ms  jnp {row['jnp_ms']:9.3f} ms  "
                   f"unfused {row['unfused_ms']:9.3f} ms  jnp/fused x{row['jnp_over_fused']:.2f}  "
                   f"unfused/fused x{row['unfused_over_fused']:.2f}  (best: x{row['best_jnp_over_fused']:.2f} / "
-                  f"x{row['best_unfused_over_fused']:.2f}){'' if not why else '  [not fused: ' + why + ']'}",
+                  f"x{row['best_unfused_over_fused']:.2f}; cpu: x{row['cpu_jnp_over_fused']:.2f} / "
+                  f"x{row['cpu_unfused_over_fused']:.2f}){'' if not why else '  [not fused: ' + why + ']'}",
                   flush=True)
     record = {"backend": args.backend, "dtype": "float32", "rounds": args.rounds, "machine": platform.machine(),
               "cpus": os.cpu_count(), "load_average": os.getloadavg(), "jax": jax.__version__,

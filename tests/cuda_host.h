@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -43,6 +44,9 @@ tx_dim3 blockDim, gridDim;
 
 inline float __int_as_float(int bits) { return std::bit_cast<float>(bits); }
 inline double __longlong_as_double(long long bits) { return std::bit_cast<double>(bits); }
+
+// a kernel's device-heap malloc is the host's; __trap ends the run as a failed launch would
+inline void __trap() { std::abort(); }
 
 template <typename T> T atomicAdd(T* address, T value) { return std::atomic_ref<T>(*address).fetch_add(value); }
 

@@ -1,10 +1,12 @@
 """Fused programs (issue 50, tullax.compiler.fuse): a row-wise program is ONE loop kernel whose parallel nest runs
-over the rows its locals share, the locals per-row variables (never arrays), printed by every printer and computing
-what NumPy float64 computes: the C and Numba kernels on the host, the printed CUDA C through the host harness, the
-printed Julia through the subset evaluator. One fused kernel per case and dtype, shared by every test here."""
+over the rows its locals share, the locals per-row variables or row buffers (never arrays), printed by every printer
+and computing what NumPy float64 computes: the C and Numba kernels on the host, the printed CUDA C through the host
+harness, the printed Julia through the subset evaluator. One fused kernel per case and dtype, shared by every test
+here."""
 from __future__ import annotations
 
 import functools
+import importlib.util as importlib_util
 
 import jax
 import jax.numpy as jnp
@@ -15,14 +17,15 @@ from program_cases import CASES
 import tullax
 from tullax.backends.program_host import host_program
 from tullax.compiler.fuse import NotFusable, fuse_program
-from tullax.compiler.loops import Let, Loop, Store, parallel_nest, walk_stmts
+from tullax.compiler.loops import Buffer, Let, Loop, Store, parallel_nest, walk_stmts
 from tullax.spec.program import analyze_program, program_shapes
 
-FUSED = [c for c in CASES if c.name in ("layernorm", "rmsnorm", "softmax", "logsoftmax", "groupnorm")]
-NOT_FUSED = {"attention": "not the rows", "gelu_layer": "would lose its register tiles",
-             "two_outputs": "returns one output"}
+FUSED = [c for c in CASES if c.name in ("layernorm", "rmsnorm", "softmax", "logsoftmax", "groupnorm", "attention")]
+NOT_FUSED = {"gelu_layer": "would lose its register tiles"}
 ROWS = {"layernorm": ("b",), "rmsnorm": ("b",), "softmax": ("b", "i"), "logsoftmax": ("b", "i"),
-        "groupnorm": ("b", "g")}
+        "groupnorm": ("b", "g"), "attention": ("b", "i")}
+# locals with one index more than the rows: row buffers (softmax's and attention's shared exp term among them)
+BUFFERS = {"softmax": {"z_t"}, "attention": {"s", "z_t", "p"}}
 TOL = {"float64": 1e-12, "float32": 2e-5}
 
 
@@ -43,10 +46,13 @@ def _close(got, want, dtype):
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=TOL[dtype], atol=TOL[dtype] * scale)
 
 
-def _inputs(case, program, dtype):
+def _inputs(case, program, dtype, fused=None):
+    """The case's inputs, by name, and the shapes the fused kernel's sizes read (those of the program it fused,
+    which may have a shared term as a local of its own)."""
     args = case.inputs(np.random.default_rng(3), dtype)
     values = dict(zip(program.inputs, args))
-    shapes = program_shapes(program, {n: np.shape(v) for n, v in values.items()})
+    inputs = {n: np.shape(v) for n, v in values.items()}
+    shapes = program_shapes(program, inputs) if fused is None else fused.shapes(inputs)
     return args, values, shapes
 
 
@@ -58,12 +64,37 @@ def test_a_row_wise_program_is_one_parallel_nest_over_its_rows_with_locals_in_re
     loops, body = parallel_nest(kernel)
     assert len(loops) == len(fused.rows)  # the rows only: the output's other indices are serial inside a row
     assert not any(isinstance(s, Loop) and s.parallel for s in walk_stmts(body))
-    locals_ = {st.out for st in program.statements if st.local}
-    # no local is a parameter or a store: each is one Let per row
+    buffers = BUFFERS.get(case.name, set())
+    locals_ = {st.out for st in fused.program.statements if st.local} - buffers
+    # no local is a parameter: each is one Let per row, or a row buffer (declared first in the row)
     assert {a.source for a in kernel.arrays} == set(program.inputs) - {s.source for s in kernel.scalars} | {
         fused.output}
-    assert {s.array for s in walk_stmts(body) if isinstance(s, Store)} == {"a0"}
     assert {f"l_{name}" for name in locals_} <= {s.var for s in body if isinstance(s, Let)}
+    assert [s.var for s in body if isinstance(s, Buffer)] == [s.var for s in body[:len(buffers)]]
+    assert {s.var for s in body if isinstance(s, Buffer)} == {f"b_{name}" for name in buffers}
+    assert {s.array for s in walk_stmts(body) if isinstance(s, Store)} == {"a0"} | {f"b_{n}" for n in buffers}
+
+
+def test_attention_rows_tile_their_dot_products_and_add_their_values_along_the_rows():
+    """Attention's row: the scores' dot products four at a time (a register tile over j: four stores into the
+    scores' buffer, and the ragged tile's one), and the values' contraction with its sum outside the output row's
+    loop (the row cleared, then added into along e, four terms at a time)."""
+    body = parallel_nest(_fused("attention", "float32")[2].kernel)[1]
+    stores = [s for s in walk_stmts(body) if isinstance(s, Store)]
+    assert sum(s.array == "b_s" for s in stores) == 5
+    assert [s.mode for s in stores if s.array == "a0"][0] == "set"  # the clear
+    assert {s.mode for s in stores if s.array == "a0"} == {"set", "add"}
+
+
+def test_a_term_the_softmax_sums_and_divides_is_computed_once():
+    """Softmax's exp(s - m) is summed by one statement and divided by the next: the fused row computes it once
+    per element, into a row buffer that both read."""
+    from tullax.compiler.loops import Call, expressions, walk_expr
+
+    for name, count in (("softmax", 1), ("attention", 1)):
+        kernel = _fused(name, "float32")[2].kernel
+        calls = [e for x in expressions(kernel.body) for e in walk_expr(x) if isinstance(e, Call) and e.fn == "exp"]
+        assert len(calls) == count, name
 
 
 @pytest.mark.parametrize("name", sorted(NOT_FUSED))
@@ -85,8 +116,10 @@ def test_every_printer_prints_the_fused_kernel(case):
     assert c_source.count("#pragma omp parallel for") == 1 and c_source.count("void program(") == 1
     sources = (c_source, numba.print_module([kernel]), cuda.print_module([(kernel, 32)]),
                julia.print_module([kernel], flavour=julia.CPU_FLAVOUR))
-    for source in sources:  # each local a per-row variable of the one kernel
-        assert all(f"l_{st.out} =" in source for st in program.statements if st.local)
+    buffers = BUFFERS.get(case.name, set())
+    for source in sources:  # each local a per-row variable of the one kernel, or a row buffer
+        assert all(f"l_{st.out} =" in source for st in fused.program.statements if st.local and st.out not in buffers)
+        assert all(f"b_{name}[" in source for name in buffers)
     assert "__global__" in sources[2] and "@kernel" in sources[3]
 
 
@@ -95,7 +128,7 @@ def test_every_printer_prints_the_fused_kernel(case):
 @pytest.mark.parametrize("case", FUSED, ids=lambda c: c.name)
 def test_the_fused_kernel_on_the_host_matches_numpy_float64(case, backend, dtype):
     case, program, fused = _fused(case.name, dtype)
-    args, values, shapes = _inputs(case, program, dtype)
+    args, values, shapes = _inputs(case, program, dtype, fused)
     out = np.full(shapes[fused.output], np.nan, dtype)
     host_program(backend, fused.kernel)(out, values, shapes)
     _close(out, _oracle(case, args), dtype)
@@ -134,7 +167,7 @@ def test_printed_julia_of_the_fused_kernel_in_the_subset_evaluator(case):
 
     case, program, fused = _fused(case.name, "float64")
     kernel = fused.kernel
-    args, values, shapes = _inputs(case, program, "float64")
+    args, values, shapes = _inputs(case, program, "float64", fused)
     out = np.full(shapes[fused.output], np.nan)
     from tullax.backends.program_host import arguments, size_values
 
@@ -158,7 +191,7 @@ def test_printed_cuda_of_the_fused_kernels_in_the_host_harness(tmp_path):
         from dataclasses import replace
 
         kernel = replace(fused.kernel, name=f"program{number}")
-        args, values, shapes = _inputs(case, program, "float64")
+        args, values, shapes = _inputs(case, program, "float64", fused)
         arrays, scalars = arguments(kernel, np.full(shapes[fused.output], np.nan), values)
         extents = [a.shape[axis] for a in arrays for axis in range(1, a.ndim)]
         jobs.append(Launch(kernel, 64, (*arrays, *scalars, *size_values(kernel, shapes), *extents)))
@@ -182,10 +215,12 @@ def test_printed_cuda_of_a_block_per_row_in_the_host_harness(tmp_path):
     if GPP is None:
         pytest.skip("g++ is not installed")
     jobs, expected = [], []
-    cases = [c for c in FUSED if c.name != "groupnorm"]  # groupnorm's row is two loops deep: a thread per row
+    # groupnorm's row is two loops deep, attention's holds row buffers: a thread per row
+    cases = [c for c in FUSED if c.name not in ("groupnorm", "attention")]
     for case, dtype, warp in [(c, d, w) for c in cases for d in ("float64", "float32") for w in (False, True)]:
-        case, program, fused = _fused(case.name, dtype)
-        args, values, shapes = _inputs(case, program, dtype)
+        case, program, _ = _fused(case.name, dtype)
+        fused = fuse_program(program, dtype, block_sums=False, share=False)  # the sizes block_per_row reads
+        args, values, shapes = _inputs(case, program, dtype, fused)
         sizes = dict(zip((s.name for s in fused.kernel.sizes), size_values(fused.kernel, shapes)))
         found = block_per_row(program, dtype, sizes, warp=warp)
         assert found is not None and found.kernel.cooperative
@@ -208,7 +243,9 @@ def test_fused_gradient_programs_match_jnp(case, backend):
 
     kernel = ProgramKernel(case.spec, backend=backend, fuse="grad")
     grads = kernel.fusion.gradient_kernels(kernel.grad_specs)
-    assert len(grads) == 1 and all(g.fusion.fused("float64") is not None for g in grads.values())
+    # attention's gradient programs do not fuse: every cotangent runs the unfused statements' gradients
+    assert len(grads) == (case.name != "attention") and all(g.fusion.fused("float64") is not None
+                                                          for g in grads.values())
     with jax.enable_x64(True):
         args = [jnp.asarray(a) for a in case.inputs(np.random.default_rng(6), "float64")]
         weights = np.random.default_rng(7).normal(size=np.shape(case.oracle(*args)))
@@ -217,6 +254,25 @@ def test_fused_gradient_programs_match_jnp(case, backend):
         want = jax.grad(lambda *a: (case.oracle(*a) * weights).sum(), wrt)(*args)
         for g, w in zip(got, want):
             _close(g, np.asarray(w), "float64")
+
+
+def test_forward_mode_under_fused_gradients():
+    """fuse='grad' is a custom_vjp, which JAX cannot differentiate forwards: a call whose inputs carry JVP tangents
+    (jvp, jacfwd, a Hessian's outer jacfwd) runs the custom_jvp path, and matches jnp's; reverse mode stays fused."""
+    from tullax.api.program import ProgramKernel
+
+    case = next(c for c in CASES if c.name == "rmsnorm")
+    kernel = ProgramKernel(case.spec, backend="c", fuse="grad")
+    with jax.enable_x64(True):
+        args = [jnp.asarray(a) for a in case.inputs(np.random.default_rng(9), "float64")]
+        tangent = jnp.asarray(np.random.default_rng(10).normal(size=np.shape(args[0])))
+        got = jax.jvp(lambda x: kernel(x, *args[1:]), (args[0],), (tangent,))
+        want = jax.jvp(lambda x: case.oracle(x, *args[1:]), (args[0],), (tangent,))
+        for g, w in zip(got, want):
+            _close(g, np.asarray(w), "float64")
+        first = args[0][:1]
+        _close(jax.jacfwd(lambda x: kernel(x, *args[1:]))(first),
+               np.asarray(jax.jacfwd(lambda x: case.oracle(x, *args[1:]))(first)), "float64")
 
 
 def test_auto_plans_a_program_as_one_unit(monkeypatch):
@@ -232,3 +288,74 @@ def test_auto_plans_a_program_as_one_unit(monkeypatch):
     again = tullax.einsum_kernel(case.spec)
     _close(again(*args), _oracle(case, args), "float32")
     assert list(again.plans.values()) == [("fused", [])]
+
+
+def test_several_returned_outputs_are_one_fused_kernel(tmp_path):
+    """A program returning the row statistic its later statements read (mu) and the normalised rows: ONE kernel
+    writing both (the later statements read mu back from its output, in the same row), on the c and numba hosts,
+    in printed Julia and printed CUDA (the harness returns a kernel's first parameter: launched twice, each
+    output first once), and through the public kernel: one custom call returning both, its gradient unfused."""
+    from dataclasses import replace
+
+    from tullax.backends import ffi
+    from tullax.backends.program_host import arguments, size_values
+
+    case = next(c for c in CASES if c.name == "two_outputs")
+    program = analyze_program(case.spec)
+    fused = fuse_program(program, "float64")
+    kernel = fused.kernel
+    assert fused.outputs == ("mu", "y") and [a.role for a in kernel.arrays[:3]] == ["out", "out", "in"]
+    assert len(parallel_nest(kernel)[0]) == 1
+    args, values, shapes = _inputs(case, program, "float64", fused)
+    want = [np.asarray(w) for w in _oracle_tuple(case, args)]
+    for backend in ("c", "numba"):
+        outs = [np.full(shapes[name], np.nan) for name in fused.outputs]
+        host_program(backend, kernel)(outs, values, shapes)
+        for got, w in zip(outs, want):
+            _close(got, w, "float64")
+    if importlib_util.find_spec("tree_sitter_julia") is not None:
+        from julia_subset import CPU_BACKEND, load_module
+
+        from tullax.printers.julia import CPU_FLAVOUR, launcher_name, print_module
+
+        outs = [np.full(shapes[name], np.nan) for name in fused.outputs]
+        arrays, scalars = arguments(kernel, outs, values)
+        load_module(print_module([kernel], flavour=CPU_FLAVOUR)).call(
+            launcher_name(kernel), CPU_BACKEND, *arrays, *(float(s) for s in scalars), *size_values(kernel, shapes))
+        for got, w in zip(outs, want):
+            _close(got, w, "float64")
+    from cuda_harness import GPP, Launch, build, run
+
+    if GPP is not None:
+        jobs = []
+        for first in (0, 1):  # each output as the first parameter once
+            order = (kernel.arrays[first], kernel.arrays[1 - first], *kernel.arrays[2:])
+            variant = replace(kernel, name=f"program{first}", arrays=order)
+            outs = [np.full(shapes[fused.outputs[k]], np.nan) for k in (first, 1 - first)]
+            arrays, scalars = arguments(variant, outs, values)
+            extents = [a.shape[axis] for a in arrays for axis in range(1, a.ndim)]
+            jobs.append(Launch(variant, 64, (*arrays, *scalars, *size_values(variant, shapes), *extents)))
+        exe = build([(job.kernel, job.index_bits) for job in jobs], tmp_path)
+        for got, w in zip(run(exe, list(enumerate(jobs))), want):
+            _close(got.reshape(w.shape), w, "float64")
+    public = tullax.einsum_kernel(case.spec, backend="c")
+    with jax.enable_x64(True):
+        xs = [jnp.asarray(a) for a in args]
+        host = host_program("c", public.fusion.fused("float64").kernel)
+        got = jax.jit(public)(*xs)
+        for g, w in zip(got, want):
+            _close(g, w, "float64")
+        if ffi.available()[0]:
+            before = ffi.launches(host.slot)
+            jax.block_until_ready(jax.jit(public)(*xs))
+            assert ffi.launches(host.slot) == before + 1
+        weights = np.random.default_rng(11).normal(size=want[1].shape)
+
+        def loss(f):
+            return lambda x: (f(x, xs[1])[1] * weights).sum() + f(x, xs[1])[0].sum()
+        _close(jax.grad(loss(public))(xs[0]), np.asarray(jax.grad(loss(case.oracle))(xs[0])), "float64")
+
+
+def _oracle_tuple(case, args):
+    with jax.enable_x64(True):
+        return case.oracle(*[jnp.asarray(a, jnp.float64) for a in args])

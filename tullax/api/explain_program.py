@@ -35,9 +35,20 @@ def _fusion_lines(program: Program, dtype: str) -> list[str]:
         return ["fusion groups: one kernel per statement, in program order (not fused: " + str(why) + ")"] + [
             f"  [{st.number}] {st.out}" for st in program.statements]
     numbers = ", ".join(str(st.number) for st in program.statements)
+    stitched = fused.program or program  # a repeated term may be a local of its own (``fuse_terms``)
+    rows = [st.out for st in stitched.statements if st.local and len(st.spec.free) == len(fused.rows)]
+    buffers = [st.out for st in stitched.statements if st.local and len(st.spec.free) > len(fused.rows)]
     lines = ["fusion groups: one fused kernel on c and numba (the xla backend runs the statements as jnp)",
-             f"  [{numbers}] one parallel loop over the rows {', '.join(fused.rows)}; locals "
-             f"{', '.join(st.out for st in program.statements if st.local)} per-row variables, never arrays"]
+             f"  [{numbers}] one parallel loop over the rows {', '.join(fused.rows)}"
+             + (f"; locals {', '.join(rows)} per-row variables" if rows else "")
+             + (f"; {', '.join(buffers)} row buffers" if buffers else "") + ", never arrays"]
+    if stitched is not program:
+        lines += ["  terms shared (each computed once per element):"] + [
+            f"    {'local ' if st.local else ''}{st.canonical}" for st in stitched.statements]
+    if len(program.outputs) > 1:
+        lines.append(f"  outputs {', '.join(program.outputs)} written by the one kernel; their gradients run "
+                     "unfused")
+        return lines
     try:
         from tullax.api.fused_grad import analyzed_gradients
         from tullax.api.kernel import Kernel

@@ -14,7 +14,7 @@ import numpy as np
 
 from tullax.backends.program_host import size_values
 from tullax.compiler.fuse import Fused, NotFusable, fuse_program
-from tullax.spec.program import Program, program_shapes
+from tullax.spec.program import Program
 
 FUSED_BACKENDS = ("c", "numba")
 
@@ -34,7 +34,7 @@ class FusedProgram:
         found = self._fused.get(dtype)
         if found is None:
             try:
-                found = fuse_program(self.program, dtype, "program")
+                found = fuse_program(self.program, dtype, "program", ranges=self.ranges)
             except NotFusable as why:
                 found = str(why)
             self._fused[dtype] = found
@@ -85,15 +85,17 @@ class FusedProgram:
         kernel = fused.kernel
         host = host_program(self.backend, kernel)
         values = [jnp.asarray(env[n], dtype) for n in names]
-        shapes = program_shapes(self.program, {n: tuple(np.shape(v)) for n, v in zip(names, values)})
+        shapes = fused.shapes({n: tuple(np.shape(v)) for n, v in zip(names, values)})
         if fused.check(dict(zip((s.name for s in kernel.sizes), size_values(kernel, shapes)))):
             return None  # the unfused statements say what is wrong with the shapes
-        result = jax.ShapeDtypeStruct(shapes[fused.output], dtype)
+        several = len(fused.outputs) > 1  # several returned outputs: one fused call returns them all, a tuple
+        structs = tuple(jax.ShapeDtypeStruct(shapes[name], dtype) for name in fused.outputs)
+        result = structs if several else structs[0]
 
-        def run(*given: Any) -> np.ndarray:
-            out = np.empty(result.shape, dtype)
-            host(out, dict(zip(names, given)), shapes)
-            return out
+        def run(*given: Any) -> Any:
+            outs = tuple(np.empty(s.shape, dtype) for s in structs)
+            host(outs if several else outs[0], dict(zip(names, given)), shapes)
+            return outs if several else outs[0]
 
         @jax.custom_batching.custom_vmap
         def one_call(*given: Any) -> Any:
@@ -107,9 +109,10 @@ class FusedProgram:
         def _batched(size: int, batched: list[bool], *given: Any) -> tuple[Any, bool]:
             # a batch of programs runs as the unfused statements, which batch as kernels do
             axes = [0 if b else None for b in batched]
-            return jax.vmap(unfused, in_axes=axes, axis_size=size)(*given), True
+            found = jax.vmap(unfused, in_axes=axes, axis_size=size)(*given)
+            return found, jax.tree_util.tree_map(lambda _: True, found)
 
-        if self.gradients and grad_specs is not None:
+        if self.gradients and grad_specs is not None and not several and not _forward_mode(values):
             return self._with_fused_gradients(one_call, unfused, grad_specs, values)
 
         @jax.custom_jvp
@@ -126,7 +129,9 @@ class FusedProgram:
                               values: list[Any]) -> Any:
         """Reverse mode through the fused gradient programs: each row-wise input's cotangent is one fused kernel;
         the others (reducing over the rows: a gain, a bias, a scalar) run as the unfused statements' gradients
-        with the row-wise inputs held constant. A ``custom_vjp``: no forward mode (jvp, jacfwd)."""
+        with the row-wise inputs held constant. A ``custom_vjp``, which JAX cannot differentiate forwards: a call
+        whose inputs carry forward-mode tangents (jvp, jacfwd, a Hessian's outer jacfwd) takes the custom_jvp
+        path instead (``_forward_mode``); one reached through a jit traced first without them still cannot."""
         import jax
 
         names = self.program.inputs
@@ -154,3 +159,11 @@ class FusedProgram:
 
         program.defvjp(forward, backward)
         return program(*values)
+
+
+def _forward_mode(values: list[Any]) -> bool:
+    """Whether the program is called under forward-mode differentiation (an input is a JVP tracer: ``jax.jvp``,
+    ``jacfwd``; reverse mode traces through linearize tracers instead)."""
+    from jax.interpreters import ad
+
+    return any(isinstance(v, ad.JVPTracer) for v in values)

@@ -50,7 +50,8 @@ SLOTS = 65536  # kernels one process can register; beyond them kernels keep the 
 MAX_POINTERS = 256  # arrays and scalars of one kernel: the handler's stack array
 
 # meta: slot, identity, team, the count of pointers, the count of integers, then each pointer's operand (0: the
-# result, k: argument k-1), then the integers (sizes, then extents)
+# result, k: argument k-1, -r: result r of a call with several, a fused program's), then the integers (sizes, then
+# extents)
 HEADER = 5
 
 HANDLER_SOURCE = r"""
@@ -212,10 +213,10 @@ XLA_FFI_Error* tullax_ffi_handler(XLA_FFI_CallFrame* frame) {
     void* p[TX_MAX_POINTERS];
     for (int64_t k = 0; k < pointers; ++k) {
         const int64_t operand = m[TX_HEADER + k];
-        if (operand == 0) {
-            if (frame->rets.size < 1 || frame->rets.types[0] != XLA_FFI_RetType_BUFFER)
+        if (operand <= 0) {
+            if (frame->rets.size < 1 - operand || frame->rets.types[-operand] != XLA_FFI_RetType_BUFFER)
                 return tx_error(frame, "tullax: a c kernel's custom call has no result buffer");
-            p[k] = ((XLA_FFI_Buffer*)frame->rets.rets[0])->data;
+            p[k] = ((XLA_FFI_Buffer*)frame->rets.rets[-operand])->data;
         } else {
             if (operand < 1 || operand > frame->args.size || frame->args.types[operand - 1] != XLA_FFI_ArgType_BUFFER)
                 return tx_error(frame, "tullax: a c kernel's meta attribute names an operand the call lacks");

@@ -1,27 +1,32 @@
 """Per-row fusion of a program (issue 50): statements that share their parallel (row) indices as ONE loop kernel.
 
-A row-wise program (LayerNorm, RMSNorm, softmax, log-softmax, GroupNorm, logsumexp) has locals indexed by the
-same row indices ``R`` (LayerNorm's ``b``, softmax's ``b, i``) and one returned output indexed by ``R`` and
-perhaps more. Each statement is lowered as today (``tullax.compiler.lower``: its reductions, finaliser, blocked
-float32 sums); the fused kernel is ONE parallel nest over ``R`` holding every statement's per-row work in
-program order. A local's store becomes a ``Let`` (a per-row scalar, a register: never an array in memory), and
-its loads in later statements the variable; the output's other indices run as serial loops inside the row. The
-result is ordinary loop IR, so every printer prints it (C/OpenMP: a parallel loop over rows; CUDA: a thread
-per row; Numba; Julia).
+A row-wise program (LayerNorm, RMSNorm, softmax, log-softmax, GroupNorm, logsumexp, attention) has locals indexed by
+the same row indices ``R`` (LayerNorm's ``b``, softmax's ``b, i``), perhaps followed by one more index, and one
+returned output indexed by ``R`` and perhaps more. Each statement is lowered as today (``tullax.compiler.lower``:
+its reductions, finaliser, blocked float32 sums); the fused kernel is ONE parallel nest over ``R`` holding every
+statement's per-row work in program order. A local's store becomes a ``Let`` (a per-row scalar, a register: never an
+array in memory), and its loads in later statements the variable; the output's other indices run as serial loops
+inside the row. A local with one index more than the rows (attention's scores ``s[b,i,j]`` of the row ``b,i``) is a
+row ``Buffer`` over that index, written by its statement's serial loop and read by the later ones. A term that a
+reduction sums and a later statement repeats (softmax's ``exp(s - m)``) is first made a local of its own
+(``tullax.compiler.fuse_terms``), so the fused row computes it once, into a buffer. The result is ordinary loop IR,
+so every printer prints it (C/OpenMP: a parallel loop over rows; CUDA: a thread per row; Numba; Julia).
 
 Stitching lowered statement kernels, rather than lowering the program anew, keeps every statement's lowering
-decisions (accumulator initial values, NaN rules, blocked sums) exactly those of the statement run on its own.
-A program that does not have this shape raises ``NotFusable`` with the reason; it then runs unfused.
+decisions (accumulator initial values, NaN rules, blocked sums) exactly those of the statement run on its own. A
+program that does not have this shape raises ``NotFusable`` with the reason; it then runs unfused.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from tullax.compiler.interface import ArrayArg, ScalarArg, SizeArg
 from tullax.compiler.loops import (
     Accum,
+    Buffer,
     Combine,
+    Const,
     Expr,
     If,
     Let,
@@ -32,6 +37,7 @@ from tullax.compiler.loops import (
     Stmt,
     Store,
     Var,
+    cast,
     parallel_nest,
     walk_stmts,
 )
@@ -49,12 +55,27 @@ class NotFusable(TullaxError):
 
 @dataclass(frozen=True)
 class Fused:
-    """A fused program: its kernel, the row indices its parallel nest runs over, and the returned output."""
+    """A fused program: its kernel, the row indices its parallel nest runs over, and the returned outputs (the
+    kernel's first array parameters, in this order)."""
 
     kernel: LoopKernel
     rows: tuple[str, ...]
-    output: str
+    outputs: tuple[str, ...]
     agree: tuple[tuple[Expr, Expr], ...] = ()  # row bounds (over the size parameters) that must be equal
+    program: Program | None = None  # the program fused (its sizes are read off its statements' shapes)
+
+    @property
+    def output(self) -> str:
+        """The first returned output (the only one of most programs)."""
+        return self.outputs[0]
+
+    def shapes(self, inputs: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """The shapes of the inputs and of every statement's result of the program fused (the kernel's sizes
+        read some of them), from the inputs' shapes."""
+        from tullax.spec.program import program_shapes
+
+        assert self.program is not None
+        return program_shapes(self.program, inputs)
 
     def check(self, sizes: dict[str, int]) -> str:
         """Why a call with these size parameters cannot run fused ("" where it can): the statements' rows
@@ -69,31 +90,49 @@ class Fused:
 
 def row_indices(program: Program) -> tuple[str, ...]:
     """The row indices every local shares (the fused kernel's parallel nest), or ``NotFusable``."""
-    if len(program.outputs) != 1 or program.statements[-1].local:
-        raise NotFusable("a fused program returns one output, written by its last statement")
     locals_ = [st for st in program.statements if st.local]
     if not locals_:
         raise NotFusable("no local to keep in registers")
-    rows = locals_[0].spec.free
+    rows = min((st.spec.free for st in locals_), key=len)
     for st in program.statements:
         if st.spec.scan is not None:
             raise NotFusable(f"statement {st.number} is a scan")
-        if st.local and st.spec.free != rows:
-            raise NotFusable(f"local {st.out} is indexed by {list(st.spec.free)}, not the rows {list(rows)}")
-    if not rows or not set(rows) <= set(program.statements[-1].spec.free):
-        raise NotFusable("the output does not run over the locals' rows")
+        free = st.spec.free
+        if st.local and (free[:len(rows)] != rows or len(free) > len(rows) + 1):
+            raise NotFusable(f"local {st.out} is indexed by {list(free)}, not the rows {list(rows)} (and perhaps "
+                             f"one index more, a row buffer)")
+    for st in program.statements:
+        if not st.local and (not rows or not set(rows) <= set(st.spec.free)):
+            raise NotFusable(f"the output {st.out} does not run over the locals' rows")
     return rows
 
 
-def fuse_program(program: Program, dtype: str, name: str = "program", block_sums: bool = True) -> Fused:
+def fuse_program(program: Program, dtype: str, name: str = "program", block_sums: bool = True,
+                 ranges: Mapping | None = None, share: bool = True) -> Fused:
     """The program as one loop kernel for data of ``dtype`` (a float dtype: inputs, locals and the result).
-    ``block_sums=False``: float32 sums in one register (the GPU form, whose threads each sum a share)."""
+    ``block_sums=False``: float32 sums in one register (the GPU form, whose threads each sum a share).
+    ``ranges``: the program's own (its terms shared, it is analysed again with them). ``share=False``: a
+    repeated term computed where written (the GPU's block per row, whose threads hold no row buffer)."""
+    from tullax.compiler.fuse_terms import share_terms
+
+    shared = share_terms(program, ranges) if share else None
+    if shared is not None:
+        try:
+            return _fuse(shared, dtype, name, block_sums)
+        except NotFusable:
+            pass
+    return _fuse(program, dtype, name, block_sums)
+
+
+def _fuse(program: Program, dtype: str, name: str, block_sums: bool) -> Fused:
+    from tullax.compiler.fuse_axpy import row_axpy, row_tiles
     from tullax.compiler.lower import lower
     from tullax.spec.signature import Signature
 
     rows = row_indices(program)
     locals_ = {st.out for st in program.statements if st.local}
-    params = _Params()
+    buffers: dict[str, Buffer] = {}  # a local with one index more than the rows -> its row buffer
+    params = _Params(program.outputs)
     row_vars = tuple(f"r{k}" for k in range(len(rows)))
     outer: tuple[Loop, ...] = ()
     body: list[Stmt] = []
@@ -116,27 +155,44 @@ def fuse_program(program: Program, dtype: str, name: str = "program", block_sums
             kernel = lower(spec, signature, name, share=False, block_sums=block_sums)
             loops, inner = parallel_nest(kernel)
             by_index = _loop_of_index(kernel, spec.free, inner, st.number)
+        swapped = None
+        if len(spec.free) == len(rows) + 1 and spec.redop == "+" and spec.finalizer is None and len(spec.reduced) == 1:
+            plain = lower(spec, signature, name, share=False, block_sums=False)
+            swapped = row_axpy(plain, len(rows))
+            if swapped is not None:  # the row's contraction with its sum outside (``tullax.compiler.fuse_axpy``)
+                kernel, loops = plain, parallel_nest(plain)[0]
+                by_index = _loop_of_index(kernel, spec.free, parallel_nest(plain)[1], st.number)
         if tuple(loop.var for loop in loops[:len(rows)]) != tuple(by_index[r] for r in rows):
             raise NotFusable(f"statement {st.number}'s loops do not run over the rows {list(rows)} first")
         rename = _Rename(kernel, st.number, dict(zip((by_index[r] for r in rows), row_vars)), locals_, params,
-                         st.local)
+                         buffers)
+        if st.local and len(spec.free) > len(rows):  # a row buffer over the local's last index
+            (extra,) = [loop for loop in loops if loop.var == by_index[spec.free[-1]]]
+            if extra.start != Const(0, INDEX_DTYPE):
+                raise NotFusable(f"local {st.out}'s last index does not start at 0")
+            buffers[st.out] = Buffer(f"b_{st.out}", rename.expr(extra.stop), kernel.arrays[0].dtype)
+            rename.buffer_of[kernel.arrays[0].name] = buffers[st.out]
+        if swapped is None and len(spec.free) == len(rows) + 1 and spec.reduced:
+            tiled = row_tiles(kernel, len(rows))  # the row's dot products four at a time
+            if tiled is not None:
+                loops, inner = parallel_nest(tiled)
         here = tuple(rename.stmt(replace(loop, body=())) for loop in loops[:len(rows)])
         if not outer:
             outer = here
         for a, b in zip(outer, here):  # bounds read off other arrays' shapes must agree at call time
             agree.extend((x, y) for x, y in ((a.start, b.start), (a.stop, b.stop)) if x != y)
-        work = tuple(rename.stmt(s) for s in inner)
-        for loop in reversed(loops[len(rows):]):  # the output's other indices: serial loops inside the row
-            work = (replace(rename.stmt(replace(loop, body=())), parallel=False, body=work),)
+        work = tuple(rename.stmt(s) for s in (inner if swapped is None else swapped))
+        for loop in reversed(loops[len(rows):] if swapped is None else ()):  # the output's other indices: serial
+            work = (replace(rename.stmt(replace(loop, body=())), parallel=False, body=work),)  # loops inside the row
         body.extend(work)
         compute = kernel.compute_dtype
-    nest: tuple[Stmt, ...] = tuple(body)
+    nest: tuple[Stmt, ...] = (*buffers.values(), *body)
     for loop in reversed(outer):
         nest = (replace(loop, body=nest),)
     text = "; ".join(("local " if st.local else "") + st.canonical for st in program.statements)
     kernel = LoopKernel(name, text, params.array_args(), tuple(params.scalars.values()), tuple(params.sizes.values()),
                         nest, compute)
-    return Fused(kernel, rows, program.outputs[0], tuple(agree))
+    return Fused(kernel, rows, program.outputs, tuple(agree), program)
 
 
 def _loop_of_index(kernel: LoopKernel, free: tuple[str, ...], inner: tuple[Stmt, ...], number: int) -> dict[str, str]:
@@ -150,20 +206,25 @@ def _loop_of_index(kernel: LoopKernel, free: tuple[str, ...], inner: tuple[Stmt,
 
 
 class _Params:
-    """The fused kernel's parameters: one array per external input (by name), one scalar, one size per symbol."""
+    """The fused kernel's parameters: the returned outputs first (``a0``, ``a1``... in program order), one array
+    per external input (by name), one scalar, one size per symbol. A later statement's read of a returned output
+    reads its output array (written earlier in the same row)."""
 
-    def __init__(self):
-        self.output: ArrayArg | None = None
+    def __init__(self, outputs: tuple[str, ...]):
+        self.names = outputs
+        self.outputs: dict[str, ArrayArg] = {}
         self.arrays: dict[str, ArrayArg] = {}
         self.scalars: dict[str, ScalarArg] = {}
         self.sizes: dict[Any, SizeArg] = {}
 
     def array(self, arg: ArrayArg) -> str:
         if arg.role != "in":
-            self.output = replace(arg, name="a0")
-            return "a0"
+            self.outputs[arg.source] = replace(arg, name=f"a{self.names.index(arg.source)}")
+            return self.outputs[arg.source].name
+        if arg.source in self.names:
+            return self.outputs[arg.source].name
         if arg.source not in self.arrays:
-            self.arrays[arg.source] = replace(arg, name=f"a{len(self.arrays) + 1}")
+            self.arrays[arg.source] = replace(arg, name=f"a{len(self.names) + len(self.arrays)}")
         return self.arrays[arg.source].name
 
     def scalar(self, arg: ScalarArg) -> str:
@@ -177,8 +238,7 @@ class _Params:
         return self.sizes[arg.size].name
 
     def array_args(self) -> tuple[ArrayArg, ...]:
-        assert self.output is not None
-        return (self.output, *self.arrays.values())
+        return (*(self.outputs[name] for name in self.names), *self.arrays.values())
 
 
 class _Rename:
@@ -187,15 +247,21 @@ class _Rename:
     array turned into a per-row variable."""
 
     def __init__(self, kernel: LoopKernel, number: int, rows: dict[str, str], locals_: set[str], params: _Params,
-                 local: bool):
-        self.number, self.rows, self.local = number, rows, local
+                 buffers: Mapping[str, Buffer]):
+        self.number, self.rows = number, rows
         self.local_of: dict[str, str] = {}  # the array parameter of a local -> its per-row variable
+        self.buffer_of: dict[str, Buffer] = {}  # ... or its row buffer
         self.names: dict[str, str] = {}
+        self.returned: set[str] = set()  # a returned output this statement reads
         for arg in kernel.arrays:
-            if arg.source in locals_:
+            if arg.source in buffers:
+                self.buffer_of[arg.name] = buffers[arg.source]
+            elif arg.source in locals_:
                 self.local_of[arg.name] = f"l_{arg.source}"
             else:
                 self.names[arg.name] = params.array(arg)
+                if arg.role == "in" and arg.source in params.names:
+                    self.returned.add(arg.name)
         for sc in kernel.scalars:
             self.names[sc.name] = params.scalar(sc)
         for size in kernel.sizes:
@@ -206,6 +272,10 @@ class _Rename:
         return self.rows.get(name) or self.names.get(name) or f"{name}_{self.number}"
 
     def stmt(self, stmt: Stmt) -> Stmt:
+        if isinstance(stmt, Store) and stmt.array in self.buffer_of:
+            buffer = self.buffer_of[stmt.array]
+            return Store(buffer.var, (self.expr(stmt.index[-1]),), cast(self.expr(stmt.value), buffer.dtype),
+                         stmt.mode)
         if isinstance(stmt, Store) and stmt.array in self.local_of:
             return Let(self.local_of[stmt.array], self.expr(stmt.value))
         if isinstance(stmt, Store):
@@ -230,11 +300,21 @@ class _Rename:
     def expr(self, expr: Expr) -> Expr:
         if isinstance(expr, Var):
             return Var(self.var(expr.name), expr.dtype)
+        if isinstance(expr, Load) and expr.array in self.buffer_of:
+            index = tuple(self.expr(e) for e in expr.index)
+            if index[:-1] != self.row_index:
+                raise NotFusable(f"statement {self.number} reads a local elsewhere than in its own row")
+            return Load(self.buffer_of[expr.array].var, index[-1:], expr.dtype)
         if isinstance(expr, Load) and expr.array in self.local_of:
             index = tuple(self.expr(e) for e in expr.index)
             if index != self.row_index:
                 raise NotFusable(f"statement {self.number} reads a local elsewhere than at its own row")
             return Var(self.local_of[expr.array], expr.dtype)
+        if isinstance(expr, Load) and expr.array in self.returned:
+            index = tuple(self.expr(e) for e in expr.index)
+            if index[:len(self.row_index)] != self.row_index:  # another row's: another thread may write it
+                raise NotFusable(f"statement {self.number} reads a returned output elsewhere than in its own row")
+            return Load(self.names[expr.array], index, expr.dtype)
         if isinstance(expr, Load):
             return Load(self.names.get(expr.array) or self.var(expr.array), tuple(self.expr(e) for e in expr.index),
                         expr.dtype)
@@ -253,6 +333,6 @@ def block_per_row(program: Program, dtype: str, sizes: dict[str, int], warp: boo
     shape. ``sizes``: the fused kernel's size parameters for the call."""
     from tullax.compiler.cooperate import cooperate
 
-    fused = fuse_program(program, dtype, name, block_sums=False)
+    fused = fuse_program(program, dtype, name, block_sums=False, share=False)
     kernel = cooperate(fused.kernel, sizes, 1, warp=warp)
     return None if kernel is None else replace(fused, kernel=kernel)

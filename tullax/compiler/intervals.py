@@ -19,6 +19,7 @@ from tullax.compiler.loops import (
     Accum,
     Barrier,
     BinOp,
+    Buffer,
     Call,
     Cast,
     Combine,
@@ -97,6 +98,8 @@ def _block(stmts: tuple[Stmt, ...], env: dict[str, Interval], bound: Interval) -
         elif isinstance(stmt, Store):
             for expr in (*stmt.index, stmt.value):
                 _value(expr, env, bound)
+        elif isinstance(stmt, Buffer):
+            _value(stmt.length, env, bound)
         elif isinstance(stmt, (Combine, Shared, Barrier)):
             continue  # floats only, or no values
         else:

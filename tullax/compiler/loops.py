@@ -45,6 +45,12 @@ Semantics printers must respect:
   ``Store`` address it by ``var`` with one position in ``[0, length)``. It may be declared inside an ``If`` and
   used in later statements under the same condition. Only tiled kernels (``lower(..., tile=True)``, CPU
   printers) hold them: the float64 running totals of a tile's blocked float32 sum.
+* ``Buffer(var, length, dtype)``: a row buffer of a fused program (``tullax.compiler.fuse``): a new 1-D array of
+  ``length`` elements (an ``int64`` expression over the size parameters), NOT initialised (every element is
+  stored before it is loaded), private to the point of the parallel nest that declares it. Buffers stand first
+  in the per-element body (directly inside the parallel nest) and live until its end; ``Load``/``Store``
+  address one by ``var`` with one position in ``[0, length)``. It holds a local that has one index more than
+  the rows (attention's scores ``s[b,i,j]`` of row ``b,i``, over ``j``).
 * ``Store.mode``: ``set``, ``add`` (read-modify-write; no other iteration of a parallel loop touches the
   element) or ``atomic_add`` (a scatter whose serial loops may hit the same element twice: serial printing is
   race-free, a printer that parallelises those loops too must make the addition atomic; in a ``split`` kernel
@@ -167,6 +173,13 @@ class Scratch:
 
 
 @dataclass(frozen=True)
+class Buffer:
+    var: str
+    length: "Expr"
+    dtype: str
+
+
+@dataclass(frozen=True)
 class If:
     cond: Expr
     then: tuple["Stmt", ...]
@@ -231,7 +244,7 @@ class BlockTile:
         return (self.rows // self.thread_rows) * (self.cols // self.thread_cols)
 
 
-Stmt = Union[Let, Accum, Store, If, Loop, Scratch, Combine, Shared, Barrier]
+Stmt = Union[Let, Accum, Store, If, Loop, Scratch, Buffer, Combine, Shared, Barrier]
 
 
 @dataclass(frozen=True)
@@ -426,6 +439,8 @@ def statement_expressions(stmt: Stmt) -> tuple[Expr, ...]:
         return (stmt.cond,)
     if isinstance(stmt, (Let, Accum)):
         return (stmt.value,)
+    if isinstance(stmt, Buffer):
+        return (stmt.length,)
     if isinstance(stmt, (Scratch, Combine, Shared, Barrier)):
         return ()
     assert isinstance(stmt, Store), stmt

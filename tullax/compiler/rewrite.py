@@ -29,6 +29,7 @@ from tullax.compiler.loops import (
     Accum,
     Barrier,
     BinOp,
+    Buffer,
     Call,
     Cast,
     Const,
@@ -167,7 +168,7 @@ def substitute_stmts(stmts: tuple[Stmt, ...], values: Mapping[str, Expr]) -> tup
             value = substitute(stmt.value, values)
             if not (stmt.op == "+" and _is_zero(value)):
                 out.append(Accum(_renamed(stmt.var, values), stmt.op, value))
-        elif isinstance(stmt, (Scratch, Shared, Barrier)):
+        elif isinstance(stmt, (Scratch, Shared, Barrier, Buffer)):
             out.append(stmt)
         elif isinstance(stmt, Store):
             index = _position(stmt.array, tuple(substitute(i, values) for i in stmt.index), values)
@@ -330,7 +331,7 @@ def _own_exprs(stmt: Stmt) -> tuple[Expr, ...]:
 def _assigned(stmts: tuple[Stmt, ...]) -> set[str]:
     names: set[str] = set()
     for stmt in walk_stmts(stmts):
-        if isinstance(stmt, (Let, Accum, Scratch)):
+        if isinstance(stmt, (Let, Accum, Scratch, Buffer)):
             names.add(stmt.var)
         elif isinstance(stmt, Loop):
             names.add(stmt.var)
@@ -424,7 +425,7 @@ def _replace_exprs(stmt: Stmt, old: Expr, var: Var) -> Stmt:
 def share_subexpressions(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
     """Every straight-line block of ``stmts`` with its repeated calls and larger subexpressions computed once
     (see the module doc)."""
-    taken = {s.var for s in walk_stmts(stmts) if isinstance(s, (Let, Accum, Scratch, Loop))}
+    taken = {s.var for s in walk_stmts(stmts) if isinstance(s, (Let, Accum, Scratch, Buffer, Loop))}
     return _Sharer(taken).block(stmts)
 
 

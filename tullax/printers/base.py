@@ -29,6 +29,7 @@ from tullax.compiler.loops import (
     Accum,
     Barrier,
     BinOp,
+    Buffer,
     Call,
     Cast,
     Const,
@@ -152,6 +153,9 @@ class LoopPrinter(ABC):
     statement_end: ClassVar[str] = ""
     store_forms: ClassVar[Mapping[str, str]]  # Store.mode -> template over {target} and {value}
     scratch_form: ClassVar[str]  # a Scratch: template over {var}, {length} and {type} (``type_name``)
+    # a Buffer (a fused program's row buffer): template over {var}, {length} (printed) and {type}; "" where the
+    # target declares it elsewhere (C hoists it to the region's top)
+    buffer_form: ClassVar[str] = "{var} = buffer({type}, {length})"
 
     # -- hooks -----------------------------------------------------------------------------------
     @abstractmethod
@@ -263,6 +267,11 @@ class LoopPrinter(ABC):
                 line = self.store(stmt)
             case Scratch():
                 line = self.scratch_form.format(var=stmt.var, length=stmt.length, type=self.type_name(stmt.dtype))
+            case Buffer():
+                if not self.buffer_form:
+                    return []
+                line = self.buffer_form.format(var=stmt.var, length=self.expr(stmt.length),
+                                               type=self.type_name(stmt.dtype))
             case Shared():
                 return self.shared(stmt, place)
             case Barrier():

@@ -19,6 +19,8 @@ The mapping:
   the region (the body of the innermost parallel loop, of a reduction loop, or the function) and assigned where
   the IR binds it. That keeps C's block scopes out of the IR's way (the tiled float32 sums declare a ``Scratch``
   in one ``If`` and read it in a later one) and makes every local private to its OpenMP iteration.
+* A fused program's row ``Buffer`` is a variable-length array declared with the region's other locals (its
+  length is over the size parameters), on the stack of the thread running the row.
 * ``atomic_add`` stores are a plain ``+=``: only the IR's parallel loops run on threads, and the colliding loops
   of a scatter are serial in the nest (as in the Numba printer).
 * A module where a kernel adds into its output also exports the parallel clear of ``tullax.printers.c_clear``.
@@ -35,6 +37,7 @@ from tullax.compiler.loops import (
     FLOATS,
     INDEX,
     Accum,
+    Buffer,
     Cast,
     If,
     Let,
@@ -112,6 +115,7 @@ class CPrinter(CLikePrinter):
                                                 "atomic_add": "{target} += {value}"}
     # declared at the top of its region (``declarations``); here it is only zeroed
     scratch_form = "memset({var}, 0, {length} * sizeof({type}))"
+    buffer_form = ""  # a variable-length array declared at the region's top (``declarations``)
 
     def __init__(self, plain: bool = False) -> None:
         super().__init__("tx_i64")
@@ -346,6 +350,8 @@ class CPrinter(CLikePrinter):
                 lines.append(f"{pad}{self.type_name(stmt.value.dtype)} {stmt.var};")
             elif isinstance(stmt, Scratch):
                 lines.append(f"{pad}{self.type_name(stmt.dtype)} {stmt.var}[{stmt.length}];")
+            elif isinstance(stmt, Buffer):  # its length is over the size parameters: known at the region's top
+                lines.append(f"{pad}{self.type_name(stmt.dtype)} {stmt.var}[{self.expr(stmt.length)}];")
         return lines, CPlace(place.depth, frozenset(place.declared) | declared)
 
 

@@ -21,6 +21,8 @@ The mapping:
   it); ``x^k`` for an integer constant ``k`` is exact repeated multiplication (``tx_powi``), other powers are
   ``powf``/``pow``; functions are spelled as the registry's ``c`` field says; ``Select`` is a C ternary (only the
   chosen branch runs); infinities and NaN are built from their bit patterns (NVRTC has no ``<cmath>``).
+* A fused program's row ``Buffer`` (a thread per row) is ``malloc``'d from the device heap where the row's work
+  starts and freed where it ends (a null pointer traps).
 * ``atomic_add`` stores print as ``atomicAdd`` (only scatter kernels have them); every other store is plain.
 * Cooperative kernels (``LoopKernel.cooperative``): the grid-stride loop runs over BLOCKS, one per point of the
   launch nest; a ``lanes`` loop strides by the block's threads; a ``Combine`` is a call of ``tx_block_combine``
@@ -50,6 +52,7 @@ from tullax.compiler.loops import (
     INDEX,
     THREAD,
     Barrier,
+    Buffer,
     Combine,
     Const,
     Loop,
@@ -115,6 +118,11 @@ class CudaPrinter(CLikePrinter):
 
     # Combine.op -> the combining operation of tx_block_combine and its identity (what a warp slot past the
     # block's last warp contributes)
+    # a fused program's row buffer (a thread per row): from the device heap, freed at the end of the row's work
+    # (``kernel_function``); a failed allocation traps rather than writing through a null pointer
+    buffer_form = ("{type}* {var} = ({type}*)malloc(size_t({length}) * sizeof({type})); "
+                   "if ({var} == nullptr) __trap()")
+
     combine_forms: ClassVar[Mapping[str, tuple[str, float]]] = {
         "+": ("tx_op_add", 0.0), "max": ("tx_op_max", float("-inf")), "min": ("tx_op_min", float("inf"))}
 
@@ -228,6 +236,7 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
         if k:
             lines.append(f"        {rest} /= tx_ext{k};")
     lines += printer.block(body, CudaPlace(2))
+    lines += [f"        free({s.var});" for s in body if isinstance(s, Buffer)]
     lines += ["    }", "}"]
     return "\n".join(lines) + "\n"
 

@@ -214,6 +214,7 @@ class JuliaPrinter(LoopPrinter):
     store_forms: ClassVar[Mapping[str, str]] = {"set": "{target} = {value}", "add": "{target} += {value}",
                                                 "atomic_add": "Atomix.@atomic {target} += {value}"}
     scratch_form = "{var} = zeros({type}, {length})"
+    buffer_form = scratch_form  # a heap array per work-item (zeros: the subset evaluator's private array)
 
     def __init__(self, kernel: LoopKernel):
         self.arrivals = {s.name: arrival_dtype(s.dtype) for s in kernel.scalars}

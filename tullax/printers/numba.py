@@ -93,6 +93,7 @@ class NumbaPrinter(LoopPrinter):
     store_forms: ClassVar[Mapping[str, str]] = {"set": "{target} = {value}", "add": "{target} += {value}",
                                                 "atomic_add": "{target} += {value}"}
     scratch_form = "{var} = np.zeros({length}, {type})"
+    buffer_form = "{var} = np.empty({length}, {type})"
 
     def __init__(self, kernel: LoopKernel, disk_cache: bool = True):
         self.kernel = kernel

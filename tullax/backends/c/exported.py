@@ -2,10 +2,10 @@
 from JAX's persistent compilation cache.
 
 Their custom calls name each kernel by its content (``ffi.content_identity``) and carry its spec and dtypes
-(``ffi.kernel_payload``). The handler looks the identity up in its table; where this process has not built the
-kernel, it calls the resolver installed here, which builds it from the payload (from the compile cache, or
-compiled now) and registers it. A payload of another code generator (another tullax version) is refused: its
-packed entry's layout may differ.
+(``ffi.kernel_payload``), or, for a fused program's kernel, its printed module (``program_host.program_payload``).
+The handler looks the identity up in its table; where this process has not built the kernel, it calls the resolver
+installed here, which builds it from the payload (from the compile cache, or compiled now) and registers it. A
+payload of another code generator (another tullax version) is refused: its packed entry's layout may differ.
 
 ``prepare()`` (``tullax.prepare_exported``) loads the handler, registers it with XLA and installs the resolver:
 call it in a new process before running an exported program that holds c kernels. A resolver failure is a
@@ -55,6 +55,14 @@ def _build(identity: int, payload: str) -> int:
     if found.get("generator") != generator_fingerprint():
         raise TullaxError("the program was exported by another version of tullax's C code generator: export it "
                           "again with this one")
+    if "program" in found:  # a fused program's kernel: its call carries the printed module
+        from tullax.backends import ffi
+        from tullax.backends.program_host import packed_entry
+
+        slot = ffi.register(packed_entry(found["program"], found["name"]), identity)
+        if slot is None:
+            raise BackendUnavailableError("the XLA FFI handler's table is full or the handler is unavailable")
+        return slot
     spec = from_json(found["spec"])
     kernel = backends.resolve("c").build(spec, Signature(tuple(found["in"]), found["out"]))
     if getattr(kernel, "_packed", None) is None:

@@ -1,0 +1,59 @@
+"""Programs (issue 50), forward only, in process CPU time: each program of benchmarks/programs.py as a fused
+``ProgramKernel`` (``fuse=True``) and as jnp written by hand, both jitted, alternating call by call in ONE process
+(the order swapped every round), the median CPU time of each (every thread's: on a machine shared with other work
+the wall time waits on the scheduler). Prints jnp / fused (> 1: the fused program is faster) and writes
+benchmarks/results/programs-forward-cpu.json.
+
+    PYTHONPATH=$PWD python benchmarks/programs_cpu.py [--rounds 150] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=150)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "programs-forward-cpu.json"))
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TULLAX_CACHE_DIR", tempfile.mkdtemp(prefix="tullax-programs-cpu-"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [here, os.path.dirname(here)]
+    import jax
+    import numpy as np
+    from programs import cases
+
+    from tullax.api.program import ProgramKernel
+
+    results = []
+    for name, text, oracle, inputs in cases(np.random.default_rng(0)):
+        subjects = {"fused": jax.jit(ProgramKernel(text, backend="c")), "jnp": jax.jit(oracle)}
+        for fn in subjects.values():
+            jax.block_until_ready(fn(*inputs))
+        cpu: dict = {label: [] for label in subjects}
+        for r in range(args.rounds):
+            for label in (("fused", "jnp") if r % 2 else ("jnp", "fused")):
+                start = time.process_time()
+                jax.block_until_ready(subjects[label](*inputs))
+                cpu[label].append(time.process_time() - start)
+        med = {label: statistics.median(v) for label, v in cpu.items()}
+        row = {"program": name, "op": "forward", **{f"{k}_cpu_ms": round(v * 1e3, 4) for k, v in med.items()},
+               "cpu_jnp_over_fused": round(med["jnp"] / med["fused"], 2)}
+        results.append(row)
+        print(f"{name:10s} forward  cpu: fused {row['fused_cpu_ms']:.3f} ms  jnp {row['jnp_cpu_ms']:.3f} ms  "
+              f"jnp/fused x{row['cpu_jnp_over_fused']:.2f}", flush=True)
+    record = {"backend": "c", "dtype": "float32", "rounds": args.rounds, "cpus": os.cpu_count(),
+              "load_average": os.getloadavg(), "jax": jax.__version__, "results": results}
+    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
