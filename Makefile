@@ -6,6 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 ARGS ?=
 PYTEST_WORKERS ?= 2
+# xdist's default (load) hands each worker a quarter of its share up front, in collection order: the first worker
+# got every `slow` test (tests/conftest.py sorts them first). worksteal splits the run in two and an idle worker
+# takes half of what the other has not started, so they end within one test of each other.
+PYTEST_DIST ?= worksteal
 # Tests never touch the user's cache directory; everything else uses the default one.
 TEST_CACHE_DIR := $(CURDIR)/.cache/tullax-test
 # An editable install compiles no bytecode (and PYTHONDONTWRITEBYTECODE may forbid writing it on import):
@@ -24,13 +28,13 @@ demo: $(VENV)/.stamp-demo
 test: $(VENV)/.stamp-test
 	$(BIN)/ruff check .
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
-	TULLAX_CACHE_DIR=$(TEST_CACHE_DIR) $(BIN)/pytest -q -n $(PYTEST_WORKERS) -p no:cacheprovider $(ARGS)
+	TULLAX_CACHE_DIR=$(TEST_CACHE_DIR) $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist $(PYTEST_DIST) -p no:cacheprovider $(ARGS)
 
 # The inner loop while working on the compiler: parse, analysis, gradient derivation, lowering, printers,
 # goldens, the loop-IR interpreter and the Julia-subset evaluator; nothing that compiles with jax, Numba or
 # Julia or starts a process (tests/conftest.py marks those `compiles`). Well under a minute on 2 cores.
 test-fast: $(VENV)/.stamp-test
-	TULLAX_CACHE_DIR=$(TEST_CACHE_DIR) $(BIN)/pytest -q -n $(PYTEST_WORKERS) -p no:cacheprovider -m "not compiles" $(ARGS)
+	TULLAX_CACHE_DIR=$(TEST_CACHE_DIR) $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist $(PYTEST_DIST) -p no:cacheprovider -m "not compiles" $(ARGS)
 
 bench: $(VENV)/.stamp-bench
 	$(BYTECODE)

@@ -131,8 +131,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("julia") or compiles(item):
             item.add_marker(pytest.mark.compiles)
-    # xdist hands tests out in this order: the minutes-long ones first, so that no worker ends the run alone on
-    # one of them while the other idles (a stable sort: everything else keeps its order)
+    # the minutes-long ones first, so that no worker ends the run alone on one of them while the other idles (a
+    # stable sort: everything else keeps its order); `make test` distributes with --dist worksteal, which lets
+    # the other worker take what the one running them has not started
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     julia_items = [item for item in items if item.get_closest_marker("julia")]
     if julia_items and not _julia_found():

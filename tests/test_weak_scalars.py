@@ -57,3 +57,26 @@ def test_a_python_number_under_jit_with_x64_stays_weak(backend):
         grad = jax.jit(jax.grad(lambda s: kernel(s, x).sum()))(2.5)
     np.testing.assert_allclose(jitted, 2.5 * x + 1, rtol=1e-6)
     np.testing.assert_allclose(grad, x.astype(np.float64).sum(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", every_backend())
+def test_a_weakly_typed_jax_value_is_converted_before_computing_as_jnp_converts_it(backend):
+    # jnp converts a weak operand to the arrays' dtype first: 0.1*x with float32 x multiplies two float32s. The xla
+    # backend took jnp.asarray(0.1) (weak float64 under x64), eagerly or under jit, as float64 and rounded the
+    # float64 product (17 of these 64 results one ulp off); an eager NumPy call already converted a Python number.
+    import jax
+    import jax.numpy as jnp
+
+    skip_unavailable(backend)
+    x = (np.arange(1, 65) / 7).astype(np.float32)
+    kernel = tullax.einsum_kernel("y[i] := s*x[i]", backend=backend)
+    with jax.enable_x64(True):
+        s = jnp.asarray(0.1)
+        assert s.weak_type and s.dtype == np.float64
+        want = np.asarray(s * jnp.asarray(x))
+        results = {"eager, NumPy x": kernel(s, x), "eager, jax x": kernel(s, jnp.asarray(x)),
+                   "jit": jax.jit(kernel)(s, x), "jit, Python number": jax.jit(kernel)(0.1, x),
+                   "eager, Python number": kernel(0.1, x)}
+    for how, got in results.items():
+        assert got.dtype == np.float32, how
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=how)

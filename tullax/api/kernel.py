@@ -8,7 +8,7 @@ from typing import Any, Iterable, Mapping
 
 from tullax.api.options import finish, make_options, stop_gradients
 from tullax.errors import TullaxError, with_spec_context
-from tullax.spec.arguments import as_numpy_inputs, bind_inputs, check_call, result_dtype, weak_type
+from tullax.spec.arguments import as_numpy_inputs, bind_inputs, check_call, result_dtype, weak_dtypes
 from tullax.spec.frontend import compile_spec
 from tullax.spec.ir import Spec
 
@@ -128,11 +128,8 @@ def run_eager(spec: Spec, backend: Any, values: list[Any]) -> Any:
     env = dict(zip(spec.input_names, arrays))
     check_index_values(spec, env)
     dtype = np.dtype(result_dtype(spec, values))
-    # a Python number arrives in the result's precision, as jit passes it (JAX's weak types)
-    # (a real number real, a complex one complex, whatever the result: abs(x[i] + c) is real, z[i]*2.0 complex)
-    real = np.dtype(np.finfo(dtype).dtype) if dtype.kind == "c" else dtype
-    weak = {float: real, int: real, complex: np.result_type(dtype, np.complex64)}
-    arrays = [weak[weak_type(v)].type(a) if weak_type(v) is not None else a for a, v in zip(arrays, values)]
+    # a Python number arrives in the result's precision, as under jit (JAX's weak types)
+    arrays = [a if weak is None else weak.type(a) for a, weak in zip(arrays, weak_dtypes(spec, values, dtype))]
     signature = Signature(tuple(np.dtype(a.dtype).name for a in arrays), dtype.name)
     out_shape = tuple(s.eval(shapes) for s in spec.out_shape)
     if spec.assign == ":=" and not spec.is_scatter:

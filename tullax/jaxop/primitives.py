@@ -109,8 +109,9 @@ def apply(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | 
     is a '+=' gradient step and ``values[0]`` the zeros it starts from. ``algebra="expand"``: the expanded form
     of a polynomial body is a candidate (``auto``), or the form (``xla``), where it applies. Everything is
     checked here, at trace time."""
-    args = _same_variance(prepare_inputs(spec, values))
+    args = prepare_inputs(spec, values)
     op = _kernel_op(spec, backend_name, values, xla_form, zero_start, algebra)
+    args = _same_variance(_weak_in_precision(spec, values, args, op.out_dtype))
     half = [item.kind in ("array", "scalar") and a.dtype.name in HALF for item, a in zip(spec.inputs, args)]
     if not any(half):
         return _prims().kernel.bind(*args, op=op)
@@ -154,9 +155,9 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: s
     import numpy as np
 
     from tullax.calls.host import callback_path
-    from tullax.spec.shapes import result_dtype
+    from tullax.spec.arguments import result_dtype
 
-    dtype = result_dtype(spec, [_dtype_or_weak_type(v) for v in values])
+    dtype = result_dtype(spec, values)
     dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
     zero_start = zero_start and spec.assign == "+="
     if backend_name == "auto":
@@ -170,16 +171,12 @@ def _kernel_op(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: s
     return KernelOp(spec, backend_name, dtype.name, callback_path(), zero_start=zero_start)
 
 
-def _dtype_or_weak_type(value: Any) -> Any:
-    """A value's dtype, or ``float``/``int``/``complex`` for a weakly typed one: a Python number, or a tracer of one
-    under jit (float64 under x64, yet ``s*x`` with float32 x is float32 in jnp: the same dtype eagerly and jitted)."""
-    if not hasattr(value, "dtype"):
-        return type(value)
-    if getattr(getattr(value, "aval", None), "weak_type", False) or getattr(value, "weak_type", False):
-        import numpy as np
+def _weak_in_precision(spec: Spec, values: Sequence[Any], args: list[Any], out_dtype: str) -> list[Any]:
+    """The weakly typed inputs (``tullax.spec.arguments.weak_type``) converted to the result's precision, as jnp
+    converts a weak operand before computing and an eager NumPy call passes a Python number (``run_eager``)."""
+    from tullax.spec.arguments import weak_dtypes
 
-        return {"f": float, "i": int, "u": int, "c": complex}.get(np.dtype(value.dtype).kind, value.dtype)
-    return value.dtype
+    return [a if weak is None else a.astype(weak) for a, weak in zip(args, weak_dtypes(spec, values, out_dtype))]
 
 
 def _planned_op(spec: Spec, out_dtype: str, values: Sequence[Any], zero_start: bool = False,

@@ -4,7 +4,7 @@ a ShapeError there and never inside a compiled kernel or a host callback. Values
 ``dtype`` (NumPy arrays, jax arrays, tracers); jax is imported only for ``result_dtype``'s promotion rules."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from tullax.errors import ShapeError
 from tullax.spec.dtypes import is_numeric
@@ -109,8 +109,9 @@ def _is_integer(value: Any) -> bool:
     return np.issubdtype(np.dtype(value.dtype), np.integer)
 
 
-def result_dtype(spec: Spec, values: list[Any]) -> Any:
-    """The dtype of the result of ``spec`` on ``values`` (``tullax.spec.shapes.result_dtype`` of their dtypes)."""
+def result_dtype(spec: Spec, values: Sequence[Any]) -> Any:
+    """The dtype of the result of ``spec`` on ``values`` (``tullax.spec.shapes.result_dtype`` of their dtypes, a
+    weakly typed value's as its Python type: ``weak_type``)."""
     from tullax.spec.shapes import result_dtype as _result_dtype
 
     return _result_dtype(spec, [weak_type(v) or _native(getattr(v, "dtype", None)) for v in values])
@@ -124,11 +125,31 @@ def _native(dtype: Any) -> Any:
 
 
 def weak_type(value: Any) -> type | None:
-    """``float``/``int``/``complex`` for a plain Python number: a weak type that takes the arrays' precision, as
-    JAX promotes it under jit, so an eager call gives the same dtype (``s*x`` with float32 x is float32)."""
+    """``float``/``int``/``complex`` for a weakly typed value, else None. Weak, as in jnp's promotion: a plain Python
+    number, or a jax value jax marks weak (a Python number's tracer under jit, float64 under x64;
+    ``jnp.asarray(2.5)``). It takes the arrays' precision (``s*x`` with float32 x is float32), the same eagerly,
+    with jax arrays, and under jit. A NumPy scalar is strongly typed."""
     if isinstance(value, (int, float, complex)) and not isinstance(value, bool) and not hasattr(value, "dtype"):
         return type(value)
+    if getattr(getattr(value, "aval", None), "weak_type", False) or getattr(value, "weak_type", False) is True:
+        import numpy as np
+
+        return {"f": float, "i": int, "u": int, "c": complex}.get(np.dtype(value.dtype).kind)
     return None
 
 
-__all__ = ["bind_inputs", "as_numpy_inputs", "check_call", "result_dtype", "weak_type"]
+def weak_dtypes(spec: Spec, values: Sequence[Any], result: Any) -> list[Any]:
+    """Per input, the dtype a weakly typed data input is passed to the kernel in, None for every other input: as
+    jnp converts a weak operand to the arrays' dtype before computing, a real number arrives in the real precision
+    of ``result`` (the call's result dtype), a complex one in its complex precision (``abs(x[i] + c)`` is real,
+    ``z[i]*2.0`` complex). Index and shape-only inputs keep their dtype: they take no part in the promotion."""
+    import numpy as np
+
+    result = np.dtype(result)
+    real = np.dtype(np.finfo(result).dtype) if result.kind == "c" else result
+    precision = {float: real, int: real, complex: np.result_type(result, np.complex64)}
+    return [precision[kind] if item.kind in ("array", "scalar") and (kind := weak_type(v)) is not None else None
+            for item, v in zip(spec.inputs, values)]
+
+
+__all__ = ["bind_inputs", "as_numpy_inputs", "check_call", "result_dtype", "weak_dtypes", "weak_type"]
