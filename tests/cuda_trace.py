@@ -188,8 +188,10 @@ def trace(jobs: Sequence[tuple[Launch, int, int]], block_index: int = 0, warps: 
         before = np.asarray(launch.arguments[0])
         after = np.frombuffer(data, dtype=before.dtype, count=before.size, offset=at + 8)
         at += 8 + size
-        # elements the block wrote: the output starts as NaN (a ':=' kernel writes every element once)
-        written = int(np.count_nonzero(np.isnan(before.ravel()) & ~np.isnan(after)))
+        # elements the block wrote: the output starts as NaN (a ':=' kernel writes every element once) or, for a
+        # kernel that adds into it (split sums), at zero: elements it changed
+        old = before.ravel()
+        written = int(np.count_nonzero(np.where(np.isnan(old), ~np.isnan(after), old != after)))
         results.append(replace(_count(launch, grid, block, lists, warps), outputs=written))
     return results
 

@@ -1,0 +1,88 @@
+"""The cooperative copy of a staged patch into shared memory (``tullax.compiler.window_tiles``): a box of an
+array, ``widths[j]`` positions from ``corner[j]`` along each axis j, stored row-major in a shared array.
+
+The patch is cut into rows (its leading axes) and columns (its trailing axes together, at least half a warp of
+them: a convolution kernel's 3 x 3 window joins its channel axis). A warp copies 32 columns of one row; its
+lanes start at the array's own 32-element group of the row's first element (the phase of that element's flat
+position), so where the row's columns are contiguous in memory each warp request touches at most 4 sectors of
+float32. Every lane loads (an address clamped into the array; 0 is stored for a position outside it, the zeros
+of a ``pad``), so lanes stay in step; lanes outside the patch store nothing.
+"""
+from __future__ import annotations
+
+import math
+
+from tullax.compiler.loops import INDEX, Const, Expr, If, Let, Load, Loop, Select, Stmt, Store, Var, binop, const
+
+SEGMENT = 32  # a warp
+
+
+def patch_copy(load: Load, shared: str, widths: tuple[int, ...], corner: list[Expr], extents: list[Var],
+               thread: Var, threads: int, prefix: str) -> Loop:
+    """The loop by which ``threads`` threads (``thread`` each) copy the patch of ``load``'s array into
+    ``shared``."""
+    seg = min(SEGMENT, threads)
+    groups = threads // seg
+    rank = len(widths)
+    j = rank - 1
+    while j > 0 and 2 * math.prod(widths[j:]) <= seg:
+        j -= 1
+    cols, rows = math.prod(widths[j:]), math.prod(widths[:j])
+    per_row = -(-(cols + seg - 1) // seg)  # segments per row, whatever the phase
+    total = rows * per_row
+    r, unit, lane, row = (Var(f"{prefix}{n}", INDEX) for n in ("r", "u", "l", "q"))
+    at = binop("min", unit, const(total - 1))
+    body: list[Stmt] = [
+        Let(unit.name, binop("+", binop("*", r, const(groups)), binop("//", thread, const(seg)))),
+        Let(lane.name, binop("mod", thread, const(seg))),
+        Let(row.name, binop("//", at, const(per_row)))]
+    index: list[Expr] = [const(0)] * rank
+    for axis, coord in _decode(row, widths[:j], f"{prefix}x", body):
+        index[axis] = binop("+", corner[axis], coord)
+    # the flat position of the row's first element, its phase in the array's 32-element groups
+    start: Expr = const(0)
+    for axis in range(rank):
+        first = _clamp(index[axis], extents[axis]) if axis < j else corner[axis]
+        start = binop("+", binop("*", start, extents[axis]), first) if axis else first
+    phase, pos = Var(f"{prefix}ph", INDEX), Var(f"{prefix}p", INDEX)
+    body += [Let(phase.name, binop("mod", start, const(seg))),
+             Let(pos.name, binop("-", binop("+", binop("*", binop("mod", at, const(per_row)), const(seg)), lane),
+                                 phase))]
+    column = binop("min", binop("max", pos, const(0)), const(cols - 1))
+    for n, (axis, coord) in enumerate(_decode(column, widths[j:], f"{prefix}y", body)):
+        index[j + n] = binop("+", corner[j + n], coord)
+    ok: Expr | None = None
+    for axis in range(rank):
+        e = Var(f"{prefix}i{axis}", INDEX)
+        body.append(Let(e.name, index[axis]))
+        index[axis] = e
+        cond = binop("and", binop(">=", e, const(0)), binop("<", e, extents[axis]))
+        ok = cond if ok is None else binop("and", ok, cond)
+    assert ok is not None
+    raw = Var(f"{prefix}v", load.dtype)
+    body.append(Let(raw.name, Load(load.array, tuple(_clamp(e, n) for e, n in zip(index, extents)), load.dtype)))
+    keep = binop("and", binop("<", unit, const(total)),
+                 binop("and", binop(">=", pos, const(0)), binop("<", pos, const(cols))))
+    value = Select(ok, raw, Const(0.0, load.dtype), load.dtype)
+    body.append(If(keep, (Store(shared, (binop("+", binop("*", row, const(cols)), pos),), value),)))
+    return Loop(r.name, const(0), const(-(-total // groups)), False, tuple(body))
+
+
+def _decode(flat: Expr, widths: tuple[int, ...], name: str, body: list[Stmt]) -> list[tuple[int, Expr]]:
+    """Row-major coordinates of ``flat`` in a box of ``widths`` (Lets appended to ``body``)."""
+    out = []
+    stride = 1
+    for axis in reversed(range(len(widths))):
+        d = Var(f"{name}{axis}", INDEX)
+        body.append(Let(d.name, binop("mod", binop("//", flat, const(stride)), const(widths[axis]))
+                        if widths[axis] > 1 else const(0)))
+        stride *= widths[axis]
+        out.append((axis, d))
+    return out[::-1]
+
+
+def _clamp(e: Expr, n: Expr) -> Expr:
+    return binop("min", binop("max", e, const(0)), binop("-", n, const(1)))
+
+
+__all__ = ["patch_copy"]
