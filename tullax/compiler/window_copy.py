@@ -7,12 +7,34 @@ lanes start at the array's own 32-element group of the row's first element (the 
 position), so where the row's columns are contiguous in memory each warp request touches at most 4 sectors of
 float32. Every lane loads (an address clamped into the array; 0 is stored for a position outside it, the zeros
 of a ``pad``), so lanes stay in step; lanes outside the patch store nothing.
+
+Also the two rewrites of the reduction's statements in a chunk: staged loads read from registers
+(``staged_registers``), sums taken per chunk apart (``accumulate_apart``).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from typing import Mapping
 
-from tullax.compiler.loops import INDEX, Const, Expr, If, Let, Load, Loop, Select, Stmt, Store, Var, binop, const
+from tullax.compiler.loops import (
+    INDEX,
+    Accum,
+    Const,
+    Expr,
+    If,
+    Let,
+    Load,
+    Loop,
+    Select,
+    Stmt,
+    Store,
+    Var,
+    binop,
+    children,
+    const,
+)
+from tullax.compiler.tiles import _rebuild, _zero
 
 SEGMENT = 32  # a warp
 
@@ -22,6 +44,8 @@ def patch_copy(load: Load, shared: str, widths: tuple[int, ...], corner: list[Ex
     """The loop by which ``threads`` threads (``thread`` each) copy the patch of ``load``'s array into
     ``shared``."""
     seg = min(SEGMENT, threads)
+    if threads % seg:  # every thread in exactly one group
+        seg = math.gcd(SEGMENT, threads)
     groups = threads // seg
     rank = len(widths)
     j = rank - 1
@@ -85,4 +109,30 @@ def _clamp(e: Expr, n: Expr) -> Expr:
     return binop("min", binop("max", e, const(0)), binop("-", n, const(1)))
 
 
-__all__ = ["patch_copy"]
+def accumulate_apart(stmt: Stmt, parts: Mapping[str, Var]) -> Stmt:
+    """``stmt`` with its "+" accumulations into the chunk's partial sums."""
+    if isinstance(stmt, Accum) and stmt.op == "+" and stmt.var in parts:
+        return replace(stmt, var=parts[stmt.var].name)
+    if isinstance(stmt, If):
+        return replace(stmt, then=tuple(accumulate_apart(s, parts) for s in stmt.then))
+    return stmt
+
+
+def staged_registers(stmt: Stmt, staged: Mapping[Load, Var], ok: Expr) -> Stmt:
+    """A reduction statement with its staged loads replaced by registers, its other loads guarded to the
+    output's range (they are per element: read only for elements inside it)."""
+    def swap(expr: Expr) -> Expr:
+        if isinstance(expr, Load):
+            if expr in staged:
+                return staged[expr]
+            return Select(ok, expr, _zero(expr.dtype), expr.dtype)
+        parts = children(expr)
+        if not parts:
+            return expr
+        return _rebuild(expr, tuple(swap(c) for c in parts))
+
+    assert isinstance(stmt, (Let, Accum)), stmt
+    return replace(stmt, value=swap(stmt.value))
+
+
+__all__ = ["patch_copy", "accumulate_apart", "staged_registers"]

@@ -60,8 +60,8 @@ from tullax.compiler.loops import (
     walk_stmts,
 )
 from tullax.compiler.rewrite import substitute, substitute_stmts
-from tullax.compiler.tiles import PREFIX, TilePolicy, _guarded, _rebuild, _zero
-from tullax.compiler.window_copy import SEGMENT, patch_copy
+from tullax.compiler.tiles import PREFIX, TilePolicy, _guarded, _zero
+from tullax.compiler.window_copy import SEGMENT, accumulate_apart, patch_copy, staged_registers
 from tullax.spec.sizes import Sym
 
 MAX_SHARED_BYTES = 48 * 1024  # the static shared memory a block may declare
@@ -320,8 +320,11 @@ def _sides(found: dict, par: list[str], red: list[str]):
 
 def _geometry(par: list[str], red: list[str], sides, extents: dict, lengths: dict,
               policy: TilePolicy) -> _Geometry | None:
-    _, side_vars, common = sides
+    staged, side_vars, common = sides
     tile = policy.tile
+    # the reduced indices that offset a parallel one along some axis: a window (p and q of x[n,c,h+p,w+q])
+    windows = {v for _, axes in staged.values() for a in axes if any(u in par for u, _ in a.coefs)
+               for v, _ in a.coefs if v in red}
     box = {v: 1 for v in common}
     targets = (tile.rows, tile.cols)
     for s in range(2):
@@ -334,8 +337,9 @@ def _geometry(par: list[str], red: list[str], sides, extents: dict, lengths: dic
     for r in reversed(red):
         # an innermost reduced index that is not a small window runs a warp's row of steps per chunk (a
         # convolution's kernel gradient sums along rows of the image: the copies read whole rows)
-        chunk[r] = _share(lengths[r], max(remaining, SEGMENT) if r == red[-1] and lengths[r] > SMALL
-                          else remaining)
+        # a small window is staged whole (its steps are not cut over chunks)
+        chunk[r] = lengths[r] if 0 < lengths[r] <= SMALL and r in windows else \
+            _share(lengths[r], max(remaining, SEGMENT) if r == red[-1] else remaining)
         remaining = max(-(-remaining // chunk[r]), 1)
     counts, across = [], []
     wanted = (tile.thread_rows, tile.thread_cols)
@@ -345,6 +349,8 @@ def _geometry(par: list[str], red: list[str], sides, extents: dict, lengths: dic
         n = 1
         while flat % (2 * n) == 0 and 2 * n * wanted[s] <= flat:
             n *= 2
+        if n == 1:  # an odd side (a 3 x 3 window, 5 channels): any divisor
+            n = max(d for d in range(1, flat + 1) if flat % d == 0 and d * wanted[s] <= max(flat, wanted[s]))
         across.append(n)
         counts.append(flat // n)
     geometry = _Geometry(box, chunk, side_vars, (counts[0], counts[1]), (across[0], across[1]))
@@ -474,7 +480,7 @@ class _Builder:
                 terms.append(Let(registers[s.name, a].name, Load(s.name, (self.local(s, a),), s.load.dtype)))
         for a, b in pairs:
             swap = {s.load: registers[s.name, (a, b)[s.side]] for s in self.staged}
-            stmts = tuple(_swap(stmt, swap, self.both[a, b]) for stmt in self.inner)
+            stmts = tuple(staged_registers(stmt, swap, self.both[a, b]) for stmt in self.inner)
             table = self.positions(a, b, steps=True)
             stmts = substitute_stmts(stmts, table)
             conds = [c for lp, o in zip(self.nest, self.outer) if o[2] for c in self.window(lp, table)]
@@ -489,7 +495,7 @@ class _Builder:
                 for declared in [self.types[s.var]]}
         parts = {self.rename[a, b][v].name: Var(f"{self.rename[a, b][v].name}_p", t)
                  for a, b in pairs for v, t in sums.items()}
-        terms = [_into(stmt, parts) for stmt in terms]
+        terms = [accumulate_apart(stmt, parts) for stmt in terms]
         inner: tuple[Stmt, ...] = tuple(terms)
         for lp, (lo, hi, _) in reversed(list(zip(self.nest, self.outer))):
             left = binop("-", hi, self.first[lp.var])
@@ -562,34 +568,6 @@ class _Builder:
         return patch_copy(s.load, s.name, s.widths, [self.corner(s, axis) for axis in s.axes],
                           [self.extent(s.load.array, j) for j in range(len(s.widths))], self.thread,
                           self.g.threads, PREFIX)
-
-
-def _into(stmt: Stmt, parts: Mapping[str, Var]) -> Stmt:
-    """``stmt`` with its "+" accumulations into the chunk's partial sums."""
-    if isinstance(stmt, Accum) and stmt.op == "+" and stmt.var in parts:
-        return replace(stmt, var=parts[stmt.var].name)
-    if isinstance(stmt, If):
-        return replace(stmt, then=tuple(_into(s, parts) for s in stmt.then))
-    return stmt
-
-
-def _swap(stmt: Stmt, staged: Mapping[Load, Var], ok: Expr) -> Stmt:
-    """A reduction statement with its staged loads replaced by registers, its other loads guarded to the
-    output's range (they are per element: read only for elements inside it)."""
-    from tullax.compiler.loops import children
-
-    def swap(expr: Expr) -> Expr:
-        if isinstance(expr, Load):
-            if expr in staged:
-                return staged[expr]
-            return Select(ok, expr, _zero(expr.dtype), expr.dtype)
-        parts = children(expr)
-        if not parts:
-            return expr
-        return _rebuild(expr, tuple(swap(c) for c in parts))
-
-    assert isinstance(stmt, (Let, Accum)), stmt
-    return replace(stmt, value=swap(stmt.value))
 
 
 __all__ = ["window_tiles"]
