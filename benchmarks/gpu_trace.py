@@ -35,6 +35,7 @@ from cuda_trace import trace  # noqa: E402
 from gpu_device import PEAKS, kernel_work  # noqa: E402
 from trace_cases import CASES, launches  # noqa: E402
 
+from tullax.compiler.loops import parallel_nest  # noqa: E402
 from tullax.compiler.tiles import TilePolicy  # noqa: E402
 
 SCHEDULES = (("before", TilePolicy(min_outputs=1 << 62)), ("after", TilePolicy()))
@@ -56,7 +57,9 @@ def roofline(flops: float, compulsory: float, sectors: float) -> dict:
 def schedule_name(kernel) -> str:
     tile = kernel.tile
     if tile is not None:
-        return f"block tile {tile.rows}x{tile.cols}, {tile.thread_rows}x{tile.thread_cols} per thread"
+        window = kernel.split or len(parallel_nest(kernel)[0]) != 2  # tullax.compiler.window_tiles
+        return (f"{'window' if window else 'block'} tile {tile.rows}x{tile.cols}, "
+                f"{tile.thread_rows}x{tile.thread_cols} per thread" + (", split-K" if kernel.split else ""))
     if kernel.cooperative:
         return "a warp per element" if kernel.warp else "a block per element"
     return "split sum" if kernel.split else "a thread per element (or register tile)"

@@ -4,7 +4,7 @@ conflicts are known by construction (32 banks of 4 bytes): a broadcast and a uni
 two, stride 32 thirty-two (every lane in bank 0), stride 33 one (the padding trick). Then the counts of the tiled
 kernels of the GPU benchmark's Dist and conv2d, printed for the record and held below a bound.
 
-Cost: one small tracer build (five kernels of one warp), one of the Dist and conv2d forwards (block 0)."""
+Cost: one small tracer build (five kernels of one warp), three of one tiled kernel each (block 0)."""
 from __future__ import annotations
 
 import numpy as np
@@ -69,13 +69,15 @@ def test_wide_elements_take_two_passes_without_conflict():
     assert bank_passes([(8, 256 * lane) for lane in range(32)]) == (32, 2)  # every lane's two words in banks 0, 1
 
 
-@pytest.mark.parametrize("name", ["Dist", "conv2d"])
-def test_the_tiled_kernels_shared_reads(name):
-    """The register tile's shared reads of the block-tiled Dist forward and of conv2d's window-tiled forward are
-    conflict-free: a warp reads consecutive columns of one staged row (threads along j, or along w of the x
-    patch), or one value for all its lanes (a broadcast)."""
+@pytest.mark.parametrize("name,step", [("Dist", 0), ("conv2d", 0), ("conv2d", 2)])
+def test_the_tiled_kernels_shared_reads(name, step):
+    """The register tile's shared reads of the block-tiled Dist forward and of conv2d's window-tiled forward and
+    kernel gradient are conflict-free: a warp reads consecutive columns of one staged row (threads along j, or
+    along w of the x patch), or one value for all its lanes (a broadcast). The kernel gradient's lanes read
+    x[c, h+p, w+q] at 3 x 3 window offsets: with 34-wide patch rows those fell 2 or 3 to a bank (2.62 passes per
+    request); the rows padded to an odd pitch (35) spread them over distinct banks."""
     case = next(c for c in CASES if c[0] == name)
-    label, launch, plan = launches(*case)[0]
+    label, launch, plan = launches(*case)[step]
     (counted,) = trace([(launch, plan.grid, plan.block)], warps=None)
     shared = counted.shared
     print(label, shared, f"{shared.wavefronts / shared.requests:.3f} passes per request")

@@ -39,10 +39,20 @@ from tullax.compiler.tiles import _rebuild, _zero
 SEGMENT = 32  # a warp
 
 
+def pitch(widths: tuple[int, ...]) -> tuple[int, ...]:
+    """The shared array's layout of a patch: its widths, the last one padded to an odd count, so that rows of
+    the patch start in different banks (a window's rows read by one warp: w + q, h + p)."""
+    if len(widths) < 2 or widths[-1] % 2:
+        return widths
+    return widths[:-1] + (widths[-1] + 1,)
+
+
 def patch_copy(load: Load, shared: str, widths: tuple[int, ...], corner: list[Expr], extents: list[Var],
                thread: Var, threads: int, prefix: str) -> Loop:
     """The loop by which ``threads`` threads (``thread`` each) copy the patch of ``load``'s array into
-    ``shared``."""
+    ``shared`` (laid out as ``pitch(widths)``)."""
+    dims = pitch(widths)
+    coords: list[Expr] = [const(0)] * len(widths)
     seg = min(SEGMENT, threads)
     if threads % seg:  # every thread in exactly one group
         seg = math.gcd(SEGMENT, threads)
@@ -63,6 +73,7 @@ def patch_copy(load: Load, shared: str, widths: tuple[int, ...], corner: list[Ex
     index: list[Expr] = [const(0)] * rank
     for axis, coord in _decode(row, widths[:j], f"{prefix}x", body):
         index[axis] = binop("+", corner[axis], coord)
+        coords[axis] = coord
     # the flat position of the row's first element, its phase in the array's 32-element groups
     start: Expr = const(0)
     for axis in range(rank):
@@ -75,6 +86,7 @@ def patch_copy(load: Load, shared: str, widths: tuple[int, ...], corner: list[Ex
     column = binop("min", binop("max", pos, const(0)), const(cols - 1))
     for n, (axis, coord) in enumerate(_decode(column, widths[j:], f"{prefix}y", body)):
         index[j + n] = binop("+", corner[j + n], coord)
+        coords[j + n] = coord
     ok: Expr | None = None
     for axis in range(rank):
         e = Var(f"{prefix}i{axis}", INDEX)
@@ -88,7 +100,10 @@ def patch_copy(load: Load, shared: str, widths: tuple[int, ...], corner: list[Ex
     keep = binop("and", binop("<", unit, const(total)),
                  binop("and", binop(">=", pos, const(0)), binop("<", pos, const(cols))))
     value = Select(ok, raw, Const(0.0, load.dtype), load.dtype)
-    body.append(If(keep, (Store(shared, (binop("+", binop("*", row, const(cols)), pos),), value),)))
+    at_shared: Expr = const(0)
+    for coord, dim in zip(coords, dims):
+        at_shared = binop("+", binop("*", at_shared, const(dim)), coord)
+    body.append(If(keep, (Store(shared, (at_shared,), value),)))
     return Loop(r.name, const(0), const(-(-total // groups)), False, tuple(body))
 
 
@@ -135,4 +150,4 @@ def staged_registers(stmt: Stmt, staged: Mapping[Load, Var], ok: Expr) -> Stmt:
     return replace(stmt, value=swap(stmt.value))
 
 
-__all__ = ["patch_copy", "accumulate_apart", "staged_registers"]
+__all__ = ["patch_copy", "pitch", "accumulate_apart", "staged_registers"]

@@ -61,7 +61,7 @@ from tullax.compiler.loops import (
 )
 from tullax.compiler.rewrite import substitute, substitute_stmts
 from tullax.compiler.tiles import PREFIX, TilePolicy, _guarded, _zero
-from tullax.compiler.window_copy import SEGMENT, accumulate_apart, patch_copy, staged_registers
+from tullax.compiler.window_copy import SEGMENT, accumulate_apart, patch_copy, pitch, staged_registers
 from tullax.spec.sizes import Sym
 
 MAX_SHARED_BYTES = 48 * 1024  # the static shared memory a block may declare
@@ -158,7 +158,7 @@ def window_tiles(kernel: LoopKernel, sizes: Mapping[str, int], policy: TilePolic
     staged = [_Staged(load, side, axes, f"{PREFIX}w{n}", _widths(axes, geometry))
               for n, (load, (side, axes)) in enumerate(sides[0].items())]
     itemsize = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
-    if sum(math.prod(s.widths) * itemsize.get(s.load.dtype, 8) for s in staged) > MAX_SHARED_BYTES:
+    if sum(math.prod(pitch(s.widths)) * itemsize.get(s.load.dtype, 8) for s in staged) > MAX_SHARED_BYTES:
         return None
     blocks = math.prod(-(-max(extents[v], 0) // geometry.box[v]) for v in par)
     chunks = math.prod(-(-max(lengths[r], 0) // geometry.chunk[r]) for r in red)
@@ -396,7 +396,7 @@ class _Builder:
 
     def build(self) -> tuple[Stmt, ...]:
         g = self.g
-        out: list[Stmt] = [Shared(s.name, math.prod(s.widths), s.load.dtype) for s in self.staged]
+        out: list[Stmt] = [Shared(s.name, math.prod(pitch(s.widths)), s.load.dtype) for s in self.staged]
         blocks = {lp.var: Var(f"{PREFIX}b_{lp.var}", INDEX) for lp in self.loops}
         for lp in self.loops:
             out.append(Let(self.origin[lp.var].name,
@@ -545,7 +545,7 @@ class _Builder:
         span = {**self.g.box, **self.g.chunk}
         offsets = {**self.offset[s.side][a], **{r: self.step[r] for r in self.g.chunk}}
         flat: Expr = const(0)
-        for axis, width in zip(s.axes, s.widths):
+        for axis, width in zip(s.axes, pitch(s.widths)):
             pos: Expr = const(0)
             for v, c in axis.coefs:
                 off = offsets.get(v, const(0))  # a common index: the box's one value
