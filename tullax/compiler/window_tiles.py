@@ -140,7 +140,7 @@ def window_tiles(kernel: LoopKernel, sizes: Mapping[str, int], policy: TilePolic
     if narrowed and any(isinstance(s, Accum) and s.op != "+" for s in inner):
         return None
     found = _loads(inner, par, red, known)
-    if found is None:
+    if found is None or any(load.dtype not in FLOATS for load in found):  # the copies store a float 0 outside
         return None
     sides = _sides(found, par, red)
     if sides is None:
