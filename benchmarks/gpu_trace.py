@@ -12,11 +12,19 @@ request touches. "before" is ``TULLAX_CUDA_TILES=0`` (the schedule the backend p
     PYTHONPATH=$PWD python benchmarks/gpu_trace.py --all      # every GPU benchmark case
 
 writes ``benchmarks/results/gpu-trace-cpu.{json,md}`` (``--out`` another stem).
+
+Also per kernel: shared-memory bank conflicts (the traced warps' shared reads: wavefronts per request and
+passes beyond the conflict-free ideal; 32 banks of 4 bytes) and a roofline estimate for each device of
+``gpu_device.PEAKS`` named in ``DEVICES``: FLOPs (two per term) against (a) the compulsory bytes (inputs and
+output once) and (b) the tracer's sector bytes (block 0's 32-byte sectors times the grid, plus the output),
+both at the device's HBM bandwidth; (b) bounds the kernel's time from below when its sectors miss in L2.
+Estimates from the CPU trace, not measurements.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -24,18 +32,34 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the tracer and the trace cases live beside the tests
 
 from cuda_trace import trace  # noqa: E402
+from gpu_device import PEAKS, kernel_work  # noqa: E402
 from trace_cases import CASES, launches  # noqa: E402
 
+from tullax.compiler.loops import parallel_nest  # noqa: E402
 from tullax.compiler.tiles import TilePolicy  # noqa: E402
 
 SCHEDULES = (("before", TilePolicy(min_outputs=1 << 62)), ("after", TilePolicy()))
 ITEMSIZE = 4  # float32
+DEVICES = ("H100", "H200")  # the roofline columns: rows of gpu_device.PEAKS (FP32 FLOP/s, HBM bytes/s)
+
+
+def roofline(flops: float, compulsory: float, sectors: float) -> dict:
+    """Per device: the least time (µs) at its peaks for the compulsory bytes and for the tracer's sector bytes."""
+    out = {}
+    for device in DEVICES:
+        rate, bandwidth = next((f, b) for name, f, b in PEAKS if name == device)
+        out[device] = {"flop_us": flops / rate * 1e6, "compulsory_us": compulsory / bandwidth * 1e6,
+                       "sector_us": sectors / bandwidth * 1e6,
+                       "bound_us": max(flops / rate, sectors / bandwidth, compulsory / bandwidth) * 1e6}
+    return out
 
 
 def schedule_name(kernel) -> str:
     tile = kernel.tile
     if tile is not None:
-        return f"block tile {tile.rows}x{tile.cols}, {tile.thread_rows}x{tile.thread_cols} per thread"
+        window = kernel.split or len(parallel_nest(kernel)[0]) != 2  # tullax.compiler.window_tiles
+        return (f"{'window' if window else 'block'} tile {tile.rows}x{tile.cols}, "
+                f"{tile.thread_rows}x{tile.thread_cols} per thread" + (", split-K" if kernel.split else ""))
     if kernel.cooperative:
         return "a warp per element" if kernel.warp else "a block per element"
     return "split sum" if kernel.split else "a thread per element (or register tile)"
@@ -46,13 +70,22 @@ def measure(cases) -> list[dict]:
     for when, tiles in SCHEDULES:
         jobs, meta = [], []
         for case in cases:
-            for label, launch, plan in launches(*case, tiles=tiles):
+            work = kernel_work(case[1], case[2])
+            for (label, launch, plan), done in zip(launches(*case, tiles=tiles), work, strict=True):
                 jobs.append((launch, plan.grid, plan.block))
-                meta.append((label, launch.kernel, plan))
-        for (label, kernel, plan), counted in zip(meta, trace(jobs, warps=None)):
+                meta.append((label, launch.kernel, plan, done))
+        for (label, kernel, plan, done), counted in zip(meta, trace(jobs, warps=None)):
             outputs = max(counted.outputs, 1)
             sectors = counted.sectors
+            out_bytes = ITEMSIZE * math.prod(done["out_shape"])
+            sector_bytes = 32 * sectors * plan.grid + out_bytes
+            shared = counted.shared
             rows.append({
+                "flops": done["flops"], "compulsory_bytes": done["bytes"], "sector_bytes": sector_bytes,
+                "intensity": done["flops"] / sector_bytes,
+                "roofline": roofline(done["flops"], done["bytes"], sector_bytes),
+                "shared_requests": shared.requests, "shared_wavefronts": shared.wavefronts,
+                "bank_conflicts": shared.conflicts, "max_bank_ways": shared.max_ways,
                 "kernel": label, "schedule": when, "chosen": schedule_name(kernel), "grid": plan.grid,
                 "block": plan.block, "outputs_in_block": counted.outputs, "loads": counted.loads,
                 "loads_per_output": counted.loads / outputs, "sectors_per_output": sectors / outputs,
@@ -82,6 +115,20 @@ def markdown(rows: list[dict], command: str) -> str:
             lines.append(f"| {kernel} | {when}: {row['chosen']} | {row['grid']} x {row['block']} | "
                          f"{row['loads_per_output']:.2f} | {row['sectors_per_output']:.3f} | "
                          f"{row['bytes_per_output']:.1f} | {coalescing} | {row['max_sectors_per_request']} |")
+    lines += ["", "Shared memory and roofline, after (estimates from the trace, float32; sector bytes = block 0's "
+              "sectors x the grid + the output; µs at the peaks of benchmarks/gpu_device.py's PEAKS):", "",
+              "| kernel | shared reads | wavefronts / read | bank conflicts | GFLOP | MB compulsory | MB sectors | "
+              "FLOP / sector byte | " + " | ".join(f"{d} bound µs (flop, compulsory, sectors)" for d in DEVICES) + " |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(DEVICES)]
+    for kernel, found in by_kernel.items():
+        row = found["after"]
+        reads = row["shared_requests"]
+        per = f"{row['shared_wavefronts'] / reads:.2f}" if reads else "-"
+        bounds = " | ".join(f"{r['bound_us']:.1f} ({r['flop_us']:.1f}, {r['compulsory_us']:.1f}, {r['sector_us']:.1f})"
+                            for r in (row["roofline"][d] for d in DEVICES))
+        lines.append(f"| {kernel} | {reads} | {per} | {row['bank_conflicts']} | {row['flops'] / 1e9:.3f} | "
+                     f"{row['compulsory_bytes'] / 1e6:.2f} | {row['sector_bytes'] / 1e6:.2f} | "
+                     f"{row['intensity']:.2f} | {bounds} |")
     lines += ["", "Ratios before / after:", ""]
     for kernel, found in by_kernel.items():
         b, a = found["before"], found["after"]

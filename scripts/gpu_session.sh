@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One call on a lent NVIDIA GPU machine (the device tool's `run`): the GPU tests, the corpus against XLA (float32
-# and float64) and the device timings of the benchmark cases with and without the block tiles, every result a
-# file under $OUT. It installs nothing: it expects the machine's image (python3 with JAX's CUDA build, numpy,
+# and float64) and the device timings of the benchmark cases with and without the block and window tiles (conv2d's
+# implicit GEMM is switched by the same TULLAX_CUDA_TILES), every result a file under $OUT. It installs nothing: it expects the machine's image (python3 with JAX's CUDA build, numpy,
 # rich, pytest, cuda-bindings and NVRTC; /work/.library/device/KINDS.md) and runs tullax from this tree.
 #
-#   device run:  bash scripts/gpu_session.sh        (timeout_s 590; the steps' caps add up to 9 minutes)
+#   device run:  bash scripts/gpu_session.sh        (timeout_s 590; the steps' caps add up to 9 min 20 s)
 #
 # Files in $OUT (8, what comes back at most): summary.md (the machine, each step's exit and seconds, the tables),
 # session.log (everything printed), tiles_on/, tiles_off/ and corpus/gpu-<device>.{json,md}. The steps run most
@@ -12,6 +12,11 @@
 # time is recorded and the next one runs. The NVRTC builds are checked on the CPU by the suite, not here.
 # Nothing here changes the card's settings.
 set -u
+# without a GPU nothing here can run: refuse before writing anything (a dry run on a CPU machine ends here)
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu_session.sh: no GPU here (nvidia-smi lists none): run it through the device tool on a lent GPU" >&2
+    exit 2
+fi
 OUT=${OUT:-$PWD/gpu-session-out}
 mkdir -p "$OUT/tiles_on" "$OUT/tiles_off" "$OUT/corpus"
 PY=${PYTHON:-python3}
@@ -48,16 +53,17 @@ step() {  # step NAME SECONDS COMMAND...: run with a time cap, log its exit stat
 step gpu_tests 150 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_gpu_device.py
 
 # 2. Device time of every kernel of the benchmark cases (CUDA events around pipelined launches, roofline) with
-#    the block tiles, and the forward/backward wall timings against XLA.
-step device_tiled 180 "$PY" benchmarks/gpu.py --parts device,timings --case-limit 45 \
-    --cases "Dist K=784 I=1024 J=512,Dist I=J=4096 K=64,Linear,row logsumexp" --out-dir "$OUT/tiles_on"
+#    the block tiles (Dist, Linear) and the window tiles (conv2d's forward and both gradients), and the
+#    forward/backward wall timings against XLA.
+step device_tiled 210 "$PY" benchmarks/gpu.py --parts device,timings --case-limit 40 \
+    --cases "Dist K=784 I=1024 J=512,Dist I=J=4096 K=64,Linear,row logsumexp,conv2d" --out-dir "$OUT/tiles_on"
 
-# 3. The same for Dist and Linear without the block tiles (the schedules before them), on the same card.
-step device_untiled 90 env TULLAX_CUDA_TILES=0 "$PY" benchmarks/gpu.py --parts device,timings --case-limit 40 \
-    --cases "Dist K=784 I=1024 J=512,Linear" --out-dir "$OUT/tiles_off"
+# 3. The same for Dist, Linear and conv2d without the tiles (the schedules before them), on the same card.
+step device_untiled 110 env TULLAX_CUDA_TILES=0 "$PY" benchmarks/gpu.py --parts device,timings --case-limit 35 \
+    --cases "Dist K=784 I=1024 J=512,Linear,conv2d" --out-dir "$OUT/tiles_off"
 
 # 4. The corpus against XLA in float32 and float64 (every kernel, forward and gradients, backend='cuda').
-step corpus 100 "$PY" benchmarks/gpu.py --parts corpus --out-dir "$OUT/corpus"
+step corpus 90 "$PY" benchmarks/gpu.py --parts corpus --out-dir "$OUT/corpus"
 
 {
     echo

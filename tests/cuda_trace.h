@@ -24,13 +24,45 @@ template <typename T> struct tx_traced {
     }
 };
 
-// Runs block `block` of the launch (gridDim.x = geometry.grid) with one OS thread per GPU thread.
+// Shared-memory READS are recorded too, in a second list per thread: (element size, byte offset from the block's
+// shared memory). Writes are not (a copy's lanes outside the patch skip theirs, which would shift the k-th
+// access of later ones); a pointer taken from the array (a cooperative reduction's partials) is not traced.
+thread_local std::vector<tx_trace_record>* tx_shared_list = nullptr;
+
+template <typename T> struct tx_shared_traced {
+    T* base;
+    struct ref {
+        T* p;
+        operator T() const {
+            const char* start = reinterpret_cast<const char*>(tx_block_now->shared.data());
+            tx_shared_list->push_back({(long long)sizeof(T), (long long)(reinterpret_cast<const char*>(p) - start)});
+            return *p;
+        }
+        ref& operator=(T v) {
+            *p = v;
+            return *this;
+        }
+    };
+    template <typename I> ref operator[](I i) const { return ref{base + i}; }
+    operator T*() const { return base; }
+    template <typename U> explicit operator U*() const { return reinterpret_cast<U*>(base); }  // (float*)tx_red
+};
+#undef TX_SHARED
+#define TX_SHARED(type, name, count) \
+    tx_shared_traced<type> name{static_cast<type*>(tx_shared_take(sizeof(type) * (count)))}
+
+// Runs block `block` of the launch (gridDim.x = geometry.grid) with one OS thread per GPU thread: each thread's
+// global loads in lists[t], its shared reads in lists[geometry.block + t].
 inline std::vector<std::vector<tx_trace_record>> tx_trace_block(const tx_geometry& geometry, unsigned block,
                                                                 void (*call)(void**), void** args) {
     gridDim.x = geometry.grid;
     blockDim.x = geometry.block;
-    std::vector<std::vector<tx_trace_record>> lists(geometry.block);
-    tx_run_block(geometry, block, [&](unsigned t) { tx_trace_list = &lists[t]; call(args); });
+    std::vector<std::vector<tx_trace_record>> lists(2 * geometry.block);
+    tx_run_block(geometry, block, [&](unsigned t) {
+        tx_trace_list = &lists[t];
+        tx_shared_list = &lists[geometry.block + t];
+        call(args);
+    });
     return lists;
 }
 

@@ -6,8 +6,10 @@ load, past a ragged edge, is left out). Per request: the 32-byte sectors and 128
 the L1 serves and what DRAM would move), and whether every lane read one address (a broadcast). Offsets are
 from the buffer's start, which cudaMalloc aligns to 256 bytes, so sectors and lines are those of the device.
 
-Only the kernel's INPUT arrays are traced (the global loads of a ``:=`` kernel); a kernel's shared-memory reads
-are not global traffic and are not counted here.
+Only the kernel's INPUT arrays are traced (the global loads of a ``:=`` kernel). Shared-memory READS are
+counted apart (``SharedTraffic``): the k-th shared read of a warp's lanes is one request, served in as many
+wavefronts as the most distinct 4-byte words any one of the 32 banks must deliver (lanes reading one word share
+it: a broadcast); a request above its ideal (the words it reads / 32, at least 1) has bank conflicts.
 """
 from __future__ import annotations
 
@@ -52,6 +54,33 @@ class ArrayTraffic:
         return self.max_sectors <= 4 or self.broadcasts == self.requests
 
 
+BANKS = 32  # shared memory: 32 banks of 4-byte words
+
+
+@dataclass(frozen=True)
+class SharedTraffic:
+    """The warp requests of the traced warps' shared-memory reads."""
+
+    requests: int = 0
+    wavefronts: int = 0  # the banks' passes over every request
+    ideal: int = 0  # the passes they would take without conflicts
+    max_ways: int = 0  # the most passes one request takes
+
+    @property
+    def conflicts(self) -> int:
+        """Passes beyond the ideal: 0 for a conflict-free kernel."""
+        return self.wavefronts - self.ideal
+
+
+def bank_passes(accesses: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """(wavefronts, ideal) of one warp request: ``accesses`` are the lanes' (element size, byte offset)."""
+    words = {offset // 4 + n for size, offset in accesses for n in range(max(size // 4, 1))}
+    per_bank: dict[int, int] = defaultdict(int)
+    for word in words:
+        per_bank[word % BANKS] += 1
+    return max(per_bank.values()), max(math.ceil(len(words) / BANKS), 1)
+
+
 @dataclass(frozen=True)
 class Traffic:
     kernel: str
@@ -61,6 +90,7 @@ class Traffic:
     arrays: tuple[ArrayTraffic, ...]
     loads: int  # global loads of the traced threads
     outputs: int = 0  # output elements the traced block wrote (a ':=' kernel's output starts as NaN)
+    shared: SharedTraffic = SharedTraffic()
 
     @property
     def sectors(self) -> float:
@@ -177,9 +207,10 @@ def trace(jobs: Sequence[tuple[Launch, int, int]], block_index: int = 0, warps: 
     results, at = [], 0
     for launch, grid, block in jobs:
         (threads,) = _INT.unpack_from(data, at)
+        threads //= 2  # global loads, then shared reads, per thread
         at += 8
         lists = []
-        for _ in range(threads):
+        for _ in range(2 * threads):
             (size,) = _INT.unpack_from(data, at)
             at += 8
             lists.append(np.frombuffer(data, dtype=np.int64, count=2 * size, offset=at).reshape(size, 2))
@@ -188,9 +219,12 @@ def trace(jobs: Sequence[tuple[Launch, int, int]], block_index: int = 0, warps: 
         before = np.asarray(launch.arguments[0])
         after = np.frombuffer(data, dtype=before.dtype, count=before.size, offset=at + 8)
         at += 8 + size
-        # elements the block wrote: the output starts as NaN (a ':=' kernel writes every element once)
-        written = int(np.count_nonzero(np.isnan(before.ravel()) & ~np.isnan(after)))
-        results.append(replace(_count(launch, grid, block, lists, warps), outputs=written))
+        # elements the block wrote: the output starts as NaN (a ':=' kernel writes every element once) or, for a
+        # kernel that adds into it (split sums), at zero: elements it changed
+        old = before.ravel()
+        written = int(np.count_nonzero(np.where(np.isnan(old), ~np.isnan(after), old != after)))
+        counted = _count(launch, grid, block, lists[:threads], warps)
+        results.append(replace(counted, outputs=written, shared=_count_shared(lists[threads:], warps)))
     return results
 
 
@@ -219,3 +253,28 @@ def _count(launch: Launch, grid: int, block: int, lists: list[np.ndarray], warps
     threads = min(len(lists), count * WARP)
     return Traffic(launch.kernel.name, grid, block, threads, tuple(arrays),
                    sum(len(lane) for lane in lists[:threads]))
+
+
+def _count_shared(lists: list[np.ndarray], warps: int | None) -> SharedTraffic:
+    count = math.ceil(len(lists) / WARP) if warps is None else min(warps, math.ceil(len(lists) / WARP))
+    requests = wavefronts = ideal = worst = 0
+    for w in range(count):
+        lanes = lists[w * WARP:(w + 1) * WARP]
+        if lanes and len({len(lane) for lane in lanes}) == 1 and all((lane[:, 0] == 4).all() for lane in lanes):
+            # every lane the same 4-byte reads: all requests at once
+            words = np.sort(np.stack([lane[:, 1] // 4 for lane in lanes], axis=1), axis=1)  # (requests, lanes)
+            fresh = np.ones(words.shape, dtype=bool)
+            fresh[:, 1:] = words[:, 1:] != words[:, :-1]
+            per_bank = np.zeros((words.shape[0], BANKS), dtype=np.int64)
+            rows = np.broadcast_to(np.arange(words.shape[0])[:, None], words.shape)
+            np.add.at(per_bank, (rows[fresh], words[fresh] % BANKS), 1)
+            passes = per_bank.max(axis=1)
+            best = np.maximum(-(-fresh.sum(axis=1) // BANKS), 1)
+            requests += words.shape[0]
+            wavefronts, ideal = wavefronts + int(passes.sum()), ideal + int(best.sum())
+            worst = max(worst, int(passes.max(initial=0)))
+            continue
+        for k in range(max((len(lane) for lane in lanes), default=0)):
+            passes, best = bank_passes([(int(lane[k][0]), int(lane[k][1])) for lane in lanes if len(lane) > k])
+            requests, wavefronts, ideal, worst = requests + 1, wavefronts + passes, ideal + best, max(worst, passes)
+    return SharedTraffic(requests, wavefronts, ideal, worst)

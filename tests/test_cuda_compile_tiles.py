@@ -60,3 +60,33 @@ def test_the_sass_stages_through_shared_memory(cubin):
     assert set(bodies) == {k.name for k in kernels}
     for name, body in bodies.items():
         assert re.search(r"\bBAR\.SYNC", body) and re.search(r"\bSTS\b", body) and re.search(r"\bLDS\b", body), name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_window_tiles_compile_without_spills(arch, tmp_path):
+    """conv2d's forward and both gradients as window tiles (``tullax.compiler.window_tiles``) at the benchmark's
+    shapes, float32: no spill, one barrier, registers that fit the block on an SM, shared memory within the
+    48 KiB static limit; in the SASS, the patches' shared stores, loads and the barrier."""
+    from tullax.backends.cuda import compile as cuda_compile
+    from tullax.printers.cuda import print_module
+
+    conv = next(case for case in CASES if case[0] == "conv2d")
+    kernels = [replace(launch.kernel, name=f"window{n}") for n, (_, launch, _) in enumerate(launches(*conv))]
+    assert all(k.tile is not None for k in kernels)
+    image, report = cuda_compile.compile_with_report(print_module([(k, 32) for k in kernels]), arch)
+    for chunk in report.split("Function properties for ")[1:]:
+        name = chunk.split()[0]
+        head = chunk.split("Compiling entry function")[0]
+        threads = next(k.tile.threads for k in kernels if k.name == name)
+        assert re.search(r"0 bytes spill stores, 0 bytes spill loads", head), name
+        registers = int(re.search(r"Used (\d+) registers", head).group(1))
+        assert registers <= 255 and registers * threads <= 65536, (name, registers)
+        assert int(re.search(r"used (\d+) barriers", head).group(1)) == 1, name
+        assert 0 < int(re.search(r"(\d+) bytes smem", head).group(1)) <= 48 * 1024, name
+    if CUOBJDUMP is not None and NVDISASM is not None:
+        path = tmp_path / "window.cubin"
+        path.write_bytes(image)
+        sass = subprocess.run([CUOBJDUMP, "-sass", str(path)], capture_output=True, text=True, check=True,
+                              env={"PATH": str(Path(NVDISASM).parent)}).stdout
+        for body in re.findall(r"Function : \w+\n(.*?)(?=\n\s*Function : |\Z)", sass, re.S):
+            assert re.search(r"\bBAR\.SYNC", body) and re.search(r"\bSTS\b", body) and re.search(r"\bLDS\b", body)

@@ -53,11 +53,18 @@ def test_conv1d_filter_gradient_is_split_over_the_batch_and_chunks_of_the_signal
     assert [s.mode for s in stores] == ["atomic_add"]
 
 
-def test_conv2d_filter_gradient_is_split_and_its_input_gradient_is_not():
+def test_conv2d_filter_gradient_is_split_and_its_input_gradient_is_not(monkeypatch):
     shapes = {"x": (8, 32, 64, 64), "k": (32, 32, 3, 3)}
+    # window tiles (tullax.compiler.window_tiles): the filter gradient's 4 tiles cut their chunks over the policy's
+    # 128 blocks, adding into the zeroed output (split-K)
     kernel, plan, _, _ = lowered(CONV2D, shapes, step=2)
-    assert kernel.split and plan.start == START_ZERO and plan.grid * plan.block >= 1 << 17
+    assert kernel.tile is not None and kernel.split and plan.start == START_ZERO and plan.grid >= 128
     kernel, plan, _, _ = lowered(CONV2D, shapes, step=1)  # 8x32x64x64 outputs, 288 terms each
+    assert kernel.tile is not None and not kernel.split and plan.start == START_ANY
+    monkeypatch.setenv("TULLAX_CUDA_TILES", "0")  # without tiles: a split sum over many threads
+    kernel, plan, _, _ = lowered(CONV2D, shapes, step=2)
+    assert kernel.tile is None and kernel.split and plan.start == START_ZERO and plan.grid * plan.block >= 1 << 17
+    kernel, plan, _, _ = lowered(CONV2D, shapes, step=1)
     assert not kernel.split and plan.start == START_ANY
 
 

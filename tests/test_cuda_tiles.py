@@ -82,7 +82,7 @@ def test_the_matmul_like_kernels_of_the_corpus_tile(jobs):
     assert len(jobs) >= 30
 
 
-@pytest.mark.parametrize("case", EXPECTED + ("bias_after_reduction", "ragged"))
+@pytest.mark.parametrize("case", EXPECTED + ("bias_after_reduction", "ragged", "conv2d_nchw", "batched_matmul"))
 def test_tiled_kernels_equal_numpy_float64(results, case):
     """Each tiled kernel of ``case`` (float32 and float64) against NumPy float64 loops."""
     jobs, outputs = results

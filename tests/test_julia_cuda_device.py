@@ -121,3 +121,54 @@ def test_jit_lowers_julia_cuda_to_a_gpu_buffer_callback(cuda_fake):
     names = [name for name, _, _ in cuda_fake[1].calls]
     assert "load_kernels" in names  # built at trace time, so a compile error is raised there
     assert "run_launcher_cuda_device!" not in names  # lowering launches nothing
+
+
+# -- the schedules the cuda backend picks (tiles, cooperative reductions), on julia-cuda ----------------------
+SCHEDULED = (
+    ("D[i,j] := (W[k,i]-X[k,j])^2", {"W": (70, 70), "X": (70, 65)}, "tile"),  # block tiles 64 x 64
+    ("y[n,o,h,w] := x[n,c,h+p,w+q]*k[o,c,p,q]", {"x": (1, 8, 6, 130), "k": (8, 8, 3, 3)}, "tile"),  # window tiles
+    ("(logsumexp) l[i] := x[i,j]", {"x": (3, 4096)}, "cooperative"),  # a block per row
+    ("D[i,j] := (W[k,i]-X[k,j])^2", {"W": (3, 4), "X": (3, 5)}, None),  # too small: the default lowering
+)
+
+
+def _full(spec, shapes: dict) -> dict:
+    return {**shapes, spec.out: tuple(s.eval(shapes) for s in spec.out_shape)}
+
+
+@pytest.mark.parametrize("text,shapes,schedule", SCHEDULED)
+def test_julia_cuda_loads_the_kernel_the_cuda_backend_picks(cuda_fake, text, shapes, schedule):
+    """julia-cuda's device kernel for these shapes is the cuda backend's choice (``device_schedule``): the module
+    Julia loads holds its work-groups, local memory and barriers, and the plan passes that kernel's sizes."""
+    runtime, bridge = cuda_fake
+    spec = compile_spec(text)[1]
+    full = _full(spec, shapes)
+    kernel = JuliaCudaBackend().device_kernel(spec, Signature.for_dtype(spec, "float32"), full)
+    (source,) = [args[0] for name, args, _ in bridge.calls if name == "load_kernels"]
+    scheduled = julia.device_schedule(spec, Signature.for_dtype(spec, "float32"), full)
+    if schedule is None:
+        assert scheduled is None and "@localmem" not in source and "@synchronize" not in source
+        return
+    assert getattr(scheduled, schedule) and not scheduled.split
+    assert "@localmem" in source and "@synchronize()" in source and "@index(Group, Linear)" in source
+    assert kernel.plan.sizes == tuple(int(s.size.eval(full)) for s in scheduled.sizes)
+
+
+def test_the_chosen_cooperative_kernel_runs_in_the_julia_subset():
+    """The block-per-row logsumexp julia-cuda picks at (3, 4096), printed for KernelAbstractions and run by the
+    Julia-subset evaluator, against NumPy float64 (the tiles' printed form is run by tests/test_julia_groups.py)."""
+    import numpy as np
+    from julia_subset import CPU_BACKEND, load_module
+
+    from tullax.printers.julia import GPU_FLAVOUR, launcher_name, print_module
+    from tullax.spec.examples import random_inputs
+    from tullax.testing.oracle import naive_eval
+
+    spec = compile_spec(SCHEDULED[2][0])[1]
+    env = random_inputs(spec, SCHEDULED[2][1], seed=1, dtype=np.float64)
+    full = _full(spec, SCHEDULED[2][1])
+    kernel = julia.device_schedule(spec, Signature.for_dtype(spec, "float64"), full)
+    out = np.zeros(full[spec.out])
+    load_module(print_module([kernel], flavour=GPU_FLAVOUR)).call(
+        launcher_name(kernel), CPU_BACKEND, out, env["x"], *(int(s.size.eval(full)) for s in kernel.sizes))
+    np.testing.assert_allclose(out, naive_eval(spec, env), rtol=1e-12)

@@ -24,7 +24,8 @@ from tullax.testing.oracle import naive_eval
 
 julia_subset = pytest.importorskip("julia_subset")
 
-TILED = ("dist", "matmul", "matmul_bias", "accumulate_matmul", "bias_after_reduction")
+# conv2d_nchw and batched_matmul's gradients: window tiles (tullax.compiler.window_tiles), split-K at these shapes
+TILED = ("dist", "matmul", "matmul_bias", "accumulate_matmul", "bias_after_reduction", "conv2d_nchw", "batched_matmul")
 ROWS = ("row_logsumexp", "row_max", "row_min")
 SCHEDULES = {"tile": {"tiles": FORCE_TILES}, "block": {"cooperation": FORCE_BLOCK},
              "warp": {"cooperation": FORCE_WARP}}

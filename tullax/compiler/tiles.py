@@ -66,6 +66,9 @@ class TilePolicy:
     tile: BlockTile = BlockTile(64, 64, 4, 4, 16)
     min_outputs: int = 64 * 64
     min_length: int = 64
+    # window tiles (tullax.compiler.window_tiles): below this many blocks the outermost reduction is cut over
+    # more blocks that add into the output atomically (split-K)
+    min_blocks: int = 128
 
 
 # every kernel that can, with small tiles (the host harness runs one OS thread per GPU thread)

@@ -21,6 +21,7 @@ from tullax.compiler.loops import FLOATS, LoopKernel, eval_int
 from tullax.compiler.lower import lower
 from tullax.compiler.split import SplitPolicy, split_sums
 from tullax.compiler.tiles import TilePolicy, block_tiles
+from tullax.compiler.window_tiles import window_tiles
 from tullax.printers.cuda import BLOCK_THREADS, Parameter, parameters
 from tullax.printers.launch import ndrange_extents
 from tullax.spec.ir import Spec
@@ -130,7 +131,8 @@ def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, 
     if may_cooperate and settings.value(TILES_ENV):
         plain = lower(spec, signature, name=name, share=False, block_sums=False)
         sizes = size_values(plain, shapes)
-        found = block_tiles(plain, sizes, tiles, policy.max_float32_terms)
+        found = (block_tiles(plain, sizes, tiles, policy.max_float32_terms)
+                 or window_tiles(plain, sizes, tiles, policy.max_float32_terms))
     found = (found or together(cooperation.block_from, cooperation.block_outputs, False)
              or together(cooperation.warp_from, cooperation.warp_outputs, True))
     if found is None and _may_split(spec, signature, shapes, policy):

@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import sys
@@ -331,6 +332,30 @@ def _recipe(target: Target) -> host.ModuleRecipe:
                              partial(_store_workload, target), partial(_load, target))
 
 
+def device_schedule(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]]) -> LoopKernel | None:
+    """The kernel the cuda backend launches for one call's shapes (``tullax.backends.cuda.launch``) where it is a
+    schedule whose threads cooperate (block or window tiles, block or warp reductions), for ``julia-cuda``; None
+    where it is the default lowering. Never a split sum (its launcher would have to start the output at zero):
+    the tiles' split-K and the split sums are off here."""
+    from tullax.backends.cuda.launch import device_lowering
+    from tullax.compiler.split import SplitPolicy
+    from tullax.compiler.tiles import TilePolicy
+
+    kernel, _ = device_lowering(spec, signature, shapes, KERNEL_NAME, policy=SplitPolicy(below=0),
+                                tiles=TilePolicy(min_blocks=0))
+    if kernel.split or (kernel.tile is None and not kernel.cooperative):
+        return None
+    return kernel
+
+
+def _scheduled_recipe(target: Target, kernel: LoopKernel) -> host.ModuleRecipe:
+    """The recipe of a module holding ``kernel`` (``device_schedule``'s): its printed text is part of the key."""
+    source = _printer().print_module([kernel], flavour=target.flavour)
+    options = {**target.options, "schedule": hashlib.sha256(source.encode()).hexdigest()[:20]}
+    return host.ModuleRecipe(target.name, SOURCE_FILE, options, lambda spec, signature: (kernel, source),
+                             partial(_store_workload, target), partial(_load, target))
+
+
 _BUILDER = host.HostBuilder()
 
 
@@ -482,9 +507,16 @@ class JuliaCudaBackend(JuliaBackend):
     def device_kernel(self, spec: Spec, signature: Signature,
                       shapes: Mapping[str, tuple[int, ...]]) -> JuliaDeviceKernel:
         """At trace time: the module of ``spec`` built and loaded into Julia (a compile error is a TullaxError
-        here, never in the callback) and the call's arguments planned. Device 0: jax's buffer_callback does not
-        say which device a buffer is on, and one GPU per process is what tullax supports here."""
-        built = self.build(spec, signature)
+        here, never in the callback) and the call's arguments planned. The kernel is the one the cuda backend
+        picks for these shapes where its threads cooperate (``device_schedule``), else the default lowering.
+        Device 0: jax's buffer_callback does not say which device a buffer is on, and one GPU per process is
+        what tullax supports here."""
+        scheduled = device_schedule(spec, signature, shapes)
+        if scheduled is None:
+            built = self.build(spec, signature)
+        else:  # the tiles or cooperative reductions the cuda backend picks for these shapes
+            self._start()
+            built = _BUILDER.build(_scheduled_recipe(self.target, scheduled), spec, signature)
         plan = device_plan(built.generated.kernel, spec, shapes)
         return JuliaDeviceKernel(built.modname, built.launcher, plan)
 
@@ -494,5 +526,5 @@ class JuliaCudaBackend(JuliaBackend):
 
 
 __all__ = ["JuliaBackend", "JuliaCudaBackend", "JuliaDeviceKernel", "DevicePlan", "device_plan", "module_source",
-           "kernel_module", "launch_arguments", "index_view", "workload_call", "bridge_workload", "warm_package",
-           "Target", "CPU", "CUDA"]
+           "kernel_module", "device_schedule", "launch_arguments", "index_view", "workload_call", "bridge_workload",
+           "warm_package", "Target", "CPU", "CUDA"]
