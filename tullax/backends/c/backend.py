@@ -314,7 +314,7 @@ def _build_steps(spec: Spec, signature: Signature, build: _StepsBuild) -> None:
         finally:
             build.known.set()
         if build.keys and _tiered(STEPS, spec, signature) is None:
-            with own_compiles.compiling():  # a race of this process waits for it before timing
+            with own_compiles.compiling("C steps module"):  # a race of this process waits for it before timing
                 _STEP_BUILDER.build(_recipe(STEPS), spec, signature)
     except Exception:  # noqa: BLE001 - a step this module does not hold builds its own, and says why it fails
         pass
