@@ -360,12 +360,13 @@ def _tiered(part: str, spec: Spec, signature: Signature) -> CHostKernel | None:
         if tiers.mode() == tiers.ONLY:  # a test of the fast tier: nothing else may run in its place
             raise
         return None
+    builder = _BUILDER if part == FORWARD else _STEP_BUILDER
+    # registered as a compile in flight before any other thread can find its kernels (a race waits for it)
+    tiers.optimise([kernel for kernel, _, _ in made], lambda: builder.build(recipe, spec, signature))
     if part == STEPS:
         with _STEPS_LOCK:
             for kernel, step_spec, step_sig in made:
                 _STEPS.setdefault((step_spec, step_sig), kernel)
-    builder = _BUILDER if part == FORWARD else _STEP_BUILDER
-    tiers.optimise([kernel for kernel, _, _ in made], lambda: builder.build(recipe, spec, signature))
     return made[0][0]
 
 
