@@ -9,7 +9,8 @@ same process, once every optimised build has landed (``finish_step_builds``), th
 
 Configurations, interleaved within each round (the machine is shared): ``xla``; ``c`` and ``auto`` with
 ``TULLAX_C_TIERS=off`` (every module waits for the optimising compiler) and ``on`` (after); with ``--before DIR``
-(a checkout of an earlier commit, its bytecode compiled), ``c`` and ``auto`` of that code too ("before").
+(a checkout of an earlier commit, its bytecode compiled), ``c`` and ``auto`` of that code too ("before", with
+its tiers on: the default); ``--configs`` runs only some.
 Reported: the best and the median over ``--reps`` rounds, in ms, and the ratio of the best to ``xla``'s best.
 Compile the bytecode first (``python -m compileall -q tullax``): a process that compiles tullax's modules from
 source pays for it on its first kernel.
@@ -100,6 +101,8 @@ def main() -> None:
     parser.add_argument("--specs", nargs="*", default=list(HELD_OUT))
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "ttfk_tiers.json"))
     parser.add_argument("--before", help="a checkout of the code to compare with (c and auto)")
+    parser.add_argument("--configs", nargs="*", help="only these configurations (labels as in the table, e.g. "
+                        "'c tiers=on'; xla's always runs)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -108,7 +111,9 @@ def main() -> None:
     results: dict[str, dict[str, list[dict]]] = {}
     configs = [(f"{b} tiers={t}", b, t, REPO) for b, t in CONFIGS]
     if args.before:
-        configs += [(f"{b} before", b, "off", Path(args.before).resolve()) for b in ("c", "auto")]
+        configs += [(f"{b} before", b, "on", Path(args.before).resolve()) for b in ("c", "auto")]
+    if args.configs:
+        configs = [c for c in configs if c[0] in args.configs or c[1] == "xla"]
     for name in args.specs:
         text, tiny, big = HELD_OUT[name]
         runs = results.setdefault(name, {label: [] for label, *_ in configs})

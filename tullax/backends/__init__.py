@@ -97,11 +97,12 @@ def takes(backend: Backend, dtypes: Iterable[str]) -> bool:
 
 
 def warm_up(name: str) -> None:
-    """Start, in the background, what resolving ``name`` will wait for: the C compiler's probe (``c``, ``auto``)."""
+    """Start, in the background, what resolving ``name`` will wait for: the C compiler's probe, and the imports
+    and fingerprint of the c backend's first module (``c``, ``auto``: ``tullax.backends.c.warm``)."""
     if name in ("c", "auto"):
-        from tullax.backends.c.compile import start_probe
+        from tullax.backends.c import warm
 
-        start_probe()
+        warm.start()
 
 
 def resolve(name: str, dtypes: Iterable[str] = ()) -> Backend:
@@ -117,7 +118,7 @@ def resolve(name: str, dtypes: Iterable[str] = ()) -> Backend:
                 return backend
         raise BackendUnavailableError("no backend is usable here; run `tullax doctor`")
     backend = get(name)
-    ok, why = backend.availability()
+    ok, why = backend.availability_now() if capabilities(backend).availability_now else backend.availability()
     if not ok:
         raise BackendUnavailableError(f"backend {name!r} is not usable here: {why}")
     return backend

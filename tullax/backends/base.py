@@ -62,6 +62,10 @@ class Capabilities:
     # the compile cache in milliseconds. ``auto`` then sends a tiny call to these loops rather than to XLA, which
     # compiles its form again in every process.
     whole_module_cached: bool = False
+    # ``availability_now()``: its availability without waiting for a slow check (the C compiler's probe): False
+    # where that is known to fail, else True; ``build`` waits for the check and raises where it fails. Resolving
+    # the backend by name asks this, so the first trace runs beside the check instead of after it.
+    availability_now: bool = False
 
 
 # What a backend that declares nothing can do: what every backend can.

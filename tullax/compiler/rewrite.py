@@ -388,6 +388,10 @@ class _Sharer:
         for pos, stmt in enumerate(stmts):
             for expr in _own_exprs(stmt):
                 _collect(expr, pos, True, seen)
+        own = [_assigned(stmts[pos:pos + 1]) for pos in range(len(stmts))]  # each statement walked once
+        after: list[set[str]] = [set()] * (len(stmts) + 1)  # after[p]: what statements p.. assign
+        for pos in range(len(stmts) - 1, -1, -1):
+            after[pos] = own[pos] | after[pos + 1]
         best: tuple[Expr, int] | None = None
         best_size = 0
         for expr, entry in seen.items():
@@ -398,8 +402,7 @@ class _Sharer:
             first = entry.first
             # what the first statement writes (its Let or accumulator, the array it stores to) matters only to
             # uses after it: the statement evaluates its value before it writes
-            written = _assigned(stmts[first + 1:]) | (_assigned(stmts[first:first + 1]) if entry.last > first
-                                                      else set())
+            written = after[first + 1] | (own[first] if entry.last > first else set())
             if _reads_of(expr) & written:
                 continue
             best, best_size = (expr, first), entry.size

@@ -46,7 +46,7 @@ def compile_ahead(call: Call, candidates: tuple[str, ...]) -> None:
 
 
 def _compile_beside(lowered: Any) -> Any:
-    with own_compiles.compiling():  # a race of this process waits for it before timing
+    with own_compiles.compiling("XLA compile ahead"):  # a race of this process waits for it before timing
         return lowered.compile()
 
 
@@ -96,9 +96,7 @@ def start_module_build(call: Call, values: list, out_dtype: str) -> threading.Th
     def build() -> None:
         try:
             kernel = backends.resolve(call.loops).build(call.spec, signature)
-            optimised = getattr(kernel, "optimised", None)  # a fast tier's kernel: the race times the optimised build
-            if optimised is not None:
-                optimised.wait()
+            own_compiles.wait(kernel)  # a fast tier's kernel: the race times its optimised build
         except Exception:  # noqa: BLE001 - a bug too: the loop candidate builds again under ``prepared``,
             pass  # which is not chosen when it fails; uncaught, the thread would print its traceback to stderr
 

@@ -314,7 +314,7 @@ def _build_steps(spec: Spec, signature: Signature, build: _StepsBuild) -> None:
         finally:
             build.known.set()
         if build.keys and _tiered(STEPS, spec, signature) is None:
-            with own_compiles.compiling():  # a race of this process waits for it before timing
+            with own_compiles.compiling("C steps module"):  # a race of this process waits for it before timing
                 _STEP_BUILDER.build(_recipe(STEPS), spec, signature)
     except Exception:  # noqa: BLE001 - a step this module does not hold builds its own, and says why it fails
         pass
@@ -360,18 +360,27 @@ def _tiered(part: str, spec: Spec, signature: Signature) -> CHostKernel | None:
         if tiers.mode() == tiers.ONLY:  # a test of the fast tier: nothing else may run in its place
             raise
         return None
+    builder = _BUILDER if part == FORWARD else _STEP_BUILDER
+    # registered as a compile in flight before any other thread can find its kernels (a race waits for it)
+    tiers.optimise([kernel for kernel, _, _ in made], lambda: builder.build(recipe, spec, signature))
     if part == STEPS:
         with _STEPS_LOCK:
             for kernel, step_spec, step_sig in made:
                 _STEPS.setdefault((step_spec, step_sig), kernel)
-    builder = _BUILDER if part == FORWARD else _STEP_BUILDER
-    tiers.optimise([kernel for kernel, _, _ in made], lambda: builder.build(recipe, spec, signature))
     return made[0][0]
 
 
 # =============================================================================================
 # The backend object
 # =============================================================================================
+def _lower_ahead(spec: Spec, signature: Signature) -> None:
+    """The forward kernel of ``spec`` lowered (``part_kernels`` remembers it), where a build would lower it."""
+    try:
+        part_kernels(spec, signature.widened(), FORWARD)
+    except Exception:  # noqa: BLE001 - the build lowers it again and says why it fails
+        pass
+
+
 @functools.cache
 def _start_ffi_handler() -> None:
     """Where jax is imported: build (or load) the XLA FFI handler in a thread, once per process, beside the
@@ -388,15 +397,24 @@ def _start_ffi_handler() -> None:
 class CBackend:
     name = NAME
     capabilities = Capabilities(host_buffers=True, module_source=True, prepare=True, shaped_run=True,
-                                complex_numbers=False, whole_module_cached=True)
+                                complex_numbers=False, whole_module_cached=True, availability_now=True)
 
     def availability(self) -> tuple[bool, str]:
         _start_ffi_handler()
         return c_compile.probe()
 
+    def availability_now(self) -> tuple[bool, str]:
+        """``availability()`` where the compiler's probe has answered or there is no compiler, else True: ``build``
+        waits for the probe (the first trace runs beside it)."""
+        _start_ffi_handler()
+        c_compile.start_probe()
+        return c_compile.probe_answer() or (True, "")
+
     def build(self, spec: Spec, signature: Signature) -> Any:
         """The host kernel of ``spec`` for ``signature``: a gradient step of a module loaded here, else the
         forward kernel of its own module (from this process's table, the compile cache, or compiled now)."""
+        if not c_compile.probe_known():  # lower the forward kernel (pure, remembered) while the probe compiles
+            _lower_ahead(spec, signature)
         ok, why = self.availability()
         if not ok:
             raise BackendUnavailableError(why)

@@ -292,10 +292,23 @@ def probe() -> tuple[bool, str]:
     """(the compiler builds an OpenMP shared library here, why not): one tiny compile, remembered in the
     compile cache by ``identity()`` and in this process."""
     if identity()["path"] is None:
-        return False, (f"no C compiler: {compiler()!r} is not on the PATH (install gcc, or set {CC_ENV} to a C "
-                       "compiler with OpenMP)")
+        return False, _NO_COMPILER.format(cc=compiler(), env=CC_ENV)
     with _PROBE_LOCK:  # one probe at a time: a caller waits for the one running (``start_probe``)
         return _probe(repr(sorted(identity().items())))
+
+
+_NO_COMPILER = "no C compiler: {cc!r} is not on the PATH (install gcc, or set {env} to a C compiler with OpenMP)"
+
+
+def probe_answer() -> tuple[bool, str] | None:
+    """``probe()``'s answer where it is known without waiting (no compiler on the PATH, or this process probed
+    already); None while the probe has not answered."""
+    if identity()["path"] is None:
+        return False, _NO_COMPILER.format(cc=compiler(), env=CC_ENV)
+    return _ANSWERS.get(repr(sorted(identity().items())))
+
+
+_ANSWERS: dict[str, tuple[bool, str]] = {}  # ``_probe``'s answers in this process, read without its lock
 
 
 _PROBE_LOCK = forks.lock()
@@ -314,12 +327,29 @@ def start_probe() -> None:
     threading.Thread(target=run, name="tullax-c-probe", daemon=True).start()
 
 
-@functools.cache
 def _probe(ident: str) -> tuple[bool, str]:
+    if ident not in _ANSWERS:
+        _ANSWERS[ident] = _probe_now(ident)
+    return _ANSWERS[ident]
+
+
+def probe_known() -> bool:
+    """Whether ``probe()`` answers without compiling: there is no compiler, this process probed, or the compile
+    cache holds the answer (a process ran here before with this cache)."""
+    if probe_answer() is not None:
+        return True
+    cache, key = _probe_entry(repr(sorted(identity().items())))
+    return cache.read_text(key, "probe.txt") == "ok"
+
+
+def _probe_entry(ident: str) -> tuple[object, str]:
     from tullax.runtime.cache import cache_key, get_cache
 
-    cache = get_cache()
-    key = cache_key(probe="c-compiler", identity=ident)
+    return get_cache(), cache_key(probe="c-compiler", identity=ident)
+
+
+def _probe_now(ident: str) -> tuple[bool, str]:
+    cache, key = _probe_entry(ident)
     if cache.read_text(key, "probe.txt") == "ok":
         return True, ""
     with tempfile.TemporaryDirectory(prefix="tullax-c-probe-") as tmp:
@@ -347,4 +377,4 @@ def _loads(library: Path) -> None:
 
 __all__ = ["BASE_FLAGS", "CC_ENV", "CFLAGS_ENV", "OLD_FAST_FLAGS", "PARALLEL_UNITS", "TIMEOUT_ENV",
            "compile_library", "compiler", "cores", "flags", "identity", "libraries", "probe", "resolved",
-           "split_units", "start_probe", "timeout_s", "vector_math"]
+           "probe_answer", "probe_known", "split_units", "start_probe", "timeout_s", "vector_math"]

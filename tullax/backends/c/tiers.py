@@ -12,7 +12,9 @@ goes into the compile cache: a later process loads it and has no fast tier.
   ``build`` (the optimising build, returning a kernel of its library) and switches ``kernels`` to it. A build
   that fails leaves them on the fast tier (correct, slower) and says why in ``failures()``.
 * ``wait(kernel)``: until the kernel runs its optimised build (or that failed, or a fork took its thread away):
-  the planner's race times the loops as they will run, never the fast tier.
+  the planner's race times the loops as they will run, never the fast tier. An optimised build is one of this
+  process's compiles in flight (``tullax.runtime.own_compiles``, holding its kernels), which a race also waits
+  for before it times any loops.
 
 The fast tier runs serially (tcc ignores OpenMP's pragmas) with IEEE semantics: no fast-math in either tier; the
 NaN and special-value tests run on it (``TULLAX_C_TIERS=only``, which never switches: a test setting).
@@ -29,13 +31,13 @@ from tullax.backends import host
 from tullax.backends.base import Signature
 from tullax.backends.c import tcc
 from tullax.errors import TullaxError
-from tullax.runtime import forks
+from tullax.runtime import forks, own_compiles
 from tullax.spec.ir import Spec
 
 TIERS_ENV = "TULLAX_C_TIERS"
 ONLY = "only"  # the fast tier and nothing else (tests of its values)
+OPTIMISED_BUILD = "optimised C build"  # what its entry in ``own_compiles`` says
 _LOCK = forks.lock()
-_RUNNING: list[Any] = []  # the kernels whose optimised build is running in this process
 _FAILURES: list[str] = []
 
 
@@ -88,8 +90,7 @@ def optimise(kernels: Sequence[Any], build: Callable[[], Any]) -> None:
         for kernel in kernels:
             kernel.optimised.set()
         return
-    with _LOCK:
-        _RUNNING.extend(kernels)
+    building = own_compiles.begin(OPTIMISED_BUILD, kernels)
 
     def run() -> None:
         try:
@@ -100,29 +101,23 @@ def optimise(kernels: Sequence[Any], build: Callable[[], Any]) -> None:
             with _LOCK:
                 _FAILURES.append(f"{type(err).__name__}: {err}")
         finally:
-            with _LOCK:
-                for kernel in kernels:
-                    if kernel in _RUNNING:
-                        _RUNNING.remove(kernel)
             for kernel in kernels:
                 kernel.optimised.set()
+            own_compiles.end(building)
 
     threading.Thread(target=run, name="tullax-c-optimise").start()
 
 
 def wait(kernel: Any) -> None:
     """Until ``kernel`` (any host kernel) runs its optimised build, or will not."""
-    event = getattr(kernel, "optimised", None)
-    if event is not None:
-        event.wait()
+    own_compiles.wait(kernel)
 
 
 def finish() -> None:
     """Until every optimised build running in this process has landed (or failed)."""
-    with _LOCK:
-        running = list(_RUNNING)
-    for kernel in running:
-        wait(kernel)
+    for compile in own_compiles.in_flight():
+        if compile.what == OPTIMISED_BUILD:
+            compile.done.wait()
 
 
 def failures() -> list[str]:
@@ -131,13 +126,5 @@ def failures() -> list[str]:
         return list(_FAILURES)
 
 
-def _forget_running() -> None:
-    """In a forked child: no thread finishes its parent's optimised builds; their kernels keep the fast tier."""
-    for kernel in _RUNNING:
-        kernel.optimised.set()
-    _RUNNING.clear()
-
-
-forks.on_fork(_forget_running)
-
-__all__ = ["ONLY", "TIERS_ENV", "enabled", "failures", "fast_module", "finish", "mode", "optimise", "wait"]
+__all__ = ["ONLY", "OPTIMISED_BUILD", "TIERS_ENV", "enabled", "failures", "fast_module", "finish", "mode", "optimise",
+           "wait"]

@@ -1,0 +1,69 @@
+"""A process's first ``c`` kernel with an empty compile cache (issue 45, item 5): the C compiler's probe runs in
+the background from the moment the kernel is made, beside a thread that imports the modules that lower and print
+the module (``tullax.backends.c.warm``); resolving the backend by name does not wait for the probe (the first
+trace runs beside it), the first build does, and says why where it fails. Each case is a new process (its imports
+and its probe are the point) with a compiler that sleeps before it runs, so the probe is still running when the
+kernel's backend resolves."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.loop_backends import c_unavailable
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(bool(c_unavailable()), reason=f"c backend: {c_unavailable()}")
+
+SCRIPT = r'''
+import os, sys, threading
+import numpy as np
+import tullax
+
+def probed():  # the slow compiler leaves this file when it has slept (the probe is its first run)
+    return os.path.exists(os.environ["SLOWCC_MARK"])
+
+kernel = tullax.einsum_kernel("y_warm[i] := x[i]*2 + 1", backend="c")
+kernel.backend  # resolved without waiting for the probe's compiler (it sleeps first)
+print("probe done when resolved:", probed())
+for thread in threading.enumerate():
+    if thread.name == "tullax-c-warm-up":
+        thread.join(120)
+lowering = ("tullax.compiler.lower", "tullax.printers.c")
+print("lowering imported beside the probe:", all(name in sys.modules for name in lowering))
+print("probe done after the warm-up:", probed())
+try:
+    out = kernel(np.arange(4.0))
+    print("values:", np.asarray(out).tolist())
+except tullax.BackendUnavailableError as err:
+    print("unavailable:", " ".join(str(err).split()))
+'''
+
+
+def _run(tmp_path: Path, compiler: str) -> str:
+    script = tmp_path / "slowcc"
+    script.write_text(f"#!/bin/sh\nsleep 3\ntouch {tmp_path / 'slept'}\n{compiler}\n")
+    script.chmod(0o755)
+    env = dict(os.environ, TULLAX_CC=str(script), TULLAX_CACHE_DIR=str(tmp_path / "cache"),
+               SLOWCC_MARK=str(tmp_path / "slept"),
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_backend_resolves_beside_the_probe_and_the_first_build_waits_for_it(tmp_path):
+    out = _run(tmp_path, 'exec gcc "$@"')
+    assert "probe done when resolved: False" in out
+    assert "lowering imported beside the probe: True" in out and "probe done after the warm-up: False" in out
+    assert "values: [1.0, 3.0, 5.0, 7.0]" in out
+
+
+def test_a_compiler_that_fails_is_still_reported_by_the_first_build(tmp_path):
+    out = _run(tmp_path, "echo 'slowcc: internal compiler error' >&2\nexit 1")
+    assert "probe done when resolved: False" in out
+    assert "unavailable:" in out and "internal compiler error" in out, out
