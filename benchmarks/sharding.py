@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -28,11 +27,6 @@ if __package__ in (None, ""):  # run as a script: make `tullax` importable from 
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sharding.json"
 COUNTS = (1, 2, 4)
-COLLECTIVE = re.compile(r"=\s*(\w+)\[([\d,]*)\][^=]*?\b(all-gather|all-reduce|reduce-scatter|collective-permute|"
-                        r"all-to-all)(?:-start)?\(")
-ITEMSIZE = {"f64": 8, "f32": 4, "s64": 8, "s32": 4, "pred": 1, "u32": 4, "u64": 8, "f16": 2, "bf16": 2}
-
-
 def cases() -> dict:
     """name: (spec, jnp formulation, input shapes (an int dtype marks an index array), {index: split axis per
     input (None: replicated)})."""
@@ -53,16 +47,6 @@ def cases() -> dict:
                       {"b": (None, 0), "d": (1, None), "row": (0, None)}),
         "dot": ("s := x[i]*y[i]", lambda x, y: jnp.dot(x, y), ((1 << 22,), (1 << 22,)), {"i": (0, 0)}),
     }
-
-
-def collective_bytes(text: str) -> dict[str, int]:
-    found: dict[str, int] = {}
-    for dtype, dims, op in COLLECTIVE.findall(text):
-        size = ITEMSIZE.get(dtype, 4)
-        for n in filter(None, dims.split(",")):
-            size *= int(n)
-        found[op] = found.get(op, 0) + size
-    return found
 
 
 def _inputs(shapes: tuple, rng) -> list:
@@ -96,6 +80,7 @@ def child(rounds: int) -> dict:
     from jax.sharding import PartitionSpec as P
 
     import tullax
+    from tullax.testing.hlo import collective_bytes
 
     count = jax.device_count()
     mesh = jax.make_mesh((count,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))

@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import tullax  # noqa: E402
+from tullax.testing.hlo import collective_bytes  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 MESH = jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
@@ -73,12 +74,12 @@ def run_case(backend: str, name: str, report: dict) -> None:
         grad, grad_ref = jax.jit(jax.grad(squared(kernel), floats)), jax.jit(jax.grad(squared(ref), floats))
         for got, expected in zip(grad(*placed), grad_ref(*placed)):
             np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-11, err_msg="gradient, " + where)
+        texts = {key: h.lower(*placed).compile().as_text() for key, h in (("", f), ("ref_", g), ("grad_", grad))}
         report[f"{backend}/{name}/{index}"] = dict(
             same_sharding=out.sharding.is_equivalent_to(want.sharding, out.ndim),
             sharding=str(out.sharding.spec), ref_sharding=str(want.sharding.spec),
-            collectives=collectives(f.lower(*placed).compile().as_text()),
-            ref_collectives=collectives(g.lower(*placed).compile().as_text()),
-            grad_collectives=collectives(grad.lower(*placed).compile().as_text()),
+            **{key + "collectives": collectives(text) for key, text in texts.items()},
+            **{key + "bytes": collective_bytes(text) for key, text in texts.items()},
             local=list(out.addressable_shards[0].data.shape), shape=list(out.shape))
 
 

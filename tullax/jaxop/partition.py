@@ -55,35 +55,29 @@ def relayed(ctx: Any, op: Any, run: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _call(op: Any, run: Run, make: Callable[..., Any], *args: Any) -> Any:
-    """A windowed axis (``x[i+k]``) is handed over twice: its head, as long as the index's axes (so Shardy
-    splits it, and the result, as the index), and the whole array split as it is, whose last device's block
-    ends with the last device's halo, the axis's last ``h`` elements (a tail sliced off would be moved to every
-    device, or gathered)."""
-    from jax import lax
-
+    """The windowed axes (``x[i+k]``) the partitioner may split with their index: one per input, whose halo is
+    shorter than the axis (``tullax.jaxop.halo``)."""
     rule = factors(op.spec)
     halos = halo_sizes(op.spec, rule, {item.name: tuple(a.shape) for item, a in zip(op.spec.inputs, args)})
-    cuts = []
+    linked = {factor: split for factor, split, _, _ in rule.halo}
+    windows = []
     for k, mapping in enumerate(rule.operands):
         found = [(axis, halos[f][1]) for axis, f in enumerate(mapping) if f in halos]
-        if len(found) == 1 and 0 < found[0][1] < args[k].shape[found[0][0]]:  # one windowed axis
-            cuts.append((k, *found[0]))
-    heads, tails = list(args), []
-    for k, axis, halo in cuts:
-        heads[k] = lax.slice_in_dim(args[k], 0, args[k].shape[axis] - halo, axis=axis)
-        tails.append(args[k])
-    return make(op, run, tuple(cuts))(*heads, *tails)
+        if len(found) == 1 and 0 < found[0][1] < args[k].shape[found[0][0]] and \
+                linked[mapping[found[0][0]]] not in mapping:  # one windowed axis, its index on no other
+            windows.append((k, *found[0]))
+    return make(op, run, tuple(windows))(*args)
 
 
 @lru_cache(maxsize=None)
-def _partitioned(op: Any, run: Run, cuts: tuple = ()) -> Callable[..., Any]:
+def _partitioned(op: Any, run: Run, windows: tuple = ()) -> Callable[..., Any]:
     from jax.experimental.custom_partitioning import SdyShardingRule, custom_partitioning
 
-    rule = _with_cuts(factors(op.spec), cuts)
+    rule = _with_windows(factors(op.spec), windows)
     order = {f: k for k, f in enumerate(dict.fromkeys(f for axes in (*rule.operands, rule.result) for f in axes))}
-    function = custom_partitioning(partial(_rejoined, op, run, cuts))
+    function = custom_partitioning(partial(run, op))
     function.def_partition(  # Shardy wants each kind's factors in the order they first appear in the rule
-        partition=partial(_partition, op, rule, run, cuts),
+        partition=partial(_partition, op, rule, run, windows),
         sharding_rule=SdyShardingRule(operand_mappings=rule.operands, result_mappings=(rule.result,),
                                       reduction_factors=tuple(sorted(rule.summed, key=order.get)),
                                       need_replication_factors=tuple(sorted(rule.replicated, key=order.get))),
@@ -91,33 +85,21 @@ def _partitioned(op: Any, run: Run, cuts: tuple = ()) -> Callable[..., Any]:
     return function
 
 
-def _with_cuts(rule: Factors, cuts: tuple) -> Factors:
-    """The rule of the operands ``_call`` hands over: a cut axis's head takes its index's factor; the whole
-    input after the spec's inputs, a factor of its own on that axis (``t0``, ...: split as the index is, by
-    ``_partition``); a windowed axis not cut stays whole."""
+def _with_windows(rule: Factors, windows: tuple) -> Factors:
+    """The rule Shardy propagates by: a windowed axis ``_call`` kept takes the factor of the index split with
+    it (longer than the index's other axes by its halo: Shardy sizes the factor by the shortest), so the input
+    and the result are split alike, each as it stands; a windowed axis not kept stays whole."""
     from dataclasses import replace
 
     linked = {factor: split for factor, split, _, _ in rule.halo}
     operands = [list(axes) for axes in rule.operands]
-    tails, cut = [], set()
-    for n, (k, axis, _) in enumerate(cuts):
-        cut.add(operands[k][axis])
-        tail = list(operands[k])
-        tail[axis] = f"t{n}"
+    kept = set()
+    for k, axis, _ in windows:
+        kept.add(operands[k][axis])
         operands[k][axis] = linked[operands[k][axis]]
-        tails.append(tuple(tail))
-    uncut = {f for f in linked if f not in cut}
-    return replace(rule, operands=(*map(tuple, operands), *tails), replicated=tuple(sorted({*rule.replicated,
-                                                                                            *uncut})))
-
-
-def _rejoined(op: Any, run: Run, cuts: tuple, *args: Any) -> Any:
-    """The kernel on whole operands (one device): each cut input whole again."""
-    count = len(op.spec.inputs)
-    args, tails = list(args[:count]), args[count:]
-    for (k, axis, _), whole in zip(cuts, tails):
-        args[k] = whole
-    return run(op, *args)
+    uncut = {f for f in linked if f not in kept}
+    return replace(rule, operands=tuple(map(tuple, operands)),
+                   replicated=tuple(sorted({*rule.replicated, *uncut})))
 
 
 def _entries(sharding: Any, rank: int) -> list[tuple[str, ...]]:
@@ -132,19 +114,16 @@ def _entries(sharding: Any, rank: int) -> list[tuple[str, ...]]:
     return found
 
 
-def _partition(op: Any, rule: Factors, run: Run, cuts: tuple, mesh: Any, arg_shapes: Sequence[Any],
+def _partition(op: Any, rule: Factors, run: Run, windows: tuple, mesh: Any, arg_shapes: Sequence[Any],
                result_shape: Any):
-    """``rule``: of the operands handed over (``_with_cuts``): the spec's inputs, then the tails of cut axes."""
+    """``rule``: Shardy's (``_with_windows``): a kept windowed axis carries its index's factor."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    kinds = [item.kind for item in op.spec.inputs] + ["array"] * len(cuts)
-    globals_ = {item.name: list(s.shape) for item, s in zip(op.spec.inputs, arg_shapes)}
-    for k, axis, halo in cuts:  # the whole input's shape
-        globals_[op.spec.inputs[k].name][axis] += halo
-    globals_ = {name: tuple(shape) for name, shape in globals_.items()}
+    kinds = [item.kind for item in op.spec.inputs]
+    globals_ = {item.name: tuple(s.shape) for item, s in zip(op.spec.inputs, arg_shapes)}
     plain = factors(op.spec)
     halos = {f: v for f, v in halo_sizes(op.spec, plain, globals_).items()
-             if any(rule.operands[k][axis] == v[0] and plain.operands[k][axis] == f for k, axis, _ in cuts)}
+             if any(plain.operands[k][axis] == f for k, axis, _ in windows)}
     splittable = set(rule.free) | set(rule.summed)
     assign: dict[str, tuple[str, ...]] = {}
     used: set[str] = set()
@@ -161,10 +140,6 @@ def _partition(op: Any, rule: Factors, run: Run, cuts: tuple, mesh: Any, arg_sha
             break
         del assign[bad]
 
-    for n, (k, axis, _) in enumerate(cuts):  # a tail is split as its head is
-        if rule.operands[k][axis] in assign:
-            assign[f"t{n}"] = assign[rule.operands[k][axis]]
-
     def spec_of(mapping: Sequence[str]) -> Any:
         return PartitionSpec(*[None if f not in assign else assign[f][0] if len(assign[f]) == 1 else assign[f]
                                for f in mapping])
@@ -174,12 +149,12 @@ def _partition(op: Any, rule: Factors, run: Run, cuts: tuple, mesh: Any, arg_sha
                           for shape, mapping, kind in zip(arg_shapes, rule.operands, kinds))
     result_sharding = NamedSharding(mesh, spec_of(rule.result))
     shape_inputs = {k: (_local(globals_[item.name], mapping, assign, mesh, halos), arg_shapes[k].dtype)
-                    for k, (item, mapping) in enumerate(zip(op.spec.inputs, rule.operands)) if item.kind == "shape"}
+                    for k, (item, mapping) in enumerate(zip(op.spec.inputs, plain.operands)) if item.kind == "shape"}
     summed_axes = tuple(axis for f in rule.summed if f in assign for axis in assign[f])
-    windows = tuple((k, axis, assign.get(rule.operands[k][axis], ()),
-                     _parts(mesh, assign.get(rule.operands[k][axis], ())), halo, globals_[op.spec.inputs[k].name][axis])
-                    for k, axis, halo in cuts)
-    lower = partial(_per_shard, op, run, shape_inputs, summed_axes, rule.combine, windows)
+    split = [(k, axis, halo, assign.get(rule.operands[k][axis], ())) for k, axis, halo in windows]
+    shifted = tuple((k, axis, axes, _parts(mesh, axes), globals_[op.spec.inputs[k].name][axis], halo)
+                    for k, axis, halo, axes in split)
+    lower = partial(_per_shard, op, run, shape_inputs, summed_axes, rule.combine, shifted)
     return mesh, lower, result_sharding, arg_shardings
 
 
@@ -247,19 +222,14 @@ def _unfit(spec: Any, rule: Factors, mesh: Any, assign: dict, shapes: dict, resu
 
 def _per_shard(op: Any, run: Run, shape_inputs: dict, summed_axes: tuple[str, ...], combine: str,
                windows: tuple, *args: Any):
-    """What each device runs on its blocks: the kernel (a windowed read on its block and the halo its neighbour
-    sends, ``tullax.jaxop.halo``), then the collective over the devices a summed index is split across. A '+='
-    update adds its given array once, after the collective."""
+    """What each device runs on its blocks: the kernel (a windowed read on its window, its block and what its
+    neighbours send, ``tullax.jaxop.halo``), then the collective over the devices a summed index is split
+    across. A '+=' update adds its given array once, after the collective."""
     import jax.numpy as jnp
-    from jax import lax
 
-    count = len(op.spec.inputs)
-    args, tails = [jnp.zeros(*shape_inputs[k]) if k in shape_inputs else a for k, a in enumerate(args[:count])], \
-        args[count:]
-    for (k, axis, mesh_axes, parts, halo, extent), whole in zip(windows, tails):
-        end = extent - (parts - 1) * whole.shape[axis]  # where the real elements of the last block end
-        last = lax.slice_in_dim(whole, end - halo, end, axis=axis)  # on the last device: the axis's last h
-        args[k] = window(args[k], last, axis, mesh_axes, parts)
+    args = [jnp.zeros(*shape_inputs[k]) if k in shape_inputs else a for k, a in enumerate(args)]
+    for k, axis, mesh_axes, parts, extent, halo in windows:
+        args[k] = window(args[k], axis, mesh_axes, parts, extent, halo)
     if not summed_axes:
         return run(op, *args)
     given = None
