@@ -55,17 +55,18 @@ def relayed(ctx: Any, op: Any, run: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _call(op: Any, run: Run, make: Callable[..., Any], *args: Any) -> Any:
-    """The windowed axes (``x[i+k]``) the partitioner may split with their index: one per input, whose halo is
-    shorter than the axis (``tullax.jaxop.halo``)."""
+    """The windowed axes (``x[i+k]``) the partitioner may split with their index: those whose halo is shorter
+    than the axis and whose index no other axis of the input carries (``tullax.jaxop.halo``). Several axes of one
+    input (``x[i+k,j+l]``) are exchanged one after the other, so the corners come with the second."""
     rule = factors(op.spec)
     halos = halo_sizes(op.spec, rule, {item.name: tuple(a.shape) for item, a in zip(op.spec.inputs, args)})
-    linked = {factor: split for factor, split, _, _ in rule.halo}
     windows = []
     for k, mapping in enumerate(rule.operands):
-        found = [(axis, halos[f][1]) for axis, f in enumerate(mapping) if f in halos]
-        if len(found) == 1 and 0 < found[0][1] < args[k].shape[found[0][0]] and \
-                linked[mapping[found[0][0]]] not in mapping:  # one windowed axis, its index on no other
-            windows.append((k, *found[0]))
+        taken = set(mapping)
+        for axis, factor in enumerate(mapping):
+            if factor in halos and 0 < halos[factor][1] < args[k].shape[axis] and halos[factor][0] not in taken:
+                taken.add(halos[factor][0])
+                windows.append((k, axis, halos[factor][1]))
     return make(op, run, tuple(windows))(*args)
 
 
