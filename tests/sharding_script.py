@@ -136,11 +136,14 @@ def run_explicit(backends: list[str], report: dict) -> None:
     mesh = jax.make_mesh((4,), ("x",), axis_types=(AxisType.Explicit,))
     cases = {"dist/i": ("dist", (P(None, "x"), P())), "dist/k": ("dist", (P("x"), P("x"))),
              "conv1d/i": ("conv1d", (P("x"), P())), "embedding/b": ("embedding", (P(), P("x"))),
-             "dist/i+j": ("dist", (P(None, "x"), P(None, "x"))), "embedding/row": ("embedding", (P("x"), P()))}
+             "dist/i+j": ("dist", (P(None, "x"), P(None, "x"))), "embedding/row": ("embedding", (P("x"), P())),
+             "conv1d/uneven": ("conv1d", (P("x"), P()))}  # a window of 4: a result of 33
+    uneven = {"conv1d/uneven": (r(36), r(4))}
     with jax.set_mesh(mesh):
         for backend in backends:
             for case, (name, specs) in cases.items():
                 text, ref, args, _ = CASES[name]
+                args = uneven.get(case, args)
                 kernel = tullax.einsum_kernel(text, backend=backend)
                 placed = [jax.device_put(a, s) for a, s in zip(args, specs)]
                 f = jax.jit(lambda *a: kernel(*a) * 2)  # noqa: B023 - called in this iteration

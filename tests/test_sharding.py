@@ -126,6 +126,9 @@ def test_explicit_sharding_types_the_result_by_the_rule_or_says_what_to_reshard(
     assert found["embedding/b"]["type"] == "float64[12@x,8]", found["embedding/b"]
     assert "reshard" in found["dist/i+j"]["error"] and "splits both index i and index j" in found["dist/i+j"]["error"]
     assert "W's axis 0 is split" in found["embedding/row"]["error"] and "reshard" in found["embedding/row"]["error"]
+    # a result axis the mesh does not divide was typed whole and gathered without a word
+    assert "does not divide the result y's axis 0 (33 elements)" in found["conv1d/uneven"]["error"], found
+    assert "Reshard" in found["conv1d/uneven"]["error"], found
 
 
 def test_every_corpus_spec_split_along_each_axis_equals_the_unsplit_call() -> None:
