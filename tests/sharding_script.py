@@ -74,7 +74,8 @@ def run_case(backend: str, name: str, report: dict) -> None:
         grad, grad_ref = jax.jit(jax.grad(squared(kernel), floats)), jax.jit(jax.grad(squared(ref), floats))
         for got, expected in zip(grad(*placed), grad_ref(*placed)):
             np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-11, err_msg="gradient, " + where)
-        texts = {key: h.lower(*placed).compile().as_text() for key, h in (("", f), ("ref_", g), ("grad_", grad))}
+        texts = {key: h.lower(*placed).compile().as_text()
+                 for key, h in (("", f), ("ref_", g), ("grad_", grad), ("ref_grad_", grad_ref))}
         report[f"{backend}/{name}/{index}"] = dict(
             same_sharding=out.sharding.is_equivalent_to(want.sharding, out.ndim),
             sharding=str(out.sharding.spec), ref_sharding=str(want.sharding.spec),

@@ -27,7 +27,7 @@ def explicit_sharding(spec: Spec, avals: Sequence[Any], shape: Sequence[int]) ->
     from tullax.spec.text import format_spec
 
     rule = factors(spec)
-    linked = {factor: split for factor, split, _, _ in rule.halo}
+    linked = {halo[0]: halo[1] for halo in rule.halo}
     mesh = None
     split: dict[str, tuple[tuple[str, ...], str]] = {}  # factor -> (mesh axes, which input axis)
     for item, mapping, aval in zip(spec.inputs, rule.operands, avals):

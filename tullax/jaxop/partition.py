@@ -21,7 +21,7 @@ from __future__ import annotations
 from functools import lru_cache, partial
 from typing import Any, Callable, Sequence
 
-from tullax.jaxop.halo import fits, halo_sizes, window
+from tullax.jaxop.halo import Halo, fits, halo_sizes, window
 from tullax.jaxop.partition_rule import Factors, factors
 
 Run = Callable[..., Any]  # run(op, *jax values) -> the kernel's result
@@ -64,9 +64,10 @@ def _call(op: Any, run: Run, make: Callable[..., Any], *args: Any) -> Any:
     for k, mapping in enumerate(rule.operands):
         taken = set(mapping)
         for axis, factor in enumerate(mapping):
-            if factor in halos and 0 < halos[factor][1] < args[k].shape[axis] and halos[factor][0] not in taken:
-                taken.add(halos[factor][0])
-                windows.append((k, axis, halos[factor][1]))
+            halo = halos.get(factor)
+            if halo is not None and (halo.pad or 0 < halo.hi < args[k].shape[axis]) and halo.split not in taken:
+                taken.add(halo.split)
+                windows.append((k, axis))
     return make(op, run, tuple(windows))(*args)
 
 
@@ -92,10 +93,10 @@ def _with_windows(rule: Factors, windows: tuple) -> Factors:
     and the result are split alike, each as it stands; a windowed axis not kept stays whole."""
     from dataclasses import replace
 
-    linked = {factor: split for factor, split, _, _ in rule.halo}
+    linked = {halo[0]: halo[1] for halo in rule.halo}
     operands = [list(axes) for axes in rule.operands]
     kept = set()
-    for k, axis, _ in windows:
+    for k, axis in windows:
         kept.add(operands[k][axis])
         operands[k][axis] = linked[operands[k][axis]]
     uncut = {f for f in linked if f not in kept}
@@ -124,7 +125,8 @@ def _partition(op: Any, rule: Factors, run: Run, windows: tuple, mesh: Any, arg_
     globals_ = {item.name: tuple(s.shape) for item, s in zip(op.spec.inputs, arg_shapes)}
     plain = factors(op.spec)
     halos = {f: v for f, v in halo_sizes(op.spec, plain, globals_).items()
-             if any(plain.operands[k][axis] == f for k, axis, _ in windows)}
+             if any(plain.operands[k][axis] == f for k, axis in windows)}
+    unkept = {halo[1] for halo in plain.halo if halo[0] not in halos}  # an index whose window stays whole
     splittable = set(rule.free) | set(rule.summed)
     assign: dict[str, tuple[str, ...]] = {}
     used: set[str] = set()
@@ -136,7 +138,8 @@ def _partition(op: Any, rule: Factors, run: Run, windows: tuple, mesh: Any, arg_
                 assign[factor] = axes
                 used |= set(axes)
     while True:  # drop a split the kernel cannot run on blocks of, until every split left can
-        bad = _unfit(op.spec, plain, mesh, assign, globals_, tuple(result_shape.shape), halos)
+        bad = next((f for f in unkept if f in assign), None) or \
+            _unfit(op.spec, plain, mesh, assign, globals_, tuple(result_shape.shape), halos)
         if bad is None:
             break
         del assign[bad]
@@ -149,13 +152,19 @@ def _partition(op: Any, rule: Factors, run: Run, windows: tuple, mesh: Any, arg_
                           else NamedSharding(mesh, spec_of(mapping))
                           for shape, mapping, kind in zip(arg_shapes, rule.operands, kinds))
     result_sharding = NamedSharding(mesh, spec_of(rule.result))
-    shape_inputs = {k: (_local(globals_[item.name], mapping, assign, mesh, halos), arg_shapes[k].dtype)
+    # a padded window reaches -lo before its block: the kernel runs on that many more positions of its index
+    # (a shape input's axis gives its range), then keeps its block (``grown``)
+    early = {halo.split: -halo.lo for halo in halos.values() if halo.pad and halo.split in assign}
+    shape_inputs = {k: (tuple(n + early.get(f, 0) for n, f in zip(_local(globals_[item.name], mapping, assign, mesh,
+                                                                         halos), mapping)), arg_shapes[k].dtype)
                     for k, (item, mapping) in enumerate(zip(op.spec.inputs, plain.operands)) if item.kind == "shape"}
+    grown = tuple((axis, early[f], result_shape.shape[axis] // _parts(mesh, assign[f]))
+                  for axis, f in enumerate(rule.result) if f in early)
     summed_axes = tuple(axis for f in rule.summed if f in assign for axis in assign[f])
-    split = [(k, axis, halo, assign.get(rule.operands[k][axis], ())) for k, axis, halo in windows]
-    shifted = tuple((k, axis, axes, _parts(mesh, axes), globals_[op.spec.inputs[k].name][axis], halo)
-                    for k, axis, halo, axes in split)
-    lower = partial(_per_shard, op, run, shape_inputs, summed_axes, rule.combine, shifted)
+    shifted = tuple((k, axis, axes, _parts(mesh, axes), globals_[op.spec.inputs[k].name][axis],
+                     halos[plain.operands[k][axis]])
+                    for k, axis in windows for axes in [assign.get(rule.operands[k][axis], ())])
+    lower = partial(_per_shard, op, run, shape_inputs, summed_axes, rule.combine, shifted, grown)
     return mesh, lower, result_sharding, arg_shardings
 
 
@@ -168,28 +177,28 @@ def _parts(mesh: Any, axes: Sequence[str]) -> int:
 
 
 def _local(shape: Sequence[int], mapping: Sequence[str], assign: dict, mesh: Any,
-           halos: dict[str, tuple[str, int]] | None = None) -> tuple[int, ...]:
+           halos: dict[str, Halo] | None = None) -> tuple[int, ...]:
     """Per-shard extents; a windowed axis split with its index: the index's block and the halo."""
     local = []
     for extent, factor in zip(shape, mapping):
-        if halos and factor in halos and halos[factor][0] in assign:
-            split, halo = halos[factor]
-            local.append((extent - halo) // _parts(mesh, assign[split]) + halo)
+        if halos and factor in halos and halos[factor].split in assign:
+            halo = halos[factor]
+            local.append(halo.extent // _parts(mesh, assign[halo.split]) + halo.hi - halo.lo)
         else:
             local.append(extent // _parts(mesh, assign.get(factor, ())))
     return tuple(local)
 
 
 def _unfit(spec: Any, rule: Factors, mesh: Any, assign: dict, shapes: dict, result: tuple[int, ...],
-           halos: dict[str, tuple[str, int]]) -> str | None:
+           halos: dict[str, Halo]) -> str | None:
     """A split factor the kernel cannot run on blocks of (an extent the split does not divide, an index whose
     range is not its axes' whole extent, a result whose per-shard shape is not its block, a halo one neighbour
     does not hold), or None."""
     index_of = rule.index_of
     for item, mapping in zip(spec.inputs, rule.operands):
         for extent, factor in zip(shapes[item.name], mapping):
-            split = halos.get(factor, ("",))[0]
-            if split in assign and not fits(extent, halos[factor][1], _parts(mesh, assign[split])):
+            split = halos[factor].split if factor in halos else ""
+            if split in assign and not fits(extent, halos[factor], _parts(mesh, assign[split])):
                 return split
     local = {item.name: _local(shapes[item.name], mapping, assign, mesh, halos)
              for item, mapping in zip(spec.inputs, rule.operands)}
@@ -222,21 +231,25 @@ def _unfit(spec: Any, rule: Factors, mesh: Any, assign: dict, shapes: dict, resu
 
 
 def _per_shard(op: Any, run: Run, shape_inputs: dict, summed_axes: tuple[str, ...], combine: str,
-               windows: tuple, *args: Any):
+               windows: tuple, grown: tuple, *args: Any):
     """What each device runs on its blocks: the kernel (a windowed read on its window, its block and what its
     neighbours send, ``tullax.jaxop.halo``), then the collective over the devices a summed index is split
     across. A '+=' update adds its given array once, after the collective."""
     import jax.numpy as jnp
+    from jax import lax
 
     args = [jnp.zeros(*shape_inputs[k]) if k in shape_inputs else a for k, a in enumerate(args)]
     for k, axis, mesh_axes, parts, extent, halo in windows:
         args[k] = window(args[k], axis, mesh_axes, parts, extent, halo)
-    if not summed_axes:
-        return run(op, *args)
     given = None
-    if op.spec.assign == "+=" and not op.zero_start:
+    if summed_axes and op.spec.assign == "+=" and not op.zero_start:
         given, args[0] = args[0], jnp.zeros_like(args[0])
-    out = _combine(run(op, *args), summed_axes, combine)
+    out = run(op, *args)
+    for axis, start, length in grown:  # a padded window's index ran from before its block: the block
+        out = lax.slice_in_dim(out, start, start + length, axis=axis)
+    if not summed_axes:
+        return out
+    out = _combine(out, summed_axes, combine)
     return out if given is None else (given + out).astype(out.dtype)
 
 
