@@ -55,9 +55,10 @@ def relayed(ctx: Any, op: Any, run: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _call(op: Any, run: Run, make: Callable[..., Any], *args: Any) -> Any:
-    """The windowed axes (``x[i+k]``) the partitioner may split with their index: those whose halo is shorter
-    than the axis and whose index no other axis of the input carries (``tullax.jaxop.halo``). Several axes of one
-    input (``x[i+k,j+l]``) are exchanged one after the other, so the corners come with the second."""
+    """The windowed axes (``x[i+k]``, ``Δy[pad(m-k)]``) the partitioner may split with their index: those whose
+    halo is shorter than the axis and whose index no other axis of the input carries (``tullax.jaxop.halo``).
+    Several axes of one input (``x[i+k,j+l]``) are exchanged one after the other, so the corners come with the
+    second."""
     rule = factors(op.spec)
     halos = halo_sizes(op.spec, rule, {item.name: tuple(a.shape) for item, a in zip(op.spec.inputs, args)})
     windows = []
@@ -89,8 +90,8 @@ def _partitioned(op: Any, run: Run, windows: tuple = ()) -> Callable[..., Any]:
 
 def _with_windows(rule: Factors, windows: tuple) -> Factors:
     """The rule Shardy propagates by: a windowed axis ``_call`` kept takes the factor of the index split with
-    it (longer than the index's other axes by its halo: Shardy sizes the factor by the shortest), so the input
-    and the result are split alike, each as it stands; a windowed axis not kept stays whole."""
+    it (longer or shorter than the index's other axes by its halo: Shardy sizes the factor by the shortest), so
+    the input and the result are split alike, each as it stands; a windowed axis not kept stays whole."""
     from dataclasses import replace
 
     linked = {halo[0]: halo[1] for halo in rule.halo}
