@@ -3,7 +3,8 @@ and 4 host devices (``--xla_force_host_platform_device_count``, one subprocess p
 
 * the bytes the compiled program's collectives produce per call (the result shapes of its all-gather,
   all-reduce, reduce-scatter, collective-permute and all-to-all ops in ``.compile().as_text()``), for each case
-  split along each of its indices in turn, tullax's c kernel against the jnp formulation;
+  split along each of its indices in turn, tullax's c kernel against the jnp formulation, and the same for the
+  gradient of the sum of squares of the result;
 * the time per call (median of rounds, each the best of a few calls) split along the case's first index.
 
 On a machine with fewer cores than devices the time cannot scale with the device count: read it as it is.
@@ -16,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -28,11 +28,6 @@ if __package__ in (None, ""):  # run as a script: make `tullax` importable from 
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sharding.json"
 COUNTS = (1, 2, 4)
-COLLECTIVE = re.compile(r"=\s*(\w+)\[([\d,]*)\][^=]*?\b(all-gather|all-reduce|reduce-scatter|collective-permute|"
-                        r"all-to-all)(?:-start)?\(")
-ITEMSIZE = {"f64": 8, "f32": 4, "s64": 8, "s32": 4, "pred": 1, "u32": 4, "u64": 8, "f16": 2, "bf16": 2}
-
-
 def cases() -> dict:
     """name: (spec, jnp formulation, input shapes (an int dtype marks an index array), {index: split axis per
     input (None: replicated)})."""
@@ -53,16 +48,6 @@ def cases() -> dict:
                       {"b": (None, 0), "d": (1, None), "row": (0, None)}),
         "dot": ("s := x[i]*y[i]", lambda x, y: jnp.dot(x, y), ((1 << 22,), (1 << 22,)), {"i": (0, 0)}),
     }
-
-
-def collective_bytes(text: str) -> dict[str, int]:
-    found: dict[str, int] = {}
-    for dtype, dims, op in COLLECTIVE.findall(text):
-        size = ITEMSIZE.get(dtype, 4)
-        for n in filter(None, dims.split(",")):
-            size *= int(n)
-        found[op] = found.get(op, 0) + size
-    return found
 
 
 def _inputs(shapes: tuple, rng) -> list:
@@ -96,6 +81,7 @@ def child(rounds: int) -> dict:
     from jax.sharding import PartitionSpec as P
 
     import tullax
+    from tullax.testing.hlo import collective_bytes
 
     count = jax.device_count()
     mesh = jax.make_mesh((count,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
@@ -110,6 +96,10 @@ def child(rounds: int) -> dict:
             ours, theirs = jax.jit(kernel), jax.jit(ref)
             row = {"tullax_bytes": collective_bytes(ours.lower(*placed).compile().as_text()),
                    "jnp_bytes": collective_bytes(theirs.lower(*placed).compile().as_text())}
+            floats = tuple(k for k, shape in enumerate(shapes) if not (shape and shape[0] == "int"))
+            for label, f in (("tullax", kernel), ("jnp", ref)):  # the gradient of the sum of squares
+                grad = jax.jit(jax.grad(lambda *a, f=f: (f(*a) ** 2).sum(), floats))
+                row[f"grad_{label}_bytes"] = collective_bytes(grad.lower(*placed).compile().as_text())
             if position == 0:
                 for f in (ours, theirs):
                     jax.block_until_ready(f(*placed))
@@ -148,8 +138,10 @@ def main() -> None:
     options.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     for key, row in by_count[str(COUNTS[-1])].items():
         ours, theirs = sum(row["tullax_bytes"].values()), sum(row["jnp_bytes"].values())
+        grads = sum(row["grad_tullax_bytes"].values()), sum(row["grad_jnp_bytes"].values())
         times = [(c, by_count[str(c)][key]) for c in COUNTS if "tullax_ms" in by_count[str(c)][key]]
-        print(f"{key:16s} collective bytes tullax {ours:>10d} jnp {theirs:>10d}  "
+        print(f"{key:16s} collective bytes tullax {ours:>10d} jnp {theirs:>10d}, gradient {grads[0]:>10d} / "
+              f"{grads[1]:>10d}  "
               + "  ".join(f"{c}: {t['tullax_ms']} / {t['jnp_ms']} ms" for c, t in times))
 
 

@@ -9,7 +9,7 @@ def planned_ops(fn: Callable, *values: Any) -> list:
     decide is traced pending: its lowering for this host races it, ``primitives._settled``)."""
     import jax
 
-    from tullax.jaxop.primitives import _planned_op
+    from tullax.jaxop.primitives import decided
 
     found = []
 
@@ -17,8 +17,7 @@ def planned_ops(fn: Callable, *values: Any) -> list:
         for eqn in jaxpr.eqns:
             if eqn.primitive.name == "tullax_kernel":
                 op = eqn.params["op"]
-                found.append(_planned_op(op.spec, op.out_dtype, [v.aval for v in eqn.invars], op.zero_start,
-                                         op.algebra, timed=True) if op.pending else op)
+                found.append(decided(op, [v.aval for v in eqn.invars]) if op.pending else op)
             for value in eqn.params.values():
                 inner = getattr(value, "jaxpr", None)
                 if inner is not None and hasattr(inner, "eqns"):

@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import tullax  # noqa: E402
+from tullax.testing.hlo import collective_bytes  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 MESH = jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
@@ -73,12 +74,13 @@ def run_case(backend: str, name: str, report: dict) -> None:
         grad, grad_ref = jax.jit(jax.grad(squared(kernel), floats)), jax.jit(jax.grad(squared(ref), floats))
         for got, expected in zip(grad(*placed), grad_ref(*placed)):
             np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-11, err_msg="gradient, " + where)
+        texts = {key: h.lower(*placed).compile().as_text()
+                 for key, h in (("", f), ("ref_", g), ("grad_", grad), ("ref_grad_", grad_ref))}
         report[f"{backend}/{name}/{index}"] = dict(
             same_sharding=out.sharding.is_equivalent_to(want.sharding, out.ndim),
             sharding=str(out.sharding.spec), ref_sharding=str(want.sharding.spec),
-            collectives=collectives(f.lower(*placed).compile().as_text()),
-            ref_collectives=collectives(g.lower(*placed).compile().as_text()),
-            grad_collectives=collectives(grad.lower(*placed).compile().as_text()),
+            **{key + "collectives": collectives(text) for key, text in texts.items()},
+            **{key + "bytes": collective_bytes(text) for key, text in texts.items()},
             local=list(out.addressable_shards[0].data.shape), shape=list(out.shape))
 
 
@@ -99,6 +101,31 @@ def run_vmap(backend: str, report: dict) -> None:
         local=list(out.addressable_shards[0].data.shape), shape=list(out.shape))
 
 
+def run_conv2d(backend: str, report: dict) -> None:
+    """A window in two split indices: conv2d on a 2x2 mesh, x split along both spatial axes (a halo exchanged
+    along each in turn, the corner coming with the second), forward and gradient, against lax's convolution."""
+    mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    kernel = tullax.einsum_kernel("y[i,j] := x[i+k,j+l]*w[k,l]", backend=backend)
+
+    def ref(x, w):
+        return jax.lax.conv_general_dilated(x[None, None], w[None, None], (1, 1), "VALID")[0, 0]
+
+    args = (jax.device_put(r(18, 20), NamedSharding(mesh, P("a", "b"))),
+            jax.device_put(r(3, 5), NamedSharding(mesh, P())))
+    f, g = jax.jit(kernel), jax.jit(ref)
+    out = f(*args)
+    np.testing.assert_allclose(out, g(*args), rtol=1e-11, atol=1e-12, err_msg=f"{backend}: conv2d")
+    grad, grad_ref = jax.jit(jax.grad(squared(kernel), (0, 1))), jax.jit(jax.grad(squared(ref), (0, 1)))
+    for got, expected in zip(grad(*args), grad_ref(*args)):
+        np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-11, err_msg=f"{backend}: conv2d gradient")
+    texts = {key: h.lower(*args).compile().as_text() for key, h in (("", f), ("ref_", g), ("grad_", grad),
+                                                                     ("ref_grad_", grad_ref))}
+    report[f"{backend}/conv2d/i+j"] = dict(
+        sharding=str(out.sharding.spec), local=list(out.addressable_shards[0].data.shape),
+        **{key + "collectives": collectives(text) for key, text in texts.items()},
+        **{key + "bytes": collective_bytes(text) for key, text in texts.items()})
+
+
 def run_explicit(backends: list[str], report: dict) -> None:
     """Under explicit sharding (AxisType.Explicit: shardings in the types), on each backend: the kernel's result
     is typed by its rule and computed split, its gradient too; what the rule cannot run split is a TullaxError
@@ -110,11 +137,14 @@ def run_explicit(backends: list[str], report: dict) -> None:
     mesh = jax.make_mesh((4,), ("x",), axis_types=(AxisType.Explicit,))
     cases = {"dist/i": ("dist", (P(None, "x"), P())), "dist/k": ("dist", (P("x"), P("x"))),
              "conv1d/i": ("conv1d", (P("x"), P())), "embedding/b": ("embedding", (P(), P("x"))),
-             "dist/i+j": ("dist", (P(None, "x"), P(None, "x"))), "embedding/row": ("embedding", (P("x"), P()))}
+             "dist/i+j": ("dist", (P(None, "x"), P(None, "x"))), "embedding/row": ("embedding", (P("x"), P())),
+             "conv1d/uneven": ("conv1d", (P("x"), P()))}  # a window of 4: a result of 33
+    uneven = {"conv1d/uneven": (r(36), r(4))}
     with jax.set_mesh(mesh):
         for backend in backends:
             for case, (name, specs) in cases.items():
                 text, ref, args, _ = CASES[name]
+                args = uneven.get(case, args)
                 kernel = tullax.einsum_kernel(text, backend=backend)
                 placed = [jax.device_put(a, s) for a, s in zip(args, specs)]
                 f = jax.jit(lambda *a: kernel(*a) * 2)  # noqa: B023 - called in this iteration
@@ -174,6 +204,7 @@ def main(backends: list[str]) -> dict:
         for name in CASES:
             run_case(backend, name, report)
         run_vmap(backend, report)
+        run_conv2d(backend, report)
     run_explicit(backends, report)
     report["seconds"] = time.perf_counter() - start
     return report

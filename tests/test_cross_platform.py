@@ -120,3 +120,32 @@ def test_auto_races_only_when_lowered_for_this_host(monkeypatch) -> None:
         np.testing.assert_allclose(got, ((W[:, :, None] - X[:, None, :]) ** 2).sum(0), rtol=1e-4, atol=1e-3)
     finally:
         decide.forget()
+
+
+def test_a_differentiated_auto_kernel_races_nothing_while_traced_for_export(monkeypatch) -> None:
+    """The joint plan of a differentiated call (the forward and its gradient steps as one XLA program) needs the
+    races of all its kernels: traced for an export it raced them all; now its kernels are traced with the joint
+    call pending, decided when the program is lowered to run here."""
+    from jax import export
+
+    from tullax.planner import decide, store, tuning
+
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setattr(store, "load", lambda key: None)  # no decision of an earlier run: it must be raced
+    monkeypatch.setattr(store, "store", lambda *args, **kwargs: None)
+    decide.forget()
+    try:
+        kernel = tullax.einsum_kernel(DIST, backend="auto")
+        rng = np.random.default_rng(1)
+        W, X = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((64, 300), (64, 200)))
+        grad = jax.jit(jax.grad(lambda W, X: jnp.sum(kernel(W, X) ** 2), (0, 1)))
+        checks = [export.DisabledSafetyCheck.custom_call("tullax_c_kernel")]
+        export.export(grad, platforms=("cpu",), disabled_checks=checks)(W, X)
+        assert decide.STATS["timed"] == 0, "a race was timed while tracing a differentiated call for export"
+        got = grad(W, X)
+        assert decide.STATS["timed"] >= 1
+        want = jax.grad(lambda W, X: jnp.sum(((W[:, :, None] - X[:, None, :]) ** 2).sum(0) ** 2), (0, 1))(W, X)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-2 * float(jnp.abs(w).max()))
+    finally:
+        decide.forget()

@@ -5,8 +5,9 @@ The result is sharded by the kernel's partitioning rule (``tullax.jaxop.partitio
 then runs it (``tullax.jaxop.partition``): a result axis of a free index takes the mesh axes its inputs split
 that index along; a summed index split across devices is combined by its collective, so the result is whole
 along it. What the rule cannot run split (an axis read shifted, through an index array, as a value, ...; one
-index split along two different mesh axes; one mesh axis splitting two result axes) is a TullaxError at trace
-time saying what to reshard: explicit mode moves no data the program did not ask for.
+index split along two different mesh axes; one mesh axis splitting two result axes; an index split in blocks
+its extent does not divide) is a TullaxError at trace time saying what to reshard: explicit mode moves no data
+the program did not ask for.
 """
 from __future__ import annotations
 
@@ -19,14 +20,14 @@ from tullax.spec.ir import Spec
 def explicit_sharding(spec: Spec, avals: Sequence[Any], shape: Sequence[int]) -> Any | None:
     """The result's NamedSharding (on the inputs' abstract mesh) for a result of ``shape``, when an input is
     split along an explicit mesh axis; None otherwise (Auto mode, or nothing split). A result axis its mesh axes
-    do not divide stays whole (the partitioner runs that split on the whole axis)."""
+    do not divide is a TullaxError (the partitioner would run that split on the whole axis, gathered)."""
     from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
     from tullax.jaxop.partition_rule import factors
     from tullax.spec.text import format_spec
 
     rule = factors(spec)
-    linked = {factor: split for factor, split, _, _ in rule.halo}
+    linked = {halo[0]: halo[1] for halo in rule.halo}
     mesh = None
     split: dict[str, tuple[tuple[str, ...], str]] = {}  # factor -> (mesh axes, which input axis)
     for item, mapping, aval in zip(spec.inputs, rule.operands, avals):
@@ -57,15 +58,12 @@ def explicit_sharding(spec: Spec, avals: Sequence[Any], shape: Sequence[int]) ->
             split[factor] = (axes, where)
     if mesh is None:
         return None
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    _divided(spec, rule, avals, shape, split, sizes)
     entries: list[Any] = []
     used: dict[str, str] = {}
-    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
-    for factor, extent in zip(rule.result, shape):
+    for factor in rule.result:
         axes = split[factor][0] if factor in split and factor in rule.free else ()
-        parts = 1
-        for axis in axes:
-            parts *= sizes[axis]
-        axes = axes if extent % parts == 0 else ()
         for axis in axes:
             if axis in used:
                 raise TullaxError(
@@ -75,6 +73,31 @@ def explicit_sharding(spec: Spec, avals: Sequence[Any], shape: Sequence[int]) ->
             used[axis] = rule.index_of.get(factor, factor)
         entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
     return NamedSharding(mesh, PartitionSpec(*entries))
+
+
+def _divided(spec: Spec, rule: Any, avals: Sequence[Any], shape: Sequence[int], split: dict,
+             sizes: dict[str, int]) -> None:
+    """A TullaxError unless the mesh axes splitting each index divide its extent in every array it is plain in
+    and in the result: the partitioner runs an uneven split on the whole axis, a gather explicit mode does not
+    make by itself."""
+    from tullax.spec.text import format_spec
+
+    arrays = [(item.name, mapping, tuple(aval.shape)) for item, mapping, aval in zip(spec.inputs, rule.operands, avals)
+              if item.kind != "shape"] + [(f"the result {spec.out}", rule.result, tuple(shape))]
+    for factor, (axes, where) in split.items():
+        parts = 1
+        for axis in axes:
+            parts *= sizes[axis]
+        for name, mapping, extents in arrays:
+            for position, (found, extent) in enumerate(zip(mapping, extents)):
+                if found == factor and extent % parts:
+                    index = rule.index_of.get(factor, factor)
+                    raise TullaxError(
+                        f"{format_spec(spec)}: index {index} is split along mesh axis {_names(axes)} ({parts} "
+                        f"devices, in {where}), which does not divide {name}'s axis {position} ({extent} elements), "
+                        "and explicit mode gathers nothing by itself. Reshard the input(s) split along it "
+                        f"(jax.sharding.reshard) so that index {index} is whole, or give it an extent {parts} "
+                        "divides (pad the arrays).")
 
 
 def untyped(ctx: Any) -> tuple[Any, Any]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from functools import lru_cache, partial
 from typing import Any, Callable, Sequence
 
-from tullax.jaxop.halo import fits, halo_sizes, window
+from tullax.jaxop.halo import Halo, fits, halo_sizes, window
 from tullax.jaxop.partition_rule import Factors, factors
 
 Run = Callable[..., Any]  # run(op, *jax values) -> the kernel's result
@@ -55,35 +55,32 @@ def relayed(ctx: Any, op: Any, run: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _call(op: Any, run: Run, make: Callable[..., Any], *args: Any) -> Any:
-    """A windowed axis (``x[i+k]``) is handed over twice: its head, as long as the index's axes (so Shardy
-    splits it, and the result, as the index), and the whole array split as it is, whose last device's block
-    ends with the last device's halo, the axis's last ``h`` elements (a tail sliced off would be moved to every
-    device, or gathered)."""
-    from jax import lax
-
+    """The windowed axes (``x[i+k]``, ``Δy[pad(m-k)]``) the partitioner may split with their index: those whose
+    halo is shorter than the axis and whose index no other axis of the input carries (``tullax.jaxop.halo``).
+    Several axes of one input (``x[i+k,j+l]``) are exchanged one after the other, so the corners come with the
+    second."""
     rule = factors(op.spec)
     halos = halo_sizes(op.spec, rule, {item.name: tuple(a.shape) for item, a in zip(op.spec.inputs, args)})
-    cuts = []
+    windows = []
     for k, mapping in enumerate(rule.operands):
-        found = [(axis, halos[f][1]) for axis, f in enumerate(mapping) if f in halos]
-        if len(found) == 1 and 0 < found[0][1] < args[k].shape[found[0][0]]:  # one windowed axis
-            cuts.append((k, *found[0]))
-    heads, tails = list(args), []
-    for k, axis, halo in cuts:
-        heads[k] = lax.slice_in_dim(args[k], 0, args[k].shape[axis] - halo, axis=axis)
-        tails.append(args[k])
-    return make(op, run, tuple(cuts))(*heads, *tails)
+        taken = set(mapping)
+        for axis, factor in enumerate(mapping):
+            halo = halos.get(factor)
+            if halo is not None and (halo.pad or 0 < halo.hi < args[k].shape[axis]) and halo.split not in taken:
+                taken.add(halo.split)
+                windows.append((k, axis))
+    return make(op, run, tuple(windows))(*args)
 
 
 @lru_cache(maxsize=None)
-def _partitioned(op: Any, run: Run, cuts: tuple = ()) -> Callable[..., Any]:
+def _partitioned(op: Any, run: Run, windows: tuple = ()) -> Callable[..., Any]:
     from jax.experimental.custom_partitioning import SdyShardingRule, custom_partitioning
 
-    rule = _with_cuts(factors(op.spec), cuts)
+    rule = _with_windows(factors(op.spec), windows)
     order = {f: k for k, f in enumerate(dict.fromkeys(f for axes in (*rule.operands, rule.result) for f in axes))}
-    function = custom_partitioning(partial(_rejoined, op, run, cuts))
+    function = custom_partitioning(partial(run, op))
     function.def_partition(  # Shardy wants each kind's factors in the order they first appear in the rule
-        partition=partial(_partition, op, rule, run, cuts),
+        partition=partial(_partition, op, rule, run, windows),
         sharding_rule=SdyShardingRule(operand_mappings=rule.operands, result_mappings=(rule.result,),
                                       reduction_factors=tuple(sorted(rule.summed, key=order.get)),
                                       need_replication_factors=tuple(sorted(rule.replicated, key=order.get))),
@@ -91,33 +88,21 @@ def _partitioned(op: Any, run: Run, cuts: tuple = ()) -> Callable[..., Any]:
     return function
 
 
-def _with_cuts(rule: Factors, cuts: tuple) -> Factors:
-    """The rule of the operands ``_call`` hands over: a cut axis's head takes its index's factor; the whole
-    input after the spec's inputs, a factor of its own on that axis (``t0``, ...: split as the index is, by
-    ``_partition``); a windowed axis not cut stays whole."""
+def _with_windows(rule: Factors, windows: tuple) -> Factors:
+    """The rule Shardy propagates by: a windowed axis ``_call`` kept takes the factor of the index split with
+    it (longer or shorter than the index's other axes by its halo: Shardy sizes the factor by the shortest), so
+    the input and the result are split alike, each as it stands; a windowed axis not kept stays whole."""
     from dataclasses import replace
 
-    linked = {factor: split for factor, split, _, _ in rule.halo}
+    linked = {halo[0]: halo[1] for halo in rule.halo}
     operands = [list(axes) for axes in rule.operands]
-    tails, cut = [], set()
-    for n, (k, axis, _) in enumerate(cuts):
-        cut.add(operands[k][axis])
-        tail = list(operands[k])
-        tail[axis] = f"t{n}"
+    kept = set()
+    for k, axis in windows:
+        kept.add(operands[k][axis])
         operands[k][axis] = linked[operands[k][axis]]
-        tails.append(tuple(tail))
-    uncut = {f for f in linked if f not in cut}
-    return replace(rule, operands=(*map(tuple, operands), *tails), replicated=tuple(sorted({*rule.replicated,
-                                                                                            *uncut})))
-
-
-def _rejoined(op: Any, run: Run, cuts: tuple, *args: Any) -> Any:
-    """The kernel on whole operands (one device): each cut input whole again."""
-    count = len(op.spec.inputs)
-    args, tails = list(args[:count]), args[count:]
-    for (k, axis, _), whole in zip(cuts, tails):
-        args[k] = whole
-    return run(op, *args)
+    uncut = {f for f in linked if f not in kept}
+    return replace(rule, operands=tuple(map(tuple, operands)),
+                   replicated=tuple(sorted({*rule.replicated, *uncut})))
 
 
 def _entries(sharding: Any, rank: int) -> list[tuple[str, ...]]:
@@ -132,19 +117,17 @@ def _entries(sharding: Any, rank: int) -> list[tuple[str, ...]]:
     return found
 
 
-def _partition(op: Any, rule: Factors, run: Run, cuts: tuple, mesh: Any, arg_shapes: Sequence[Any],
+def _partition(op: Any, rule: Factors, run: Run, windows: tuple, mesh: Any, arg_shapes: Sequence[Any],
                result_shape: Any):
-    """``rule``: of the operands handed over (``_with_cuts``): the spec's inputs, then the tails of cut axes."""
+    """``rule``: Shardy's (``_with_windows``): a kept windowed axis carries its index's factor."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    kinds = [item.kind for item in op.spec.inputs] + ["array"] * len(cuts)
-    globals_ = {item.name: list(s.shape) for item, s in zip(op.spec.inputs, arg_shapes)}
-    for k, axis, halo in cuts:  # the whole input's shape
-        globals_[op.spec.inputs[k].name][axis] += halo
-    globals_ = {name: tuple(shape) for name, shape in globals_.items()}
+    kinds = [item.kind for item in op.spec.inputs]
+    globals_ = {item.name: tuple(s.shape) for item, s in zip(op.spec.inputs, arg_shapes)}
     plain = factors(op.spec)
     halos = {f: v for f, v in halo_sizes(op.spec, plain, globals_).items()
-             if any(rule.operands[k][axis] == v[0] and plain.operands[k][axis] == f for k, axis, _ in cuts)}
+             if any(plain.operands[k][axis] == f for k, axis in windows)}
+    unkept = {halo[1] for halo in plain.halo if halo[0] not in halos}  # an index whose window stays whole
     splittable = set(rule.free) | set(rule.summed)
     assign: dict[str, tuple[str, ...]] = {}
     used: set[str] = set()
@@ -156,14 +139,11 @@ def _partition(op: Any, rule: Factors, run: Run, cuts: tuple, mesh: Any, arg_sha
                 assign[factor] = axes
                 used |= set(axes)
     while True:  # drop a split the kernel cannot run on blocks of, until every split left can
-        bad = _unfit(op.spec, plain, mesh, assign, globals_, tuple(result_shape.shape), halos)
+        bad = next((f for f in unkept if f in assign), None) or \
+            _unfit(op.spec, plain, mesh, assign, globals_, tuple(result_shape.shape), halos)
         if bad is None:
             break
         del assign[bad]
-
-    for n, (k, axis, _) in enumerate(cuts):  # a tail is split as its head is
-        if rule.operands[k][axis] in assign:
-            assign[f"t{n}"] = assign[rule.operands[k][axis]]
 
     def spec_of(mapping: Sequence[str]) -> Any:
         return PartitionSpec(*[None if f not in assign else assign[f][0] if len(assign[f]) == 1 else assign[f]
@@ -173,13 +153,19 @@ def _partition(op: Any, rule: Factors, run: Run, cuts: tuple, mesh: Any, arg_sha
                           else NamedSharding(mesh, spec_of(mapping))
                           for shape, mapping, kind in zip(arg_shapes, rule.operands, kinds))
     result_sharding = NamedSharding(mesh, spec_of(rule.result))
-    shape_inputs = {k: (_local(globals_[item.name], mapping, assign, mesh, halos), arg_shapes[k].dtype)
-                    for k, (item, mapping) in enumerate(zip(op.spec.inputs, rule.operands)) if item.kind == "shape"}
+    # a padded window reaches -lo before its block: the kernel runs on that many more positions of its index
+    # (a shape input's axis gives its range), then keeps its block (``grown``)
+    early = {halo.split: -halo.lo for halo in halos.values() if halo.pad and halo.split in assign}
+    shape_inputs = {k: (tuple(n + early.get(f, 0) for n, f in zip(_local(globals_[item.name], mapping, assign, mesh,
+                                                                         halos), mapping)), arg_shapes[k].dtype)
+                    for k, (item, mapping) in enumerate(zip(op.spec.inputs, plain.operands)) if item.kind == "shape"}
+    grown = tuple((axis, early[f], result_shape.shape[axis] // _parts(mesh, assign[f]))
+                  for axis, f in enumerate(rule.result) if f in early)
     summed_axes = tuple(axis for f in rule.summed if f in assign for axis in assign[f])
-    windows = tuple((k, axis, assign.get(rule.operands[k][axis], ()),
-                     _parts(mesh, assign.get(rule.operands[k][axis], ())), halo, globals_[op.spec.inputs[k].name][axis])
-                    for k, axis, halo in cuts)
-    lower = partial(_per_shard, op, run, shape_inputs, summed_axes, rule.combine, windows)
+    shifted = tuple((k, axis, axes, _parts(mesh, axes), globals_[op.spec.inputs[k].name][axis],
+                     halos[plain.operands[k][axis]])
+                    for k, axis in windows for axes in [assign.get(rule.operands[k][axis], ())])
+    lower = partial(_per_shard, op, run, shape_inputs, summed_axes, rule.combine, shifted, grown)
     return mesh, lower, result_sharding, arg_shardings
 
 
@@ -192,28 +178,28 @@ def _parts(mesh: Any, axes: Sequence[str]) -> int:
 
 
 def _local(shape: Sequence[int], mapping: Sequence[str], assign: dict, mesh: Any,
-           halos: dict[str, tuple[str, int]] | None = None) -> tuple[int, ...]:
+           halos: dict[str, Halo] | None = None) -> tuple[int, ...]:
     """Per-shard extents; a windowed axis split with its index: the index's block and the halo."""
     local = []
     for extent, factor in zip(shape, mapping):
-        if halos and factor in halos and halos[factor][0] in assign:
-            split, halo = halos[factor]
-            local.append((extent - halo) // _parts(mesh, assign[split]) + halo)
+        if halos and factor in halos and halos[factor].split in assign:
+            halo = halos[factor]
+            local.append(halo.extent // _parts(mesh, assign[halo.split]) + halo.hi - halo.lo)
         else:
             local.append(extent // _parts(mesh, assign.get(factor, ())))
     return tuple(local)
 
 
 def _unfit(spec: Any, rule: Factors, mesh: Any, assign: dict, shapes: dict, result: tuple[int, ...],
-           halos: dict[str, tuple[str, int]]) -> str | None:
+           halos: dict[str, Halo]) -> str | None:
     """A split factor the kernel cannot run on blocks of (an extent the split does not divide, an index whose
     range is not its axes' whole extent, a result whose per-shard shape is not its block, a halo one neighbour
     does not hold), or None."""
     index_of = rule.index_of
     for item, mapping in zip(spec.inputs, rule.operands):
         for extent, factor in zip(shapes[item.name], mapping):
-            split = halos.get(factor, ("",))[0]
-            if split in assign and not fits(extent, halos[factor][1], _parts(mesh, assign[split])):
+            split = halos[factor].split if factor in halos else ""
+            if split in assign and not fits(extent, halos[factor], _parts(mesh, assign[split])):
                 return split
     local = {item.name: _local(shapes[item.name], mapping, assign, mesh, halos)
              for item, mapping in zip(spec.inputs, rule.operands)}
@@ -246,26 +232,25 @@ def _unfit(spec: Any, rule: Factors, mesh: Any, assign: dict, shapes: dict, resu
 
 
 def _per_shard(op: Any, run: Run, shape_inputs: dict, summed_axes: tuple[str, ...], combine: str,
-               windows: tuple, *args: Any):
-    """What each device runs on its blocks: the kernel (a windowed read on its block and the halo its neighbour
-    sends, ``tullax.jaxop.halo``), then the collective over the devices a summed index is split across. A '+='
-    update adds its given array once, after the collective."""
+               windows: tuple, grown: tuple, *args: Any):
+    """What each device runs on its blocks: the kernel (a windowed read on its window, its block and what its
+    neighbours send, ``tullax.jaxop.halo``), then the collective over the devices a summed index is split
+    across. A '+=' update adds its given array once, after the collective."""
     import jax.numpy as jnp
     from jax import lax
 
-    count = len(op.spec.inputs)
-    args, tails = [jnp.zeros(*shape_inputs[k]) if k in shape_inputs else a for k, a in enumerate(args[:count])], \
-        args[count:]
-    for (k, axis, mesh_axes, parts, halo, extent), whole in zip(windows, tails):
-        end = extent - (parts - 1) * whole.shape[axis]  # where the real elements of the last block end
-        last = lax.slice_in_dim(whole, end - halo, end, axis=axis)  # on the last device: the axis's last h
-        args[k] = window(args[k], last, axis, mesh_axes, parts)
-    if not summed_axes:
-        return run(op, *args)
+    args = [jnp.zeros(*shape_inputs[k]) if k in shape_inputs else a for k, a in enumerate(args)]
+    for k, axis, mesh_axes, parts, extent, halo in windows:
+        args[k] = window(args[k], axis, mesh_axes, parts, extent, halo)
     given = None
-    if op.spec.assign == "+=" and not op.zero_start:
+    if summed_axes and op.spec.assign == "+=" and not op.zero_start:
         given, args[0] = args[0], jnp.zeros_like(args[0])
-    out = _combine(run(op, *args), summed_axes, combine)
+    out = run(op, *args)
+    for axis, start, length in grown:  # a padded window's index ran from before its block: the block
+        out = lax.slice_in_dim(out, start, start + length, axis=axis)
+    if not summed_axes:
+        return out
+    out = _combine(out, summed_axes, combine)
     return out if given is None else (given + out).astype(out.dtype)
 
 

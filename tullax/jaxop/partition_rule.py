@@ -8,8 +8,10 @@ Each axis of each input, and of the result, gets a factor:
 
 An index may be split across devices only where every position it appears in is plain, or a window running from
 it to the axis's end (``x[i+k]``, ``k`` from 0, ``i`` over the valid positions: each device's block of ``x`` gets
-the ``max(k)`` elements after it from its neighbour, a halo; ``k`` stays whole), and the body does not read its
-value (``IndexVal``) or an extent (``Size``). Then:
+the ``max(k)`` elements after it from its neighbour, a halo; ``k`` stays whole), or a padded window of a free
+index read nowhere else (``Δx[m] := Δy[pad(m-k)]*w[k]``, a window's input gradient: each device reads ``Δy``
+around its block, zero outside the axis), and the body does not read its value (``IndexVal``) or an extent
+(``Size``). Then:
 
 * a free index (on the result's left-hand side): each device runs the kernel on its block, and its result
   block is the result's block along that index (``FREE``);
@@ -48,8 +50,9 @@ class Factors:
     ``free``: factors of free indices that may be split; ``summed``: factors of summed indices that may be split
     (then combined by ``combine``); every other factor is in ``replicated``. ``index``: factor -> the index it
     stands for (replicated axes of their own have none). ``halo``: per windowed axis (``x[i+k]``) its factor, the
-    factor of the index split with it, the window index (or None) and the constant offset: split with that index,
-    each device's block extended by the elements after it (``tullax.jaxop.halo``)."""
+    factor of the index split with it, the window index (or None), the constant offset and whether it is a padded
+    window (``Δy[pad(m-k+c)]``): split with that index, each device's block extended by the elements around it
+    (``tullax.jaxop.halo``)."""
 
     operands: tuple[tuple[str, ...], ...]
     result: tuple[str, ...]
@@ -58,7 +61,7 @@ class Factors:
     replicated: tuple[str, ...]
     combine: str
     index: tuple[tuple[str, str], ...]
-    halo: tuple[tuple[str, str, str | None, int], ...] = ()
+    halo: tuple[tuple[str, str, str | None, int, bool], ...] = ()
 
     @property
     def index_of(self) -> dict[str, str]:
@@ -88,8 +91,13 @@ def factors(spec: Spec) -> Factors:
     halos: list[tuple[str, int, str, str | None, int]] = []  # array, axis, split index, window index, offset
     axes: dict[str, list[str | None]] = {item.name: [None] * item.rank for item in spec.inputs}
 
+    pads: list[tuple[str, int, str, str | None, int]] = []  # the same, for a padded window (pad(m-k+c))
+    read: set[str] = set()  # indices read anywhere but in a padded window
+
     def place(array: str, position: int, idx: object) -> None:
         plain = idx.plain if isinstance(idx, Affine) else None
+        if not isinstance(idx, Wrapped):
+            read.update(idx_names(idx))
         if isinstance(idx, Indirect):  # the index array's own axis may be plain; the data axis is gathered
             inner = idx.inner.plain
             if inner is not None and idx.array in axes and not idx.offset.terms and axes[idx.array]:
@@ -98,7 +106,12 @@ def factors(spec: Spec) -> Factors:
                 whole.update(idx.inner.names())
             whole.update(idx.offset.names())
         elif isinstance(idx, Wrapped):
-            whole.update(idx.inner.names())
+            window = _pad_window(spec, idx) if array in axes and axes[array][position] is None else None
+            if window is None:
+                whole.update(idx.inner.names())
+            else:  # Δy[pad(m-k)]: m may be split, each device reading a window around its block, zero outside
+                whole.update(window[1:2] if window[1] else ())
+                pads.append((array, position, *window))
         elif isinstance(idx, Affine) and plain is None:
             window = _window(spec, array, position, idx)
             if window is None or array not in axes or axes[array][position] is not None:
@@ -121,6 +134,13 @@ def factors(spec: Spec) -> Factors:
             _claim(axes, idx.array, 0, of_index(idx.inner.plain), whole, idx.inner.plain, names)
     if spec.scan is not None:
         _recurrence(spec, axes, of_index, whole, names)
+    lhs_names = [idx.plain for idx in spec.lhs or () if isinstance(idx, Affine)]
+    shaped = {Sym.extent(item.name, axis) for item in spec.inputs if item.kind == "shape" for axis in range(item.rank)}
+    for _, _, split, _, _ in pads:  # a padded window's index: free, read nowhere else, its range a shape input's
+        if split in read or split not in lhs_names or spec.assign != ":=" or \
+                sum(p[2] == split for p in pads) > 1 or spec.range_of[split].hi not in shaped:
+            whole.add(split)
+        of_index(split)
     ranges = spec.range_of
     for index, factor in list(names.items()):  # an axis only the range of an index is read from (a shape input)
         found = ranges.get(index)
@@ -165,9 +185,10 @@ def factors(spec: Spec) -> Factors:
     summed = tuple(names[i] for i in names if i not in lhs_plain and i not in whole and summable and
                    any(names[i] in axes_ for axes_ in operands))
     inputs = [item.name for item in spec.inputs]
-    halo = tuple((operands[inputs.index(array)][axis], names[split], window, offset)
-                 for array, axis, split, window, offset in halos
-                 if names[split] in free + summed and operands[inputs.index(array)][axis] not in index_of)
+    halo = tuple((operands[inputs.index(array)][axis], names[split], window, offset, kind == "pad")
+                 for kind, found in (("", halos), ("pad", pads)) for array, axis, split, window, offset in found
+                 if names[split] in (free if kind else free + summed) and
+                 operands[inputs.index(array)][axis] not in index_of)
     every = {f for axes_ in operands for f in axes_} | set(result)
     replicated = tuple(sorted(every - set(free) - set(summed) - {h[0] for h in halo}))
     return Factors(operands, tuple(result), free, summed, replicated, COMBINES.get(spec.redop, ""),
@@ -191,6 +212,23 @@ def _window(spec: Spec, array: str, axis: int, idx: Affine) -> tuple[str, str | 
         if found.hi == extent - offset - (over.hi - 1 if over is not None else 0) and (window or offset):
             return split, window, offset
     return None
+
+
+def _pad_window(spec: Spec, idx: Wrapped) -> tuple[str, str | None, int] | None:
+    """``(m, k, c)`` where an axis is read at ``pad(m-k+c)`` (or ``pad(m+c)``), c <= 0 a constant, ``m`` and ``k``
+    from 0 (the input gradient of a window, ``Δx[m] := Δy[pad(m-k)]*w[k]``): a device's block of ``m`` reads the
+    axis from ``max(k)-c`` elements before its block to ``c`` after, zero outside the axis. None otherwise."""
+    inner = idx.inner
+    if idx.kind != "pad" or inner.div != 1 or not inner.const.is_const or inner.const.const > 0:
+        return None
+    up = [n for n, c in inner.terms if c == 1]
+    down = [n for n, c in inner.terms if c == -1]
+    if len(up) != 1 or len(down) > 1 or len(up) + len(down) != len(inner.terms):
+        return None
+    ranges = spec.range_of
+    if any(ranges.get(n) is None or ranges[n].lo != Sym(0) for n in up + down):
+        return None
+    return up[0], (down or [None])[0], inner.const.const
 
 
 def _recurrence(spec: Spec, axes: dict, of_index, whole: set[str], names: dict[str, str]) -> None:

@@ -74,11 +74,16 @@ class KernelOp:
     # Planned without timing where a race may still decide: the race is run when the kernel is lowered for this
     # process's own devices, and never for an export or another platform (``_settled``).
     pending: bool = False
+    # A kernel of a differentiated 'auto' call whose joint plan (``planner.joint_plans``: the forward and its
+    # gradient steps as one XLA program) needs a race: the call's (forward spec, shapes, dtypes, out dtype,
+    # inputs differentiated), decided with the race when it is lowered for this host (``_settled``)
+    joint: tuple = ()
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_hash", hash((self.spec, self.backend, self.out_dtype, self.path, self.form,
-                                                self.requested, self.zero_start, self.algebra, self.pending)))
+                                                self.requested, self.zero_start, self.algebra, self.pending,
+                                                self.joint)))
 
     @property
     def steps_backend(self) -> str:
@@ -103,14 +108,15 @@ class KernelOp:
 
 
 def apply(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | None = None,
-          zero_start: bool = False, algebra: str = "") -> Any:
+          zero_start: bool = False, algebra: str = "", joint: tuple = ()) -> Any:
     """Run ``spec`` on jax values (arrays, tracers or numbers, one per input) on backend ``backend_name``
     (``auto`` with ``xla_form``: on XLA in that form, as the planner decided for it). ``zero_start``: ``spec``
     is a '+=' gradient step and ``values[0]`` the zeros it starts from. ``algebra="expand"``: the expanded form
-    of a polynomial body is a candidate (``auto``), or the form (``xla``), where it applies. Everything is
-    checked here, at trace time."""
+    of a polynomial body is a candidate (``auto``), or the form (``xla``), where it applies. ``joint``: the
+    differentiated call a gradient step belongs to (``KernelOp.joint``). Everything is checked here, at trace
+    time."""
     args = prepare_inputs(spec, values)
-    op = _kernel_op(spec, backend_name, values, xla_form, zero_start, algebra)
+    op = _joint(_kernel_op(spec, backend_name, values, xla_form, zero_start, algebra), joint)
     args = _same_variance(_weak_in_precision(spec, values, args, op.out_dtype))
     half = [item.kind in ("array", "scalar") and a.dtype.name in HALF for item, a in zip(spec.inputs, args)]
     if not any(half):
@@ -120,8 +126,13 @@ def apply(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | 
     # compare the recomputed float32 body with the result, which a half result no longer equals.
     args = [a.astype("float32") if h else a for a, h in zip(args, half)]
     wide = [a if h else v for a, v, h in zip(args, values, half)]
-    return _prims().kernel.bind(*args, op=_kernel_op(spec, backend_name, wide, xla_form, zero_start, algebra)
-                                ).astype(op.out_dtype)
+    return _prims().kernel.bind(*args, op=_joint(_kernel_op(spec, backend_name, wide, xla_form, zero_start,
+                                                            algebra), joint)).astype(op.out_dtype)
+
+
+def _joint(op: KernelOp, joint: tuple) -> KernelOp:
+    """An 'auto' kernel of a differentiated call whose joint plan waits for a race: decided at its lowering."""
+    return replace(op, joint=joint, pending=True) if joint and op.requested == "auto" else op
 
 
 def prepare_inputs(spec: Spec, values: Sequence[Any]) -> list[Any]:
@@ -205,18 +216,40 @@ def _settled(op: KernelOp, ctx: Any, platform: str) -> KernelOp:
     from tullax.jaxop.target import has_client, portable
 
     if portable(ctx) or not has_client(ctx, platform):
-        return replace(op, pending=False)
-    return _planned_op(op.spec, op.out_dtype, ctx.avals_in, op.zero_start, op.algebra, timed=True)
+        return replace(op, pending=False, joint=())
+    return decided(op, ctx.avals_in)
 
 
-def _joint_plans(spec: Spec, args: Sequence[Any], out_dtype: str, wrt: Sequence[int], algebra: str = "") -> dict:
-    """``planner.joint_plans`` for a differentiated call of ``spec`` on ``args``: the XLA plans of the forward
-    and of the gradient steps of the inputs at positions ``wrt``, when they run as one XLA program."""
+def decided(op: KernelOp, avals: Sequence[Any]) -> KernelOp:
+    """A pending plan raced (for a lowering that runs on this host): the joint plan of the differentiated call
+    it belongs to, where that puts it on XLA, else its own race."""
+    if op.joint:
+        from tullax.planner.decide import joint_plans
+
+        spec, shapes, dtypes, out_dtype, wrt = op.joint
+        joined = joint_plans(spec, dict(shapes), dict(dtypes), out_dtype, wrt, algebra=op.algebra)
+        if op.spec in joined:
+            return _xla_op(op.spec, op.out_dtype, joined[op.spec].form, op.algebra)
+    return _planned_op(op.spec, op.out_dtype, avals, op.zero_start, op.algebra, timed=True)
+
+
+def _joint_plans(spec: Spec, args: Sequence[Any], out_dtype: str, wrt: Sequence[int],
+                 algebra: str = "") -> tuple[dict, tuple]:
+    """``planner.joint_plans`` for a differentiated call of ``spec`` on ``args``, from the plans known without
+    timing (no race while tracing): the XLA plans of the forward and of the gradient steps of the inputs at
+    positions ``wrt``, when they run as one XLA program; and, where none is known yet and a race may decide,
+    the call's ``KernelOp.joint`` for its kernels to be traced with (the race runs at their lowering)."""
+    from tullax.planner import tuning
     from tullax.planner.call import call_shapes_and_dtypes
     from tullax.planner.decide import joint_plans
 
     shapes, dtypes = call_shapes_and_dtypes(spec, args)
-    return joint_plans(spec, shapes, dtypes, out_dtype, [spec.inputs[i].name for i in wrt], algebra=algebra)
+    names = tuple(spec.inputs[i].name for i in wrt)
+    joined = joint_plans(spec, shapes, dtypes, out_dtype, names, algebra=algebra, known=True)
+    if joined or not tuning.timing_enabled():
+        return joined, ()
+    return joined, (spec, tuple(sorted(shapes.items())), tuple(sorted((k, str(v)) for k, v in dtypes.items())),
+                     out_dtype, names)
 
 
 def _xla_op(spec: Spec, out_dtype: str, form: str, algebra: str = "") -> KernelOp:
@@ -380,9 +413,12 @@ def _kernel_jvp(primals, tangents, *, op: KernelOp):
         out = _prims().kernel.bind(*primals, op=op)
         return out, _zero_tangent(out)
     if op.requested == "auto" and op.path != "xla":  # one XLA program with its gradient steps, where they fit
-        joined = _joint_plans(op.spec, primals, op.out_dtype, [i for i, keep in enumerate(live) if keep], op.algebra)
+        joined, joint = _joint_plans(op.spec, primals, op.out_dtype, [i for i, keep in enumerate(live) if keep],
+                                     op.algebra)
         if op.spec in joined:
             op = _xla_op(op.spec, op.out_dtype, joined[op.spec].form, op.algebra)
+        elif joint:
+            op = replace(op, joint=joint, pending=True)
     out = _prims().kernel.bind(*primals, op=op)
     live_tangents = [t for t, keep in zip(tangents, live) if keep]
     return out, _prims().linear.bind(*primals, out, *live_tangents, op=op, live=live)
@@ -495,10 +531,11 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
     if not wanted:
         return {}
     joined: dict = {}
+    joint: tuple = ()
     if backend == "auto":  # one compiler run for every step that may run on the loops, not one per step
         from tullax.planner.decide import build_gradient_module
 
-        joined = _joint_plans(spec, args, out.dtype.name, wanted, algebra)
+        joined, joint = _joint_plans(spec, args, out.dtype.name, wanted, algebra)
         if not joined:
             build_gradient_module(spec, args, out.dtype.name)
     env = gradient_env(spec, dict(zip(spec.input_names, args)), out, cotangent)
@@ -513,7 +550,7 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
         key = (step, tuple(id(v) for v in values))
         if key not in done:
             form = joined[step].form if step in joined else None  # with the forward, one XLA program
-            done[key] = (apply(step, backend, values, form, step in from_zeros, algebra), values)  # ids stay
+            done[key] = (apply(step, backend, values, form, step in from_zeros, algebra, joint), values)  # ids stay
         return done[key][0]
 
     found = {}

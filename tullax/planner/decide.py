@@ -263,13 +263,14 @@ def slice_shapes(call: Call, target: int) -> dict | None:
 # A differentiated call: every kernel of it
 # ---------------------------------------------------------------------------------------------
 def joint_plans(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dtype: str, wrt: Iterable[str], *,
-                timing: bool | None = None, algebra: str = "") -> dict[Spec, Plan]:
+                timing: bool | None = None, algebra: str = "", known: bool = False) -> dict[Spec, Plan]:
     """In a call differentiated w.r.t. the inputs ``wrt``: XLA plans for the forward kernel and every gradient
     step of those inputs, when they should run as one XLA program: each of them runs on XLA already, or the
     loops won its timed race by less than ``JOINT_MARGIN`` (it then runs in its fastest timed XLA form), and
     at least one moves. Else empty: each kernel keeps its own plan. One program has no host callback between
     the forward and the steps, and XLA fuses across them. A race confirmed on the full call (timed on a slice
-    first) is read from the full call's timings."""
+    first) is read from the full call's timings. ``known``: from the plans known without timing only (this
+    process's races, the compile cache's): nothing is raced (what tracing asks)."""
     if any("complex" in str(d) for d in dtypes.values()):
         return {}  # complex inputs have gradient specs of their own: not the ones planned here
     from tullax.grad import gradients
@@ -282,12 +283,13 @@ def joint_plans(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dtype
     calls = [call_for(kernel, its_shapes, {name: forward_dtypes.get(name, out_dtype) for name in kernel.input_names},
                       kernel in from_zeros, algebra=algebra)
              for _, kernel, its_shapes in kernel_shapes(spec, shapes) if kernel is spec or kernel in steps]
-    compile_ahead(calls, timing=timing)
+    if not known:
+        compile_ahead(calls, timing=timing)
     found: dict[Spec, Plan] = {}
     moved = False
     for call in calls:
-        own = plan(call.spec, call.shapes, call.dtypes, timing=timing, zero_start=call.zero_start,
-                   algebra=call.algebra)
+        own = _peek(call) if known else plan(call.spec, call.shapes, call.dtypes, timing=timing,
+                                             zero_start=call.zero_start, algebra=call.algebra)
         if own.backend != "xla":
             timed = dict(own.timings_ms)
             full = {c.removesuffix(FULL): ms for c, ms in timed.items() if c.endswith(FULL)}
