@@ -413,6 +413,8 @@ def _linear_abstract_eval(*avals, op: KernelOp, live: tuple):
 def _linear_transpose(ct, *operands, op: KernelOp, live: tuple):
     from jax.interpreters import ad
 
+    from tullax.jaxop.factored import batched_factors, factored_gradient
+
     args, out, tangents = _split(op, operands)
     if any(ad.is_undefined_primal(x) for x in (*args, out)):
         raise TullaxError("internal: a tullax kernel's inputs must be known when its gradient runs")
@@ -420,7 +422,10 @@ def _linear_transpose(ct, *operands, op: KernelOp, live: tuple):
         return [None] * len(operands)
     positions = [i for i, keep in enumerate(live) if keep]
     wanted = [i for i, t in zip(positions, tangents) if ad.is_undefined_primal(t)]
-    grads = input_gradients(op.spec, op.steps_backend, args, out, ct, wanted, op.algebra)
+    factored = batched_factors(op, wanted, args, out, ct)
+    grads = {i: factored_gradient(op, i, axes, args, out, ct) for i, axes in factored.items()}
+    grads.update(input_gradients(op.spec, op.steps_backend, args, out, ct,
+                                 [i for i in wanted if i not in factored], op.algebra))
     return [None] * (len(args) + 1) + [grads.get(i) for i in positions]
 
 
@@ -476,6 +481,11 @@ def _linear_lowering(ctx, *operands, op: KernelOp, live: tuple):
 def _linear_batch(operands, dims, *, op: KernelOp, live: tuple):
     import jax
 
+    from tullax.jaxop.factored import factored_inputs, factored_value
+
+    factored = factored_inputs(op, live, operands, dims)
+    if factored:  # jacfwd of a recurrence: one sensitivity scan per factored input, not a batched scan
+        return jax.vmap(partial(factored_value, op, live, factored), in_axes=tuple(dims))(*operands), 0
     return jax.vmap(partial(_linear_value, op, live), in_axes=tuple(dims))(*operands), 0
 
 
