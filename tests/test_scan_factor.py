@@ -133,3 +133,29 @@ def test_vmap_of_jacfwd_over_the_primals_takes_the_general_path():
 
     _close(jac(kernel), jac(case.oracle))
     assert jnp.shape(jac(kernel)) == (2, lam.shape[0], lam.shape[0])
+
+
+@pytest.mark.parametrize("backend", [c_param(), "xla"])
+def test_an_input_gradient_that_is_the_adjoint_state_runs_no_copy_kernel(backend):
+    """``Δx[b,t,n] := gh[b,t,n]``: the gradient IS the adjoint state; it ran as a kernel writing a copy of it."""
+    case = BY_NAME["lru"]
+    lam, x, h0 = _inputs(case)
+    kernel = tullax.einsum_kernel(case.spec, backend=backend)
+    weight = np.random.default_rng(3).normal(size=x.shape)
+    grad = jax.grad(lambda x: jnp.sum(kernel(lam, x, h0) * weight))
+    assert len(_kernel_ranks(grad, x)) == 2  # the forward and the adjoint scan
+    _close(jax.jit(grad)(x), jax.grad(lambda x: jnp.sum(case.oracle(lam, x, h0) * weight))(x))
+
+
+def test_whole_copy_takes_only_an_unchanged_whole_array():
+    from tullax.grad.run import whole_copy
+
+    def spec(text):
+        return compile_spec(text)[1]
+
+    g, x = np.zeros((2, 3)), np.zeros((2, 3))
+    assert whole_copy(spec("dx[i,j] := g[i,j]"), {"g": g}) == "g"
+    assert whole_copy(spec("dx[j,i] := g[i,j]"), {"g": g}) is None  # a transpose
+    assert whole_copy(spec("dx[i,j] := 2*g[i,j]"), {"g": g}) is None
+    assert whole_copy(spec("dx[i,j] := g[i,j]  (i in 0:size(x,0))"), {"g": g, "x": x}) == "g"
+    assert whole_copy(spec("dx[i,j] := g[i,j]  (i in 0:size(x,0))"), {"g": g, "x": x[:1]}) is None  # a part

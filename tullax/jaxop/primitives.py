@@ -502,7 +502,7 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
     """The cotangents of the inputs at positions ``wanted``, each from its derived gradient spec(s), each of
     which runs as a tullax kernel on ``backend`` (and is differentiable again), with the forward's ``algebra``."""
     from tullax.grad import gradients
-    from tullax.grad.run import gradient_env, run_gradient, zero_start_steps
+    from tullax.grad.run import gradient_env, run_gradient, whole_copy, zero_start_steps
     from tullax.spec.valuetype import complex_inputs
 
     if not wanted:
@@ -522,6 +522,9 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
     done: dict = {}  # a step several gradients share (a recurrence's adjoint state) runs once per call
 
     def execute(step: Spec, step_env: dict) -> Any:
+        copied = whole_copy(step, step_env)
+        if copied is not None:  # Δx := gh: the adjoint state itself, no kernel writing a copy of it
+            return step_env[copied]
         values = [step_env[name] for name in step.input_names]
         key = (step, tuple(id(v) for v in values))
         if key not in done:
