@@ -9,7 +9,7 @@ computed once.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from tullax.grad.factor import lane_factor
 
@@ -63,14 +63,13 @@ def _batch_tracer() -> Any:
     return BatchTracer
 
 
-def sensitivity(op: Any, pos: int, args: Sequence[Any], out: Any) -> Any:
-    """The result's tangent for a tangent of ones in input ``pos`` (the factor ``s``)."""
+def sensitivity(linear_value: Callable, op: Any, pos: int, args: Sequence[Any], out: Any) -> Any:
+    """The result's tangent for a tangent of ones in input ``pos`` (the factor ``s``), by ``linear_value``
+    (``primitives._linear_value``: the tangent recurrence)."""
     import jax.numpy as jnp
 
-    from tullax.jaxop.primitives import _linear_value
-
     live = tuple(i == pos for i in range(len(args)))
-    return _linear_value(op, live, *args, out, jnp.ones(jnp.shape(args[pos]), out.dtype))
+    return linear_value(op, live, *args, out, jnp.ones(jnp.shape(args[pos]), out.dtype))
 
 
 def spread(value: Any, axes: tuple, ndim: int) -> Any:
@@ -85,32 +84,33 @@ def spread(value: Any, axes: tuple, ndim: int) -> Any:
     return value.reshape(shape)
 
 
-def factored_value(op: Any, live: tuple, factored: dict, *operands) -> Any:
-    """The tangent of the result (``_linear_value``) with the ``factored`` inputs' terms as ``s · tangent``."""
-    from tullax.jaxop.primitives import _linear_value, _split
-
-    args, out, tangents = _split(op, operands)
+def factored_value(linear_value: Callable, op: Any, live: tuple, factored: dict, *operands) -> Any:
+    """The tangent of the result (``linear_value``) with the ``factored`` inputs' terms as ``s · tangent``."""
+    n = len(op.spec.inputs)
+    args, out, tangents = operands[:n], operands[n], operands[n + 1:]
     positions = [i for i, keep in enumerate(live) if keep]
     value = None
     rest = []
     for pos, tangent in zip(positions, tangents):
         if pos in factored:
-            term = sensitivity(op, pos, args, out) * spread(tangent.astype(out.dtype), factored[pos], out.ndim)
+            factor = sensitivity(linear_value, op, pos, args, out)
+            term = factor * spread(tangent.astype(out.dtype), factored[pos], out.ndim)
             value = term if value is None else value + term
         else:
             rest.append(tangent)
     if rest:
         rest_live = tuple(keep and i not in factored for i, keep in enumerate(live))
-        term = _linear_value(op, rest_live, *args, out, *rest)
+        term = linear_value(op, rest_live, *args, out, *rest)
         value = term if value is None else value + term
     return value
 
 
-def factored_gradient(op: Any, pos: int, axes: tuple, args: Sequence[Any], out: Any, ct: Any) -> Any:
+def factored_gradient(linear_value: Callable, op: Any, pos: int, axes: tuple, args: Sequence[Any], out: Any,
+                      ct: Any) -> Any:
     """The cotangent of input ``pos`` (its axes at result ``axes``): ``Σ ct · s`` over the other result axes."""
     import jax.numpy as jnp
 
-    product = ct * sensitivity(op, pos, args, out)
+    product = ct * sensitivity(linear_value, op, pos, args, out)
     summed = product.sum(axis=tuple(a for a in range(out.ndim) if a not in axes))
     order = sorted(axes)  # the kept axes in result order; the input's own order is ``axes``
     value = jnp.transpose(summed, [order.index(a) for a in axes])

@@ -423,7 +423,7 @@ def _linear_transpose(ct, *operands, op: KernelOp, live: tuple):
     positions = [i for i, keep in enumerate(live) if keep]
     wanted = [i for i, t in zip(positions, tangents) if ad.is_undefined_primal(t)]
     factored = batched_factors(op, wanted, args, out, ct)
-    grads = {i: factored_gradient(op, i, axes, args, out, ct) for i, axes in factored.items()}
+    grads = {i: factored_gradient(_linear_value, op, i, axes, args, out, ct) for i, axes in factored.items()}
     grads.update(input_gradients(op.spec, op.steps_backend, args, out, ct,
                                  [i for i in wanted if i not in factored], op.algebra))
     return [None] * (len(args) + 1) + [grads.get(i) for i in positions]
@@ -485,7 +485,7 @@ def _linear_batch(operands, dims, *, op: KernelOp, live: tuple):
 
     factored = factored_inputs(op, live, operands, dims)
     if factored:  # jacfwd of a recurrence: one sensitivity scan per factored input, not a batched scan
-        return jax.vmap(partial(factored_value, op, live, factored), in_axes=tuple(dims))(*operands), 0
+        return jax.vmap(partial(factored_value, _linear_value, op, live, factored), in_axes=tuple(dims))(*operands), 0
     return jax.vmap(partial(_linear_value, op, live), in_axes=tuple(dims))(*operands), 0
 
 
