@@ -22,7 +22,7 @@ from tullax.spec.ir import Spec
 Executor = Callable[[Spec, dict], Any]
 Zeros = Callable[[tuple, Any], Any]
 
-__all__ = ["run_gradient", "gradient_env", "starts_from_zeros", "zero_start_steps"]
+__all__ = ["run_gradient", "gradient_env", "starts_from_zeros", "zero_start_steps", "whole_copy"]
 
 
 def gradient_env(spec: Spec, inputs: Mapping[str, Any], result: Any, cotangent: Any) -> dict[str, Any]:
@@ -110,3 +110,30 @@ def _cast(result: Any, like: Any) -> Any:
     if np.dtype(result.dtype).kind == "c" and dtype.kind != "c":  # a real input's cotangent: the real part
         result = result.real
     return result.astype(dtype)
+
+
+def whole_copy(step: Spec, env: Mapping[str, Any]) -> str | None:
+    """The input ``step`` copies whole and unchanged (``Δx[b,t,n] := gh[b,t,n]``, a recurrence's input
+    gradient that is its adjoint state), with ``env``'s shapes: the caller takes that array instead of running a
+    kernel that writes a copy; None for any other step."""
+    from tullax.spec.ir import Access, Affine
+    from tullax.spec.sizes import Extent, Sym
+
+    body = step.body
+    if step.assign != ":=" or step.reduced or step.finalizer is not None or step.scan is not None:
+        return None
+    if not isinstance(body, Access) or len(body.idx) != len(step.lhs):
+        return None
+    names = [i.plain if isinstance(i, Affine) else None for i in step.lhs]
+    if None in names or names != [i.plain if isinstance(i, Affine) else None for i in body.idx]:
+        return None
+    ranges = dict(step.ranges)
+    read = _shape(env[body.array])
+    for axis, name in enumerate(names):  # the result spans each axis of the read array exactly
+        hi = ranges[name].hi
+        if ranges[name].lo != Sym(0) or len(hi.terms) != 1 or hi.const != 0 or hi.terms[0][1] != 1:
+            return None
+        extent = hi.terms[0][0]
+        if not isinstance(extent, Extent) or _shape(env[extent.array])[extent.axis] != read[axis]:
+            return None
+    return body.array

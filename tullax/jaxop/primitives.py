@@ -446,6 +446,8 @@ def _linear_abstract_eval(*avals, op: KernelOp, live: tuple):
 def _linear_transpose(ct, *operands, op: KernelOp, live: tuple):
     from jax.interpreters import ad
 
+    from tullax.jaxop.factored import batched_factors, factored_gradient
+
     args, out, tangents = _split(op, operands)
     if any(ad.is_undefined_primal(x) for x in (*args, out)):
         raise TullaxError("internal: a tullax kernel's inputs must be known when its gradient runs")
@@ -453,7 +455,10 @@ def _linear_transpose(ct, *operands, op: KernelOp, live: tuple):
         return [None] * len(operands)
     positions = [i for i, keep in enumerate(live) if keep]
     wanted = [i for i, t in zip(positions, tangents) if ad.is_undefined_primal(t)]
-    grads = input_gradients(op.spec, op.steps_backend, args, out, ct, wanted, op.algebra)
+    factored = batched_factors(op, wanted, args, out, ct)
+    grads = {i: factored_gradient(_linear_value, op, i, axes, args, out, ct) for i, axes in factored.items()}
+    grads.update(input_gradients(op.spec, op.steps_backend, args, out, ct,
+                                 [i for i in wanted if i not in factored], op.algebra))
     return [None] * (len(args) + 1) + [grads.get(i) for i in positions]
 
 
@@ -509,6 +514,11 @@ def _linear_lowering(ctx, *operands, op: KernelOp, live: tuple):
 def _linear_batch(operands, dims, *, op: KernelOp, live: tuple):
     import jax
 
+    from tullax.jaxop.factored import factored_inputs, factored_value
+
+    factored = factored_inputs(op, live, operands, dims)
+    if factored:  # jacfwd of a recurrence: one sensitivity scan per factored input, not a batched scan
+        return jax.vmap(partial(factored_value, _linear_value, op, live, factored), in_axes=tuple(dims))(*operands), 0
     return jax.vmap(partial(_linear_value, op, live), in_axes=tuple(dims))(*operands), 0
 
 
@@ -525,7 +535,7 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
     """The cotangents of the inputs at positions ``wanted``, each from its derived gradient spec(s), each of
     which runs as a tullax kernel on ``backend`` (and is differentiable again), with the forward's ``algebra``."""
     from tullax.grad import gradients
-    from tullax.grad.run import gradient_env, run_gradient, zero_start_steps
+    from tullax.grad.run import gradient_env, run_gradient, whole_copy, zero_start_steps
     from tullax.spec.valuetype import complex_inputs
 
     if not wanted:
@@ -546,6 +556,9 @@ def input_gradients(spec: Spec, backend: str, args: Sequence[Any], out: Any, cot
     done: dict = {}  # a step several gradients share (a recurrence's adjoint state) runs once per call
 
     def execute(step: Spec, step_env: dict) -> Any:
+        copied = whole_copy(step, step_env)
+        if copied is not None:  # Δx := gh: the adjoint state itself, no kernel writing a copy of it
+            return step_env[copied]
         values = [step_env[name] for name in step.input_names]
         key = (step, tuple(id(v) for v in values))
         if key not in done:
