@@ -19,8 +19,7 @@ The mapping:
   the region (the body of the innermost parallel loop, of a reduction loop, or the function) and assigned where
   the IR binds it. That keeps C's block scopes out of the IR's way (the tiled float32 sums declare a ``Scratch``
   in one ``If`` and read it in a later one) and makes every local private to its OpenMP iteration.
-* A fused program's row ``Buffer`` is a variable-length array declared with the region's other locals (its
-  length is over the size parameters), on the stack of the thread running the row.
+* A fused program's row ``Buffer``: a variable-length array among the region's locals, on its thread's stack.
 * ``atomic_add`` stores are a plain ``+=``: only the IR's parallel loops run on threads, and the colliding loops
   of a scatter are serial in the nest (as in the Numba printer).
 * A module where a kernel adds into its output also exports the parallel clear of ``tullax.printers.c_clear``.
