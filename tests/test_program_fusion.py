@@ -15,7 +15,7 @@ import pytest
 from program_cases import CASES
 
 import tullax
-from tullax.backends.program_host import host_program
+from tullax.backends.program_host import host_program, size_values
 from tullax.compiler.fuse import NotFusable, fuse_program
 from tullax.compiler.loops import Buffer, Let, Loop, Store, parallel_nest, walk_stmts
 from tullax.spec.program import analyze_program, program_shapes
@@ -359,3 +359,20 @@ def test_several_returned_outputs_are_one_fused_kernel(tmp_path):
 def _oracle_tuple(case, args):
     with jax.enable_x64(True):
         return case.oracle(*[jnp.asarray(a, jnp.float64) for a in args])
+
+
+def test_a_row_buffer_too_long_for_a_threads_stack_runs_unfused():
+    """A row buffer is a C variable-length array on the stack of the thread running the row: a row longer than
+    ``ROW_BUFFER_BYTES`` allows runs unfused (it overflowed the stack: a crash, not an error), and still computes
+    softmax."""
+    from tullax.compiler.fuse import ROW_BUFFER_BYTES
+
+    case, program, fused = _fused("softmax", "float64")
+    short, long = 6, ROW_BUFFER_BYTES // 8 + 1
+    for length, refused in ((short, False), (long, True)):
+        inputs = {"s": (1, 1, length)}
+        shapes = fused.shapes(inputs)
+        sizes = dict(zip((s.name for s in fused.kernel.sizes), size_values(fused.kernel, shapes)))
+        assert bool(fused.check(sizes)) == refused
+    s = np.random.default_rng(0).standard_normal((1, 1, long)).astype(np.float32)
+    _close(jax.jit(tullax.einsum_kernel(case.spec, backend="c"))(s), _oracle(case, [s]), "float32")

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from tullax.spec.program import Program
 
 INDEX_DTYPE = "int64"
+ROW_BUFFER_BYTES = 1 << 20  # a row buffer is on its thread's stack (a C VLA): longer rows run unfused
 
 
 class NotFusable(TullaxError):
@@ -80,11 +81,14 @@ class Fused:
     def check(self, sizes: dict[str, int]) -> str:
         """Why a call with these size parameters cannot run fused ("" where it can): the statements' rows
         read off different arrays, whose shapes disagree."""
-        from tullax.compiler.loops import eval_int
+        from tullax.compiler.loops import eval_int, walk_stmts
 
         for a, b in self.agree:
             if eval_int(a, sizes) != eval_int(b, sizes):
                 return "the statements' rows have different extents"
+        for stmt in walk_stmts(self.kernel.body):
+            if isinstance(stmt, Buffer) and eval_int(stmt.length, sizes) * 8 > ROW_BUFFER_BYTES:
+                return f"a row buffer of {eval_int(stmt.length, sizes)} elements exceeds a thread's stack share"
         return ""
 
 
