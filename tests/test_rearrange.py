@@ -102,3 +102,11 @@ def test_auto_runs_a_patchify_and_its_gradient_as_xla_rearrangements_equal_to_jn
     np.testing.assert_array_equal(np.asarray(jax.jit(auto)(x)), np.asarray(patchify(x)))
     np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(loss(auto)))(x)), np.asarray(jax.grad(loss(patchify))(x)),
                                rtol=1e-6, atol=1e-6)
+
+
+def test_a_tiny_rearrangement_runs_on_xla(monkeypatch):
+    """Below the serial threshold the rule's default, XLA's transpose, which fuses into the program around it."""
+    monkeypatch.setenv(tuning.TIMING_ENV, "0")
+    _, spec = compile_spec(PATCHIFY)
+    found = planner.plan(spec, {"x": (2, 3, 8, 8)}, {"x": "float32"}, timing=False)
+    assert (found.backend, found.form, found.rule) == ("xla", "rearrange", "tiny")

@@ -102,9 +102,10 @@ def _gather(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
 def _rearrangement(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
     if "rearrange" not in found.forms:
         return None
+    # a tiny one too: XLA's transpose fuses into the program around it (a patchify's sin), a loop call cannot
     return Rule("rearrangement", "every result element is one input element: XLA's reshape and transpose (which "
                 "fuse into the program around it, as jnp code's do) or the loops, whichever is fastest",
-                "xla:rearrange", ("xla:rearrange", LOOPS), tiny=LOOPS)
+                "xla:rearrange", ("xla:rearrange", LOOPS))
 
 
 def _scatter_gather(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
