@@ -1,7 +1,8 @@
 """Where ``auto`` lost to jnp or to its own loop backend (issue 45 item 4): a patchify's gradient, a LayerNorm, a
 logsumexp's gradient, a MaxPool's gradient. Each case under jnp, ``auto`` and ``c``, float32, jitted, interleaved
-call after call after a warm-up (``auto``'s races there), median ms; ratio jnp's time over tullax's (above 1, tullax
-is faster). With the plan ``auto`` chose for every kernel of the case (backend, form, the race's timings).
+call after call after a warm-up (``auto``'s races there), median ms of wall time and of the process's CPU time
+(every thread's: what a loaded machine leaves comparable); ratio jnp's time over tullax's (above 1, tullax is
+faster). With the plan ``auto`` chose for every kernel of the case (backend, form, the race's timings).
 
 Before and after in one run: each ``--tree`` (a tullax checkout, e.g. a ``git archive`` of the commit before)
 is measured in a new process of its own, with an empty compile cache of its own.
@@ -94,15 +95,19 @@ def child(rounds: int) -> dict:
         error = {n: float(np.max(np.abs(np.asarray(f(*args)) - want)) / (np.max(np.abs(want)) or 1.0))
                  for n, f in jitted.items()}
         times: dict[str, list[float]] = {name: [] for name in jitted}
+        cpu: dict[str, list[float]] = {name: [] for name in jitted}
         for _ in range(rounds):
             for name, fn in jitted.items():
                 jax.block_until_ready(fn(*args))
-                start = time.perf_counter()
+                start, used = time.perf_counter(), time.process_time()
                 jax.block_until_ready(fn(*args))
                 times[name].append((time.perf_counter() - start) * 1e3)
+                cpu[name].append((time.process_time() - used) * 1e3)
         ms = {name: statistics.median(t) for name, t in times.items()}
-        rows.append({"case": case, "ms": ms, "first_call_s": first, "relative_error": error,
-                     "auto_ratio": ms["jnp"] / ms["auto"], "c_ratio": ms["jnp"] / ms["c"]})
+        cpu_ms = {name: statistics.median(t) for name, t in cpu.items()}  # every thread's: a loaded machine's wall
+        rows.append({"case": case, "ms": ms, "cpu_ms": cpu_ms, "first_call_s": first, "relative_error": error,
+                     "auto_ratio": ms["jnp"] / ms["auto"], "c_ratio": ms["jnp"] / ms["c"],
+                     "cpu_auto_ratio": cpu_ms["jnp"] / cpu_ms["auto"], "cpu_c_ratio": cpu_ms["jnp"] / cpu_ms["c"]})
     plans = sorted({(getattr(key[0], "text", None) or str(key[0])[:160], p.backend, p.form, p.source,
                      tuple(p.timings_ms)) for key, p in decide._MEMO.items()})
     return {"rows": rows, "plans": [list(p) for p in plans]}
@@ -131,7 +136,8 @@ def main() -> None:
         runs.append({"tree": label, **found})
         for row in found["rows"]:
             print(f"{label:14s} {row['case']:20s} auto {row['auto_ratio']:.2f}x  c {row['c_ratio']:.2f}x  "
-                  f"(ms: {', '.join(f'{n} {v:.2f}' for n, v in row['ms'].items())})", flush=True)
+                  f"(ms: {', '.join(f'{n} {v:.2f}' for n, v in row['ms'].items())}); CPU time: auto "
+                  f"{row['cpu_auto_ratio']:.2f}x  c {row['cpu_c_ratio']:.2f}x", flush=True)
     Path(args.out).write_text(json.dumps({"rounds": args.rounds, "cpus": os.cpu_count(), "runs": runs}, indent=1)
                               + "\n", encoding="utf-8")
 

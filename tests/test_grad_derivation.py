@@ -41,7 +41,8 @@ TABLE = {
     "y[i] := x[i+k]*w[k]": ("Δx[m] := Δy[pad(m-k)]*w[k]", "Δw[k] := Δy[i]*x[i+k]"),
     "z[i] := x[2i]+x[2i+1]": ("Δx[m] := Δz[pad(m/2)] + Δz[pad((m-1)/2)]",),
     "out[b,d] := W[ix[b],d]": ("ΔW[ix[b],d] += Δout[b,d]",),
-    "(max) m[i] := x[i,j]": ("count[i] := x[i,j] == m[i]; Δx[i,j] := Δm[i]*(x[i,j] == m[i])/count[i]",),
+    "(max) m[i] := x[i,j]": (
+        "count[i] := x[i,j] == m[i]; share[i] := Δm[i]/count[i]; Δx[i,j] := share[i]*(x[i,j] == m[i])",),
     "(logsumexp) l[i] := x[i,j]": ("Δx[i,j] := Δl[i]*exp(x[i,j] - l[i])",),
     "y[i] := a*x[i] + b": ("Δa := Δy[i]*x[i]", "Δx[i] := Δy[i]*a", "Δb := Δy[i]"),
 }
@@ -79,6 +80,11 @@ MORE = {
     # ... but a free u (a patchify) is solved for: the loops narrow h's pad read to one value, where the divided
     # form read 16 of a 4x4 patch (the patchify gradient 2x slower on c, benchmarks/auto_losses.py)
     "P[h,i] := x[4h+i] (i in 0:4)": ("Δx[m] := ΔP[h,pad(m-4h)]",),
+    # a strided max window divides too: each winner's share is a step of its own, since a division by the tie
+    # count in every term read 0/0 between windows (the MaxPool gradient summed every window behind guards)
+    "(max) y[n,h] := x[n,2h+p] (p in 0:2)": (
+        "count[n,h] := x[n,2h+p] == y[n,h]; share[n,h] := Δy[n,h]/count[n,h]; "
+        "Δx[n,m] := share[n,pad((m-p)/2)]*(x[n,m] == y[n,pad((m-p)/2)])",),
     "y[n,o,h,w] := x[n,c,pad(2h+p-1),pad(2w+q-1)]*k[o,c,p,q]": (
         "Δx[n,c,m,r] := Δy[n,o,pad((m-p+1)/2),pad((r-q+1)/2)]*k[o,c,p,q]",
         "Δk[o,c,p,q] := Δy[n,o,h,w]*x[n,c,pad(2h+p-1),pad(q+2w-1)]"),
@@ -203,7 +209,7 @@ def test_near_tie_tolerance_only_for_bodies_kernels_may_round_differently() -> N
     assert "==" in exact and "1e-06" not in exact
     contracted = _texts("(min) m[i] := x[i,j]*w[j] + b[j]")[0]
     assert "abs(x[i,j]*w[j] + b[j] - m[i]) <= 1e-06*max(abs(m[i]), abs(x[i,j])*abs(w[j]) + abs(b[j]))" in contracted
-    assert "/max(count[i], 1)" in contracted
+    assert "share[i] := Δm[i]/max(count[i], 1)" in contracted
     unsummed = _texts("(max) m[i] := exp(x[i,j]*w[j])")[0]
     assert "abs(exp(x[i,j]*w[j]) - m[i]) <= 1e-06*abs(m[i])" in unsummed  # no sum: relative to the max alone
 

@@ -68,6 +68,10 @@ CORPUS = [
     ("out[b] := W[ix[b],d]", "scatter/gather", "loops", ("loops", "xla:grid")),
     ("out[b,d] := W[ix[b],d] |> exp", "scatter/gather", "loops", ("loops", "xla:grid")),
     ("ΔW[ix[b],d] += Δout[b,d]", "scatter/gather", "loops", ("loops", "xla:grid")),
+    # every result element one input element: XLA's reshape and transpose, as jnp code writes a patchify
+    ("P[b,h,w,c,i,j] := x[b,c,4h+i,4w+j] (i in 0:4) (j in 0:4)", "rearrangement", "xla:rearrange",
+     ("xla:rearrange", "loops")),
+    ("Δx[b,c,m,n] := ΔP[b,h,w,c,pad(m-4h),pad(n-4w)]", "rearrangement", "xla:rearrange", ("xla:rearrange", "loops")),
     (CONV1D, "convolution", "loops", ("xla:conv", "xla:conv-padded", "xla:slices", "loops")),
     ("Δx[b,m] := Δy[b,pad(m-k)]*w[k]", "convolution", "loops", ("xla:conv", "loops")),
     ("Δw[k] := Δy[b,i]*x[b,i+k]", "convolution", "loops", ("xla:conv", "xla:conv-padded", "xla:slices", "loops")),

@@ -24,12 +24,15 @@ TEAM_WORK = 1 << 22
 
 # Relative cost of one evaluation of a body node: a transcendental call costs several arithmetic operations.
 _CALL_COST = 8
+# What a reduction adds per term beyond the body: a logsumexp takes an exp of every term, after a pass that finds
+# the max (a 2048x1024 logsumexp counted as one read per term ran on one thread and was never raced)
+_REDUCTION_COST = {"logsumexp": _CALL_COST + 2}
 
 
 def body_cost(spec: Spec) -> int:
     """Estimated operations per iteration of the loop nest: one per arithmetic node and per array read,
-    ``_CALL_COST`` per function call."""
-    cost = 0
+    ``_CALL_COST`` per function call, and what the reduction itself takes per term (a logsumexp's exp)."""
+    cost = _REDUCTION_COST.get(spec.redop, 0) if spec.reduced else 0
     for node in walk(spec.body):
         if isinstance(node, Call):
             cost += _CALL_COST

@@ -252,10 +252,21 @@ def _with_seed_factor(fw: Forward, hoist_factor: bool = True) -> Forward:
         fw, pre = pre_value(fw)
     if spec.redop in ("max", "min"):  # ties share the gradient equally, as jax does
         hit = _winner(spec.body, pre)
+        if not hoist_factor:  # a recurrence's adjoint: its prelude steps read the forward only, never the seed
+            fw, ties = _free_step(fw, "count", hit, "+")
+            if not _reproducible(spec.body):  # a near-miss may find no winner at all: no 0/0
+                ties = call("max", ties, Num(1))
+            return replace(fw, factor=div(mul(grad, hit), ties))
+        # each winner's share, grad / (number of winners), as a step over the free indices alone: a division by
+        # the count read in every gradient term kept a strided window's input gradient from dividing its output
+        # index (pad((m-p)/2) reads 0 between windows: 0/0), summing every window behind guards instead. The count
+        # stays a plain sum and the share an elementwise step (no finaliser over a sum): a split sum's partition
+        # rule combines the count's partial sums, and both split along the free indices as the gradient does
         fw, ties = _free_step(fw, "count", hit, "+")
         if not _reproducible(spec.body):  # a near-miss may find no winner at all: no 0/0
             ties = call("max", ties, Num(1))
-        return replace(fw, factor=div(mul(grad, hit), ties))
+        fw, share = _hoisted(fw, div(grad, ties), "share")
+        return replace(fw, factor=mul(share, hit))
     return replace(fw, factor=mul(grad, call("exp", sub(spec.body, pre))))  # logsumexp
 
 
@@ -288,9 +299,9 @@ def _inner_slope(finalizer: Expr | None) -> Maybe:
     return None if any(isinstance(node, Hole) for node in walk(slope)) else slope
 
 
-def _hoisted(fw: Forward, factor: Expr) -> tuple[Forward, Expr]:
+def _hoisted(fw: Forward, factor: Expr, base: str = "g") -> tuple[Forward, Expr]:
     """``factor`` (over the free indices) as a prelude step of its own, and how the gradients read it."""
-    grown, value = _free_step(fw.free_only(), "g", factor, "+")  # no reduced index: nothing to sum
+    grown, value = _free_step(fw.free_only(), base, factor, "+")  # no reduced index: nothing to sum
     return replace(grown, spec=fw.spec, ranges=fw.ranges), value
 
 

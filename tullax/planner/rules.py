@@ -11,6 +11,8 @@ and, for a close call, the candidates a race times) or None where it does not ap
 2. ``no loop backend``: XLA, in its best form.
 3. ``gather``: a pure gather (one read through an index array, copied): XLA's gather, untimed; memory-bound on
    any candidate, and XLA fuses the copy into the program around it.
+3b. ``rearrangement``: every result element is one input element (a patchify and its gradient): XLA's reshape
+   and transpose (``xla.rearrange``), raced against the loops.
 4. ``scatter/gather``: an index array read or scattered through: the loops, raced against XLA's gather/scatter.
 5. ``convolution``: lax.conv (as it is or padded by one element), shifted slices (one window index only) and the
    loops, raced.
@@ -97,6 +99,15 @@ def _gather(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
                 "and XLA's gather fuses into the program around it", "xla:grid", tiny=LOOPS)
 
 
+def _rearrangement(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
+    if "rearrange" not in found.forms:
+        return None
+    # a tiny one too: XLA's transpose fuses into the program around it (a patchify's sin), a loop call cannot
+    return Rule("rearrangement", "every result element is one input element: XLA's reshape and transpose (which "
+                "fuse into the program around it, as jnp code's do) or the loops, whichever is fastest",
+                "xla:rearrange", ("xla:rearrange", LOOPS))
+
+
 def _scatter_gather(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
     if not found.indexed:
         return None
@@ -141,8 +152,8 @@ def _loops(found: Analysis, loops: str | None, gpu: bool) -> Rule:
 RuleFunction = Callable[[Analysis, "str | None", bool], "Rule | None"]
 RULES: tuple[tuple[str, RuleFunction], ...] = (
     ("contraction", _contraction), ("no loop backend", _no_loop_backend), ("gather", _gather),
-    ("scatter/gather", _scatter_gather), ("convolution", _convolution), ("window", _window),
-    ("linear recurrence", _linear_recurrence), ("loops", _loops))
+    ("rearrangement", _rearrangement), ("scatter/gather", _scatter_gather), ("convolution", _convolution),
+    ("window", _window), ("linear recurrence", _linear_recurrence), ("loops", _loops))
 
 
 def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
@@ -178,6 +189,11 @@ def usable(call: Call, candidate: str) -> bool:
         found = expansion(call.spec) if call.algebra == "expand" else None
         return found is not None and all(points(call.ranges, factor_indices(f)) <= tuning.GRID_ITERATIONS
                                          for _, fs in product_terms(found.body) or () for f in fs)
+    if candidate == "xla:rearrange":  # where the extents keep the radix; else it would run the grid
+        from tullax.backends.xla.rearrange import layout, rearrangement
+
+        read = rearrangement(call.spec)
+        return read is not None and layout(read, call.ranges, call.shapes[read.array]) is not None
     if candidate != "xla:slices":
         return True
     lo, hi = call.ranges[call.analysis.windows[0]]

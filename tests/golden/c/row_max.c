@@ -629,24 +629,17 @@ void grad0_step0_packed(void* const* tx_p, const tx_i64* tx_n, const int tx_thre
 }
 
 // ---- tullax: kernel ----
-// grad0_step1: Δx[i,j] := Δm[i]*(x[i,j] == m[i])/count[i]
+// grad0_step1: share[i] := Δm[i]/count[i]
 void grad0_step1(
     float* restrict a0,
     const float* restrict a1,
     const float* restrict a2,
-    const float* restrict a3,
-    const float* restrict a4,
     const tx_i64 n0,
-    const tx_i64 n1,
-    const tx_i64 a0_e1,
-    const tx_i64 a2_e1,
     const int tx_threads)
 {
     #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1)
-    for (tx_i64 i0 = 0; i0 < n1; ++i0) {
-        for (tx_i64 i1 = 0; i1 < n0; ++i1) {
-            a0[i0 * a0_e1 + i1] = a1[i0] * ((float)(a2[i0 * a2_e1 + i1] == a3[i0])) / a4[i0];
-        }
+    for (tx_i64 i0 = 0; i0 < n0; ++i0) {
+        a0[i0] = a1[i0] / a2[i0];
     }
 }
 
@@ -658,8 +651,40 @@ void grad0_step1_packed(void* const* tx_p, const tx_i64* tx_n, const int tx_thre
         (float*)tx_p[0],
         (const float*)tx_p[1],
         (const float*)tx_p[2],
+        tx_n[0],
+        tx_threads);
+}
+
+// ---- tullax: kernel ----
+// grad0_step2: Δx[i,j] := share[i]*(x[i,j] == m[i])
+void grad0_step2(
+    float* restrict a0,
+    const float* restrict a1,
+    const float* restrict a2,
+    const float* restrict a3,
+    const tx_i64 n0,
+    const tx_i64 n1,
+    const tx_i64 a0_e1,
+    const tx_i64 a2_e1,
+    const int tx_threads)
+{
+    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1)
+    for (tx_i64 i0 = 0; i0 < n1; ++i0) {
+        for (tx_i64 i1 = 0; i1 < n0; ++i1) {
+            a0[i0 * a0_e1 + i1] = a1[i0] * ((float)(a2[i0 * a2_e1 + i1] == a3[i0]));
+        }
+    }
+}
+
+// grad0_step2_packed: grad0_step2 with its pointers in tx_p and its sizes and extents in tx_n
+void grad0_step2_packed(void* const* tx_p, const tx_i64* tx_n, const int tx_threads)
+{
+    (void)tx_p; (void)tx_n;
+    grad0_step2(
+        (float*)tx_p[0],
+        (const float*)tx_p[1],
+        (const float*)tx_p[2],
         (const float*)tx_p[3],
-        (const float*)tx_p[4],
         tx_n[0],
         tx_n[1],
         tx_n[2],

@@ -50,6 +50,13 @@ def lower_form(spec: Spec, form: str) -> Callable[[Env], Any]:
         if index is None:
             raise ValueError(f"{spec.out}: no window index to unroll")
         return functools.partial(_slices, spec, index, plain)
+    if form == "rearrange":
+        from tullax.backends.xla.rearrange import lower_rearrange, rearrangement
+
+        read = rearrangement(spec)
+        if read is None:
+            raise ValueError(f"{spec.out}: not a rearrangement")
+        return functools.partial(lower_rearrange, spec, read, plain, setup=_setup)
     if form == "associative":
         from tullax.backends.xla.associative import lower_associative
 

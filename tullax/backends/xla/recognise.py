@@ -16,6 +16,9 @@ function of the inputs (differentiable, jit-able, vmap-able).
   factors, each factor evaluated on its own indices only (opt_einsum picks the order). What jnp code does by
   hand for the Gaussian kernel sum's gradients: ``ΔK[i,d]*b[j,d]`` becomes a matmul over ``d`` before the
   ``(i,j)`` factors are multiplied in, where the broadcast lowering materialises every ``(i,j,d,m)``.
+* ``rearrange``: every result element is one input element (a patchify ``x[b,c,4h+i,4w+j]``, its gradient
+  ``ΔP[b,h,w,c,pad(m-4h),pad(n-4w)]`` summed over ``h``, ``w``): a reshape, a transpose and a broadcast, as jnp
+  code writes it (``tullax.backends.xla.rearrange``).
 * ``grid``: tullax's general broadcast-and-reduce lowering (``xla.lower``), which everything can use.
 * ``product``: a pure contraction as the broadcast product of its two operands in the order its indices first
   appear, reduced (``xla.lower(einsum=False, grid="appearance")``, jnp's ``(W[:,:,None]*X[:,None,:]).sum(0)``).
@@ -201,6 +204,10 @@ def forms(spec: Spec) -> tuple[str, ...]:
             found.append("conv-padded")
     if window_index(spec) is not None and spec.redop in ("+", "max", "min"):
         found.append("slices")
+    from tullax.backends.xla.rearrange import rearrangement
+
+    if rearrangement(spec) is not None:
+        found.append("rearrange")
     # 'factored' after 'grid': a default (a tiny call, no loop backend) stays on the plain lowering; only the
     # planner's timing picks it
     return tuple(found) + ("grid",) + (("product",) if contraction and len(spec.inputs) == 2 else ()) + (
