@@ -35,6 +35,11 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 
+// CUDA's vector types that printed kernels read shared memory through (tx_load_vec), with CUDA's alignment
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) double2 { double x, y; };
+
 struct tx_dim3 {
     unsigned x = 0, y = 0, z = 0;
 };

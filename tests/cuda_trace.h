@@ -47,6 +47,12 @@ template <typename T> struct tx_shared_traced {
     operator T*() const { return base; }
     template <typename U> explicit operator U*() const { return reinterpret_cast<U*>(base); }  // (float*)tx_red
 };
+// A printed vector read (tx_load_vec) of a traced shared array: one record of the vector's size
+template <typename V, typename T, typename I> V tx_load_vec(const tx_shared_traced<T>& s, I i) {
+    const char* start = reinterpret_cast<const char*>(tx_block_now->shared.data());
+    tx_shared_list->push_back({(long long)sizeof(V), (long long)(reinterpret_cast<const char*>(s.base + i) - start)});
+    return *reinterpret_cast<const V*>(s.base + i);
+}
 #undef TX_SHARED
 #define TX_SHARED(type, name, count) \
     tx_shared_traced<type> name{static_cast<type*>(tx_shared_take(sizeof(type) * (count)))}

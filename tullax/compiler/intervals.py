@@ -36,6 +36,7 @@ from tullax.compiler.loops import (
     Store,
     UnOp,
     Var,
+    VectorLoad,
     children,
     is_float,
 )
@@ -100,6 +101,8 @@ def _block(stmts: tuple[Stmt, ...], env: dict[str, Interval], bound: Interval) -
                 _value(expr, env, bound)
         elif isinstance(stmt, Buffer):
             _value(stmt.length, env, bound)
+        elif isinstance(stmt, VectorLoad):
+            _value(stmt.start, env, bound)  # binds floats only
         elif isinstance(stmt, (Combine, Shared, Barrier)):
             continue  # floats only, or no values
         else:

@@ -60,7 +60,8 @@ Semantics printers must respect:
   in its block, ``0 <= thread < threads``, bound by the printer. ``Shared(var, length, dtype)`` is a 1-D array of
   the block, one per block however often it is reached (a printer declares it once at the kernel's top);
   ``Barrier()`` waits until every thread of the block has arrived, and makes the shared writes before it visible
-  after it; every thread reaches every Barrier the same number of times. CPU printers never receive such a
+  after it; every thread reaches every Barrier the same number of times. ``VectorLoad`` reads consecutive
+  aligned elements of a shared array into locals (one vector read where the target has one). CPU printers never receive such a
   kernel (only the cuda backend's launch planner makes one); the Julia printer prints it for KernelAbstractions.
 """
 from __future__ import annotations
@@ -224,6 +225,19 @@ class Barrier:
     """Block-tiled kernels: every thread of the block waits here for the others (``__syncthreads``)."""
 
 
+@dataclass(frozen=True)
+class VectorLoad:
+    """Block-tiled kernels: bind ``vars`` (new locals of ``dtype``) to ``len(vars)`` consecutive elements of the
+    ``Shared`` array ``array`` from position ``start``, a multiple of ``len(vars)`` (the stage guarantees it,
+    and a shared array starts 16-byte aligned): one vector read where the target has one (CUDA ``float4``,
+    ``double2``), else the same values as scalar reads."""
+
+    vars: tuple[str, ...]
+    array: str
+    start: Expr
+    dtype: str
+
+
 THREAD = "thread"  # block-tiled kernels: the thread's position in its block, bound by the printer
 
 
@@ -244,7 +258,7 @@ class BlockTile:
         return (self.rows // self.thread_rows) * (self.cols // self.thread_cols)
 
 
-Stmt = Union[Let, Accum, Store, If, Loop, Scratch, Buffer, Combine, Shared, Barrier]
+Stmt = Union[Let, Accum, Store, If, Loop, Scratch, Buffer, Combine, Shared, Barrier, VectorLoad]
 
 
 @dataclass(frozen=True)
@@ -441,6 +455,8 @@ def statement_expressions(stmt: Stmt) -> tuple[Expr, ...]:
         return (stmt.value,)
     if isinstance(stmt, Buffer):
         return (stmt.length,)
+    if isinstance(stmt, VectorLoad):
+        return (stmt.start,)
     if isinstance(stmt, (Scratch, Combine, Shared, Barrier)):
         return ()
     assert isinstance(stmt, Store), stmt

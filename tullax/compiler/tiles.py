@@ -23,6 +23,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Mapping
 
+import numpy as np
+
 from tullax.compiler.loops import (
     BOOL,
     FLOATS,
@@ -43,6 +45,7 @@ from tullax.compiler.loops import (
     Stmt,
     Store,
     Var,
+    VectorLoad,
     binop,
     children,
     const,
@@ -218,16 +221,23 @@ def _nest(loops: tuple[Loop, ...], pre: tuple[Let, ...], reduction: Loop, post: 
     step = Var(f"{PREFIX}kk", INDEX)
     chunk_body: list[Stmt] = [Let(first.name, binop("+", reduction.start, binop("*", chunk, const(tile.chunk))))]
     for s in staged:
-        chunk_body.append(_copy(s, loops[s.side], origin[s.side], widths[s.side], reduction, first, tile, thread))
+        chunk_body.append(_copy(s, loops[s.side], origin[s.side], (across[s.side], counts[s.side]), reduction, first,
+                                tile, thread))
     chunk_body.append(Barrier())
     term_body: list[Stmt] = []
     registers: dict[tuple[str, int], Var] = {}
     for s in staged:
-        for a in range(counts[s.side]):
-            column = binop("+", mine[s.side], const(a * across[s.side]))
-            slot = binop("+", binop("*", step, const(widths[s.side])), column)
+        # the thread's elements mine + a * across sit at slots mine * count + a (``_slot``): its register-tile
+        # row is contiguous and aligned in shared memory, read ``lanes`` elements at a time
+        count, lanes = counts[s.side], vector_lanes(s.load.dtype, counts[s.side])
+        row = binop("+", binop("*", step, const(widths[s.side])), binop("*", mine[s.side], const(count)))
+        for a in range(count):
             registers[s.name, a] = Var(f"{s.name}_{a}", s.load.dtype)
-            term_body.append(Let(registers[s.name, a].name, Load(s.name, (slot,), s.load.dtype)))
+        for a in range(0, count, lanes):
+            names = tuple(registers[s.name, a + n].name for n in range(lanes))
+            start = binop("+", row, const(a))
+            term_body.append(VectorLoad(names, s.name, start, s.load.dtype) if lanes > 1
+                             else Let(names[0], Load(s.name, (start,), s.load.dtype)))
     k_value = binop("+", first, step)
     for (a, b), ok in zip(copies, both):
         swapped = tuple(_swap_loads(stmt, {s.load: registers[s.name, (a, b)[s.side]] for s in staged}, ok,
@@ -248,11 +258,30 @@ def _nest(loops: tuple[Loop, ...], pre: tuple[Let, ...], reduction: Loop, post: 
     return nest
 
 
-def _copy(s: _Staged, along: Loop, origin: Var, width: int, reduction: Loop, first: Var, tile: BlockTile,
-          thread: Var) -> Loop:
+def vector_lanes(dtype: str, count: int) -> int:
+    """How many of a thread's ``count`` staged elements one read takes: the most that fit 16 bytes and divide
+    ``count`` (1: scalar reads)."""
+    lanes = max(16 // np.dtype(dtype).itemsize, 1)
+    while count % lanes:
+        lanes //= 2
+    return lanes
+
+
+def _slot(pp: Expr, across: int, count: int) -> Expr:
+    """Where column ``pp`` of the tile sits in a staged row: the register tile of the thread ``pp mod across``
+    (its columns pp, pp + across, ...) together, at ``(pp mod across) * count + pp // across``."""
+    if count == 1:
+        return pp
+    return binop("+", binop("*", binop("mod", pp, const(across)), const(count)), binop("//", pp, const(across)))
+
+
+def _copy(s: _Staged, along: Loop, origin: Var, threads_by_count: tuple[int, int], reduction: Loop, first: Var,
+          tile: BlockTile, thread: Var) -> Loop:
     """The block's threads copy ``chunk`` x ``width`` values of ``s.load`` into its shared array (k-major:
-    position kk * width + pp), each thread ``chunk * width / threads`` of them, consecutive threads on
+    position kk * width + slot(pp)), each thread ``chunk * width / threads`` of them, consecutive threads on
     consecutive elements of the array's contiguous axis; 0 where (k, p) is outside the loops' ranges."""
+    across, count = threads_by_count
+    width = across * count
     r = Var(f"{PREFIX}r", INDEX)
     e = Var(f"{PREFIX}e", INDEX)
     kk, pp = Var(f"{PREFIX}ck", INDEX), Var(f"{PREFIX}cp", INDEX)
@@ -263,7 +292,7 @@ def _copy(s: _Staged, along: Loop, origin: Var, width: int, reduction: Loop, fir
     value = Select(ok, substitute(s.load, {reduction.var: k, along.var: p}), Const(0.0, s.load.dtype), s.load.dtype)
     body = (Let(e.name, binop("+", binop("*", r, const(tile.threads)), thread)),
             Let(fast.name, binop("mod", e, const(fast_width))), Let(slow.name, binop("//", e, const(fast_width))),
-            Store(s.name, (binop("+", binop("*", kk, const(width)), pp),), value))
+            Store(s.name, (binop("+", binop("*", kk, const(width)), _slot(pp, across, count)),), value))
     return Loop(r.name, const(0), const(tile.chunk * width // tile.threads), False, body)
 
 

@@ -45,6 +45,7 @@ from tullax.compiler.loops import (
     Store,
     UnOp,
     Var,
+    VectorLoad,
     binop,
     const,
 )
@@ -276,6 +277,8 @@ class LoopPrinter(ABC):
                 return self.shared(stmt, place)
             case Barrier():
                 line = self.barrier()
+            case VectorLoad():
+                return self.vector_load(stmt, place)
             case _:
                 raise TullaxError(f"internal error: no printer for the loop IR statement {stmt!r}")
         return [self.indent * place.depth + line + self.statement_end]
@@ -284,6 +287,12 @@ class LoopPrinter(ABC):
         """A block's shared array (block-tiled kernels, ``tullax.compiler.tiles``): a printer that runs no
         block-tiled kernel never receives one (only the cuda backend's launch planner makes them)."""
         raise TullaxError(f"internal error: {type(self).__name__} prints no block-tiled kernel (shared {stmt.var})")
+
+    def vector_load(self, stmt: VectorLoad, place: Place) -> list[str]:
+        """Consecutive shared elements into locals: as scalar reads here; a printer with vector types overrides."""
+        lets = [Let(var, Load(stmt.array, (binop("+", stmt.start, const(n)),), stmt.dtype))
+                for n, var in enumerate(stmt.vars)]
+        return [line for let in lets for line in self.statement(let, place)]
 
     def barrier(self) -> str:
         raise TullaxError(f"internal error: {type(self).__name__} prints no block-tiled kernel (a barrier)")

@@ -61,6 +61,7 @@ from tullax.compiler.loops import (
     Stmt,
     Store,
     Var,
+    VectorLoad,
     binop,
     const,
     walk_stmts,
@@ -104,6 +105,8 @@ def parameters(kernel: LoopKernel, index_bits: int) -> tuple[Parameter, ...]:
     return tuple(params)
 
 
+# CUDA's vector types by (element type, count): what a VectorLoad reads in one instruction
+_VECTORS = {("float32", 4): "float4", ("float32", 2): "float2", ("float64", 2): "double2"}
 _THREAD = Var("tx_thread", INDEX)  # the thread's position in its block, declared by cooperative kernels
 CudaPlace = CPlace  # the name the CUDA tests and callers know
 
@@ -169,6 +172,18 @@ class CudaPrinter(CLikePrinter):
         if isinstance(stmt, Store) and self.cooperative and not self._lanes:  # a lanes loop's: each thread its own
             return [f"{pad}if (tx_thread == 0) {self.store(stmt)}{self.statement_end}"]
         return super().statement(stmt, place)
+
+    def vector_load(self, stmt: VectorLoad, place: Place) -> list[str]:
+        """One 8- or 16-byte shared read (LDS.64, LDS.128) where CUDA has the vector type, unpacked into the
+        locals; scalar reads otherwise."""
+        vector = _VECTORS.get((stmt.dtype, len(stmt.vars)))
+        if vector is None:
+            return super().vector_load(stmt, place)
+        pad, kind = self.indent * place.depth, self.type_name(stmt.dtype)
+        packed = f"{stmt.vars[0]}_v"
+        read = f"tx_load_vec<{vector}, {kind}>({stmt.array}, {self.expr(stmt.start)})"
+        lines = [f"{pad}const {vector} {packed} = {read};"]
+        return lines + [f"{pad}{kind} {var} = {packed}.{part};" for var, part in zip(stmt.vars, "xyzw")]
 
     def helper_name(self, name: str, dtype: str) -> str:
         """Binary helpers get their template argument (an index operand and a literal would otherwise deduce two
@@ -259,6 +274,11 @@ template <> __device__ __forceinline__ double tx_inf_of<double>() { return tx_in
 // returned to every thread. A xor-shuffle tree in each warp; lane 0 of each warp leaves its result in red (32
 // shared slots); then every warp runs the same tree over the warps' results (identity past the last warp), so
 // all threads agree bit for bit. blockDim.x must be a whole number of warps and every thread must call it.
+// A VectorLoad: n consecutive elements p[i..] in one read; the stage makes i a multiple of n and shared arrays
+// start 16-byte aligned. T explicit: a traced shared array (the memory-traffic tracer) converts to T*.
+template <typename V, typename T, typename I> __device__ __forceinline__ V tx_load_vec(const T* p, I i) {
+    return *reinterpret_cast<const V*>(p + i);
+}
 struct tx_op_add { template <typename T> __device__ static T apply(T a, T b) { return a + b; } };
 struct tx_op_max { template <typename T> __device__ static T apply(T a, T b) { return tx_max<T>(a, b); } };
 struct tx_op_min { template <typename T> __device__ static T apply(T a, T b) { return tx_min<T>(a, b); } };
@@ -310,7 +330,7 @@ template <typename T> __device__ __forceinline__ void tx_block_logsumexp(T& m, T
     __syncthreads();
 }
 #ifndef TX_SHARED
-#define TX_SHARED(type, name, count) __shared__ type name[count]
+#define TX_SHARED(type, name, count) __shared__ __align__(16) type name[count]
 #endif
 #endif
 """
