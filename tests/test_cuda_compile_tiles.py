@@ -1,7 +1,8 @@
 """NVRTC compiles the block-tiled kernels (``tullax.compiler.tiles``: Dist's and Linear's forward and gradients at
 the GPU benchmark's shapes, 64 x 64 tiles) for sm_90 and sm_80, float32 and float64: no register spill, one
 barrier, the two staged operands' shared arrays and nothing else in shared memory, and in the SASS the shared
-stores and loads and the barrier; registers let one block of 256 threads fit an SM."""
+stores, the barrier and the register tile's shared reads as 128-bit loads (LDS.128) only; registers let one
+block of 256 threads fit an SM."""
 from __future__ import annotations
 
 import re
@@ -60,6 +61,9 @@ def test_the_sass_stages_through_shared_memory(cubin):
     assert set(bodies) == {k.name for k in kernels}
     for name, body in bodies.items():
         assert re.search(r"\bBAR\.SYNC", body) and re.search(r"\bSTS\b", body) and re.search(r"\bLDS\b", body), name
+        # the register tile's shared reads are 16-byte vector reads (float4, double2: ``VectorLoad``), not scalar
+        assert re.search(r"\bLDS\.128\b", body), name
+        assert not re.search(r"\bLDS\s", body) and not re.search(r"\bLDS\.(64|U8|S8|U16|S16)\b", body), name
 
 
 @pytest.mark.parametrize("arch", ARCHS)

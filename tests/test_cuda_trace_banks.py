@@ -75,10 +75,11 @@ def test_the_tiled_kernels_shared_reads(name, step):
     kernel gradient are conflict-free: a warp reads consecutive columns of one staged row (threads along j, or
     along w of the x patch), or one value for all its lanes (a broadcast). The kernel gradient's lanes read
     x[c, h+p, w+q] at 3 x 3 window offsets: with 34-wide patch rows those fell 2 or 3 to a bank (2.62 passes per
-    request); the rows padded to an odd pitch (35) spread them over distinct banks."""
+    request); the rows padded to an odd pitch (35) spread them over distinct banks. Dist's register tile reads
+    16 bytes per lane (float4): two passes per request are its ideal, not a conflict."""
     case = next(c for c in CASES if c[0] == name)
     label, launch, plan = launches(*case)[step]
     (counted,) = trace([(launch, plan.grid, plan.block)], warps=None)
     shared = counted.shared
     print(label, shared, f"{shared.wavefronts / shared.requests:.3f} passes per request")
-    assert shared.requests and shared.max_ways == 1 and shared.conflicts == 0
+    assert shared.requests and shared.conflicts == 0 and shared.max_ways <= 2

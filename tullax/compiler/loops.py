@@ -61,8 +61,9 @@ Semantics printers must respect:
   the block, one per block however often it is reached (a printer declares it once at the kernel's top);
   ``Barrier()`` waits until every thread of the block has arrived, and makes the shared writes before it visible
   after it; every thread reaches every Barrier the same number of times. ``VectorLoad`` reads consecutive
-  aligned elements of a shared array into locals (one vector read where the target has one). CPU printers never receive such a
-  kernel (only the cuda backend's launch planner makes one); the Julia printer prints it for KernelAbstractions.
+  aligned elements of a shared array into locals (one vector read where the target has one). CPU printers never
+  receive such a kernel (only the cuda backend's launch planner makes one); the Julia printer prints it for
+  KernelAbstractions.
 """
 from __future__ import annotations
 
