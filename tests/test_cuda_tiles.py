@@ -16,8 +16,8 @@ from cuda_trace import trace
 from test_cuda_host import DTYPES, TOL, case_env, kernel_runs, launch_for
 from trace_cases import launches
 
-from tullax.compiler.loops import THREAD, Barrier, Shared, walk_stmts
-from tullax.compiler.tiles import FORCE_TILES, TilePolicy
+from tullax.compiler.loops import THREAD, Barrier, Shared, VectorLoad, walk_stmts
+from tullax.compiler.tiles import FORCE_TILES, TilePolicy, vector_lanes
 from tullax.spec.examples import random_inputs
 from tullax.spec.frontend import compile_spec
 from tullax.testing.oracle import naive_eval
@@ -118,6 +118,14 @@ def test_the_schedule_is_ir_data():
     assert sum(isinstance(s, Barrier) for s in stmts) == 2
     text = format_kernel(kernel)
     assert "barrier" in text and "shared(float32, 1024)" in text and f"256 threads ({THREAD})" in text
+    # each thread's 4-element row of each staged operand is one aligned vector read (LDS.128 in CUDA)
+    reads = [s for s in stmts if isinstance(s, VectorLoad)]
+    assert [(s.array, len(s.vars)) for s in reads] == [(s.var, 4) for s in stmts if isinstance(s, Shared)]
+
+
+def test_vector_reads_fit_16_bytes_and_divide_the_row():
+    assert [vector_lanes("float32", n) for n in (1, 2, 4, 6, 8)] == [1, 2, 4, 2, 4]
+    assert [vector_lanes("float64", n) for n in (1, 2, 3, 4)] == [1, 2, 1, 2]
 
 
 @pytest.mark.parametrize("barrier", [0, 1])
