@@ -94,3 +94,41 @@ def test_the_window_tiles_compile_without_spills(arch, tmp_path):
                               env={"PATH": str(Path(NVDISASM).parent)}).stdout
         for body in re.findall(r"Function : \w+\n(.*?)(?=\n\s*Function : |\Z)", sass, re.S):
             assert re.search(r"\bBAR\.SYNC", body) and re.search(r"\bSTS\b", body) and re.search(r"\bLDS\b", body)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_architectures_tiles_compile_for_it(arch, tmp_path):
+    """The tiles the cuda backend picks for ``arch`` (``tullax.backends.cuda.tile_sizes``): Dist's and Linear's
+    block tiles in float32 and float64, conv2d's window tiles in float32, in one module: no spill, one barrier,
+    registers that fit the block on an SM, static shared memory within 48 KiB; the block tiles' register tile
+    read as LDS.128."""
+    from tullax.backends.cuda import compile as cuda_compile
+    from tullax.backends.cuda.tile_sizes import tile_policy
+    from tullax.printers.cuda import print_module
+
+    policy = tile_policy(arch)
+    found = [(launch.kernel, BITS[np.dtype(dtype).name]) for dtype in (np.float32, np.float64) for case in CASES[:2]
+             for _, launch, _ in launches(*case, dtype=dtype, tiles=policy)]
+    conv = next(case for case in CASES if case[0] == "conv2d")
+    found += [(launch.kernel, 32) for _, launch, _ in launches(*conv, tiles=policy)]
+    kernels = [(replace(k, name=f"arch{n}"), bits) for n, (k, bits) in enumerate(found)]
+    assert all(k.tile is not None for k, _ in kernels)
+    assert all(k.tile == policy.tile for k, _ in kernels[:12])
+    image, report = cuda_compile.compile_with_report(print_module(kernels), arch)
+    threads = {k.name: k.tile.threads for k, _ in kernels}
+    for chunk in report.split("Function properties for ")[1:]:
+        name = chunk.split()[0]
+        head = chunk.split("Compiling entry function")[0]
+        assert re.search(r"0 bytes spill stores, 0 bytes spill loads", head), name
+        registers = int(re.search(r"Used (\d+) registers", head).group(1))
+        assert registers <= 255 and registers * threads[name] <= 65536, (name, registers)
+        assert int(re.search(r"used (\d+) barriers", head).group(1)) == 1, name
+        assert 0 < int(re.search(r"(\d+) bytes smem", head).group(1)) <= 48 * 1024, name
+    if CUOBJDUMP is not None and NVDISASM is not None:
+        path = tmp_path / "arch.cubin"
+        path.write_bytes(image)
+        sass = subprocess.run([CUOBJDUMP, "-sass", str(path)], capture_output=True, text=True, check=True,
+                              env={"PATH": str(Path(NVDISASM).parent)}).stdout
+        bodies = dict(re.findall(r"Function : (\w+)\n(.*?)(?=\n\s*Function : |\Z)", sass, re.S))
+        for kernel, _ in kernels[:12]:
+            assert re.search(r"\bLDS\.128\b", bodies[kernel.name]), kernel.name

@@ -16,6 +16,7 @@ from cuda_trace import trace
 from test_cuda_host import DTYPES, TOL, case_env, kernel_runs, launch_for
 from trace_cases import launches
 
+from tullax.backends.cuda.tile_sizes import TILE_SIZES
 from tullax.compiler.loops import THREAD, Barrier, Shared, VectorLoad, walk_stmts
 from tullax.compiler.tiles import FORCE_TILES, TilePolicy, vector_lanes
 from tullax.spec.examples import random_inputs
@@ -47,6 +48,13 @@ def collect():
         launch = launch_for(spec, env, f"k{len(jobs)}", False)
         assert launch.kernel.tile is not None and launch.kernel.tile.threads == 256
         jobs.append((f"{name} ragged 64x64 float64", launch, naive_eval(spec, env), np.float64))
+    # each other architecture's tile of the table (tullax.backends.cuda.tile_sizes) over ragged edges of its own
+    spec = compile_spec(RAGGED[0][1])[1]
+    for tile in sorted(set(TILE_SIZES.values()) - {TilePolicy().tile}, key=str):
+        env = random_inputs(spec, {"W": (70, tile.rows + 2), "X": (70, tile.cols + 1)}, seed=3, dtype=np.float64)
+        launch = launch_for(spec, env, f"k{len(jobs)}", False, tiles=TilePolicy(tile))
+        assert launch.kernel.tile == tile
+        jobs.append((f"Dist ragged {tile.rows}x{tile.cols} float64", launch, naive_eval(spec, env), np.float64))
     return jobs
 
 

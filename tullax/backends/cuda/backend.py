@@ -66,6 +66,7 @@ def device_kernel(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[i
     compiled (or read from the cache) and loaded; TullaxError when it does not compile."""
     from tullax.backends.cuda.compile import cached_cubin
     from tullax.backends.cuda.driver import driver, target_arch
+    from tullax.backends.cuda.tile_sizes import tile_policy
 
     table_key = (spec, signature, tuple(sorted((name, tuple(shape)) for name, shape in shapes.items())))
     with _lock:
@@ -73,7 +74,8 @@ def device_kernel(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[i
         if found is not None:
             return found
         start = time.perf_counter()
-        kernel, plan = device_lowering(spec, signature, shapes, KERNEL_NAME)
+        # the block tile of this device's architecture (tullax.backends.cuda.tile_sizes)
+        kernel, plan = device_lowering(spec, signature, shapes, KERNEL_NAME, tiles=tile_policy(target_arch()))
         source = print_module([(kernel, plan.index_bits)])
         codegen_ms = (time.perf_counter() - start) * 1e3
         dtypes = [a.dtype for a in kernel.arrays]

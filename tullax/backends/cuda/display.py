@@ -41,11 +41,16 @@ def shaped_module_source(spec: Spec, signature: Signature, shapes: Mapping[str, 
     input ``shapes``, each headed by its launch, in one module."""
     import numpy as np
 
+    from tullax import settings
+    from tullax.backends.cuda.driver import ARCH_ENV
     from tullax.backends.cuda.launch import device_lowering
+    from tullax.backends.cuda.tile_sizes import tile_policy
     from tullax.backends.host import kernel_steps
     from tullax.printers.cuda import print_module
 
     signature = signature.widened()
+    # TULLAX_CUDA_ARCH's block tiles when set; no device is asked (printing works without one)
+    tiles = tile_policy(settings.value(ARCH_ENV) or None)
     known = dict(shapes)
     kernels, launches = [], []
     steps = kernel_steps(spec, signature.out_dtype)
@@ -56,7 +61,7 @@ def shaped_module_source(spec: Spec, signature: Signature, shapes: Mapping[str, 
         its[step.spec.out] = tuple(s.eval(its) for s in step.spec.out_shape)
         known[step.spec.out] = its[step.spec.out]
         step_signature = signature if number == 0 else Signature.for_dtype(step.spec, signature.out_dtype)
-        kernel, plan = device_lowering(step.spec, step_signature, its, step.name)
+        kernel, plan = device_lowering(step.spec, step_signature, its, step.name, tiles=tiles)
         tile = kernel.tile
         schedule = (f"a block per {tile.rows}x{tile.cols} tile ({tile.thread_rows}x{tile.thread_cols} per thread, "
                     f"shared-memory chunks of {tile.chunk})" if tile is not None else
