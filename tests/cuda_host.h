@@ -116,6 +116,14 @@ inline void* tx_shared_take(size_t bytes) {
     return reinterpret_cast<char*>(tx_block_now->shared.data()) + at;
 }
 #define TX_SHARED(type, name, count) type* name = static_cast<type*>(tx_shared_take(sizeof(type) * (count)))
+// extern __shared__: the rest of the block's shared memory (the kernel declares it after its static arrays); a
+// kernel that reaches past it aborts in tx_shared_take's check of a later array, or the sanitizer's bounds
+inline double* tx_shared_rest() {
+    double* at = static_cast<double*>(tx_shared_take(0));
+    tx_shared_offset = tx_block_now->shared.size() * sizeof(long double);
+    return at;
+}
+#define TX_DYNAMIC_SHARED(name) double* name = tx_shared_rest()
 
 inline void __syncthreads() { tx_block_now->block.arrive_and_wait(); }
 

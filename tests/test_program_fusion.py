@@ -16,7 +16,7 @@ from program_cases import CASES
 
 import tullax
 from tullax.backends.program_host import host_program, size_values
-from tullax.compiler.fuse import NotFusable, fuse_program
+from tullax.compiler.fuse import NotFusable, block_per_row, fuse_program
 from tullax.compiler.loops import Buffer, Let, Loop, Store, parallel_nest, walk_stmts
 from tullax.spec.program import analyze_program, program_shapes
 
@@ -114,13 +114,18 @@ def test_every_printer_prints_the_fused_kernel(case):
     kernel = fused.kernel
     c_source = c.print_module([kernel])
     assert c_source.count("#pragma omp parallel for") == 1 and c_source.count("void program(") == 1
-    sources = (c_source, numba.print_module([kernel]), cuda.print_module([(kernel, 32)]),
-               julia.print_module([kernel], flavour=julia.CPU_FLAVOUR))
     buffers = BUFFERS.get(case.name, set())
+    gpu = kernel
+    if buffers:  # on a GPU a row buffer is a block per row's (a thread per row refuses one: tested below)
+        _, values, _ = _inputs(case, program, "float32")
+        found = block_per_row(program, "float32", {n: np.shape(v) for n, v in values.items()})
+        gpu = None if found is None else found.kernel
+    sources = (c_source, numba.print_module([kernel]), julia.print_module([kernel], flavour=julia.CPU_FLAVOUR),
+               *([] if gpu is None else [cuda.print_module([(gpu, 32)])]))
     for source in sources:  # each local a per-row variable of the one kernel, or a row buffer
         assert all(f"l_{st.out} =" in source for st in fused.program.statements if st.local and st.out not in buffers)
         assert all(f"b_{name}[" in source for name in buffers)
-    assert "__global__" in sources[2] and "@kernel" in sources[3]
+    assert "@kernel" in sources[2] and (gpu is None or "__global__" in sources[3])
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -178,7 +183,8 @@ def test_printed_julia_of_the_fused_kernel_in_the_subset_evaluator(case):
 
 
 def test_printed_cuda_of_the_fused_kernels_in_the_host_harness(tmp_path):
-    """A thread per row: every fused case in one build, each launched as the harness's geometries say."""
+    """A thread per row: every fused case without a row buffer in one build, each launched as the harness's
+    geometries say (with one, a block per row: the next tests)."""
     from cuda_harness import GPP, Launch, build, run
 
     from tullax.backends.program_host import arguments, size_values
@@ -186,7 +192,7 @@ def test_printed_cuda_of_the_fused_kernels_in_the_host_harness(tmp_path):
     if GPP is None:
         pytest.skip("g++ is not installed")
     jobs, expected = [], []
-    for number, case in enumerate(FUSED):
+    for number, case in enumerate(c for c in FUSED if c.name not in BUFFERS):
         case, program, fused = _fused(case.name, "float64")
         from dataclasses import replace
 
@@ -203,8 +209,9 @@ def test_printed_cuda_of_the_fused_kernels_in_the_host_harness(tmp_path):
 
 def test_printed_cuda_of_a_block_per_row_in_the_host_harness(tmp_path):
     """The GPU form: a block (or a warp) per row, its threads striding the row's reductions, combining them, and
-    writing their share of the output row; under the harness's thread sanitizer, float32 and float64, blocks and
-    warps in one build."""
+    writing their share of the output row; softmax's exp once per element into a row buffer in the block's shared
+    memory (a barrier before it is read, another before the next row writes it); under the harness's thread
+    sanitizer, float32 and float64, blocks and warps in one build."""
     from dataclasses import replace
 
     from cuda_harness import GPP, Launch, build, run
@@ -215,23 +222,78 @@ def test_printed_cuda_of_a_block_per_row_in_the_host_harness(tmp_path):
     if GPP is None:
         pytest.skip("g++ is not installed")
     jobs, expected = [], []
-    # groupnorm's row is two loops deep, attention's holds row buffers: a thread per row
+    # groupnorm's row is two loops deep, attention's holds row buffers read by a contraction: neither a block per row
     cases = [c for c in FUSED if c.name not in ("groupnorm", "attention")]
     for case, dtype, warp in [(c, d, w) for c in cases for d in ("float64", "float32") for w in (False, True)]:
         case, program, _ = _fused(case.name, dtype)
-        fused = fuse_program(program, dtype, block_sums=False, share=False)  # the sizes block_per_row reads
-        args, values, shapes = _inputs(case, program, dtype, fused)
-        sizes = dict(zip((s.name for s in fused.kernel.sizes), size_values(fused.kernel, shapes)))
-        found = block_per_row(program, dtype, sizes, warp=warp)
+        args, values, _ = _inputs(case, program, dtype)
+        found = block_per_row(program, dtype, {n: np.shape(v) for n, v in values.items()}, warp=warp)
         assert found is not None and found.kernel.cooperative
+        buffered = [s for s in walk_stmts(found.kernel.body) if isinstance(s, Buffer)]
+        # a warp per row has no buffer (the block's barrier would stall the other rows' warps)
+        assert [s.shared for s in buffered] == ([True] if case.name == "softmax" and not warp else [])
+        shapes = found.shapes({n: np.shape(v) for n, v in values.items()})
         kernel = replace(found.kernel, name=f"program{len(jobs)}")
-        arrays, scalars = arguments(kernel, np.full(shapes[fused.output], np.nan, dtype), values)
+        arrays, scalars = arguments(kernel, np.full(shapes[found.output], np.nan, dtype), values)
         extents = [a.shape[axis] for a in arrays for axis in range(1, a.ndim)]
         jobs.append(Launch(kernel, 32, (*arrays, *scalars, *size_values(kernel, shapes), *extents)))
         expected.append((_oracle(case, args), dtype))
     exe = build([(job.kernel, job.index_bits) for job in jobs], tmp_path)
     for got, (want, dtype) in zip(run(exe, list(enumerate(jobs))), expected):
         _close(got.reshape(want.shape), want, dtype)
+
+
+def test_a_thread_per_row_cuda_kernel_refuses_a_row_buffer():
+    """A row buffer per GPU thread was a device-heap malloc (slow, and failing once the heap is spent by the
+    resident threads): the CUDA printer refuses it, and says where a row buffer lives on a GPU."""
+    from tullax.errors import TullaxError
+    from tullax.printers.cuda import kernel_function
+
+    for name in BUFFERS:
+        with pytest.raises(TullaxError, match="shared memory of a block per row"):
+            kernel_function(_fused(name, "float64")[2].kernel, 32)
+
+
+def test_a_block_per_row_buffer_past_the_shared_memory_recomputes_its_term():
+    """The row buffer is the block's shared memory: a row whose buffer would pass ``SHARED_BYTES`` takes softmax's
+    form with the exp recomputed (no buffer), and attention, whose scores are a buffer, has no block per row."""
+    from tullax.compiler.cooperate import shared_buffer_bytes
+    from tullax.compiler.fuse import SHARED_BYTES, block_per_row
+
+    case, program, _ = _fused("softmax", "float64")
+    for length, buffered in ((6, True), (SHARED_BYTES // 8 + 1, False)):
+        found = block_per_row(program, "float64", {"s": (1, 2, length)})
+        assert found is not None
+        shapes = found.shapes({"s": (1, 2, length)})
+        sizes = {s.name: int(s.size.eval(shapes)) for s in found.kernel.sizes}
+        assert shared_buffer_bytes(found.kernel, sizes) == (8 * length if buffered else 0)
+    attention = _fused("attention", "float64")
+    _, values, _ = _inputs(*attention[:2], "float64")
+    assert block_per_row(attention[1], "float64", {n: np.shape(v) for n, v in values.items()}) is None
+
+
+def test_printed_julia_of_a_block_per_row_buffer_in_the_subset_evaluator():
+    """The GPU flavour of the block-per-row softmax: its row buffer a work-group's ``@localmem``, written by the
+    work-items' strided loop and read after ``@synchronize()``, run by the Julia-subset evaluator."""
+    pytest.importorskip("tree_sitter_julia")
+    from julia_subset import CPU_BACKEND, load_module
+
+    from tullax.backends.program_host import arguments
+    from tullax.compiler.fuse import block_per_row
+    from tullax.printers.julia import GPU_FLAVOUR, launcher_name, print_module
+
+    case, program, _ = _fused("softmax", "float64")
+    args, values, _ = _inputs(case, program, "float64")
+    inputs = {n: np.shape(v) for n, v in values.items()}
+    found = block_per_row(program, "float64", inputs)
+    shapes = found.shapes(inputs)
+    source = print_module([found.kernel], flavour=GPU_FLAVOUR)
+    assert "b_z_t = @localmem Float64" in source
+    out = np.full(shapes[found.output], np.nan)
+    arrays, scalars = arguments(found.kernel, out, values)
+    load_module(source).call(launcher_name(found.kernel), CPU_BACKEND, *arrays, *(float(s) for s in scalars),
+                             *size_values(found.kernel, shapes))
+    _close(out, _oracle(case, args), "float64")
 
 
 @pytest.mark.parametrize("backend", ["c", "numba"])

@@ -18,7 +18,9 @@ from typing import Mapping
 from tullax.compiler.loops import (
     FLOATS,
     Accum,
+    Barrier,
     BinOp,
+    Buffer,
     Call,
     Combine,
     Const,
@@ -83,15 +85,23 @@ def cooperate(kernel: LoopKernel, sizes: Mapping[str, int], min_length: int, max
         return None
     declared: dict[str, str] = {}  # accumulator candidates: Lets at the top of the per-element block
     stmts: list[Stmt] = []
+    buffers = {s.var for s in body if isinstance(s, Buffer)}
+    if buffers and warp:  # a buffer is the block's, its barrier the block's: a warp per row would share both
+        return None
     for stmt in body:
-        if isinstance(stmt, Let):
+        if isinstance(stmt, Buffer):  # a fused program's row buffer: one per block, in shared memory
+            stmts.append(replace(stmt, shared=True))
+        elif isinstance(stmt, Loop) and not stmt.parallel and buffers and _elementwise(stmt, buffers):
+            # the threads write their elements of the row buffer; a later loop reads any element
+            stmts += [replace(stmt, lanes=True), Barrier()]
+        elif isinstance(stmt, Let):
             declared[stmt.var] = stmt.value.dtype
             stmts.append(stmt)
         elif isinstance(stmt, Store):
             if stmt.mode != "set" or stmt.array != kernel.output.name:
                 return None
             stmts.append(stmt)
-        elif isinstance(stmt, Loop) and not stmt.parallel and _elementwise(stmt, kernel.output.name):
+        elif isinstance(stmt, Loop) and not stmt.parallel and _elementwise(stmt, {kernel.output.name}):
             stmts.append(replace(stmt, lanes=True))  # a fused program's output row: each thread its elements
         elif isinstance(stmt, Loop) and not stmt.parallel:
             combined = _reduction(stmt, declared, sizes, min_length)
@@ -104,6 +114,8 @@ def cooperate(kernel: LoopKernel, sizes: Mapping[str, int], min_length: int, max
             stmts += [Combine(var, op, declared[var]) for var, op in combined]
         else:  # a guard or anything else around the reductions: not every thread would reach each Combine
             return None
+    if buffers:  # the next row's writes of the buffers wait until every thread has read this row's
+        stmts.append(Barrier())
     nest: tuple[Stmt, ...] = _online_logsumexp(tuple(stmts))
     for loop in reversed(loops):
         nest = (replace(loop, body=nest),)
@@ -136,13 +148,13 @@ def _reduction(loop: Loop, declared: Mapping[str, str], sizes: Mapping[str, int]
     return list(ops.items()) if unit and length is not None and length >= min_length else None
 
 
-def _elementwise(loop: Loop, output: str) -> bool:
-    """A loop of a fused program (``tullax.compiler.fuse``) writing one row of the output, an element per
-    iteration along its last axis: Lets and plain stores only, so the block's threads may share it with no
-    combine and no barrier (the per-row values it reads, every thread holds after the Combines before it)."""
+def _elementwise(loop: Loop, targets: set[str]) -> bool:
+    """A loop of a fused program (``tullax.compiler.fuse``) writing one row of the output (or of a row buffer),
+    an element per iteration along its last axis: Lets and plain stores only, so the block's threads may share it
+    with no combine (the per-row values it reads, every thread holds after the Combines before it)."""
     stores = [s for s in loop.body if isinstance(s, Store)]
     return bool(stores) and all(isinstance(s, (Let, Store)) for s in loop.body) and all(
-        s.array == output and s.mode == "set" and s.index[-1] == Var(loop.var, s.index[-1].dtype)
+        s.array in targets and s.mode == "set" and s.index[-1] == Var(loop.var, s.index[-1].dtype)
         and not any(loop.var in expr_vars(i) for i in s.index[:-1]) for s in stores)
 
 
@@ -194,6 +206,13 @@ def _safe(v: Var) -> Expr:
     return Select(finite, v, Const(0.0, v.dtype), v.dtype)
 
 
+def shared_buffer_bytes(kernel: LoopKernel, sizes: Mapping[str, int]) -> int:
+    """The dynamic shared memory a cooperative kernel's row buffers take for these sizes: each buffer a slot of
+    its length in 8-byte words (a double holds any float type; the printers lay them out so), one after another."""
+    return sum(8 * eval_int(s.length, dict(sizes)) for s in walk_stmts(kernel.body) if isinstance(s, Buffer)
+               and s.shared)
+
+
 def _length(loop: Loop, sizes: Mapping[str, int]) -> int | None:
     try:
         return eval_int(loop.stop, dict(sizes)) - eval_int(loop.start, dict(sizes))
@@ -201,4 +220,4 @@ def _length(loop: Loop, sizes: Mapping[str, int]) -> int | None:
         return None
 
 
-__all__ = ["FORCE_BLOCK", "FORCE_WARP", "Cooperation", "cooperate"]
+__all__ = ["FORCE_BLOCK", "FORCE_WARP", "Cooperation", "cooperate", "shared_buffer_bytes"]

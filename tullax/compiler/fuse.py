@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 
 INDEX_DTYPE = "int64"
 ROW_BUFFER_BYTES = 1 << 20  # a row buffer is on its thread's stack (a C VLA): longer rows run unfused
+# a block's row buffers are in its shared memory: 48 KiB is what every CUDA GPU gives a block without opting in,
+# less the cooperative combine's 64 doubles (``tullax.printers.cuda``'s tx_red)
+SHARED_BYTES = 48 * 1024 - 64 * 8
 
 
 class NotFusable(TullaxError):
@@ -329,14 +332,27 @@ class _Rename:
         return type(expr)(**changes)
 
 
-def block_per_row(program: Program, dtype: str, sizes: dict[str, int], warp: bool = False,
-                  name: str = "program") -> Fused | None:
+def block_per_row(program: Program, dtype: str, inputs: Mapping[str, tuple[int, ...]], warp: bool = False,
+                  name: str = "program", shared_bytes: int = SHARED_BYTES) -> Fused | None:
     """The GPU form of a fused program: a block (``warp``: a warp) per row, its threads striding each of the
     row's reductions and combining them (``tullax.compiler.cooperate``), then each writing its share of the
-    output row; the locals per-row values every thread holds. None where the row's work does not have that
-    shape. ``sizes``: the fused kernel's size parameters for the call."""
-    from tullax.compiler.cooperate import cooperate
+    output row (or of a row buffer, in the block's shared memory); the locals per-row values every thread holds.
+    None where the row's work does not have that shape. ``inputs``: the call's input shapes (by name).
 
-    fused = fuse_program(program, dtype, name, block_sums=False, share=False)
-    kernel = cooperate(fused.kernel, sizes, 1, warp=warp)
-    return None if kernel is None else replace(fused, kernel=kernel)
+    A program whose repeated term becomes a row buffer (softmax's exp, computed once) is tried first; where its
+    buffers take more than ``shared_bytes`` of shared memory, the program with the term recomputed instead (no
+    buffer); a program whose locals are buffers themselves (attention's scores) then has no block-per-row form
+    (and the thread-per-row form holds no buffer on a GPU: it runs unfused)."""
+    from tullax.compiler.cooperate import cooperate, shared_buffer_bytes
+
+    for share in (True, False):
+        try:
+            fused = fuse_program(program, dtype, name, block_sums=False, share=share)
+        except NotFusable:
+            continue
+        shapes = fused.shapes(inputs)
+        sizes = {s.name: int(s.size.eval(shapes)) for s in fused.kernel.sizes}
+        kernel = cooperate(fused.kernel, sizes, 1, warp=warp)
+        if kernel is not None and shared_buffer_bytes(kernel, sizes) <= shared_bytes:
+            return replace(fused, kernel=kernel)
+    return None

@@ -50,7 +50,10 @@ Semantics printers must respect:
   stored before it is loaded), private to the point of the parallel nest that declares it. Buffers stand first
   in the per-element body (directly inside the parallel nest) and live until its end; ``Load``/``Store``
   address one by ``var`` with one position in ``[0, length)``. It holds a local that has one index more than
-  the rows (attention's scores ``s[b,i,j]`` of row ``b,i``, over ``j``).
+  the rows (attention's scores ``s[b,i,j]`` of row ``b,i``, over ``j``). ``shared=True`` (cooperative kernels
+  only, ``tullax.compiler.cooperate``): ONE buffer per block, shared by its threads, whose lanes loops write it
+  (each its elements) with a ``Barrier`` before anyone reads it: a GPU printer prints dynamic shared memory sized at
+  launch (``shared_buffer_bytes``). A thread-per-row GPU kernel never holds a Buffer (the CUDA printer refuses it).
 * ``Store.mode``: ``set``, ``add`` (read-modify-write; no other iteration of a parallel loop touches the
   element) or ``atomic_add`` (a scatter whose serial loops may hit the same element twice: serial printing is
   race-free, a printer that parallelises those loops too must make the addition atomic; in a ``split`` kernel
@@ -179,6 +182,7 @@ class Buffer:
     var: str
     length: "Expr"
     dtype: str
+    shared: bool = False  # cooperative kernels: one per block, its threads share it (GPU shared memory)
 
 
 @dataclass(frozen=True)

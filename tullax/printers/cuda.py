@@ -21,8 +21,11 @@ The mapping:
   it); ``x^k`` for an integer constant ``k`` is exact repeated multiplication (``tx_powi``), other powers are
   ``powf``/``pow``; functions are spelled as the registry's ``c`` field says; ``Select`` is a C ternary (only the
   chosen branch runs); infinities and NaN are built from their bit patterns (NVRTC has no ``<cmath>``).
-* A fused program's row ``Buffer`` (a thread per row) is ``malloc``'d from the device heap where the row's work
-  starts and freed where it ends (a null pointer traps).
+* A fused program's row ``Buffer`` is only printed in a block per row (``Buffer.shared``): a slice of the block's
+  dynamic shared memory (``extern __shared__ double tx_dynamic[]``, ``shared_buffer_bytes`` long, given at launch).
+  A thread-per-row kernel with a buffer is refused: a per-thread device-heap ``malloc`` is slow and fails once the
+  8 MB heap is spent by the resident threads, and a global scratch of rows x length would be the program's local
+  as a full array, what fusion avoids; such a program runs unfused on a GPU.
 * ``atomic_add`` stores print as ``atomicAdd`` (only scatter kernels have them); every other store is plain.
 * Cooperative kernels (``LoopKernel.cooperative``): the grid-stride loop runs over BLOCKS, one per point of the
   launch nest; a ``lanes`` loop strides by the block's threads; a ``Combine`` is a call of ``tx_block_combine``
@@ -55,6 +58,7 @@ from tullax.compiler.loops import (
     Buffer,
     Combine,
     Const,
+    Expr,
     Loop,
     LoopKernel,
     Shared,
@@ -121,10 +125,9 @@ class CudaPrinter(CLikePrinter):
 
     # Combine.op -> the combining operation of tx_block_combine and its identity (what a warp slot past the
     # block's last warp contributes)
-    # a fused program's row buffer (a thread per row): from the device heap, freed at the end of the row's work
-    # (``kernel_function``); a failed allocation traps rather than writing through a null pointer
-    buffer_form = ("{type}* {var} = ({type}*)malloc(size_t({length}) * sizeof({type})); "
-                   "if ({var} == nullptr) __trap()")
+    # a fused program's row buffer: only a block per row holds one, a slice of the block's dynamic shared memory
+    # (``statement``); a thread per row has none (``kernel_function`` refuses it)
+    buffer_form = ""
 
     combine_forms: ClassVar[Mapping[str, tuple[str, float]]] = {
         "+": ("tx_op_add", 0.0), "max": ("tx_op_max", float("-inf")), "min": ("tx_op_min", float("inf"))}
@@ -135,6 +138,7 @@ class CudaPrinter(CLikePrinter):
         super().__init__(INDEX_TYPES[index_bits])
         self.cooperative, self.warp = cooperative, warp
         self._lanes = 0  # depth of loops whose iterations the block's threads share
+        self._dynamic: Expr = const(0)  # where the next row buffer starts in tx_dynamic (8-byte words)
 
     def loop(self, loop: Loop, place: Place) -> list[str]:
         self._lanes += loop.lanes
@@ -169,6 +173,10 @@ class CudaPrinter(CLikePrinter):
             return [f"{pad}__syncthreads();"]
         if isinstance(stmt, Shared):  # declared once at the kernel's top (``kernel_function``)
             return []
+        if isinstance(stmt, Buffer):  # the block's slice of dynamic shared memory, laid out as shared_buffer_bytes
+            kind = self.type_name(stmt.dtype)
+            at, self._dynamic = self._dynamic, binop("+", self._dynamic, stmt.length)
+            return [f"{pad}{kind}* {stmt.var} = ({kind}*)(tx_dynamic + {self.expr(at)});"]
         if isinstance(stmt, Store) and self.cooperative and not self._lanes:  # a lanes loop's: each thread its own
             return [f"{pad}if (tx_thread == 0) {self.store(stmt)}{self.statement_end}"]
         return super().statement(stmt, place)
@@ -200,6 +208,12 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
     """The ``extern "C" __global__`` function of ``kernel``."""
     dtypes = {kernel.compute_dtype, *(a.dtype for a in kernel.arrays), *(s.dtype for s in kernel.scalars)}
     refuse_complex(dtypes, "cuda")
+    buffers = [s for s in walk_stmts(kernel.body) if isinstance(s, Buffer)]
+    if any(not s.shared for s in buffers):
+        raise TullaxError(f"internal error: {kernel.name} holds a row buffer in a thread per row; on a GPU a row "
+                          f"buffer lives in the shared memory of a block per row (tullax.compiler.fuse.block_per_row), "
+                          f"else the program runs unfused: a buffer per thread would be device-heap malloc, slow and "
+                          f"failing once the heap is spent")
     printer = CudaPrinter(index_bits, kernel.cooperative, kernel.warp)
     index = printer.index_type
     declarations = ",\n    ".join(p.declaration for p in parameters(kernel, index_bits))
@@ -232,6 +246,8 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
                   f"{index}(gridDim.x)) {{"]
     elif kernel.cooperative:  # a block per element: the grid-stride loop over blocks, the same for all its threads
         lines += ["    TX_SHARED(double, tx_red, 64);  // up to two partials per warp (a double holds any float type)",
+                  *(["    TX_DYNAMIC_SHARED(tx_dynamic);  // the row buffers: shared_buffer_bytes, set at launch"]
+                    if buffers else []),
                   f"    const {index} {_THREAD.name} = {index}(threadIdx.x);",
                   f"    for ({index} tx_flat = {index}(blockIdx.x); tx_flat < tx_total; tx_flat += "
                   f"{index}(gridDim.x)) {{"]
@@ -251,7 +267,6 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
         if k:
             lines.append(f"        {rest} /= tx_ext{k};")
     lines += printer.block(body, CudaPlace(2))
-    lines += [f"        free({s.var});" for s in body if isinstance(s, Buffer)]
     lines += ["    }", "}"]
     return "\n".join(lines) + "\n"
 
@@ -331,6 +346,9 @@ template <typename T> __device__ __forceinline__ void tx_block_logsumexp(T& m, T
 }
 #ifndef TX_SHARED
 #define TX_SHARED(type, name, count) __shared__ __align__(16) type name[count]
+#endif
+#ifndef TX_DYNAMIC_SHARED
+#define TX_DYNAMIC_SHARED(name) extern __shared__ double name[]
 #endif
 #endif
 """

@@ -30,6 +30,7 @@ from tullax.compiler.loops import (
     FLOATS,
     INDEX,
     THREAD,
+    Buffer,
     Combine,
     Loop,
     LoopKernel,
@@ -68,6 +69,14 @@ class GroupPrinter(JuliaPrinter):
     def __init__(self, kernel: LoopKernel):
         super().__init__(kernel)
         self.kernel, self.group = kernel, group_size(kernel)
+        self._lanes = 0  # depth of loops whose iterations the work-items share (a store in one: each its own)
+
+    def loop(self, loop: Loop, place: Place) -> list[str]:
+        self._lanes += loop.lanes
+        try:
+            return super().loop(loop, place)
+        finally:
+            self._lanes -= loop.lanes
 
     def loop_header(self, loop: Loop, place: Place) -> str:
         if not loop.lanes:
@@ -86,7 +95,9 @@ class GroupPrinter(JuliaPrinter):
         pad = self.indent * place.depth
         if isinstance(stmt, Combine):
             return [pad + line for line in self.combine(stmt)]
-        if isinstance(stmt, Store) and self.kernel.cooperative:
+        if isinstance(stmt, Buffer) and stmt.shared:  # the group's, declared at the kernel's top
+            return []
+        if isinstance(stmt, Store) and self.kernel.cooperative and not self._lanes:
             return [f"{pad}if (thread == 0)", f"{pad}{self.indent}{self.store(stmt)}", f"{pad}end"]
         return super().statement(stmt, place)
 
@@ -131,6 +142,10 @@ def kernel_function(kernel: LoopKernel) -> str:
              "    tx_group = @index(Group, Linear)"]
     lines += [f"    {s.var} = @localmem {julia_type(s.dtype)} ({s.length},)"
               for s in walk_stmts(kernel.body) if isinstance(s, Shared)]
+    # a block per row's row buffers: local memory sized by the call's sizes (KernelAbstractions' @localmem wants
+    # a size known when the kernel compiles: a GPU run specialises on it)
+    lines += [f"    {s.var} = @localmem {julia_type(s.dtype)} ({printer.expr(s.length)},)"
+              for s in walk_stmts(kernel.body) if isinstance(s, Buffer) and s.shared]
     combined = sorted({(s.dtype, s.op == "logsumexp") for s in walk_stmts(kernel.body) if isinstance(s, Combine)})
     for dtype in sorted({d for d, _ in combined}):
         lines.append(f"    tx_red_{_SUFFIX[dtype]} = @localmem {julia_type(dtype)} ({group},)")
