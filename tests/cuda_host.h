@@ -50,9 +50,6 @@ tx_dim3 blockDim, gridDim;
 inline float __int_as_float(int bits) { return std::bit_cast<float>(bits); }
 inline double __longlong_as_double(long long bits) { return std::bit_cast<double>(bits); }
 
-// a kernel's device-heap malloc is the host's; __trap ends the run as a failed launch would
-inline void __trap() { std::abort(); }
-
 template <typename T> T atomicAdd(T* address, T value) { return std::atomic_ref<T>(*address).fetch_add(value); }
 
 struct tx_geometry {
