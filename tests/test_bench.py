@@ -299,7 +299,11 @@ def test_the_ttfk_timeline_records_the_backend_the_race_and_every_compile(tmp_pa
     labels = [label for _, _, label, _ in cold["spans"]]
     assert "c probe" in labels and "race n" in labels and labels.count("XLA compile") >= 2, labels
     assert "resolve auto" not in labels and any(label.startswith("resolve ") for label in labels), labels
-    assert all(0 <= start <= end <= cold["ttfk_ms"] + 1 for start, end, _, _ in cold["spans"])
+    # the first kernel's own path (the main thread) lies within the TTFK; the optimised builds started beside the
+    # fast tier run in the background and may end after it (under load they do)
+    assert all(0 <= start <= end <= cold["ttfk_ms"] + 1 for start, end, _, thread in cold["spans"]
+               if thread == "MainThread"), cold["spans"]
+    assert all(0 <= start <= cold["ttfk_ms"] + 1 for start, _, _, _ in cold["spans"]), cold["spans"]
     assert totals(cold["spans"])["XLA compile"] > 0
     assert not any(label.startswith(("C codegen", "C compile")) for _, _, label, _ in warm["spans"])
     # the CPU time over the TTFK: this process's threads, and the C compiler's processes (the cold one probes)
@@ -472,8 +476,13 @@ def test_an_interrupted_bench_reports_progress_and_leaves_valid_partial_results(
                "bench", NORM, "--shape", "x=8x16", "--backends", "c", "--repeat", "1", "--no-ttfk",
                "--timing-processes", "1", "--json", str(out["json"]), "--markdown", str(out["md"]),
                "--plot", str(out["png"])]
+    # the c row must still be running when the interrupt comes: its compiles (not the probe's) sleep first, and
+    # no fast tier serves it meanwhile (a row that finished first left nothing to interrupt: rc 0 under load)
+    slow = tmp_path / "slowcc"
+    slow.write_text('#!/bin/sh\ncase "$*" in *tullax-c-probe-*) ;; *) sleep 20 ;; esac\nexec cc "$@"\n')
+    slow.chmod(0o755)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-           "TULLAX_CACHE_DIR": str(tmp_path / "cache")}
+           "TULLAX_CACHE_DIR": str(tmp_path / "cache"), "TULLAX_CC": str(slow), "TULLAX_C_TIERS": "off"}
     bench = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while not out["json"].exists() and bench.poll() is None and time.monotonic() < deadline:

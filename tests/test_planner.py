@@ -1128,11 +1128,16 @@ def test_a_race_compiles_the_loop_module_while_xla_compiles_its_forms(monkeypatc
     candidate; a module that fails to build only loses the loops their place in the race."""
     if not rules.whole_module_cached(LOOP_BACKEND):
         pytest.skip(f"the loop backend here ({LOOP_BACKEND}) does not compile whole modules")
+    from tullax.backends import host
     from tullax.backends.c import backend as c
 
     monkeypatch.setenv(tuning.TIMING_ENV, "1")
     monkeypatch.setattr(tuning, "UNTIMED_WORK", 0)
     monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    # a new process's builders: the test before this one in the same worker built conv2d's modules already
+    for table, fresh in (("_BUILDER", host.HostBuilder()), ("_STEP_BUILDER", host.HostBuilder()), ("_STEPS", {}),
+                         ("_STEP_BUILDS", {}), ("_FAST", {})):
+        monkeypatch.setattr(c, table, fresh)
     threads = []
     original = candidates.start_module_build
 
