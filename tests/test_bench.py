@@ -472,14 +472,17 @@ def test_an_interrupted_bench_reports_progress_and_leaves_valid_partial_results(
     from pathlib import Path
 
     out = {ext: tmp_path / f"partial.{ext}" for ext in ("json", "md", "png")}
-    command = [sys.executable, "-c", "import sys; from tullax.cli import main; sys.exit(main(sys.argv[1:]))",
+    # Ctrl-C's handler restored: a process started in the background of a non-interactive shell (a CI runner's,
+    # nohup's) inherits SIGINT ignored, and Python keeps it ignored
+    command = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+               "from tullax.cli import main; sys.exit(main(sys.argv[1:]))",
                "bench", NORM, "--shape", "x=8x16", "--backends", "c", "--repeat", "1", "--no-ttfk",
                "--timing-processes", "1", "--json", str(out["json"]), "--markdown", str(out["md"]),
                "--plot", str(out["png"])]
     # the c row must still be running when the interrupt comes: its compiles (not the probe's) sleep first, and
     # no fast tier serves it meanwhile (a row that finished first left nothing to interrupt: rc 0 under load)
     slow = tmp_path / "slowcc"
-    slow.write_text('#!/bin/sh\ncase "$*" in *tullax-c-probe-*) ;; *) sleep 20 ;; esac\nexec cc "$@"\n')
+    slow.write_text('#!/bin/sh\ncase "$*" in *tullax-c-probe-*) ;; *) sleep 5 ;; esac\nexec cc "$@"\n')
     slow.chmod(0o755)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
            "TULLAX_CACHE_DIR": str(tmp_path / "cache"), "TULLAX_CC": str(slow), "TULLAX_C_TIERS": "off"}
