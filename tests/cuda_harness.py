@@ -177,3 +177,16 @@ def run(exe: Path, jobs: Sequence[tuple[int, Launch]], seed: int = 0) -> list[np
         outputs.append(np.frombuffer(data[at + 8:at + 8 + size], dtype=out.dtype).reshape(out.shape).copy())
         at += 8 + size
     return outputs
+
+
+def assert_race_is_caught(exe: Path, launch: Launch, want: np.ndarray, what: str, tries: int = 4) -> None:
+    """A kernel built with a barrier removed is caught: the sanitizer reports a race, or the result of one of
+    ``tries`` seeds differs from ``want``."""
+    wrong = False
+    for attempt in range(tries):
+        try:
+            got = run(exe, [(0, launch)], seed=attempt)[0]
+        except RaceError:
+            return
+        wrong = wrong or not np.allclose(got, want, rtol=1e-10)
+    assert wrong, f"{what} without its barrier went unnoticed"

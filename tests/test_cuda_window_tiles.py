@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_harness import GPP, RaceError, build, run, sanitizer_works
+from cuda_harness import GPP, assert_race_is_caught, build, run, sanitizer_works
 from cuda_trace import trace
 from test_cuda_host import TOL, launch_for
 from trace_cases import CASES, launches
@@ -130,14 +130,7 @@ def test_a_missing_barrier_is_caught(tmp_path):
         return head + 'extern "C"' + rest.replace("__syncthreads();\n", "\n", 1)
 
     exe = build([(launch.kernel, launch.index_bits)], tmp_path, edit=drop)
-    wrong = False
-    for attempt in range(4):
-        try:
-            got = run(exe, [(0, launch)], seed=attempt)[0]
-        except RaceError:
-            return
-        wrong = wrong or not np.allclose(got, naive_eval(spec, env), rtol=1e-10)
-    assert wrong, "a window tile without its barrier went unnoticed"
+    assert_race_is_caught(exe, launch, naive_eval(spec, env), "a window tile")
 
 
 # -- the tracer at the GPU benchmark's conv2d shapes ----------------------------------------------------------
