@@ -70,8 +70,8 @@ Semantics printers must respect:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator, Sequence, Union
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator, Sequence, Union
 
 from tullax.compiler.interface import ArrayArg, KernelInterface, ScalarArg, SizeArg
 from tullax.errors import TullaxError
@@ -428,6 +428,30 @@ def children(expr: Expr) -> tuple[Expr, ...]:
     if isinstance(expr, Select):
         return (expr.cond, expr.then, expr.orelse)
     return ()
+
+
+def with_children(expr: Expr, parts: tuple[Expr, ...]) -> Expr:
+    """``expr`` with its children, in the order ``children`` gives them, replaced by ``parts``."""
+    if isinstance(expr, Load):
+        return replace(expr, index=parts)
+    if isinstance(expr, BinOp):
+        return replace(expr, lhs=parts[0], rhs=parts[1])
+    if isinstance(expr, (UnOp, Cast)):
+        return replace(expr, arg=parts[0])
+    if isinstance(expr, Call):
+        return replace(expr, args=parts)
+    assert isinstance(expr, Select), expr
+    return replace(expr, cond=parts[0], then=parts[1], orelse=parts[2])
+
+
+def map_loads(expr: Expr, swap: Callable[[Load], Expr]) -> Expr:
+    """``expr`` with each outermost Load replaced by ``swap(load)`` (a load's own index is not entered)."""
+    if isinstance(expr, Load):
+        return swap(expr)
+    parts = children(expr)
+    if not parts:
+        return expr
+    return with_children(expr, tuple(map_loads(part, swap) for part in parts))
 
 
 def walk_expr(expr: Expr) -> Iterator[Expr]:

@@ -47,10 +47,10 @@ from tullax.compiler.loops import (
     Var,
     VectorLoad,
     binop,
-    children,
     const,
     eval_int,
     expr_vars,
+    map_loads,
     parallel_nest,
     walk_expr,
     walk_stmts,
@@ -214,7 +214,7 @@ def _nest(loops: tuple[Loop, ...], pre: tuple[Let, ...], reduction: Loop, post: 
     for (a, b), ok in zip(copies, both):
         for let in renamed(pre, a, b):
             assert isinstance(let, Let)
-            out.append(Let(let.var, _guarded(let.value, ok)))
+            out.append(Let(let.var, guarded(let.value, ok)))
     length = binop("-", reduction.stop, reduction.start)
     chunk = Var(f"{PREFIX}c", INDEX)
     first = Var(f"{PREFIX}k0", INDEX)
@@ -296,51 +296,35 @@ def _copy(s: _Staged, along: Loop, origin: Var, threads_by_count: tuple[int, int
     return Loop(r.name, const(0), const(tile.chunk * width // tile.threads), False, body)
 
 
-def _guarded(value: Expr, ok: Expr) -> Expr:
+def guarded(value: Expr, ok: Expr) -> Expr:
     """A per-element value that reads memory, read only for elements inside the output (edge tiles)."""
     if not any(isinstance(n, Load) for n in walk_expr(value)):
         return value
-    return Select(ok, value, _zero(value.dtype), value.dtype)
+    return Select(ok, value, zero(value.dtype), value.dtype)
 
 
-def _zero(dtype: str) -> Const:
+def zero(dtype: str) -> Const:
+    """The zero of ``dtype``: what a guarded load reads outside the array."""
     return Const(False if dtype == BOOL else 0.0 if dtype in FLOATS else 0, dtype)
 
 
 def _swap_loads(stmt: Stmt, staged: Mapping[Load, Var], ok: Expr, p0: str, p1: str, in0: Expr, in1: Expr) -> Stmt:
     """A statement of the reduction with its staged loads replaced by the registers read from shared memory,
     and its other loads that move with p0 or p1 guarded to the output's range."""
-    def swap(expr: Expr) -> Expr:
-        if isinstance(expr, Load):
-            if expr in staged:
-                return staged[expr]
-            names = set().union(*(expr_vars(i) for i in expr.index)) if expr.index else set()
-            guard = {p0: in0, p1: in1}
-            conds = [guard[p] for p in (p0, p1) if p in names]
-            if conds:
-                cond = conds[0] if len(conds) == 1 else ok
-                return Select(cond, expr, _zero(expr.dtype), expr.dtype)
-            return expr
-        parts = children(expr)
-        if not parts:
-            return expr
-        return _rebuild(expr, tuple(swap(c) for c in parts))
+    guard = {p0: in0, p1: in1}
+
+    def swap(load: Load) -> Expr:
+        if load in staged:
+            return staged[load]
+        names = set().union(*(expr_vars(i) for i in load.index)) if load.index else set()
+        conds = [guard[p] for p in (p0, p1) if p in names]
+        if conds:
+            cond = conds[0] if len(conds) == 1 else ok
+            return Select(cond, load, zero(load.dtype), load.dtype)
+        return load
 
     assert isinstance(stmt, (Let, Accum)), stmt
-    return replace(stmt, value=swap(stmt.value))
-
-
-def _rebuild(expr: Expr, parts: tuple[Expr, ...]) -> Expr:
-    from tullax.compiler.loops import BinOp, Call, Cast, UnOp
-
-    if isinstance(expr, BinOp):
-        return replace(expr, lhs=parts[0], rhs=parts[1])
-    if isinstance(expr, (UnOp, Cast)):
-        return replace(expr, arg=parts[0])
-    if isinstance(expr, Call):
-        return replace(expr, args=parts)
-    assert isinstance(expr, Select), expr
-    return replace(expr, cond=parts[0], then=parts[1], orelse=parts[2])
+    return replace(stmt, value=map_loads(stmt.value, swap))
 
 
 __all__ = ["FORCE_TILES", "TilePolicy", "block_tiles"]

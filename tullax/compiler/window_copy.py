@@ -31,10 +31,10 @@ from tullax.compiler.loops import (
     Store,
     Var,
     binop,
-    children,
     const,
+    map_loads,
 )
-from tullax.compiler.tiles import _rebuild, _zero
+from tullax.compiler.tiles import zero
 
 SEGMENT = 32  # a warp
 
@@ -136,18 +136,11 @@ def accumulate_apart(stmt: Stmt, parts: Mapping[str, Var]) -> Stmt:
 def staged_registers(stmt: Stmt, staged: Mapping[Load, Var], ok: Expr) -> Stmt:
     """A reduction statement with its staged loads replaced by registers, its other loads guarded to the
     output's range (they are per element: read only for elements inside it)."""
-    def swap(expr: Expr) -> Expr:
-        if isinstance(expr, Load):
-            if expr in staged:
-                return staged[expr]
-            return Select(ok, expr, _zero(expr.dtype), expr.dtype)
-        parts = children(expr)
-        if not parts:
-            return expr
-        return _rebuild(expr, tuple(swap(c) for c in parts))
+    def swap(load: Load) -> Expr:
+        return staged[load] if load in staged else Select(ok, load, zero(load.dtype), load.dtype)
 
     assert isinstance(stmt, (Let, Accum)), stmt
-    return replace(stmt, value=swap(stmt.value))
+    return replace(stmt, value=map_loads(stmt.value, swap))
 
 
 __all__ = ["patch_copy", "pitch", "accumulate_apart", "staged_registers"]

@@ -60,7 +60,7 @@ from tullax.compiler.loops import (
     walk_stmts,
 )
 from tullax.compiler.rewrite import substitute, substitute_stmts
-from tullax.compiler.tiles import PREFIX, TilePolicy, _guarded, _zero
+from tullax.compiler.tiles import PREFIX, TilePolicy, guarded, zero
 from tullax.compiler.window_copy import SEGMENT, accumulate_apart, patch_copy, pitch, staged_registers
 from tullax.spec.sizes import Sym
 
@@ -436,7 +436,7 @@ class _Builder:
         for a, b in pairs:
             for let in substitute_stmts(self.pre, self.positions(a, b)):
                 assert isinstance(let, Let)
-                out.append(Let(let.var, _guarded(let.value, self.both[a, b])))
+                out.append(Let(let.var, guarded(let.value, self.both[a, b])))
         out.append(self.chunks(pairs, inside))
         post = self.post
         if self.per_slice:
@@ -500,7 +500,7 @@ class _Builder:
         for lp, (lo, hi, _) in reversed(list(zip(self.nest, self.outer))):
             left = binop("-", hi, self.first[lp.var])
             inner = (Loop(self.step[lp.var].name, const(0), binop("min", const(g.chunk[lp.var]), left), False, inner),)
-        body += [Let(p.name, _zero(p.dtype)) for p in parts.values()]
+        body += [Let(p.name, zero(p.dtype)) for p in parts.values()]
         body += list(inner)
         body += [Accum(name, "+", p) for name, p in parts.items()]
         body.append(Barrier())
