@@ -202,9 +202,11 @@ def test_non_contiguous_inputs_and_output():
     np.testing.assert_allclose(out, a_t @ b, rtol=1e-12)
 
 
-def test_two_modules_compile_at_once_and_the_gradient_steps_are_found_in_the_second():
+def test_two_modules_compile_at_once_and_the_gradient_steps_are_found_in_the_second(monkeypatch, tmp_path):
     """The forward module and the steps module of a spec compile at once; the steps are found in the steps module
-    (waiting for it while it builds), and nothing else compiles."""
+    (waiting for it while it builds), and nothing else compiles. A fresh cache: a developer's second run found both
+    modules on disk and compiled nothing."""
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
     spec = analysed("Dm[i,j] := (Wm[k,i] - Xm[k,j])^2 + bm[j]")
     signature = Signature(("float64",) * 3, "float64")
     cmod.finish_step_builds()
