@@ -13,8 +13,9 @@ request touches. "before" is ``TULLAX_CUDA_TILES=0`` (the schedule the backend p
 
 writes ``benchmarks/results/gpu-trace-cpu.{json,md}`` (``--out`` another stem).
 
-Also per kernel: shared-memory bank conflicts (the traced warps' shared reads: wavefronts per request and
-passes beyond the conflict-free ideal; 32 banks of 4 bytes) and a roofline estimate for each device of
+Also per kernel: shared-memory bank conflicts (the traced warps' shared reads and writes: wavefronts per request
+and passes beyond the conflict-free ideal; 32 banks of 4 bytes; a window copy's writes are approximate, its lanes
+outside the patch skip theirs) and a roofline estimate for each device of
 ``gpu_device.PEAKS`` named in ``DEVICES``: FLOPs (two per term) against (a) the compulsory bytes (inputs and
 output once) and (b) the tracer's sector bytes (block 0's 32-byte sectors times the grid, plus the output),
 both at the device's HBM bandwidth; (b) bounds the kernel's time from below when its sectors miss in L2.
@@ -86,6 +87,9 @@ def measure(cases) -> list[dict]:
                 "roofline": roofline(done["flops"], done["bytes"], sector_bytes),
                 "shared_requests": shared.requests, "shared_wavefronts": shared.wavefronts,
                 "bank_conflicts": shared.conflicts, "max_bank_ways": shared.max_ways,
+                "shared_write_requests": counted.shared_writes.requests,
+                "shared_write_wavefronts": counted.shared_writes.wavefronts,
+                "write_bank_conflicts": counted.shared_writes.conflicts,
                 "kernel": label, "schedule": when, "chosen": schedule_name(kernel), "grid": plan.grid,
                 "block": plan.block, "outputs_in_block": counted.outputs, "loads": counted.loads,
                 "loads_per_output": counted.loads / outputs, "sectors_per_output": sectors / outputs,
@@ -117,16 +121,20 @@ def markdown(rows: list[dict], command: str) -> str:
                          f"{row['bytes_per_output']:.1f} | {coalescing} | {row['max_sectors_per_request']} |")
     lines += ["", "Shared memory and roofline, after (estimates from the trace, float32; sector bytes = block 0's "
               "sectors x the grid + the output; µs at the peaks of benchmarks/gpu_device.py's PEAKS):", "",
-              "| kernel | shared reads | wavefronts / read | bank conflicts | GFLOP | MB compulsory | MB sectors | "
-              "FLOP / sector byte | " + " | ".join(f"{d} bound µs (flop, compulsory, sectors)" for d in DEVICES) + " |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(DEVICES)]
+              "| kernel | shared reads | wavefronts / read | bank conflicts | shared writes | wavefronts / write | "
+              "write conflicts | GFLOP | MB compulsory | MB sectors | FLOP / sector byte | "
+              + " | ".join(f"{d} bound µs (flop, compulsory, sectors)" for d in DEVICES) + " |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(DEVICES)]
     for kernel, found in by_kernel.items():
         row = found["after"]
         reads = row["shared_requests"]
         per = f"{row['shared_wavefronts'] / reads:.2f}" if reads else "-"
+        writes = row["shared_write_requests"]
+        per_write = f"{row['shared_write_wavefronts'] / writes:.2f}" if writes else "-"
         bounds = " | ".join(f"{r['bound_us']:.1f} ({r['flop_us']:.1f}, {r['compulsory_us']:.1f}, {r['sector_us']:.1f})"
                             for r in (row["roofline"][d] for d in DEVICES))
-        lines.append(f"| {kernel} | {reads} | {per} | {row['bank_conflicts']} | {row['flops'] / 1e9:.3f} | "
+        lines.append(f"| {kernel} | {reads} | {per} | {row['bank_conflicts']} | {writes} | {per_write} | "
+                     f"{row['write_bank_conflicts']} | {row['flops'] / 1e9:.3f} | "
                      f"{row['compulsory_bytes'] / 1e6:.2f} | {row['sector_bytes'] / 1e6:.2f} | "
                      f"{row['intensity']:.2f} | {bounds} |")
     lines += ["", "Ratios before / after:", ""]

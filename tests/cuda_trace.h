@@ -25,9 +25,11 @@ template <typename T> struct tx_traced {
 };
 
 // Shared-memory READS are recorded too, in a second list per thread: (element size, byte offset from the block's
-// shared memory). Writes are not (a copy's lanes outside the patch skip theirs, which would shift the k-th
-// access of later ones); a pointer taken from the array (a cooperative reduction's partials) is not traced.
+// shared memory), and WRITES in a third (exact per request where every lane writes as often as the others, as a
+// block tile's copy does; a window copy's lanes outside the patch skip theirs, which shifts the k-th write of
+// later ones); a pointer taken from the array (a cooperative reduction's partials) is not traced.
 thread_local std::vector<tx_trace_record>* tx_shared_list = nullptr;
+thread_local std::vector<tx_trace_record>* tx_shared_write_list = nullptr;
 
 template <typename T> struct tx_shared_traced {
     T* base;
@@ -39,6 +41,8 @@ template <typename T> struct tx_shared_traced {
             return *p;
         }
         ref& operator=(T v) {
+            const char* start = reinterpret_cast<const char*>(tx_block_now->shared.data());
+            tx_shared_write_list->push_back({(long long)sizeof(T), (long long)(reinterpret_cast<const char*>(p) - start)});
             *p = v;
             return *this;
         }
@@ -58,15 +62,17 @@ template <typename V, typename T, typename I> V tx_load_vec(const tx_shared_trac
     tx_shared_traced<type> name{static_cast<type*>(tx_shared_take(sizeof(type) * (count)))}
 
 // Runs block `block` of the launch (gridDim.x = geometry.grid) with one OS thread per GPU thread: each thread's
-// global loads in lists[t], its shared reads in lists[geometry.block + t].
+// global loads in lists[t], its shared reads in lists[geometry.block + t], its shared writes in
+// lists[2 * geometry.block + t].
 inline std::vector<std::vector<tx_trace_record>> tx_trace_block(const tx_geometry& geometry, unsigned block,
                                                                 void (*call)(void**), void** args) {
     gridDim.x = geometry.grid;
     blockDim.x = geometry.block;
-    std::vector<std::vector<tx_trace_record>> lists(2 * geometry.block);
+    std::vector<std::vector<tx_trace_record>> lists(3 * geometry.block);
     tx_run_block(geometry, block, [&](unsigned t) {
         tx_trace_list = &lists[t];
         tx_shared_list = &lists[geometry.block + t];
+        tx_shared_write_list = &lists[2 * geometry.block + t];
         call(args);
     });
     return lists;

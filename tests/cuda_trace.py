@@ -6,10 +6,11 @@ load, past a ragged edge, is left out). Per request: the 32-byte sectors and 128
 the L1 serves and what DRAM would move), and whether every lane read one address (a broadcast). Offsets are
 from the buffer's start, which cudaMalloc aligns to 256 bytes, so sectors and lines are those of the device.
 
-Only the kernel's INPUT arrays are traced (the global loads of a ``:=`` kernel). Shared-memory READS are
-counted apart (``SharedTraffic``): the k-th shared read of a warp's lanes is one request, served in as many
-wavefronts as the most distinct 4-byte words any one of the 32 banks must deliver (lanes reading one word share
-it: a broadcast); a request above its ideal (the words it reads / 32, at least 1) has bank conflicts.
+Only the kernel's INPUT arrays are traced (the global loads of a ``:=`` kernel). Shared-memory reads and
+writes are counted apart (``SharedTraffic``: ``Traffic.shared``, ``Traffic.shared_writes``): the k-th shared
+access of a warp's lanes is one request, served in as many wavefronts as the most distinct 4-byte words any one
+of the 32 banks must deliver (lanes reading one word share it: a broadcast); a request above its ideal (the words
+it reads / 32, at least 1) has bank conflicts.
 """
 from __future__ import annotations
 
@@ -91,6 +92,7 @@ class Traffic:
     loads: int  # global loads of the traced threads
     outputs: int = 0  # output elements the traced block wrote (a ':=' kernel's output starts as NaN)
     shared: SharedTraffic = SharedTraffic()
+    shared_writes: SharedTraffic = SharedTraffic()  # the same count over the shared-memory writes
 
     @property
     def sectors(self) -> float:
@@ -207,10 +209,10 @@ def trace(jobs: Sequence[tuple[Launch, int, int]], block_index: int = 0, warps: 
     results, at = [], 0
     for launch, grid, block in jobs:
         (threads,) = _INT.unpack_from(data, at)
-        threads //= 2  # global loads, then shared reads, per thread
+        threads //= 3  # global loads, then shared reads, then shared writes, per thread
         at += 8
         lists = []
-        for _ in range(2 * threads):
+        for _ in range(3 * threads):
             (size,) = _INT.unpack_from(data, at)
             at += 8
             lists.append(np.frombuffer(data, dtype=np.int64, count=2 * size, offset=at).reshape(size, 2))
@@ -224,7 +226,8 @@ def trace(jobs: Sequence[tuple[Launch, int, int]], block_index: int = 0, warps: 
         old = before.ravel()
         written = int(np.count_nonzero(np.where(np.isnan(old), ~np.isnan(after), old != after)))
         counted = _count(launch, grid, block, lists[:threads], warps)
-        results.append(replace(counted, outputs=written, shared=_count_shared(lists[threads:], warps)))
+        results.append(replace(counted, outputs=written, shared=_count_shared(lists[threads:2 * threads], warps),
+                               shared_writes=_count_shared(lists[2 * threads:], warps)))
     return results
 
 

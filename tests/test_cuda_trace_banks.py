@@ -4,7 +4,8 @@ conflicts are known by construction (32 banks of 4 bytes): a broadcast and a uni
 two, stride 32 thirty-two (every lane in bank 0), stride 33 one (the padding trick). Then the counts of the tiled
 kernels of the GPU benchmark's Dist and conv2d, printed for the record and held below a bound.
 
-Cost: one small tracer build (five kernels of one warp), three of one tiled kernel each (block 0)."""
+Cost: one small tracer build (five kernels of one warp), three of one tiled kernel each (block 0), two of Dist's
+three block-tiled kernels (every warp of block 0)."""
 from __future__ import annotations
 
 import numpy as np
@@ -61,6 +62,8 @@ def test_the_bank_counter_sees_the_known_patterns():
         assert counted.outputs == 32
         assert (counted.shared.requests, counted.shared.wavefronts, counted.shared.max_ways) == (1, passes, passes)
         assert counted.shared.conflicts == passes - 1, stride
+        writes = counted.shared_writes  # 32 rows stored by consecutive lanes: one pass each
+        assert (writes.requests, writes.wavefronts, writes.conflicts) == (32, 32, 0)
 
 
 def test_wide_elements_take_two_passes_without_conflict():
@@ -83,3 +86,21 @@ def test_the_tiled_kernels_shared_reads(name, step):
     shared = counted.shared
     print(label, shared, f"{shared.wavefronts / shared.requests:.3f} passes per request")
     assert shared.requests and shared.conflicts == 0 and shared.max_ways <= 2
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_the_block_tiles_copy_and_read_shared_memory_without_bank_conflicts(dtype):
+    """Dist's block-tiled forward and both gradients (the GPU benchmark's shapes, every warp of block 0): the
+    copy's stores and the register tile's reads take no pass beyond their ideal, and the copy's global loads
+    take the sectors of 32 consecutive elements (4 in float32, 8 in float64). The gradients' copies read
+    ΔD along k: lanes at consecutive k stored 64 elements apart, 16 to a bank, before their rows were padded;
+    float64 register-tile rows laid 4 to a thread took 4 passes for 2 of data."""
+    case = next(c for c in CASES if c[0] == "Dist")
+    found = launches(*case, dtype=dtype)
+    counted = trace([(launch, plan.grid, plan.block) for _, launch, plan in found], warps=None)
+    for (label, launch, _), traffic in zip(found, counted, strict=True):
+        assert launch.kernel.tile is not None, label
+        assert traffic.shared.requests and traffic.shared.conflicts == 0, (label, traffic.shared)
+        assert traffic.shared_writes.requests and traffic.shared_writes.conflicts == 0, (label, traffic.shared_writes)
+        sectors = 32 * np.dtype(dtype).itemsize // 32
+        assert all(a.max_sectors == sectors for a in traffic.arrays), (label, traffic.summary())

@@ -87,6 +87,39 @@ class _Staged:
     name: str
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Where a staged array's values sit in shared memory, one row of ``pitch`` elements per step of k. Column
+    ``mine + c * across`` of the tile (the thread ``mine``'s register-tile column c) sits at
+    ``(c // lanes) * across * lanes + mine * lanes + c % lanes``: each vector read of ``lanes`` elements is
+    contiguous and aligned, and a warp's lanes (consecutive ``mine``) read one contiguous run (no bank
+    conflicts). A row read along k by the copy (``k_fastest``) is padded by ``lanes`` elements so that the
+    copy's lanes at consecutive k fall in different banks."""
+
+    across: int  # threads along the tile's axis
+    count: int  # register-tile elements per thread along it
+    lanes: int  # elements per vector read
+    pitch: int  # elements per staged row
+
+    @staticmethod
+    def of(across: int, count: int, dtype: str, k_fastest: bool) -> _Layout:
+        lanes = vector_lanes(dtype, count)
+        width = across * count
+        return _Layout(across, count, lanes, width + (lanes if k_fastest else 0))
+
+    def column(self, position: Expr) -> Expr:
+        """The tile column held at ``position`` of a row (``position`` < across * count)."""
+        run = self.across * self.lanes
+        group, rest = binop("//", position, const(run)), binop("mod", position, const(run))
+        c = binop("+", binop("*", group, const(self.lanes)), binop("mod", rest, const(self.lanes)))
+        return binop("+", binop("//", rest, const(self.lanes)), binop("*", c, const(self.across)))
+
+    def read_start(self, step: Expr, mine: Expr, c: int) -> Expr:
+        """Where the vector read of the thread's columns c .. c + lanes - 1 (c a multiple of lanes) starts."""
+        row = binop("+", binop("*", step, const(self.pitch)), binop("*", mine, const(self.lanes)))
+        return binop("+", row, const((c // self.lanes) * self.across * self.lanes))
+
+
 def block_tiles(kernel: LoopKernel, sizes: Mapping[str, int], policy: TilePolicy = TilePolicy(),
                 max_float32_sum: int | None = None) -> LoopKernel | None:
     """``kernel`` as a block-tiled kernel for these ``sizes`` (size parameter -> value), or None where it is
@@ -184,7 +217,8 @@ def _nest(loops: tuple[Loop, ...], pre: tuple[Let, ...], reduction: Loop, post: 
     blocks = [Var(f"{PREFIX}b{n}", INDEX) for n in range(2)]
     origin = [Var(f"{PREFIX}o{n}", INDEX) for n in range(2)]
     mine = [Var(f"{PREFIX}t{n}", INDEX) for n in range(2)]  # the thread's row and column in the tile
-    out: list[Stmt] = [Shared(s.name, tile.chunk * widths[s.side], s.load.dtype) for s in staged]
+    layouts = {s.name: _Layout.of(across[s.side], counts[s.side], s.load.dtype, s.k_fastest) for s in staged}
+    out: list[Stmt] = [Shared(s.name, tile.chunk * layouts[s.name].pitch, s.load.dtype) for s in staged]
     out += [Let(origin[n].name, binop("+", loops[n].start, binop("*", blocks[n], const(widths[n]))))
             for n in range(2)]
     out += [Let(mine[0].name, binop("//", thread, const(across[1]))),
@@ -221,21 +255,19 @@ def _nest(loops: tuple[Loop, ...], pre: tuple[Let, ...], reduction: Loop, post: 
     step = Var(f"{PREFIX}kk", INDEX)
     chunk_body: list[Stmt] = [Let(first.name, binop("+", reduction.start, binop("*", chunk, const(tile.chunk))))]
     for s in staged:
-        chunk_body.append(_copy(s, loops[s.side], origin[s.side], (across[s.side], counts[s.side]), reduction, first,
-                                tile, thread))
+        chunk_body.append(_copy(s, layouts[s.name], loops[s.side], origin[s.side], reduction, first, tile, thread))
     chunk_body.append(Barrier())
     term_body: list[Stmt] = []
     registers: dict[tuple[str, int], Var] = {}
     for s in staged:
-        # the thread's elements mine + a * across sit at slots mine * count + a (``_slot``): its register-tile
-        # row is contiguous and aligned in shared memory, read ``lanes`` elements at a time
-        count, lanes = counts[s.side], vector_lanes(s.load.dtype, counts[s.side])
-        row = binop("+", binop("*", step, const(widths[s.side])), binop("*", mine[s.side], const(count)))
+        # the thread's register-tile elements, ``lanes`` at a time, from where ``_Layout`` put them
+        layout = layouts[s.name]
+        count, lanes = layout.count, layout.lanes
         for a in range(count):
             registers[s.name, a] = Var(f"{s.name}_{a}", s.load.dtype)
         for a in range(0, count, lanes):
             names = tuple(registers[s.name, a + n].name for n in range(lanes))
-            start = binop("+", row, const(a))
+            start = layout.read_start(step, mine[s.side], a)
             term_body.append(VectorLoad(names, s.name, start, s.load.dtype) if lanes > 1
                              else Let(names[0], Load(s.name, (start,), s.load.dtype)))
     k_value = binop("+", first, step)
@@ -267,33 +299,33 @@ def vector_lanes(dtype: str, count: int) -> int:
     return lanes
 
 
-def _slot(pp: Expr, across: int, count: int) -> Expr:
-    """Where column ``pp`` of the tile sits in a staged row: the register tile of the thread ``pp mod across``
-    (its columns pp, pp + across, ...) together, at ``(pp mod across) * count + pp // across``."""
-    if count == 1:
-        return pp
-    return binop("+", binop("*", binop("mod", pp, const(across)), const(count)), binop("//", pp, const(across)))
-
-
-def _copy(s: _Staged, along: Loop, origin: Var, threads_by_count: tuple[int, int], reduction: Loop, first: Var,
-          tile: BlockTile, thread: Var) -> Loop:
-    """The block's threads copy ``chunk`` x ``width`` values of ``s.load`` into its shared array (k-major:
-    position kk * width + slot(pp)), each thread ``chunk * width / threads`` of them, consecutive threads on
-    consecutive elements of the array's contiguous axis; 0 where (k, p) is outside the loops' ranges."""
-    across, count = threads_by_count
-    width = across * count
+def _copy(s: _Staged, layout: _Layout, along: Loop, origin: Var, reduction: Loop, first: Var, tile: BlockTile,
+          thread: Var) -> Loop:
+    """The block's threads copy ``chunk`` x ``width`` values of ``s.load`` into its shared array (row kk at
+    kk * pitch, column pp where ``layout`` puts it), each thread ``chunk * width / threads`` of them; 0 where
+    (k, p) is outside the loops' ranges. A warp's 32 stores fall in distinct banks and its loads in as few
+    32-byte sectors as 32 consecutive elements take: along p, consecutive lanes store consecutive positions
+    of a row (``lanes`` runs of consecutive p); along k (``k_fastest``), runs of consecutive k for ``lanes``
+    neighbouring positions (the rows' pitch puts consecutive k in other banks)."""
+    width = layout.across * layout.count
     r = Var(f"{PREFIX}r", INDEX)
     e = Var(f"{PREFIX}e", INDEX)
-    kk, pp = Var(f"{PREFIX}ck", INDEX), Var(f"{PREFIX}cp", INDEX)
-    fast, slow = (kk, pp) if s.k_fastest else (pp, kk)
-    fast_width = tile.chunk if s.k_fastest else width
-    k, p = binop("+", first, kk), binop("+", origin, pp)
+    kk, at = Var(f"{PREFIX}ck", INDEX), Var(f"{PREFIX}cp", INDEX)  # the row and the position in it
+    body: list[Stmt] = [Let(e.name, binop("+", binop("*", r, const(tile.threads)), thread))]
+    if s.k_fastest:
+        run = math.gcd(tile.chunk, max(32 // layout.lanes, 1))  # consecutive k per position in a warp
+        lane, rest = binop("mod", e, const(run)), binop("//", e, const(run))
+        inner, rest = binop("mod", rest, const(layout.lanes)), binop("//", rest, const(layout.lanes))
+        runs = tile.chunk // run
+        body += [Let(kk.name, binop("+", binop("*", binop("mod", rest, const(runs)), const(run)), lane)),
+                 Let(at.name, binop("+", binop("*", binop("//", rest, const(runs)), const(layout.lanes)), inner))]
+    else:
+        body += [Let(at.name, binop("mod", e, const(width))), Let(kk.name, binop("//", e, const(width)))]
+    k, p = binop("+", first, kk), binop("+", origin, layout.column(at))
     ok = binop("and", binop("<", k, reduction.stop), binop("<", p, along.stop))
     value = Select(ok, substitute(s.load, {reduction.var: k, along.var: p}), Const(0.0, s.load.dtype), s.load.dtype)
-    body = (Let(e.name, binop("+", binop("*", r, const(tile.threads)), thread)),
-            Let(fast.name, binop("mod", e, const(fast_width))), Let(slow.name, binop("//", e, const(fast_width))),
-            Store(s.name, (binop("+", binop("*", kk, const(width)), _slot(pp, across, count)),), value))
-    return Loop(r.name, const(0), const(tile.chunk * width // tile.threads), False, body)
+    body.append(Store(s.name, (binop("+", binop("*", kk, const(layout.pitch)), at),), value))
+    return Loop(r.name, const(0), const(tile.chunk * width // tile.threads), False, tuple(body))
 
 
 def guarded(value: Expr, ok: Expr) -> Expr:
