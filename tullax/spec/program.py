@@ -137,7 +137,8 @@ def analyze_program(source: str, ranges: Mapping | None = None) -> Program:
     statements: list[Statement] = []
     step = None
     if at is not None:  # a scan whose step is several statements: analysed together
-        found, step = analyze_step(stripped, [_strip_local(raw)[1] for raw in texts], at, ranges)
+        found, step = analyze_step(stripped, [_strip_local(raw)[1] for raw in texts], at, ranges,
+                                   statement_ranges)
         statements = [Statement(text, canonical, spec, _strip_local(raw)[1], number)
                       for number, (raw, text, (canonical, spec)) in enumerate(zip(texts, stripped, found), 1)]
     for number, raw in enumerate(texts if at is None else (), 1):

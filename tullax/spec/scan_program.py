@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Callable, Mapping
 
 from tullax.errors import SpecError
 from tullax.spec.ir import Access, Affine, Expr, ParsedSpec, Range, Spec, Wrapped, accesses, map_expr
@@ -56,13 +56,13 @@ def reads(text: str, name: str) -> int | None:
     return found.start() + (start + 2 if start >= 0 else 0)
 
 
-def analyze_step(texts: list[str], local: list[bool], at: int, ranges: Mapping | None
+def analyze_step(texts: list[str], local: list[bool], at: int, ranges: Mapping | None, statement_ranges: Callable
                  ) -> tuple[list[tuple[str, Spec]], ScanStep]:
     """(canonical text, spec) per statement of a scan program whose scan is statement ``at`` (0-based) and the
-    step's record; the locals' specs in the unrolled form (their reads of the result read ``TRAJECTORY``)."""
+    step's record; the locals' specs in the unrolled form (their reads of the result read ``TRAJECTORY``).
+    ``statement_ranges(text, ranges)``: the ranges a statement takes (``tullax.spec.program``'s)."""
     from tullax.spec.analyze import analyze
     from tullax.spec.parse import parse_spec
-    from tullax.spec.program import statement_ranges
     from tullax.spec.scan import finish, prepare, split_scan
     from tullax.spec.text import format_spec
 
@@ -118,7 +118,8 @@ def analyze_step(texts: list[str], local: list[bool], at: int, ranges: Mapping |
 
     scan_spec = wrapped(at, compile_scan)
     scan: Scan = scan_spec.scan
-    found = [(format_spec(p), wrapped(k, lambda k=k, p=p: _local_spec(p, texts[k], out, scan, ranges)))
+    found = [(format_spec(p), wrapped(k, lambda k=k, p=p: _local_spec(
+        p, texts[k], out, scan, statement_ranges(texts[k], ranges))))
              for k, p in enumerate(parsed)]
     found.append((format_spec(scan_spec), scan_spec))
     return found, ScanStep(number, out, scan)
@@ -164,7 +165,6 @@ def _check_local_reads(parsed: ParsedSpec, text: str, number: int, step_outs: Ma
 def _local_spec(parsed: ParsedSpec, text: str, out: str, scan: Scan, ranges: Mapping | None) -> Spec:
     """A local of the step, analysed with its reads of ``out`` as reads of the trajectory (unrolled form)."""
     from tullax.spec.analyze import analyze
-    from tullax.spec.program import statement_ranges
 
     def hide(node: Expr) -> Expr:
         if isinstance(node, Access) and node.array == out:
@@ -173,7 +173,7 @@ def _local_spec(parsed: ParsedSpec, text: str, out: str, scan: Scan, ranges: Map
             return Access(TRAJECTORY, tuple(idx), span=node.span)
         return node
 
-    spec = analyze(replace(parsed, body=map_expr(parsed.body, hide)), dict(statement_ranges(text, ranges) or {}))
+    spec = analyze(replace(parsed, body=map_expr(parsed.body, hide)), dict(ranges or {}))
     found = dict(spec.ranges)
     for name, rng in spec.ranges:  # an index the trajectory bound takes its range from another array bound with it
         if TRAJECTORY in repr(rng):
