@@ -16,7 +16,7 @@ import pytest
 
 import tullax
 from tullax.backends.program_host import arguments, host_program, size_values
-from tullax.compiler.loops import Buffer, Loop, Store, parallel_nest, walk_stmts
+from tullax.compiler.loops import Buffer, Load, Loop, Store, expressions, parallel_nest, walk_stmts
 from tullax.compiler.scan_program import fuse_scan_program
 from tullax.errors import SpecError, TullaxError
 from tullax.spec.program import analyze_program
@@ -118,16 +118,28 @@ def _host_inputs(name: str, dtype: str):
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_every_statement_of_the_step_runs_inside_the_one_sequential_t_loop(name):
     """One kernel: the lanes parallel outermost, then ONE serial loop over t holding every statement's work (the
-    locals registers or a row buffer, never arrays), the result stored once per step."""
+    locals registers or a row buffer, never arrays), the result stored once per step; before it only the row
+    buffers and the terms every step would recompute (issue 7024's softplus of the weights), which read inputs
+    only."""
     program, fused = _fused(name, "float64")
     assert program.step is not None and program.step.number == len(program.statements)
+    out = fused.kernel.arrays[0].name
     loops, inner = parallel_nest(fused.kernel)
-    assert len(loops) == 1 and len(inner) == 1 and isinstance(inner[0], Loop) and not inner[0].parallel
-    stores = [s for s in walk_stmts(inner) if isinstance(s, Store)]
-    assert {s.array for s in stores} - {"b_a"} == {fused.kernel.arrays[0].name}
+    step = inner[-1]
+    assert len(loops) == 1 and isinstance(step, Loop) and not step.parallel
+    stores = [s for s in walk_stmts((step,)) if isinstance(s, Store)]
+    assert {s.array for s in stores} - {"b_a"} == {out}
     assert all(a.source in program.inputs or a.role == "out" for a in fused.kernel.arrays)
-    buffers = [s for s in walk_stmts(inner) if isinstance(s, Buffer)]
-    assert bool(buffers) == BY_NAME[name].buffer
+    assert not any(isinstance(s, Buffer) for s in walk_stmts((step,)))  # declared once per lane, not per step
+    buffers = {s.var for s in inner if isinstance(s, Buffer)}
+    assert ("b_a" in buffers) == BY_NAME[name].buffer
+    before = [s for s in inner[:-1] if not isinstance(s, Buffer)]
+    assert all(isinstance(s, Loop) for s in before)
+    assert not any(isinstance(e, Load) and e.array == out for e in expressions(before))
+    hoisted = {s.array for s in walk_stmts(tuple(before)) if isinstance(s, Store)}
+    assert hoisted == (buffers - {"b_a"}) and (len(hoisted) == 3) == (name == "mlp7024")
+    plain = fuse_scan_program(program, "float64", hoist=False).kernel
+    assert not any(isinstance(s, Buffer) and s.var != "b_a" for s in walk_stmts(plain.body))
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

@@ -184,7 +184,7 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool, rows: tuple
                 raise NotFusable(f"local {st.out}'s last index does not start at 0")
             buffers[st.out] = Buffer(f"b_{st.out}", rename.expr(extra.stop), kernel.arrays[0].dtype)
             rename.buffer_of[kernel.arrays[0].name] = buffers[st.out]
-        if swapped is None and len(spec.free) == len(rows) + 1 and spec.reduced:
+        if swapped is None and len(spec.free) == len(rows) + 1 and spec.reduced and given is None:
             tiled = row_tiles(kernel, len(rows))  # the row's dot products four at a time
             if tiled is not None:
                 loops, inner = parallel_nest(tiled)

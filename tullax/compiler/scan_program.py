@@ -14,15 +14,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tullax.compiler.fuse import Fused, NotFusable, _fuse
-from tullax.compiler.loops import INDEX, Const, Let, Loop, Var, binop, parallel_nest
+from tullax.compiler.hoist import hoist_invariants
+from tullax.compiler.loops import INDEX, Buffer, Const, Let, Loop, Var, binop, parallel_nest
 from tullax.compiler.scan import _swap_reads
 from tullax.spec.program import Program, Statement
 from tullax.spec.scan import TRAJECTORY
 from tullax.spec.scan_program import step_specs
 
 
-def fuse_scan_program(program: Program, dtype: str, name: str = "program") -> Fused:
-    """The one loop kernel of the scan program for data of ``dtype``, or ``NotFusable`` with the reason."""
+def fuse_scan_program(program: Program, dtype: str, name: str = "program", hoist: bool = True) -> Fused:
+    """The one loop kernel of the scan program for data of ``dtype``, or ``NotFusable`` with the reason.
+    ``hoist``: terms that are the same at every step computed once per lane, before ``t``, into row buffers
+    (``tullax.compiler.hoist``; the CPU form: a GPU thread per lane holds no buffer)."""
     step = program.step
     scan = step.scan
     specs = step_specs(program)
@@ -50,13 +53,20 @@ def fuse_scan_program(program: Program, dtype: str, name: str = "program") -> Fu
             arrays += (init,)
     body = inner if trajectory is None else _swap_reads(inner, trajectory.name, out, init, scan, t_loop.var,
                                                         t_loop.stop)
+    # the row buffers live for the lane's whole sequence (declared once, before t: no allocation per step)
+    before: tuple = tuple(st for st in body if isinstance(st, Buffer))
+    body = tuple(st for st in body if not isinstance(st, Buffer))
+    if hoist:  # the terms every step recomputes (softplus of a weight), once per lane before t
+        fixed = frozenset(a.name for a in kernel.sizes) | frozenset(a.name for a in kernel.scalars)
+        pre, body = hoist_invariants(body, fixed, frozenset(a.name for a in arrays if a.role == "in"))
+        before += pre
     if scan.reverse:  # t = start + stop - 1 - u, for u running upwards
         u = t_loop.var + "r"
         top = binop("-", binop("+", t_loop.start, t_loop.stop), Const(1, INDEX))
-        nest = (Loop(u, t_loop.start, t_loop.stop, False, (Let(t_loop.var, binop("-", top, Var(u, INDEX))),)
-                     + body),)
+        nest = before + (Loop(u, t_loop.start, t_loop.stop, False,
+                              (Let(t_loop.var, binop("-", top, Var(u, INDEX))),) + body),)
     else:
-        nest = (replace(t_loop, parallel=False, body=body),)
+        nest = before + (replace(t_loop, parallel=False, body=body),)
     for loop in reversed(lanes):
         nest = (replace(loop, body=nest),)
     text = "; ".join(("local " if st.local else "") + st.canonical for st in program.statements)
