@@ -285,3 +285,9 @@ def test_a_nograd_input_of_a_scan_program_gets_no_gradient():
     gw, gx = jax.grad(lambda w, x: kernel(w, x, args[2]).sum(), (0, 1))(args[0], args[1])
     assert float(jnp.abs(gw).max()) == 0.0 and float(jnp.abs(gx).max()) > 0.0
 
+
+
+def test_explain_prints_the_scan_step():
+    text = tullax.explain(MLP)
+    assert "scan step:  statements 1-2, (t scan from y0)" in text
+    assert "ONE sequential loop over t" in text and "3 terms every step would recompute" in text
