@@ -16,6 +16,7 @@ import pytest
 
 import tullax
 from tullax.backends.program_host import arguments, host_program, size_values
+from tullax.compiler.fuse import NotFusable
 from tullax.compiler.loops import Buffer, Load, Loop, Store, expressions, parallel_nest, walk_stmts
 from tullax.compiler.scan_program import fuse_scan_program
 from tullax.errors import SpecError, TullaxError
@@ -100,6 +101,11 @@ def _close(got, want, dtype):
 def _fused(name: str, dtype: str):
     program = analyze_program(BY_NAME[name].spec)
     return program, fuse_scan_program(program, dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_gpu(name: str, dtype: str):
+    return fuse_scan_program(analyze_program(BY_NAME[name].spec), dtype, gpu=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -212,11 +218,12 @@ def test_every_printer_prints_the_scan_kernel(name):
     assert c_source.count("#pragma omp parallel for") == 1
     assert "for r1" in numba.print_module([kernel]) and "for r1" in format_kernel(kernel)
     assert "@kernel" in julia.print_module([kernel], flavour=julia.CPU_FLAVOUR)
-    if BY_NAME[name].buffer:  # a thread per lane holds no row buffer on a GPU (not built: see docs/programs.md)
+    if BY_NAME[name].buffer:  # a thread per lane holds no row buffer on a GPU: the GPU form computes it in place
         with pytest.raises(TullaxError, match="row buffer"):
             cuda.print_module([(kernel, 32)])
-    else:
-        assert "__global__" in cuda.print_module([(kernel, 32)])
+    gpu = _fused_gpu(name, "float32").kernel
+    assert not any(isinstance(s, Buffer) for s in walk_stmts(gpu.body))
+    assert "__global__" in cuda.print_module([(gpu, 32)])
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
@@ -237,7 +244,8 @@ def test_printed_julia_of_the_scan_kernel_in_the_subset_evaluator(name):
 
 
 def test_printed_cuda_of_the_scan_kernels_in_the_host_harness(tmp_path):
-    """A thread per lane walking t: the cases without a row buffer in one build."""
+    """A thread per lane walking t (the GPU form: issue 7024's hidden layer computed inside the output's sum, no
+    row buffer), every case in one build."""
     from dataclasses import replace
 
     from cuda_harness import GPP, Launch, build, run
@@ -245,8 +253,8 @@ def test_printed_cuda_of_the_scan_kernels_in_the_host_harness(tmp_path):
     if GPP is None:
         pytest.skip("g++ is not installed")
     jobs, expected = [], []
-    for number, case in enumerate(c for c in CASES if not c.buffer):
-        _, fused = _fused(case.name, "float64")
+    for number, case in enumerate(CASES):
+        fused = _fused_gpu(case.name, "float64")
         kernel = replace(fused.kernel, name=f"program{number}")
         args, values, shapes = _host_inputs(case.name, "float64")
         arrays, scalars = arguments(kernel, np.full(shapes[fused.output], np.nan), values)
@@ -291,3 +299,11 @@ def test_explain_prints_the_scan_step():
     text = tullax.explain(MLP)
     assert "scan step:  statements 1-2, (t scan from y0)" in text
     assert "ONE sequential loop over t" in text and "3 terms every step would recompute" in text
+
+
+def test_the_gpu_form_refuses_a_row_buffer_read_by_two_loops():
+    program = analyze_program("local a[b,t,j] := y[b,t-1]*w[b,t,j]\nlocal c[b,t] := a[b,t,j]\n"
+                              "y[b,t] := a[b,t,j]*c[b,t]  (t scan)")
+    with pytest.raises(NotFusable, match="GPU thread per lane holds no buffer"):
+        fuse_scan_program(program, "float64", gpu=True)
+    assert any(isinstance(s, Buffer) for s in walk_stmts(fuse_scan_program(program, "float64").kernel.body))
