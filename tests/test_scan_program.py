@@ -231,16 +231,16 @@ def test_printed_julia_of_the_scan_kernel_in_the_subset_evaluator(name):
     pytest.importorskip("tree_sitter_julia")
     from julia_subset import CPU_BACKEND, load_module
 
-    from tullax.printers.julia import CPU_FLAVOUR, launcher_name, print_module
+    from tullax.printers.julia import CPU_FLAVOUR, GPU_FLAVOUR, launcher_name, print_module
 
-    _, fused = _fused(name, "float64")
-    kernel = fused.kernel
     args, values, shapes = _host_inputs(name, "float64")
-    out = np.full(shapes[fused.output], np.nan)
-    arrays, scalars = arguments(kernel, out, values)
-    load_module(print_module([kernel], flavour=CPU_FLAVOUR)).call(
-        launcher_name(kernel), CPU_BACKEND, *arrays, *(float(s) for s in scalars), *size_values(kernel, shapes))
-    _close(out, _oracle(BY_NAME[name], args), "float64")
+    for kernel, flavour in ((_fused(name, "float64")[1].kernel, CPU_FLAVOUR),
+                            (_fused_gpu(name, "float64").kernel, GPU_FLAVOUR)):  # the GPU form, a work-item per lane
+        out = np.full(shapes["y"], np.nan)  # every case's result is y
+        arrays, scalars = arguments(kernel, out, values)
+        load_module(print_module([kernel], flavour=flavour)).call(
+            launcher_name(kernel), CPU_BACKEND, *arrays, *(float(s) for s in scalars), *size_values(kernel, shapes))
+        _close(out, _oracle(BY_NAME[name], args), "float64")
 
 
 def test_printed_cuda_of_the_scan_kernels_in_the_host_harness(tmp_path):
