@@ -47,7 +47,7 @@ def hoist_invariants(body: tuple[Stmt, ...], sizes: frozenset[str], inputs: froz
         if _invariant(expr, sizes, inputs, allowed) and any(isinstance(n, Call) for n in walk_expr(expr)) \
                 and not isinstance(expr, (Var, Const, Load)):
             used = tuple(loop for loop in loops if loop.var in expr_vars(expr))
-            key = (expr, tuple(loop.var for loop in used))
+            key = (expr, tuple((loop.var, loop.start, loop.stop) for loop in used))  # a name reused: other bounds
             if key not in hoisted:
                 hoisted[key] = (f"h{len(hoisted)}", expr, used)
             name = hoisted[key][0]
