@@ -158,8 +158,9 @@ def test_statements_split_on_newlines_semicolons_and_continuations():
      "a[i] := x[i]\n^"),  # shown without the keyword: the caret on the output's name
     ("a[i] := b[i] + x[i]\nb[i] := a[i]*2", "a cycle", "a[i] := b[i] + x[i]\n        ^"),
     ("a[i] := x[i]\na[i] := x[i]*2", "already defines", None),
-    ("local a[b,t] := y[b,t-1] * w[b,t]\ny[b,t] := tanh(a[b,t])  (t scan)", "a scan step spread over several",
-     "a[b,t] := y[b,t-1] * w[b,t]\n          ^"),
+    # a scan whose step is several statements runs (tests/test_scan_program.py); what its step cannot hold is refused
+    ("local a[b,t] := y[b,t+1] * w[b,t]\ny[b,t] := tanh(a[b,t])  (t scan)", "only at steps already computed",
+     "a[b,t] := y[b,t+1] * w[b,t]\n              ^"),
     ("a[i] := x[i]\ny[i] += a[i]", "every statement defines a new array with ':='", None),
     ("a[i] := x[i]\ny[i] := a[i] +* 2", "statement 2 of the program", None),
 ])

@@ -18,10 +18,35 @@ def explain_program(source: str, ranges: Mapping | None = None, shapes: Mapping 
         came = [f"{n} (statement {program.producer(n).number})" for n in st.reads if program.producer(n)]
         flow = f"   reads {', '.join(came)}" if came else ""
         lines.append(f"  {st.number}. {'local ' if st.local else ''}{st.canonical}{flow}")
+    if program.step is not None:
+        return "\n".join(lines + _scan_step_lines(program, dtype))
     lines += _fusion_lines(program, dtype)
     lines += _gradient_lines(program)
     lines += _plan_lines(program, shapes, dtype)
     return "\n".join(lines)
+
+
+def _scan_step_lines(program: Program, dtype: str) -> list[str]:
+    """A scan whose step is the program's statements (``tullax.compiler.scan_program``)."""
+    from tullax.compiler.fuse import NotFusable
+    from tullax.compiler.scan_program import fuse_scan_program
+
+    step = program.statements[program.step.number - 1]
+    lanes = [n for n in step.spec.free if n != program.step.scan.index]
+    try:
+        fused = fuse_scan_program(program, dtype)
+        hoisted = sum(1 for s in fused.kernel.body[0].body if type(s).__name__ == "Buffer") - sum(
+            1 for st in program.statements if st.local and len(st.spec.free) > len(step.spec.free))
+        how = (f"one kernel on c and numba: a parallel loop over {', '.join(lanes) or 'nothing'}, then ONE sequential "
+               f"loop over {program.step.scan.index} running statements 1-{step.number} at every step (locals "
+               f"recomputed per step, never arrays); {max(hoisted, 0)} terms every step would recompute computed "
+               f"once before it")
+    except NotFusable as why:
+        how = f"not fused ({why}): the program's lax.scan lowering runs"
+    return [f"scan step:  statements 1-{step.number}, {step.spec.scan.clause()} (depth {program.step.scan.depth})",
+            f"  {how}", "  xla: one lax.scan whose step runs the statements in order",
+            "gradients: JAX's derivative of that lax.scan (jvp, grad, vmap); a derived reverse-scan adjoint "
+            "kernel is not built yet"]
 
 
 def _fusion_lines(program: Program, dtype: str) -> list[str]:

@@ -34,7 +34,12 @@ class FusedProgram:
         found = self._fused.get(dtype)
         if found is None:
             try:
-                found = fuse_program(self.program, dtype, "program", ranges=self.ranges)
+                if self.program.step is not None:  # a scan whose step is several statements
+                    from tullax.compiler.scan_program import fuse_scan_program
+
+                    found = fuse_scan_program(self.program, dtype, "program")
+                else:
+                    found = fuse_program(self.program, dtype, "program", ranges=self.ranges)
             except NotFusable as why:
                 found = str(why)
             self._fused[dtype] = found

@@ -28,7 +28,10 @@ class ProgramKernel:
         if unknown:
             raise ShapeError(f"nograd names {sorted(unknown)}, which are not inputs of the program "
                              f"(inputs: {', '.join(self.program.inputs)})")
-        self.kernels = tuple(
+        # a scan whose step is several statements has no statement-by-statement form: its unfused form is its
+        # lax.scan lowering (``tullax.backends.xla.scan_program``: every derivative and batch runs through it)
+        self._scan = None if self.program.step is None else _scan_lowering(self.program, skip)
+        self.kernels = () if self._scan is not None else tuple(
             Kernel(st.text, backend=backend, ranges=statement_ranges(st.text, ranges),
                    nograd=tuple(n for n in st.reads if n in skip))
             for st in self.program.statements)
@@ -101,10 +104,25 @@ class ProgramKernel:
         return self._run(dict(zip(self.program.inputs, values)))
 
     def _run(self, env: dict[str, Any]) -> Any:
+        if self._scan is not None:
+            return self._scan(*(env[name] for name in self.program.inputs))
         for st, kernel in zip(self.program.statements, self.kernels):
             env[st.out] = kernel(*(env[name] for name in st.reads))
         found = tuple(env[name] for name in self.program.outputs)
         return found[0] if len(found) == 1 else found
+
+
+def _scan_lowering(program: Program, skip: set[str]) -> Any:
+    """A scan program's lax.scan lowering, its ``nograd`` inputs held constant."""
+    from tullax.backends.xla.scan_program import lower_scan_program
+
+    run = lower_scan_program(program)
+    if not skip:
+        return run
+    import jax
+
+    held = [name in skip for name in program.inputs]
+    return lambda *values: run(*(jax.lax.stop_gradient(v) if h else v for v, h in zip(values, held)))
 
 
 def _bind(program: Program, args: tuple, named: dict) -> dict[str, Any]:

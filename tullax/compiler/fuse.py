@@ -95,12 +95,14 @@ class Fused:
         return ""
 
 
-def row_indices(program: Program) -> tuple[str, ...]:
-    """The row indices every local shares (the fused kernel's parallel nest), or ``NotFusable``."""
+def row_indices(program: Program, rows: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The row indices every local shares (the fused kernel's parallel nest), or ``NotFusable``. ``rows``: the
+    rows to check the statements against (a scan program's: its scan statement's indices), else the shortest
+    local's indices."""
     locals_ = [st for st in program.statements if st.local]
     if not locals_:
         raise NotFusable("no local to keep in registers")
-    rows = min((st.spec.free for st in locals_), key=len)
+    rows = rows if rows is not None else min((st.spec.free for st in locals_), key=len)
     for st in program.statements:
         if st.spec.scan is not None:
             raise NotFusable(f"statement {st.number} is a scan")
@@ -131,12 +133,15 @@ def fuse_program(program: Program, dtype: str, name: str = "program", block_sums
     return _fuse(program, dtype, name, block_sums)
 
 
-def _fuse(program: Program, dtype: str, name: str, block_sums: bool) -> Fused:
+def _fuse(program: Program, dtype: str, name: str, block_sums: bool, rows: tuple[str, ...] | None = None) -> Fused:
+    """``rows`` given (a scan program's step, ``tullax.compiler.scan_program``): every statement fuses, its
+    register tiles dropped (a step computes one position of ``t``)."""
     from tullax.compiler.fuse_axpy import row_axpy, row_tiles
     from tullax.compiler.lower import lower
     from tullax.spec.signature import Signature
 
-    rows = row_indices(program)
+    given = rows
+    rows = row_indices(program, rows)
     locals_ = {st.out for st in program.statements if st.local}
     buffers: dict[str, Buffer] = {}  # a local with one index more than the rows -> its row buffer
     params = _Params(program.outputs)
@@ -155,7 +160,7 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool) -> Fused:
         try:
             by_index = _loop_of_index(kernel, spec.free, inner, st.number)
         except NotFusable:  # register tiles (several rows per iteration): each row on its own instead
-            if len(program.statements[-1].spec.free) == len(rows):
+            if len(program.statements[-1].spec.free) == len(rows) and given is None:
                 # one output element per row: fusing gains an epilogue and loses the contraction's tiles
                 raise NotFusable(f"statement {st.number} is a contraction into the rows; fused it would lose its "
                                  f"register tiles") from None
@@ -179,7 +184,7 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool) -> Fused:
                 raise NotFusable(f"local {st.out}'s last index does not start at 0")
             buffers[st.out] = Buffer(f"b_{st.out}", rename.expr(extra.stop), kernel.arrays[0].dtype)
             rename.buffer_of[kernel.arrays[0].name] = buffers[st.out]
-        if swapped is None and len(spec.free) == len(rows) + 1 and spec.reduced:
+        if swapped is None and len(spec.free) == len(rows) + 1 and spec.reduced and given is None:
             tiled = row_tiles(kernel, len(rows))  # the row's dot products four at a time
             if tiled is not None:
                 loops, inner = parallel_nest(tiled)

@@ -158,7 +158,7 @@ def _rebuild(expr: Expr, fix) -> Expr:
 
 
 def _map_stmt(stmt: Stmt, fix) -> Stmt:
-    from tullax.compiler.loops import Accum, If, Scratch
+    from tullax.compiler.loops import Accum, Buffer, If, Scratch
 
     if isinstance(stmt, Loop):
         return replace(stmt, start=fix(stmt.start), stop=fix(stmt.stop),
@@ -170,7 +170,7 @@ def _map_stmt(stmt: Stmt, fix) -> Stmt:
         return replace(stmt, value=fix(stmt.value))
     if isinstance(stmt, Store):
         return replace(stmt, index=tuple(fix(i) for i in stmt.index), value=fix(stmt.value))
-    assert isinstance(stmt, Scratch)
+    assert isinstance(stmt, (Scratch, Buffer))  # a row buffer: a scan program's step (compiler.scan_program)
     return stmt
 
 

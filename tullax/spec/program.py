@@ -17,6 +17,7 @@ from typing import Mapping
 
 from tullax.errors import SpecError, TullaxError
 from tullax.spec.ir import Spec
+from tullax.spec.scan_program import ScanStep, analyze_step, scan_step_at
 
 _LOCAL = re.compile(r"^(\(\s*[^()\s]+\s*\)\s*)?local\s+")
 _LEADS = re.compile(r"^([-+*/^,)\]]|\|>|\(\s*\w+\s+(in|scan)\b)")  # a line that continues the one before
@@ -39,7 +40,9 @@ class Statement:
 
     @property
     def reads(self) -> tuple[str, ...]:
-        return self.spec.input_names
+        from tullax.spec.scan import TRAJECTORY  # a step's read of the scan's result (``tullax.spec.scan_program``)
+
+        return tuple(n for n in self.spec.input_names if n != TRAJECTORY)
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class Program:
     statements: tuple[Statement, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]  # the non-local outputs, in statement order
+    step: ScanStep | None = None  # a scan whose step is the program's statements (``tullax.spec.scan_program``)
 
     def producer(self, name: str) -> Statement | None:
         for st in self.statements:
@@ -129,10 +133,15 @@ def analyze_program(source: str, ranges: Mapping | None = None) -> Program:
     if not texts:
         raise SpecError("empty program: write one statement per line, like  y[i] := x[i,j]", source, 0)
     stripped = [_strip_local(raw)[0] for raw in texts]
-    for number, text in enumerate(stripped, 1):  # before any statement's own complaint about its reads
-        _scan_step_check(text, number, stripped[:number - 1])
+    at = scan_step_at(stripped)
     statements: list[Statement] = []
-    for number, raw in enumerate(texts, 1):
+    step = None
+    if at is not None:  # a scan whose step is several statements: analysed together
+        found, step = analyze_step(stripped, [_strip_local(raw)[1] for raw in texts], at, ranges,
+                                   statement_ranges)
+        statements = [Statement(text, canonical, spec, _strip_local(raw)[1], number)
+                      for number, (raw, text, (canonical, spec)) in enumerate(zip(texts, stripped, found), 1)]
+    for number, raw in enumerate(texts if at is None else (), 1):
         text, local = _strip_local(raw)
         try:
             canonical, spec = compile_spec(text, statement_ranges(text, ranges))
@@ -153,22 +162,7 @@ def analyze_program(source: str, ranges: Mapping | None = None) -> Program:
                 inputs.append(name)
         defined.add(st.out)
     outputs = tuple(st.out for st in statements if not st.local)
-    return Program(source, tuple(statements), tuple(inputs), outputs)
-
-
-def _scan_step_check(text: str, number: int, earlier: list[str]) -> None:
-    """A scan whose step is spread over several statements (an earlier statement reads the scan's result, as
-    issue 7024's loop would be written) gets its own message, not the scan statement's own complaint."""
-    found = re.match(r"^(\(\s*[^()\s]+\s*\)\s*)?([A-Za-z_]\w*)", text)
-    if " scan" not in text or found is None:
-        return
-    out = found.group(2)
-    for k, other in enumerate(earlier, 1):
-        column = _column(other, out)
-        if column is not None:
-            raise SpecError(f"statement {k} of the program reads {out}, the result of statement {number}'s scan: a "
-                            f"scan step spread over several statements is not supported yet; write the step as one "
-                            f"(t scan) statement (the earlier statement inlined into it)", other, column)
+    return Program(source, tuple(statements), tuple(inputs), outputs, step)
 
 
 def statement_ranges(text: str, ranges: Mapping | None) -> Mapping | None:
@@ -227,4 +221,9 @@ def program_shapes(program: Program, shapes: Mapping[str, tuple[int, ...]]) -> d
     found = dict(shapes)
     for st in program.statements:
         found[st.out] = tuple(int(size.eval(found)) for size in st.spec.out_shape)
+    if program.step is not None:  # the trajectory the step's statements read (the fused kernel's sizes may)
+        from tullax.spec.scan import TRAJECTORY
+        from tullax.spec.scan_program import trajectory_shape
+
+        found[TRAJECTORY] = trajectory_shape(program, found)
     return found

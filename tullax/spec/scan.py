@@ -97,9 +97,11 @@ def split_scan(text: str) -> tuple[str, Clause | None]:
 # ---------------------------------------------------------------------------------------------
 # Analysis
 # ---------------------------------------------------------------------------------------------
-def prepare(parsed: ParsedSpec, clause: Clause) -> tuple[ParsedSpec, Scan]:
+def prepare(parsed: ParsedSpec, clause: Clause, step_depth: int = 0) -> tuple[ParsedSpec, Scan]:
     """Check the self-reads of ``parsed`` against the clause and hide them from range inference: each becomes a
-    read of ``TRAJECTORY`` through ``pad`` along ``t`` (no range constraint; the real offset kept inside)."""
+    read of ``TRAJECTORY`` through ``pad`` along ``t`` (no range constraint; the real offset kept inside).
+    ``step_depth``: the deepest read of the result by the other statements of a scan program's step
+    (``tullax.spec.scan_program``); the statement itself then need not read its result."""
     source, t = parsed.source, clause.index
 
     def error(message: str, span: tuple[int, int] | None = None) -> SpecError:
@@ -127,6 +129,7 @@ def prepare(parsed: ParsedSpec, clause: Clause) -> tuple[ParsedSpec, Scan]:
         if isinstance(node, Name) and node.name == t:
             raise error(f"the value of the scan index {t} is not available in the body yet: pass it as an "
                         f"input array indexed by {t}", node.span)
+    depth = max(depth, step_depth)
     if depth == 0:
         raise error(f"a scan reads its result at an earlier position along {t} ({parsed.out}[..{t}-1..]); this "
                     f"spec does not: drop the scan clause")

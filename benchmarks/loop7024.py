@@ -1,0 +1,106 @@
+"""Issue 7024's loop (issues 48 and 50): 8000 steps of a 4-12-1 MLP whose input is the previous output and three
+features, written as ONE tullax scan program (a local hidden layer recomputed per step, the scan statement),
+against the same loop written by hand as ``lax.scan`` in jnp, and against the program's own XLA lowering (one
+``lax.scan`` over its statements). All jitted, float32, in ONE process with the subjects alternating each round;
+each call timed by the process's CPU time (user + system, every thread): on a shared machine the wall clock
+measures the other jobs' load. Operations: forward, and ``grad`` of the trajectory's sum w.r.t. W1, W2 and y0.
+Prints medians and ratios (lax.scan / tullax: > 1 means tullax is faster) and writes benchmarks/results/loop7024.json.
+
+    PYTHONPATH=$PWD python benchmarks/loop7024.py [--rounds 15] [--steps 8000] [--batch 1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+SPEC = """
+local a[b,t,j] := sigmoid(softplus(W1[0,j])*y[b,t-1] + softplus(W1[i+1,j])*u[b,t,i])
+y[b,t] := sigmoid(a[b,t,j]*softplus(W2[j]))   (t scan from y0)
+"""
+
+
+def by_hand(W1, u, W2, y0):
+    """The same loop as ``lax.scan`` (each sum over the whole right-hand side, as the spec says)."""
+    import jax
+    import jax.numpy as jnp
+
+    sp = jax.nn.softplus
+
+    def step(y, ut):
+        a = jax.nn.sigmoid(sp(W1[0])[None, None, :] * y[:, None, None] + sp(W1[1:])[None, :, :] * ut[:, :, None]
+                           ).sum(1)
+        new = jax.nn.sigmoid(a * sp(W2)[None, :]).sum(1)
+        return new, new
+    return jnp.moveaxis(jax.lax.scan(step, y0, jnp.moveaxis(u, 1, 0))[1], 0, 1)
+
+
+def cpu_time(fn, *args) -> float:
+    import jax
+
+    start = time.process_time()
+    jax.block_until_ready(fn(*args))
+    return time.process_time() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=8000)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--backend", default="c")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "loop7024.json"))
+    opts = parser.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import tullax
+
+    rng = np.random.default_rng(0)
+    W1 = jnp.asarray(rng.normal(size=(4, 12)) * 0.5, jnp.float32)
+    u = jnp.asarray(rng.normal(size=(opts.batch, opts.steps, 3)), jnp.float32)
+    W2 = jnp.asarray(rng.normal(size=(12,)) * 0.5, jnp.float32)
+    y0 = jnp.zeros((opts.batch,), jnp.float32)
+    args = (W1, u, W2, y0)
+    subjects = {"tullax": tullax.einsum_kernel(SPEC, backend=opts.backend),
+                "tullax-xla": tullax.einsum_kernel(SPEC, backend="xla"),
+                "lax.scan": by_hand}
+    fns = {}
+    for name, fn in subjects.items():
+        fns[("forward", name)] = jax.jit(fn)
+        fns[("grad", name)] = jax.jit(jax.grad(lambda W1, u, W2, y0, fn=fn: fn(W1, u, W2, y0).sum(), (0, 2, 3)))
+    want = np.asarray(fns[("forward", "lax.scan")](*args))
+    for (op, name), fn in fns.items():  # compile, and check every subject computes the same
+        got = fn(*args)
+        if op == "forward":
+            err = float(np.abs(np.asarray(got) - want).max())
+            assert err < 1e-3, (name, err)
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in fns}
+    for _ in range(opts.rounds):
+        for key, fn in fns.items():
+            times[key].append(cpu_time(fn, *args))
+    rows = []
+    for op in ("forward", "grad"):
+        med = {name: statistics.median(times[(op, name)]) for name in subjects}
+        row = {"op": op, **{f"{name} ms": round(1e3 * v, 3) for name, v in med.items()},
+               "lax.scan / tullax": round(med["lax.scan"] / med["tullax"], 2),
+               "lax.scan / tullax-xla": round(med["lax.scan"] / med["tullax-xla"], 2)}
+        rows.append(row)
+        print(json.dumps(row))
+    record = {"spec": SPEC.strip(), "steps": opts.steps, "batch": opts.batch, "backend": opts.backend,
+              "rounds": opts.rounds, "dtype": "float32", "timer": "process CPU time, median",
+              "load": os.getloadavg()[0], "machine": platform.machine(), "python": sys.version.split()[0],
+              "jax": jax.__version__, "rows": rows}
+    Path(opts.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
