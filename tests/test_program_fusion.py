@@ -69,29 +69,50 @@ def test_a_row_wise_program_is_one_parallel_nest_over_its_rows_with_locals_in_re
     # no local is a parameter: each is one Let per row, or a row buffer (declared first in the row)
     assert {a.source for a in kernel.arrays} == set(program.inputs) - {s.source for s in kernel.scalars} | {
         fused.output}
-    assert {f"l_{name}" for name in locals_} <= {s.var for s in body if isinstance(s, Let)}
-    assert [s.var for s in body if isinstance(s, Buffer)] == [s.var for s in body[:len(buffers)]]
-    assert {s.var for s in body if isinstance(s, Buffer)} == {f"b_{name}" for name in buffers}
+    assert {f"l_{name}" for name in locals_} <= {s.var for s in walk_stmts(body) if isinstance(s, Let)}
+    work = next(k for k, s in enumerate(body) if not isinstance(s, (Let, Buffer)))
+    assert {s.var for s in body[:work] if isinstance(s, Buffer)} == {f"b_{name}" for name in buffers}
+    assert not any(isinstance(s, Buffer) for s in walk_stmts(body[work:]))
     assert {s.array for s in walk_stmts(body) if isinstance(s, Store)} == {"a0"} | {f"b_{n}" for n in buffers}
 
 
 def test_attention_rows_tile_their_dot_products_and_add_their_values_along_the_rows():
     """Attention's row: the scores' dot products four at a time (a register tile over j: four stores into the
     scores' buffer, and the ragged tile's one), and the values' contraction with its sum outside the output row's
-    loop (the row cleared, then added into along e, four terms at a time)."""
-    body = parallel_nest(_fused("attention", "float32")[2].kernel)[1]
-    stores = [s for s in walk_stmts(body) if isinstance(s, Store)]
-    assert sum(s.array == "b_s" for s in stores) == 5
-    assert [s.mode for s in stores if s.array == "a0"][0] == "set"  # the clear
-    assert {s.mode for s in stores if s.array == "a0"} == {"set", "add"}
+    loop (the row cleared, then added into along e, four terms at a time). On the CPU a thread runs ROW_TILE rows
+    at once (their keys' and values' loads shared): the whole tile holds each row's copy, its buffers a segment
+    of buffers ROW_TILE times longer, the ragged tile a row at a time; the GPU's form a row per iteration."""
+    from tullax.compiler.fuse import ROW_TILE
+    from tullax.compiler.loops import If, Load, statement_expressions, walk_expr
+
+    loops, body = parallel_nest(_fused("attention", "float32")[2].kernel)
+    assert [loop.var for loop in loops] == ["r0", "r1_rt"]
+    (tile,) = [s for s in body if isinstance(s, If)]
+    for branch, rows in ((tile.then, ROW_TILE), (tile.orelse, 1)):
+        stores = [s for s in walk_stmts(branch) if isinstance(s, Store)]
+        assert sum(s.array == "b_s" for s in stores) == 5 * rows
+        assert [s.mode for s in stores if s.array == "a0"][0] == "set"  # the clear
+        assert {s.mode for s in stores if s.array == "a0"} == {"set", "add"}
+        assert len({s.index for s in stores if s.array == "a0" and s.mode == "set"}) == rows
+    # the whole tile's scores read each key row once for both rows' dot products: 4 keys + ROW_TILE queries
+    inner = next(s for s in walk_stmts(tile.then) if isinstance(s, Loop) and s.var == "i3_1"
+                 and not any(isinstance(t, Loop) for t in walk_stmts(s.body)))
+    reads = {e for s in walk_stmts(inner.body) for x in statement_expressions(s) for e in walk_expr(x)
+             if isinstance(e, Load)}
+    assert len(reads) == 4 + ROW_TILE
+    assert {s.var for s in body if isinstance(s, Buffer)} == {"b_s", "b_z_t", "b_p"}
+    one_row = fuse_program(analyze_program(next(c for c in CASES if c.name == "attention").spec), "float32",
+                           row_tile=1)
+    assert [loop.var for loop in parallel_nest(one_row.kernel)[0]] == ["r0", "r1"]
 
 
 def test_a_term_the_softmax_sums_and_divides_is_computed_once():
     """Softmax's exp(s - m) is summed by one statement and divided by the next: the fused row computes it once
     per element, into a row buffer that both read."""
+    from tullax.compiler.fuse import ROW_TILE
     from tullax.compiler.loops import Call, expressions, walk_expr
 
-    for name, count in (("softmax", 1), ("attention", 1)):
+    for name, count in (("softmax", 1), ("attention", 1 + ROW_TILE)):  # attention: a row tile's copies, ragged
         kernel = _fused(name, "float32")[2].kernel
         calls = [e for x in expressions(kernel.body) for e in walk_expr(x) if isinstance(e, Call) and e.fn == "exp"]
         assert len(calls) == count, name
