@@ -321,14 +321,17 @@ def test_printed_julia_of_a_block_per_row_buffer_in_the_subset_evaluator():
 @pytest.mark.parametrize("case", FUSED, ids=lambda c: c.name)
 def test_fused_gradient_programs_match_jnp(case, backend):
     """fuse='grad': the row-wise input's cotangent is one fused kernel (its gradient program fuses), the others
-    run unfused; every cotangent matches jnp's (float64, jitted)."""
+    (a partial that reduces) are gradient tails: one row program returning what they read of the rows, then a
+    statement per partial; every cotangent matches jnp's (float64, jitted)."""
     from tullax.api.program import ProgramKernel
 
     kernel = ProgramKernel(case.spec, backend=backend, fuse="grad")
     grads = kernel.fusion.gradient_kernels(kernel.grad_specs)
-    # attention's gradient programs do not fuse: every cotangent runs the unfused statements' gradients
+    # attention's inputs each have a partial that reduces (over j or over the rows): all of them are tails
     assert len(grads) == (case.name != "attention") and all(g.fusion.fused("float64") is not None
                                                           for g in grads.values())
+    rest = tuple(n for n in kernel.inputs if n not in grads)
+    assert kernel.fusion.gradient_tails(kernel.grad_specs, rest) is not None
     with jax.enable_x64(True):
         args = [jnp.asarray(a) for a in case.inputs(np.random.default_rng(6), "float64")]
         weights = np.random.default_rng(7).normal(size=np.shape(case.oracle(*args)))
@@ -337,6 +340,71 @@ def test_fused_gradient_programs_match_jnp(case, backend):
         want = jax.grad(lambda *a: (case.oracle(*a) * weights).sum(), wrt)(*args)
         for g, w in zip(got, want):
             _close(g, np.asarray(w), "float64")
+
+
+def _attention_rows(q, k, scale, v, do):
+    """NumPy float64: attention's softmax rows p and the scores' cotangent Δs for the output's cotangent do."""
+    s = np.einsum("bid,bjd->bij", q, k) * scale
+    e = np.exp(s - s.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    dp = np.einsum("bie,bje->bij", do, v)
+    return p, p * (dp - (dp * p).sum(-1, keepdims=True))
+
+
+def test_attention_gradient_is_one_fused_row_kernel_and_a_contraction_per_input(tmp_path):
+    """Attention's gradient (fuse='grad'): ONE fused row kernel recomputes the row's softmax and returns p and the
+    scores' cotangent Δs (Δp a row contraction, the softmax's gradient in row buffers), on the c and numba hosts
+    and in printed Julia (the subset evaluator) against NumPy float64; then Δq, Δk and Δv are one statement each
+    (contractions of Δs, p and the inputs); jitted, the backward launches the row kernel once per call and every
+    cotangent matches jnp's."""
+    from tullax.api.program import ProgramKernel
+    from tullax.backends import ffi
+    from tullax.backends.program_host import arguments, size_values
+
+    case = next(c for c in CASES if c.name == "attention")
+    kernel = ProgramKernel(case.spec, backend="c", fuse="grad")
+    rows, outputs, partials = kernel.fusion.gradient_tails(kernel.grad_specs, ("q", "k", "scale", "v"))
+    assert outputs == ("p", "Δs") and sorted(partials) == ["k", "q", "scale", "v"]
+    assert all(len(ks) == 1 and len(ks[0].program.statements) == 1 for ks in partials.values())
+    fused = rows.fusion.fused("float64")
+    assert fused is not None and fused.outputs == outputs
+    assert {b.var for b in walk_stmts(fused.kernel.body) if isinstance(b, Buffer)} >= {"b_s", "b_Δp_5_0"}
+    assert len(parallel_nest(fused.kernel)[0]) == len(fused.rows) == 2
+    args = case.inputs(np.random.default_rng(12), "float64")
+    do = np.random.default_rng(13).normal(size=np.shape(_oracle(case, args)))
+    values = {**dict(zip(kernel.inputs, args)), "Δo": do}
+    values = {n: values[n] for n in fused.program.inputs}
+    shapes = fused.shapes({n: np.shape(v) for n, v in values.items()})
+    want = _attention_rows(*args, do)
+    for backend in ("c", "numba"):
+        outs = [np.full(shapes[name], np.nan) for name in outputs]
+        host_program(backend, fused.kernel)(outs, values, shapes)
+        for got, w in zip(outs, want):
+            _close(got, w, "float64")
+    if importlib_util.find_spec("tree_sitter_julia") is not None:
+        from julia_subset import CPU_BACKEND, load_module
+
+        from tullax.printers.julia import CPU_FLAVOUR, launcher_name, print_module
+
+        outs = [np.full(shapes[name], np.nan) for name in outputs]
+        arrays, scalars = arguments(fused.kernel, outs, values)
+        load_module(print_module([fused.kernel], flavour=CPU_FLAVOUR)).call(
+            launcher_name(fused.kernel), CPU_BACKEND, *arrays, *(float(s) for s in scalars),
+            *size_values(fused.kernel, shapes))
+        for got, w in zip(outs, want):
+            _close(got, w, "float64")
+    with jax.enable_x64(True):
+        xs = [jnp.asarray(a) for a in args]
+        weights = np.random.default_rng(14).normal(size=do.shape)
+        grad = jax.jit(jax.grad(lambda *a: (kernel(*a) * weights).sum(), (0, 1, 2, 3)))
+        expected = jax.grad(lambda *a: (case.oracle(*a) * weights).sum(), (0, 1, 2, 3))(*xs)
+        for g, w in zip(grad(*xs), expected):
+            _close(g, np.asarray(w), "float64")
+        if ffi.available()[0]:
+            host = host_program("c", fused.kernel)
+            before = ffi.launches(host.slot)
+            jax.block_until_ready(grad(*xs))
+            assert ffi.launches(host.slot) == before + 1
 
 
 def test_forward_mode_under_fused_gradients():
