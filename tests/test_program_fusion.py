@@ -370,6 +370,8 @@ def test_attention_gradient_is_one_fused_row_kernel_and_a_contraction_per_input(
     assert fused is not None and fused.outputs == outputs
     assert {b.var for b in walk_stmts(fused.kernel.body) if isinstance(b, Buffer)} >= {"b_s", "b_Δp_5_0"}
     assert len(parallel_nest(fused.kernel)[0]) == len(fused.rows) == 2
+    explained = tullax.explain(case.spec)
+    assert "one row program returns p, Δs for the tails" in explained and "Δv[b,j,e] := Δo[b,i,e]*p[b,i,j]" in explained
     args = case.inputs(np.random.default_rng(12), "float64")
     do = np.random.default_rng(13).normal(size=np.shape(_oracle(case, args)))
     values = {**dict(zip(kernel.inputs, args)), "Δo": do}
