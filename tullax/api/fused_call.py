@@ -36,7 +36,10 @@ class FusedProgram:
         found = self._fused.get(dtype)
         if found is None:
             try:
-                found = fuse_program(self.program, dtype, "program", ranges=self.ranges)
+                # Numba compiles a row tile's copies for long (a gradient's row program: tens of seconds); the
+                # row tile is the c backend's
+                found = fuse_program(self.program, dtype, "program", ranges=self.ranges,
+                                     row_tile=None if self.backend == "c" else 1)
             except NotFusable as why:
                 found = str(why)
             self._fused[dtype] = found
