@@ -2,9 +2,11 @@
 ``ProgramKernel`` (``fuse=True``) and as jnp written by hand, both jitted, alternating call by call in ONE process
 (the order swapped every round), the median CPU time of each (every thread's: on a machine shared with other work
 the wall time waits on the scheduler). Prints jnp / fused (> 1: the fused program is faster) and writes
-benchmarks/results/programs-forward-cpu.json.
+benchmarks/results/programs-forward-cpu.json. ``--before-row-tile 1``: a third subject, the fused program built
+with ``tullax.compiler.fuse.ROW_TILE`` set to 1 (a row per iteration: the form before row tiles), in the same
+rounds (before / fused > 1: the row tiles are faster).
 
-    PYTHONPATH=$PWD python benchmarks/programs_cpu.py [--rounds 150] [--out FILE]
+    PYTHONPATH=$PWD python benchmarks/programs_cpu.py [--rounds 150] [--out FILE] [--before-row-tile 1]
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "programs-forward-cpu.json"))
+    parser.add_argument("--before-row-tile", type=int, default=0)
     args = parser.parse_args(argv)
     os.environ.setdefault("TULLAX_CACHE_DIR", tempfile.mkdtemp(prefix="tullax-programs-cpu-"))
     here = os.path.dirname(os.path.abspath(__file__))
@@ -31,25 +34,39 @@ def main(argv: list[str] | None = None) -> int:
     from programs import cases
 
     from tullax.api.program import ProgramKernel
+    from tullax.compiler import fuse
 
     results = []
     for name, text, oracle, inputs in cases(np.random.default_rng(0)):
         subjects = {"fused": jax.jit(ProgramKernel(text, backend="c")), "jnp": jax.jit(oracle)}
-        for fn in subjects.values():
-            jax.block_until_ready(fn(*inputs))
+        if args.before_row_tile:
+            subjects["before"] = jax.jit(ProgramKernel(text, backend="c"))
+        for label, fn in subjects.items():
+            tile, fuse.ROW_TILE = fuse.ROW_TILE, (args.before_row_tile if label == "before" else fuse.ROW_TILE)
+            try:  # fused (and compiled) at the first call
+                jax.block_until_ready(fn(*inputs))
+            finally:
+                fuse.ROW_TILE = tile
         cpu: dict = {label: [] for label in subjects}
+        labels = list(subjects)
         for r in range(args.rounds):
-            for label in (("fused", "jnp") if r % 2 else ("jnp", "fused")):
+            for label in (labels if r % 2 else labels[::-1]):
                 start = time.process_time()
                 jax.block_until_ready(subjects[label](*inputs))
                 cpu[label].append(time.process_time() - start)
         med = {label: statistics.median(v) for label, v in cpu.items()}
         row = {"program": name, "op": "forward", **{f"{k}_cpu_ms": round(v * 1e3, 4) for k, v in med.items()},
                "cpu_jnp_over_fused": round(med["jnp"] / med["fused"], 2)}
+        if "before" in med:
+            row.update(cpu_jnp_over_before=round(med["jnp"] / med["before"], 2),
+                       cpu_before_over_fused=round(med["before"] / med["fused"], 2))
         results.append(row)
         print(f"{name:10s} forward  cpu: fused {row['fused_cpu_ms']:.3f} ms  jnp {row['jnp_cpu_ms']:.3f} ms  "
-              f"jnp/fused x{row['cpu_jnp_over_fused']:.2f}", flush=True)
-    record = {"backend": "c", "dtype": "float32", "rounds": args.rounds, "cpus": os.cpu_count(),
+              f"jnp/fused x{row['cpu_jnp_over_fused']:.2f}" + ("" if "before" not in med else
+              f"  before {row['before_cpu_ms']:.3f} ms  jnp/before x{row['cpu_jnp_over_before']:.2f}  "
+              f"before/fused x{row['cpu_before_over_fused']:.2f}"), flush=True)
+    record = {"backend": "c", "dtype": "float32", "rounds": args.rounds, "before_row_tile": args.before_row_tile,
+              "cpus": os.cpu_count(),
               "load_average": os.getloadavg(), "jax": jax.__version__, "results": results}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     return 0

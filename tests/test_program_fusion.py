@@ -69,29 +69,50 @@ def test_a_row_wise_program_is_one_parallel_nest_over_its_rows_with_locals_in_re
     # no local is a parameter: each is one Let per row, or a row buffer (declared first in the row)
     assert {a.source for a in kernel.arrays} == set(program.inputs) - {s.source for s in kernel.scalars} | {
         fused.output}
-    assert {f"l_{name}" for name in locals_} <= {s.var for s in body if isinstance(s, Let)}
-    assert [s.var for s in body if isinstance(s, Buffer)] == [s.var for s in body[:len(buffers)]]
-    assert {s.var for s in body if isinstance(s, Buffer)} == {f"b_{name}" for name in buffers}
+    assert {f"l_{name}" for name in locals_} <= {s.var for s in walk_stmts(body) if isinstance(s, Let)}
+    work = next(k for k, s in enumerate(body) if not isinstance(s, (Let, Buffer)))
+    assert {s.var for s in body[:work] if isinstance(s, Buffer)} == {f"b_{name}" for name in buffers}
+    assert not any(isinstance(s, Buffer) for s in walk_stmts(body[work:]))
     assert {s.array for s in walk_stmts(body) if isinstance(s, Store)} == {"a0"} | {f"b_{n}" for n in buffers}
 
 
 def test_attention_rows_tile_their_dot_products_and_add_their_values_along_the_rows():
     """Attention's row: the scores' dot products four at a time (a register tile over j: four stores into the
     scores' buffer, and the ragged tile's one), and the values' contraction with its sum outside the output row's
-    loop (the row cleared, then added into along e, four terms at a time)."""
-    body = parallel_nest(_fused("attention", "float32")[2].kernel)[1]
-    stores = [s for s in walk_stmts(body) if isinstance(s, Store)]
-    assert sum(s.array == "b_s" for s in stores) == 5
-    assert [s.mode for s in stores if s.array == "a0"][0] == "set"  # the clear
-    assert {s.mode for s in stores if s.array == "a0"} == {"set", "add"}
+    loop (the row cleared, then added into along e, four terms at a time). On the CPU a thread runs ROW_TILE rows
+    at once (their keys' and values' loads shared): the whole tile holds each row's copy, its buffers a segment
+    of buffers ROW_TILE times longer, the ragged tile a row at a time; the GPU's form a row per iteration."""
+    from tullax.compiler.fuse import ROW_TILE
+    from tullax.compiler.loops import If, Load, statement_expressions, walk_expr
+
+    loops, body = parallel_nest(_fused("attention", "float32")[2].kernel)
+    assert [loop.var for loop in loops] == ["r0", "r1_rt"]
+    (tile,) = [s for s in body if isinstance(s, If)]
+    for branch, rows in ((tile.then, ROW_TILE), (tile.orelse, 1)):
+        stores = [s for s in walk_stmts(branch) if isinstance(s, Store)]
+        assert sum(s.array == "b_s" for s in stores) == 5 * rows
+        assert [s.mode for s in stores if s.array == "a0"][0] == "set"  # the clear
+        assert {s.mode for s in stores if s.array == "a0"} == {"set", "add"}
+        assert len({s.index for s in stores if s.array == "a0" and s.mode == "set"}) == rows
+    # the whole tile's scores read each key row once for both rows' dot products: 4 keys + ROW_TILE queries
+    inner = next(s for s in walk_stmts(tile.then) if isinstance(s, Loop) and s.var == "i3_1"
+                 and not any(isinstance(t, Loop) for t in walk_stmts(s.body)))
+    reads = {e for s in walk_stmts(inner.body) for x in statement_expressions(s) for e in walk_expr(x)
+             if isinstance(e, Load)}
+    assert len(reads) == 4 + ROW_TILE
+    assert {s.var for s in body if isinstance(s, Buffer)} == {"b_s", "b_z_t", "b_p"}
+    one_row = fuse_program(analyze_program(next(c for c in CASES if c.name == "attention").spec), "float32",
+                           row_tile=1)
+    assert [loop.var for loop in parallel_nest(one_row.kernel)[0]] == ["r0", "r1"]
 
 
 def test_a_term_the_softmax_sums_and_divides_is_computed_once():
     """Softmax's exp(s - m) is summed by one statement and divided by the next: the fused row computes it once
     per element, into a row buffer that both read."""
+    from tullax.compiler.fuse import ROW_TILE
     from tullax.compiler.loops import Call, expressions, walk_expr
 
-    for name, count in (("softmax", 1), ("attention", 1)):
+    for name, count in (("softmax", 1), ("attention", 1 + ROW_TILE)):  # attention: a row tile's copies, ragged
         kernel = _fused(name, "float32")[2].kernel
         calls = [e for x in expressions(kernel.body) for e in walk_expr(x) if isinstance(e, Call) and e.fn == "exp"]
         assert len(calls) == count, name
@@ -300,14 +321,17 @@ def test_printed_julia_of_a_block_per_row_buffer_in_the_subset_evaluator():
 @pytest.mark.parametrize("case", FUSED, ids=lambda c: c.name)
 def test_fused_gradient_programs_match_jnp(case, backend):
     """fuse='grad': the row-wise input's cotangent is one fused kernel (its gradient program fuses), the others
-    run unfused; every cotangent matches jnp's (float64, jitted)."""
+    (a partial that reduces) are gradient tails: one row program returning what they read of the rows, then a
+    statement per partial; every cotangent matches jnp's (float64, jitted)."""
     from tullax.api.program import ProgramKernel
 
     kernel = ProgramKernel(case.spec, backend=backend, fuse="grad")
     grads = kernel.fusion.gradient_kernels(kernel.grad_specs)
-    # attention's gradient programs do not fuse: every cotangent runs the unfused statements' gradients
+    # attention's inputs each have a partial that reduces (over j or over the rows): all of them are tails
     assert len(grads) == (case.name != "attention") and all(g.fusion.fused("float64") is not None
                                                           for g in grads.values())
+    rest = tuple(n for n in kernel.inputs if n not in grads)
+    assert kernel.fusion.gradient_tails(kernel.grad_specs, rest) is not None
     with jax.enable_x64(True):
         args = [jnp.asarray(a) for a in case.inputs(np.random.default_rng(6), "float64")]
         weights = np.random.default_rng(7).normal(size=np.shape(case.oracle(*args)))
@@ -316,6 +340,72 @@ def test_fused_gradient_programs_match_jnp(case, backend):
         want = jax.grad(lambda *a: (case.oracle(*a) * weights).sum(), wrt)(*args)
         for g, w in zip(got, want):
             _close(g, np.asarray(w), "float64")
+
+
+def _attention_rows(q, k, scale, v, do):
+    """NumPy float64: attention's softmax rows p and the scores' cotangent Δs for the output's cotangent do."""
+    s = np.einsum("bid,bjd->bij", q, k) * scale
+    e = np.exp(s - s.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    dp = np.einsum("bie,bje->bij", do, v)
+    return p, p * (dp - (dp * p).sum(-1, keepdims=True))
+
+
+def test_attention_gradient_is_one_fused_row_kernel_and_a_contraction_per_input(tmp_path):
+    """Attention's gradient (fuse='grad'): ONE fused row kernel recomputes the row's softmax and returns p and the
+    scores' cotangent Δs (Δp a row contraction, the softmax's gradient in row buffers), on the c host
+    and in printed Julia (the subset evaluator) against NumPy float64; then Δq, Δk and Δv are one statement each
+    (contractions of Δs, p and the inputs); jitted, the backward launches the row kernel once per call and every
+    cotangent matches jnp's."""
+    from tullax.api.program import ProgramKernel
+    from tullax.backends import ffi
+    from tullax.backends.program_host import arguments, size_values
+
+    case = next(c for c in CASES if c.name == "attention")
+    kernel = ProgramKernel(case.spec, backend="c", fuse="grad")
+    rows, outputs, partials = kernel.fusion.gradient_tails(kernel.grad_specs, ("q", "k", "scale", "v"))
+    assert outputs == ("p", "Δs") and sorted(partials) == ["k", "q", "scale", "v"]
+    assert all(len(ks) == 1 and len(ks[0].program.statements) == 1 for ks in partials.values())
+    fused = rows.fusion.fused("float64")
+    assert fused is not None and fused.outputs == outputs
+    assert {b.var for b in walk_stmts(fused.kernel.body) if isinstance(b, Buffer)} >= {"b_s", "b_Δp_5_0"}
+    assert len(parallel_nest(fused.kernel)[0]) == len(fused.rows) == 2
+    explained = tullax.explain(case.spec)
+    assert "one row program returns p, Δs for the tails" in explained and "Δv[b,j,e] := Δo[b,i,e]*p[b,i,j]" in explained
+    args = case.inputs(np.random.default_rng(12), "float64")
+    do = np.random.default_rng(13).normal(size=np.shape(_oracle(case, args)))
+    values = {**dict(zip(kernel.inputs, args)), "Δo": do}
+    values = {n: values[n] for n in fused.program.inputs}
+    shapes = fused.shapes({n: np.shape(v) for n, v in values.items()})
+    want = _attention_rows(*args, do)
+    outs = [np.full(shapes[name], np.nan) for name in outputs]  # numba: test_fused_gradient_programs_match_jnp
+    host_program("c", fused.kernel)(outs, values, shapes)
+    for got, w in zip(outs, want):
+        _close(got, w, "float64")
+    if importlib_util.find_spec("tree_sitter_julia") is not None:
+        from julia_subset import CPU_BACKEND, load_module
+
+        from tullax.printers.julia import CPU_FLAVOUR, launcher_name, print_module
+
+        outs = [np.full(shapes[name], np.nan) for name in outputs]
+        arrays, scalars = arguments(fused.kernel, outs, values)
+        load_module(print_module([fused.kernel], flavour=CPU_FLAVOUR)).call(
+            launcher_name(fused.kernel), CPU_BACKEND, *arrays, *(float(s) for s in scalars),
+            *size_values(fused.kernel, shapes))
+        for got, w in zip(outs, want):
+            _close(got, w, "float64")
+    with jax.enable_x64(True):
+        xs = [jnp.asarray(a) for a in args]
+        weights = np.random.default_rng(14).normal(size=do.shape)
+        grad = jax.jit(jax.grad(lambda *a: (kernel(*a) * weights).sum(), (0, 1, 2, 3)))
+        expected = jax.grad(lambda *a: (case.oracle(*a) * weights).sum(), (0, 1, 2, 3))(*xs)
+        for g, w in zip(grad(*xs), expected):
+            _close(g, np.asarray(w), "float64")
+        if ffi.available()[0]:
+            host = host_program("c", fused.kernel)
+            before = ffi.launches(host.slot)
+            jax.block_until_ready(grad(*xs))
+            assert ffi.launches(host.slot) == before + 1
 
 
 def test_forward_mode_under_fused_gradients():

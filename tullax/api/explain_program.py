@@ -79,11 +79,29 @@ def _fusion_lines(program: Program, dtype: str) -> list[str]:
         from tullax.api.kernel import Kernel
 
         specs = tuple(Kernel(st.text, backend="xla").grad_specs for st in program.statements)
-        for name, grad in analyzed_gradients(program, specs, fused.rows).items():
+        grads = analyzed_gradients(program, specs, fused.rows)
+        for name, grad in grads.items():
             lines.append(f"  fuse='grad': Δ{name} is one fused kernel over the same rows:")
             lines += [f"    {'local ' if st.local else ''}{st.canonical}" for st in grad.statements]
+        lines += _tail_lines(program, specs, fused.rows, tuple(n for n in program.inputs if n not in grads))
     except TullaxError as err:  # a statement without gradients: the call's gradients run unfused
         lines.append(f"  fuse='grad': the gradients run unfused ({err})")
+    return lines
+
+
+def _tail_lines(program: Program, specs: tuple, rows: tuple[str, ...], rest: tuple[str, ...]) -> list[str]:
+    """The gradient tails of the inputs no gradient program covers (``tullax.api.fused_grad.gradient_tails``)."""
+    from tullax.api.fused_grad import gradient_tails
+
+    tails = gradient_tails(program, specs, rows, rest) if rest else None
+    if tails is None:
+        return [f"  fuse='grad': Δ{', Δ'.join(rest)} run the unfused statements' gradients"] if rest else []
+    lines = []
+    if tails.rows:
+        lines.append(f"  fuse='grad': one row program returns {', '.join(tails.outputs)} for the tails:")
+        lines += [f"    {line}" for line in tails.rows.splitlines()]
+    lines.append("  fuse='grad': then each partial one statement (an input's partials added):")
+    lines += [f"    {text}" for texts in tails.partials.values() for text in texts]
     return lines
 
 

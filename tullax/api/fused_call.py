@@ -29,6 +29,8 @@ class FusedProgram:
         self.make_kernel = make_kernel  # program text -> its kernel (the gradient programs' ProgramKernel)
         self._fused: dict[str, Fused | str] = {}
         self._gradient_kernels: dict[str, Any] | None = None
+        self._tails: dict[tuple[str, ...], Any] = {}
+        self.tails = True  # False: the inputs no gradient program covers run the unfused statements' gradients
 
     def fused(self, dtype: str) -> Fused | None:
         found = self._fused.get(dtype)
@@ -39,7 +41,10 @@ class FusedProgram:
 
                     found = fuse_scan_program(self.program, dtype, "program")
                 else:
-                    found = fuse_program(self.program, dtype, "program", ranges=self.ranges)
+                    # Numba compiles a row tile's copies for long (a gradient's row program: tens of seconds);
+                    # the row tile is the c backend's
+                    found = fuse_program(self.program, dtype, "program", ranges=self.ranges,
+                                         row_tile=None if self.backend == "c" else 1)
             except NotFusable as why:
                 found = str(why)
             self._fused[dtype] = found
@@ -68,6 +73,27 @@ class FusedProgram:
                     found[name] = self.make_kernel(program.source)
             self._gradient_kernels = found
         return self._gradient_kernels
+
+    def gradient_tails(self, grad_specs: Any, inputs: tuple[str, ...]) -> tuple[Any, tuple[str, ...], dict] | None:
+        """The kernels of ``inputs``' gradient tails (``tullax.api.fused_grad.gradient_tails``): the row program's
+        (None where the tails read nothing of the rows), its outputs' names, and input -> its partials' kernels;
+        None where the tails do not cover them all."""
+        if inputs not in self._tails:
+            from tullax.api.fused_grad import gradient_tails
+            from tullax.compiler.fuse import row_indices
+            from tullax.errors import TullaxError
+
+            found = None
+            try:
+                tails = gradient_tails(self.program, grad_specs, row_indices(self.program), inputs)
+                if tails is not None and self.make_kernel is not None:
+                    found = (self.make_kernel(tails.rows) if tails.rows else None, tails.outputs,
+                             {name: [self.make_kernel(text) for text in texts]
+                              for name, texts in tails.partials.items()})
+            except TullaxError:  # NotFusable, or a tail that does not analyse: those inputs run unfused
+                found = None
+            self._tails[inputs] = found
+        return self._tails[inputs]
 
     def call(self, env: dict[str, Any], unfused: Callable[..., Any], grad_specs: Any = None) -> Any | None:
         """The program's output on the values of ``env`` (input name -> value), or None where it does not fuse
@@ -156,6 +182,10 @@ class FusedProgram:
                      for name, kernel in grads.items()}
             rest = [n for n in names if n not in found]
             if rest:
+                if self.tails:
+                    found.update(_tails(self.gradient_tails(grad_specs, tuple(rest)), {**env, cotangent: ct}, rest))
+                rest = [n for n in names if n not in found]
+            if rest:
                 def part(*others: Any) -> Any:
                     full = {**env, **dict(zip(rest, others))}
                     return unfused(*(full[n] for n in names))
@@ -164,6 +194,31 @@ class FusedProgram:
 
         program.defvjp(forward, backward)
         return program(*values)
+
+
+def _tails(tails: Any, env: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The cotangents of ``names`` through their gradient tails (``FusedProgram.gradient_tails``), or {} where
+    there are none, or a partial's result has another shape or dtype than its input."""
+    import jax.numpy as jnp
+
+    if tails is None:
+        return {}
+    rows, outputs, partials = tails
+    env = dict(env)
+    if rows is not None:
+        found = rows(**{n: env[n] for n in rows.inputs})
+        env.update(zip(outputs, found if len(outputs) > 1 else (found,)))
+    result = {}
+    for name in names:
+        terms = [kernel(**{n: env[n] for n in kernel.inputs}) for kernel in partials[name]]
+        want = jnp.shape(env[name]), jnp.result_type(env[name])
+        if any((jnp.shape(t), jnp.result_type(t)) != want for t in terms):
+            return {}
+        total = terms[0]
+        for term in terms[1:]:
+            total = total + term
+        result[name] = total
+    return result
 
 
 def _forward_mode(values: list[Any]) -> bool:

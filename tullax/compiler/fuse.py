@@ -51,6 +51,9 @@ ROW_BUFFER_BYTES = 1 << 20  # a row buffer is on its thread's stack (a C VLA): l
 # a block's row buffers are in its shared memory: 48 KiB is what every CUDA GPU gives a block without opting in,
 # less the cooperative combine's 64 doubles (``tullax.printers.cuda``'s tx_red)
 SHARED_BYTES = 48 * 1024 - 64 * 8
+# rows a CPU thread runs at once where a row's contraction reads a matrix that every row reads (attention's keys
+# and values): the rows' copies share those loads (a 2 x 4 register tile of its scores)
+ROW_TILE = 2
 
 
 class NotFusable(TullaxError):
@@ -117,26 +120,31 @@ def row_indices(program: Program, rows: tuple[str, ...] | None = None) -> tuple[
 
 
 def fuse_program(program: Program, dtype: str, name: str = "program", block_sums: bool = True,
-                 ranges: Mapping | None = None, share: bool = True) -> Fused:
+                 ranges: Mapping | None = None, share: bool = True, row_tile: int | None = None) -> Fused:
     """The program as one loop kernel for data of ``dtype`` (a float dtype: inputs, locals and the result).
     ``block_sums=False``: float32 sums in one register (the GPU form, whose threads each sum a share).
     ``ranges``: the program's own (its terms shared, it is analysed again with them). ``share=False``: a
-    repeated term computed where written (the GPU's block per row, whose threads hold no row buffer)."""
+    repeated term computed where written (the GPU's block per row, whose threads hold no row buffer).
+    ``row_tile``: rows per iteration of the parallel nest where a row contraction's loads are shared by them
+    (1: a row each, as the GPU's forms need; None: ``ROW_TILE``)."""
     from tullax.compiler.fuse_terms import share_terms
 
+    row_tile = ROW_TILE if row_tile is None else row_tile
     shared = share_terms(program, ranges) if share else None
     if shared is not None:
         try:
-            return _fuse(shared, dtype, name, block_sums)
+            return _fuse(shared, dtype, name, block_sums, row_tile)
         except NotFusable:
             pass
-    return _fuse(program, dtype, name, block_sums)
+    return _fuse(program, dtype, name, block_sums, row_tile)
 
 
-def _fuse(program: Program, dtype: str, name: str, block_sums: bool, rows: tuple[str, ...] | None = None) -> Fused:
+def _fuse(program: Program, dtype: str, name: str, block_sums: bool, row_tile: int = 1,
+          rows: tuple[str, ...] | None = None) -> Fused:
     """``rows`` given (a scan program's step, ``tullax.compiler.scan_program``): every statement fuses, its
     register tiles dropped (a step computes one position of ``t``)."""
     from tullax.compiler.fuse_axpy import row_axpy, row_tiles
+    from tullax.compiler.jam import RegisterTile, register_tiles
     from tullax.compiler.lower import lower
     from tullax.spec.signature import Signature
 
@@ -150,6 +158,7 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool, rows: tuple
     body: list[Stmt] = []
     compute = dtype
     agree: list[tuple[Expr, Expr]] = []
+    shared_loads = False  # a row contraction whose reads other rows share (tile the rows)
     for st in program.statements:
         spec = st.spec
         signature = Signature(tuple(INDEX_DTYPE if i.kind == "index" else dtype for i in spec.inputs), dtype)
@@ -188,6 +197,7 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool, rows: tuple
             tiled = row_tiles(kernel, len(rows))  # the row's dot products four at a time
             if tiled is not None:
                 loops, inner = parallel_nest(tiled)
+                shared_loads = True
         here = tuple(rename.stmt(replace(loop, body=())) for loop in loops[:len(rows)])
         if not outer:
             outer = here
@@ -204,6 +214,8 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool, rows: tuple
     text = "; ".join(("local " if st.local else "") + st.canonical for st in program.statements)
     kernel = LoopKernel(name, text, params.array_args(), tuple(params.scalars.values()), tuple(params.sizes.values()),
                         nest, compute)
+    if shared_loads and row_tile > 1:
+        kernel = register_tiles(kernel, [(row_vars[-1], RegisterTile(rows[-1], row_tile))])
     return Fused(kernel, rows, program.outputs, tuple(agree), program)
 
 
@@ -352,7 +364,7 @@ def block_per_row(program: Program, dtype: str, inputs: Mapping[str, tuple[int, 
 
     for share in (True, False):
         try:
-            fused = fuse_program(program, dtype, name, block_sums=False, share=share)
+            fused = fuse_program(program, dtype, name, block_sums=False, share=share, row_tile=1)
         except NotFusable:
             continue
         shapes = fused.shapes(inputs)

@@ -35,6 +35,9 @@ before the ``if``: copy u (in the ragged tile, the iteration at p_r0 + u) uses s
 miscomputes (even corrupts memory) with a Scratch declared in both branches of an ``if``; one declaration
 avoids that.
 
+A row ``Buffer`` (a fused program's per-row array, ``tullax.compiler.fuse``) declared at the top of the body is
+treated the same way: declared once, ``factor`` times longer (its length an expression), copy u in segment u.
+
 After jamming, calls and larger expressions evaluated twice in one block are computed once
 (``rewrite.share_subexpressions``).
 """
@@ -47,6 +50,7 @@ from typing import Sequence
 from tullax.compiler.loops import (
     INDEX,
     Accum,
+    Buffer,
     Const,
     Expr,
     If,
@@ -93,7 +97,7 @@ def dependent(stmts: tuple[Stmt, ...], tiled: set[str]) -> set[str]:
     through its position). A value depends on what it reads, and on every guard and loop bound around its
     assignment: ``acc += A[i]`` under ``if (m == 1)`` reads no m, yet each copy of the tile needs its own ``acc``
     (one shared accumulator stored for every m put A[i] where m != 1 too)."""
-    scratch = {s.var for s in walk_stmts(stmts) if isinstance(s, Scratch)}
+    scratch = {s.var for s in walk_stmts(stmts) if isinstance(s, (Scratch, Buffer))}
     found = set(tiled)
     while True:
         before = len(found)
@@ -165,6 +169,9 @@ def register_tiles(kernel: LoopKernel, tiles: Sequence[tuple[str, RegisterTile]]
     scratch = {s.var: (s.length, s.dtype) for s in walk_stmts(body) if isinstance(s, Scratch)}
     if any(isinstance(s, Loop) and any(isinstance(t, Scratch) for t in walk_stmts(s.body)) for s in walk_stmts(body)):
         return kernel  # declared anew in each iteration of a loop: not one segment per copy
+    buffers = {s.var: s for s in body if isinstance(s, Buffer)}
+    if len(buffers) != sum(isinstance(s, Buffer) for s in walk_stmts(body)):
+        return kernel  # a row buffer declared below the top of the body
     tiled = {var for var, _ in tiles}
     long_enough = _long_enough(body, max(tile.min_trips for _, tile in tiles))
     if long_enough is None:
@@ -184,20 +191,25 @@ def register_tiles(kernel: LoopKernel, tiles: Sequence[tuple[str, RegisterTile]]
             whole.append(binop("<=", binop("+", lows[var], const(factor)), target.stop))
     copies = list(itertools.product(*(range(len(values)) for values in per_var)))
     renames: list[dict[str, Expr]] = []
+    taken = {s.var for s in walk_stmts(body) if isinstance(s, (Let, Accum, Loop, Scratch, Buffer))}
     for number, combo in enumerate(copies):
         suffix = "_".join(str(u) for u in combo)
         values: dict[str, Expr] = {
-            name: const(number * scratch[name][0]) if name in scratch else _typed(body, name, suffix)
-            for name in dep - tiled}
+            name: const(number * scratch[name][0]) if name in scratch else _typed(body, name, suffix, taken)
+            for name in sorted(dep - tiled - set(buffers))}
+        values.update({name: binop("*", const(number), buffers[name].length) if number else const(0)
+                       for name in dep & set(buffers)})
         values.update({var: per_var[k][u] for k, ((var, _), u) in enumerate(zip(tiles, combo))})
         renames.append(values)
-    body = _without_scratch(body)
+    body = tuple(s for s in _without_scratch(body) if not isinstance(s, Buffer))
     try:
         jammed = drop_dead_lets(_jam(body, dep, renames))
     except _NotJammable:
         return kernel
     ragged = substitute_stmts(body, {name: binop("*", _copy_number(tiles, lows), const(length))
                                      for name, (length, _) in scratch.items()})
+    ragged = substitute_stmts(ragged, {name: binop("*", _copy_number(tiles, lows), buffers[name].length)
+                                       for name in dep & set(buffers)})
     for var, tile in reversed(tiles):
         stop = binop("min", binop("+", lows[var], const(tile.factor)), by_var[var].stop)
         ragged = (Loop(var, lows[var], stop, False, ragged),)
@@ -205,6 +217,8 @@ def register_tiles(kernel: LoopKernel, tiles: Sequence[tuple[str, RegisterTile]]
         Let(lows[var].name, binop("+", by_var[var].start, binop("*", Var(f"{var}_rt", INDEX), const(tile.factor))))
         for var, tile in tiles)
     tiled_body += tuple(Scratch(name, length * len(copies), dtype) for name, (length, dtype) in scratch.items())
+    tiled_body += tuple(replace(b, length=binop("*", b.length, const(len(copies)))) if name in dep else b
+                        for name, b in buffers.items())
     tiled_body += (If(conjunction(whole + long_enough), jammed, ragged),)
     factors = dict(tiles)
     nest: tuple[Stmt, ...] = tiled_body
@@ -260,11 +274,16 @@ def _without_scratch(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
     return tuple(out)
 
 
-def _typed(body: tuple[Stmt, ...], name: str, copy: str) -> Var:
-    """The renamed variable of copy ``copy`` with the dtype of ``name`` (a Let's value)."""
+def _typed(body: tuple[Stmt, ...], name: str, copy: str, taken: set[str]) -> Var:
+    """The renamed variable of copy ``copy`` with the dtype of ``name`` (a Let's value), a name not in ``taken``
+    (a body tiled before has ``acc_2_1`` already: ``acc_2``'s copy 1 is then ``acc_2_1_``); added to it."""
     for stmt in walk_stmts(body):
         if isinstance(stmt, Let) and stmt.var == name:
-            return Var(f"{name}_{copy}", stmt.value.dtype)
+            fresh = f"{name}_{copy}"
+            while fresh in taken:
+                fresh += "_"
+            taken.add(fresh)
+            return Var(fresh, stmt.value.dtype)
     raise AssertionError(f"internal error: no definition of {name}")
 
 

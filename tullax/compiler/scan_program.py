@@ -37,7 +37,7 @@ def fuse_scan_program(program: Program, dtype: str, name: str = "program", hoist
         Statement(st.text, st.canonical, spec, st.local, st.number) for st, spec in zip(program.statements, specs)))
     scan_spec = specs[step.number - 1]
     rows = scan_spec.free
-    fused = _fuse(flat, dtype, name, not gpu, rows)
+    fused = _fuse(flat, dtype, name, not gpu, rows=rows)
     kernel = fused.kernel
     loops, inner = parallel_nest(kernel)
     if len(loops) < len(rows):
