@@ -397,7 +397,7 @@ def _start_ffi_handler() -> None:
 class CBackend:
     name = NAME
     capabilities = Capabilities(host_buffers=True, module_source=True, prepare=True, shaped_run=True,
-                                complex_numbers=False, whole_module_cached=True, availability_now=True)
+                                whole_module_cached=True, availability_now=True)
 
     def availability(self) -> tuple[bool, str]:
         _start_ffi_handler()

@@ -113,8 +113,8 @@ def module_kernels(spec: Spec, signature: Signature) -> tuple[tuple[LoopKernel, 
 
 
 def has_gradients(signature: Signature) -> bool:
-    """Whether a result of this signature has gradient steps: integers have none; complex is refused anyway."""
-    return np.dtype(signature.out_dtype).kind not in "iuc"
+    """Whether a result of this signature has gradient steps: integers have none."""
+    return np.dtype(signature.out_dtype).kind not in "iu"
 
 
 def _printed(kernels: tuple[tuple[LoopKernel, Spec, Signature], ...], plain: bool = False) -> tuple[LoopKernel, str]:
