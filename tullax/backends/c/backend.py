@@ -310,7 +310,7 @@ def _build_steps(spec: Spec, signature: Signature, build: _StepsBuild) -> None:
             build.forward_built.wait()
         try:
             build.keys = frozenset((step.spec, step_signature(step.spec, signature, spec))
-                                   for step in host.kernel_steps(spec, signature.out_dtype)[1:])
+                                   for step in host.kernel_steps(spec, signature.out_dtype, signature.in_dtypes)[1:])
         finally:
             build.known.set()
         if build.keys and _tiered(STEPS, spec, signature) is None:

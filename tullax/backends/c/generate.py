@@ -98,7 +98,7 @@ def _part_kernels(spec: Spec, signature: Signature, part: str,
     if not has_gradients(signature):
         return ()
     kernels = []
-    for step in host.kernel_steps(spec, signature.out_dtype)[1:]:
+    for step in host.kernel_steps(spec, signature.out_dtype, signature.in_dtypes)[1:]:
         its_signature = step_signature(step.spec, signature, spec)
         try:
             kernels.append((lowered(step.spec, its_signature, step.name, streamed), step.spec, its_signature))
