@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="c")
     parser.add_argument("--lengths", type=int, nargs="*", default=[64, 256, 1024])
     parser.add_argument("--complex", action="store_true",
-                        help="a complex64 lam (S5's diagonal): forward and grad (c has no complex: --backend numba)")
+                        help="a complex64 lam (S5's diagonal): forward and grad (jax's jacobians need real inputs)")
     parser.add_argument("--cpu", action="store_true", help="time by process CPU time, not the wall clock")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "scan.json"))
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """The ``c`` backend (tullax.backends.c.backend, tullax.printers.c): every corpus spec against the naive evaluator and
 the XLA lowering, every gradient step against XLA, float32, special values, scatters on several threads, the
 serial team of tiny calls, one compiler run per module, the compile cache across processes, and the errors it
-raises (no compiler, a compiler that fails, complex numbers). Skipped only where no C compiler works."""
+raises (no compiler, a compiler that fails). Skipped only where no C compiler works."""
 from __future__ import annotations
 
 import json
@@ -633,10 +633,14 @@ def test_a_module_that_adds_into_its_output_clears_it_in_parallel(monkeypatch):
             assert (buffer[:32] == 0xAB).all() and (buffer[32 + nbytes:] == 0xAB).all(), (threads, nbytes)
 
 
-def test_complex_is_refused_naming_the_backends_that_run_it():
+def test_complex_sums_build_and_run():
+    """Complex modules build (C99 ``_Complex``, ``tullax.printers.c_complex``; before, a TullaxError naming xla
+    and numba): a row sum over complex128, its lanes a plain scalar loop."""
     spec = analysed("y[i] := x[i,j]")
-    with pytest.raises(TullaxError, match="backend='xla'.*'numba'"):
-        BACKEND.build(spec, Signature(("complex128",), "complex128"))
+    x = (np.arange(12.0) - 1j * np.arange(12.0)[::-1]).reshape(3, 4)
+    out = np.empty(3, np.complex128)
+    BACKEND.build(spec, Signature(("complex128",), "complex128"))(out, x)
+    np.testing.assert_allclose(out, x.sum(1), rtol=1e-15)
 
 
 def test_half_precision_through_the_widened_kernel():

@@ -57,7 +57,7 @@ def _weights(reference: np.ndarray, seed: int = 1) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", ["complex64", "complex128"])
-@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("backend", ["c", "numba", "xla"])
 @pytest.mark.parametrize("text,kinds,reference", CORPUS, ids=IDS)
 def test_forward_and_gradients_match_numpy_and_jax_grad(text, kinds, reference, backend, dtype):
     import jax
@@ -85,7 +85,7 @@ def test_forward_and_gradients_match_numpy_and_jax_grad(text, kinds, reference, 
                 np.testing.assert_allclose(g, w, rtol=10 * RTOL[dtype], atol=10 * RTOL[dtype], err_msg=name)
 
 
-@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("backend", ["c", "numba", "xla"])
 def test_abs_of_a_complex_zero_has_a_zero_gradient_as_in_jax(backend):
     """|u|' divides by |u|: at u = 0 jax's rule divides by 1 instead (a zero gradient, not NaN), and so do we."""
     import jax
@@ -99,7 +99,7 @@ def test_abs_of_a_complex_zero_has_a_zero_gradient_as_in_jax(backend):
     assert np.all(np.isfinite(got))
 
 
-@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("backend", ["c", "numba", "xla"])
 def test_real_of_a_complex_product_is_real(backend):
     """The issue's example: ``real(z[i]*conj(z[i]))`` returned complex64."""
     z = (np.arange(4) + 1j).astype(np.complex64)
@@ -147,7 +147,7 @@ def test_gradient_specs_follow_jax_convention():
     assert gradient_texts(spec) == ("Δx[i] := Δy[i]*(conj(x[i]) + x[i])",)  # real inputs: as before
 
 
-@pytest.mark.parametrize("backend", ["numba", "xla"])
+@pytest.mark.parametrize("backend", ["c", "numba", "xla"])
 @pytest.mark.parametrize("text,reference", [
     ("y[i] := abs(z[i])^2 + real(z[i])", lambda z: jnp_module().abs(z) ** 2 + jnp_module().real(z)),
     ("y[i] := z[i]*conj(z[i]) + exp(z[i])", lambda z: z * jnp_module().conj(z) + jnp_module().exp(z)),

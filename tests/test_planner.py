@@ -855,13 +855,15 @@ def test_explain_shows_the_stored_decision_of_a_gather_whose_index_array_jax_mak
 
 
 def test_auto_passes_complex_calls_to_a_loop_backend_that_takes_them(monkeypatch, tmp_path):
-    """Host C (auto's loop backend where a compiler works) refuses complex numbers: auto must not send a
-    complex call there, eagerly, under jit or in the planner (a bug before Capabilities.complex_numbers)."""
+    """auto sends a complex call only to a loop backend that computes with complex numbers, eagerly, under jit or
+    in the planner (a bug before Capabilities.complex_numbers, when host C had no complex type; the cuda printer
+    still has none)."""
     from tullax import backends
 
     complex_loops = rules.loop_backend(["complex64"])
     assert complex_loops is not None and backends.capabilities(backends.get(complex_loops)).complex_numbers
-    assert not backends.takes(backends.get("c"), ["float32", "complex64"])
+    assert backends.takes(backends.get("c"), ["float32", "complex64"])
+    assert not backends.takes(backends.get("cuda"), ["float32", "complex64"])
     assert backends.takes(backends.get("c"), ["float32", "int32"])
     text = "y[i] := x[i,j]*conj(x[i,j]) + 2*x[i,j]"
     kernel = tullax.einsum_kernel(text)

@@ -2,7 +2,8 @@
 complex grammar (``random_spec(..., complex_values=True)``: sums, conj/real/imag/abs, holomorphic functions, no
 orderings). The XLA lowering's forward against the naive evaluator, and every derived gradient (jax's convention
 for complex gradients) against ``jax.grad`` of the plain lowering for the real loss ``sum(real(y*conj(w)))``,
-whose cotangent w.r.t. y is ``conj(w)``. 40 specs per run, other ones every day (tests/rotation.py)."""
+whose cotangent w.r.t. y is ``conj(w)``. 40 specs per run, other ones every day (tests/rotation.py); and 2-4
+more on every registry backend that computes with complex numbers (c, numba), through ``einsum_kernel``."""
 from __future__ import annotations
 
 from functools import partial
@@ -12,7 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import rotation
+from loop_backends import every_backend, skip_unavailable
 
+import tullax
 from tullax.backends.xla.lower import lower
 from tullax.errors import TullaxError
 from tullax.grad import gradients
@@ -93,3 +96,59 @@ def test_random_complex_specs_forward_and_gradients():
             except AssertionError as err:
                 raise AssertionError(f"seed {seed} {rotation.label()}: {err}") from err
     assert compared >= SPECS * 0.6, f"only {compared} specs compared"
+
+
+# random specs per loop backend and run: each compiles its forward and gradient modules (Numba's take ~25 s a spec
+# on 2 busy cores, C's ~6 s)
+LOOP_SPECS = {"c": 4}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", every_backend())
+def test_random_complex_specs_on_every_loop_backend(backend):
+    """The same random complex specs (fewer: each compiles) through a registry backend that computes with complex
+    numbers, as a user calls it: the forward against the naive evaluator, ``jax.grad`` of the real loss through
+    the kernel (its own derived gradient steps) against ``jax.grad`` through the plain XLA lowering, eager."""
+    from tullax import backends
+
+    if backend in ("xla", "auto"):
+        pytest.skip("xla is the reference (test_random_complex_specs_forward_and_gradients); auto picks one of them")
+    skip_unavailable(backend)
+    if not backends.takes(backends.get(backend), ["complex128"]):
+        pytest.skip(f"{backend} has no complex numbers")
+    compared = 0
+    with jax.enable_x64(True):
+        for seed in rotation.seeds(LOOP_SPECS.get(backend, 2), shard=1, shards=2):
+            text = random_spec(seed, complex_values=True)
+            try:
+                compared += _check_backend(text, seed, backend)
+            except (TullaxError, AssertionError) as err:
+                raise AssertionError(f"{backend}: {text} (seed {seed}) {rotation.label()}: {err}") from err
+    assert compared >= 1, "no spec compared"
+
+
+def _check_backend(text: str, seed: int, backend: str) -> bool:
+    spec = analyze(parse_spec(text))
+    env = random_inputs(spec, seed=seed, dtype=np.complex128)
+    names = [i.name for i in spec.inputs
+             if i.kind in ("array", "scalar") and np.issubdtype(np.asarray(env[i.name]).dtype, np.inexact)]
+    want = naive_eval(spec, env)
+    if not np.all(np.isfinite(want)):
+        return False
+    kernel = tullax.einsum_kernel(text, backend=backend)
+    args = [env[name] for name in spec.input_names]
+    np.testing.assert_allclose(np.asarray(kernel(*args)), want, rtol=RTOL, atol=ATOL, err_msg="forward")
+    plain = lower(spec)
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(want.shape) + 1j * rng.standard_normal(want.shape)
+    w = w if np.iscomplexobj(want) else w.real
+    positions = tuple(spec.input_names.index(name) for name in names)
+
+    def loss(f):
+        return lambda *a: jnp.sum(jnp.real(f(*a) * jnp.conj(w)))
+
+    got = jax.grad(loss(kernel), positions)(*args)
+    expected = jax.grad(loss(lambda *a: plain(dict(zip(spec.input_names, a)))), positions)(*args)
+    for name, g, e in zip(names, got, expected):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-6, atol=1e-8, err_msg=f"gradient wrt {name}")
+    return True

@@ -141,7 +141,7 @@ def test_float32_grad(backend):
         _close(g, w, "float32")
 
 
-@pytest.mark.parametrize("backend", ("numba", "xla"))  # the c printer has no complex type
+@pytest.mark.parametrize("backend", (c_param(), "numba", "xla"))  # complex x and complex128: test_scan_complex
 def test_complex_lam(backend):
     """S5 with a complex diagonal: forward, and the gradient of a real loss (jax's convention)."""
     case = BY_NAME["lru"]

@@ -117,7 +117,7 @@ def test_grad_of_a_jvp_differentiates_the_tangent_recurrence():
     _close(jax.grad(along(kernel))(lam), jax.grad(along(case.oracle))(lam), 1e-8)
 
 
-@pytest.mark.parametrize("backend", ("numba", "xla"))  # the c printer has no complex type
+@pytest.mark.parametrize("backend", (c_param(), "numba", "xla"))
 def test_jvp_with_a_complex_lam(backend):
     """S5's complex diagonal: holomorphic in lam, so the tangent is ∂h/∂lam · l̇am (complex64)."""
     case = BY_NAME["lru"]

@@ -77,15 +77,19 @@ class KernelStep:
 FORWARD_KERNEL = "forward"  # the forward kernel's function name in every generated module
 
 
-def kernel_steps(spec: Spec, dtype: Any = None) -> tuple[KernelStep, ...]:
+def kernel_steps(spec: Spec, dtype: Any = None, in_dtypes: Sequence[Any] | None = None) -> tuple[KernelStep, ...]:
     """The forward kernel of ``spec`` and every step of every gradient, in order; a spec whose gradients
     cannot be derived has its forward kernel only. ``dtype``: the data inputs' dtype (a complex one derives
-    the gradients of complex inputs)."""
+    the gradients of complex inputs); ``in_dtypes``, each input's (in order), says which are complex instead, as
+    a call derives them (a complex lam beside a real x)."""
     from tullax.grad import gradients
+    from tullax.spec.valuetype import complex_inputs
 
     steps = [KernelStep(spec, FORWARD_KERNEL, "forward")]
-    complex_names = frozenset()
-    if dtype is not None and np.dtype(dtype).kind == "c":
+    complex_names: frozenset[str] = frozenset()
+    if in_dtypes is not None:
+        complex_names = complex_inputs(spec, dict(zip(spec.input_names, in_dtypes)))
+    elif dtype is not None and np.dtype(dtype).kind == "c":
         complex_names = frozenset(i.name for i in spec.inputs if i.kind in ("array", "scalar"))
     try:
         grads = gradients(spec, complex_names)

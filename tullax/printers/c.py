@@ -55,6 +55,15 @@ from tullax.compiler.loops import (
 from tullax.errors import TullaxError
 from tullax.printers.base import Place, Precedence
 from tullax.printers.c_clear import CLEAR_FUNCTION, CLEAR_SOURCE
+from tullax.printers.c_complex import (
+    COMPLEX_PRELUDE,
+    COMPLEX_TYPES,
+    ComplexC,
+    holds_complex,
+    refuse_plain,
+    wants_scalar_loop,
+)
+from tullax.printers.c_lanes import ELEMENT_BYTES, HELPER_TYPES, LANE_PRELUDE, lane_count, vector_lanes
 from tullax.printers.c_mvec import MVEC_DECLARATIONS
 from tullax.printers.c_packed import packed_source
 from tullax.printers.c_plain import plain_prelude
@@ -67,19 +76,11 @@ from tullax.printers.clike import (
     Parameter,
     extent_name,
     helper_definitions,
-    refuse_complex,
     storage_type,
 )
 
 NAME = "c"
 THREADS = "tx_threads"  # the last parameter of every function: the OpenMP team size (1: serial)
-HELPER_TYPES = ("float32", "float64", "int32", "int64")  # the types the prelude instantiates its helpers for
-# A max/min reduction loop keeps this many bytes of accumulators: two independent compare-select chains, each a
-# GCC/Clang vector of VECTOR_BYTES (one AVX2 register): more lanes spill, fewer leave the chains' latency exposed,
-# and one 64-byte vector is compared lane by lane, with branches, by GCC without AVX-512 (benchmarks/row_streams.py,
-# benchmarks/results/row_streams.json)
-LANE_BYTES = 64
-VECTOR_BYTES = 32
 # A lane loop prefetches this far ahead of each row it streams: the hardware's prefetchers stop at every 4 KiB
 # page, XLA's buffers are on 4 KiB pages, and a prefetch this far ahead starts each page's walk and first lines
 # early; 16 KiB was the fastest distance of those tried (benchmarks/ffi_call.py measures it in jit,
@@ -95,9 +96,9 @@ def parameters(kernel: LoopKernel) -> tuple[Parameter, ...]:
     params = []
     for arr in kernel.arrays:
         qualifier = "const " if arr.role == "in" else ""
-        params.append(Parameter(arr.name, "array", arr.dtype, f"{qualifier}{storage_type(arr.dtype, NAME)}*",
+        params.append(Parameter(arr.name, "array", arr.dtype, f"{qualifier}{_element_type(arr.dtype)}*",
                                 arr.name, restrict="restrict"))
-    params += [Parameter(s.name, "scalar", s.dtype, storage_type(s.dtype, NAME), s.name) for s in kernel.scalars]
+    params += [Parameter(s.name, "scalar", s.dtype, _element_type(s.dtype), s.name) for s in kernel.scalars]
     params += [Parameter(size.name, "size", INDEX, "tx_i64") for size in kernel.sizes]
     for arr in kernel.arrays:
         for axis in range(1, arr.rank):
@@ -105,8 +106,13 @@ def parameters(kernel: LoopKernel) -> tuple[Parameter, ...]:
     return tuple(params)
 
 
-class CPrinter(CLikePrinter):
-    """Loop-IR expressions and statements as C99 with 64-bit index arithmetic."""
+def _element_type(dtype: str) -> str:
+    return COMPLEX_TYPES.get(dtype) or storage_type(dtype, NAME)
+
+
+class CPrinter(ComplexC, CLikePrinter):
+    """Loop-IR expressions and statements as C99 with 64-bit index arithmetic; complex values as C99's
+    ``_Complex`` (``tullax.printers.c_complex``)."""
 
     backend = NAME
     # atomic_add: the colliding loops of a scatter stay serial in the printed nest, so += is race-free
@@ -131,6 +137,9 @@ class CPrinter(CLikePrinter):
 
     def loop(self, loop: Loop, place: Place) -> list[str]:
         assert isinstance(place, CPlace)
+        if wants_scalar_loop(loop) and not (loop.reduce_parallel and all(
+                s.op == "+" for s in loop.body if isinstance(s, Accum))):  # complex: no float lanes, no simd
+            return super().loop(loop, place)
         if not self.plain and _lane_reduction(loop):
             return self.lanes(loop, place)
         if _sum_lanes(loop, dict(place.declared)):
@@ -315,7 +324,7 @@ class CPrinter(CLikePrinter):
         vector = f"tx_v{width}_{suffix}"
         lines: list[str] = []
         for load in _streams(var, lets, accums):
-            ahead = PREFETCH_BYTES // _ELEMENT_BYTES.get(load.dtype, 8)
+            ahead = PREFETCH_BYTES // ELEMENT_BYTES.get(load.dtype, 8)
             lines += [f"{pad}{var} = {var}_blk + {ahead};", f"{pad}__builtin_prefetch(&{self.expr(load)}, 0, 3);"]
         for k in range(len(chains) * width):
             lines.append(f"{pad}{var} = {var}_blk + {k};")
@@ -451,8 +460,8 @@ def kernel_function(kernel: LoopKernel, plain: bool = False) -> str:
 
 
 def _kernel_body(kernel: LoopKernel, plain: bool = False) -> str:
-    refuse_complex({kernel.compute_dtype, *(a.dtype for a in kernel.arrays), *(s.dtype for s in kernel.scalars)},
-                   NAME)
+    if plain:
+        refuse_plain(kernel)
     printer = CPrinter(plain)
     declarations = ",\n    ".join([p.declaration for p in parameters(kernel)] + [f"const int {THREADS}"])
     lines = [f"// {kernel.name}: {kernel.spec_text}", f"void {kernel.name}(\n    {declarations})", "{"]
@@ -477,69 +486,7 @@ _REDUCTIONS = "".join(
     f"omp_out = tx_{op}_{TYPE_SUFFIX[dt]}(omp_out, omp_in)) initializer(omp_priv = omp_orig)\n"
     for dt in HELPER_TYPES for op in ("max", "min"))
 
-_ELEMENT_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "int16": 2, "int8": 1, "uint8": 1,
-                  "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1}
-_MASK = {"float32": "tx_i32", "float64": "tx_i64", "int32": "tx_i32", "int64": "tx_i64"}
-def lane_count(dtype: str) -> int:
-    """The lanes of a max/min reduction loop over ``dtype``: LANE_BYTES of its elements."""
-    return LANE_BYTES // _ELEMENT_BYTES[dtype]
 
-
-def vector_lanes(dtype: str) -> int:
-    """The lanes of one vector of a max/min reduction loop over ``dtype``: VECTOR_BYTES of its elements."""
-    return VECTOR_BYTES // _ELEMENT_BYTES[dtype]
-
-
-# x86's maxps/minps compute exactly the lane step's select (``v > l ? v : l``, ``v < l ? v : l``) in one instruction;
-# GCC spells the select as a compare and a blend, whose latency the loop's accumulator chains wait on
-# (benchmarks/row_streams.py)
-_X86_SELECT = {("max", "float32"): "__builtin_ia32_maxps256", ("min", "float32"): "__builtin_ia32_minps256",
-               ("max", "float64"): "__builtin_ia32_maxpd256", ("min", "float64"): "__builtin_ia32_minpd256"}
-
-
-def _lane_helpers(dtype: str) -> str:
-    """The vector and mask types of ``vector_lanes(dtype)`` elements of ``dtype``, its lane max/min steps and the
-    folds of a vector of lanes into the accumulator (``tx_vfoldmax_f32``): halves compared with halves, in
-    vectors; the lanes and the NaN mask read one by one, a compare and a branch each, cost more than the loop over
-    a row of 256 (``benchmarks/row_streams.py``). The result is NaN when a lane saw one, or holds one (it started
-    from a NaN accumulator); else the accumulator's max/min with the lanes'."""
-    lanes, suffix = vector_lanes(dtype), TYPE_SUFFIX[dtype]
-    vector, mask, size = f"tx_v{lanes}_{suffix}", f"tx_m{lanes}_{suffix}", VECTOR_BYTES
-    lines = [f"typedef {storage_type(dtype)} {vector} __attribute__((vector_size({size})));",
-             f"typedef {_MASK[dtype]} {mask} __attribute__((vector_size({size})));"]
-    halves = []
-    width = lanes // 2
-    while width:  # lane k against lane k ^ width: after the last, lane 0 holds the fold
-        halves.append(", ".join(str(k ^ width) for k in range(lanes)))
-        width //= 2
-    for op, cmp in (("max", ">"), ("min", "<")):
-        lines += [f"static inline {vector} tx_v{op}_{suffix}({vector} v, {vector} l, {mask}* nan) {{",
-                  "    *nan |= v != v;"]
-        builtin = _X86_SELECT.get((op, dtype)) if VECTOR_BYTES == 32 else None
-        if builtin:
-            lines += ["#ifdef __AVX__", f"    return {builtin}(v, l);", "#else"]
-        lines += [f"    {mask} m = v {cmp} l;", f"    return ({vector})((({mask})v & m) | (({mask})l & ~m));"]
-        lines += ["#endif", "}"] if builtin else ["}"]
-        lines += [f"static inline {storage_type(dtype)} tx_vfold{op}_{suffix}({vector} l, {mask} nan, "
-                  f"{storage_type(dtype)} acc) {{",
-                  "    nan |= l != l;"]
-        for half in halves:
-            lines += [f"    l = tx_v{op}_{suffix}(TX_SHUFFLE(l, {mask}, {half}), l, &nan);",
-                      f"    nan |= TX_SHUFFLE(nan, {mask}, {half});"]
-        nan = f"nan[0] ? tx_nan_{suffix}() : " if dtype in FLOATS else ""
-        lines += [f"    return {nan}tx_{op}_{suffix}(acc, l[0]);", "}"]
-    for op, sign in (("add", "+"), ("mul", "*")):  # halves with halves, a fixed order: then the accumulator
-        lines.append(f"static inline {storage_type(dtype)} tx_vfold{op}_{suffix}({vector} l, "
-                     f"{storage_type(dtype)} acc) {{")
-        lines += [f"    l = l {sign} TX_SHUFFLE(l, {mask}, {half});" for half in halves]
-        lines += [f"    return acc {sign} l[0];", "}"]
-    # an unaligned vector read (``c_vector``): a local of an inline function, so it never stays on the stack
-    lines += [f"static inline {vector} tx_vload_{suffix}(const {storage_type(dtype)}* p) {{",
-              f"    {vector} v;", "    memcpy(&v, p, sizeof(v));", "    return v;", "}"]
-    return "\n".join(lines) + "\n"
-
-
-_LANE_HELPERS = "".join(_lane_helpers(dtype) for dtype in HELPER_TYPES)
 
 
 _PRELUDE = """\
@@ -564,15 +511,6 @@ static inline double tx_nan_f64(void) { return __builtin_nan(""); }
 # a plain module's prelude: tcc's infinity and NaN, and the sum lanes' folds on arrays (``tullax.printers.c_plain``)
 _PLAIN_PRELUDE = plain_prelude(_PRELUDE, {dtype: vector_lanes(dtype) for dtype in FLOATS})
 # max/min and sum lanes' helpers (GCC/Clang vectors): not in a plain module
-_LANE_PRELUDE = """
-// max/min reduction lanes (CPrinter.lanes): GCC/Clang vectors of 32 bytes, a compare-select that skips NaN
-// and a mask of the lanes that saw one; the fold of the lanes into the accumulator
-#if defined(__clang__) || __GNUC__ >= 12
-#define TX_SHUFFLE(v, mask, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
-#else
-#define TX_SHUFFLE(v, mask, ...) __builtin_shuffle(v, (mask){__VA_ARGS__})
-#endif
-""" + _LANE_HELPERS
 
 _HEADER = "// Generated by tullax {version} for the c backend. Do not edit: regenerated from the spec.\n"
 
@@ -592,7 +530,9 @@ def print_module(kernels: Sequence[LoopKernel], plain: bool = False) -> str:
     if CLEAR_FUNCTION in names:
         raise TullaxError(f"internal error: a kernel is named {CLEAR_FUNCTION!r}, the C module's own clear")
     clear = [CLEAR_SOURCE] if any(k.output.role == "inout" for k in kernels) else []
-    prelude = _PLAIN_PRELUDE if plain else _PRELUDE + _LANE_PRELUDE
+    prelude = _PLAIN_PRELUDE if plain else _PRELUDE + LANE_PRELUDE
+    if any(holds_complex(k) for k in kernels):
+        prelude += COMPLEX_PRELUDE
     return UNIT_MARK.join([_HEADER.format(version=__version__) + prelude]
                           + [kernel_function(k, plain) for k in kernels] + clear)
 

@@ -84,10 +84,11 @@ def storage_type(dtype: str, backend: str = "cuda") -> str:
 
 
 def refuse_complex(dtypes: set[str], backend: str) -> None:
-    """Neither C printer has a complex type: say which backends run complex specs."""
+    """The CUDA C printer has no complex type (the host C printer has C99's, ``c_complex``): say which backends
+    run complex specs."""
     if any(str(d).startswith("complex") for d in dtypes):
         raise TullaxError(f"the {backend} backend has no complex numbers (its C printer has no complex type): run "
-                          "complex64/complex128 specs on backend='xla' (on the GPU too) or 'numba'")
+                          "complex64/complex128 specs on backend='xla' (on the GPU too), 'c' or 'numba'")
 
 
 @dataclass(frozen=True)

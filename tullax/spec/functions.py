@@ -47,6 +47,9 @@ class Function:
     numba: str | None = None  # Numba spelling of a "call" function
     julia: str | None = None  # Julia spelling of a "call" function
     c: tuple[str, str] | None = None  # C spelling for (float32, float64), for the CUDA printer
+    # host C spelling on complex arguments for (complex64, complex128): C99 complex.h's, or a ``tx_c`` helper of
+    # the printer's complex prelude (``tullax.printers.c_complex``) where complex.h has none; None: real only
+    c_complex: tuple[str, str] | None = None
     # Julia throws DomainError where NumPy/XLA return NaN: the condition on x that gives NaN ({zero}, {one} are
     # literals of the argument's type); printers wrap such calls so NaN comes out, as on every other backend
     julia_domain: str | None = None
@@ -84,10 +87,20 @@ def _math(name: str, derivative: str | None, from_output: str | None, safe_at_pa
           julia_domain: str | None = None, numpy: str | None = None, julia: str | None = None,
           on_complex: str = "holomorphic", libmvec: tuple[int, int] | None = None) -> Function:
     """A function every target spells as a plain call of the same name (C: with an ``f`` suffix for float32);
-    ``numpy`` is NumPy's name where it differs (``arctan``), ``julia`` Julia's (``round`` for NumPy's ``rint``)."""
+    ``numpy`` is NumPy's name where it differs (``arctan``), ``julia`` Julia's (``round`` for NumPy's ``rint``).
+    On complex arguments host C calls complex.h's ``c``-prefixed function (``cexpf``, ``cabs``), or the complex
+    prelude's ``tx_c<name>_c64`` for the ones complex.h lacks (``_NO_COMPLEX_H``)."""
+    c_complex = None
+    if on_complex != "real-only":
+        c_complex = ((f"tx_c{name}_c64", f"tx_c{name}_c128") if name in _NO_COMPLEX_H
+                     else (f"c{name}f", f"c{name}"))
     return Function(name, 1, derivative, from_output, safe_at_pad, "call", getattr(np, numpy or name),
                     f"jax.numpy.{numpy or name}", numba=f"np.{numpy or name}", julia=julia or name, c=(c32, c64),
-                    julia_domain=julia_domain, on_complex=on_complex, libmvec=libmvec)  # type: ignore[arg-type]
+                    c_complex=c_complex, julia_domain=julia_domain, on_complex=on_complex,  # type: ignore[arg-type]
+                    libmvec=libmvec)
+
+
+_NO_COMPLEX_H = ("log1p", "expm1", "exp2", "log2", "log10")  # C99's complex.h has no complex form of these
 
 
 LN2, LN10 = "0.6931471805599453", "2.302585092994046"  # log(2), log(10) as derivative literals
@@ -136,11 +149,11 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     Function("relu", 1, "x > 0", "y > 0", True, "expand", _relu, "jax.nn.relu", on_complex="real-only"),
     # the rules here are those of a real argument; on a complex one grad.derivative has Wirtinger rules
     Function("conj", 1, "1", "1", True, "structural", np.conj, "jax.numpy.conj",
-             numba="np.conj", julia="conj", on_complex="conjugate"),
+             numba="np.conj", julia="conj", c_complex=("conjf", "conj"), on_complex="conjugate"),
     Function("real", 1, "1", "1", True, "structural", np.real, "jax.numpy.real",
-             numba="np.real", julia="real", on_complex="real-valued"),
+             numba="np.real", julia="real", c_complex=("crealf", "creal"), on_complex="real-valued"),
     Function("imag", 1, None, None, True, "structural", np.imag, "jax.numpy.imag",
-             numba="np.imag", julia="imag", on_complex="real-valued"),
+             numba="np.imag", julia="imag", c_complex=("cimagf", "cimag"), on_complex="real-valued"),
     Function("max", 2, None, None, True, "structural", None, "jax.numpy.maximum", variadic=True,
              on_complex="real-only"),
     Function("min", 2, None, None, True, "structural", None, "jax.numpy.minimum", variadic=True,

@@ -37,6 +37,8 @@ def _encode(value: Any) -> Any:
         return {"@t": [_encode(v) for v in value]}
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
+    if isinstance(value, complex):  # a derived gradient's literal (``-0.5im``): a complex spec's kernel payload
+        return {"@c": [value.real, value.imag]}
     raise TullaxError(f"internal: a {type(value).__name__} cannot be written into a spec's JSON")
 
 
@@ -44,6 +46,8 @@ def _decode(value: Any) -> Any:
     if isinstance(value, dict):
         if "@t" in value:
             return tuple(_decode(v) for v in value["@t"])
+        if "@c" in value:
+            return complex(*value["@c"])
         kind = KINDS.get(value.get("@"))
         if kind is None:
             raise TullaxError(f"a spec's JSON names an unknown kind {value.get('@')!r}")

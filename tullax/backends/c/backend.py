@@ -310,7 +310,7 @@ def _build_steps(spec: Spec, signature: Signature, build: _StepsBuild) -> None:
             build.forward_built.wait()
         try:
             build.keys = frozenset((step.spec, step_signature(step.spec, signature, spec))
-                                   for step in host.kernel_steps(spec, signature.out_dtype)[1:])
+                                   for step in host.kernel_steps(spec, signature.out_dtype, signature.in_dtypes)[1:])
         finally:
             build.known.set()
         if build.keys and _tiered(STEPS, spec, signature) is None:
@@ -397,7 +397,7 @@ def _start_ffi_handler() -> None:
 class CBackend:
     name = NAME
     capabilities = Capabilities(host_buffers=True, module_source=True, prepare=True, shaped_run=True,
-                                complex_numbers=False, whole_module_cached=True, availability_now=True)
+                                whole_module_cached=True, availability_now=True)
 
     def availability(self) -> tuple[bool, str]:
         _start_ffi_handler()

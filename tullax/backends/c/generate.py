@@ -98,7 +98,7 @@ def _part_kernels(spec: Spec, signature: Signature, part: str,
     if not has_gradients(signature):
         return ()
     kernels = []
-    for step in host.kernel_steps(spec, signature.out_dtype)[1:]:
+    for step in host.kernel_steps(spec, signature.out_dtype, signature.in_dtypes)[1:]:
         its_signature = step_signature(step.spec, signature, spec)
         try:
             kernels.append((lowered(step.spec, its_signature, step.name, streamed), step.spec, its_signature))
@@ -113,8 +113,8 @@ def module_kernels(spec: Spec, signature: Signature) -> tuple[tuple[LoopKernel, 
 
 
 def has_gradients(signature: Signature) -> bool:
-    """Whether a result of this signature has gradient steps: integers have none; complex is refused anyway."""
-    return np.dtype(signature.out_dtype).kind not in "iuc"
+    """Whether a result of this signature has gradient steps: integers have none."""
+    return np.dtype(signature.out_dtype).kind not in "iu"
 
 
 def _printed(kernels: tuple[tuple[LoopKernel, Spec, Signature], ...], plain: bool = False) -> tuple[LoopKernel, str]:

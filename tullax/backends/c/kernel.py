@@ -23,7 +23,24 @@ _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "bool": ctypes
            "uint16": ctypes.c_uint16, "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64}
 
 
+class _Complex64(ctypes.Structure):
+    """A ``float _Complex`` passed by value: the x86-64 and AArch64 C ABIs pass ``T _Complex`` as this struct of
+    its two parts (ctypes has no complex type)."""
+
+    _fields_ = [("real", ctypes.c_float), ("imag", ctypes.c_float)]
+
+
+class _Complex128(ctypes.Structure):
+    _fields_ = [("real", ctypes.c_double), ("imag", ctypes.c_double)]
+
+
+_CTYPES.update(complex64=_Complex64, complex128=_Complex128)
+
+
 def _numpy_scalar(value: Any, dtype: str) -> Any:
+    if dtype in ("complex64", "complex128"):
+        value = complex(value)
+        return _CTYPES[dtype](value.real, value.imag)
     return np.dtype(dtype).type(value)
 
 
