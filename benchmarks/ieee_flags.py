@@ -203,17 +203,19 @@ def main() -> None:
              f"{record['cores']} cores; {clock} time per call in ms, median of {args.repeat} rounds (the fastest "
              "round in brackets). The variants are interleaved: each round times every variant once, in a rotating "
              "then shuffled order, each timed call after an untimed call of the same variant. after/before: the "
-             "ratio of the medians (< 1: faster now; what the IEEE flags cost as shipped); paired: the quartiles of "
-             "the ratio within each round; no-simd/before: what dropping the fast-math flags alone costs. "
+             "ratio of the medians (< 1: faster now; what the IEEE flags cost as shipped); paired: the median and "
+             "quartiles of the ratio within each round (less moved by a load change between rounds); no-simd/before: "
+             "what dropping the fast-math flags alone costs. "
              f"Geometric mean after/before: {record['geomean_after_over_before']:.3f}.", "",
-             "| case | kernel | before | no-simd | after | after/before | paired q1-q3 | no-simd/before |",
+             "| case | kernel | before | no-simd | after | after/before | paired [q1-q3] | no-simd/before |",
              "|---|---|---|---|---|---|---|---|"]
     for case, jobs in results.items():
         for job, r in jobs.items():
             med, best = r["median_ms"], r["ms"]
             cells = " | ".join(f"{med[v]:.3f} ({best[v]:.3f})" for v in VARIANTS)
             lines.append(f"| {case} | {job} | {cells} | {r['after/before']:.2f} "
-                         f"| {r['paired_q1']:.2f}-{r['paired_q3']:.2f} | {r['no-simd/before']:.2f} |")
+                         f"| {r['paired_median']:.2f} [{r['paired_q1']:.2f}-{r['paired_q3']:.2f}] "
+                         f"| {r['no-simd/before']:.2f} |")
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print(f"geomean after/before {record['geomean_after_over_before']:.3f}; wrote {RESULTS / name}.json/.md")
 
