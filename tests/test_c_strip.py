@@ -46,8 +46,8 @@ def test_exp_of_a_loop_with_an_inner_loop_runs_in_vector_strips(dtype: str):
     call = "expf(" if dtype == "float32" else "exp("
     assert "#pragma omp simd" in forward
     simd = forward.index("#pragma omp simd")
-    assert f"_sb += {STRIP})" in forward and f"_s[{STRIP}];" in forward
-    assert call in forward[simd:forward.index("}", simd)] and "_s[i2" in forward  # the strip's vector loop, read
+    assert f"_sb += {STRIP})" in forward and f"_strip[{STRIP}];" in forward
+    assert call in forward[simd:forward.index("}", simd)] and "_strip[i2" in forward  # the strip's vector loop, read
     env = _inputs(np.random.default_rng(5))
     env["x"][1, 0] = np.nan  # a NaN point: its row is NaN
     env["x"][2] = -0.0

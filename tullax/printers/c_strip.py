@@ -87,16 +87,16 @@ def strip_loop(printer: CLikePrinter, loop: Loop, place: CPlace, plan: Strip) ->
     begin, end = f"{v}_sb", f"{v}_se"
     lines = [f"{pad}for (tx_i64 {begin} = {start}; {begin} < {stop}; {begin} += {STRIP}) {{",
              f"{pad}{step}const tx_i64 {end} = tx_min_i64({begin} + {STRIP}, {stop});"]
-    lines += [f"{pad}{step}{printer.type_name(let.value.dtype)} {let.var}_s[{STRIP}];"
+    lines += [f"{pad}{step}{printer.type_name(let.value.dtype)} {let.var}_strip[{STRIP}];"
               for let in plan.lets if let.var in plan.stored]
     lines += [f"{pad}{step}#pragma omp simd", f"{pad}{step}for (tx_i64 {v} = {begin}; {v} < {end}; ++{v}) {{"]
     for let in plan.lets:
         value = printer.expr(let.value)
-        lines.append(f"{pad}{step * 2}{let.var}_s[{v} - {begin}] = {value};" if let.var in plan.stored else
+        lines.append(f"{pad}{step * 2}{let.var}_strip[{v} - {begin}] = {value};" if let.var in plan.stored else
                      f"{pad}{step * 2}const {printer.type_name(let.value.dtype)} {let.var} = {value};")
     lines.append(f"{pad}{step}}}")
     offset = binop("-", Var(v, INDEX), Var(begin, INDEX))
-    body = tuple(Let(s.var, Load(f"{s.var}_s", (offset,), s.value.dtype))
+    body = tuple(Let(s.var, Load(f"{s.var}_strip", (offset,), s.value.dtype))
                  if isinstance(s, Let) and s.var in plan.stored else s for s in loop.body)
     inner = Loop(v, Var(begin, INDEX), Var(end, INDEX), False, body)
     # the plain loop (no strip again, no other vector form); the loops in its body print as they would
