@@ -45,9 +45,9 @@ class Strip:
 
 
 def strip_plan(loop: Loop) -> Strip | None:
-    """The ``Strip`` of ``loop``, or None where none applies: a serial loop with a statement after its leading Lets
-    that is a loop (the loops that print as vector lanes have none), a leading float Let calling a libmvec function,
-    and no statement but Let, Accum, Store, Loop and If anywhere in it."""
+    """The ``Strip`` of ``loop``, or None where none applies: a serial loop that holds a loop of its own (the loops
+    that print as vector lanes hold none), a leading float Let calling a libmvec function, and no statement but Let,
+    Accum, Store, Loop and If anywhere in it."""
     if loop.parallel or loop.reduce_parallel or loop.lanes:
         return None
     stmts = list(walk_stmts(loop.body))
