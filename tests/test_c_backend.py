@@ -435,7 +435,8 @@ def test_a_hit_generates_nothing_and_a_generator_change_misses(monkeypatch):
     assert compile_stats()["loaded"] == before["loaded"] + 1 and compile_stats()["compiled"] == before["compiled"]
     # an edited generator has another fingerprint: a miss, generated and compiled again
     monkeypatch.setattr(cmod, "generate_part", real)
-    monkeypatch.setattr(cmod, "generator_fingerprint", lambda: "an-edited-generator")
+    edited = f"an-edited-generator-{time.time_ns()}"  # a new one each run: a kept cache holds the last run's entry
+    monkeypatch.setattr(cmod, "generator_fingerprint", lambda: edited)
     monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
     BACKEND.build(spec, signature)(out, x)
     assert compile_stats()["compiled"] == before["compiled"] + 1
