@@ -1,15 +1,20 @@
 """What IEEE values cost the ``c`` backend (issue 44): the benchmark suite's kernels, forward and every gradient
-step, compiled in three ways and timed alternately in one process (the fastest round; ``--cpu``: CPU time):
+step, compiled in three ways and timed interleaved in one process (``interleaved``: every round times each variant once,
+in a rotating and shuffled order, after an untimed call of the same variant; medians, fastest rounds and quartiles;
+``--cpu``: CPU time):
 
   before   the fast-math flags before issue 44 (``-fno-signed-zeros -fassociative-math -freciprocal-math`` on
            top of ours, which let GCC fold NaN*0 to 0) and no ``omp simd`` pragma;
   no-simd  our flags, no pragma: what dropping those flags alone costs;
   after    our flags and what ships: float sums/products along an array's last axis as vector lanes of partial
            sums (``CPrinter.sum_lanes``; plain arithmetic printed on GCC vectors, ``printers/c_vector.py``),
-           other sum/product loops under ``#pragma omp simd reduction``, and GCC's instruction scheduling before
-           register allocation (``compile.SCHEDULE_FLAGS``; ``before`` and ``no-simd`` turn it off, as it was).
+           rows shorter than a vector as half vectors (``c_vector.half_row``), other sum/product loops under
+           ``#pragma omp simd reduction``, a scalar loop's calls of vector math (exp) in strips of ``omp simd``
+           (``printers/c_strip.py``), and GCC's instruction scheduling before register allocation
+           (``compile.SCHEDULE_FLAGS``; ``before`` and ``no-simd`` turn it off, as it was).
 
-``before`` and ``no-simd`` print without the sum lanes (the printer's ``_sum_lanes`` answers no while they build).
+``before`` and ``no-simd`` print without the sum lanes and the strips of vector math (``printers/c_strip.py``): the
+printer's ``_sum_lanes`` and ``strip_plan`` answer no while they build.
 
 Each variant is its own module in the compile cache (the flags are in its key). Writes
 benchmarks/results/ieee_flags.json and .md (``after/before`` per case: below 1 is faster now).
@@ -23,6 +28,7 @@ import dataclasses
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -48,6 +54,7 @@ _UNSCHEDULED = " ".join(flag.replace("-f", "-fno-", 1) for flag in c_compile.SCH
 VARIANTS = {"before": (" ".join(c_compile.OLD_FAST_FLAGS) + " " + _UNSCHEDULED, False),
             "no-simd": (_UNSCHEDULED, False), "after": ("", True)}
 RESULTS = Path(__file__).parent / "results"
+BATCH_MS = 5.0
 
 
 def _without_simd(source: str) -> str:
@@ -65,12 +72,13 @@ def build(spec, signature: Signature, variant: str):
         def generate(spec, signature):
             if simd:
                 return base.generate(spec, signature)
-            lanes = c_printer._sum_lanes
+            lanes, strips = c_printer._sum_lanes, c_printer.strip_plan
             c_printer._sum_lanes = lambda loop, declared: False  # the printing before the sum lanes
+            c_printer.strip_plan = lambda loop: None  # and before the strips of vector math
             try:
                 kernel, source = base.generate(spec, signature)
             finally:
-                c_printer._sum_lanes = lanes
+                c_printer._sum_lanes, c_printer.strip_plan = lanes, strips
             return kernel, _without_simd(source)
 
         recipe = dataclasses.replace(base, options={**base.options, "ieee_variant": variant},
@@ -101,6 +109,43 @@ def execute(variant: str, kernels: dict):
     return run
 
 
+def interleaved(runs: dict, call, repeat: int, cpu: bool, seed: int = 0, batch: int = 1) -> dict[str, list[float]]:
+    """``repeat`` rounds; each round times every variant once (a batch of ``batch`` calls, read per call), in an
+    order that rotates round by round and is shuffled after the first rotation, each timed batch preceded by an
+    untimed call of the same variant (so the caches, the branch predictors and the allocator hold that variant's
+    own state, never the previous variant's)."""
+    order = list(runs)
+    rng = random.Random(seed)
+    times: dict[str, list[float]] = {variant: [] for variant in runs}
+    for round_ in range(repeat):
+        shift = round_ % len(order)
+        now = order[shift:] + order[:shift]
+        if round_ >= len(order):
+            rng.shuffle(now)
+        for variant in now:
+            timing = timed(lambda run=runs[variant]: call(run), 1, warmup=1, batch=batch)
+            times[variant].append(timing.cpu_ms[0] if cpu else timing.wall_ms[0])
+    return times
+
+
+def summarise(times: dict[str, list[float]]) -> dict:
+    """Per variant the median, the fastest round and the quartiles; ``after/before`` of the medians, and the
+    quartiles of the per-round ratio (the two timed within one round: a paired figure, less moved by load)."""
+    def quartiles(values):
+        q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+        return q[0], q[2]
+
+    median = {v: statistics.median(t) for v, t in times.items()}
+    paired = [a / b for a, b in zip(times["after"], times["before"])]
+    q1, q3 = quartiles(paired)
+    return {"median_ms": median, "ms": {v: min(t) for v, t in times.items()},
+            "quartiles_ms": {v: quartiles(t) for v, t in times.items()}, "rounds_ms": times,
+            "after/before": median["after"] / median["before"],
+            "after/before_min": min(times["after"]) / min(times["before"]),
+            "no-simd/before": median["no-simd"] / median["before"],
+            "paired_median": statistics.median(paired), "paired_q1": q1, "paired_q3": q3}
+
+
 def measure(case, repeat: int, cpu: bool = False) -> dict:
     spec = compile_spec(case.spec)[1]
     env = dict(zip(spec.input_names, make_inputs(spec, case.shapes, "float32")))
@@ -119,17 +164,14 @@ def measure(case, repeat: int, cpu: bool = False) -> dict:
         for variant, value in results.items():
             np.testing.assert_allclose(value, results["after"], rtol=2e-3, atol=2e-3 * np.abs(value).max(),
                                        err_msg=f"{case.name} {job} {variant}")
-        times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-        for _ in range(repeat):  # alternately: a load change on the shared machine hits every variant alike
-            for variant, run in runs.items():
-                timing = timed(lambda run=run: call(run), 1, warmup=0)
-                times[variant].append(timing.cpu_ms[0] if cpu else timing.wall_ms[0])
-        # the fastest round: the least disturbed by the other work on a shared machine
-        ms = {variant: min(t) for variant, t in times.items()}
-        found[job] = {"ms": ms, "median_ms": {variant: statistics.median(t) for variant, t in times.items()},
-                      "after/before": ms["after"] / ms["before"], "no-simd/before": ms.get("no-simd", 0) / ms["before"]}
-        print(f"{case.name:22s} {job:10s} " + " ".join(f"{v} {t:8.3f} ms" for v, t in ms.items())
-              + f"  after/before {found[job]['after/before']:.2f}", flush=True)
+        one = min(timed(lambda: call(runs["after"]), 3, warmup=0).wall_ms)
+        batch = max(1, min(50, round(BATCH_MS / max(one, 1e-3))))  # a round of at least BATCH_MS: less clock noise
+        found[job] = summarise(interleaved(runs, call, repeat, cpu, seed=len(found), batch=batch))
+        found[job]["batch"] = batch
+        r = found[job]
+        print(f"{case.name:22s} {job:10s} " + " ".join(f"{v} {t:8.3f}" for v, t in r["median_ms"].items())
+              + f" ms (median)  after/before {r['after/before']:.2f} [{r['paired_q1']:.2f}-{r['paired_q3']:.2f}]",
+              flush=True)
     return found
 
 
@@ -156,16 +198,24 @@ def main() -> None:
               "geomean_after_over_before": float(np.exp(np.mean(np.log(ratios)))), "cases": results}
     name = "ieee_flags-quick" if args.quick else "ieee_flags"
     (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    clock = "CPU" if args.cpu else "wall"
     lines = [f"# C backend: IEEE flags against the old fast-math flags ({record['command']})", "",
-             f"{record['cores']} cores; fastest {'CPU' if args.cpu else 'wall'} time of the rounds in ms (medians in "
-             f"the JSON); after/before < 1: faster now. Geometric mean after/before: "
-             f"{record['geomean_after_over_before']:.3f}.", "",
-             "| case | kernel | before | no-simd | after | after/before |", "|---|---|---|---|---|---|"]
+             f"{record['cores']} cores; {clock} time per call in ms, median of {args.repeat} rounds (the fastest "
+             "round in brackets). The variants are interleaved: each round times every variant once, in a rotating "
+             "then shuffled order, each timed call after an untimed call of the same variant. after/before: the "
+             "ratio of the medians (< 1: faster now; what the IEEE flags cost as shipped); paired: the median and "
+             "quartiles of the ratio within each round (less moved by a load change between rounds); no-simd/before: "
+             "what dropping the fast-math flags alone costs. "
+             f"Geometric mean after/before: {record['geomean_after_over_before']:.3f}.", "",
+             "| case | kernel | before | no-simd | after | after/before | paired [q1-q3] | no-simd/before |",
+             "|---|---|---|---|---|---|---|---|"]
     for case, jobs in results.items():
         for job, r in jobs.items():
-            ms = r["ms"]
-            lines.append(f"| {case} | {job} | {ms['before']:.3f} | {ms['no-simd']:.3f} | {ms['after']:.3f} "
-                         f"| {r['after/before']:.2f} |")
+            med, best = r["median_ms"], r["ms"]
+            cells = " | ".join(f"{med[v]:.3f} ({best[v]:.3f})" for v in VARIANTS)
+            lines.append(f"| {case} | {job} | {cells} | {r['after/before']:.2f} "
+                         f"| {r['paired_median']:.2f} [{r['paired_q1']:.2f}-{r['paired_q3']:.2f}] "
+                         f"| {r['no-simd/before']:.2f} |")
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print(f"geomean after/before {record['geomean_after_over_before']:.3f}; wrote {RESULTS / name}.json/.md")
 

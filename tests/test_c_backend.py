@@ -177,6 +177,29 @@ def test_the_remainder_of_a_lane_loop_is_one_more_vector_whose_old_lanes_hold_th
         np.testing.assert_array_equal(run_c(analysed("(*) p[i] := x[i,j]"), {"x": twos}, dtype), [2.0 ** n, np.inf])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_row_shorter_than_a_vector_but_of_half_of_one_is_a_half_vector_and_its_rest(dtype: str):
+    """A lane loop's row of at least half a vector but less than one (4-7 float32 terms, 2-3 float64: a Gaussian
+    kernel's 4 columns) is a half vector from the row's start and one more half vector for the rest, whose lanes
+    the first took hold the op's identity (``c_vector.half_row``), not 4-7 serial terms; shorter rows stay the
+    scalar loop. Each term counted once (ones sum to n, twos multiply to 2**n), NaN and inf reach the result."""
+    source = module_source(analysed("s[i] := x[i,j]*y[i,j]"), dtype)
+    forward = source[source.index("void forward("):source.index("void forward_packed(")]
+    half = 4 if dtype == "float32" else 2
+    assert f"tx_vh{half}_" in forward and "tx_hfoldadd_" in forward and "} else if (" in forward
+    for n in range(1, 2 * half):
+        x, y = np.ones((5, n), dtype), np.ones((5, n), dtype)
+        x[1] = -0.0
+        x[2, n - 1] = np.inf  # in the rest's new lane, or the first half's where n == half
+        x[3, 0] = np.nan  # in the first half vector's lanes, and in the rest's overlapped ones
+        x[4, 0], x[4, n - 1] = -np.inf, np.inf  # -inf + inf: NaN, each counted once (inf alone where n == 1)
+        got = run_c(analysed("s[i] := x[i,j]*y[i,j]"), {"x": x, "y": y}, dtype)
+        assert got[0] == n and got[1] == 0 and got[2] == np.inf and np.isnan(got[3]), n
+        assert np.isnan(got[4]) if n > 1 else got[4] == np.inf, n
+        twos = np.full((1, n), 2.0, dtype)
+        assert run_c(analysed("(*) p[i] := x[i,j]"), {"x": twos}, dtype)[0] == 2.0 ** n, n
+
+
 def test_special_values():
     x = np.array([[-np.inf, -np.inf], [1.0, np.inf], [0.0, 1.0]])
     np.testing.assert_array_equal(run_c(analysed("(max) m[i] := x[i,j]"), {"x": x}), [-np.inf, np.inf, 1.0])
@@ -414,7 +437,8 @@ def test_a_hit_generates_nothing_and_a_generator_change_misses(monkeypatch):
     assert compile_stats()["loaded"] == before["loaded"] + 1 and compile_stats()["compiled"] == before["compiled"]
     # an edited generator has another fingerprint: a miss, generated and compiled again
     monkeypatch.setattr(cmod, "generate_part", real)
-    monkeypatch.setattr(cmod, "generator_fingerprint", lambda: "an-edited-generator")
+    edited = f"an-edited-generator-{time.time_ns()}"  # a new one each run: a kept cache holds the last run's entry
+    monkeypatch.setattr(cmod, "generator_fingerprint", lambda: edited)
     monkeypatch.setattr(cmod, "_BUILDER", HostBuilder())
     BACKEND.build(spec, signature)(out, x)
     assert compile_stats()["compiled"] == before["compiled"] + 1

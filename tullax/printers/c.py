@@ -67,7 +67,8 @@ from tullax.printers.c_lanes import ELEMENT_BYTES, HELPER_TYPES, LANE_PRELUDE, l
 from tullax.printers.c_mvec import MVEC_DECLARATIONS
 from tullax.printers.c_packed import packed_source
 from tullax.printers.c_plain import plain_prelude
-from tullax.printers.c_vector import LaneLoop, lane_vectors, vector_body
+from tullax.printers.c_strip import strip_loop, strip_plan
+from tullax.printers.c_vector import LaneLoop, half_helpers, half_row, lane_vectors, vector_body
 from tullax.printers.clike import (
     TYPE_SUFFIX,
     TYPEDEFS,
@@ -146,6 +147,8 @@ class CPrinter(ComplexC, CLikePrinter):
             return self.sum_lanes(loop, place)
         if _simd_reduction(loop):
             return [self.simd_pragma(loop, place), *super().loop(loop, place)]
+        if not self.plain and (strip := strip_plan(loop)) is not None:
+            return strip_loop(self, loop, place, strip)
         if not loop.reduce_parallel:
             return super().loop(loop, place)
         dtypes = dict(place.declared)
@@ -308,10 +311,10 @@ class CPrinter(ComplexC, CLikePrinter):
                       for c in chains[1:]]
             fold = "tx_pfold" if self.plain else "tx_vfold"
             lines.append(f"{if_pad}{a.var} = {fold}{_LANE_SUMS[a.op]}_{suffix}({a.var}_l0, {a.var});")
-        if direct is not None:  # the vectors took every iteration; a loop shorter than a vector, one by one
+        if direct is not None:  # the vectors took every iteration; a shorter loop: half vectors, or one by one
             short = Loop(var, loop.start, loop.stop, False, loop.body)
-            return [*lines, inner_pad + "} else {", *super().loop(short, CPlace(place.depth + 2, place.declared)),
-                    inner_pad + "}", pad + "}"]
+            return [*lines, *half_row(direct, lanes_loop, inner_pad, self.expr), inner_pad + "} else {",
+                    *super().loop(short, CPlace(place.depth + 2, place.declared)), inner_pad + "}", pad + "}"]
         lines.append(inner_pad + "}")
         rest = Loop(var, Var(f"{var}_tail", INDEX), loop.stop, False, loop.body)
         return lines + super().loop(rest, CPlace(place.depth + 1, place.declared)) + [pad + "}"]
@@ -401,8 +404,7 @@ def _lane_reduction(loop: Loop) -> bool:
 
 
 def _sum_lanes(loop: Loop, declared: dict[str, str]) -> bool:
-    """A ``_simd_reduction`` loop of float sums/products of one type: printed as lanes of partial sums
-    (``CPrinter.sum_lanes``)."""
+    """A ``_simd_reduction`` loop of float sums/products of one type: lanes of partial sums (``sum_lanes``)."""
     if not _simd_reduction(loop):
         return False
     accums = [s for s in loop.body if isinstance(s, Accum)]
@@ -454,8 +456,7 @@ def collapsible(loops: Sequence[Loop], body: Sequence[Stmt]) -> int:
 
 
 def kernel_function(kernel: LoopKernel, plain: bool = False) -> str:
-    """The C function of ``kernel``, and its packed entry (``tullax.printers.c_packed``); ``plain``: without
-    GCC's vector extensions (``CPrinter.plain``)."""
+    """The C function of ``kernel`` and its packed entry (``c_packed``); ``plain``: no GCC vectors (``CPrinter``)."""
     return _kernel_body(kernel, plain) + "\n" + packed_source(kernel.name, parameters(kernel), THREADS)
 
 
@@ -486,7 +487,8 @@ _REDUCTIONS = "".join(
     f"omp_out = tx_{op}_{TYPE_SUFFIX[dt]}(omp_out, omp_in)) initializer(omp_priv = omp_orig)\n"
     for dt in HELPER_TYPES for op in ("max", "min"))
 
-
+# a row shorter than a vector: two half vectors (``c_vector.half_row``)
+_HALF_HELPERS = "".join(half_helpers(dtype, vector_lanes(dtype)) for dtype in HELPER_TYPES)
 
 
 _PRELUDE = """\
@@ -530,7 +532,7 @@ def print_module(kernels: Sequence[LoopKernel], plain: bool = False) -> str:
     if CLEAR_FUNCTION in names:
         raise TullaxError(f"internal error: a kernel is named {CLEAR_FUNCTION!r}, the C module's own clear")
     clear = [CLEAR_SOURCE] if any(k.output.role == "inout" for k in kernels) else []
-    prelude = _PLAIN_PRELUDE if plain else _PRELUDE + LANE_PRELUDE
+    prelude = _PLAIN_PRELUDE if plain else _PRELUDE + LANE_PRELUDE + _HALF_HELPERS
     if any(holds_complex(k) for k in kernels):
         prelude += COMPLEX_PRELUDE
     return UNIT_MARK.join([_HEADER.format(version=__version__) + prelude]

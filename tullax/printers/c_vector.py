@@ -7,14 +7,16 @@ tile's loaded vectors on the stack and read them back for every multiply-add.
 
 Lane by lane the same operations in the same order as the loop's terms, so the lanes hold what the general
 form's hold: IEEE throughout (NaN and inf reach the fold, -0.0 starts stay -0.0). The iterations after the last
-whole vector are one more vector (``vector_rest``), not a scalar loop: a 30-term row paid 6 serial scalar terms.
+whole vector are one more vector (``vector_rest``), not a scalar loop: a 30-term row paid 6 serial scalar terms;
+a row shorter than a vector but of half of one is two half vectors the same way (``half_row``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from tullax.compiler.loops import Accum, BinOp, Const, Expr, Let, Load, UnOp, Var, expr_vars, walk_expr
+from tullax.printers.clike import TYPE_SUFFIX, storage_type
 
 _ARITHMETIC = ("+", "-", "*", "/")
 VECTOR_SUFFIX = "_vv"  # a body local's vector: its name with this suffix
@@ -103,6 +105,7 @@ class LaneLoop:
     identity: str
     index_type: str
     indent: str
+    load: str = "tx_vload"  # the helper reading one vector (``tx_hload``: half of one)
 
     @property
     def mask(self) -> str:
@@ -135,7 +138,7 @@ def vector_block(body: VectorBody, loop: LaneLoop, first: str, chains: int, at: 
     for c in range(chains):
         inner = at + loop.indent
         lines += [at + "{", f"{inner}const {loop.index_type} {var} = {first} + {c * loop.width};"]
-        lines += [f"{inner}const {loop.vector} {name} = tx_vload_{suffix}(&{expr(load)});"
+        lines += [f"{inner}const {loop.vector} {name} = {loop.load}_{suffix}(&{expr(load)});"
                   for load, name in body.loads]
         lines += [f"{inner}const {loop.vector} {let.var} = {loop.splat('-0.0')} + ({expr(let.value)});"
                   for let in body.lets]
@@ -154,7 +157,7 @@ def vector_rest(body: VectorBody, loop: LaneLoop, at: str, expr: Callable[[Expr]
     lanes = "(" + mask + "){" + ", ".join(str(k) for k in range(width)) + "}"
     lines = [at + f"if ({var}_tail < {stop}) {{", f"{inner}const {loop.index_type} {var} = {stop} - {width};",
              f"{inner}const {mask} {var}_new = {lanes} >= (tx_i{suffix[1:]})({width} - ({stop} - {var}_tail));"]
-    lines += [f"{inner}const {loop.vector} {name} = tx_vload_{suffix}(&{expr(load)});" for load, name in body.loads]
+    lines += [f"{inner}const {loop.vector} {name} = {loop.load}_{suffix}(&{expr(load)});" for load, name in body.loads]
     lines += [f"{inner}const {loop.vector} {let.var} = {loop.splat('-0.0')} + ({expr(let.value)});"
               for let in body.lets]
     lines += [f"{inner}{a.var}_l0 {a.op}= ({loop.vector})((({mask})({expr(a.value)}) & {var}_new) | "
@@ -163,5 +166,44 @@ def vector_rest(body: VectorBody, loop: LaneLoop, at: str, expr: Callable[[Expr]
     return lines
 
 
-__all__ = ["LaneLoop", "VECTOR_SUFFIX", "VectorBody", "lane_vectors", "vector_block", "vector_body",
-           "vector_rest"]
+def half_row(body: VectorBody, loop: LaneLoop, at: str, expr: Callable[[Expr], str]) -> list[str]:
+    """The ``else if`` of a lane loop's row shorter than one vector but of at least half of one: a half vector
+    from its start and the rest as one more half vector (``vector_rest``), folded into the accumulators; a
+    shorter row stays scalar (the ``else`` the caller prints). A 4-term float32 row (a Gaussian kernel's 4
+    columns) paid 4 serial multiply-adds. Lane by lane the loop's terms, as the whole vectors'."""
+    h, suffix = loop.width // 2, loop.vector.split("_")[-1]
+    half = replace(loop, lanes=h, width=h, vector=f"tx_vh{h}_{suffix}", load="tx_hload")
+    inner = at + loop.indent
+    lines = [f"{at}}} else if ({loop.stop} - {loop.start} >= {h}) {{",
+             f"{inner}const {loop.index_type} {loop.var}_tail = {loop.start} + {h};"]
+    lines += [f"{inner}{half.vector} {a.var}_l0 = {half.splat(loop.identity)};" for a in body.accums]
+    lines += vector_block(body, half, loop.start, 1, inner, expr) + vector_rest(body, half, inner, expr)
+    return lines + [f"{inner}{a.var} = tx_hfold{_FOLDS[a.op]}_{suffix}({a.var}_l0, {a.var});" for a in body.accums]
+
+
+def half_helpers(dtype: str, lanes: int) -> str:
+    """``half_row``'s C: the half vector and mask types of ``lanes // 2`` elements, its unaligned read and its
+    folds (halves with halves, as ``tx_vfoldadd_f32``), for a float ``dtype``; nothing for another."""
+    if dtype not in ("float32", "float64"):
+        return ""
+    h, suffix, storage = lanes // 2, TYPE_SUFFIX[dtype], storage_type(dtype)
+    vector, mask, size = f"tx_vh{h}_{suffix}", f"tx_mh{h}_{suffix}", h * (4 if dtype == "float32" else 8)
+    lines = [f"typedef {storage} {vector} __attribute__((vector_size({size})));",
+             f"typedef tx_i{suffix[1:]} {mask} __attribute__((vector_size({size})));",
+             f"static inline {vector} tx_hload_{suffix}(const {storage}* p) {{",
+             f"    {vector} v;", "    memcpy(&v, p, sizeof(v));", "    return v;", "}"]
+    steps, width = [], h // 2
+    while width:  # lane k with lane k ^ width: after the last, lane 0 holds the fold
+        steps.append(", ".join(str(k ^ width) for k in range(h)))
+        width //= 2
+    for op, sign in (("add", "+"), ("mul", "*")):
+        lines.append(f"static inline {storage} tx_hfold{op}_{suffix}({vector} l, {storage} acc) {{")
+        lines += [f"    l = l {sign} TX_SHUFFLE(l, {mask}, {step});" for step in steps]
+        lines += [f"    return acc {sign} l[0];", "}"]
+    return "\n".join(lines) + "\n"
+
+
+_FOLDS = {"+": "add", "*": "mul"}
+
+__all__ = ["LaneLoop", "VECTOR_SUFFIX", "VectorBody", "half_helpers", "half_row", "lane_vectors", "vector_block",
+           "vector_body", "vector_rest"]

@@ -255,6 +255,23 @@ static inline tx_v8_f32 tx_vload_f32(const float* p) {
     memcpy(&v, p, sizeof(v));
     return v;
 }
+typedef float tx_vh4_f32 __attribute__((vector_size(16)));
+typedef tx_i32 tx_mh4_f32 __attribute__((vector_size(16)));
+static inline tx_vh4_f32 tx_hload_f32(const float* p) {
+    tx_vh4_f32 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+static inline float tx_hfoldadd_f32(tx_vh4_f32 l, float acc) {
+    l = l + TX_SHUFFLE(l, tx_mh4_f32, 2, 3, 0, 1);
+    l = l + TX_SHUFFLE(l, tx_mh4_f32, 1, 0, 3, 2);
+    return acc + l[0];
+}
+static inline float tx_hfoldmul_f32(tx_vh4_f32 l, float acc) {
+    l = l * TX_SHUFFLE(l, tx_mh4_f32, 2, 3, 0, 1);
+    l = l * TX_SHUFFLE(l, tx_mh4_f32, 1, 0, 3, 2);
+    return acc * l[0];
+}
 typedef double tx_v4_f64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_f64 __attribute__((vector_size(32)));
 static inline tx_v4_f64 tx_vmax_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
@@ -305,6 +322,21 @@ static inline tx_v4_f64 tx_vload_f64(const double* p) {
     tx_v4_f64 v;
     memcpy(&v, p, sizeof(v));
     return v;
+}
+typedef double tx_vh2_f64 __attribute__((vector_size(16)));
+typedef tx_i64 tx_mh2_f64 __attribute__((vector_size(16)));
+static inline tx_vh2_f64 tx_hload_f64(const double* p) {
+    tx_vh2_f64 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+static inline double tx_hfoldadd_f64(tx_vh2_f64 l, double acc) {
+    l = l + TX_SHUFFLE(l, tx_mh2_f64, 1, 0);
+    return acc + l[0];
+}
+static inline double tx_hfoldmul_f64(tx_vh2_f64 l, double acc) {
+    l = l * TX_SHUFFLE(l, tx_mh2_f64, 1, 0);
+    return acc * l[0];
 }
 typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
@@ -582,6 +614,39 @@ void grad0_step0(
                         acc_part_0_1 = tx_vfoldadd_f32(acc_part_0_1_l0, acc_part_0_1);
                         acc_part_1_0 = tx_vfoldadd_f32(acc_part_1_0_l0, acc_part_1_0);
                         acc_part_1_1 = tx_vfoldadd_f32(acc_part_1_1_l0, acc_part_1_1);
+                    } else if (n3 - 0 >= 4) {
+                        const tx_i64 i2_tail = 0 + 4;
+                        tx_vh4_f32 acc_part_0_0_l0 = (tx_vh4_f32){-0.0, -0.0, -0.0, -0.0};
+                        tx_vh4_f32 acc_part_0_1_l0 = (tx_vh4_f32){-0.0, -0.0, -0.0, -0.0};
+                        tx_vh4_f32 acc_part_1_0_l0 = (tx_vh4_f32){-0.0, -0.0, -0.0, -0.0};
+                        tx_vh4_f32 acc_part_1_1_l0 = (tx_vh4_f32){-0.0, -0.0, -0.0, -0.0};
+                        {
+                            const tx_i64 i2 = 0 + 0;
+                            const tx_vh4_f32 i2_ld0 = tx_hload_f32(&a1[i1_r0 * a1_e1 + i2]);
+                            const tx_vh4_f32 i2_ld1 = tx_hload_f32(&a3[i0_r0 * a3_e1 + i2]);
+                            const tx_vh4_f32 i2_ld2 = tx_hload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
+                            const tx_vh4_f32 i2_ld3 = tx_hload_f32(&a3[(i0_r0 + 1) * a3_e1 + i2]);
+                            acc_part_0_0_l0 += i2_ld0 * (2.0f * (t0_0_0 - i2_ld1));
+                            acc_part_0_1_l0 += i2_ld2 * (2.0f * (t0_0_1 - i2_ld1));
+                            acc_part_1_0_l0 += i2_ld0 * (2.0f * (t0_1_0 - i2_ld3));
+                            acc_part_1_1_l0 += i2_ld2 * (2.0f * (t0_1_1 - i2_ld3));
+                        }
+                        if (i2_tail < n3) {
+                            const tx_i64 i2 = n3 - 4;
+                            const tx_mh4_f32 i2_new = (tx_mh4_f32){0, 1, 2, 3} >= (tx_i32)(4 - (n3 - i2_tail));
+                            const tx_vh4_f32 i2_ld0 = tx_hload_f32(&a1[i1_r0 * a1_e1 + i2]);
+                            const tx_vh4_f32 i2_ld1 = tx_hload_f32(&a3[i0_r0 * a3_e1 + i2]);
+                            const tx_vh4_f32 i2_ld2 = tx_hload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
+                            const tx_vh4_f32 i2_ld3 = tx_hload_f32(&a3[(i0_r0 + 1) * a3_e1 + i2]);
+                            acc_part_0_0_l0 += (tx_vh4_f32)(((tx_mh4_f32)(i2_ld0 * (2.0f * (t0_0_0 - i2_ld1))) & i2_new) | ((tx_mh4_f32)(tx_vh4_f32){-0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                            acc_part_0_1_l0 += (tx_vh4_f32)(((tx_mh4_f32)(i2_ld2 * (2.0f * (t0_0_1 - i2_ld1))) & i2_new) | ((tx_mh4_f32)(tx_vh4_f32){-0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                            acc_part_1_0_l0 += (tx_vh4_f32)(((tx_mh4_f32)(i2_ld0 * (2.0f * (t0_1_0 - i2_ld3))) & i2_new) | ((tx_mh4_f32)(tx_vh4_f32){-0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                            acc_part_1_1_l0 += (tx_vh4_f32)(((tx_mh4_f32)(i2_ld2 * (2.0f * (t0_1_1 - i2_ld3))) & i2_new) | ((tx_mh4_f32)(tx_vh4_f32){-0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                        }
+                        acc_part_0_0 = tx_hfoldadd_f32(acc_part_0_0_l0, acc_part_0_0);
+                        acc_part_0_1 = tx_hfoldadd_f32(acc_part_0_1_l0, acc_part_0_1);
+                        acc_part_1_0 = tx_hfoldadd_f32(acc_part_1_0_l0, acc_part_1_0);
+                        acc_part_1_1 = tx_hfoldadd_f32(acc_part_1_1_l0, acc_part_1_1);
                     } else {
                         for (tx_i64 i2 = 0; i2 < n3; ++i2) {
                             acc_part_0_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
@@ -640,6 +705,39 @@ void grad0_step0(
                                 acc_part_0_1 = tx_vfoldadd_f32(acc_part_0_1_l0, acc_part_0_1);
                                 acc_part_1_0 = tx_vfoldadd_f32(acc_part_1_0_l0, acc_part_1_0);
                                 acc_part_1_1 = tx_vfoldadd_f32(acc_part_1_1_l0, acc_part_1_1);
+                            } else if (blk_hi - blk_lo >= 4) {
+                                const tx_i64 i2_tail = blk_lo + 4;
+                                tx_vh4_f32 acc_part_0_0_l0 = (tx_vh4_f32){-0.0, -0.0, -0.0, -0.0};
+                                tx_vh4_f32 acc_part_0_1_l0 = (tx_vh4_f32){-0.0, -0.0, -0.0, -0.0};
+                                tx_vh4_f32 acc_part_1_0_l0 = (tx_vh4_f32){-0.0, -0.0, -0.0, -0.0};
+                                tx_vh4_f32 acc_part_1_1_l0 = (tx_vh4_f32){-0.0, -0.0, -0.0, -0.0};
+                                {
+                                    const tx_i64 i2 = blk_lo + 0;
+                                    const tx_vh4_f32 i2_ld0 = tx_hload_f32(&a1[i1_r0 * a1_e1 + i2]);
+                                    const tx_vh4_f32 i2_ld1 = tx_hload_f32(&a3[i0_r0 * a3_e1 + i2]);
+                                    const tx_vh4_f32 i2_ld2 = tx_hload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
+                                    const tx_vh4_f32 i2_ld3 = tx_hload_f32(&a3[(i0_r0 + 1) * a3_e1 + i2]);
+                                    acc_part_0_0_l0 += i2_ld0 * (2.0f * (t0_0_0 - i2_ld1));
+                                    acc_part_0_1_l0 += i2_ld2 * (2.0f * (t0_0_1 - i2_ld1));
+                                    acc_part_1_0_l0 += i2_ld0 * (2.0f * (t0_1_0 - i2_ld3));
+                                    acc_part_1_1_l0 += i2_ld2 * (2.0f * (t0_1_1 - i2_ld3));
+                                }
+                                if (i2_tail < blk_hi) {
+                                    const tx_i64 i2 = blk_hi - 4;
+                                    const tx_mh4_f32 i2_new = (tx_mh4_f32){0, 1, 2, 3} >= (tx_i32)(4 - (blk_hi - i2_tail));
+                                    const tx_vh4_f32 i2_ld0 = tx_hload_f32(&a1[i1_r0 * a1_e1 + i2]);
+                                    const tx_vh4_f32 i2_ld1 = tx_hload_f32(&a3[i0_r0 * a3_e1 + i2]);
+                                    const tx_vh4_f32 i2_ld2 = tx_hload_f32(&a1[(i1_r0 + 1) * a1_e1 + i2]);
+                                    const tx_vh4_f32 i2_ld3 = tx_hload_f32(&a3[(i0_r0 + 1) * a3_e1 + i2]);
+                                    acc_part_0_0_l0 += (tx_vh4_f32)(((tx_mh4_f32)(i2_ld0 * (2.0f * (t0_0_0 - i2_ld1))) & i2_new) | ((tx_mh4_f32)(tx_vh4_f32){-0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                                    acc_part_0_1_l0 += (tx_vh4_f32)(((tx_mh4_f32)(i2_ld2 * (2.0f * (t0_0_1 - i2_ld1))) & i2_new) | ((tx_mh4_f32)(tx_vh4_f32){-0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                                    acc_part_1_0_l0 += (tx_vh4_f32)(((tx_mh4_f32)(i2_ld0 * (2.0f * (t0_1_0 - i2_ld3))) & i2_new) | ((tx_mh4_f32)(tx_vh4_f32){-0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                                    acc_part_1_1_l0 += (tx_vh4_f32)(((tx_mh4_f32)(i2_ld2 * (2.0f * (t0_1_1 - i2_ld3))) & i2_new) | ((tx_mh4_f32)(tx_vh4_f32){-0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                                }
+                                acc_part_0_0 = tx_hfoldadd_f32(acc_part_0_0_l0, acc_part_0_0);
+                                acc_part_0_1 = tx_hfoldadd_f32(acc_part_0_1_l0, acc_part_0_1);
+                                acc_part_1_0 = tx_hfoldadd_f32(acc_part_1_0_l0, acc_part_1_0);
+                                acc_part_1_1 = tx_hfoldadd_f32(acc_part_1_1_l0, acc_part_1_1);
                             } else {
                                 for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
                                     acc_part_0_0 += a1[i1_r0 * a1_e1 + i2] * (2.0f * (t0_0_0 - a3[i0_r0 * a3_e1 + i2]));
@@ -705,6 +803,23 @@ void grad0_step0(
                                 }
                                 i2_s_l0 += i2_s_l1;
                                 i2_s = tx_vfoldadd_f32(i2_s_l0, i2_s);
+                            } else if (n3 - 0 >= 4) {
+                                const tx_i64 i2_tail = 0 + 4;
+                                tx_vh4_f32 i2_s_l0 = (tx_vh4_f32){-0.0, -0.0, -0.0, -0.0};
+                                {
+                                    const tx_i64 i2 = 0 + 0;
+                                    const tx_vh4_f32 i2_ld0 = tx_hload_f32(&a1[i1 * a1_e1 + i2]);
+                                    const tx_vh4_f32 i2_ld1 = tx_hload_f32(&a3[i0 * a3_e1 + i2]);
+                                    i2_s_l0 += i2_ld0 * (t0 - i2_ld1);
+                                }
+                                if (i2_tail < n3) {
+                                    const tx_i64 i2 = n3 - 4;
+                                    const tx_mh4_f32 i2_new = (tx_mh4_f32){0, 1, 2, 3} >= (tx_i32)(4 - (n3 - i2_tail));
+                                    const tx_vh4_f32 i2_ld0 = tx_hload_f32(&a1[i1 * a1_e1 + i2]);
+                                    const tx_vh4_f32 i2_ld1 = tx_hload_f32(&a3[i0 * a3_e1 + i2]);
+                                    i2_s_l0 += (tx_vh4_f32)(((tx_mh4_f32)(i2_ld0 * (t0 - i2_ld1)) & i2_new) | ((tx_mh4_f32)(tx_vh4_f32){-0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                                }
+                                i2_s = tx_hfoldadd_f32(i2_s_l0, i2_s);
                             } else {
                                 for (tx_i64 i2 = 0; i2 < n3; ++i2) {
                                     i2_s += a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);
@@ -755,6 +870,23 @@ void grad0_step0(
                                         }
                                         i2_s1_l0 += i2_s1_l1;
                                         i2_s1 = tx_vfoldadd_f32(i2_s1_l0, i2_s1);
+                                    } else if (blk_hi - blk_lo >= 4) {
+                                        const tx_i64 i2_tail = blk_lo + 4;
+                                        tx_vh4_f32 i2_s1_l0 = (tx_vh4_f32){-0.0, -0.0, -0.0, -0.0};
+                                        {
+                                            const tx_i64 i2 = blk_lo + 0;
+                                            const tx_vh4_f32 i2_ld0 = tx_hload_f32(&a1[i1 * a1_e1 + i2]);
+                                            const tx_vh4_f32 i2_ld1 = tx_hload_f32(&a3[i0 * a3_e1 + i2]);
+                                            i2_s1_l0 += i2_ld0 * (t0 - i2_ld1);
+                                        }
+                                        if (i2_tail < blk_hi) {
+                                            const tx_i64 i2 = blk_hi - 4;
+                                            const tx_mh4_f32 i2_new = (tx_mh4_f32){0, 1, 2, 3} >= (tx_i32)(4 - (blk_hi - i2_tail));
+                                            const tx_vh4_f32 i2_ld0 = tx_hload_f32(&a1[i1 * a1_e1 + i2]);
+                                            const tx_vh4_f32 i2_ld1 = tx_hload_f32(&a3[i0 * a3_e1 + i2]);
+                                            i2_s1_l0 += (tx_vh4_f32)(((tx_mh4_f32)(i2_ld0 * (t0 - i2_ld1)) & i2_new) | ((tx_mh4_f32)(tx_vh4_f32){-0.0, -0.0, -0.0, -0.0} & ~i2_new));
+                                        }
+                                        i2_s1 = tx_hfoldadd_f32(i2_s1_l0, i2_s1);
                                     } else {
                                         for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
                                             i2_s1 += a1[i1 * a1_e1 + i2] * (t0 - a3[i0 * a3_e1 + i2]);

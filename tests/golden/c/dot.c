@@ -255,6 +255,23 @@ static inline tx_v8_f32 tx_vload_f32(const float* p) {
     memcpy(&v, p, sizeof(v));
     return v;
 }
+typedef float tx_vh4_f32 __attribute__((vector_size(16)));
+typedef tx_i32 tx_mh4_f32 __attribute__((vector_size(16)));
+static inline tx_vh4_f32 tx_hload_f32(const float* p) {
+    tx_vh4_f32 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+static inline float tx_hfoldadd_f32(tx_vh4_f32 l, float acc) {
+    l = l + TX_SHUFFLE(l, tx_mh4_f32, 2, 3, 0, 1);
+    l = l + TX_SHUFFLE(l, tx_mh4_f32, 1, 0, 3, 2);
+    return acc + l[0];
+}
+static inline float tx_hfoldmul_f32(tx_vh4_f32 l, float acc) {
+    l = l * TX_SHUFFLE(l, tx_mh4_f32, 2, 3, 0, 1);
+    l = l * TX_SHUFFLE(l, tx_mh4_f32, 1, 0, 3, 2);
+    return acc * l[0];
+}
 typedef double tx_v4_f64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_f64 __attribute__((vector_size(32)));
 static inline tx_v4_f64 tx_vmax_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
@@ -305,6 +322,21 @@ static inline tx_v4_f64 tx_vload_f64(const double* p) {
     tx_v4_f64 v;
     memcpy(&v, p, sizeof(v));
     return v;
+}
+typedef double tx_vh2_f64 __attribute__((vector_size(16)));
+typedef tx_i64 tx_mh2_f64 __attribute__((vector_size(16)));
+static inline tx_vh2_f64 tx_hload_f64(const double* p) {
+    tx_vh2_f64 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+static inline double tx_hfoldadd_f64(tx_vh2_f64 l, double acc) {
+    l = l + TX_SHUFFLE(l, tx_mh2_f64, 1, 0);
+    return acc + l[0];
+}
+static inline double tx_hfoldmul_f64(tx_vh2_f64 l, double acc) {
+    l = l * TX_SHUFFLE(l, tx_mh2_f64, 1, 0);
+    return acc * l[0];
 }
 typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
@@ -454,6 +486,23 @@ void forward(
                 }
                 acc_part_l0 += acc_part_l1;
                 acc_part = tx_vfoldadd_f32(acc_part_l0, acc_part);
+            } else if (blk_hi - blk_lo >= 4) {
+                const tx_i64 i0_tail = blk_lo + 4;
+                tx_vh4_f32 acc_part_l0 = (tx_vh4_f32){-0.0, -0.0, -0.0, -0.0};
+                {
+                    const tx_i64 i0 = blk_lo + 0;
+                    const tx_vh4_f32 i0_ld0 = tx_hload_f32(&a1[i0]);
+                    const tx_vh4_f32 i0_ld1 = tx_hload_f32(&a2[i0]);
+                    acc_part_l0 += i0_ld0 * i0_ld1;
+                }
+                if (i0_tail < blk_hi) {
+                    const tx_i64 i0 = blk_hi - 4;
+                    const tx_mh4_f32 i0_new = (tx_mh4_f32){0, 1, 2, 3} >= (tx_i32)(4 - (blk_hi - i0_tail));
+                    const tx_vh4_f32 i0_ld0 = tx_hload_f32(&a1[i0]);
+                    const tx_vh4_f32 i0_ld1 = tx_hload_f32(&a2[i0]);
+                    acc_part_l0 += (tx_vh4_f32)(((tx_mh4_f32)(i0_ld0 * i0_ld1) & i0_new) | ((tx_mh4_f32)(tx_vh4_f32){-0.0, -0.0, -0.0, -0.0} & ~i0_new));
+                }
+                acc_part = tx_hfoldadd_f32(acc_part_l0, acc_part);
             } else {
                 for (tx_i64 i0 = blk_lo; i0 < blk_hi; ++i0) {
                     acc_part += a1[i0] * a2[i0];
