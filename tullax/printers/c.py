@@ -20,12 +20,10 @@ The mapping:
   the IR binds it. That keeps C's block scopes out of the IR's way (the tiled float32 sums declare a ``Scratch``
   in one ``If`` and read it in a later one) and makes every local private to its OpenMP iteration.
 * A fused program's row ``Buffer``: a variable-length array among the region's locals, on its thread's stack.
-* ``atomic_add`` stores are a plain ``+=``: only the IR's parallel loops run on threads, and the colliding loops
-  of a scatter are serial in the nest (as in the Numba printer).
-* A module where a kernel adds into its output also exports the parallel clear of ``tullax.printers.c_clear``.
+* ``atomic_add`` stores are a plain ``+=`` (the colliding loops of a scatter are serial in the nest). A module
+  where a kernel adds into its output also exports the parallel clear of ``tullax.printers.c_clear``.
 * Expressions are the shared C ones (``tullax.printers.clike``); helpers carry their type's suffix
-  (``tx_max_f32``), casts are C casts, infinities and NaN are GCC builtins. The IR's blocked float32 sums and
-  its register tiling are in the IR, so they print as they are.
+  (``tx_max_f32``), casts are C casts, infinities and NaN are GCC builtins. Register strips: ``c_strips``.
 """
 from __future__ import annotations
 
@@ -58,6 +56,7 @@ from tullax.printers.c_clear import CLEAR_FUNCTION, CLEAR_SOURCE
 from tullax.printers.c_mvec import MVEC_DECLARATIONS
 from tullax.printers.c_packed import packed_source
 from tullax.printers.c_plain import plain_prelude
+from tullax.printers.c_strips import strip_loop
 from tullax.printers.c_vector import LaneLoop, lane_vectors, vector_body
 from tullax.printers.clike import (
     TYPE_SUFFIX,
@@ -131,6 +130,8 @@ class CPrinter(CLikePrinter):
 
     def loop(self, loop: Loop, place: Place) -> list[str]:
         assert isinstance(place, CPlace)
+        if loop.registers:  # a chunk of register strips (``tullax.compiler.strips``)
+            return strip_loop(self, loop, place, VECTOR_BYTES) or super().loop(loop, place)
         if not self.plain and _lane_reduction(loop):
             return self.lanes(loop, place)
         if _sum_lanes(loop, dict(place.declared)):
@@ -477,8 +478,8 @@ _REDUCTIONS = "".join(
     f"omp_out = tx_{op}_{TYPE_SUFFIX[dt]}(omp_out, omp_in)) initializer(omp_priv = omp_orig)\n"
     for dt in HELPER_TYPES for op in ("max", "min"))
 
-_ELEMENT_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "int16": 2, "int8": 1, "uint8": 1,
-                  "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1}
+_ELEMENT_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "int16": 2, "int8": 1, "uint8": 1, "uint16": 2,
+                  "uint32": 4, "uint64": 8, "bool": 1}
 _MASK = {"float32": "tx_i32", "float64": "tx_i64", "int32": "tx_i32", "int64": "tx_i64"}
 def lane_count(dtype: str) -> int:
     """The lanes of a max/min reduction loop over ``dtype``: LANE_BYTES of its elements."""

@@ -1,0 +1,96 @@
+"""Register strips as GCC vectors (``CPrinter.loop`` of a ``Loop.registers`` chunk loop, made by
+``tullax.compiler.strips``): a whole chunk loads each output row segment its strips add into as vectors, runs the
+reductions with each strip's terms on vectors (``c_vector.vector_body``: one load per moving read, shared by the
+rows) added into them, and stores them after; a ragged chunk, a plain (tcc) module or a term that is not plain
+arithmetic runs the loops as the IR says. Each lane adds the same terms in the same order as the loop."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tullax.compiler.loops import INDEX, Accum, Expr, Let, Load, Loop, Stmt, Store, Var, binop, const, walk_stmts
+from tullax.printers.c_vector import VectorBody, vector_body
+from tullax.printers.clike import TYPE_SUFFIX, CPlace
+
+if TYPE_CHECKING:
+    from tullax.printers.c import CPrinter
+
+_ITEMSIZE = {"float32": 4, "float64": 8}
+
+
+def strip_loop(printer: CPrinter, loop: Loop, place: CPlace, vector_bytes: int) -> list[str] | None:
+    """The lines of chunk loop ``loop`` with its whole chunks on vectors, or None where it prints as written."""
+    lo, hi = loop.body[0], loop.body[1]
+    assert isinstance(lo, Let) and isinstance(hi, Let), loop
+    run = loop.body[2:]
+    strips = [s for s in walk_stmts(run) if isinstance(s, Loop) and s.start == Var(lo.var, INDEX)]
+    stores = [s for strip in strips for s in strip.body if isinstance(s, Store)]
+    dtypes = {s.value.dtype for s in stores}
+    if printer.plain or len(dtypes) != 1 or next(iter(dtypes)) not in _ITEMSIZE:
+        return None
+    dtype = next(iter(dtypes))
+    width = vector_bytes // _ITEMSIZE[dtype]
+    if loop.registers % width:
+        return None
+    segments: dict[tuple[str, tuple[Expr, ...]], str] = {}
+    for store in stores:
+        segments.setdefault((store.array, store.index[:-1]), f"{loop.var}_s{len(segments)}")
+    bodies: dict[int, VectorBody] = {}
+    for strip in strips:
+        lets = [s for s in strip.body if isinstance(s, Let)]
+        accums = [Accum(segments[(s.array, s.index[:-1])], "+", s.value) for s in strip.body if isinstance(s, Store)]
+        body = vector_body(strip.var, lets, accums, dtype)
+        if body is None:
+            return None
+        bodies[id(strip)] = body
+    vector, suffix, count = f"tx_v{width}_{TYPE_SUFFIX[dtype]}", TYPE_SUFFIX[dtype], loop.registers // width
+    pad, step = printer.indent * place.depth, printer.indent
+    inner = CPlace(place.depth + 1, place.declared)
+    deep = CPlace(place.depth + 2, place.declared)
+
+    def address(array: str, index: tuple[Expr, ...], v: int) -> str:
+        return "&" + printer.expr(Load(array, index + (binop("+", Var(lo.var, INDEX), const(v * width)),), dtype))
+
+    def vectors(stmts: tuple[Stmt, ...], at: CPlace) -> list[str]:
+        lines: list[str] = []
+        for stmt in stmts:
+            if isinstance(stmt, Loop) and id(stmt) in bodies:
+                lines += _strip_vectors(stmt, bodies[id(stmt)], lo.var, width, count, vector, suffix, printer, at)
+            elif isinstance(stmt, Loop):
+                lines += [printer.indent * at.depth + printer.loop_header(stmt, at),
+                          *vectors(stmt.body, CPlace(at.depth + 1, at.declared)), printer.indent * at.depth + "}"]
+            else:
+                lines += printer.statement(stmt, at)
+        return lines
+
+    lines = [pad + printer.loop_header(loop, place), *printer.block(loop.body[:2], inner),
+             f"{pad}{step}if ({hi.var} - {lo.var} == {loop.registers}) {{"]
+    for (array, index), name in segments.items():
+        lines += [f"{pad}{step * 2}{vector} {name}_v{v};" for v in range(count)]
+        lines += [f"{pad}{step * 2}memcpy(&{name}_v{v}, {address(array, index, v)}, sizeof({vector}));"
+                  for v in range(count)]
+    lines += vectors(run, deep)
+    for (array, index), name in segments.items():
+        lines += [f"{pad}{step * 2}memcpy({address(array, index, v)}, &{name}_v{v}, sizeof({vector}));"
+                  for v in range(count)]
+    lines += [f"{pad}{step}}} else {{", *printer.block(run, deep), f"{pad}{step}}}", pad + "}"]
+    return lines
+
+
+def _strip_vectors(strip: Loop, body: VectorBody, lo: str, width: int, count: int, vector: str, suffix: str,
+                   printer: CPrinter, at: CPlace) -> list[str]:
+    """One strip of a whole chunk: ``count`` vectors, each its moving loads, its locals and the adds into the
+    segments' vectors."""
+    pad, step, idx = printer.indent * at.depth, printer.indent, printer.index_type
+    splat = "(" + vector + "){" + ", ".join(["-0.0"] * width) + "}"
+    lines: list[str] = []
+    for v in range(count):
+        lines += [pad + "{", f"{pad}{step}const {idx} {strip.var} = {lo} + {v * width};"]
+        lines += [f"{pad}{step}const {vector} {name} = tx_vload_{suffix}(&{printer.expr(load)});"
+                  for load, name in body.loads]
+        lines += [f"{pad}{step}const {vector} {let.var} = {splat} + ({printer.expr(let.value)});" for let in body.lets]
+        lines += [f"{pad}{step}{a.var}_v{v} += {printer.expr(a.value)};" for a in body.accums]
+        lines.append(pad + "}")
+    return lines
+
+
+__all__ = ["strip_loop"]
