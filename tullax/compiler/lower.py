@@ -43,7 +43,6 @@ from tullax.compiler.blocking import (
 from tullax.compiler.bounds import Bound, Side, narrow
 from tullax.compiler.emit import Emitter, Phase
 from tullax.compiler.factor import factor_sums
-from tullax.compiler.strips import register_strips, strip_width
 from tullax.compiler.guards import Solution, find_guards
 from tullax.compiler.jam import RegisterTile, register_tiles
 from tullax.compiler.loops import (
@@ -71,6 +70,7 @@ from tullax.compiler.params import parameters
 from tullax.compiler.reduction_jam import jam_reductions
 from tullax.compiler.rewrite import share_subexpressions
 from tullax.compiler.schedule import TILE, Schedule, loop_order, schedule
+from tullax.compiler.strips import register_strips, strip_width
 from tullax.compiler.translate import Translator, as_bool
 from tullax.spec import ir
 from tullax.spec.ir import Spec, Wrapped, reduction_identity
