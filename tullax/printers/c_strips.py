@@ -7,7 +7,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tullax.compiler.loops import INDEX, Accum, Expr, Let, Load, Loop, Stmt, Store, Var, binop, const, walk_stmts
+from tullax.compiler.loops import (
+    INDEX,
+    Accum,
+    BinOp,
+    Const,
+    Expr,
+    Let,
+    Load,
+    Loop,
+    Stmt,
+    Store,
+    UnOp,
+    Var,
+    binop,
+    const,
+    walk_stmts,
+)
 from tullax.printers.c_vector import VectorBody, vector_body
 from tullax.printers.clike import TYPE_SUFFIX, CPlace
 
@@ -36,8 +52,9 @@ def strip_loop(printer: CPrinter, loop: Loop, place: CPlace, vector_bytes: int) 
         segments.setdefault((store.array, store.index[:-1]), f"{loop.var}_s{len(segments)}")
     bodies: dict[int, VectorBody] = {}
     for strip in strips:
-        lets = [s for s in strip.body if isinstance(s, Let)]
-        accums = [Accum(segments[(s.array, s.index[:-1])], "+", s.value) for s in strip.body if isinstance(s, Store)]
+        lets = [Let(s.var, _squares(s.value)) for s in strip.body if isinstance(s, Let)]
+        accums = [Accum(segments[(s.array, s.index[:-1])], "+", _squares(s.value))
+                  for s in strip.body if isinstance(s, Store)]
         body = vector_body(strip.var, lets, accums, dtype)
         if body is None:
             return None
@@ -74,6 +91,18 @@ def strip_loop(printer: CPrinter, loop: Loop, place: CPlace, vector_bytes: int) 
                   for v in range(count)]
     lines += [f"{pad}{step}}} else {{", *printer.block(run, deep), f"{pad}{step}}}", pad + "}"]
     return lines
+
+
+def _squares(expr: Expr) -> Expr:
+    """``expr`` with each ``x^2`` as ``x*x``: what the prelude's ``tx_powi`` computes for it, on vectors too."""
+    if isinstance(expr, BinOp):
+        lhs, rhs = _squares(expr.lhs), _squares(expr.rhs)
+        if expr.op == "^" and isinstance(rhs, Const) and rhs.dtype == INDEX and rhs.value == 2:
+            return BinOp("*", lhs, lhs, expr.dtype)
+        return BinOp(expr.op, lhs, rhs, expr.dtype)
+    if isinstance(expr, UnOp):
+        return UnOp(expr.op, _squares(expr.arg), expr.dtype)
+    return expr
 
 
 def _strip_vectors(strip: Loop, body: VectorBody, lo: str, width: int, count: int, vector: str, suffix: str,
