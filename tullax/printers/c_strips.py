@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from tullax.printers.c import CPrinter
 
 _ITEMSIZE = {"float32": 4, "float64": 8}
+_LANE_INT = {"float32": "tx_i32", "float64": "tx_i64"}
 
 
 def strip_loop(printer: CPrinter, loop: Loop, place: CPlace, vector_bytes: int) -> list[str] | None:
@@ -63,34 +64,58 @@ def strip_loop(printer: CPrinter, loop: Loop, place: CPlace, vector_bytes: int) 
     pad, step = printer.indent * place.depth, printer.indent
     inner = CPlace(place.depth + 1, place.declared)
     deep = CPlace(place.depth + 2, place.declared)
+    first = f"{loop.var}_at"  # where the vectors start: the chunk's start, or its end less a whole chunk
 
     def address(array: str, index: tuple[Expr, ...], v: int) -> str:
-        return "&" + printer.expr(Load(array, index + (binop("+", Var(lo.var, INDEX), const(v * width)),), dtype))
+        return "&" + printer.expr(Load(array, index + (binop("+", Var(first, INDEX), const(v * width)),), dtype))
 
-    def vectors(stmts: tuple[Stmt, ...], at: CPlace) -> list[str]:
+    def vectors(stmts: tuple[Stmt, ...], at: CPlace, masked: bool) -> list[str]:
         lines: list[str] = []
         for stmt in stmts:
             if isinstance(stmt, Loop) and id(stmt) in bodies:
-                lines += _strip_vectors(stmt, bodies[id(stmt)], lo.var, width, count, vector, suffix, printer, at)
+                lines += _strip_vectors(stmt, bodies[id(stmt)], first, width, count, vector, suffix, printer, at,
+                                        masked)
             elif isinstance(stmt, Loop):
                 lines += [printer.indent * at.depth + printer.loop_header(stmt, at),
-                          *vectors(stmt.body, CPlace(at.depth + 1, at.declared)), printer.indent * at.depth + "}"]
+                          *vectors(stmt.body, CPlace(at.depth + 1, at.declared), masked),
+                          printer.indent * at.depth + "}"]
             else:
                 lines += printer.statement(stmt, at)
         return lines
 
+    def chunk(start: str, masked: bool) -> list[str]:
+        at = pad + step * 2
+        lines = [f"{at}const {printer.index_type} {first} = {start};"]
+        if masked:  # lane k of vector v is new where first + v*width + k >= clo
+            mask = vector.replace("_v", "_m", 1)
+            lanes = "(" + mask + "){" + ", ".join(str(k) for k in range(width)) + "}"
+            lines += [f"{at}const {mask} {first}_new{v} = {lanes} >= ({_LANE_INT[dtype]})({lo.var} - {first} - "
+                      f"{v * width});" for v in range(count)]
+        for (array, index), name in segments.items():
+            lines += [f"{at}{vector} {name}_v{v};" for v in range(count)]
+            lines += [f"{at}memcpy(&{name}_v{v}, {address(array, index, v)}, sizeof({vector}));"
+                      for v in range(count)]
+        lines += vectors(run, deep, masked)
+        for (array, index), name in segments.items():
+            lines += [f"{at}memcpy({address(array, index, v)}, &{name}_v{v}, sizeof({vector}));"
+                      for v in range(count)]
+        return lines
+
+    tile_start, tile_stop = _tile(lo, hi)
     lines = [pad + printer.loop_header(loop, place), *printer.block(loop.body[:2], inner),
-             f"{pad}{step}if ({hi.var} - {lo.var} == {loop.registers}) {{"]
-    for (array, index), name in segments.items():
-        lines += [f"{pad}{step * 2}{vector} {name}_v{v};" for v in range(count)]
-        lines += [f"{pad}{step * 2}memcpy(&{name}_v{v}, {address(array, index, v)}, sizeof({vector}));"
-                  for v in range(count)]
-    lines += vectors(run, deep)
-    for (array, index), name in segments.items():
-        lines += [f"{pad}{step * 2}memcpy({address(array, index, v)}, &{name}_v{v}, sizeof({vector}));"
-                  for v in range(count)]
+             f"{pad}{step}if ({hi.var} - {lo.var} == {loop.registers}) {{", *chunk(lo.var, False),
+             # a ragged last chunk of a tile holding a whole one: the last whole chunk's vectors, adding -0.0 (no
+             # change to any value) into the lanes the chunk before took
+             f"{pad}{step}}} else if ({printer.expr(tile_stop)} - {printer.expr(tile_start)} >= {loop.registers}) {{",
+             *chunk(f"{hi.var} - {loop.registers}", True)]
     lines += [f"{pad}{step}}} else {{", *printer.block(run, deep), f"{pad}{step}}}", pad + "}"]
     return lines
+
+
+def _tile(lo: Let, hi: Let) -> tuple[Expr, Expr]:
+    """The tile's bounds, from the chunk's bounds ``start + ch*width`` and ``min(clo + width, stop)``."""
+    assert isinstance(lo.value, BinOp) and isinstance(hi.value, BinOp), (lo, hi)
+    return lo.value.lhs, hi.value.rhs
 
 
 def _squares(expr: Expr) -> Expr:
@@ -106,7 +131,7 @@ def _squares(expr: Expr) -> Expr:
 
 
 def _strip_vectors(strip: Loop, body: VectorBody, lo: str, width: int, count: int, vector: str, suffix: str,
-                   printer: CPrinter, at: CPlace) -> list[str]:
+                   printer: CPrinter, at: CPlace, masked: bool) -> list[str]:
     """One strip of a whole chunk: ``count`` vectors, each its moving loads, its locals and the adds into the
     segments' vectors."""
     pad, step, idx = printer.indent * at.depth, printer.indent, printer.index_type
@@ -117,7 +142,12 @@ def _strip_vectors(strip: Loop, body: VectorBody, lo: str, width: int, count: in
         lines += [f"{pad}{step}const {vector} {name} = tx_vload_{suffix}(&{printer.expr(load)});"
                   for load, name in body.loads]
         lines += [f"{pad}{step}const {vector} {let.var} = {splat} + ({printer.expr(let.value)});" for let in body.lets]
-        lines += [f"{pad}{step}{a.var}_v{v} += {printer.expr(a.value)};" for a in body.accums]
+        if masked:  # a bitwise select: a NaN or inf term of an old lane stays out
+            mask = vector.replace("_v", "_m", 1)
+            lines += [f"{pad}{step}{a.var}_v{v} += ({vector})((({mask})({printer.expr(a.value)}) & {lo}_new{v}) | "
+                      f"(({mask}){splat} & ~{lo}_new{v}));" for a in body.accums]
+        else:
+            lines += [f"{pad}{step}{a.var}_v{v} += {printer.expr(a.value)};" for a in body.accums]
         lines.append(pad + "}")
     return lines
 
