@@ -223,3 +223,36 @@ def test_forward_and_gradients_on_the_backends_match_numpy_float64(backend: str,
     got = jax.grad(lambda *a: jnp.sum(dist(*a) * cot.astype(dtype)), (0, 1))(*args)
     for name, g, want in zip(("dW", "dX"), got, grads):
         check(g, want, f"dist {name}")
+
+
+@pytest.mark.compiles
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_and_inf_reach_exactly_the_elements_they_reach_in_numpy(dtype: str):
+    """Special values in the columns a tile's ragged last chunk shares with the chunk before (30 columns: chunks
+    from 0 and, shifted back, from 30 - width): an old lane adds -0.0, never the term, so a NaN or inf there counts
+    once and nowhere else; NaN*0 stays NaN (no factor is hoisted)."""
+    jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(9)
+    K, rows, cols = 7, 13, 30
+    W, X = rng.standard_normal((K, rows)), rng.standard_normal((K, cols))
+    width = strip_width(dtype)
+    X[2, cols - width] = np.nan  # a column both chunks of the tile cover
+    X[4, cols - width + 1] = np.inf
+    W[3, 5] = -np.inf
+    cot = rng.standard_normal((rows, cols))
+    cot[6, cols - 1] = 0.0  # times the inf of W's row: NaN
+    terms = W[:, :, None] - X[:, None, :]
+    with np.errstate(invalid="ignore"):
+        want = {"D": (terms ** 2).sum(0), "dW": (cot[None] * (2 * terms)).sum(2),
+                "dX": -(cot[None] * (2 * terms)).sum(1)}
+    dist = tullax.einsum_kernel(DIST, backend="c")
+    args = [jnp.asarray(a.astype(dtype)) for a in (W, X)]
+    dW, dX = jax.grad(lambda *a: jnp.sum(dist(*a) * cot.astype(dtype)), (0, 1))(*args)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    for name, got in (("D", dist(*args)), ("dW", dW), ("dX", dX)):
+        got, expected = np.asarray(got, np.float64), want[name]
+        assert np.array_equal(np.isnan(got), np.isnan(expected)), name
+        infinities = [np.where(np.isinf(a), np.sign(a), 0) for a in (got, expected)]
+        assert np.array_equal(*infinities), name
+        finite = np.isfinite(expected)
+        np.testing.assert_allclose(got[finite], expected[finite], rtol=tol, atol=tol * 100, err_msg=name)

@@ -23,8 +23,7 @@ The mapping:
 * ``atomic_add`` stores are a plain ``+=`` (the colliding loops of a scatter are serial in the nest). A module
   where a kernel adds into its output also exports the parallel clear of ``tullax.printers.c_clear``.
 * Expressions are the shared C ones (``tullax.printers.clike``); helpers carry their type's suffix
-  (``tx_max_f32``), casts are C casts, infinities and NaN are GCC builtins. Register strips: ``c_strips``.
-"""
+  (``tx_max_f32``), casts are C casts, infinities and NaN are GCC builtins. Register strips: ``c_strips``."""
 from __future__ import annotations
 
 from typing import ClassVar, Iterator, Mapping, Sequence
@@ -130,7 +129,7 @@ class CPrinter(CLikePrinter):
 
     def loop(self, loop: Loop, place: Place) -> list[str]:
         assert isinstance(place, CPlace)
-        if loop.registers:  # a chunk of register strips (``tullax.compiler.strips``)
+        if loop.registers:  # a chunk of register strips (``tullax.compiler.strips``), on vectors or as written
             return strip_loop(self, loop, place, VECTOR_BYTES) or super().loop(loop, place)
         if not self.plain and _lane_reduction(loop):
             return self.lanes(loop, place)

@@ -5,8 +5,6 @@ rows) added into them, and stores them after; a ragged chunk, a plain (tcc) modu
 arithmetic runs the loops as the IR says. Each lane adds the same terms in the same order as the loop."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from tullax.compiler.loops import (
     INDEX,
     Accum,
@@ -25,16 +23,13 @@ from tullax.compiler.loops import (
     walk_stmts,
 )
 from tullax.printers.c_vector import VectorBody, vector_body
-from tullax.printers.clike import TYPE_SUFFIX, CPlace
-
-if TYPE_CHECKING:
-    from tullax.printers.c import CPrinter
+from tullax.printers.clike import TYPE_SUFFIX, CLikePrinter, CPlace
 
 _ITEMSIZE = {"float32": 4, "float64": 8}
 _LANE_INT = {"float32": "tx_i32", "float64": "tx_i64"}
 
 
-def strip_loop(printer: CPrinter, loop: Loop, place: CPlace, vector_bytes: int) -> list[str] | None:
+def strip_loop(printer: CLikePrinter, loop: Loop, place: CPlace, vector_bytes: int) -> list[str] | None:
     """The lines of chunk loop ``loop`` with its whole chunks on vectors, or None where it prints as written."""
     lo, hi = loop.body[0], loop.body[1]
     assert isinstance(lo, Let) and isinstance(hi, Let), loop
@@ -42,7 +37,7 @@ def strip_loop(printer: CPrinter, loop: Loop, place: CPlace, vector_bytes: int) 
     strips = [s for s in walk_stmts(run) if isinstance(s, Loop) and s.start == Var(lo.var, INDEX)]
     stores = [s for strip in strips for s in strip.body if isinstance(s, Store)]
     dtypes = {s.value.dtype for s in stores}
-    if printer.plain or len(dtypes) != 1 or next(iter(dtypes)) not in _ITEMSIZE:
+    if getattr(printer, "plain", False) or len(dtypes) != 1 or next(iter(dtypes)) not in _ITEMSIZE:
         return None
     dtype = next(iter(dtypes))
     width = vector_bytes // _ITEMSIZE[dtype]
@@ -131,7 +126,7 @@ def _squares(expr: Expr) -> Expr:
 
 
 def _strip_vectors(strip: Loop, body: VectorBody, lo: str, width: int, count: int, vector: str, suffix: str,
-                   printer: CPrinter, at: CPlace, masked: bool) -> list[str]:
+                   printer: CLikePrinter, at: CPlace, masked: bool) -> list[str]:
     """One strip of a whole chunk: ``count`` vectors, each its moving loads, its locals and the adds into the
     segments' vectors."""
     pad, step, idx = printer.indent * at.depth, printer.indent, printer.index_type
