@@ -195,7 +195,8 @@ def _dist_reference(W, X, cotangent):
 @pytest.mark.compiles
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("backend", ["c", "numba", "xla"])
-def test_forward_and_gradients_on_the_backends_match_numpy_float64(backend: str, dtype: str):
+def test_forward_and_gradients_on_the_backends_match_numpy_float64(backend: str, dtype: str, monkeypatch):
+    monkeypatch.setenv("TULLAX_C_TIERS", "off")  # the optimised build, whose printed C has the strips
     jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(5)
     tol = 2e-5 if dtype == "float32" else 1e-11
@@ -227,10 +228,11 @@ def test_forward_and_gradients_on_the_backends_match_numpy_float64(backend: str,
 
 @pytest.mark.compiles
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_nan_and_inf_reach_exactly_the_elements_they_reach_in_numpy(dtype: str):
+def test_nan_and_inf_reach_exactly_the_elements_they_reach_in_numpy(dtype: str, monkeypatch):
     """Special values in the columns a tile's ragged last chunk shares with the chunk before (30 columns: chunks
     from 0 and, shifted back, from 30 - width): an old lane adds -0.0, never the term, so a NaN or inf there counts
     once and nowhere else; NaN*0 stays NaN (no factor is hoisted)."""
+    monkeypatch.setenv("TULLAX_C_TIERS", "off")  # the optimised build, whose printed C has the strips
     jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(9)
     K, rows, cols = 7, 13, 30
