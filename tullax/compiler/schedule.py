@@ -315,7 +315,7 @@ def register_tiles(spec: Spec, parallel: tuple[str, ...], reductions: tuple[str,
     loads = [_node_indices(a) for a in ir.accesses(spec.body)]
     calls = [_node_indices(c) for c in ir.walk(spec.body) if isinstance(c, ir.Call)]
     inner = reductions[-1]
-    if tiling is not None:  # measured: 4 rows of a strip-mined kernel per iteration lose (benchmarks/sharing.py)
+    if tiling is not None:  # rows that each update their strip in memory lose (benchmarks/sharing.py): strips only
         rows = [n for n in candidates[-1:] if any(inner in used and n not in used for used in loads)]
         return tuple(RegisterTile(n, STRIP_ROWS) for n in rows) if strips else ()
     for name in reversed(candidates):
