@@ -103,7 +103,7 @@ def _rewrite(stmts: tuple[Stmt, ...], var: str, start: Expr, stop: Expr, width: 
     run: list[Loop] = []
 
     def flush() -> None:
-        if run and _segments(run, var) is not None:
+        if run and _segments(run, var, start, stop) is not None:
             out.append(_chunked(tuple(run), var, start, stop, width))
             found.append(1)
         else:
@@ -155,15 +155,20 @@ def _reduction(loop: Loop, var: str, start: Expr, stop: Expr) -> bool:
     return strips > 0
 
 
-def _segments(run: list[Loop], var: str) -> set[tuple[str, tuple[Expr, ...]]] | None:
+def _segments(run: list[Loop], var: str, start: Expr, stop: Expr) -> set[tuple[str, tuple[Expr, ...]]] | None:
     """The output row segments the strips of ``run`` add into (array, index before ``var``), or None where they
-    are too many to hold in registers or some statement of the run reads one of those arrays."""
-    stores = [s for loop in run for s in walk_stmts((loop,)) if isinstance(s, Store)]
+    are too many to hold in registers, some statement of the run reads one of those arrays, or a segment or the
+    tile's bounds read a variable the run binds (a ragged register tile's loop over its rows, with the tile's
+    bounds inside it: the chunks go inside that loop)."""
+    stmts = [s for loop in run for s in walk_stmts((loop,))]
+    stores = [s for s in stmts if isinstance(s, Store)]
     segments = {(s.array, s.index[:-1]) for s in stores}
     arrays = {array for array, _ in segments}
-    read = {node.array for loop in run for s in walk_stmts((loop,)) for e in statement_expressions(s)
-            for node in walk_expr(e) if isinstance(node, Load)}
-    if len(segments) > MAX_SEGMENTS or arrays & read:
+    read = {node.array for s in stmts for e in statement_expressions(s) for node in walk_expr(e)
+            if isinstance(node, Load)}
+    bound = {s.var for s in stmts if isinstance(s, (Let, Loop))}
+    outside = expr_vars(start) | expr_vars(stop) | {n for _, index in segments for i in index for n in expr_vars(i)}
+    if len(segments) > MAX_SEGMENTS or arrays & read or outside & bound:
         return None
     return segments
 
