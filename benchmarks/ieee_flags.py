@@ -10,11 +10,11 @@ in a rotating and shuffled order, after an untimed call of the same variant; med
            sums (``CPrinter.sum_lanes``; plain arithmetic printed on GCC vectors, ``printers/c_vector.py``),
            rows shorter than a vector as half vectors (``c_vector.half_row``), other sum/product loops under
            ``#pragma omp simd reduction``, a scalar loop's calls of vector math (exp) in strips of ``omp simd``
-           (``printers/c_strip.py``), and GCC's instruction scheduling before register allocation
+           (``printers/c_math_strips.py``), and GCC's instruction scheduling before register allocation
            (``compile.SCHEDULE_FLAGS``; ``before`` and ``no-simd`` turn it off, as it was).
 
-``before`` and ``no-simd`` print without the sum lanes and the strips of vector math (``printers/c_strip.py``): the
-printer's ``_sum_lanes`` and ``strip_plan`` answer no while they build.
+``before`` and ``no-simd`` print without the sum lanes and the strips of vector math
+(``printers/c_math_strips.py``): the printer's ``_sum_lanes`` and ``math_strip_plan`` answer no while they build.
 
 Each variant is its own module in the compile cache (the flags are in its key). Writes
 benchmarks/results/ieee_flags.json and .md (``after/before`` per case: below 1 is faster now).
@@ -72,13 +72,13 @@ def build(spec, signature: Signature, variant: str):
         def generate(spec, signature):
             if simd:
                 return base.generate(spec, signature)
-            lanes, strips = c_printer._sum_lanes, c_printer.strip_plan
+            lanes, strips = c_printer._sum_lanes, c_printer.math_strip_plan
             c_printer._sum_lanes = lambda loop, declared: False  # the printing before the sum lanes
-            c_printer.strip_plan = lambda loop: None  # and before the strips of vector math
+            c_printer.math_strip_plan = lambda loop: None  # and before the strips of vector math
             try:
                 kernel, source = base.generate(spec, signature)
             finally:
-                c_printer._sum_lanes, c_printer.strip_plan = lanes, strips
+                c_printer._sum_lanes, c_printer.math_strip_plan = lanes, strips
             return kernel, _without_simd(source)
 
         recipe = dataclasses.replace(base, options={**base.options, "ieee_variant": variant},

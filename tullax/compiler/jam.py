@@ -201,6 +201,8 @@ def register_tiles(kernel: LoopKernel, tiles: Sequence[tuple[str, RegisterTile]]
                        for name in dep & set(buffers)})
         values.update({var: per_var[k][u] for k, ((var, _), u) in enumerate(zip(tiles, combo))})
         renames.append(values)
+    declared = _declared(body, tuple(Scratch(name, length * len(copies), dtype)
+                                     for name, (length, dtype) in scratch.items()))
     body = tuple(s for s in _without_scratch(body) if not isinstance(s, Buffer))
     try:
         jammed = drop_dead_lets(_jam(body, dep, renames))
@@ -216,7 +218,7 @@ def register_tiles(kernel: LoopKernel, tiles: Sequence[tuple[str, RegisterTile]]
     tiled_body: tuple[Stmt, ...] = tuple(
         Let(lows[var].name, binop("+", by_var[var].start, binop("*", Var(f"{var}_rt", INDEX), const(tile.factor))))
         for var, tile in tiles)
-    tiled_body += tuple(Scratch(name, length * len(copies), dtype) for name, (length, dtype) in scratch.items())
+    tiled_body += declared
     tiled_body += tuple(replace(b, length=binop("*", b.length, const(len(copies)))) if name in dep else b
                         for name, b in buffers.items())
     tiled_body += (If(conjunction(whole + long_enough), jammed, ragged),)
@@ -258,6 +260,22 @@ def _copy_number(tiles: Sequence[tuple[str, RegisterTile]], lows: dict[str, Var]
     for var, tile in tiles:
         number = binop("+", binop("*", number, const(tile.factor)), binop("-", Var(var, INDEX), lows[var]))
     return number
+
+
+def _declared(body: tuple[Stmt, ...], scratch: tuple[Scratch, ...]) -> tuple[Stmt, ...]:
+    """The declarations of ``scratch`` before the tile, under the guard they had where ``body`` declares them all
+    in one ``if (flag)`` on a flag bound before it from values outside the body (a strip-mined kernel's float64
+    totals, only for long sums): a Scratch is zeroed where it is declared, and the tile's many copies cost a
+    memset per tile otherwise."""
+    lets = {s.var: s for s in body if isinstance(s, Let)}
+    bound = {s.var for s in walk_stmts(body) if isinstance(s, (Let, Accum, Loop))}
+    names = {s.var for s in scratch}
+    for stmt in body:
+        if isinstance(stmt, If) and isinstance(stmt.cond, Var) and stmt.cond.name in lets and not (
+                _reads(lets[stmt.cond.name].value) & bound) and names <= {
+                s.var for s in stmt.then if isinstance(s, Scratch)}:
+            return (lets[stmt.cond.name], If(stmt.cond, scratch))
+    return scratch
 
 
 def _without_scratch(stmts: tuple[Stmt, ...]) -> tuple[Stmt, ...]:

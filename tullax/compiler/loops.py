@@ -201,6 +201,7 @@ class Loop:
     body: tuple["Stmt", ...]
     reduce_parallel: bool = False
     lanes: bool = False  # cooperative kernels: the block's threads share the iterations (a Store in it: each its own)
+    registers: int = 0  # a chunk loop of register strips (``tullax.compiler.strips``): its chunks' width
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from tullax.compiler.bounds import Bound, Side, narrow
 from tullax.compiler.emit import Emitter, Phase
 from tullax.compiler.factor import factor_sums
 from tullax.compiler.guards import Solution, find_guards
-from tullax.compiler.jam import register_tiles
+from tullax.compiler.jam import RegisterTile, register_tiles
 from tullax.compiler.loops import (
     INDEX,
     Accum,
@@ -70,6 +70,7 @@ from tullax.compiler.params import parameters
 from tullax.compiler.reduction_jam import jam_reductions
 from tullax.compiler.rewrite import share_subexpressions
 from tullax.compiler.schedule import TILE, Schedule, loop_order, schedule
+from tullax.compiler.strips import register_strips, strip_width
 from tullax.compiler.translate import Translator, as_bool
 from tullax.spec import ir
 from tullax.spec.ir import Spec, Wrapped, reduction_identity
@@ -89,7 +90,7 @@ def identity(redop: str, compute: str, wrap: str | None = None) -> Const:
 
 
 def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool = False,
-          share: bool = True, block_sums: bool = True, streams: bool = False) -> LoopKernel:
+          share: bool = True, block_sums: bool = True, streams: bool = False, strips: bool = False) -> LoopKernel:
     """The loop-nest kernel of ``spec`` for ``signature`` (a ``backends.base.Signature``).
 
     ``tile=True`` (CPU printers): when the innermost reduction index is strided but the last parallel index j
@@ -110,7 +111,11 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
     For a kernel whose sums ``tullax.compiler.split`` cuts into short pieces, one per GPU thread.
 
     ``streams=True`` (a printer whose max/min lanes take several accumulators, the C printer's): a max/min
-    reduction along contiguous rows reads several rows at once (``schedule.register_tiles``)."""
+    reduction along contiguous rows reads several rows at once (``schedule.register_tiles``).
+
+    ``strips=True`` (the C printer, whose vectors hold them): a strip-mined float kernel's rows are register-tiled
+    and their tile segments held across the reduction (``tullax.compiler.strips``); where that finds nothing to
+    hold, the kernel is lowered without those rows."""
     if spec.scan is not None:  # a recurrence: its own nest around the plain lowering (tullax.compiler.scan)
         from tullax.compiler.scan import lower_scan
 
@@ -120,7 +125,8 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
     # a tile accumulates in the output elements: not when they are real and the sum complex (|> abs), nor for a
     # product that accumulates in a wider register (blocking.product_total)
     tiles = tile and params.compute == params.out.dtype and product_total(spec, params.compute) is None
-    plan = schedule(spec, params.compute, guards, tiles, streams)
+    width = strip_width(params.compute) if strips and share else 0
+    plan = schedule(spec, params.compute, guards, tiles, streams, strips=bool(width))
     emit = Emitter(plan)
     translator = Translator(params, emit)
     for solution in guards.solutions:
@@ -140,7 +146,16 @@ def lower(spec: Spec, signature: Signature, name: str = "kernel", *, tile: bool 
         is_scatter=spec.is_scatter)
     if not share:
         return kernel
-    kernel = register_tiles(kernel, [(plan.var(tile.index), tile) for tile in plan.register])
+    shared = _shared(kernel, plan, plan.register)
+    if not (width and plan.tiling and plan.register):
+        return shared
+    stripped = register_strips(shared, plan.var(plan.tiling.index), Var(TILE_LO, INDEX), Var(TILE_HI, INDEX), width)
+    return stripped if stripped is not None else _shared(kernel, plan, ())
+
+
+def _shared(kernel: LoopKernel, plan: Schedule, tiles: tuple[RegisterTile, ...]) -> LoopKernel:
+    """``kernel`` with its register ``tiles``, its reduction jams and shared subexpressions."""
+    kernel = register_tiles(kernel, [(plan.var(tile.index), tile) for tile in tiles])
     if plan.tiling:  # the tile's output elements updated FACTOR terms at a time
         kernel = jam_reductions(kernel)
     kernel = factor_sums(kernel)  # what an inner sum multiplies by in every term, multiplied once after it

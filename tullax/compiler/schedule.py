@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from tullax.compiler.guards import Guards, Rel
 from tullax.compiler.jam import RegisterTile
+from tullax.compiler.strips import STRIP_ROWS
 from tullax.spec import ir
 from tullax.spec.ir import Affine, Indirect, Spec, Wrapped
 
@@ -75,9 +76,11 @@ class Schedule:
         return any(n not in solved for n in self.serial)
 
 
-def schedule(spec: Spec, compute: str, guards: Guards, tile: bool, streams: bool = False) -> Schedule:
+def schedule(spec: Spec, compute: str, guards: Guards, tile: bool, streams: bool = False,
+             strips: bool = False) -> Schedule:
     """The schedule of ``spec`` computing in dtype ``compute``, once ``guards`` solved what it could;
-    ``streams``: a max/min reduction along rows reads ``STREAM_ROWS`` of them at once (``register_tiles``)."""
+    ``streams``: a max/min reduction along rows reads ``STREAM_ROWS`` of them at once (``register_tiles``);
+    ``strips``: a strip-mined kernel's rows are register-tiled for ``tullax.compiler.strips``."""
     parallel, serial = loop_order(spec)
     solved_names = {s.index for s in guards.solutions}
     reductions = tuple(n for n in serial if n not in solved_names)
@@ -95,7 +98,7 @@ def schedule(spec: Spec, compute: str, guards: Guards, tile: bool, streams: bool
         others = [n for n in solution.cond.names() if n != solution.index]
         levels[solution.index] = max([top] + [levels[n] for n in others])
     variables = tuple((index, f"i{n}") for n, index in enumerate(spec.indices)) + ((TILE, TILE_VAR),)
-    register = register_tiles(spec, parallel, reductions, tiling, compute if streams else None)
+    register = register_tiles(spec, parallel, reductions, tiling, compute if streams else None, strips)
     return Schedule(parallel, serial, loops, tuple((s.index, levels[s.index]) for s in guards.solutions),
                     variables, tiling, register)
 
@@ -273,7 +276,7 @@ def literal_cases(spec: Spec, index: str) -> tuple[int, ...]:
 
 
 def register_tiles(spec: Spec, parallel: tuple[str, ...], reductions: tuple[str, ...],
-                   tiling: Tiling | None, streams: str | None = None) -> tuple[RegisterTile, ...]:
+                   tiling: Tiling | None, streams: str | None = None, strips: bool = False) -> tuple[RegisterTile, ...]:
     """Which parallel loops to unroll-and-jam (``tullax.compiler.jam``), by how much.
 
     * A free index compared with literals ``lo .. lo+c-1`` (its range starting at the constant ``lo``, c at most
@@ -286,7 +289,9 @@ def register_tiles(spec: Spec, parallel: tuple[str, ...], reductions: tuple[str,
     * A strip-mined kernel (``tiling``) is not tiled: 4 rows per iteration, each updating its row of the strip in
       memory, measured slower or no faster (matmul, Linear, Dist forward: 0.8-1.0x; ``benchmarks/sharing.py``).
       Its innermost loop is already contiguous and vectorised; a win there needs the strip's partial sums in
-      registers, which this IR does not express.
+      registers: with ``strips`` (the C printer's), the parallel index before the tile that leaves some load
+      inside the reduction shared is tiled by ``strips.STRIP_ROWS``, whose row segments
+      ``tullax.compiler.strips`` then keeps in registers across the reduction (a GEMM micro-kernel).
     * With ``streams`` (the dtype of the computation, given for the C printer, whose max/min lanes take one
       vector per row of a tile), a max/min reduction whose innermost loop reads its rows contiguously and shares
       nothing reads ``STREAM_ROWS`` rows at once where a row holds at least ``STREAM_MIN_BYTES`` (a condition
@@ -309,9 +314,10 @@ def register_tiles(spec: Spec, parallel: tuple[str, ...], reductions: tuple[str,
     candidates = [n for n in parallel if n != TILE][-2:]
     loads = [_node_indices(a) for a in ir.accesses(spec.body)]
     calls = [_node_indices(c) for c in ir.walk(spec.body) if isinstance(c, ir.Call)]
-    if tiling is not None:  # measured: 4 rows of a strip-mined kernel per iteration lose (benchmarks/sharing.py)
-        return ()
     inner = reductions[-1]
+    if tiling is not None:  # rows that each update their strip in memory lose (benchmarks/sharing.py): strips only
+        rows = [n for n in candidates[-1:] if any(inner in used and n not in used for used in loads)]
+        return tuple(RegisterTile(n, STRIP_ROWS) for n in rows) if strips else ()
     for name in reversed(candidates):
         if any(inner in used and name not in used for used in calls):
             return (RegisterTile(name, CALL_TILE),)

@@ -20,13 +20,10 @@ The mapping:
   the IR binds it. That keeps C's block scopes out of the IR's way (the tiled float32 sums declare a ``Scratch``
   in one ``If`` and read it in a later one) and makes every local private to its OpenMP iteration.
 * A fused program's row ``Buffer``: a variable-length array among the region's locals, on its thread's stack.
-* ``atomic_add`` stores are a plain ``+=``: only the IR's parallel loops run on threads, and the colliding loops
-  of a scatter are serial in the nest (as in the Numba printer).
-* A module where a kernel adds into its output also exports the parallel clear of ``tullax.printers.c_clear``.
+* ``atomic_add`` stores are a plain ``+=`` (the colliding loops of a scatter are serial in the nest). A module
+  where a kernel adds into its output also exports the parallel clear of ``tullax.printers.c_clear``.
 * Expressions are the shared C ones (``tullax.printers.clike``); helpers carry their type's suffix
-  (``tx_max_f32``), casts are C casts, infinities and NaN are GCC builtins. The IR's blocked float32 sums and
-  its register tiling are in the IR, so they print as they are.
-"""
+  (``tx_max_f32``), casts are C casts, infinities and NaN are GCC builtins. Register strips: ``c_strips``."""
 from __future__ import annotations
 
 from typing import ClassVar, Iterator, Mapping, Sequence
@@ -63,11 +60,19 @@ from tullax.printers.c_complex import (
     refuse_plain,
     wants_scalar_loop,
 )
-from tullax.printers.c_lanes import ELEMENT_BYTES, HELPER_TYPES, LANE_PRELUDE, lane_count, vector_lanes
+from tullax.printers.c_lanes import (
+    ELEMENT_BYTES,
+    HELPER_TYPES,
+    LANE_PRELUDE,
+    VECTOR_BYTES,
+    lane_count,
+    vector_lanes,
+)
+from tullax.printers.c_math_strips import math_strip_loop, math_strip_plan
 from tullax.printers.c_mvec import MVEC_DECLARATIONS
 from tullax.printers.c_packed import packed_source
 from tullax.printers.c_plain import plain_prelude
-from tullax.printers.c_strip import strip_loop, strip_plan
+from tullax.printers.c_strips import register_strips
 from tullax.printers.c_vector import LaneLoop, half_helpers, half_row, lane_vectors, vector_body
 from tullax.printers.clike import (
     TYPE_SUFFIX,
@@ -138,6 +143,8 @@ class CPrinter(ComplexC, CLikePrinter):
 
     def loop(self, loop: Loop, place: Place) -> list[str]:
         assert isinstance(place, CPlace)
+        if loop.registers:  # a chunk of register strips (``tullax.compiler.strips``), on vectors or as written
+            return register_strips(self, loop, place, VECTOR_BYTES) or super().loop(loop, place)
         if wants_scalar_loop(loop) and not (loop.reduce_parallel and all(
                 s.op == "+" for s in loop.body if isinstance(s, Accum))):  # complex: no float lanes, no simd
             return super().loop(loop, place)
@@ -147,8 +154,8 @@ class CPrinter(ComplexC, CLikePrinter):
             return self.sum_lanes(loop, place)
         if _simd_reduction(loop):
             return [self.simd_pragma(loop, place), *super().loop(loop, place)]
-        if not self.plain and (strip := strip_plan(loop)) is not None:
-            return strip_loop(self, loop, place, strip)
+        if not self.plain and (strip := math_strip_plan(loop)) is not None:
+            return math_strip_loop(self, loop, place, strip)
         if not loop.reduce_parallel:
             return super().loop(loop, place)
         dtypes = dict(place.declared)

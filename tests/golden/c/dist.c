@@ -446,62 +446,398 @@ void forward(
     const int tx_threads)
 {
     #pragma omp parallel for collapse(2) schedule(static) num_threads(tx_threads) if(tx_threads > 1)
-    for (tx_i64 i0 = 0; i0 < n2; ++i0) {
+    for (tx_i64 i0_rt = 0; i0_rt < tx_floordiv_i64(n2 + 5, 6); ++i0_rt) {
         for (tx_i64 tile = 0; tile < tx_floordiv_i64(n0 + 511, 512); ++tile) {
+            tx_i64 i0_r0;
+            bool long_sum;
+            double tile_tot[3072];
             tx_i64 tile_lo;
             tx_i64 tile_hi;
-            bool long_sum;
-            double tile_tot[512];
             tx_i64 tile_terms;
             tx_i64 blk_lo;
             tx_i64 blk_hi;
+            tx_i64 i1_clo;
+            tx_i64 i1_chi;
+            float t0_0;
+            float t0_1;
+            float t0_2;
+            float t0_3;
+            float t0_4;
+            float t0_5;
             float t0_u0;
             float t0_u1;
             float t0_u2;
             float t0_u3;
             float t0;
-            tile_lo = tile * 512;
-            tile_hi = tx_min_i64(tile_lo + 512, n0);
-            for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
-                a0[i0 * a0_e1 + i1] = 0.0f;
-            }
+            i0_r0 = i0_rt * 6;
             long_sum = tx_max_i64(n1, 0) > 512;
             if (long_sum) {
-                memset(tile_tot, 0, 512 * sizeof(double));
-                tile_terms = 0;
+                memset(tile_tot, 0, 3072 * sizeof(double));
             }
-            for (tx_i64 blk = 0; blk < tx_floordiv_i64(n1 + 511, 512); ++blk) {
-                blk_lo = blk * 512;
-                blk_hi = tx_min_i64(blk_lo + 512, n1);
-                for (tx_i64 i2_q = 0; i2_q < tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4); ++i2_q) {
-                    t0_u0 = a1[(blk_lo + i2_q * 4) * a1_e1 + i0];
-                    t0_u1 = a1[(blk_lo + (i2_q * 4 + 1)) * a1_e1 + i0];
-                    t0_u2 = a1[(blk_lo + (i2_q * 4 + 2)) * a1_e1 + i0];
-                    t0_u3 = a1[(blk_lo + (i2_q * 4 + 3)) * a1_e1 + i0];
-                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
-                        a0[i0 * a0_e1 + i1] += tx_powi_f32(t0_u0 - a2[(blk_lo + i2_q * 4) * a2_e1 + i1], 2) + tx_powi_f32(t0_u1 - a2[(blk_lo + (i2_q * 4 + 1)) * a2_e1 + i1], 2) + tx_powi_f32(t0_u2 - a2[(blk_lo + (i2_q * 4 + 2)) * a2_e1 + i1], 2) + tx_powi_f32(t0_u3 - a2[(blk_lo + (i2_q * 4 + 3)) * a2_e1 + i1], 2);
-                    }
+            if (i0_r0 + 6 <= n2) {
+                tile_lo = tile * 512;
+                tile_hi = tx_min_i64(tile_lo + 512, n0);
+                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                    a0[i0_r0 * a0_e1 + i1] = 0.0f;
                 }
-                for (tx_i64 i2 = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4) * 4; i2 < blk_hi; ++i2) {
-                    t0 = a1[i2 * a1_e1 + i0];
-                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
-                        a0[i0 * a0_e1 + i1] += tx_powi_f32(t0 - a2[i2 * a2_e1 + i1], 2);
+                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                    a0[(i0_r0 + 1) * a0_e1 + i1] = 0.0f;
+                }
+                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                    a0[(i0_r0 + 2) * a0_e1 + i1] = 0.0f;
+                }
+                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                    a0[(i0_r0 + 3) * a0_e1 + i1] = 0.0f;
+                }
+                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                    a0[(i0_r0 + 4) * a0_e1 + i1] = 0.0f;
+                }
+                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                    a0[(i0_r0 + 5) * a0_e1 + i1] = 0.0f;
+                }
+                long_sum = tx_max_i64(n1, 0) > 512;
+                if (long_sum) {
+                    tile_terms = 0;
+                }
+                for (tx_i64 blk = 0; blk < tx_floordiv_i64(n1 + 511, 512); ++blk) {
+                    blk_lo = blk * 512;
+                    blk_hi = tx_min_i64(blk_lo + 512, n1);
+                    for (tx_i64 i1_ch = 0; i1_ch < tx_floordiv_i64(tile_hi - tile_lo + 15, 16); ++i1_ch) {
+                        i1_clo = tile_lo + i1_ch * 16;
+                        i1_chi = tx_min_i64(i1_clo + 16, tile_hi);
+                        if (i1_chi - i1_clo == 16) {
+                            const tx_i64 i1_ch_at = i1_clo;
+                            tx_v8_f32 i1_ch_s0_v0;
+                            tx_v8_f32 i1_ch_s0_v1;
+                            memcpy(&i1_ch_s0_v0, &a0[i0_r0 * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s0_v1, &a0[i0_r0 * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s1_v0;
+                            tx_v8_f32 i1_ch_s1_v1;
+                            memcpy(&i1_ch_s1_v0, &a0[(i0_r0 + 1) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s1_v1, &a0[(i0_r0 + 1) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s2_v0;
+                            tx_v8_f32 i1_ch_s2_v1;
+                            memcpy(&i1_ch_s2_v0, &a0[(i0_r0 + 2) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s2_v1, &a0[(i0_r0 + 2) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s3_v0;
+                            tx_v8_f32 i1_ch_s3_v1;
+                            memcpy(&i1_ch_s3_v0, &a0[(i0_r0 + 3) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s3_v1, &a0[(i0_r0 + 3) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s4_v0;
+                            tx_v8_f32 i1_ch_s4_v1;
+                            memcpy(&i1_ch_s4_v0, &a0[(i0_r0 + 4) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s4_v1, &a0[(i0_r0 + 4) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s5_v0;
+                            tx_v8_f32 i1_ch_s5_v1;
+                            memcpy(&i1_ch_s5_v0, &a0[(i0_r0 + 5) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s5_v1, &a0[(i0_r0 + 5) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
+                                t0_0 = a1[i2 * a1_e1 + i0_r0];
+                                t0_1 = a1[i2 * a1_e1 + (i0_r0 + 1)];
+                                t0_2 = a1[i2 * a1_e1 + (i0_r0 + 2)];
+                                t0_3 = a1[i2 * a1_e1 + (i0_r0 + 3)];
+                                t0_4 = a1[i2 * a1_e1 + (i0_r0 + 4)];
+                                t0_5 = a1[i2 * a1_e1 + (i0_r0 + 5)];
+                                {
+                                    const tx_i64 i1 = i1_ch_at + 0;
+                                    const tx_v8_f32 i1_ld0 = tx_vload_f32(&a2[i2 * a2_e1 + i1]);
+                                    i1_ch_s0_v0 += (t0_0 - i1_ld0) * (t0_0 - i1_ld0);
+                                    i1_ch_s1_v0 += (t0_1 - i1_ld0) * (t0_1 - i1_ld0);
+                                    i1_ch_s2_v0 += (t0_2 - i1_ld0) * (t0_2 - i1_ld0);
+                                    i1_ch_s3_v0 += (t0_3 - i1_ld0) * (t0_3 - i1_ld0);
+                                    i1_ch_s4_v0 += (t0_4 - i1_ld0) * (t0_4 - i1_ld0);
+                                    i1_ch_s5_v0 += (t0_5 - i1_ld0) * (t0_5 - i1_ld0);
+                                }
+                                {
+                                    const tx_i64 i1 = i1_ch_at + 8;
+                                    const tx_v8_f32 i1_ld0 = tx_vload_f32(&a2[i2 * a2_e1 + i1]);
+                                    i1_ch_s0_v1 += (t0_0 - i1_ld0) * (t0_0 - i1_ld0);
+                                    i1_ch_s1_v1 += (t0_1 - i1_ld0) * (t0_1 - i1_ld0);
+                                    i1_ch_s2_v1 += (t0_2 - i1_ld0) * (t0_2 - i1_ld0);
+                                    i1_ch_s3_v1 += (t0_3 - i1_ld0) * (t0_3 - i1_ld0);
+                                    i1_ch_s4_v1 += (t0_4 - i1_ld0) * (t0_4 - i1_ld0);
+                                    i1_ch_s5_v1 += (t0_5 - i1_ld0) * (t0_5 - i1_ld0);
+                                }
+                            }
+                            memcpy(&a0[i0_r0 * a0_e1 + i1_ch_at], &i1_ch_s0_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[i0_r0 * a0_e1 + (i1_ch_at + 8)], &i1_ch_s0_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 1) * a0_e1 + i1_ch_at], &i1_ch_s1_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 1) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s1_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 2) * a0_e1 + i1_ch_at], &i1_ch_s2_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 2) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s2_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 3) * a0_e1 + i1_ch_at], &i1_ch_s3_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 3) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s3_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 4) * a0_e1 + i1_ch_at], &i1_ch_s4_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 4) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s4_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 5) * a0_e1 + i1_ch_at], &i1_ch_s5_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 5) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s5_v1, sizeof(tx_v8_f32));
+                        } else if (tile_hi - tile_lo >= 16) {
+                            const tx_i64 i1_ch_at = i1_chi - 16;
+                            const tx_m8_f32 i1_ch_at_new0 = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(i1_clo - i1_ch_at - 0);
+                            const tx_m8_f32 i1_ch_at_new1 = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(i1_clo - i1_ch_at - 8);
+                            tx_v8_f32 i1_ch_s0_v0;
+                            tx_v8_f32 i1_ch_s0_v1;
+                            memcpy(&i1_ch_s0_v0, &a0[i0_r0 * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s0_v1, &a0[i0_r0 * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s1_v0;
+                            tx_v8_f32 i1_ch_s1_v1;
+                            memcpy(&i1_ch_s1_v0, &a0[(i0_r0 + 1) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s1_v1, &a0[(i0_r0 + 1) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s2_v0;
+                            tx_v8_f32 i1_ch_s2_v1;
+                            memcpy(&i1_ch_s2_v0, &a0[(i0_r0 + 2) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s2_v1, &a0[(i0_r0 + 2) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s3_v0;
+                            tx_v8_f32 i1_ch_s3_v1;
+                            memcpy(&i1_ch_s3_v0, &a0[(i0_r0 + 3) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s3_v1, &a0[(i0_r0 + 3) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s4_v0;
+                            tx_v8_f32 i1_ch_s4_v1;
+                            memcpy(&i1_ch_s4_v0, &a0[(i0_r0 + 4) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s4_v1, &a0[(i0_r0 + 4) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s5_v0;
+                            tx_v8_f32 i1_ch_s5_v1;
+                            memcpy(&i1_ch_s5_v0, &a0[(i0_r0 + 5) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s5_v1, &a0[(i0_r0 + 5) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
+                                t0_0 = a1[i2 * a1_e1 + i0_r0];
+                                t0_1 = a1[i2 * a1_e1 + (i0_r0 + 1)];
+                                t0_2 = a1[i2 * a1_e1 + (i0_r0 + 2)];
+                                t0_3 = a1[i2 * a1_e1 + (i0_r0 + 3)];
+                                t0_4 = a1[i2 * a1_e1 + (i0_r0 + 4)];
+                                t0_5 = a1[i2 * a1_e1 + (i0_r0 + 5)];
+                                {
+                                    const tx_i64 i1 = i1_ch_at + 0;
+                                    const tx_v8_f32 i1_ld0 = tx_vload_f32(&a2[i2 * a2_e1 + i1]);
+                                    i1_ch_s0_v0 += (tx_v8_f32)(((tx_m8_f32)((t0_0 - i1_ld0) * (t0_0 - i1_ld0)) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                    i1_ch_s1_v0 += (tx_v8_f32)(((tx_m8_f32)((t0_1 - i1_ld0) * (t0_1 - i1_ld0)) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                    i1_ch_s2_v0 += (tx_v8_f32)(((tx_m8_f32)((t0_2 - i1_ld0) * (t0_2 - i1_ld0)) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                    i1_ch_s3_v0 += (tx_v8_f32)(((tx_m8_f32)((t0_3 - i1_ld0) * (t0_3 - i1_ld0)) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                    i1_ch_s4_v0 += (tx_v8_f32)(((tx_m8_f32)((t0_4 - i1_ld0) * (t0_4 - i1_ld0)) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                    i1_ch_s5_v0 += (tx_v8_f32)(((tx_m8_f32)((t0_5 - i1_ld0) * (t0_5 - i1_ld0)) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                }
+                                {
+                                    const tx_i64 i1 = i1_ch_at + 8;
+                                    const tx_v8_f32 i1_ld0 = tx_vload_f32(&a2[i2 * a2_e1 + i1]);
+                                    i1_ch_s0_v1 += (tx_v8_f32)(((tx_m8_f32)((t0_0 - i1_ld0) * (t0_0 - i1_ld0)) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                    i1_ch_s1_v1 += (tx_v8_f32)(((tx_m8_f32)((t0_1 - i1_ld0) * (t0_1 - i1_ld0)) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                    i1_ch_s2_v1 += (tx_v8_f32)(((tx_m8_f32)((t0_2 - i1_ld0) * (t0_2 - i1_ld0)) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                    i1_ch_s3_v1 += (tx_v8_f32)(((tx_m8_f32)((t0_3 - i1_ld0) * (t0_3 - i1_ld0)) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                    i1_ch_s4_v1 += (tx_v8_f32)(((tx_m8_f32)((t0_4 - i1_ld0) * (t0_4 - i1_ld0)) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                    i1_ch_s5_v1 += (tx_v8_f32)(((tx_m8_f32)((t0_5 - i1_ld0) * (t0_5 - i1_ld0)) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                }
+                            }
+                            memcpy(&a0[i0_r0 * a0_e1 + i1_ch_at], &i1_ch_s0_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[i0_r0 * a0_e1 + (i1_ch_at + 8)], &i1_ch_s0_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 1) * a0_e1 + i1_ch_at], &i1_ch_s1_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 1) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s1_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 2) * a0_e1 + i1_ch_at], &i1_ch_s2_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 2) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s2_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 3) * a0_e1 + i1_ch_at], &i1_ch_s3_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 3) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s3_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 4) * a0_e1 + i1_ch_at], &i1_ch_s4_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 4) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s4_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 5) * a0_e1 + i1_ch_at], &i1_ch_s5_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 5) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s5_v1, sizeof(tx_v8_f32));
+                        } else {
+                            for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
+                                t0_0 = a1[i2 * a1_e1 + i0_r0];
+                                t0_1 = a1[i2 * a1_e1 + (i0_r0 + 1)];
+                                t0_2 = a1[i2 * a1_e1 + (i0_r0 + 2)];
+                                t0_3 = a1[i2 * a1_e1 + (i0_r0 + 3)];
+                                t0_4 = a1[i2 * a1_e1 + (i0_r0 + 4)];
+                                t0_5 = a1[i2 * a1_e1 + (i0_r0 + 5)];
+                                for (tx_i64 i1 = i1_clo; i1 < i1_chi; ++i1) {
+                                    a0[i0_r0 * a0_e1 + i1] += tx_powi_f32(t0_0 - a2[i2 * a2_e1 + i1], 2);
+                                    a0[(i0_r0 + 1) * a0_e1 + i1] += tx_powi_f32(t0_1 - a2[i2 * a2_e1 + i1], 2);
+                                    a0[(i0_r0 + 2) * a0_e1 + i1] += tx_powi_f32(t0_2 - a2[i2 * a2_e1 + i1], 2);
+                                    a0[(i0_r0 + 3) * a0_e1 + i1] += tx_powi_f32(t0_3 - a2[i2 * a2_e1 + i1], 2);
+                                    a0[(i0_r0 + 4) * a0_e1 + i1] += tx_powi_f32(t0_4 - a2[i2 * a2_e1 + i1], 2);
+                                    a0[(i0_r0 + 5) * a0_e1 + i1] += tx_powi_f32(t0_5 - a2[i2 * a2_e1 + i1], 2);
+                                }
+                            }
+                        }
+                    }
+                    if (long_sum) {
+                        tile_terms += blk_hi - blk_lo;
+                        if (tile_terms >= 512) {
+                            for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                                tile_tot[i1 - tile_lo] += ((double)a0[i0_r0 * a0_e1 + i1]);
+                                tile_tot[i1 - tile_lo + 512] += ((double)a0[(i0_r0 + 1) * a0_e1 + i1]);
+                                tile_tot[i1 - tile_lo + 1024] += ((double)a0[(i0_r0 + 2) * a0_e1 + i1]);
+                                tile_tot[i1 - tile_lo + 1536] += ((double)a0[(i0_r0 + 3) * a0_e1 + i1]);
+                                tile_tot[i1 - tile_lo + 2048] += ((double)a0[(i0_r0 + 4) * a0_e1 + i1]);
+                                tile_tot[i1 - tile_lo + 2560] += ((double)a0[(i0_r0 + 5) * a0_e1 + i1]);
+                                a0[i0_r0 * a0_e1 + i1] = 0.0f;
+                                a0[(i0_r0 + 1) * a0_e1 + i1] = 0.0f;
+                                a0[(i0_r0 + 2) * a0_e1 + i1] = 0.0f;
+                                a0[(i0_r0 + 3) * a0_e1 + i1] = 0.0f;
+                                a0[(i0_r0 + 4) * a0_e1 + i1] = 0.0f;
+                                a0[(i0_r0 + 5) * a0_e1 + i1] = 0.0f;
+                            }
+                            tile_terms = 0;
+                        }
                     }
                 }
                 if (long_sum) {
-                    tile_terms += blk_hi - blk_lo;
-                    if (tile_terms >= 512) {
-                        for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
-                            tile_tot[i1 - tile_lo] += ((double)a0[i0 * a0_e1 + i1]);
-                            a0[i0 * a0_e1 + i1] = 0.0f;
-                        }
-                        tile_terms = 0;
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[i0_r0 * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo]);
+                    }
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[(i0_r0 + 1) * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo + 512]);
+                    }
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[(i0_r0 + 2) * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo + 1024]);
+                    }
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[(i0_r0 + 3) * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo + 1536]);
+                    }
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[(i0_r0 + 4) * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo + 2048]);
+                    }
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[(i0_r0 + 5) * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo + 2560]);
                     }
                 }
-            }
-            if (long_sum) {
-                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
-                    a0[i0 * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo]);
+            } else {
+                for (tx_i64 i0 = i0_r0; i0 < tx_min_i64(i0_r0 + 6, n2); ++i0) {
+                    tile_lo = tile * 512;
+                    tile_hi = tx_min_i64(tile_lo + 512, n0);
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[i0 * a0_e1 + i1] = 0.0f;
+                    }
+                    long_sum = tx_max_i64(n1, 0) > 512;
+                    if (long_sum) {
+                        tile_terms = 0;
+                    }
+                    for (tx_i64 blk = 0; blk < tx_floordiv_i64(n1 + 511, 512); ++blk) {
+                        blk_lo = blk * 512;
+                        blk_hi = tx_min_i64(blk_lo + 512, n1);
+                        for (tx_i64 i1_ch = 0; i1_ch < tx_floordiv_i64(tile_hi - tile_lo + 15, 16); ++i1_ch) {
+                            i1_clo = tile_lo + i1_ch * 16;
+                            i1_chi = tx_min_i64(i1_clo + 16, tile_hi);
+                            if (i1_chi - i1_clo == 16) {
+                                const tx_i64 i1_ch_at = i1_clo;
+                                tx_v8_f32 i1_ch_s0_v0;
+                                tx_v8_f32 i1_ch_s0_v1;
+                                memcpy(&i1_ch_s0_v0, &a0[i0 * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                                memcpy(&i1_ch_s0_v1, &a0[i0 * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                                for (tx_i64 i2_q = 0; i2_q < tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4); ++i2_q) {
+                                    t0_u0 = a1[(blk_lo + i2_q * 4) * a1_e1 + i0];
+                                    t0_u1 = a1[(blk_lo + (i2_q * 4 + 1)) * a1_e1 + i0];
+                                    t0_u2 = a1[(blk_lo + (i2_q * 4 + 2)) * a1_e1 + i0];
+                                    t0_u3 = a1[(blk_lo + (i2_q * 4 + 3)) * a1_e1 + i0];
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 0;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a2[(blk_lo + i2_q * 4) * a2_e1 + i1]);
+                                        const tx_v8_f32 i1_ld1 = tx_vload_f32(&a2[(blk_lo + (i2_q * 4 + 1)) * a2_e1 + i1]);
+                                        const tx_v8_f32 i1_ld2 = tx_vload_f32(&a2[(blk_lo + (i2_q * 4 + 2)) * a2_e1 + i1]);
+                                        const tx_v8_f32 i1_ld3 = tx_vload_f32(&a2[(blk_lo + (i2_q * 4 + 3)) * a2_e1 + i1]);
+                                        i1_ch_s0_v0 += (t0_u0 - i1_ld0) * (t0_u0 - i1_ld0) + (t0_u1 - i1_ld1) * (t0_u1 - i1_ld1) + (t0_u2 - i1_ld2) * (t0_u2 - i1_ld2) + (t0_u3 - i1_ld3) * (t0_u3 - i1_ld3);
+                                    }
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 8;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a2[(blk_lo + i2_q * 4) * a2_e1 + i1]);
+                                        const tx_v8_f32 i1_ld1 = tx_vload_f32(&a2[(blk_lo + (i2_q * 4 + 1)) * a2_e1 + i1]);
+                                        const tx_v8_f32 i1_ld2 = tx_vload_f32(&a2[(blk_lo + (i2_q * 4 + 2)) * a2_e1 + i1]);
+                                        const tx_v8_f32 i1_ld3 = tx_vload_f32(&a2[(blk_lo + (i2_q * 4 + 3)) * a2_e1 + i1]);
+                                        i1_ch_s0_v1 += (t0_u0 - i1_ld0) * (t0_u0 - i1_ld0) + (t0_u1 - i1_ld1) * (t0_u1 - i1_ld1) + (t0_u2 - i1_ld2) * (t0_u2 - i1_ld2) + (t0_u3 - i1_ld3) * (t0_u3 - i1_ld3);
+                                    }
+                                }
+                                for (tx_i64 i2 = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4) * 4; i2 < blk_hi; ++i2) {
+                                    t0 = a1[i2 * a1_e1 + i0];
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 0;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a2[i2 * a2_e1 + i1]);
+                                        i1_ch_s0_v0 += (t0 - i1_ld0) * (t0 - i1_ld0);
+                                    }
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 8;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a2[i2 * a2_e1 + i1]);
+                                        i1_ch_s0_v1 += (t0 - i1_ld0) * (t0 - i1_ld0);
+                                    }
+                                }
+                                memcpy(&a0[i0 * a0_e1 + i1_ch_at], &i1_ch_s0_v0, sizeof(tx_v8_f32));
+                                memcpy(&a0[i0 * a0_e1 + (i1_ch_at + 8)], &i1_ch_s0_v1, sizeof(tx_v8_f32));
+                            } else if (tile_hi - tile_lo >= 16) {
+                                const tx_i64 i1_ch_at = i1_chi - 16;
+                                const tx_m8_f32 i1_ch_at_new0 = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(i1_clo - i1_ch_at - 0);
+                                const tx_m8_f32 i1_ch_at_new1 = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(i1_clo - i1_ch_at - 8);
+                                tx_v8_f32 i1_ch_s0_v0;
+                                tx_v8_f32 i1_ch_s0_v1;
+                                memcpy(&i1_ch_s0_v0, &a0[i0 * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                                memcpy(&i1_ch_s0_v1, &a0[i0 * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                                for (tx_i64 i2_q = 0; i2_q < tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4); ++i2_q) {
+                                    t0_u0 = a1[(blk_lo + i2_q * 4) * a1_e1 + i0];
+                                    t0_u1 = a1[(blk_lo + (i2_q * 4 + 1)) * a1_e1 + i0];
+                                    t0_u2 = a1[(blk_lo + (i2_q * 4 + 2)) * a1_e1 + i0];
+                                    t0_u3 = a1[(blk_lo + (i2_q * 4 + 3)) * a1_e1 + i0];
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 0;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a2[(blk_lo + i2_q * 4) * a2_e1 + i1]);
+                                        const tx_v8_f32 i1_ld1 = tx_vload_f32(&a2[(blk_lo + (i2_q * 4 + 1)) * a2_e1 + i1]);
+                                        const tx_v8_f32 i1_ld2 = tx_vload_f32(&a2[(blk_lo + (i2_q * 4 + 2)) * a2_e1 + i1]);
+                                        const tx_v8_f32 i1_ld3 = tx_vload_f32(&a2[(blk_lo + (i2_q * 4 + 3)) * a2_e1 + i1]);
+                                        i1_ch_s0_v0 += (tx_v8_f32)(((tx_m8_f32)((t0_u0 - i1_ld0) * (t0_u0 - i1_ld0) + (t0_u1 - i1_ld1) * (t0_u1 - i1_ld1) + (t0_u2 - i1_ld2) * (t0_u2 - i1_ld2) + (t0_u3 - i1_ld3) * (t0_u3 - i1_ld3)) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                    }
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 8;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a2[(blk_lo + i2_q * 4) * a2_e1 + i1]);
+                                        const tx_v8_f32 i1_ld1 = tx_vload_f32(&a2[(blk_lo + (i2_q * 4 + 1)) * a2_e1 + i1]);
+                                        const tx_v8_f32 i1_ld2 = tx_vload_f32(&a2[(blk_lo + (i2_q * 4 + 2)) * a2_e1 + i1]);
+                                        const tx_v8_f32 i1_ld3 = tx_vload_f32(&a2[(blk_lo + (i2_q * 4 + 3)) * a2_e1 + i1]);
+                                        i1_ch_s0_v1 += (tx_v8_f32)(((tx_m8_f32)((t0_u0 - i1_ld0) * (t0_u0 - i1_ld0) + (t0_u1 - i1_ld1) * (t0_u1 - i1_ld1) + (t0_u2 - i1_ld2) * (t0_u2 - i1_ld2) + (t0_u3 - i1_ld3) * (t0_u3 - i1_ld3)) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                    }
+                                }
+                                for (tx_i64 i2 = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4) * 4; i2 < blk_hi; ++i2) {
+                                    t0 = a1[i2 * a1_e1 + i0];
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 0;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a2[i2 * a2_e1 + i1]);
+                                        i1_ch_s0_v0 += (tx_v8_f32)(((tx_m8_f32)((t0 - i1_ld0) * (t0 - i1_ld0)) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                    }
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 8;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a2[i2 * a2_e1 + i1]);
+                                        i1_ch_s0_v1 += (tx_v8_f32)(((tx_m8_f32)((t0 - i1_ld0) * (t0 - i1_ld0)) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                    }
+                                }
+                                memcpy(&a0[i0 * a0_e1 + i1_ch_at], &i1_ch_s0_v0, sizeof(tx_v8_f32));
+                                memcpy(&a0[i0 * a0_e1 + (i1_ch_at + 8)], &i1_ch_s0_v1, sizeof(tx_v8_f32));
+                            } else {
+                                for (tx_i64 i2_q = 0; i2_q < tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4); ++i2_q) {
+                                    t0_u0 = a1[(blk_lo + i2_q * 4) * a1_e1 + i0];
+                                    t0_u1 = a1[(blk_lo + (i2_q * 4 + 1)) * a1_e1 + i0];
+                                    t0_u2 = a1[(blk_lo + (i2_q * 4 + 2)) * a1_e1 + i0];
+                                    t0_u3 = a1[(blk_lo + (i2_q * 4 + 3)) * a1_e1 + i0];
+                                    for (tx_i64 i1 = i1_clo; i1 < i1_chi; ++i1) {
+                                        a0[i0 * a0_e1 + i1] += tx_powi_f32(t0_u0 - a2[(blk_lo + i2_q * 4) * a2_e1 + i1], 2) + tx_powi_f32(t0_u1 - a2[(blk_lo + (i2_q * 4 + 1)) * a2_e1 + i1], 2) + tx_powi_f32(t0_u2 - a2[(blk_lo + (i2_q * 4 + 2)) * a2_e1 + i1], 2) + tx_powi_f32(t0_u3 - a2[(blk_lo + (i2_q * 4 + 3)) * a2_e1 + i1], 2);
+                                    }
+                                }
+                                for (tx_i64 i2 = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4) * 4; i2 < blk_hi; ++i2) {
+                                    t0 = a1[i2 * a1_e1 + i0];
+                                    for (tx_i64 i1 = i1_clo; i1 < i1_chi; ++i1) {
+                                        a0[i0 * a0_e1 + i1] += tx_powi_f32(t0 - a2[i2 * a2_e1 + i1], 2);
+                                    }
+                                }
+                            }
+                        }
+                        if (long_sum) {
+                            tile_terms += blk_hi - blk_lo;
+                            if (tile_terms >= 512) {
+                                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                                    tile_tot[i1 - tile_lo + (i0 - i0_r0) * 512] += ((double)a0[i0 * a0_e1 + i1]);
+                                    a0[i0 * a0_e1 + i1] = 0.0f;
+                                }
+                                tile_terms = 0;
+                            }
+                        }
+                    }
+                    if (long_sum) {
+                        for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                            a0[i0 * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo + (i0 - i0_r0) * 512]);
+                        }
+                    }
                 }
             }
         }
@@ -943,62 +1279,430 @@ void grad1_step0(
     const int tx_threads)
 {
     #pragma omp parallel for collapse(2) schedule(static) num_threads(tx_threads) if(tx_threads > 1)
-    for (tx_i64 i0 = 0; i0 < n2; ++i0) {
+    for (tx_i64 i0_rt = 0; i0_rt < tx_floordiv_i64(n2 + 5, 6); ++i0_rt) {
         for (tx_i64 tile = 0; tile < tx_floordiv_i64(n0 + 511, 512); ++tile) {
+            tx_i64 i0_r0;
+            bool long_sum;
+            double tile_tot[3072];
             tx_i64 tile_lo;
             tx_i64 tile_hi;
-            bool long_sum;
-            double tile_tot[512];
             tx_i64 tile_terms;
             tx_i64 blk_lo;
             tx_i64 blk_hi;
+            tx_i64 i1_clo;
+            tx_i64 i1_chi;
+            float t0_0;
+            float t0_1;
+            float t0_2;
+            float t0_3;
+            float t0_4;
+            float t0_5;
             float t0_u0;
             float t0_u1;
             float t0_u2;
             float t0_u3;
             float t0;
-            tile_lo = tile * 512;
-            tile_hi = tx_min_i64(tile_lo + 512, n0);
-            for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
-                a0[i0 * a0_e1 + i1] = 0.0f;
-            }
+            i0_r0 = i0_rt * 6;
             long_sum = tx_max_i64(n1, 0) > 512;
             if (long_sum) {
-                memset(tile_tot, 0, 512 * sizeof(double));
-                tile_terms = 0;
+                memset(tile_tot, 0, 3072 * sizeof(double));
             }
-            for (tx_i64 blk = 0; blk < tx_floordiv_i64(n1 + 511, 512); ++blk) {
-                blk_lo = blk * 512;
-                blk_hi = tx_min_i64(blk_lo + 512, n1);
-                for (tx_i64 i2_q = 0; i2_q < tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4); ++i2_q) {
-                    t0_u0 = a2[i0 * a2_e1 + (blk_lo + i2_q * 4)];
-                    t0_u1 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 1))];
-                    t0_u2 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 2))];
-                    t0_u3 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 3))];
-                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
-                        a0[i0 * a0_e1 + i1] += (-(a1[(blk_lo + i2_q * 4) * a1_e1 + i1] * (2.0f * (t0_u0 - a3[i0 * a3_e1 + i1])))) + (-(a1[(blk_lo + (i2_q * 4 + 1)) * a1_e1 + i1] * (2.0f * (t0_u1 - a3[i0 * a3_e1 + i1])))) + (-(a1[(blk_lo + (i2_q * 4 + 2)) * a1_e1 + i1] * (2.0f * (t0_u2 - a3[i0 * a3_e1 + i1])))) + (-(a1[(blk_lo + (i2_q * 4 + 3)) * a1_e1 + i1] * (2.0f * (t0_u3 - a3[i0 * a3_e1 + i1]))));
-                    }
+            if (i0_r0 + 6 <= n2) {
+                tile_lo = tile * 512;
+                tile_hi = tx_min_i64(tile_lo + 512, n0);
+                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                    a0[i0_r0 * a0_e1 + i1] = 0.0f;
                 }
-                for (tx_i64 i2 = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4) * 4; i2 < blk_hi; ++i2) {
-                    t0 = a2[i0 * a2_e1 + i2];
-                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
-                        a0[i0 * a0_e1 + i1] += -(a1[i2 * a1_e1 + i1] * (2.0f * (t0 - a3[i0 * a3_e1 + i1])));
+                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                    a0[(i0_r0 + 1) * a0_e1 + i1] = 0.0f;
+                }
+                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                    a0[(i0_r0 + 2) * a0_e1 + i1] = 0.0f;
+                }
+                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                    a0[(i0_r0 + 3) * a0_e1 + i1] = 0.0f;
+                }
+                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                    a0[(i0_r0 + 4) * a0_e1 + i1] = 0.0f;
+                }
+                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                    a0[(i0_r0 + 5) * a0_e1 + i1] = 0.0f;
+                }
+                long_sum = tx_max_i64(n1, 0) > 512;
+                if (long_sum) {
+                    tile_terms = 0;
+                }
+                for (tx_i64 blk = 0; blk < tx_floordiv_i64(n1 + 511, 512); ++blk) {
+                    blk_lo = blk * 512;
+                    blk_hi = tx_min_i64(blk_lo + 512, n1);
+                    for (tx_i64 i1_ch = 0; i1_ch < tx_floordiv_i64(tile_hi - tile_lo + 15, 16); ++i1_ch) {
+                        i1_clo = tile_lo + i1_ch * 16;
+                        i1_chi = tx_min_i64(i1_clo + 16, tile_hi);
+                        if (i1_chi - i1_clo == 16) {
+                            const tx_i64 i1_ch_at = i1_clo;
+                            tx_v8_f32 i1_ch_s0_v0;
+                            tx_v8_f32 i1_ch_s0_v1;
+                            memcpy(&i1_ch_s0_v0, &a0[i0_r0 * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s0_v1, &a0[i0_r0 * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s1_v0;
+                            tx_v8_f32 i1_ch_s1_v1;
+                            memcpy(&i1_ch_s1_v0, &a0[(i0_r0 + 1) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s1_v1, &a0[(i0_r0 + 1) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s2_v0;
+                            tx_v8_f32 i1_ch_s2_v1;
+                            memcpy(&i1_ch_s2_v0, &a0[(i0_r0 + 2) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s2_v1, &a0[(i0_r0 + 2) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s3_v0;
+                            tx_v8_f32 i1_ch_s3_v1;
+                            memcpy(&i1_ch_s3_v0, &a0[(i0_r0 + 3) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s3_v1, &a0[(i0_r0 + 3) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s4_v0;
+                            tx_v8_f32 i1_ch_s4_v1;
+                            memcpy(&i1_ch_s4_v0, &a0[(i0_r0 + 4) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s4_v1, &a0[(i0_r0 + 4) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s5_v0;
+                            tx_v8_f32 i1_ch_s5_v1;
+                            memcpy(&i1_ch_s5_v0, &a0[(i0_r0 + 5) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s5_v1, &a0[(i0_r0 + 5) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
+                                t0_0 = a2[i0_r0 * a2_e1 + i2];
+                                t0_1 = a2[(i0_r0 + 1) * a2_e1 + i2];
+                                t0_2 = a2[(i0_r0 + 2) * a2_e1 + i2];
+                                t0_3 = a2[(i0_r0 + 3) * a2_e1 + i2];
+                                t0_4 = a2[(i0_r0 + 4) * a2_e1 + i2];
+                                t0_5 = a2[(i0_r0 + 5) * a2_e1 + i2];
+                                {
+                                    const tx_i64 i1 = i1_ch_at + 0;
+                                    const tx_v8_f32 i1_ld0 = tx_vload_f32(&a1[i2 * a1_e1 + i1]);
+                                    const tx_v8_f32 i1_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld2 = tx_vload_f32(&a3[(i0_r0 + 1) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld3 = tx_vload_f32(&a3[(i0_r0 + 2) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld4 = tx_vload_f32(&a3[(i0_r0 + 3) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld5 = tx_vload_f32(&a3[(i0_r0 + 4) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld6 = tx_vload_f32(&a3[(i0_r0 + 5) * a3_e1 + i1]);
+                                    i1_ch_s0_v0 += -(i1_ld0 * (2.0f * (t0_0 - i1_ld1)));
+                                    i1_ch_s1_v0 += -(i1_ld0 * (2.0f * (t0_1 - i1_ld2)));
+                                    i1_ch_s2_v0 += -(i1_ld0 * (2.0f * (t0_2 - i1_ld3)));
+                                    i1_ch_s3_v0 += -(i1_ld0 * (2.0f * (t0_3 - i1_ld4)));
+                                    i1_ch_s4_v0 += -(i1_ld0 * (2.0f * (t0_4 - i1_ld5)));
+                                    i1_ch_s5_v0 += -(i1_ld0 * (2.0f * (t0_5 - i1_ld6)));
+                                }
+                                {
+                                    const tx_i64 i1 = i1_ch_at + 8;
+                                    const tx_v8_f32 i1_ld0 = tx_vload_f32(&a1[i2 * a1_e1 + i1]);
+                                    const tx_v8_f32 i1_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld2 = tx_vload_f32(&a3[(i0_r0 + 1) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld3 = tx_vload_f32(&a3[(i0_r0 + 2) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld4 = tx_vload_f32(&a3[(i0_r0 + 3) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld5 = tx_vload_f32(&a3[(i0_r0 + 4) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld6 = tx_vload_f32(&a3[(i0_r0 + 5) * a3_e1 + i1]);
+                                    i1_ch_s0_v1 += -(i1_ld0 * (2.0f * (t0_0 - i1_ld1)));
+                                    i1_ch_s1_v1 += -(i1_ld0 * (2.0f * (t0_1 - i1_ld2)));
+                                    i1_ch_s2_v1 += -(i1_ld0 * (2.0f * (t0_2 - i1_ld3)));
+                                    i1_ch_s3_v1 += -(i1_ld0 * (2.0f * (t0_3 - i1_ld4)));
+                                    i1_ch_s4_v1 += -(i1_ld0 * (2.0f * (t0_4 - i1_ld5)));
+                                    i1_ch_s5_v1 += -(i1_ld0 * (2.0f * (t0_5 - i1_ld6)));
+                                }
+                            }
+                            memcpy(&a0[i0_r0 * a0_e1 + i1_ch_at], &i1_ch_s0_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[i0_r0 * a0_e1 + (i1_ch_at + 8)], &i1_ch_s0_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 1) * a0_e1 + i1_ch_at], &i1_ch_s1_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 1) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s1_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 2) * a0_e1 + i1_ch_at], &i1_ch_s2_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 2) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s2_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 3) * a0_e1 + i1_ch_at], &i1_ch_s3_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 3) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s3_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 4) * a0_e1 + i1_ch_at], &i1_ch_s4_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 4) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s4_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 5) * a0_e1 + i1_ch_at], &i1_ch_s5_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 5) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s5_v1, sizeof(tx_v8_f32));
+                        } else if (tile_hi - tile_lo >= 16) {
+                            const tx_i64 i1_ch_at = i1_chi - 16;
+                            const tx_m8_f32 i1_ch_at_new0 = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(i1_clo - i1_ch_at - 0);
+                            const tx_m8_f32 i1_ch_at_new1 = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(i1_clo - i1_ch_at - 8);
+                            tx_v8_f32 i1_ch_s0_v0;
+                            tx_v8_f32 i1_ch_s0_v1;
+                            memcpy(&i1_ch_s0_v0, &a0[i0_r0 * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s0_v1, &a0[i0_r0 * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s1_v0;
+                            tx_v8_f32 i1_ch_s1_v1;
+                            memcpy(&i1_ch_s1_v0, &a0[(i0_r0 + 1) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s1_v1, &a0[(i0_r0 + 1) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s2_v0;
+                            tx_v8_f32 i1_ch_s2_v1;
+                            memcpy(&i1_ch_s2_v0, &a0[(i0_r0 + 2) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s2_v1, &a0[(i0_r0 + 2) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s3_v0;
+                            tx_v8_f32 i1_ch_s3_v1;
+                            memcpy(&i1_ch_s3_v0, &a0[(i0_r0 + 3) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s3_v1, &a0[(i0_r0 + 3) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s4_v0;
+                            tx_v8_f32 i1_ch_s4_v1;
+                            memcpy(&i1_ch_s4_v0, &a0[(i0_r0 + 4) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s4_v1, &a0[(i0_r0 + 4) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            tx_v8_f32 i1_ch_s5_v0;
+                            tx_v8_f32 i1_ch_s5_v1;
+                            memcpy(&i1_ch_s5_v0, &a0[(i0_r0 + 5) * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                            memcpy(&i1_ch_s5_v1, &a0[(i0_r0 + 5) * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                            for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
+                                t0_0 = a2[i0_r0 * a2_e1 + i2];
+                                t0_1 = a2[(i0_r0 + 1) * a2_e1 + i2];
+                                t0_2 = a2[(i0_r0 + 2) * a2_e1 + i2];
+                                t0_3 = a2[(i0_r0 + 3) * a2_e1 + i2];
+                                t0_4 = a2[(i0_r0 + 4) * a2_e1 + i2];
+                                t0_5 = a2[(i0_r0 + 5) * a2_e1 + i2];
+                                {
+                                    const tx_i64 i1 = i1_ch_at + 0;
+                                    const tx_v8_f32 i1_ld0 = tx_vload_f32(&a1[i2 * a1_e1 + i1]);
+                                    const tx_v8_f32 i1_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld2 = tx_vload_f32(&a3[(i0_r0 + 1) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld3 = tx_vload_f32(&a3[(i0_r0 + 2) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld4 = tx_vload_f32(&a3[(i0_r0 + 3) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld5 = tx_vload_f32(&a3[(i0_r0 + 4) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld6 = tx_vload_f32(&a3[(i0_r0 + 5) * a3_e1 + i1]);
+                                    i1_ch_s0_v0 += (tx_v8_f32)(((tx_m8_f32)(-(i1_ld0 * (2.0f * (t0_0 - i1_ld1)))) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                    i1_ch_s1_v0 += (tx_v8_f32)(((tx_m8_f32)(-(i1_ld0 * (2.0f * (t0_1 - i1_ld2)))) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                    i1_ch_s2_v0 += (tx_v8_f32)(((tx_m8_f32)(-(i1_ld0 * (2.0f * (t0_2 - i1_ld3)))) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                    i1_ch_s3_v0 += (tx_v8_f32)(((tx_m8_f32)(-(i1_ld0 * (2.0f * (t0_3 - i1_ld4)))) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                    i1_ch_s4_v0 += (tx_v8_f32)(((tx_m8_f32)(-(i1_ld0 * (2.0f * (t0_4 - i1_ld5)))) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                    i1_ch_s5_v0 += (tx_v8_f32)(((tx_m8_f32)(-(i1_ld0 * (2.0f * (t0_5 - i1_ld6)))) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                }
+                                {
+                                    const tx_i64 i1 = i1_ch_at + 8;
+                                    const tx_v8_f32 i1_ld0 = tx_vload_f32(&a1[i2 * a1_e1 + i1]);
+                                    const tx_v8_f32 i1_ld1 = tx_vload_f32(&a3[i0_r0 * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld2 = tx_vload_f32(&a3[(i0_r0 + 1) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld3 = tx_vload_f32(&a3[(i0_r0 + 2) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld4 = tx_vload_f32(&a3[(i0_r0 + 3) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld5 = tx_vload_f32(&a3[(i0_r0 + 4) * a3_e1 + i1]);
+                                    const tx_v8_f32 i1_ld6 = tx_vload_f32(&a3[(i0_r0 + 5) * a3_e1 + i1]);
+                                    i1_ch_s0_v1 += (tx_v8_f32)(((tx_m8_f32)(-(i1_ld0 * (2.0f * (t0_0 - i1_ld1)))) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                    i1_ch_s1_v1 += (tx_v8_f32)(((tx_m8_f32)(-(i1_ld0 * (2.0f * (t0_1 - i1_ld2)))) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                    i1_ch_s2_v1 += (tx_v8_f32)(((tx_m8_f32)(-(i1_ld0 * (2.0f * (t0_2 - i1_ld3)))) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                    i1_ch_s3_v1 += (tx_v8_f32)(((tx_m8_f32)(-(i1_ld0 * (2.0f * (t0_3 - i1_ld4)))) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                    i1_ch_s4_v1 += (tx_v8_f32)(((tx_m8_f32)(-(i1_ld0 * (2.0f * (t0_4 - i1_ld5)))) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                    i1_ch_s5_v1 += (tx_v8_f32)(((tx_m8_f32)(-(i1_ld0 * (2.0f * (t0_5 - i1_ld6)))) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                }
+                            }
+                            memcpy(&a0[i0_r0 * a0_e1 + i1_ch_at], &i1_ch_s0_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[i0_r0 * a0_e1 + (i1_ch_at + 8)], &i1_ch_s0_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 1) * a0_e1 + i1_ch_at], &i1_ch_s1_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 1) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s1_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 2) * a0_e1 + i1_ch_at], &i1_ch_s2_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 2) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s2_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 3) * a0_e1 + i1_ch_at], &i1_ch_s3_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 3) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s3_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 4) * a0_e1 + i1_ch_at], &i1_ch_s4_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 4) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s4_v1, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 5) * a0_e1 + i1_ch_at], &i1_ch_s5_v0, sizeof(tx_v8_f32));
+                            memcpy(&a0[(i0_r0 + 5) * a0_e1 + (i1_ch_at + 8)], &i1_ch_s5_v1, sizeof(tx_v8_f32));
+                        } else {
+                            for (tx_i64 i2 = blk_lo; i2 < blk_hi; ++i2) {
+                                t0_0 = a2[i0_r0 * a2_e1 + i2];
+                                t0_1 = a2[(i0_r0 + 1) * a2_e1 + i2];
+                                t0_2 = a2[(i0_r0 + 2) * a2_e1 + i2];
+                                t0_3 = a2[(i0_r0 + 3) * a2_e1 + i2];
+                                t0_4 = a2[(i0_r0 + 4) * a2_e1 + i2];
+                                t0_5 = a2[(i0_r0 + 5) * a2_e1 + i2];
+                                for (tx_i64 i1 = i1_clo; i1 < i1_chi; ++i1) {
+                                    a0[i0_r0 * a0_e1 + i1] += -(a1[i2 * a1_e1 + i1] * (2.0f * (t0_0 - a3[i0_r0 * a3_e1 + i1])));
+                                    a0[(i0_r0 + 1) * a0_e1 + i1] += -(a1[i2 * a1_e1 + i1] * (2.0f * (t0_1 - a3[(i0_r0 + 1) * a3_e1 + i1])));
+                                    a0[(i0_r0 + 2) * a0_e1 + i1] += -(a1[i2 * a1_e1 + i1] * (2.0f * (t0_2 - a3[(i0_r0 + 2) * a3_e1 + i1])));
+                                    a0[(i0_r0 + 3) * a0_e1 + i1] += -(a1[i2 * a1_e1 + i1] * (2.0f * (t0_3 - a3[(i0_r0 + 3) * a3_e1 + i1])));
+                                    a0[(i0_r0 + 4) * a0_e1 + i1] += -(a1[i2 * a1_e1 + i1] * (2.0f * (t0_4 - a3[(i0_r0 + 4) * a3_e1 + i1])));
+                                    a0[(i0_r0 + 5) * a0_e1 + i1] += -(a1[i2 * a1_e1 + i1] * (2.0f * (t0_5 - a3[(i0_r0 + 5) * a3_e1 + i1])));
+                                }
+                            }
+                        }
+                    }
+                    if (long_sum) {
+                        tile_terms += blk_hi - blk_lo;
+                        if (tile_terms >= 512) {
+                            for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                                tile_tot[i1 - tile_lo] += ((double)a0[i0_r0 * a0_e1 + i1]);
+                                tile_tot[i1 - tile_lo + 512] += ((double)a0[(i0_r0 + 1) * a0_e1 + i1]);
+                                tile_tot[i1 - tile_lo + 1024] += ((double)a0[(i0_r0 + 2) * a0_e1 + i1]);
+                                tile_tot[i1 - tile_lo + 1536] += ((double)a0[(i0_r0 + 3) * a0_e1 + i1]);
+                                tile_tot[i1 - tile_lo + 2048] += ((double)a0[(i0_r0 + 4) * a0_e1 + i1]);
+                                tile_tot[i1 - tile_lo + 2560] += ((double)a0[(i0_r0 + 5) * a0_e1 + i1]);
+                                a0[i0_r0 * a0_e1 + i1] = 0.0f;
+                                a0[(i0_r0 + 1) * a0_e1 + i1] = 0.0f;
+                                a0[(i0_r0 + 2) * a0_e1 + i1] = 0.0f;
+                                a0[(i0_r0 + 3) * a0_e1 + i1] = 0.0f;
+                                a0[(i0_r0 + 4) * a0_e1 + i1] = 0.0f;
+                                a0[(i0_r0 + 5) * a0_e1 + i1] = 0.0f;
+                            }
+                            tile_terms = 0;
+                        }
                     }
                 }
                 if (long_sum) {
-                    tile_terms += blk_hi - blk_lo;
-                    if (tile_terms >= 512) {
-                        for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
-                            tile_tot[i1 - tile_lo] += ((double)a0[i0 * a0_e1 + i1]);
-                            a0[i0 * a0_e1 + i1] = 0.0f;
-                        }
-                        tile_terms = 0;
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[i0_r0 * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo]);
+                    }
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[(i0_r0 + 1) * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo + 512]);
+                    }
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[(i0_r0 + 2) * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo + 1024]);
+                    }
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[(i0_r0 + 3) * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo + 1536]);
+                    }
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[(i0_r0 + 4) * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo + 2048]);
+                    }
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[(i0_r0 + 5) * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo + 2560]);
                     }
                 }
-            }
-            if (long_sum) {
-                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
-                    a0[i0 * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo]);
+            } else {
+                for (tx_i64 i0 = i0_r0; i0 < tx_min_i64(i0_r0 + 6, n2); ++i0) {
+                    tile_lo = tile * 512;
+                    tile_hi = tx_min_i64(tile_lo + 512, n0);
+                    for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                        a0[i0 * a0_e1 + i1] = 0.0f;
+                    }
+                    long_sum = tx_max_i64(n1, 0) > 512;
+                    if (long_sum) {
+                        tile_terms = 0;
+                    }
+                    for (tx_i64 blk = 0; blk < tx_floordiv_i64(n1 + 511, 512); ++blk) {
+                        blk_lo = blk * 512;
+                        blk_hi = tx_min_i64(blk_lo + 512, n1);
+                        for (tx_i64 i1_ch = 0; i1_ch < tx_floordiv_i64(tile_hi - tile_lo + 15, 16); ++i1_ch) {
+                            i1_clo = tile_lo + i1_ch * 16;
+                            i1_chi = tx_min_i64(i1_clo + 16, tile_hi);
+                            if (i1_chi - i1_clo == 16) {
+                                const tx_i64 i1_ch_at = i1_clo;
+                                tx_v8_f32 i1_ch_s0_v0;
+                                tx_v8_f32 i1_ch_s0_v1;
+                                memcpy(&i1_ch_s0_v0, &a0[i0 * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                                memcpy(&i1_ch_s0_v1, &a0[i0 * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                                for (tx_i64 i2_q = 0; i2_q < tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4); ++i2_q) {
+                                    t0_u0 = a2[i0 * a2_e1 + (blk_lo + i2_q * 4)];
+                                    t0_u1 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 1))];
+                                    t0_u2 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 2))];
+                                    t0_u3 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 3))];
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 0;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a1[(blk_lo + i2_q * 4) * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i1]);
+                                        const tx_v8_f32 i1_ld2 = tx_vload_f32(&a1[(blk_lo + (i2_q * 4 + 1)) * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld3 = tx_vload_f32(&a1[(blk_lo + (i2_q * 4 + 2)) * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld4 = tx_vload_f32(&a1[(blk_lo + (i2_q * 4 + 3)) * a1_e1 + i1]);
+                                        i1_ch_s0_v0 += (-(i1_ld0 * (2.0f * (t0_u0 - i1_ld1)))) + (-(i1_ld2 * (2.0f * (t0_u1 - i1_ld1)))) + (-(i1_ld3 * (2.0f * (t0_u2 - i1_ld1)))) + (-(i1_ld4 * (2.0f * (t0_u3 - i1_ld1))));
+                                    }
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 8;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a1[(blk_lo + i2_q * 4) * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i1]);
+                                        const tx_v8_f32 i1_ld2 = tx_vload_f32(&a1[(blk_lo + (i2_q * 4 + 1)) * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld3 = tx_vload_f32(&a1[(blk_lo + (i2_q * 4 + 2)) * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld4 = tx_vload_f32(&a1[(blk_lo + (i2_q * 4 + 3)) * a1_e1 + i1]);
+                                        i1_ch_s0_v1 += (-(i1_ld0 * (2.0f * (t0_u0 - i1_ld1)))) + (-(i1_ld2 * (2.0f * (t0_u1 - i1_ld1)))) + (-(i1_ld3 * (2.0f * (t0_u2 - i1_ld1)))) + (-(i1_ld4 * (2.0f * (t0_u3 - i1_ld1))));
+                                    }
+                                }
+                                for (tx_i64 i2 = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4) * 4; i2 < blk_hi; ++i2) {
+                                    t0 = a2[i0 * a2_e1 + i2];
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 0;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a1[i2 * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i1]);
+                                        i1_ch_s0_v0 += -(i1_ld0 * (2.0f * (t0 - i1_ld1)));
+                                    }
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 8;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a1[i2 * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i1]);
+                                        i1_ch_s0_v1 += -(i1_ld0 * (2.0f * (t0 - i1_ld1)));
+                                    }
+                                }
+                                memcpy(&a0[i0 * a0_e1 + i1_ch_at], &i1_ch_s0_v0, sizeof(tx_v8_f32));
+                                memcpy(&a0[i0 * a0_e1 + (i1_ch_at + 8)], &i1_ch_s0_v1, sizeof(tx_v8_f32));
+                            } else if (tile_hi - tile_lo >= 16) {
+                                const tx_i64 i1_ch_at = i1_chi - 16;
+                                const tx_m8_f32 i1_ch_at_new0 = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(i1_clo - i1_ch_at - 0);
+                                const tx_m8_f32 i1_ch_at_new1 = (tx_m8_f32){0, 1, 2, 3, 4, 5, 6, 7} >= (tx_i32)(i1_clo - i1_ch_at - 8);
+                                tx_v8_f32 i1_ch_s0_v0;
+                                tx_v8_f32 i1_ch_s0_v1;
+                                memcpy(&i1_ch_s0_v0, &a0[i0 * a0_e1 + i1_ch_at], sizeof(tx_v8_f32));
+                                memcpy(&i1_ch_s0_v1, &a0[i0 * a0_e1 + (i1_ch_at + 8)], sizeof(tx_v8_f32));
+                                for (tx_i64 i2_q = 0; i2_q < tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4); ++i2_q) {
+                                    t0_u0 = a2[i0 * a2_e1 + (blk_lo + i2_q * 4)];
+                                    t0_u1 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 1))];
+                                    t0_u2 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 2))];
+                                    t0_u3 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 3))];
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 0;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a1[(blk_lo + i2_q * 4) * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i1]);
+                                        const tx_v8_f32 i1_ld2 = tx_vload_f32(&a1[(blk_lo + (i2_q * 4 + 1)) * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld3 = tx_vload_f32(&a1[(blk_lo + (i2_q * 4 + 2)) * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld4 = tx_vload_f32(&a1[(blk_lo + (i2_q * 4 + 3)) * a1_e1 + i1]);
+                                        i1_ch_s0_v0 += (tx_v8_f32)(((tx_m8_f32)((-(i1_ld0 * (2.0f * (t0_u0 - i1_ld1)))) + (-(i1_ld2 * (2.0f * (t0_u1 - i1_ld1)))) + (-(i1_ld3 * (2.0f * (t0_u2 - i1_ld1)))) + (-(i1_ld4 * (2.0f * (t0_u3 - i1_ld1))))) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                    }
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 8;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a1[(blk_lo + i2_q * 4) * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i1]);
+                                        const tx_v8_f32 i1_ld2 = tx_vload_f32(&a1[(blk_lo + (i2_q * 4 + 1)) * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld3 = tx_vload_f32(&a1[(blk_lo + (i2_q * 4 + 2)) * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld4 = tx_vload_f32(&a1[(blk_lo + (i2_q * 4 + 3)) * a1_e1 + i1]);
+                                        i1_ch_s0_v1 += (tx_v8_f32)(((tx_m8_f32)((-(i1_ld0 * (2.0f * (t0_u0 - i1_ld1)))) + (-(i1_ld2 * (2.0f * (t0_u1 - i1_ld1)))) + (-(i1_ld3 * (2.0f * (t0_u2 - i1_ld1)))) + (-(i1_ld4 * (2.0f * (t0_u3 - i1_ld1))))) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                    }
+                                }
+                                for (tx_i64 i2 = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4) * 4; i2 < blk_hi; ++i2) {
+                                    t0 = a2[i0 * a2_e1 + i2];
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 0;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a1[i2 * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i1]);
+                                        i1_ch_s0_v0 += (tx_v8_f32)(((tx_m8_f32)(-(i1_ld0 * (2.0f * (t0 - i1_ld1)))) & i1_ch_at_new0) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new0));
+                                    }
+                                    {
+                                        const tx_i64 i1 = i1_ch_at + 8;
+                                        const tx_v8_f32 i1_ld0 = tx_vload_f32(&a1[i2 * a1_e1 + i1]);
+                                        const tx_v8_f32 i1_ld1 = tx_vload_f32(&a3[i0 * a3_e1 + i1]);
+                                        i1_ch_s0_v1 += (tx_v8_f32)(((tx_m8_f32)(-(i1_ld0 * (2.0f * (t0 - i1_ld1)))) & i1_ch_at_new1) | ((tx_m8_f32)(tx_v8_f32){-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0} & ~i1_ch_at_new1));
+                                    }
+                                }
+                                memcpy(&a0[i0 * a0_e1 + i1_ch_at], &i1_ch_s0_v0, sizeof(tx_v8_f32));
+                                memcpy(&a0[i0 * a0_e1 + (i1_ch_at + 8)], &i1_ch_s0_v1, sizeof(tx_v8_f32));
+                            } else {
+                                for (tx_i64 i2_q = 0; i2_q < tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4); ++i2_q) {
+                                    t0_u0 = a2[i0 * a2_e1 + (blk_lo + i2_q * 4)];
+                                    t0_u1 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 1))];
+                                    t0_u2 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 2))];
+                                    t0_u3 = a2[i0 * a2_e1 + (blk_lo + (i2_q * 4 + 3))];
+                                    for (tx_i64 i1 = i1_clo; i1 < i1_chi; ++i1) {
+                                        a0[i0 * a0_e1 + i1] += (-(a1[(blk_lo + i2_q * 4) * a1_e1 + i1] * (2.0f * (t0_u0 - a3[i0 * a3_e1 + i1])))) + (-(a1[(blk_lo + (i2_q * 4 + 1)) * a1_e1 + i1] * (2.0f * (t0_u1 - a3[i0 * a3_e1 + i1])))) + (-(a1[(blk_lo + (i2_q * 4 + 2)) * a1_e1 + i1] * (2.0f * (t0_u2 - a3[i0 * a3_e1 + i1])))) + (-(a1[(blk_lo + (i2_q * 4 + 3)) * a1_e1 + i1] * (2.0f * (t0_u3 - a3[i0 * a3_e1 + i1]))));
+                                    }
+                                }
+                                for (tx_i64 i2 = blk_lo + tx_floordiv_i64(tx_max_i64(blk_hi - blk_lo, 0), 4) * 4; i2 < blk_hi; ++i2) {
+                                    t0 = a2[i0 * a2_e1 + i2];
+                                    for (tx_i64 i1 = i1_clo; i1 < i1_chi; ++i1) {
+                                        a0[i0 * a0_e1 + i1] += -(a1[i2 * a1_e1 + i1] * (2.0f * (t0 - a3[i0 * a3_e1 + i1])));
+                                    }
+                                }
+                            }
+                        }
+                        if (long_sum) {
+                            tile_terms += blk_hi - blk_lo;
+                            if (tile_terms >= 512) {
+                                for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                                    tile_tot[i1 - tile_lo + (i0 - i0_r0) * 512] += ((double)a0[i0 * a0_e1 + i1]);
+                                    a0[i0 * a0_e1 + i1] = 0.0f;
+                                }
+                                tile_terms = 0;
+                            }
+                        }
+                    }
+                    if (long_sum) {
+                        for (tx_i64 i1 = tile_lo; i1 < tile_hi; ++i1) {
+                            a0[i0 * a0_e1 + i1] += ((float)tile_tot[i1 - tile_lo + (i0 - i0_r0) * 512]);
+                        }
+                    }
                 }
             }
         }

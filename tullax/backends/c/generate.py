@@ -77,10 +77,11 @@ def streams() -> bool:
 
 def lowered(spec: Spec, signature: Signature, name: str, streams: bool = False) -> LoopKernel:
     """``spec`` lowered as the C printer wants it: strip-mined tiles (``tile``), and with ``streams`` max/min
-    reductions that read several contiguous rows at once (its lanes take one accumulator per row)."""
+    reductions that read several contiguous rows at once (its lanes take one accumulator per row), and register
+    strips (``tullax.compiler.strips``: a strip-mined kernel's row segments in vector registers)."""
     from tullax.compiler.lower import lower
 
-    return lower(spec, signature, name, tile=True, streams=streams)
+    return lower(spec, signature, name, tile=True, streams=streams, strips=True)
 
 
 def part_kernels(spec: Spec, signature: Signature, part: str) -> tuple[tuple[LoopKernel, Spec, Signature], ...]:

@@ -1,6 +1,6 @@
-"""The c backend's strips of vector math (``tullax.printers.c_strip``): a serial loop that no vector form takes but
-whose leading Lets call exp (a Gaussian kernel's sum over points, whose rows of 4 columns are the loop inside) runs
-in strips, the exps of a strip first in an ``omp simd`` loop (glibc's vector expf), then the loop reading them.
+"""The c backend's strips of vector math (``tullax.printers.c_math_strips``): a serial loop that no vector form
+takes but whose leading Lets call exp (a Gaussian kernel's sum over points, whose rows of 4 columns are the loop
+inside) runs in strips, the exps of a strip first in an ``omp simd`` loop (glibc's vector expf), then the loop reading them.
 Checked in the printed C and against NumPy float64, NaN, infinities and -0.0 included."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from loop_backends import run_host
 from tullax.backends.c.backend import CBackend, module_source
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
-from tullax.printers.c_strip import STRIP
+from tullax.printers.c_math_strips import STRIP
 
 BACKEND = CBackend()
 pytestmark = pytest.mark.skipif(not BACKEND.availability()[0], reason="no C compiler that builds OpenMP here")

@@ -44,7 +44,7 @@ class Strip:
     stored: frozenset[str]
 
 
-def strip_plan(loop: Loop) -> Strip | None:
+def math_strip_plan(loop: Loop) -> Strip | None:
     """The ``Strip`` of ``loop``, or None where none applies: a serial loop that holds a loop of its own (the loops
     that print as vector lanes hold none), a leading float Let calling a libmvec function, and no statement but Let,
     Accum, Store, Loop and If anywhere in it."""
@@ -79,7 +79,7 @@ def strip_plan(loop: Loop) -> Strip | None:
     return Strip(tuple(let for let in ready.values() if let.var in needed), frozenset(stored))
 
 
-def strip_loop(printer: CLikePrinter, loop: Loop, place: CPlace, plan: Strip) -> list[str]:
+def math_strip_loop(printer: CLikePrinter, loop: Loop, place: CPlace, plan: Strip) -> list[str]:
     """``loop`` in strips (``Strip``): per strip the vector loop of the stored Lets, then the loop itself with
     each stored Let read from its strip's array."""
     pad, step = printer.indent * place.depth, printer.indent
@@ -104,4 +104,4 @@ def strip_loop(printer: CLikePrinter, loop: Loop, place: CPlace, plan: Strip) ->
     return lines + [f"{pad}}}"]
 
 
-__all__ = ["STRIP", "Strip", "strip_loop", "strip_plan"]
+__all__ = ["STRIP", "Strip", "math_strip_loop", "math_strip_plan"]
