@@ -1,6 +1,7 @@
 """The c backend's strips of vector math (``tullax.printers.c_math_strips``): a serial loop that no vector form
 takes but whose leading Lets call exp (a Gaussian kernel's sum over points, whose rows of 4 columns are the loop
-inside) runs in strips, the exps of a strip first in an ``omp simd`` loop (glibc's vector expf), then the loop reading them.
+inside) runs in strips, the exps of a strip first in an ``omp simd`` loop (glibc's vector expf), then the loop
+reading them.
 Checked in the printed C and against NumPy float64, NaN, infinities and -0.0 included."""
 from __future__ import annotations
 

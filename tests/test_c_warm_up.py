@@ -67,3 +67,57 @@ def test_a_compiler_that_fails_is_still_reported_by_the_first_build(tmp_path):
     out = _run(tmp_path, "echo 'slowcc: internal compiler error' >&2\nexit 1")
     assert "probe done when resolved: False" in out
     assert "unavailable:" in out and "internal compiler error" in out, out
+
+
+AUTO_SCRIPT = r'''
+import os, sys, threading
+import jax, jax.numpy as jnp
+import tullax
+
+started = []
+_start = threading.Thread.start
+threading.Thread.start = lambda self: (started.append(self.name), _start(self))[1]
+kernel = tullax.einsum_kernel(sys.argv[1], backend="auto")
+x, w, y = jnp.ones((8, 6)), jnp.ones((6, 5)), jnp.ones((8, 5))
+jax.jit(kernel)(x, w, y).block_until_ready()
+jax.jit(jax.grad(lambda *a: kernel(*a).sum(), argnums=(0, 1, 2)))(x, w, y)[0].block_until_ready()
+print("threads:", sorted(n for n in started if n.startswith("tullax-c")))
+print("c imported:", "tullax.backends.c" in sys.modules)
+print("compiler ran:", os.path.exists(os.environ["SLOWCC_MARK"]))
+'''
+
+
+def _run_auto(tmp_path: Path, spec: str) -> str:
+    script = tmp_path / "markcc"
+    script.write_text(f'#!/bin/sh\ntouch {tmp_path / "ran"}\nexec gcc "$@"\n')
+    script.chmod(0o755)
+    env = dict(os.environ, TULLAX_CC=str(script), TULLAX_CACHE_DIR=str(tmp_path / "cache"),
+               SLOWCC_MARK=str(tmp_path / "ran"),
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", AUTO_SCRIPT, spec], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_an_auto_contraction_starts_nothing_of_the_c_backend(tmp_path):
+    # the rules give a pure contraction and its gradient steps to XLA's einsum: no probe, warm-up or C import
+    # competes with jax's first compile (issue 45 item 5: bilinear's cold auto call at 1.62x xla's)
+    out = _run_auto(tmp_path, "s[b] := x[b,i]*W[i,j]*y[b,j]")
+    assert "threads: []" in out and "c imported: False" in out and "compiler ran: False" in out, out
+
+
+def test_an_auto_kernel_that_may_run_on_the_loops_starts_the_probe(tmp_path):
+    out = _run_auto(tmp_path, "s[b] := exp(x[b,i]*W[i,j]*y[b,j])")
+    assert "'tullax-c-probe'" in out and "c imported: True" in out and "compiler ran: True" in out, out
+
+
+@pytest.mark.parametrize("spec, by_rule", [
+    ("s[b] := x[b,i]*W[i,j]*y[b,j]", True), ("C[i,j] := A[i,k]*B[k,j]", True),
+    ("s := x[i]*W[i,j]*x[j]", False),  # x read twice: its gradient step is a sum of two products
+    ("D[i,j] := (W[k,i]-X[k,j])^2", False), ("y[i] := x[i]*2", False)])
+def test_einsum_by_rule(spec, by_rule):
+    from tullax.spec.contraction import einsum_by_rule
+    from tullax.spec.frontend import compile_spec
+
+    assert einsum_by_rule(compile_spec(spec)[1]) is by_rule

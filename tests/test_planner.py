@@ -82,6 +82,10 @@ CORPUS = [
     ("Δx[n,c,m,r] := Δy[n,o,pad(m-p),pad(r-q)]*k[o,c,p,q]", "convolution", "loops", ("xla:conv", "loops")),
     ("y[n,o,h] := x[n,c,2h+p]*k[o,c,p]", "convolution", "loops",
      ("xla:conv", "xla:conv-padded", "xla:slices", "loops")),
+    # a strided window's input gradient, windows within their stride: one term per element, as reshapes
+    ("Δx[n,c,m,r] := s[n,c,pad((m-p)/2),pad((r-q)/2)]*(x[n,c,m,r] == y[n,c,pad((m-p)/2),pad((r-q)/2)]) "
+     "(p in 0:2) (q in 0:2)",
+     "strided windows", "xla:strided", ("xla:strided", "loops")),
     ("y[i] := x[i+k]*w[k] + x[i]", "window", "loops", ("xla:slices", "loops")),
     ("(max) y[b,i] := x[b,i+k]*w[k]", "window", "loops", ("xla:slices", "loops")),
     # recurrences: lax.associative_scan only where the step is affine in the state, lane by lane

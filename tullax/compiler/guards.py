@@ -135,10 +135,12 @@ def pad_conds(aff: Affine, extent: Sym) -> list[Cond]:
 # =============================================================================================
 @dataclass(frozen=True)
 class Solution:
-    """``index`` computed from ``cond`` (an equality with a non-zero coefficient on it) instead of looped."""
+    """``index`` computed from ``cond`` instead of looped: an equality with a non-zero coefficient on it, or a
+    divisibility condition with coefficient ±1 on it where its range is no longer than the divisor."""
 
     index: str
     cond: Cond
+    lo: int = 0  # a divisibility condition's residue: index = lo + mod(-coef*rest - lo, div)
 
     @property
     def coef(self) -> int:
@@ -228,6 +230,32 @@ def _solve_equalities(conds: tuple[Cond, ...], serial: tuple[str, ...], ranges: 
             others = tuple((n, c) for n, c in cond.terms if n != target)
             rest.append(Cond(others, cond.const, Rel.DIVISIBLE, abs(coef)))
             pending += in_range
+    return _solve_residues(rest, serial, ranges, solutions, frozen)
+
+
+def _solve_residues(conds: list[Cond], serial: tuple[str, ...], ranges: dict[str, ir.Range],
+                    solutions: list[Solution], frozen: set[str]) -> tuple[list[Cond], list[Solution]]:
+    """A divisibility condition on a serial index ``t`` with coefficient ±1 whose range is no longer than the
+    divisor (a strided window's gradient, ``pad((m-p)/2)`` with ``p in 0:2``) holds for at most one ``t``: the
+    residue ``t = lo + mod(...)`` (``Solution.lo``), a Let instead of a loop testing every term; the range's
+    stop stays a guard where it is shorter than the divisor."""
+    rest = list(conds)
+    for cond in conds:
+        if cond.rel != Rel.DIVISIBLE or cond not in rest:
+            continue
+        taken = {s.index for s in solutions} | frozen
+        names = [n for n in cond.names() if n in serial and n not in taken and abs(cond.coef(n)) == 1]
+        names = [n for n in names if ranges[n].lo.is_const and ranges[n].hi.is_const
+                 and ranges[n].hi.const - ranges[n].lo.const <= cond.div]
+        if not names:
+            continue
+        target = max(names, key=serial.index)  # the innermost: its loop is the one run per term
+        lo, hi = ranges[target].lo.const, ranges[target].hi.const
+        solutions.append(Solution(target, cond, lo))
+        frozen |= set(cond.names()) - {target}
+        rest = [c for c in rest if c != cond]  # the same read's condition twice: both hold by construction
+        if hi - lo < cond.div:
+            rest.append(Cond(((target, -1),), Sym(hi - 1), Rel.NONNEGATIVE))
     return rest, solutions
 
 

@@ -43,7 +43,7 @@ from tullax.compiler.blocking import (
 from tullax.compiler.bounds import Bound, Side, narrow
 from tullax.compiler.emit import Emitter, Phase
 from tullax.compiler.factor import factor_sums
-from tullax.compiler.guards import Solution, find_guards
+from tullax.compiler.guards import Rel, Solution, find_guards
 from tullax.compiler.jam import RegisterTile, register_tiles
 from tullax.compiler.loops import (
     INDEX,
@@ -163,8 +163,13 @@ def _shared(kernel: LoopKernel, plan: Schedule, tiles: tuple[RegisterTile, ...])
 
 
 def _solved_value(solution: Solution, emit: Emitter) -> Expr:
-    """``coef*t + rest == 0`` -> ``t = -rest / coef`` (exact: a divisibility guard comes with |coef| > 1)."""
+    """``coef*t + rest == 0`` -> ``t = -rest / coef`` (exact: a divisibility guard comes with |coef| > 1); a
+    divisibility condition (coef ±1, ``Solution.lo``): ``t = lo + mod(-coef*rest - lo, div)``."""
     cond, coef = solution.cond, solution.coef
+    if cond.rel == Rel.DIVISIBLE:  # coef*t + rest divisible by div, coef ±1: t = -coef*rest (mod div)
+        others = tuple((n, -coef * c) for n, c in cond.terms if n != solution.index)
+        shifted = emit.linear(others, cond.const * (-coef) - solution.lo)
+        return binop("+", const(solution.lo), binop("mod", shifted, const(cond.div)))
     rest = emit.linear(tuple((n, c) for n, c in cond.terms if n != solution.index), cond.const)
     if coef == 1:
         return binop("-", const(0), rest)

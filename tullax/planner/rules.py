@@ -16,6 +16,9 @@ and, for a close call, the candidates a race times) or None where it does not ap
 4. ``scatter/gather``: an index array read or scattered through: the loops, raced against XLA's gather/scatter.
 5. ``convolution``: lax.conv (as it is or padded by one element), shifted slices (one window index only) and the
    loops, raced.
+5b. ``strided windows``: a sum over window indices each read through ``pad((m-p)/s)``, windows no longer than
+   their stride (a strided pool's input gradient): one term per element, as XLA's reshapes (``xla.strided``),
+   raced against the loops, which test every term's divisibility. A convolution races the form too.
 6. ``window``: a small reduced index that shifts an access: the shifted slices or the loops, raced.
 7. ``linear recurrence``: ``h[t] = a*h[t-1] + b`` lane by lane: the loops (one kernel walking ``t``), raced
    against ``lax.scan`` and ``lax.associative_scan`` (log T parallel rounds; what a GPU's many lanes want).
@@ -108,6 +111,15 @@ def _rearrangement(found: Analysis, loops: str | None, gpu: bool) -> Rule | None
                 "xla:rearrange", ("xla:rearrange", LOOPS))
 
 
+def _strided(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
+    if "strided" not in found.forms:
+        return None
+    # a tiny one too: the reshapes fuse into the program around it, as jnp's gradient of a pool does
+    return Rule("strided windows", "windows no longer than their stride: each element is one term of the sum; "
+                "XLA's reshapes (which fuse into the program around them) or the loops (which test every "
+                "term's divisibility), whichever is fastest", "xla:strided", ("xla:strided", LOOPS))
+
+
 def _scatter_gather(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
     if not found.indexed:
         return None
@@ -123,7 +135,8 @@ def _convolution(found: Analysis, loops: str | None, gpu: bool) -> Rule | None:
     one_window = "slices" in found.forms and len(found.windows) == 1
     # padded: the CPU's convolution without padding takes a slower path at some shapes (benchmarks/conv_padding.py)
     padded = ("xla:conv-padded",) if "conv-padded" in found.forms and not gpu else ()
-    close = ("xla:conv",) + padded + (("xla:slices",) if one_window else ()) + (LOOPS,)
+    strided = ("xla:strided",) if "strided" in found.forms else ()  # a patch convolution's input gradient
+    close = ("xla:conv",) + padded + (("xla:slices",) if one_window else ()) + strided + (LOOPS,)
     return Rule("convolution", "convolution-shaped: lax.conv_general_dilated (as it is, or with one "
                 "element of padding), shifted slices or loops, whichever is fastest", LOOPS, close)
 
@@ -153,7 +166,7 @@ RuleFunction = Callable[[Analysis, "str | None", bool], "Rule | None"]
 RULES: tuple[tuple[str, RuleFunction], ...] = (
     ("contraction", _contraction), ("no loop backend", _no_loop_backend), ("gather", _gather),
     ("rearrangement", _rearrangement), ("scatter/gather", _scatter_gather), ("convolution", _convolution),
-    ("window", _window), ("linear recurrence", _linear_recurrence), ("loops", _loops))
+    ("strided windows", _strided), ("window", _window), ("linear recurrence", _linear_recurrence), ("loops", _loops))
 
 
 def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
@@ -194,6 +207,12 @@ def usable(call: Call, candidate: str) -> bool:
 
         read = rearrangement(call.spec)
         return read is not None and layout(read, call.ranges, call.shapes[read.array]) is not None
+    if candidate == "xla:strided":  # ranges from 0, windows no longer than their strides; else it runs the grid
+        from tullax.backends.xla.strided import strided
+
+        found = strided(call.spec)
+        return found is not None and all(lo == 0 for lo, _ in call.ranges.values()) \
+            and all(call.ranges[p][1] <= s for p, (_, s) in found.pairs.items())
     if candidate != "xla:slices":
         return True
     lo, hi = call.ranges[call.analysis.windows[0]]

@@ -57,6 +57,13 @@ def lower_form(spec: Spec, form: str) -> Callable[[Env], Any]:
         if read is None:
             raise ValueError(f"{spec.out}: not a rearrangement")
         return functools.partial(lower_rearrange, spec, read, plain, setup=_setup)
+    if form == "strided":
+        from tullax.backends.xla.strided import lower_strided, strided
+
+        found = strided(spec)
+        if found is None:
+            raise ValueError(f"{spec.out}: no strided windows")
+        return functools.partial(lower_strided, spec, found, plain)
     if form == "associative":
         from tullax.backends.xla.associative import lower_associative
 

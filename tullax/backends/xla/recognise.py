@@ -19,6 +19,9 @@ function of the inputs (differentiable, jit-able, vmap-able).
 * ``rearrange``: every result element is one input element (a patchify ``x[b,c,4h+i,4w+j]``, its gradient
   ``ΔP[b,h,w,c,pad(m-4h),pad(n-4w)]`` summed over ``h``, ``w``): a reshape, a transpose and a broadcast, as jnp
   code writes it (``tullax.backends.xla.rearrange``).
+* ``strided``: a sum over window indices each read through ``pad((m-p)/s)``, windows no longer than their
+  stride (a strided pool's or patch convolution's input gradient): one term per element, evaluated on ``m``
+  split into ``(m div s, m mod s)`` by reshapes (``tullax.backends.xla.strided``).
 * ``grid``: tullax's general broadcast-and-reduce lowering (``xla.lower``), which everything can use.
 * ``product``: a pure contraction as the broadcast product of its two operands in the order its indices first
   appear, reduced (``xla.lower(einsum=False, grid="appearance")``, jnp's ``(W[:,:,None]*X[:,None,:]).sum(0)``).
@@ -208,6 +211,10 @@ def forms(spec: Spec) -> tuple[str, ...]:
 
     if rearrangement(spec) is not None:
         found.append("rearrange")
+    from tullax.backends.xla.strided import strided
+
+    if strided(spec) is not None:
+        found.append("strided")
     # 'factored' after 'grid': a default (a tiny call, no loop backend) stays on the plain lowering; only the
     # planner's timing picks it
     return tuple(found) + ("grid",) + (("product",) if contraction and len(spec.inputs) == 2 else ()) + (
