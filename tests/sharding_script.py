@@ -46,6 +46,12 @@ CASES = {
     "rowmax": ("(max) r[i] := x[i,j]", lambda x: x.max(1), (r(16, 12),), {"i": (P("x"),), "j": (P(None, "x"),)}),
     "conv1d": ("y[i] := x[i+k]*w[k]", lambda x, w: jnp.correlate(x, w, "valid"), (r(36), r(5)),
                {"i": (P("x"), P())}),
+    # padded windows over the array's own extent, several on one index, read plainly too; and a "same"
+    # convolution, whose gradient for w splits the summed index with its padded window
+    "stencil": ("y[i] := x[pad(i-1)] - 2*x[i] + x[pad(i+1)]",
+                lambda x: jnp.pad(x, (1, 0))[:-1] - 2 * x + jnp.pad(x, (0, 1))[1:], (r(32),), {"i": (P("x"),)}),
+    "conv_same": ("y[i] := x[pad(i+k-2)]*w[k]", lambda x, w: jnp.correlate(x, w, "same"), (r(32), r(5)),
+                  {"i": (P("x"), P())}),
     "embedding": ("out[b,d] := W[ix[b],d]", lambda W, ix: W[ix], (r(16, 8), rng.integers(0, 16, 12)),
                   {"b": (P(), P("x")), "d": (P(None, "x"), P()), "row": (P("x"), P())}),
     "dot": ("s := x[i]*y[i]", lambda x, y: jnp.dot(x, y), (r(16), r(16)), {"i": (P("x"), P("x"))}),

@@ -112,6 +112,22 @@ def test_a_padded_window_split_exchanges_a_halo_too(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["stencil/i", "conv_same/i"])
+def test_padded_windows_over_the_arrays_own_extent_exchange_halos(backend: str, case: str) -> None:
+    """Padded windows over the array's own extent (a stencil: ``x[pad(i-1)]``, ``x[i]`` and ``x[pad(i+1)]``, several
+    on one index; a "same" convolution, ``x[pad(i+k-2)]``), split along i: each device runs the kernel over its
+    block and the frame around it, from its neighbours' halos, and keeps its block; the gradient for w splits the
+    summed i with its padded window the same way (each device's sum over its block, one all-reduce). No
+    all-gather, forward or gradient, and no more bytes than jnp's (all-gathered before)."""
+    found = _cases(backend)[case]
+    assert found["collectives"] == ["collective-permute"] and found["sharding"] == "P('x',)", found
+    assert found["local"] == [8], found
+    assert "all-gather" not in found["grad_collectives"], found
+    for kind in ("", "grad_"):
+        assert sum(found[kind + "bytes"].values()) <= sum(found[f"ref_{kind}bytes"].values()), (kind, found)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_window_in_two_split_indices_exchanges_a_halo_along_each(backend: str) -> None:
     """conv2d on a 2x2 mesh, x split along both spatial axes: two halo exchanges (collective-permutes, the
     corner with the second), no all-gather, each device its (8, 8) block of the result, as lax's convolution."""
@@ -152,7 +168,10 @@ def test_every_corpus_spec_split_along_each_axis_equals_the_unsplit_call() -> No
     ("y[i] := x[i+k]*w[k]", "r0, f0 -> f1", ("f1",), ()),  # a window: i split with a halo of x, k whole
     ("Δw[k] := Δy[i]*x[i+k]", "f0, r0 -> f1", (), ("f0",)),  # the same window under a summed i
     ("y[i] := x[i+1]-x[i]", "r0 -> f0", (), ()),  # read plainly and shifted on one axis: kept whole
-    ("Δx[m] := Δy[pad(m-k)]*w[k]", "r0, f0 -> f1", (), ()),  # a padded window over Δy's extent: kept whole
+    ("Δx[m] := Δy[pad(m-k)]*w[k]", "r0, f0 -> f1", ("f1",), ()),  # a padded window over Δy's extent
+    ("y[i] := x[pad(i-1)] - 2*x[i] + x[pad(i+1)]", "r0 -> f0", ("f0",), ()),  # three windows of i on one axis
+    ("Δw[k] := Δy[i]*x[pad(i+k-2)]", "f0, r0 -> f1", ("f1",), ()),  # k picked (i's range does not read x)
+    ("y[i] := x[pad(i+1)] + x[pad(j)]", "r0 -> f0", (), ()),  # one axis in windows of two indices: whole
     ("out[b,d] := W[ix[b],d]", "r0 f1, f0 -> f0 f1", ("f0", "f1"), ()),  # the table's rows are gathered
     ("ΔW[ix[b],d] += Δout[b,d]", "r0 f1, f0 f1, f0 -> r0 f1", ("f1",), ("f0",)),  # a scatter sums over b
     ("d[i] := A[i,i]", "f0 r0 -> f0", (), ()),  # one index on two axes of one array: a factor each, kept whole
@@ -169,17 +188,18 @@ def test_the_sharding_rule_is_read_off_the_notation(text: str, rule: str, free: 
 
 def test_a_padded_window_over_a_shape_input_splits_its_index() -> None:
     """conv1d's input gradient, Δx[m] := Δy[pad(m-k)]*w[k] with m over x's extent (a shape input): m may be
-    split, Δy's axis read around each block (a padded window); read plainly too, m stays whole."""
+    split, Δy's axis read around each block (a padded window); read plainly too (the gradient of
+    ``x[i+k]*w[k] + x[i]``), Δy's axis is one window spanning both reads."""
     from tullax.grad import gradients
     from tullax.jaxop.partition_rule import factors
     from tullax.spec.frontend import compile_spec
 
-    for text, free in (("y[i] := x[i+k]*w[k]", ("f1",)), ("y[i] := x[i+k]*w[k] + x[i]", ())):
+    for text, halo in (("y[i] := x[i+k]*w[k]", (("r0", "f1", "k", 0, -1),)),
+                       ("y[i] := x[i+k]*w[k] + x[i]", (("r0", "f1", "k", 0, -1), ("r0", "f1", None, 0, 1)))):
         step = next(g for g in gradients(compile_spec(text)[1]) if g.wrt == "x").steps[-1]
         found = factors(step)
-        assert found.free == free and bool(found.halo) == bool(free), (text, found)
-        if free:
-            assert found.text() == "r0, f0, f1 -> f1" and found.halo == (("r0", "f1", "k", 0, True),), found
+        assert found.free == ("f1",) and found.halo == halo, (text, found)
+        assert found.operands[0] == ("r0",) and found.result == ("f1",), found
 
 
 @pytest.mark.parametrize("platform, target", [("cpu", "xla_buffer_python_cpu_callback"),

@@ -21,7 +21,7 @@ from __future__ import annotations
 from functools import lru_cache, partial
 from typing import Any, Callable, Sequence
 
-from tullax.jaxop.halo import Halo, fits, halo_sizes, window
+from tullax.jaxop.halo import Halo, fits, frame, halo_sizes, window
 from tullax.jaxop.partition_rule import Factors, factors
 
 Run = Callable[..., Any]  # run(op, *jax values) -> the kernel's result
@@ -66,7 +66,8 @@ def _call(op: Any, run: Run, make: Callable[..., Any], *args: Any) -> Any:
         taken = set(mapping)
         for axis, factor in enumerate(mapping):
             halo = halos.get(factor)
-            if halo is not None and (halo.pad or 0 < halo.hi < args[k].shape[axis]) and halo.split not in taken:
+            if halo is not None and (halo.pad and halo.hi - halo.lo < halo.extent or 0 < halo.hi < args[k].shape[axis])\
+                    and halo.split not in taken:  # a window no longer than its index's extent
                 taken.add(halo.split)
                 windows.append((k, axis))
     return make(op, run, tuple(windows))(*args)
@@ -101,8 +102,10 @@ def _with_windows(rule: Factors, windows: tuple) -> Factors:
         kept.add(operands[k][axis])
         operands[k][axis] = linked[operands[k][axis]]
     uncut = {f for f in linked if f not in kept}
-    return replace(rule, operands=tuple(map(tuple, operands)),
-                   replicated=tuple(sorted({*rule.replicated, *uncut})))
+    whole = {linked[f] for f in uncut}  # an index whose window is not exchanged is never split
+    return replace(rule, operands=tuple(map(tuple, operands)), free=tuple(f for f in rule.free if f not in whole),
+                   summed=tuple(f for f in rule.summed if f not in whole),
+                   replicated=tuple(sorted({*rule.replicated, *uncut, *whole})))
 
 
 def _entries(sharding: Any, rank: int) -> list[tuple[str, ...]]:
@@ -139,11 +142,17 @@ def _partition(op: Any, rule: Factors, run: Run, windows: tuple, mesh: Any, arg_
                 assign[factor] = axes
                 used |= set(axes)
     while True:  # drop a split the kernel cannot run on blocks of, until every split left can
+        shard_spec = _summed_windows(op.spec, plain, halos, assign, globals_)
         bad = next((f for f in unkept if f in assign), None) or \
-            _unfit(op.spec, plain, mesh, assign, globals_, tuple(result_shape.shape), halos)
+            (shard_spec if isinstance(shard_spec, str) else None) or \
+            _unfit(shard_spec, plain, mesh, assign, globals_, tuple(result_shape.shape), halos)
         if bad is None:
             break
         del assign[bad]
+    if shard_spec is not op.spec:
+        from dataclasses import replace
+
+        op = replace(op, spec=shard_spec)
 
     def spec_of(mapping: Sequence[str]) -> Any:
         return PartitionSpec(*[None if f not in assign else assign[f][0] if len(assign[f]) == 1 else assign[f]
@@ -153,20 +162,61 @@ def _partition(op: Any, rule: Factors, run: Run, windows: tuple, mesh: Any, arg_
                           else NamedSharding(mesh, spec_of(mapping))
                           for shape, mapping, kind in zip(arg_shapes, rule.operands, kinds))
     result_sharding = NamedSharding(mesh, spec_of(rule.result))
-    # a padded window reaches -lo before its block: the kernel runs on that many more positions of its index
-    # (a shape input's axis gives its range), then keeps its block (``grown``)
-    early = {halo.split: -halo.lo for halo in halos.values() if halo.pad and halo.split in assign}
-    shape_inputs = {k: (tuple(n + early.get(f, 0) for n, f in zip(_local(globals_[item.name], mapping, assign, mesh,
-                                                                         halos), mapping)), arg_shapes[k].dtype)
+    # an index split with padded windows runs over its frame, [lo, B + hi) around its block, in every array it
+    # reads (windows exchanged, plain axes padded here with zeros, a shape input's axis grown); then the kernel's
+    # result keeps its block (``grown``): the positions around it are another device's
+    grow = {f: span for f, span in frame(halos.values()).items() if f in assign and f in plain.free}
+    shape_inputs = {k: (_local(globals_[item.name], mapping, assign, mesh, halos, grow), arg_shapes[k].dtype)
                     for k, (item, mapping) in enumerate(zip(op.spec.inputs, plain.operands)) if item.kind == "shape"}
-    grown = tuple((axis, early[f], result_shape.shape[axis] // _parts(mesh, assign[f]))
-                  for axis, f in enumerate(rule.result) if f in early)
+    widened = tuple((k, axis, -grow[f][0], grow[f][1]) for k, (item, mapping) in
+                    enumerate(zip(op.spec.inputs, plain.operands)) if item.kind != "shape"
+                    for axis, f in enumerate(mapping) if f in grow)
+    grown = tuple((axis, -grow[f][0], result_shape.shape[axis] // _parts(mesh, assign[f]))
+                  for axis, f in enumerate(rule.result) if f in grow)
     summed_axes = tuple(axis for f in rule.summed if f in assign for axis in assign[f])
     shifted = tuple((k, axis, axes, _parts(mesh, axes), globals_[op.spec.inputs[k].name][axis],
                      halos[plain.operands[k][axis]])
                     for k, axis in windows for axes in [assign.get(rule.operands[k][axis], ())])
-    lower = partial(_per_shard, op, run, shape_inputs, summed_axes, rule.combine, shifted, grown)
+    lower = partial(_per_shard, op, run, shape_inputs, summed_axes, rule.combine, shifted, widened, grown)
     return mesh, lower, result_sharding, arg_shardings
+
+
+def _summed_windows(spec: Any, rule: Factors, halos: dict[str, Halo], assign: dict, shapes: dict) -> Any:
+    """The spec each device runs where a summed index is split with padded windows (``Δw[k] := Δy[i]*x[pad(i+k-2)]``
+    split along ``i``): its block of ``i``, read plainly (``Δy``'s block) from 0, and the windows it receives,
+    which start ``lo`` before the block (``tullax.jaxop.halo``), read ``-lo`` further on (``x[pad(i+k)]``); the
+    index's range is its plain axis's extent (a window's array holds more than the block). ``spec`` itself
+    where there is none; the factor to drop where its range is not that axis's extent."""
+    from dataclasses import replace
+
+    from tullax.spec.ir import Access, Wrapped, map_expr
+    from tullax.spec.sizes import Sym
+
+    index_of = rule.index_of
+    ranges = dict(spec.ranges)
+    shifts = {}
+    for factor, (lo, _) in frame(halos.values()).items():
+        if factor not in assign or factor not in rule.summed:
+            continue
+        index = index_of[factor]
+        plain = [(item.name, axis) for item, mapping in zip(spec.inputs, rule.operands) if item.kind != "shape"
+                 for axis, f in enumerate(mapping) if f == factor]
+        if not plain or any(shapes[name][axis] != ranges[index].hi.eval(shapes) for name, axis in plain):
+            return factor
+        ranges[index] = replace(ranges[index], hi=Sym.extent(*plain[0]))
+        shifts[index] = -lo
+    if not shifts:
+        return spec
+
+    def shifted(node: Any) -> Any:
+        if not isinstance(node, Access):
+            return node
+        idx = tuple(replace(i, inner=replace(i.inner, const=i.inner.const + shifts[name]))
+                    if isinstance(i, Wrapped) and (name := next((n for n in i.inner.names() if n in shifts), None))
+                    else i for i in node.idx)
+        return replace(node, idx=idx)
+
+    return replace(spec, body=map_expr(spec.body, shifted), ranges=tuple(ranges.items()))
 
 
 def _parts(mesh: Any, axes: Sequence[str]) -> int:
@@ -178,13 +228,16 @@ def _parts(mesh: Any, axes: Sequence[str]) -> int:
 
 
 def _local(shape: Sequence[int], mapping: Sequence[str], assign: dict, mesh: Any,
-           halos: dict[str, Halo] | None = None) -> tuple[int, ...]:
-    """Per-shard extents; a windowed axis split with its index: the index's block and the halo."""
+           halos: dict[str, Halo] | None = None, grow: dict | None = None) -> tuple[int, ...]:
+    """Per-shard extents; a windowed axis split with its index: the index's block and the halo; an axis of an
+    index split with padded windows (``grow``): its block and the frame around it."""
     local = []
     for extent, factor in zip(shape, mapping):
         if halos and factor in halos and halos[factor].split in assign:
             halo = halos[factor]
             local.append(halo.extent // _parts(mesh, assign[halo.split]) + halo.hi - halo.lo)
+        elif grow and factor in grow:
+            local.append(extent // _parts(mesh, assign[factor]) + grow[factor][1] - grow[factor][0])
         else:
             local.append(extent // _parts(mesh, assign.get(factor, ())))
     return tuple(local)
@@ -201,8 +254,10 @@ def _unfit(spec: Any, rule: Factors, mesh: Any, assign: dict, shapes: dict, resu
             split = halos[factor].split if factor in halos else ""
             if split in assign and not fits(extent, halos[factor], _parts(mesh, assign[split])):
                 return split
-    local = {item.name: _local(shapes[item.name], mapping, assign, mesh, halos)
+    grow = {f: span for f, span in frame(halos.values()).items() if f in assign and f in rule.free}
+    local = {item.name: _local(shapes[item.name], mapping, assign, mesh, halos, grow)
              for item, mapping in zip(spec.inputs, rule.operands)}
+    ran: dict[str, int] = {}  # a grown index: how far the kernel runs it on each device
     sizes = dict(mesh.shape)
     for factor, axes in assign.items():
         parts = 1
@@ -219,20 +274,27 @@ def _unfit(spec: Any, rule: Factors, mesh: Any, assign: dict, shapes: dict, resu
             block = (found.lo.eval(local), found.hi.eval(local))
         except (KeyError, IndexError):
             return factor
-        if whole[0] != 0 or block[0] != 0 or any(whole[1] != n for n in extents) or block[1] * parts != whole[1]:
+        if whole[0] != 0 or block[0] != 0 or any(whole[1] != n for n in extents):
+            return factor
+        if factor in grow:  # the block and the frame after it at most: the plain axes' length
+            lo, hi = grow[factor]
+            if whole[1] % parts or not whole[1] // parts - lo <= block[1] <= whole[1] // parts + hi - lo:
+                return factor
+            ran[factor] = block[1]
+        elif block[1] * parts != whole[1]:
             return factor
     try:
         out = tuple(s.eval(local) for s in spec.out_shape) if spec.assign == ":=" else None
     except (KeyError, IndexError):
         return next(iter(assign), None)
-    expected = _local(result, rule.result, assign, mesh)
+    expected = tuple(ran.get(f, n) for n, f in zip(_local(result, rule.result, assign, mesh), rule.result))
     if out is not None and out != expected:
         return next((f for f in rule.result if f in assign), next(iter(assign), None))
     return None
 
 
 def _per_shard(op: Any, run: Run, shape_inputs: dict, summed_axes: tuple[str, ...], combine: str,
-               windows: tuple, grown: tuple, *args: Any):
+               windows: tuple, widened: tuple, grown: tuple, *args: Any):
     """What each device runs on its blocks: the kernel (a windowed read on its window, its block and what its
     neighbours send, ``tullax.jaxop.halo``), then the collective over the devices a summed index is split
     across. A '+=' update adds its given array once, after the collective."""
@@ -242,6 +304,10 @@ def _per_shard(op: Any, run: Run, shape_inputs: dict, summed_axes: tuple[str, ..
     args = [jnp.zeros(*shape_inputs[k]) if k in shape_inputs else a for k, a in enumerate(args)]
     for k, axis, mesh_axes, parts, extent, halo in windows:
         args[k] = window(args[k], axis, mesh_axes, parts, extent, halo)
+    for k, axis, front, back in widened:  # read at the frame's positions, whose results are dropped
+        widths = [(0, 0)] * args[k].ndim
+        widths[axis] = (front, back)
+        args[k] = jnp.pad(args[k], widths)
     given = None
     if summed_axes and op.spec.assign == "+=" and not op.zero_start:
         given, args[0] = args[0], jnp.zeros_like(args[0])

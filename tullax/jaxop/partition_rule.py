@@ -91,13 +91,18 @@ def factors(spec: Spec) -> Factors:
     halos: list[tuple[str, int, str, str | None, int]] = []  # array, axis, split index, window index, offset
     axes: dict[str, list[str | None]] = {item.name: [None] * item.rank for item in spec.inputs}
 
-    pads: list[tuple[str, int, str, str | None, int]] = []  # the same, for a padded window (pad(m-k+c))
-    read: set[str] = set()  # indices read anywhere but in a padded window
+    pads: list[tuple[str, int, str, str | None, int, int]] = []  # the same and the window's sign: pad(m±k+c)
+    read: set[str] = set()  # indices read anywhere but plainly or in a padded window
+    padded = _padded_axes(spec, axes)  # (array, axis) -> the index its padded windows are split with
 
     def place(array: str, position: int, idx: object) -> None:
         plain = idx.plain if isinstance(idx, Affine) else None
-        if not isinstance(idx, Wrapped):
+        if not isinstance(idx, Wrapped) and plain is None:
             read.update(idx_names(idx))
+        if plain is not None and padded.get((array, position)) == plain:  # x[i] beside x[pad(i+1)]: a window too
+            pads.append((array, position, plain, None, 0, 1))
+            _claim_window(axes, array, position, fresh)
+            return
         if isinstance(idx, Indirect):  # the index array's own axis may be plain; the data axis is gathered
             inner = idx.inner.plain
             if inner is not None and idx.array in axes and not idx.offset.terms and axes[idx.array]:
@@ -106,12 +111,14 @@ def factors(spec: Spec) -> Factors:
                 whole.update(idx.inner.names())
             whole.update(idx.offset.names())
         elif isinstance(idx, Wrapped):
-            window = _pad_window(spec, idx) if array in axes and axes[array][position] is None else None
-            if window is None:
+            window = _pad_window(spec, idx, array)
+            if window is None or padded.get((array, position)) != window[0]:
                 whole.update(idx.inner.names())
             else:  # Δy[pad(m-k)]: m may be split, each device reading a window around its block, zero outside
                 whole.update(window[1:2] if window[1] else ())
                 pads.append((array, position, *window))
+                _claim_window(axes, array, position, fresh)
+                return
         elif isinstance(idx, Affine) and plain is None:
             window = _window(spec, array, position, idx)
             if window is None or array not in axes or axes[array][position] is not None:
@@ -135,10 +142,14 @@ def factors(spec: Spec) -> Factors:
     if spec.scan is not None:
         _recurrence(spec, axes, of_index, whole, names)
     lhs_names = [idx.plain for idx in spec.lhs or () if isinstance(idx, Affine)]
-    shaped = {Sym.extent(item.name, axis) for item in spec.inputs if item.kind == "shape" for axis in range(item.rank)}
-    for _, _, split, _, _ in pads:  # a padded window's index: free, read nowhere else, its range a shape input's
-        if split in read or split not in lhs_names or spec.assign != ":=" or \
-                sum(p[2] == split for p in pads) > 1 or spec.range_of[split].hi not in shaped:
+    summable = spec.finalizer is None and spec.redop in COMBINES and spec.assign != "=" and \
+        (not spec.is_scatter or spec.assign == "+=")
+    mixed = {p[2] for p in pads if p[3] is None and p[4] == 0}  # read plainly on a padded axis too
+    for _, _, split, _, _, _ in pads:  # a padded window's index: read elsewhere only plainly, ':='; if summed,
+        # only plainly on other axes (the kernel's per-shard range, ``tullax.jaxop.partition``)
+        summed_ok = summable and split not in mixed and split not in spec.free
+        if split in read or (split not in lhs_names and not summed_ok) or spec.assign != ":=" or \
+                any(h[2] == split for h in halos) or spec.range_of[split].lo != Sym(0):
             whole.add(split)
         of_index(split)
     ranges = spec.range_of
@@ -179,15 +190,14 @@ def factors(spec: Spec) -> Factors:
     operands = tuple(_distinct([factor or fresh() for factor in axes[item.name]], fresh, names, whole)
                      for item in spec.inputs)
     index_of = {factor: index for index, factor in names.items()}
-    summable = spec.finalizer is None and spec.redop in COMBINES and spec.assign != "=" and \
-        (not spec.is_scatter or spec.assign == "+=")
     free = tuple(names[i] for i in lhs_plain if i not in whole)
     summed = tuple(names[i] for i in names if i not in lhs_plain and i not in whole and summable and
                    any(names[i] in axes_ for axes_ in operands))
     inputs = [item.name for item in spec.inputs]
-    halo = tuple((operands[inputs.index(array)][axis], names[split], window, offset, kind == "pad")
-                 for kind, found in (("", halos), ("pad", pads)) for array, axis, split, window, offset in found
-                 if names[split] in (free if kind else free + summed) and
+    halo = tuple((operands[inputs.index(array)][axis], names[split], window, offset, sign)
+                 for kind, found in (("", [(*h, 0) for h in halos]), ("pad", pads))
+                 for array, axis, split, window, offset, sign in found
+                 if names[split] in free + summed and
                  operands[inputs.index(array)][axis] not in index_of)
     every = {f for axes_ in operands for f in axes_} | set(result)
     replicated = tuple(sorted(every - set(free) - set(summed) - {h[0] for h in halo}))
@@ -214,21 +224,51 @@ def _window(spec: Spec, array: str, axis: int, idx: Affine) -> tuple[str, str | 
     return None
 
 
-def _pad_window(spec: Spec, idx: Wrapped) -> tuple[str, str | None, int] | None:
-    """``(m, k, c)`` where an axis is read at ``pad(m-k+c)`` (or ``pad(m+c)``), c <= 0 a constant, ``m`` and ``k``
-    from 0 (the input gradient of a window, ``Δx[m] := Δy[pad(m-k)]*w[k]``): a device's block of ``m`` reads the
-    axis from ``max(k)-c`` elements before its block to ``c`` after, zero outside the axis. None otherwise."""
+def _pad_window(spec: Spec, idx: Wrapped, array: str) -> tuple[str, str | None, int, int] | None:
+    """``(m, k, c, s)`` where an axis is read at ``pad(m+s*k+c)`` (or ``pad(m+c)``, s = 1), ``s`` = ±1, ``c`` a
+    constant, ``m`` and ``k`` from 0 (the input gradient of a window, ``Δx[m] := Δy[pad(m-k)]*w[k]``; a "same"
+    convolution, ``x[pad(i+k-2)]``; a stencil, ``x[pad(i+1)]``): a device's block of ``m`` reads the axis from
+    ``c`` (``c-max(k)``) elements after its start to ``c+max(k)`` (``c``) after its end, zero outside the axis.
+    None otherwise."""
     inner = idx.inner
-    if idx.kind != "pad" or inner.div != 1 or not inner.const.is_const or inner.const.const > 0:
+    if idx.kind != "pad" or inner.div != 1 or not inner.const.is_const:
         return None
     up = [n for n, c in inner.terms if c == 1]
     down = [n for n, c in inner.terms if c == -1]
-    if len(up) != 1 or len(down) > 1 or len(up) + len(down) != len(inner.terms):
+    if not 1 <= len(up) <= 2 or len(up) + len(down) != len(inner.terms) or len(inner.terms) > 2:
         return None
     ranges = spec.range_of
     if any(ranges.get(n) is None or ranges[n].lo != Sym(0) for n in up + down):
         return None
-    return up[0], (down or [None])[0], inner.const.const
+    if len(up) == 2:  # pad(i+k+c): the split index is the one whose range the array's extent sets (i), the
+        # window the one ranging over another array (k, over w's extent)
+        up.sort(key=lambda n: array not in ranges[n].hi.arrays())
+        return up[0], up[1], inner.const.const, 1
+    return up[0], (down or [None])[0], inner.const.const, -1 if down else 1
+
+
+def _padded_axes(spec: Spec, axes: dict) -> dict[tuple[str, int], str]:
+    """Per input axis read in padded windows (``pad(m±k+c)``), all of one index ``m``: that index. An axis read
+    in padded windows of two different indices is left out (its indices stay whole)."""
+    reads: dict[tuple[str, int], list] = {}
+    for access in spec_accesses(spec):
+        for position, idx in enumerate(access.idx):
+            if access.array in axes and position < len(axes[access.array]):
+                reads.setdefault((access.array, position), []).append(idx)
+    found = {}
+    for key, idxs in reads.items():
+        windows = [_pad_window(spec, idx, key[0]) if isinstance(idx, Wrapped) else None for idx in idxs]
+        splits = {window[0] for window in windows if window is not None}
+        if len(splits) == 1 and all(window is not None or (isinstance(idx, Affine) and idx.plain in splits)
+                                    for idx, window in zip(idxs, windows)):
+            found[key] = splits.pop()
+    return found
+
+
+def _claim_window(axes: dict, array: str, position: int, fresh) -> None:
+    """A padded window's axis gets a factor of its own, once (several windows of one index on one axis share it)."""
+    if axes[array][position] is None:
+        axes[array][position] = fresh()
 
 
 def _recurrence(spec: Spec, axes: dict, of_index, whole: set[str], names: dict[str, str]) -> None:
