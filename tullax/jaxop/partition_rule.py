@@ -8,10 +8,11 @@ Each axis of each input, and of the result, gets a factor:
 
 An index may be split across devices only where every position it appears in is plain, or a window running from
 it to the axis's end (``x[i+k]``, ``k`` from 0, ``i`` over the valid positions: each device's block of ``x`` gets
-the ``max(k)`` elements after it from its neighbour, a halo; ``k`` stays whole), or a padded window of a free
-index read nowhere else (``Δx[m] := Δy[pad(m-k)]*w[k]``, a window's input gradient: each device reads ``Δy``
-around its block, zero outside the axis), and the body does not read its value (``IndexVal``) or an extent
-(``Size``). Then:
+the ``max(k)`` elements after it from its neighbour, a halo; ``k`` stays whole), or padded windows
+(``pad(m±k+c)``: ``Δx[m] := Δy[pad(m-k)]*w[k]``, a window's input gradient; ``x[pad(i-1)] - 2*x[i] + x[pad(i+1)]``,
+several on one axis read plainly too; a "same" convolution ``x[pad(i+k-2)]``) of an index otherwise read only
+plainly: each device reads each such axis around its block, zero outside it (for a summed index, only on axes
+it does not read plainly), and the body does not read its value (``IndexVal``) or an extent (``Size``). Then:
 
 * a free index (on the result's left-hand side): each device runs the kernel on its block, and its result
   block is the result's block along that index (``FREE``);
