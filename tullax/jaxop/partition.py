@@ -59,8 +59,9 @@ def _call(op: Any, run: Run, make: Callable[..., Any], *args: Any) -> Any:
     halo is shorter than the axis and whose index no other axis of the input carries (``tullax.jaxop.halo``).
     Several axes of one input (``x[i+k,j+l]``) are exchanged one after the other, so the corners come with the
     second."""
-    rule = factors(op.spec)
-    halos = halo_sizes(op.spec, rule, {item.name: tuple(a.shape) for item, a in zip(op.spec.inputs, args)})
+    shapes = {item.name: tuple(a.shape) for item, a in zip(op.spec.inputs, args)}
+    rule = factors(op.spec, shapes)
+    halos = halo_sizes(op.spec, rule, shapes)
     windows = []
     for k, mapping in enumerate(rule.operands):
         taken = set(mapping)
@@ -70,14 +71,14 @@ def _call(op: Any, run: Run, make: Callable[..., Any], *args: Any) -> Any:
                     and halo.split not in taken:  # a window no longer than its index's extent
                 taken.add(halo.split)
                 windows.append((k, axis))
-    return make(op, run, tuple(windows))(*args)
+    return make(op, run, tuple(windows), tuple(sorted(shapes.items())))(*args)
 
 
 @lru_cache(maxsize=None)
-def _partitioned(op: Any, run: Run, windows: tuple = ()) -> Callable[..., Any]:
+def _partitioned(op: Any, run: Run, windows: tuple = (), shapes: tuple = ()) -> Callable[..., Any]:
     from jax.experimental.custom_partitioning import SdyShardingRule, custom_partitioning
 
-    rule = _with_windows(factors(op.spec), windows)
+    rule = _with_windows(factors(op.spec, dict(shapes)), windows)
     order = {f: k for k, f in enumerate(dict.fromkeys(f for axes in (*rule.operands, rule.result) for f in axes))}
     function = custom_partitioning(partial(run, op))
     function.def_partition(  # Shardy wants each kind's factors in the order they first appear in the rule
@@ -127,7 +128,7 @@ def _partition(op: Any, rule: Factors, run: Run, windows: tuple, mesh: Any, arg_
 
     kinds = [item.kind for item in op.spec.inputs]
     globals_ = {item.name: tuple(s.shape) for item, s in zip(op.spec.inputs, arg_shapes)}
-    plain = factors(op.spec)
+    plain = factors(op.spec, globals_)
     halos = {f: v for f, v in halo_sizes(op.spec, plain, globals_).items()
              if any(plain.operands[k][axis] == f for k, axis in windows)}
     unkept = {halo[1] for halo in plain.halo if halo[0] not in halos}  # an index whose window stays whole
@@ -145,10 +146,16 @@ def _partition(op: Any, rule: Factors, run: Run, windows: tuple, mesh: Any, arg_
         shard_spec = _summed_windows(op.spec, plain, halos, assign, globals_)
         bad = next((f for f in unkept if f in assign), None) or \
             (shard_spec if isinstance(shard_spec, str) else None) or \
+            _costly_rows(op.spec, plain, assign, globals_, result_shape) or \
             _unfit(shard_spec, plain, mesh, assign, globals_, tuple(result_shape.shape), halos)
         if bad is None:
             break
         del assign[bad]
+    rows = tuple(([item.name for item in op.spec.inputs].index(ix), assign[f],
+                  _row_extent(f, plain, globals_, op.spec, result_shape) // _parts(mesh, assign[f]))
+                 for f, ix in plain.rows if f in assign)
+    if rows:
+        shard_spec = _padded_rows(shard_spec)
     if shard_spec is not op.spec:
         from dataclasses import replace
 
@@ -177,8 +184,47 @@ def _partition(op: Any, rule: Factors, run: Run, windows: tuple, mesh: Any, arg_
     shifted = tuple((k, axis, axes, _parts(mesh, axes), globals_[op.spec.inputs[k].name][axis],
                      halos[plain.operands[k][axis]])
                     for k, axis in windows for axes in [assign.get(rule.operands[k][axis], ())])
-    lower = partial(_per_shard, op, run, shape_inputs, summed_axes, rule.combine, shifted, widened, grown)
+    lower = partial(_per_shard, op, run, shape_inputs, summed_axes, rule.combine, shifted, widened, grown, rows)
     return mesh, lower, result_sharding, arg_shardings
+
+
+def _costly_rows(spec: Any, rule: Factors, assign: dict, shapes: dict, result_shape: Any) -> str | None:
+    """A table's rows split where the psum of the result would move more than gathering the table does (more
+    lookups than the table holds rows: each device then reads the whole table, as the partitioner gathers it),
+    or None."""
+    import math
+
+    for factor, _ in rule.rows:
+        if factor in assign and factor not in rule.result:
+            table = next(item.name for item, mapping in zip(spec.inputs, rule.operands) if factor in mapping)
+            if math.prod(result_shape.shape) > math.prod(shapes[table]):
+                return factor
+    return None
+
+
+def _row_extent(factor: str, rule: Factors, shapes: dict, spec: Any, result_shape: Any) -> int:
+    """The whole extent of a table axis split by rows (``rule.rows``): the result's, or the input's."""
+    if factor in rule.result:
+        return int(result_shape.shape[rule.result.index(factor)])
+    return next(shapes[item.name][mapping.index(factor)] for item, mapping in zip(spec.inputs, rule.operands)
+                if factor in mapping)
+
+
+def _padded_rows(spec: Any) -> Any:
+    """``spec`` with its index-array positions padded (``W[pad(ix[b]),d]``): each device's shifted index array
+    points outside its block of rows for the rows it does not hold, which then read zero (a scatter drops them)."""
+    from dataclasses import replace
+
+    from tullax.spec.ir import Access, Indirect, map_expr
+
+    def padded(idx: Any) -> Any:
+        return replace(idx, pad=True) if isinstance(idx, Indirect) else idx
+
+    def visit(node: Any) -> Any:
+        return replace(node, idx=tuple(map(padded, node.idx))) if isinstance(node, Access) else node
+
+    lhs = tuple(map(padded, spec.lhs)) if spec.lhs is not None else None
+    return replace(spec, body=map_expr(spec.body, visit), lhs=lhs)
 
 
 def _summed_windows(spec: Any, rule: Factors, halos: dict[str, Halo], assign: dict, shapes: dict) -> Any:
@@ -207,6 +253,11 @@ def _summed_windows(spec: Any, rule: Factors, halos: dict[str, Halo], assign: di
         shifts[index] = -lo
     if not shifts:
         return spec
+    for index, found in list(ranges.items()):  # another index's range over the arrays' extents, which each device
+        # holds a part of (Δw[k] := Δy[i]*x[pad(i+k-2)]: k's reads x's and Δy's): the whole call's
+        if index not in shifts and found.hi.arrays():
+            ranges[index] = replace(found, hi=Sym(found.hi.eval(shapes)))
+    out_shape = tuple(Sym(n.eval(shapes)) if spec.assign == ":=" and n.arrays() else n for n in spec.out_shape)
 
     def shifted(node: Any) -> Any:
         if not isinstance(node, Access):
@@ -216,7 +267,7 @@ def _summed_windows(spec: Any, rule: Factors, halos: dict[str, Halo], assign: di
                     else i for i in node.idx)
         return replace(node, idx=idx)
 
-    return replace(spec, body=map_expr(spec.body, shifted), ranges=tuple(ranges.items()))
+    return replace(spec, body=map_expr(spec.body, shifted), ranges=tuple(ranges.items()), out_shape=out_shape)
 
 
 def _parts(mesh: Any, axes: Sequence[str]) -> int:
@@ -266,6 +317,10 @@ def _unfit(spec: Any, rule: Factors, mesh: Any, assign: dict, shapes: dict, resu
         index = index_of.get(factor)
         extents = [n for item, mapping in zip(spec.inputs, rule.operands) for n, f in zip(shapes[item.name], mapping)
                    if f == factor] + [n for n, f in zip(result, rule.result) if f == factor]
+        if any(factor == f for f, _ in rule.rows):  # a table's rows: any block
+            if any(n % parts for n in extents):
+                return factor
+            continue
         found = spec.range_of.get(index)
         if index is None or found is None or any(n % parts for n in extents):
             return factor
@@ -294,7 +349,7 @@ def _unfit(spec: Any, rule: Factors, mesh: Any, assign: dict, shapes: dict, resu
 
 
 def _per_shard(op: Any, run: Run, shape_inputs: dict, summed_axes: tuple[str, ...], combine: str,
-               windows: tuple, widened: tuple, grown: tuple, *args: Any):
+               windows: tuple, widened: tuple, grown: tuple, rows: tuple, *args: Any):
     """What each device runs on its blocks: the kernel (a windowed read on its window, its block and what its
     neighbours send, ``tullax.jaxop.halo``), then the collective over the devices a summed index is split
     across. A '+=' update adds its given array once, after the collective."""
@@ -304,6 +359,9 @@ def _per_shard(op: Any, run: Run, shape_inputs: dict, summed_axes: tuple[str, ..
     args = [jnp.zeros(*shape_inputs[k]) if k in shape_inputs else a for k, a in enumerate(args)]
     for k, axis, mesh_axes, parts, extent, halo in windows:
         args[k] = window(args[k], axis, mesh_axes, parts, extent, halo)
+    for k, mesh_axes, block in rows:  # this device's rows of a table: positions from its block's start
+        start = lax.axis_index(tuple(mesh_axes) if len(mesh_axes) > 1 else mesh_axes[0]) * block
+        args[k] = args[k] - start.astype(args[k].dtype)
     for k, axis, front, back in widened:  # read at the frame's positions, whose results are dropped
         widths = [(0, 0)] * args[k].ndim
         widths[axis] = (front, back)

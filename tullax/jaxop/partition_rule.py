@@ -16,6 +16,10 @@ it does not read plainly), and the body does not read its value (``IndexVal``) o
 
 * a free index (on the result's left-hand side): each device runs the kernel on its block, and its result
   block is the result's block along that index (``FREE``);
+* a table's axis read only through a bare index array (``out[b,d] := W[ix[b],d]``, the body linear in that read,
+  a ``+`` sum): split like a summed index, each device reads only the rows it holds (zero for the others), then
+  the psum; a scatter's positions (``ΔW[ix[b],d] += ...``): the result's rows split like a free index, each device
+  adding only into its rows (``rows``: each device's index array is shifted by its block's start);
 * a summed index: each device reduces its block, then the reduction's collective combines the devices'
   results (``combine``): psum for ``+``, pmax/pmin for max/min, a max-shifted sum for logsumexp. Not for
   ``*``, a finaliser (``|> f`` applies after the whole reduction) or a '=' update; a '+=' update adds the
@@ -29,11 +33,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tullax.spec.ir import (
+    Access,
     Affine,
+    Binary,
     IndexVal,
     Indirect,
     Size,
     Spec,
+    Unary,
     Wrapped,
     idx_names,
     spec_accesses,
@@ -63,6 +70,7 @@ class Factors:
     combine: str
     index: tuple[tuple[str, str], ...]
     halo: tuple[tuple[str, str, str | None, int, bool], ...] = ()
+    rows: tuple[tuple[str, str], ...] = ()  # a table axis split by rows: (its factor, the index array)
 
     @property
     def index_of(self) -> dict[str, str]:
@@ -74,8 +82,9 @@ class Factors:
         return f"{operands} -> {' '.join(self.result)}"
 
 
-def factors(spec: Spec) -> Factors:
-    """The sharding rule of ``spec`` (see the module docstring)."""
+def factors(spec: Spec, shapes: dict[str, tuple[int, ...]] | None = None) -> Factors:
+    """The sharding rule of ``spec`` (see the module docstring); ``shapes`` (the inputs' global shapes) pick which
+    index of a padded window ``pad(i+k+c)`` is split, the longer one (``_pad_window``)."""
     names: dict[str, str] = {}  # index -> factor
     own: list[str] = []  # factors of axes that are not plain
 
@@ -94,7 +103,7 @@ def factors(spec: Spec) -> Factors:
 
     pads: list[tuple[str, int, str, str | None, int, int]] = []  # the same and the window's sign: pad(m±k+c)
     read: set[str] = set()  # indices read anywhere but plainly or in a padded window
-    padded = _padded_axes(spec, axes)  # (array, axis) -> the index its padded windows are split with
+    padded = _padded_axes(spec, axes, shapes)  # (array, axis) -> the index its padded windows are split with
 
     def place(array: str, position: int, idx: object) -> None:
         plain = idx.plain if isinstance(idx, Affine) else None
@@ -112,7 +121,7 @@ def factors(spec: Spec) -> Factors:
                 whole.update(idx.inner.names())
             whole.update(idx.offset.names())
         elif isinstance(idx, Wrapped):
-            window = _pad_window(spec, idx, array)
+            window = _pad_window(spec, idx, array, shapes)
             if window is None or padded.get((array, position)) != window[0]:
                 whole.update(idx.inner.names())
             else:  # Δy[pad(m-k)]: m may be split, each device reading a window around its block, zero outside
@@ -200,10 +209,69 @@ def factors(spec: Spec) -> Factors:
                  for array, axis, split, window, offset, sign in found
                  if names[split] in free + summed and
                  operands[inputs.index(array)][axis] not in index_of)
+    rows = ()
+    table = _table(spec)
+    if table is not None:
+        array, position, ix = table
+        factor = result[position] if array is None else operands[inputs.index(array)][position]
+        if factor not in index_of:  # an axis of its own, otherwise replicated
+            rows = ((factor, ix),)
+            free, summed = (free + (factor,), summed) if array is None else (free, summed + (factor,))
     every = {f for axes_ in operands for f in axes_} | set(result)
     replicated = tuple(sorted(every - set(free) - set(summed) - {h[0] for h in halo}))
     return Factors(operands, tuple(result), free, summed, replicated, COMBINES.get(spec.redop, ""),
-                   tuple(sorted(index_of.items())), halo)
+                   tuple(sorted(index_of.items())), halo, rows)
+
+
+def _table(spec: Spec) -> tuple[str | None, int, str] | None:
+    """``(W, p, ix)`` where axis ``p`` of input ``W`` is read only at a bare ``ix[e]`` (``out[b,d] := W[ix[b],d]``),
+    ``ix`` nowhere else, in a ``:=`` sum without a finaliser whose body is linear in that read (a device that
+    holds none of the rows reads zero and adds nothing); ``(None, p, ix)`` where a scatter writes the result's
+    axis ``p`` at ``ix[e]`` (``ΔW[ix[b],d] += Δout[b,d]``) and its body reads no ``ix``: positions outside a
+    device's rows are dropped. None otherwise."""
+    if spec.scan is not None or spec.finalizer is not None:
+        return None
+    reads = list(spec_accesses(spec))
+    if spec.is_scatter:
+        found = [(p, i) for p, i in enumerate(spec.lhs) if isinstance(i, Indirect)]
+        if spec.assign not in ("+=", ":=") or len(found) != 1 or not found[0][1].plain or \
+                found[0][1].inner.plain is None or any(isinstance(i, Wrapped) for i in spec.lhs):
+            return None
+        position, idx = found[0]
+        if any(a.array == idx.array or any(isinstance(i, Indirect) and i.array == idx.array for i in a.idx)
+               for a in reads):
+            return None
+        return None, position, idx.array
+    if spec.assign != ":=" or spec.redop != "+":
+        return None
+    for access in reads:
+        found = [(p, i) for p, i in enumerate(access.idx) if isinstance(i, Indirect)]
+        if len(found) != 1 or not found[0][1].plain or found[0][1].inner.plain is None:
+            continue
+        position, idx = found[0]
+        others = [a for a in reads if a is not access and (a.array in (access.array, idx.array) or any(
+            isinstance(i, Indirect) and i.array == idx.array for i in a.idx))]
+        if not others and access.array in spec.input_names and _linear(spec.body, access):
+            return access.array, position, idx.array
+    return None
+
+
+def _linear(expr: object, access: Access) -> bool:
+    """Whether ``expr`` is ``access`` times (or over) terms that do not read it: zero where it reads zero."""
+    if expr is access:
+        return True
+    if isinstance(expr, Unary):
+        return _linear(expr.arg, access)
+    if isinstance(expr, Binary) and expr.op == "*":
+        return (_linear(expr.lhs, access) and not _reads(expr.rhs, access)) or \
+            (_linear(expr.rhs, access) and not _reads(expr.lhs, access))
+    if isinstance(expr, Binary) and expr.op == "/":
+        return _linear(expr.lhs, access) and not _reads(expr.rhs, access)
+    return False
+
+
+def _reads(expr: object, access: Access) -> bool:
+    return any(node is access for node in walk(expr))
 
 
 def _window(spec: Spec, array: str, axis: int, idx: Affine) -> tuple[str, str | None, int] | None:
@@ -225,7 +293,8 @@ def _window(spec: Spec, array: str, axis: int, idx: Affine) -> tuple[str, str | 
     return None
 
 
-def _pad_window(spec: Spec, idx: Wrapped, array: str) -> tuple[str, str | None, int, int] | None:
+def _pad_window(spec: Spec, idx: Wrapped, array: str, shapes: dict | None = None) \
+        -> tuple[str, str | None, int, int] | None:
     """``(m, k, c, s)`` where an axis is read at ``pad(m+s*k+c)`` (or ``pad(m+c)``, s = 1), ``s`` = ±1, ``c`` a
     constant, ``m`` and ``k`` from 0 (the input gradient of a window, ``Δx[m] := Δy[pad(m-k)]*w[k]``; a "same"
     convolution, ``x[pad(i+k-2)]``; a stencil, ``x[pad(i+1)]``): a device's block of ``m`` reads the axis from
@@ -241,14 +310,25 @@ def _pad_window(spec: Spec, idx: Wrapped, array: str) -> tuple[str, str | None, 
     ranges = spec.range_of
     if any(ranges.get(n) is None or ranges[n].lo != Sym(0) for n in up + down):
         return None
-    if len(up) == 2:  # pad(i+k+c): the split index is the one whose range the array's extent sets (i), the
-        # window the one ranging over another array (k, over w's extent)
+    if len(up) == 2:  # pad(i+k+c): the split index is the longer one (i over the signal, k over the window: a
+        # range may read the array's extent either way, Δw[k] := Δy[i]*x[pad(i+k-2)]'s k over x's and Δy's);
+        # without shapes, the one whose range the array's extent sets
         up.sort(key=lambda n: array not in ranges[n].hi.arrays())
+        extents = [_extent(ranges[n], shapes) for n in up]
+        if None not in extents and extents[0] != extents[1]:
+            up.sort(key=lambda n: -_extent(ranges[n], shapes))
         return up[0], up[1], inner.const.const, 1
     return up[0], (down or [None])[0], inner.const.const, -1 if down else 1
 
 
-def _padded_axes(spec: Spec, axes: dict) -> dict[tuple[str, int], str]:
+def _extent(found: object, shapes: dict | None) -> int | None:
+    try:
+        return int(found.hi.eval(shapes)) if shapes is not None else None
+    except (KeyError, IndexError):
+        return None
+
+
+def _padded_axes(spec: Spec, axes: dict, shapes: dict | None = None) -> dict[tuple[str, int], str]:
     """Per input axis read in padded windows (``pad(m±k+c)``), all of one index ``m``: that index. An axis read
     in padded windows of two different indices is left out (its indices stay whole)."""
     reads: dict[tuple[str, int], list] = {}
@@ -258,7 +338,7 @@ def _padded_axes(spec: Spec, axes: dict) -> dict[tuple[str, int], str]:
                 reads.setdefault((access.array, position), []).append(idx)
     found = {}
     for key, idxs in reads.items():
-        windows = [_pad_window(spec, idx, key[0]) if isinstance(idx, Wrapped) else None for idx in idxs]
+        windows = [_pad_window(spec, idx, key[0], shapes) if isinstance(idx, Wrapped) else None for idx in idxs]
         splits = {window[0] for window in windows if window is not None}
         if len(splits) == 1 and all(window is not None or (isinstance(idx, Affine) and idx.plain in splits)
                                     for idx, window in zip(idxs, windows)):
