@@ -50,6 +50,13 @@ def cases() -> dict:
                       {"i": (0, None)}),
         "embedding": ("out[b,d] := W[ix[b],d]", lambda W, ix: W[ix], ((4096, 64), ("int", 16384)),
                       {"b": (None, 0), "d": (1, None), "row": (0, None)}),
+        # fewer lookups than rows: each device looks up its rows, one psum (more: the table is gathered)
+        "embedding_few": ("out[b,d] := W[ix[b],d]", lambda W, ix: W[ix], ((4096, 64), ("int", 1024)),
+                          {"row": (0, None)}),
+        # the "same" convolution's w gradient written by hand (k's range reads x's extent): split along i
+        "wgrad": ("Δw[k] := Δy[i]*x[pad(i+k-4)]",
+                  lambda dy, x: jax.grad(lambda w: jnp.vdot(dy, jnp.correlate(x, w, "same")))(jnp.zeros(9, dy.dtype)),
+                  ((1 << 20,), (1 << 20,)), {"i": (0, 0)}),
         "dot": ("s := x[i]*y[i]", lambda x, y: jnp.dot(x, y), ((1 << 22,), (1 << 22,)), {"i": (0, 0)}),
     }
 
