@@ -113,7 +113,7 @@ def factors(spec: Spec, shapes: dict[str, tuple[int, ...]] | None = None) -> Fac
             pads.append((array, position, plain, None, 0, 1))
             _claim_window(axes, array, position, fresh)
             return
-        if isinstance(idx, Indirect):  # the index array's own axis may be plain; the data axis is gathered
+        if isinstance(idx, Indirect):  # the index array's own axis may be plain; the data axis: see _table
             inner = idx.inner.plain
             if inner is not None and idx.array in axes and not idx.offset.terms and axes[idx.array]:
                 _claim(axes, idx.array, 0, of_index(inner), whole, inner, names)
