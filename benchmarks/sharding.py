@@ -44,8 +44,19 @@ def cases() -> dict:
         "rowmax": ("(max) r[i] := x[i,j]", lambda x: x.max(1), ((2048, 1024),), {"i": (0,), "j": (1,)}),
         "conv1d": ("y[i] := x[i+k]*w[k]", lambda x, w: jnp.correlate(x, w, "valid"), (((1 << 20) + 8,), (9,)),
                    {"i": (0, None)}),
+        "stencil": ("y[i] := x[pad(i-1)] - 2*x[i] + x[pad(i+1)]",
+                    lambda x: jnp.pad(x, (1, 0))[:-1] - 2 * x + jnp.pad(x, (0, 1))[1:], ((1 << 20,),), {"i": (0,)}),
+        "conv_same": ("y[i] := x[pad(i+k-4)]*w[k]", lambda x, w: jnp.correlate(x, w, "same"), ((1 << 20,), (9,)),
+                      {"i": (0, None)}),
         "embedding": ("out[b,d] := W[ix[b],d]", lambda W, ix: W[ix], ((4096, 64), ("int", 16384)),
                       {"b": (None, 0), "d": (1, None), "row": (0, None)}),
+        # fewer lookups than rows: each device looks up its rows, one psum (more: the table is gathered)
+        "embedding_few": ("out[b,d] := W[ix[b],d]", lambda W, ix: W[ix], ((4096, 64), ("int", 1024)),
+                          {"row": (0, None)}),
+        # the "same" convolution's w gradient written by hand (k's range reads x's extent): split along i
+        "wgrad": ("Δw[k] := Δy[i]*x[pad(i+k-4)]",
+                  lambda dy, x: jax.grad(lambda w: jnp.vdot(dy, jnp.correlate(x, w, "same")))(jnp.zeros(9, dy.dtype)),
+                  ((1 << 20,), (1 << 20,)), {"i": (0, 0)}),
         "dot": ("s := x[i]*y[i]", lambda x, y: jnp.dot(x, y), ((1 << 22,), (1 << 22,)), {"i": (0, 0)}),
     }
 

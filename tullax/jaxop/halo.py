@@ -30,14 +30,30 @@ class Halo(NamedTuple):
 
 
 def halo_sizes(spec: Any, rule: Factors, shapes: dict[str, tuple[int, ...]]) -> dict[str, Halo]:
-    """Per windowed axis's factor: its ``Halo`` for these (global) shapes."""
+    """Per windowed axis's factor: its ``Halo`` for these (global) shapes. Several windows on one axis
+    (``x[pad(i-1)] - 2*x[i] + x[pad(i+1)]``) read the span of them all; the padded windows of one index share one
+    span (``frame``), since the kernel's index runs over the same positions in every array it reads."""
     ranges, index_of = spec.range_of, rule.index_of
-    found = {}
-    for factor, split, window, offset, pad in rule.halo:
+    found: dict[str, Halo] = {}
+    for factor, split, window, offset, sign in rule.halo:
         reach = ranges[window].hi.eval(shapes) - 1 if window else 0
-        lo, hi = (offset - reach, offset) if pad else (0, offset + reach)
-        found[factor] = Halo(split, lo, hi, pad, ranges[index_of[split]].hi.eval(shapes))
-    return found
+        lo, hi = (offset - reach, offset) if sign < 0 else (offset, offset + reach) if sign > 0 else (0, offset + reach)
+        if factor in found:
+            lo, hi = min(lo, found[factor].lo), max(hi, found[factor].hi)
+        found[factor] = Halo(split, lo, hi, bool(sign), ranges[index_of[split]].hi.eval(shapes))
+    spans = frame(found.values())
+    return {f: h._replace(lo=spans[h.split][0], hi=spans[h.split][1]) if h.pad else h for f, h in found.items()}
+
+
+def frame(halos: Any) -> dict[str, tuple[int, int]]:
+    """Per index split with padded windows: ``(lo, hi)``, ``lo <= 0 <= hi``, the span every array it reads holds
+    around the index's block on each device: ``[d*B + lo, d*B + B + hi)``."""
+    spans: dict[str, tuple[int, int]] = {}
+    for halo in halos:
+        if halo.pad:
+            lo, hi = spans.get(halo.split, (0, 0))
+            spans[halo.split] = (min(lo, halo.lo), max(hi, halo.hi))
+    return spans
 
 
 def reach(extent: int, halo: Halo, parts: int) -> tuple[int, int, int, int, int, int]:
@@ -106,4 +122,4 @@ def _zeros(like: Any, axis: int, count: int) -> Any:
     return jnp.zeros(shape, like.dtype)
 
 
-__all__ = ["Halo", "fits", "halo_sizes", "reach", "window"]
+__all__ = ["Halo", "fits", "frame", "halo_sizes", "reach", "window"]

@@ -8,13 +8,18 @@ Each axis of each input, and of the result, gets a factor:
 
 An index may be split across devices only where every position it appears in is plain, or a window running from
 it to the axis's end (``x[i+k]``, ``k`` from 0, ``i`` over the valid positions: each device's block of ``x`` gets
-the ``max(k)`` elements after it from its neighbour, a halo; ``k`` stays whole), or a padded window of a free
-index read nowhere else (``Δx[m] := Δy[pad(m-k)]*w[k]``, a window's input gradient: each device reads ``Δy``
-around its block, zero outside the axis), and the body does not read its value (``IndexVal``) or an extent
-(``Size``). Then:
+the ``max(k)`` elements after it from its neighbour, a halo; ``k`` stays whole), or padded windows
+(``pad(m±k+c)``: ``Δx[m] := Δy[pad(m-k)]*w[k]``, a window's input gradient; ``x[pad(i-1)] - 2*x[i] + x[pad(i+1)]``,
+several on one axis read plainly too; a "same" convolution ``x[pad(i+k-2)]``) of an index otherwise read only
+plainly: each device reads each such axis around its block, zero outside it (for a summed index, only on axes
+it does not read plainly), and the body does not read its value (``IndexVal``) or an extent (``Size``). Then:
 
 * a free index (on the result's left-hand side): each device runs the kernel on its block, and its result
   block is the result's block along that index (``FREE``);
+* a table's axis read only through a bare index array (``out[b,d] := W[ix[b],d]``, the body linear in that read,
+  a ``+`` sum): split like a summed index, each device reads only the rows it holds (zero for the others), then
+  the psum; a scatter's positions (``ΔW[ix[b],d] += ...``): the result's rows split like a free index, each device
+  adding only into its rows (``rows``: each device's index array is shifted by its block's start);
 * a summed index: each device reduces its block, then the reduction's collective combines the devices'
   results (``combine``): psum for ``+``, pmax/pmin for max/min, a max-shifted sum for logsumexp. Not for
   ``*``, a finaliser (``|> f`` applies after the whole reduction) or a '=' update; a '+=' update adds the
@@ -28,11 +33,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tullax.spec.ir import (
+    Access,
     Affine,
+    Binary,
     IndexVal,
     Indirect,
     Size,
     Spec,
+    Unary,
     Wrapped,
     idx_names,
     spec_accesses,
@@ -62,6 +70,7 @@ class Factors:
     combine: str
     index: tuple[tuple[str, str], ...]
     halo: tuple[tuple[str, str, str | None, int, bool], ...] = ()
+    rows: tuple[tuple[str, str], ...] = ()  # a table axis split by rows: (its factor, the index array)
 
     @property
     def index_of(self) -> dict[str, str]:
@@ -73,8 +82,9 @@ class Factors:
         return f"{operands} -> {' '.join(self.result)}"
 
 
-def factors(spec: Spec) -> Factors:
-    """The sharding rule of ``spec`` (see the module docstring)."""
+def factors(spec: Spec, shapes: dict[str, tuple[int, ...]] | None = None) -> Factors:
+    """The sharding rule of ``spec`` (see the module docstring); ``shapes`` (the inputs' global shapes) pick which
+    index of a padded window ``pad(i+k+c)`` is split, the longer one (``_pad_window``)."""
     names: dict[str, str] = {}  # index -> factor
     own: list[str] = []  # factors of axes that are not plain
 
@@ -91,14 +101,19 @@ def factors(spec: Spec) -> Factors:
     halos: list[tuple[str, int, str, str | None, int]] = []  # array, axis, split index, window index, offset
     axes: dict[str, list[str | None]] = {item.name: [None] * item.rank for item in spec.inputs}
 
-    pads: list[tuple[str, int, str, str | None, int]] = []  # the same, for a padded window (pad(m-k+c))
-    read: set[str] = set()  # indices read anywhere but in a padded window
+    pads: list[tuple[str, int, str, str | None, int, int]] = []  # the same and the window's sign: pad(m±k+c)
+    read: set[str] = set()  # indices read anywhere but plainly or in a padded window
+    padded = _padded_axes(spec, axes, shapes)  # (array, axis) -> the index its padded windows are split with
 
     def place(array: str, position: int, idx: object) -> None:
         plain = idx.plain if isinstance(idx, Affine) else None
-        if not isinstance(idx, Wrapped):
+        if not isinstance(idx, Wrapped) and plain is None:
             read.update(idx_names(idx))
-        if isinstance(idx, Indirect):  # the index array's own axis may be plain; the data axis is gathered
+        if plain is not None and padded.get((array, position)) == plain:  # x[i] beside x[pad(i+1)]: a window too
+            pads.append((array, position, plain, None, 0, 1))
+            _claim_window(axes, array, position, fresh)
+            return
+        if isinstance(idx, Indirect):  # the index array's own axis may be plain; the data axis: see _table
             inner = idx.inner.plain
             if inner is not None and idx.array in axes and not idx.offset.terms and axes[idx.array]:
                 _claim(axes, idx.array, 0, of_index(inner), whole, inner, names)
@@ -106,12 +121,14 @@ def factors(spec: Spec) -> Factors:
                 whole.update(idx.inner.names())
             whole.update(idx.offset.names())
         elif isinstance(idx, Wrapped):
-            window = _pad_window(spec, idx) if array in axes and axes[array][position] is None else None
-            if window is None:
+            window = _pad_window(spec, idx, array, shapes)
+            if window is None or padded.get((array, position)) != window[0]:
                 whole.update(idx.inner.names())
             else:  # Δy[pad(m-k)]: m may be split, each device reading a window around its block, zero outside
                 whole.update(window[1:2] if window[1] else ())
                 pads.append((array, position, *window))
+                _claim_window(axes, array, position, fresh)
+                return
         elif isinstance(idx, Affine) and plain is None:
             window = _window(spec, array, position, idx)
             if window is None or array not in axes or axes[array][position] is not None:
@@ -135,10 +152,14 @@ def factors(spec: Spec) -> Factors:
     if spec.scan is not None:
         _recurrence(spec, axes, of_index, whole, names)
     lhs_names = [idx.plain for idx in spec.lhs or () if isinstance(idx, Affine)]
-    shaped = {Sym.extent(item.name, axis) for item in spec.inputs if item.kind == "shape" for axis in range(item.rank)}
-    for _, _, split, _, _ in pads:  # a padded window's index: free, read nowhere else, its range a shape input's
-        if split in read or split not in lhs_names or spec.assign != ":=" or \
-                sum(p[2] == split for p in pads) > 1 or spec.range_of[split].hi not in shaped:
+    summable = spec.finalizer is None and spec.redop in COMBINES and spec.assign != "=" and \
+        (not spec.is_scatter or spec.assign == "+=")
+    mixed = {p[2] for p in pads if p[3] is None and p[4] == 0}  # read plainly on a padded axis too
+    for _, _, split, _, _, _ in pads:  # a padded window's index: read elsewhere only plainly, ':='; if summed,
+        # only plainly on other axes (the kernel's per-shard range, ``tullax.jaxop.partition``)
+        summed_ok = summable and split not in mixed and split not in spec.free
+        if split in read or (split not in lhs_names and not summed_ok) or spec.assign != ":=" or \
+                any(h[2] == split for h in halos) or spec.range_of[split].lo != Sym(0):
             whole.add(split)
         of_index(split)
     ranges = spec.range_of
@@ -179,20 +200,78 @@ def factors(spec: Spec) -> Factors:
     operands = tuple(_distinct([factor or fresh() for factor in axes[item.name]], fresh, names, whole)
                      for item in spec.inputs)
     index_of = {factor: index for index, factor in names.items()}
-    summable = spec.finalizer is None and spec.redop in COMBINES and spec.assign != "=" and \
-        (not spec.is_scatter or spec.assign == "+=")
     free = tuple(names[i] for i in lhs_plain if i not in whole)
     summed = tuple(names[i] for i in names if i not in lhs_plain and i not in whole and summable and
                    any(names[i] in axes_ for axes_ in operands))
     inputs = [item.name for item in spec.inputs]
-    halo = tuple((operands[inputs.index(array)][axis], names[split], window, offset, kind == "pad")
-                 for kind, found in (("", halos), ("pad", pads)) for array, axis, split, window, offset in found
-                 if names[split] in (free if kind else free + summed) and
+    halo = tuple((operands[inputs.index(array)][axis], names[split], window, offset, sign)
+                 for kind, found in (("", [(*h, 0) for h in halos]), ("pad", pads))
+                 for array, axis, split, window, offset, sign in found
+                 if names[split] in free + summed and
                  operands[inputs.index(array)][axis] not in index_of)
+    rows = ()
+    table = _table(spec)
+    if table is not None:
+        array, position, ix = table
+        factor = result[position] if array is None else operands[inputs.index(array)][position]
+        if factor not in index_of:  # an axis of its own, otherwise replicated
+            rows = ((factor, ix),)
+            free, summed = (free + (factor,), summed) if array is None else (free, summed + (factor,))
     every = {f for axes_ in operands for f in axes_} | set(result)
     replicated = tuple(sorted(every - set(free) - set(summed) - {h[0] for h in halo}))
     return Factors(operands, tuple(result), free, summed, replicated, COMBINES.get(spec.redop, ""),
-                   tuple(sorted(index_of.items())), halo)
+                   tuple(sorted(index_of.items())), halo, rows)
+
+
+def _table(spec: Spec) -> tuple[str | None, int, str] | None:
+    """``(W, p, ix)`` where axis ``p`` of input ``W`` is read only at a bare ``ix[e]`` (``out[b,d] := W[ix[b],d]``),
+    ``ix`` nowhere else, in a ``:=`` sum without a finaliser whose body is linear in that read (a device that
+    holds none of the rows reads zero and adds nothing); ``(None, p, ix)`` where a scatter writes the result's
+    axis ``p`` at ``ix[e]`` (``ΔW[ix[b],d] += Δout[b,d]``) and its body reads no ``ix``: positions outside a
+    device's rows are dropped. None otherwise."""
+    if spec.scan is not None or spec.finalizer is not None:
+        return None
+    reads = list(spec_accesses(spec))
+    if spec.is_scatter:
+        found = [(p, i) for p, i in enumerate(spec.lhs) if isinstance(i, Indirect)]
+        if spec.assign not in ("+=", ":=") or len(found) != 1 or not found[0][1].plain or \
+                found[0][1].inner.plain is None or any(isinstance(i, Wrapped) for i in spec.lhs):
+            return None
+        position, idx = found[0]
+        if any(a.array == idx.array or any(isinstance(i, Indirect) and i.array == idx.array for i in a.idx)
+               for a in reads):
+            return None
+        return None, position, idx.array
+    if spec.assign != ":=" or spec.redop != "+":
+        return None
+    for access in reads:
+        found = [(p, i) for p, i in enumerate(access.idx) if isinstance(i, Indirect)]
+        if len(found) != 1 or not found[0][1].plain or found[0][1].inner.plain is None:
+            continue
+        position, idx = found[0]
+        others = [a for a in reads if a is not access and (a.array in (access.array, idx.array) or any(
+            isinstance(i, Indirect) and i.array == idx.array for i in a.idx))]
+        if not others and access.array in spec.input_names and _linear(spec.body, access):
+            return access.array, position, idx.array
+    return None
+
+
+def _linear(expr: object, access: Access) -> bool:
+    """Whether ``expr`` is ``access`` times (or over) terms that do not read it: zero where it reads zero."""
+    if expr is access:
+        return True
+    if isinstance(expr, Unary):
+        return _linear(expr.arg, access)
+    if isinstance(expr, Binary) and expr.op == "*":
+        return (_linear(expr.lhs, access) and not _reads(expr.rhs, access)) or \
+            (_linear(expr.rhs, access) and not _reads(expr.lhs, access))
+    if isinstance(expr, Binary) and expr.op == "/":
+        return _linear(expr.lhs, access) and not _reads(expr.rhs, access)
+    return False
+
+
+def _reads(expr: object, access: Access) -> bool:
+    return any(node is access for node in walk(expr))
 
 
 def _window(spec: Spec, array: str, axis: int, idx: Affine) -> tuple[str, str | None, int] | None:
@@ -214,21 +293,63 @@ def _window(spec: Spec, array: str, axis: int, idx: Affine) -> tuple[str, str | 
     return None
 
 
-def _pad_window(spec: Spec, idx: Wrapped) -> tuple[str, str | None, int] | None:
-    """``(m, k, c)`` where an axis is read at ``pad(m-k+c)`` (or ``pad(m+c)``), c <= 0 a constant, ``m`` and ``k``
-    from 0 (the input gradient of a window, ``Δx[m] := Δy[pad(m-k)]*w[k]``): a device's block of ``m`` reads the
-    axis from ``max(k)-c`` elements before its block to ``c`` after, zero outside the axis. None otherwise."""
+def _pad_window(spec: Spec, idx: Wrapped, array: str, shapes: dict | None = None) \
+        -> tuple[str, str | None, int, int] | None:
+    """``(m, k, c, s)`` where an axis is read at ``pad(m+s*k+c)`` (or ``pad(m+c)``, s = 1), ``s`` = ±1, ``c`` a
+    constant, ``m`` and ``k`` from 0 (the input gradient of a window, ``Δx[m] := Δy[pad(m-k)]*w[k]``; a "same"
+    convolution, ``x[pad(i+k-2)]``; a stencil, ``x[pad(i+1)]``): a device's block of ``m`` reads the axis from
+    ``c`` (``c-max(k)``) elements after its start to ``c+max(k)`` (``c``) after its end, zero outside the axis.
+    None otherwise."""
     inner = idx.inner
-    if idx.kind != "pad" or inner.div != 1 or not inner.const.is_const or inner.const.const > 0:
+    if idx.kind != "pad" or inner.div != 1 or not inner.const.is_const:
         return None
     up = [n for n, c in inner.terms if c == 1]
     down = [n for n, c in inner.terms if c == -1]
-    if len(up) != 1 or len(down) > 1 or len(up) + len(down) != len(inner.terms):
+    if not 1 <= len(up) <= 2 or len(up) + len(down) != len(inner.terms) or len(inner.terms) > 2:
         return None
     ranges = spec.range_of
     if any(ranges.get(n) is None or ranges[n].lo != Sym(0) for n in up + down):
         return None
-    return up[0], (down or [None])[0], inner.const.const
+    if len(up) == 2:  # pad(i+k+c): the split index is the longer one (i over the signal, k over the window: a
+        # range may read the array's extent either way, Δw[k] := Δy[i]*x[pad(i+k-2)]'s k over x's and Δy's);
+        # without shapes, the one whose range the array's extent sets
+        up.sort(key=lambda n: array not in ranges[n].hi.arrays())
+        extents = [_extent(ranges[n], shapes) for n in up]
+        if None not in extents and extents[0] != extents[1]:
+            up.sort(key=lambda n: -_extent(ranges[n], shapes))
+        return up[0], up[1], inner.const.const, 1
+    return up[0], (down or [None])[0], inner.const.const, -1 if down else 1
+
+
+def _extent(found: object, shapes: dict | None) -> int | None:
+    try:
+        return int(found.hi.eval(shapes)) if shapes is not None else None
+    except (KeyError, IndexError):
+        return None
+
+
+def _padded_axes(spec: Spec, axes: dict, shapes: dict | None = None) -> dict[tuple[str, int], str]:
+    """Per input axis read in padded windows (``pad(m±k+c)``), all of one index ``m``: that index. An axis read
+    in padded windows of two different indices is left out (its indices stay whole)."""
+    reads: dict[tuple[str, int], list] = {}
+    for access in spec_accesses(spec):
+        for position, idx in enumerate(access.idx):
+            if access.array in axes and position < len(axes[access.array]):
+                reads.setdefault((access.array, position), []).append(idx)
+    found = {}
+    for key, idxs in reads.items():
+        windows = [_pad_window(spec, idx, key[0], shapes) if isinstance(idx, Wrapped) else None for idx in idxs]
+        splits = {window[0] for window in windows if window is not None}
+        if len(splits) == 1 and all(window is not None or (isinstance(idx, Affine) and idx.plain in splits)
+                                    for idx, window in zip(idxs, windows)):
+            found[key] = splits.pop()
+    return found
+
+
+def _claim_window(axes: dict, array: str, position: int, fresh) -> None:
+    """A padded window's axis gets a factor of its own, once (several windows of one index on one axis share it)."""
+    if axes[array][position] is None:
+        axes[array][position] = fresh()
 
 
 def _recurrence(spec: Spec, axes: dict, of_index, whole: set[str], names: dict[str, str]) -> None:
