@@ -255,23 +255,6 @@ static inline tx_v8_f32 tx_vload_f32(const float* p) {
     memcpy(&v, p, sizeof(v));
     return v;
 }
-typedef float tx_vh4_f32 __attribute__((vector_size(16)));
-typedef tx_i32 tx_mh4_f32 __attribute__((vector_size(16)));
-static inline tx_vh4_f32 tx_hload_f32(const float* p) {
-    tx_vh4_f32 v;
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
-static inline float tx_hfoldadd_f32(tx_vh4_f32 l, float acc) {
-    l = l + TX_SHUFFLE(l, tx_mh4_f32, 2, 3, 0, 1);
-    l = l + TX_SHUFFLE(l, tx_mh4_f32, 1, 0, 3, 2);
-    return acc + l[0];
-}
-static inline float tx_hfoldmul_f32(tx_vh4_f32 l, float acc) {
-    l = l * TX_SHUFFLE(l, tx_mh4_f32, 2, 3, 0, 1);
-    l = l * TX_SHUFFLE(l, tx_mh4_f32, 1, 0, 3, 2);
-    return acc * l[0];
-}
 typedef double tx_v4_f64 __attribute__((vector_size(32)));
 typedef tx_i64 tx_m4_f64 __attribute__((vector_size(32)));
 static inline tx_v4_f64 tx_vmax_f64(tx_v4_f64 v, tx_v4_f64 l, tx_m4_f64* nan) {
@@ -322,21 +305,6 @@ static inline tx_v4_f64 tx_vload_f64(const double* p) {
     tx_v4_f64 v;
     memcpy(&v, p, sizeof(v));
     return v;
-}
-typedef double tx_vh2_f64 __attribute__((vector_size(16)));
-typedef tx_i64 tx_mh2_f64 __attribute__((vector_size(16)));
-static inline tx_vh2_f64 tx_hload_f64(const double* p) {
-    tx_vh2_f64 v;
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
-static inline double tx_hfoldadd_f64(tx_vh2_f64 l, double acc) {
-    l = l + TX_SHUFFLE(l, tx_mh2_f64, 1, 0);
-    return acc + l[0];
-}
-static inline double tx_hfoldmul_f64(tx_vh2_f64 l, double acc) {
-    l = l * TX_SHUFFLE(l, tx_mh2_f64, 1, 0);
-    return acc * l[0];
 }
 typedef tx_i32 tx_v8_i32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_i32 __attribute__((vector_size(32)));
@@ -429,6 +397,38 @@ static inline tx_v4_i64 tx_vload_i64(const tx_i64* p) {
     tx_v4_i64 v;
     memcpy(&v, p, sizeof(v));
     return v;
+}
+typedef float tx_vh4_f32 __attribute__((vector_size(16)));
+typedef tx_i32 tx_mh4_f32 __attribute__((vector_size(16)));
+static inline tx_vh4_f32 tx_hload_f32(const float* p) {
+    tx_vh4_f32 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+static inline float tx_hfoldadd_f32(tx_vh4_f32 l, float acc) {
+    l = l + TX_SHUFFLE(l, tx_mh4_f32, 2, 3, 0, 1);
+    l = l + TX_SHUFFLE(l, tx_mh4_f32, 1, 0, 3, 2);
+    return acc + l[0];
+}
+static inline float tx_hfoldmul_f32(tx_vh4_f32 l, float acc) {
+    l = l * TX_SHUFFLE(l, tx_mh4_f32, 2, 3, 0, 1);
+    l = l * TX_SHUFFLE(l, tx_mh4_f32, 1, 0, 3, 2);
+    return acc * l[0];
+}
+typedef double tx_vh2_f64 __attribute__((vector_size(16)));
+typedef tx_i64 tx_mh2_f64 __attribute__((vector_size(16)));
+static inline tx_vh2_f64 tx_hload_f64(const double* p) {
+    tx_vh2_f64 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+static inline double tx_hfoldadd_f64(tx_vh2_f64 l, double acc) {
+    l = l + TX_SHUFFLE(l, tx_mh2_f64, 1, 0);
+    return acc + l[0];
+}
+static inline double tx_hfoldmul_f64(tx_vh2_f64 l, double acc) {
+    l = l * TX_SHUFFLE(l, tx_mh2_f64, 1, 0);
+    return acc * l[0];
 }
 
 // ---- tullax: kernel ----
