@@ -423,9 +423,25 @@ def _simd_reduction(loop: Loop) -> bool:
     return bool(streams) and moving <= set(streams)
 
 
-def team() -> str:
-    """The clauses that size an OpenMP team: ``tx_threads`` threads, none at all (serial) when it is 1."""
-    return f"num_threads({THREADS}) if({THREADS} > 1)"
+def team(trips: str | None = None) -> str:
+    """The clauses that size an OpenMP team: ``tx_threads`` threads, none at all (serial) when it is 1 or when
+    the parallel loop has ``trips`` (a C expression) of one iteration: a team woken for one iteration leaves
+    the other threads spinning at the barrier (a 64-lane reduction over a recurrence's batch and time, one
+    tile, took 2.7x its serial CPU time on two threads: benchmarks/results/scan-threads.json)."""
+    if trips is None:
+        return f"num_threads({THREADS}) if({THREADS} > 1)"
+    return f"num_threads({THREADS}) if({THREADS} > 1 && {trips} > 1)"
+
+
+def trip_count(printer: CPrinter, loops: Sequence[Loop]) -> str:
+    """The iterations of the (collapsed) parallel ``loops`` as a C expression (their bounds use no variable of
+    theirs: ``collapsible``)."""
+    parts = []
+    for loop in loops:
+        start = printer.expr(loop.start)
+        parts.append(f"({printer.expr(loop.stop)})" if start == "0" else
+                     f"({printer.expr(loop.stop)} - ({start}))")
+    return " * ".join(parts)
 
 
 def collapsible(loops: Sequence[Loop], body: Sequence[Stmt]) -> int:
@@ -463,7 +479,8 @@ def _kernel_body(kernel: LoopKernel, plain: bool = False) -> str:
         return "\n".join(lines) + "\n"
     collapse = collapsible(loops, body)
     clause = f" collapse({collapse})" if collapse > 1 else ""
-    lines.append(f"    #pragma omp parallel for{clause} schedule(static) {team()}")
+    lines.append(f"    #pragma omp parallel for{clause} schedule(static) "
+                 f"{team(trip_count(printer, loops[:max(collapse, 1)]))}")
     for depth, loop in enumerate(loops, start=1):
         lines.append(printer.indent * depth + printer.loop_header(loop, CPlace(depth)))
     decls, place = printer.declarations(body, CPlace(len(loops) + 1))
