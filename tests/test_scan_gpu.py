@@ -5,7 +5,7 @@ harness (thread sanitizer; a removed per-step barrier is caught), and printed fo
 run by the Julia-subset evaluator, forward and gradients, against ``lax.scan`` oracles (``jax.grad`` of them).
 
 Cost: one g++ build of 12 small kernels and one of a kernel with its barrier removed (~25 s with the sanitizer);
-the evaluator interprets the same launches (rows of 40, 6 steps)."""
+the evaluator interprets the same launches (rows of 34, 5 steps)."""
 from __future__ import annotations
 
 import jax
@@ -45,10 +45,10 @@ def _second(A, B, x):
 
 
 def _problems():
-    """(spec text, inputs by name, lax.scan oracle): rows of 40 (more than a warp: each thread takes one or two
-    positions of the row), 3 batch rows, 6 steps."""
+    """(spec text, inputs by name, lax.scan oracle): rows of 34 (more than a warp: in a block of 32 threads two
+    of them take two positions of the row), 2 batch rows, 5 steps."""
     rng = np.random.default_rng(3)
-    B, T, N = 3, 6, 40
+    B, T, N = 2, 5, 34
     elman = {"W": rng.normal(size=(N, N)) / np.sqrt(N), "x": rng.normal(size=(B, T, N))}
     second = {"A": rng.normal(size=(N, N)) / (2 * np.sqrt(N)), "B": rng.normal(size=(N, N)) / (2 * np.sqrt(N)),
               "x": rng.normal(size=(B, T, N))}
@@ -92,7 +92,7 @@ def test_a_mixing_state_is_a_block_per_row_and_a_lanewise_one_a_thread_per_lane(
     assert not t_loop.parallel and isinstance(t_loop.body[-1], Barrier)  # one barrier per step, at its end
     assert [s.lanes for s in t_loop.body if isinstance(s, Loop)] == [True]  # the row's positions over the threads
     (shared,) = [s for s in walk_stmts(kernel.body) if isinstance(s, Shared)]
-    assert shared.length == 2 * 40  # depth + 1 rows of the state
+    assert shared.length == 2 * 34  # depth + 1 rows of the state
     lru = BY_NAME["lru"]
     lam, x, h0 = lru.inputs(np.random.default_rng(0), "float64").values()
     kernel = _lowered(lru.spec, {"lam": lam, "x": x, "h0": h0})
@@ -136,7 +136,7 @@ def test_block_per_row_scans_in_the_host_harness(tmp_path):
 def test_a_missing_step_barrier_is_caught(tmp_path):
     text, env, oracle = _problems()[0]
     spec = compile_spec(text)[1]
-    env = {"W": env["W"], "x": np.random.default_rng(8).normal(size=(6, 8, 40))}
+    env = {"W": env["W"], "x": np.random.default_rng(8).normal(size=(6, 8, 34))}
     launch = launch_for(spec, env, "racy", False)
     assert launch.kernel.cooperative
 
