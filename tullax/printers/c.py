@@ -58,6 +58,7 @@ from tullax.printers.c_clear import CLEAR_FUNCTION, CLEAR_SOURCE
 from tullax.printers.c_mvec import MVEC_DECLARATIONS
 from tullax.printers.c_packed import packed_source
 from tullax.printers.c_plain import plain_prelude
+from tullax.printers.c_team import THREADS, team, trip_count
 from tullax.printers.c_vector import LaneLoop, lane_vectors, vector_body
 from tullax.printers.clike import (
     TYPE_SUFFIX,
@@ -72,7 +73,6 @@ from tullax.printers.clike import (
 )
 
 NAME = "c"
-THREADS = "tx_threads"  # the last parameter of every function: the OpenMP team size (1: serial)
 HELPER_TYPES = ("float32", "float64", "int32", "int64")  # the types the prelude instantiates its helpers for
 # A max/min reduction loop keeps this many bytes of accumulators: two independent compare-select chains, each a
 # GCC/Clang vector of VECTOR_BYTES (one AVX2 register): more lanes spill, fewer leave the chains' latency exposed,
@@ -421,27 +421,6 @@ def _simd_reduction(loop: Loop) -> bool:
                                             or any(isinstance(sub, Load) for sub in walk_expr(index))
                                             for index in node.index)}
     return bool(streams) and moving <= set(streams)
-
-
-def team(trips: str | None = None) -> str:
-    """The clauses that size an OpenMP team: ``tx_threads`` threads, none at all (serial) when it is 1 or when
-    the parallel loop has ``trips`` (a C expression) of one iteration: a team woken for one iteration leaves
-    the other threads spinning at the barrier (a 64-lane reduction over a recurrence's batch and time, one
-    tile, took 2.7x its serial CPU time on two threads: benchmarks/results/scan-threads.json)."""
-    if trips is None:
-        return f"num_threads({THREADS}) if({THREADS} > 1)"
-    return f"num_threads({THREADS}) if({THREADS} > 1 && {trips} > 1)"
-
-
-def trip_count(printer: CPrinter, loops: Sequence[Loop]) -> str:
-    """The iterations of the (collapsed) parallel ``loops`` as a C expression (their bounds use no variable of
-    theirs: ``collapsible``)."""
-    parts = []
-    for loop in loops:
-        start = printer.expr(loop.start)
-        parts.append(f"({printer.expr(loop.stop)})" if start == "0" else
-                     f"({printer.expr(loop.stop)} - ({start}))")
-    return " * ".join(parts)
 
 
 def collapsible(loops: Sequence[Loop], body: Sequence[Stmt]) -> int:
