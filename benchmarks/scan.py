@@ -79,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--complex", action="store_true",
                         help="a complex64 lam (S5's diagonal): forward and grad (jax's jacobians need real inputs)")
     parser.add_argument("--cpu", action="store_true", help="time by process CPU time, not the wall clock")
+    parser.add_argument("--host-inputs", action="store_true",
+                        help="pass NumPy arrays (each call then copies x into a device buffer first, as for every "
+                             "subject) instead of device arrays made once")
+    parser.add_argument("--ops", nargs="*", default=["forward", "grad", "jacrev_lam", "jacfwd_lam"],
+                        help="the operations to time")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "scan.json"))
     args = parser.parse_args(argv)
     os.environ.setdefault("TULLAX_CACHE_DIR", tempfile.mkdtemp(prefix="tullax-scan-bench-"))
@@ -98,14 +103,18 @@ def main(argv: list[str] | None = None) -> int:
         x = rng.normal(size=(batch, T, n)).astype(np.float32)
         h0 = rng.normal(size=(batch, n)).astype(np.float32)
         weight = rng.normal(size=(batch, T, n)).astype(np.float32)
+        if not args.host_inputs:  # a program's inputs are device arrays: time the scans, not the host copies
+            lam_in, x, h0 = (jax.device_put(a) for a in (lam, x, h0))
+        else:
+            lam_in = lam
         calls = {}
         for name, fn in subjects(args.backend).items():
             for op, f in operations(fn, weight).items():
-                if args.complex and op.startswith("jac"):  # jax's jacobians take real inputs only
+                if (args.complex and op.startswith("jac")) or op not in args.ops:  # jax's jacobians: real inputs
                     continue
-                calls[(name, op)] = (lambda f=f: jax.block_until_ready(f(lam, x, h0)))
+                calls[(name, op)] = (lambda f=f: jax.block_until_ready(f(lam_in, x, h0)))
         reference = {op: np.asarray(calls[("lax.scan", op)]()[0] if op == "grad" else calls[("lax.scan", op)]())
-                     for op in ("forward", "grad")}
+                     for op in ("forward", "grad") if op in args.ops}
         for (name, op), call in calls.items():  # compile, and check every subject against lax.scan
             value = call()
             if op in reference:
@@ -139,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
     record = {"spec": SPEC, "backend": args.backend, "batch": batch, "n": n, "rounds": args.rounds,
               "clock": "process CPU time" if args.cpu else "wall",
+              "inputs": "NumPy (copied each call)" if args.host_inputs else "device arrays",
               "threads": os.environ.get("TULLAX_C_THREADS", "default"),
               "jac_rounds": args.jac_rounds, "machine": platform.machine(), "cpus": os.cpu_count(),
               "load_average": os.getloadavg(), "jax": jax.__version__, "results": results}

@@ -52,9 +52,17 @@ def test_no_stale_golden_files():
 
 def test_parallel_nest_collapses_and_the_team_can_be_one_thread():
     source = module("dist")
-    assert "#pragma omp parallel for collapse(2) schedule(static) num_threads(tx_threads) if(tx_threads > 1)" \
+    assert "#pragma omp parallel for collapse(2) schedule(static) num_threads(tx_threads) if(tx_threads > 1 && " \
         in source
     assert "restrict a0" in source and "const float* restrict a1" in source
+
+
+def test_a_parallel_loop_of_one_iteration_starts_no_team():
+    """The team's condition counts the parallel loop's iterations: a column sum over 64 lanes is one tile of
+    64, and a team woken for it leaves its other threads spinning (a recurrence's gradient w.r.t. lam)."""
+    spec = analysed("s[n] := g[b,t,n]*h[b,t,n]")
+    source = cprinter.print_module([lower(spec, Signature.for_dtype(spec, "float32"), "forward", tile=True)])
+    assert "if(tx_threads > 1 && (tx_floordiv_i64(n0 + 63, 64)) > 1)" in source, source
 
 
 def test_a_scalar_reduction_is_split_with_nan_propagating_max():

@@ -30,3 +30,15 @@ def test_auto_races_a_large_logsumexp(monkeypatch):
     settled = decide._settle(call, True, counted=False)
     assert isinstance(settled, decide._Race), settled
     assert set(settled.close) == {"loops", "xla:grid"}
+
+
+def test_a_recurrence_that_sums_nothing_runs_on_one_thread_longer():
+    """A lane-wise scan streams its arrays (memory-bound): 16x1024x64 float32 (5.2M estimated operations, above
+    TEAM_WORK) stays on one thread; a mixing scan of that work (a sum inside each step) still gets a team."""
+    lru = compile_spec("h[b,t,n] := lam[n]*h[b,t-1,n] + x[b,t,n]  (t scan from h0)")[1]
+    shapes = {"lam": (64,), "x": (16, 1024, 64), "h0": (16, 64)}
+    assert workload.work(lru, shapes) > workload.TEAM_WORK
+    assert workload.runs_serially(lru, shapes)
+    assert not workload.runs_serially(lru, {"lam": (64,), "x": (16, 8192, 64), "h0": (16, 64)})
+    elman = compile_spec("h[b,t,n] := W[n,m]*h[b,t-1,m] |> tanh(_ + x[b,t,n])  (t scan)")[1]
+    assert not workload.runs_serially(elman, {"W": (64, 64), "x": (16, 256, 64)})

@@ -138,7 +138,8 @@ _ALL = (
              "Whether `auto` times the candidates of a close call on its first use (off: the rules decide).",
              parse=_flag),
     _setting("TULLAX_SERIAL_WORK", "a count", None,
-             "TEAM_WORK (2^22) and SERIAL_WORK (2^18) in tullax/backends/workload.py",
+             "TEAM_WORK (2^22; STREAM_SCAN_WORK, 2^24, for a recurrence that sums nothing) and SERIAL_WORK (2^18) in "
+             "tullax/backends/workload.py",
              "a whole number of estimated operations (0: never serial)",
              "Below this much work a loop kernel runs its serial variant (no thread pool wake-up) and `auto` "
              "takes its rule's default untimed (rule 'tiny'); unset, the two thresholds differ.",

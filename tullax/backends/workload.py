@@ -21,6 +21,11 @@ SERIAL_WORK_ENV = "TULLAX_SERIAL_WORK"  # overrides SERIAL_WORK and TEAM_WORK (0
 # 3.1M) takes ~60 us on one core, about what a second thread's wake-up and barrier cost on a quiet machine, and
 # on a busy one its team took ~10x its serial time (benchmarks/small_grad.py, TULLAX_C_THREADS=1 against 2).
 TEAM_WORK = 1 << 22
+# A recurrence whose steps sum nothing (``h[b,t,n] := lam[n]*h[b,t-1,n] + x[b,t,n]``, its reverse adjoint scan)
+# streams each element once at a few operations each: memory-bound. A team over its batch rows bought no wall time
+# at 16x1024x64 float32 (the forward 0.39 ms on one thread or two) for twice the CPU time, more under load
+# (benchmarks/results/scan-threads.json): such a scan runs on one thread up to this much work.
+STREAM_SCAN_WORK = 1 << 24
 
 # Relative cost of one evaluation of a body node: a transcendental call costs several arithmetic operations.
 _CALL_COST = 8
@@ -58,9 +63,13 @@ def work(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> int:
 
 def runs_serially(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> bool:
     """Whether a loop kernel of ``spec`` should skip the parallel launch for a call with these shapes: below
-    ``TEAM_WORK``, or the integer in ``TULLAX_SERIAL_WORK``."""
+    ``TEAM_WORK`` (``STREAM_SCAN_WORK`` for a recurrence that sums nothing), or the integer in
+    ``TULLAX_SERIAL_WORK``."""
     configured = settings.value(SERIAL_WORK_ENV)
-    return work(spec, shapes) < (TEAM_WORK if configured is None else configured)
+    if configured is not None:
+        return work(spec, shapes) < configured
+    streams = spec.scan is not None and not spec.reduced
+    return work(spec, shapes) < (STREAM_SCAN_WORK if streams else TEAM_WORK)
 
 
 def serial_threshold() -> int:

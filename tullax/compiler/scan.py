@@ -131,12 +131,13 @@ def _swap_reads(stmts: tuple[Stmt, ...], trajectory: str, out, init, scan, t_var
                 where = rest if scan.depth == 1 else (before,) + rest
                 start = cast(Load(init.name, where, init.dtype), expr.dtype)
             return Select(inside, mine, start, expr.dtype)
-        return _rebuild(expr, fix)
+        return rebuild_expression(expr, fix)
 
-    return tuple(_map_stmt(s, fix) for s in stmts)
+    return tuple(map_statement_expressions(s, fix) for s in stmts)
 
 
-def _rebuild(expr: Expr, fix) -> Expr:
+def rebuild_expression(expr: Expr, fix) -> Expr:
+    """``expr`` with ``fix`` applied to each of its children (itself where none changes)."""
     kids = children(expr)
     if not kids:
         return expr
@@ -157,15 +158,16 @@ def _rebuild(expr: Expr, fix) -> Expr:
     return replace(expr, cond=new[0], then=new[1], orelse=new[2])
 
 
-def _map_stmt(stmt: Stmt, fix) -> Stmt:
+def map_statement_expressions(stmt: Stmt, fix) -> Stmt:
+    """``stmt`` with ``fix`` applied to each expression in it, nested statements too."""
     from tullax.compiler.loops import Accum, Buffer, If, Scratch
 
     if isinstance(stmt, Loop):
         return replace(stmt, start=fix(stmt.start), stop=fix(stmt.stop),
-                       body=tuple(_map_stmt(s, fix) for s in stmt.body))
+                       body=tuple(map_statement_expressions(s, fix) for s in stmt.body))
     if isinstance(stmt, If):
-        return replace(stmt, cond=fix(stmt.cond), then=tuple(_map_stmt(s, fix) for s in stmt.then),
-                       orelse=tuple(_map_stmt(s, fix) for s in stmt.orelse))
+        return replace(stmt, cond=fix(stmt.cond), then=tuple(map_statement_expressions(s, fix) for s in stmt.then),
+                       orelse=tuple(map_statement_expressions(s, fix) for s in stmt.orelse))
     if isinstance(stmt, (Let, Accum)):
         return replace(stmt, value=fix(stmt.value))
     if isinstance(stmt, Store):
@@ -174,4 +176,4 @@ def _map_stmt(stmt: Stmt, fix) -> Stmt:
     return stmt
 
 
-__all__ = ["lower_scan"]
+__all__ = ["lower_scan", "map_statement_expressions", "rebuild_expression"]

@@ -73,6 +73,7 @@ from tullax.printers.c_mvec import MVEC_DECLARATIONS
 from tullax.printers.c_packed import packed_source
 from tullax.printers.c_plain import plain_prelude
 from tullax.printers.c_strips import register_strips
+from tullax.printers.c_team import THREADS, team, trip_count
 from tullax.printers.c_vector import LaneLoop, half_helpers, half_row, lane_vectors, vector_body
 from tullax.printers.clike import (
     TYPE_SUFFIX,
@@ -86,7 +87,6 @@ from tullax.printers.clike import (
 )
 
 NAME = "c"
-THREADS = "tx_threads"  # the last parameter of every function: the OpenMP team size (1: serial)
 # A lane loop prefetches this far ahead of each row it streams: the hardware's prefetchers stop at every 4 KiB
 # page, XLA's buffers are on 4 KiB pages, and a prefetch this far ahead starts each page's walk and first lines
 # early; 16 KiB was the fastest distance of those tried (benchmarks/ffi_call.py measures it in jit,
@@ -441,11 +441,6 @@ def _simd_reduction(loop: Loop) -> bool:
     return bool(streams) and moving <= set(streams)
 
 
-def team() -> str:
-    """The clauses that size an OpenMP team: ``tx_threads`` threads, none at all (serial) when it is 1."""
-    return f"num_threads({THREADS}) if({THREADS} > 1)"
-
-
 def collapsible(loops: Sequence[Loop], body: Sequence[Stmt]) -> int:
     """How many leading loops of the parallel nest OpenMP collapses: those whose bounds use no variable of an
     enclosing loop of the nest (a rectangular nest), but never the innermost one when the per-element body has
@@ -480,7 +475,8 @@ def _kernel_body(kernel: LoopKernel, plain: bool = False) -> str:
         return "\n".join(lines) + "\n"
     collapse = collapsible(loops, body)
     clause = f" collapse({collapse})" if collapse > 1 else ""
-    lines.append(f"    #pragma omp parallel for{clause} schedule(static) {team()}")
+    lines.append(f"    #pragma omp parallel for{clause} schedule(static) "
+                 f"{team(trip_count(printer, loops[:max(collapse, 1)]))}")
     for depth, loop in enumerate(loops, start=1):
         lines.append(printer.indent * depth + printer.loop_header(loop, CPlace(depth)))
     decls, place = printer.declarations(body, CPlace(len(loops) + 1))

@@ -246,6 +246,8 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
                   f"{index}(gridDim.x)) {{"]
     elif kernel.cooperative:  # a block per element: the grid-stride loop over blocks, the same for all its threads
         lines += ["    TX_SHARED(double, tx_red, 64);  // up to two partials per warp (a double holds any float type)",
+                  *(f"    TX_SHARED({storage_type(s.dtype)}, {s.var}, {s.length});"
+                    for s in walk_stmts(kernel.body) if isinstance(s, Shared)),
                   *(["    TX_DYNAMIC_SHARED(tx_dynamic);  // the row buffers: shared_buffer_bytes, set at launch"]
                     if buffers else []),
                   f"    const {index} {_THREAD.name} = {index}(threadIdx.x);",

@@ -445,7 +445,7 @@ void forward(
     const tx_i64 a2_e1,
     const int tx_threads)
 {
-    #pragma omp parallel for collapse(2) schedule(static) num_threads(tx_threads) if(tx_threads > 1)
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(tx_threads) if(tx_threads > 1 && (tx_floordiv_i64(n2 + 5, 6)) * (tx_floordiv_i64(n0 + 511, 512)) > 1)
     for (tx_i64 i0_rt = 0; i0_rt < tx_floordiv_i64(n2 + 5, 6); ++i0_rt) {
         for (tx_i64 tile = 0; tile < tx_floordiv_i64(n0 + 511, 512); ++tile) {
             tx_i64 i0_r0;
@@ -878,7 +878,7 @@ void grad0_step0(
     const tx_i64 a3_e1,
     const int tx_threads)
 {
-    #pragma omp parallel for collapse(2) schedule(static) num_threads(tx_threads) if(tx_threads > 1)
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(tx_threads) if(tx_threads > 1 && (tx_floordiv_i64(n2 + 1, 2)) * (tx_floordiv_i64(n1 + 1, 2)) > 1)
     for (tx_i64 i0_rt = 0; i0_rt < tx_floordiv_i64(n2 + 1, 2); ++i0_rt) {
         for (tx_i64 i1_rt = 0; i1_rt < tx_floordiv_i64(n1 + 1, 2); ++i1_rt) {
             tx_i64 i0_r0;
@@ -1278,7 +1278,7 @@ void grad1_step0(
     const tx_i64 a3_e1,
     const int tx_threads)
 {
-    #pragma omp parallel for collapse(2) schedule(static) num_threads(tx_threads) if(tx_threads > 1)
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(tx_threads) if(tx_threads > 1 && (tx_floordiv_i64(n2 + 5, 6)) * (tx_floordiv_i64(n0 + 511, 512)) > 1)
     for (tx_i64 i0_rt = 0; i0_rt < tx_floordiv_i64(n2 + 5, 6); ++i0_rt) {
         for (tx_i64 tile = 0; tile < tx_floordiv_i64(n0 + 511, 512); ++tile) {
             tx_i64 i0_r0;

@@ -535,7 +535,7 @@ void grad0_step0(
     const tx_i64 n0,
     const int tx_threads)
 {
-    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1)
+    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1 && (n0) > 1)
     for (tx_i64 i0 = 0; i0 < n0; ++i0) {
         a0[i0] = s0 * a1[i0];
     }
@@ -562,7 +562,7 @@ void grad1_step0(
     const tx_i64 n0,
     const int tx_threads)
 {
-    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1)
+    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1 && (n0) > 1)
     for (tx_i64 i0 = 0; i0 < n0; ++i0) {
         a0[i0] = s0 * a1[i0];
     }

@@ -442,7 +442,7 @@ void forward(
     const tx_i64 a1_e1,
     const int tx_threads)
 {
-    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1)
+    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1 && (n1) > 1)
     for (tx_i64 i0 = 0; i0 < n1; ++i0) {
         float accm;
         float shift;
@@ -642,7 +642,7 @@ void grad0_step0(
     const tx_i64 a2_e1,
     const int tx_threads)
 {
-    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1)
+    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1 && (n1) > 1)
     for (tx_i64 i0 = 0; i0 < n1; ++i0) {
         for (tx_i64 i1 = 0; i1 < n0; ++i1) {
             a0[i0 * a0_e1 + i1] = a1[i0] * expf(a2[i0 * a2_e1 + i1] - a3[i0]);

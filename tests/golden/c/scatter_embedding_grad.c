@@ -444,7 +444,7 @@ void forward(
     const tx_i64 a1_e1,
     const int tx_threads)
 {
-    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1)
+    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1 && (tx_floordiv_i64(n0 + 31, 32)) > 1)
     for (tx_i64 tile = 0; tile < tx_floordiv_i64(n0 + 31, 32); ++tile) {
         tx_i64 tile_lo;
         tx_i64 tile_hi;
@@ -489,7 +489,7 @@ void grad0_step0(
     const tx_i64 a1_e1,
     const int tx_threads)
 {
-    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1)
+    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1 && (n1) > 1)
     for (tx_i64 i0 = 0; i0 < n1; ++i0) {
         for (tx_i64 i1 = 0; i1 < n0; ++i1) {
             a0[i0 * a0_e1 + i1] = a1[i0 * a1_e1 + i1];
@@ -524,7 +524,7 @@ void grad1_step0(
     const tx_i64 a1_e1,
     const int tx_threads)
 {
-    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1)
+    #pragma omp parallel for schedule(static) num_threads(tx_threads) if(tx_threads > 1 && (n2) > 1)
     for (tx_i64 i0 = 0; i0 < n2; ++i0) {
         for (tx_i64 i1 = 0; i1 < n1; ++i1) {
             tx_i64 t0;

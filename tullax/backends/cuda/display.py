@@ -66,8 +66,12 @@ def shaped_module_source(spec: Spec, signature: Signature, shapes: Mapping[str, 
         schedule = (f"a block per {tile.rows}x{tile.cols} tile ({tile.thread_rows}x{tile.thread_cols} per thread, "
                     f"shared-memory chunks of {tile.chunk})" if tile is not None else
                     "a warp per output element (cooperative reduction)" if kernel.cooperative and kernel.warp else
+                    "a block per batch row walking the scan, a barrier per step" if kernel.cooperative
+                    and step.spec.scan is not None else
                     "a block per output element (cooperative reduction)" if kernel.cooperative else
-                    "a split sum (atomic adds)" if kernel.split else "a thread per output element or tile")
+                    "a split sum (atomic adds)" if kernel.split else
+                    "a thread per lane walking the scan" if step.spec.scan is not None else
+                    "a thread per output element or tile")
         launches.append(f"// {step.name} ({step.label}): grid {plan.grid} x block {plan.block}, {schedule}, "
                         f"{plan.index_bits}-bit indices")
         kernels.append((kernel, plan.index_bits))

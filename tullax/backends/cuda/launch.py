@@ -19,6 +19,7 @@ from tullax.compiler.cooperate import Cooperation, cooperate
 from tullax.compiler.intervals import dtype_interval, fits
 from tullax.compiler.loops import FLOATS, LoopKernel, eval_int
 from tullax.compiler.lower import lower
+from tullax.compiler.scan_block import block_per_row as scan_block_per_row
 from tullax.compiler.split import SplitPolicy, split_sums
 from tullax.compiler.tiles import TilePolicy, block_tiles
 from tullax.compiler.window_tiles import window_tiles
@@ -110,7 +111,8 @@ def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, 
     for long rows over enough elements, a warp per element for medium rows over many
     (``tullax.compiler.cooperate``, as ``cooperation`` says); a plain sum over few output elements split over
     more threads (``tullax.compiler.split``); a block per element for long rows over few; the default lowering,
-    one thread per output element (or per register tile)."""
+    one thread per output element (or per register tile); for a recurrence, a thread per lane walking ``t``, or
+    where its state mixes the lanes a block per batch row (``tullax.compiler.scan_block``)."""
     plain: LoopKernel | None = None
     sizes: dict[str, int] = {}
     # a recurrence's reductions run inside each sequential step of its one thread per lane
@@ -142,6 +144,8 @@ def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, 
     if found is not None:
         return found, plan_launch(found, spec, shapes, signature.out_dtype)
     kernel = lower(spec, signature, name=name)
+    if spec.scan is not None:  # a state that mixes its lanes: a block per row, a barrier per step
+        kernel = scan_block_per_row(kernel, spec, size_values(kernel, shapes)) or kernel
     return kernel, plan_launch(kernel, spec, shapes, signature.out_dtype)
 
 
