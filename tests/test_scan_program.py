@@ -195,10 +195,12 @@ def test_the_c_kernel_is_one_launch_and_vmap_and_float32_gradients_match():
     kernel = _kernel("mlp7024", "c")
     args = [jnp.asarray(a) for a in _inputs(case, "float32", seed=4)]
     want = _oracle(case, args)
-    if ffi.available()[0]:
+    jitted = jax.jit(kernel)
+    _close(jax.block_until_ready(jitted(*args)), want, "float32")
+    if ffi.available()[0]:  # the first jitted call registered the kernel's slot (run alone, nothing had before)
         host = host_program("c", kernel.fusion.fused("float32").kernel)
         before = ffi.launches(host.slot)
-        _close(jax.block_until_ready(jax.jit(kernel)(*args)), want, "float32")
+        jax.block_until_ready(jitted(*args))
         assert ffi.launches(host.slot) == before + 1
     us = jnp.stack([args[1], args[1] * 0.5])
     batched = jax.vmap(kernel, in_axes=(None, 0, None, None))(args[0], us, args[2], args[3])

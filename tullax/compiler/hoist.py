@@ -31,7 +31,7 @@ from tullax.compiler.loops import (
     expr_vars,
     walk_expr,
 )
-from tullax.compiler.scan import _rebuild
+from tullax.compiler.scan import rebuild_expression
 
 
 def hoist_invariants(body: tuple[Stmt, ...], sizes: frozenset[str], inputs: frozenset[str]
@@ -52,7 +52,7 @@ def hoist_invariants(body: tuple[Stmt, ...], sizes: frozenset[str], inputs: froz
                 hoisted[key] = (f"h{len(hoisted)}", expr, used)
             name = hoisted[key][0]
             return Load(name, (_flat(used),), expr.dtype)
-        return _rebuild(expr, lambda e: term(e, loops))
+        return rebuild_expression(expr, lambda e: term(e, loops))
 
     def stmt(s: Stmt, loops: tuple[Loop, ...]) -> Stmt:
         if isinstance(s, Loop):

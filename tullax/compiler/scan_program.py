@@ -142,7 +142,7 @@ def _inline(consumer: Loop, producer: Loop, buffer: str, value):
     """The consumer loop computing the producer's element itself, or None where a read is not at the consumer's
     variable or sits in a nested loop (it would recompute the element there)."""
     from tullax.compiler.loops import Load, statement_expressions, walk_expr
-    from tullax.compiler.scan import _map_stmt, _rebuild
+    from tullax.compiler.scan import map_statement_expressions, rebuild_expression
 
     here = Var(consumer.var, INDEX)
     element = f"v_{buffer}"
@@ -158,10 +158,10 @@ def _inline(consumer: Loop, producer: Loop, buffer: str, value):
     def swap(expr):
         if isinstance(expr, Load) and expr.array == buffer:
             return Var(element, expr.dtype)
-        return _rebuild(expr, swap)
+        return rebuild_expression(expr, swap)
 
     work = (Let(producer.var, here),) + tuple(producer.body[:-1]) + (Let(element, value),)
-    return replace(consumer, body=work + tuple(_map_stmt(s, swap) for s in consumer.body))
+    return replace(consumer, body=work + tuple(map_statement_expressions(s, swap) for s in consumer.body))
 
 
 def _inside(loops, inner):
