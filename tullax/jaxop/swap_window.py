@@ -64,7 +64,9 @@ def _candidate(spec: Spec, shapes: dict, reads: list[Access], access: Access, ax
     body = map_expr(spec.body, lambda node: rewritten.get(id(node), node))
     new_ranges = tuple((k, Range(Sym(0), Sym.extent(access.array, axis))) if n == i else (n, r)
                        for n, r in spec.ranges)
-    return replace(spec, body=body, ranges=new_ranges, reduced=tuple(k if n == i else n for n in spec.reduced))
+    agreements = tuple(a for a in spec.agreements if a.index != i)  # i's axes: equal, checked above
+    return replace(spec, body=body, ranges=new_ranges, reduced=tuple(k if n == i else n for n in spec.reduced),
+                   agreements=agreements)
 
 
 __all__ = ["swapped"]
