@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from tullax.jaxop.halo import Halo, fits, frame, halo_sizes, window
 from tullax.jaxop.partition_rule import Factors, factors
+from tullax.jaxop.swap_window import swapped
 
 Run = Callable[..., Any]  # run(op, *jax values) -> the kernel's result
 
@@ -60,6 +61,11 @@ def _call(op: Any, run: Run, make: Callable[..., Any], *args: Any) -> Any:
     Several axes of one input (``x[i+k,j+l]``) are exchanged one after the other, so the corners come with the
     second."""
     shapes = {item.name: tuple(a.shape) for item, a in zip(op.spec.inputs, args)}
+    spec = swapped(op.spec, shapes)  # a window over a long summed index: over its own short axis instead
+    if spec is not op.spec:
+        from dataclasses import replace
+
+        op = replace(op, spec=spec)
     rule = factors(op.spec, shapes)
     halos = halo_sizes(op.spec, rule, shapes)
     windows = []
