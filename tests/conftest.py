@@ -139,3 +139,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if julia_items and not _julia_found():
         for item in julia_items:
             item.add_marker(pytest.mark.skip(reason=NO_JULIA))
+
+
+@pytest.fixture
+def rules_without_tiny_calls(monkeypatch):
+    """No timing and no tiny calls (``TULLAX_SERIAL_WORK=0``): each kernel runs its planner rule's default, so a
+    test knows what runs where."""
+    from tullax.planner import decide, tuning
+
+    monkeypatch.setenv(tuning.TIMING_ENV, "0")
+    monkeypatch.setenv("TULLAX_SERIAL_WORK", "0")
+    decide.forget()
+    yield
+    decide.forget()

@@ -75,17 +75,7 @@ def test_overlapping_windows_are_raced_on_the_loops_alone():
         assert rules.usable(call, "xla:rearrange") is usable
 
 
-@pytest.fixture
-def rules_only(monkeypatch):
-    """No timing and no tiny calls: each kernel runs its rule's default."""
-    monkeypatch.setenv(tuning.TIMING_ENV, "0")
-    monkeypatch.setenv("TULLAX_SERIAL_WORK", "0")
-    planner.forget()
-    yield
-    planner.forget()
-
-
-def test_auto_runs_a_patchify_and_its_gradient_as_xla_rearrangements_equal_to_jnp(rules_only):
+def test_auto_runs_a_patchify_and_its_gradient_as_xla_rearrangements_equal_to_jnp(rules_without_tiny_calls):
     auto = tullax.einsum_kernel(PATCHIFY)
     x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, 8, 12)), jnp.float32)
 

@@ -14,8 +14,7 @@ from tullax.backends.xla import forms as xla_forms
 from tullax.backends.xla import lower as xla
 from tullax.backends.xla.strided import strided
 from tullax.grad.derive import gradients
-from tullax.planner import decide as planner
-from tullax.planner import rules, tuning
+from tullax.planner import rules
 from tullax.planner.call import Call
 from tullax.spec.frontend import compile_spec
 
@@ -73,17 +72,7 @@ def test_a_maxpool_input_gradient_is_ruled_strided_and_usable_only_with_windows_
         assert rules.usable(call, "xla:strided") is usable
 
 
-@pytest.fixture
-def rules_only(monkeypatch):
-    """No timing and no tiny calls: each kernel runs its rule's default."""
-    monkeypatch.setenv(tuning.TIMING_ENV, "0")
-    monkeypatch.setenv("TULLAX_SERIAL_WORK", "0")
-    planner.forget()
-    yield
-    planner.forget()
-
-
-def test_auto_runs_a_maxpool_input_gradient_strided_on_xla_equal_to_jnp(rules_only):
+def test_auto_runs_a_maxpool_input_gradient_strided_on_xla_equal_to_jnp(rules_without_tiny_calls):
     auto = tullax.einsum_kernel(MAXPOOL)
     x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, 8, 10)), jnp.float32)
     x = x.at[0, 0, 0, 1].set(x[0, 0, 1, 0])  # a tie: the two winners share the gradient

@@ -44,7 +44,7 @@ def lower_scan(spec: Spec, lower: Callable[[Spec], Callable], dtype_of: Callable
     ``lower`` is the plain jnp lowering (``xla.lower.lower``) and ``dtype_of`` its dtype rule, passed in (that
     module imports this one)."""
     scan = spec.scan
-    step_spec, along = _step_spec(unrolled(spec), scan.index, scan.axis)
+    step_spec, along = scan_step_spec(unrolled(spec), scan.index, scan.axis)
     step_fn = lower(step_spec)
 
     def run(env: Env):
@@ -59,17 +59,9 @@ def lower_scan(spec: Spec, lower: Callable[[Spec], Callable], dtype_of: Callable
             result_dtype(spec, {n: dtype_of(env[n]) for n in spec.input_names})))
         trajectory, _ = scan_shapes(spec, shapes)
         length = trajectory[scan.axis] - scan.depth
-        window = list(trajectory)
-        window[scan.axis] = scan.depth + (1 if scan.reverse else 0)
-        if scan.init is None:
-            start = jnp.zeros(window, dtype)
-        else:
-            init = jnp.asarray(env[scan.init]).astype(dtype)
-            init = jnp.expand_dims(init, scan.axis) if scan.depth == 1 else jnp.moveaxis(init, 0, scan.axis)
-            start = init if not scan.reverse else jnp.concatenate(
-                [jnp.zeros_like(jax.lax.slice_in_dim(init, 0, 1, axis=scan.axis)), init], axis=scan.axis)
+        start = initial_window(scan, env, trajectory, dtype)
         fixed = {n: env[n] for n in step_spec.input_names if n in env and n not in along}
-        xs = {name: _along(jnp.asarray(env[array]), axis, shift, length)
+        xs = {name: slice_along(jnp.asarray(env[array]), axis, shift, length)
               for name, (array, axis, shift) in along.items()}
         xs[STEP] = jnp.arange(length)
 
@@ -90,7 +82,24 @@ def lower_scan(spec: Spec, lower: Callable[[Spec], Callable], dtype_of: Callable
     return run
 
 
-def _along(value, axis: int, shift: int, length: int):
+def initial_window(scan, env: Env, trajectory: tuple[int, ...], dtype):
+    """The scan's first carry: the window of the trajectory before the first step (zeros, or the initial state
+    ``env[scan.init]`` laid along the scan axis; a reverse scan's spare slot first)."""
+    import jax
+    import jax.numpy as jnp
+
+    window = list(trajectory)
+    window[scan.axis] = scan.depth + (1 if scan.reverse else 0)
+    if scan.init is None:
+        return jnp.zeros(window, dtype)
+    init = jnp.asarray(env[scan.init]).astype(dtype)
+    init = jnp.expand_dims(init, scan.axis) if scan.depth == 1 else jnp.moveaxis(init, 0, scan.axis)
+    if not scan.reverse:
+        return init
+    return jnp.concatenate([jnp.zeros_like(jax.lax.slice_in_dim(init, 0, 1, axis=scan.axis)), init], axis=scan.axis)
+
+
+def slice_along(value, axis: int, shift: int, length: int):
     """``value`` at positions ``shift, shift+1, ...`` along ``axis`` (``length`` of them, 0 outside), axis first."""
     import jax.numpy as jnp
 
@@ -103,7 +112,7 @@ def _along(value, axis: int, shift: int, length: int):
     return jnp.where(inside.reshape((-1,) + (1,) * (value.ndim - 1)), taken, jnp.zeros_like(taken))
 
 
-def _step_spec(flat: Spec, t: str, out_axis: int) -> tuple[Spec, dict[str, tuple[str, int, int]]]:
+def scan_step_spec(flat: Spec, t: str, out_axis: int) -> tuple[Spec, dict[str, tuple[str, int, int]]]:
     """The spec of one step: ``t`` ranged 0:1, every input read at ``t + c`` read instead from its slice at the
     step (a new input per shift, 0 outside its axis: the reads of a derived spec are pads there), the value of
     ``t`` a scalar input. Returns it and, per sliced input, (array, axis, c)."""

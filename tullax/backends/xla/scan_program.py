@@ -22,7 +22,7 @@ Env = Mapping[str, Any]
 def lower_scan_program(program: Program) -> Callable[..., Any]:
     """``fn(*inputs) -> y``, the program's inputs in order; differentiable, batchable and jit-able."""
     from tullax.backends.xla.lower import _dtype_of, lower
-    from tullax.backends.xla.scan import STEP, _along, _step_spec
+    from tullax.backends.xla.scan import STEP, initial_window, scan_step_spec, slice_along
 
     step = program.step
     scan = step.scan
@@ -30,7 +30,7 @@ def lower_scan_program(program: Program) -> Callable[..., Any]:
     steps = []
     for st, spec in zip(program.statements, specs):
         t_axis = next(d for d, name in enumerate(spec.free) if name == scan.index)
-        step_spec, along = _step_spec(spec, scan.index, t_axis)
+        step_spec, along = scan_step_spec(spec, scan.index, t_axis)
         steps.append((st.out, lower(step_spec), step_spec, along))
     step_outs = {st.out for st in program.statements}
     names = program.inputs
@@ -51,20 +51,12 @@ def lower_scan_program(program: Program) -> Callable[..., Any]:
         dtype = dtypes[step.out]
         trajectory = trajectory_shape(program, shapes)
         length = trajectory[scan.axis] - scan.depth
-        window = list(trajectory)
-        window[scan.axis] = scan.depth + (1 if scan.reverse else 0)
-        if scan.init is None:
-            start = jnp.zeros(window, dtype)
-        else:
-            init = jnp.asarray(env[scan.init]).astype(dtype)
-            init = jnp.expand_dims(init, scan.axis) if scan.depth == 1 else jnp.moveaxis(init, 0, scan.axis)
-            start = init if not scan.reverse else jnp.concatenate(
-                [jnp.zeros_like(jax.lax.slice_in_dim(init, 0, 1, axis=scan.axis)), init], axis=scan.axis)
+        start = initial_window(scan, env, trajectory, dtype)
         fixed: dict[str, Any] = {}
         xs: dict[str, Any] = {STEP: jnp.arange(length)}
         for _, _, step_spec, along in steps:
             fixed.update({n: env[n] for n in step_spec.input_names if n in env and n not in along})
-            xs.update({name: _along(jnp.asarray(env[array]), axis, shift, length)
+            xs.update({name: slice_along(jnp.asarray(env[array]), axis, shift, length)
                        for name, (array, axis, shift) in along.items() if array not in step_outs})
         axes = {name: axis for _, _, _, along in steps for name, (array, axis, _) in along.items()
                 if array not in step_outs}
