@@ -35,6 +35,7 @@ from tullax.compiler.loops import (
     expr_vars,
     parallel_nest,
     walk_stmts,
+    with_children,
 )
 from tullax.errors import TullaxError
 from tullax.spec.ir import Affine, Spec, accesses
@@ -142,20 +143,7 @@ def rebuild_expression(expr: Expr, fix) -> Expr:
     if not kids:
         return expr
     new = tuple(fix(k) for k in kids)
-    if new == kids:
-        return expr
-    from tullax.compiler.loops import BinOp, Call, Cast, UnOp
-
-    if isinstance(expr, Load):
-        return replace(expr, index=new)
-    if isinstance(expr, BinOp):
-        return replace(expr, lhs=new[0], rhs=new[1])
-    if isinstance(expr, (UnOp, Cast)):
-        return replace(expr, arg=new[0])
-    if isinstance(expr, Call):
-        return replace(expr, args=new)
-    assert isinstance(expr, Select)
-    return replace(expr, cond=new[0], then=new[1], orelse=new[2])
+    return expr if new == kids else with_children(expr, new)
 
 
 def map_statement_expressions(stmt: Stmt, fix) -> Stmt:
