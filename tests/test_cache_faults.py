@@ -240,21 +240,42 @@ def test_a_full_disk_runs_kernels_from_memory_with_one_warning(tmp_path, monkeyp
     assert [p for p in (tmp_path / "cache" / "entries").rglob("*") if p.is_file()] == []
 
 
-def test_a_disk_that_fills_up_while_numba_stores_its_code_keeps_the_code_in_memory(tmp_path, monkeypatch):
-    from tullax.runtime import cache_files
+FILLS_WHILE_NUMBA_STORES = textwrap.dedent(
+    """
+    import errno, json, sys, warnings
+    sys.path.insert(0, sys.argv[1])
+    import numpy as np
+    from test_cache_faults import EXPECTED, SPEC, entry_of, run
+    from tullax.runtime import cache as cache_module, cache_files
+    from tullax.runtime.cache import CacheWarning, get_cache
 
     def full_for_artefacts(path, data):
         if path.suffix in (".nbi", ".nbc"):
-            _disk_full(path, data)
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
         cache_files.atomic_write(path, data)
 
-    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr("tullax.runtime.cache.atomic_write", full_for_artefacts)
-    with cache_warnings() as messages:
-        np.testing.assert_array_equal(run(SPEC), EXPECTED[SPEC])
-    assert len(messages) == 1 and "No space left on device" in messages[0]
+    cache_module.atomic_write = full_for_artefacts
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = run(SPEC)
     entry = entry_of(get_cache(), SPEC)
-    assert (entry / "kernels.py").is_file() and not list(entry.glob("*.nb[ic]"))
+    print(json.dumps({"right": bool(np.array_equal(out, EXPECTED[SPEC])),
+                      "messages": [str(w.message) for w in caught if issubclass(w.category, CacheWarning)],
+                      "module": (entry / "kernels.py").is_file(), "artefacts": len(list(entry.glob("*.nb[ic]")))}))
+    """
+)
+
+
+def test_a_disk_that_fills_up_while_numba_stores_its_code_keeps_the_code_in_memory(tmp_path):
+    """In a process of its own: it is that process's first compile of the kernel that meets the full disk (in the
+    suite's shared worker, what earlier tests left in the process could spare the store, and the warning)."""
+    done = subprocess.run([sys.executable, "-c", FILLS_WHILE_NUMBA_STORES, str(REPO / "tests")],
+                          env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["right"]
+    assert len(found["messages"]) == 1 and "No space left on device" in found["messages"][0], found
+    assert found["module"] and found["artefacts"] == 0, found
 
 
 # ------------------------------------------------------------------------------- kills at every write step
