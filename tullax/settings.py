@@ -203,6 +203,10 @@ _ALL = (
     _setting("TULLAX_CUDA_TILES", "a flag", True, "on", _FLAG,
              "Whether matmul-like kernels (Dist, Linear and their gradients) run as shared-memory block tiles "
              "(benchmarks/gpu_device.py compares both).", "cuda modules (the source changes)", _flag),
+    _setting("TULLAX_CUDA_SCAN_CHUNKS", "a count", 1024, "1024", "a whole number of steps (0: never)",
+             "The fewest steps along `t` at which a linear recurrence over few lanes (at most 8192) runs as a "
+             "chunked scan on a GPU, a block per lane (tullax/compiler/scan_chunks.py), rather than a thread per "
+             "lane walking `t`.", "cuda modules (the source changes)", _count),
     _setting("TULLAX_CUDA_COMMAND_BUFFER", "a flag", False, "off", _FLAG,
              "Marks device kernels `command_buffer_compatible`, so XLA may capture them in CUDA graphs.",
              "the traced operation", _flag),

@@ -20,6 +20,7 @@ from tullax.compiler.intervals import dtype_interval, fits
 from tullax.compiler.loops import FLOATS, LoopKernel, eval_int
 from tullax.compiler.lower import lower
 from tullax.compiler.scan_block import block_per_row as scan_block_per_row
+from tullax.compiler.scan_chunks import chunked_scan
 from tullax.compiler.split import SplitPolicy, split_sums
 from tullax.compiler.tiles import TilePolicy, block_tiles
 from tullax.compiler.window_tiles import window_tiles
@@ -38,6 +39,7 @@ START_GIVEN = "given"  # '=' and '+=' (scatters too): the given array (input 0),
 START_ZERO = "zero"  # ':=' split over threads that add into the output (tullax.compiler.split)
 SPLIT_ENV = "TULLAX_CUDA_SPLIT"  # 0: never split a sum (benchmarks/gpu.py compares both)
 TILES_ENV = "TULLAX_CUDA_TILES"  # 0: never block-tile (benchmarks/gpu_device.py compares both)
+SCAN_CHUNKS_ENV = "TULLAX_CUDA_SCAN_CHUNKS"  # the fewest steps a linear scan over few lanes runs chunked (0: never)
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,8 @@ def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, 
     (``tullax.compiler.cooperate``, as ``cooperation`` says); a plain sum over few output elements split over
     more threads (``tullax.compiler.split``); a block per element for long rows over few; the default lowering,
     one thread per output element (or per register tile); for a recurrence, a thread per lane walking ``t``, or
-    where its state mixes the lanes a block per batch row (``tullax.compiler.scan_block``)."""
+    where its state mixes the lanes a block per batch row (``tullax.compiler.scan_block``), or where it is linear,
+    long and over few lanes a block per lane with ``t`` in chunks (``tullax.compiler.scan_chunks``)."""
     plain: LoopKernel | None = None
     sizes: dict[str, int] = {}
     # a recurrence's reductions run inside each sequential step of its one thread per lane
@@ -144,8 +147,10 @@ def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, 
     if found is not None:
         return found, plan_launch(found, spec, shapes, signature.out_dtype)
     kernel = lower(spec, signature, name=name)
-    if spec.scan is not None:  # a state that mixes its lanes: a block per row, a barrier per step
-        kernel = scan_block_per_row(kernel, spec, size_values(kernel, shapes)) or kernel
+    if spec.scan is not None:  # a long linear scan over few lanes: chunks; a state that mixes its lanes: a block
+        sizes = size_values(kernel, shapes)  # per row, a barrier per step
+        kernel = (chunked_scan(kernel, spec, signature, sizes, lower, settings.value(SCAN_CHUNKS_ENV))
+                  or scan_block_per_row(kernel, spec, sizes) or kernel)
     return kernel, plan_launch(kernel, spec, shapes, signature.out_dtype)
 
 
@@ -203,4 +208,4 @@ class ParamBlock:
 
 
 __all__ = ["LaunchPlan", "ParamBlock", "device_lowering", "plan_launch", "SPLIT_ENV", "START_ANY", "START_GIVEN",
-           "START_ZERO", "TILES_ENV"]
+           "START_ZERO", "SCAN_CHUNKS_ENV", "TILES_ENV"]

@@ -1,0 +1,231 @@
+"""The chunked GPU form of a linear recurrence over a long ``t`` and few lanes (issue 48,
+``tullax.compiler.scan_chunks``): a block per lane, ``t`` cut into chunks over its threads, the chunk carries
+composed by one thread between two barriers. Printed as CUDA C and run by the host harness (thread sanitizer; a
+removed barrier is caught), printed for KernelAbstractions and run by the Julia-subset evaluator, forward and
+every gradient step (the adjoint reverse scan is linear, so chunked too) against jax.grad of ``lax.scan``;
+ragged ``t`` (not a multiple of the chunk), ``t`` = 1, a reverse scan, Mamba's 3 lane axes; float32 against
+float64; NVRTC for sm_80/sm_90 without spills.
+
+Cost: one g++ build of ~16 small kernels and one of a kernel with a barrier removed (~30 s with the sanitizer);
+the evaluator interprets 4 launches at ``t`` = 13; NVRTC 4 small modules (slow-marked, as test_cuda_compile)."""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from cuda_harness import GPP, assert_race_is_caught, build, run
+from scan_cases import _lru, _lru_inputs, _mamba, _mamba_inputs, _returns, _returns_inputs
+from test_cuda_host import launch_for
+
+from tullax.backends.base import Signature
+from tullax.backends.cuda.launch import SCAN_CHUNKS_ENV, device_lowering
+from tullax.compiler.loops import Barrier, Loop, Shared, parallel_nest, walk_stmts
+from tullax.compiler.scan_chunks import MAX_LANES, OFFSET
+from tullax.grad import gradients
+from tullax.grad.run import gradient_env, run_gradient
+from tullax.printers.cuda import parameters
+from tullax.spec.frontend import compile_spec
+
+LRU = "h[b,t,n] := lam[n]*h[b,t-1,n] + x[b,t,n]  (t scan from h0)"
+RETURNS = "G[b,t] := r[b,t] + gamma[b,t]*G[b,t+1]  (t scan reverse)"
+MAMBA = "h[b,t,d,n] := exp(dt[b,t,d]*A[d,n])*h[b,t-1,d,n] + dt[b,t,d]*B[b,t,n]*u[b,t,d]  (t scan)"
+TANH = "h[b,t,n] := tanh(lam[n]*h[b,t-1,n] + x[b,t,n])  (t scan)"
+ELMAN = "h[b,t,n] := W[n,m]*h[b,t-1,m] |> tanh(_ + x[b,t,n])  (t scan)"
+
+
+@pytest.fixture(autouse=True)
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+@pytest.fixture
+def chunk_every_scan(monkeypatch):
+    """Chunk every linear scan however short (the tests' ``t`` are small)."""
+    monkeypatch.setenv(SCAN_CHUNKS_ENV, "1")
+
+
+def _problems(T: int, dtype: str = "float64"):
+    """(spec text, inputs, lax.scan oracle) at ``T`` steps: a forward scan from h0, a reverse one, Mamba's."""
+    rng = np.random.default_rng(T)
+    return [(LRU, _lru_inputs(rng, dtype, B=2, T=T, N=3), _lru),
+            (RETURNS, _returns_inputs(rng, dtype, B=2, T=T), _returns),
+            (MAMBA, _mamba_inputs(rng, dtype, B=1, T=T, D=2, N=2), _mamba)]
+
+
+def _chain(text, env, execute):
+    """The forward result and the gradient of sum(h * weight) w.r.t. every input, each step by ``execute``."""
+    spec = compile_spec(text)[1]
+    result = execute(spec, env)
+    weight = np.random.default_rng(5).normal(size=np.shape(result))
+    genv = gradient_env(spec, env, result, weight)
+    grads = {g.wrt: run_gradient(g, spec, genv, execute) for g in gradients(spec)}
+    return result, grads, weight
+
+
+def _check(text, env, oracle, execute, rtol=1e-10):
+    got, grads, weight = _chain(text, env, execute)
+    names = list(env)
+    np.testing.assert_allclose(got, oracle(*env.values()), rtol=rtol, atol=rtol)
+    want = jax.grad(lambda *a: jnp.sum(oracle(*a) * weight), tuple(range(len(names))))(*env.values())
+    for name, expected in zip(names, want):
+        np.testing.assert_allclose(grads[name], expected, rtol=rtol, atol=rtol, err_msg=name)
+
+
+def _lowered(text, shapes, dtype="float64"):
+    spec = compile_spec(text)[1]
+    shapes = dict(shapes)
+    shapes[spec.out] = tuple(s.eval(shapes) for s in spec.out_shape)
+    return device_lowering(spec, Signature.for_dtype(spec, dtype), shapes, "forward")[0]
+
+
+def _chunked(kernel) -> bool:
+    return kernel.cooperative and any(isinstance(s, Shared) and s.var == OFFSET for s in walk_stmts(kernel.body))
+
+
+def test_long_linear_scans_over_few_lanes_are_chunked(monkeypatch):
+    lru = {"lam": (64,), "x": (16, 4096, 64), "h0": (16, 64)}
+    kernel = _lowered(LRU, lru)
+    assert _chunked(kernel)
+    loops, body = parallel_nest(kernel)
+    assert len(loops) == 2  # a block per (b, n) lane
+    passes = [s for s in body if isinstance(s, (Loop, Barrier))]
+    assert [type(s) for s in passes] == [Loop, Barrier, Loop, Barrier, Loop]
+    assert [s.lanes for s in passes if isinstance(s, Loop)] == [True, True, True]
+    assert _chunked(_lowered(RETURNS, {"r": (4, 65536), "gamma": (4, 65536)}))
+    assert _chunked(_lowered(MAMBA, {"dt": (1, 2048, 4), "A": (4, 16), "B": (1, 2048, 16), "u": (1, 2048, 4)}))
+    # short, many lanes, nonlinear, mixing: as before
+    assert not _lowered(LRU, {"lam": (64,), "x": (16, 512, 64), "h0": (16, 64)}).cooperative
+    many = MAX_LANES // 64 + 1
+    assert not _lowered(LRU, {"lam": (64,), "x": (many, 4096, 64), "h0": (many, 64)}).cooperative
+    assert not _lowered(TANH, {"lam": (64,), "x": (16, 4096, 64)}).cooperative
+    elman = _lowered(ELMAN, {"W": (64, 64), "x": (16, 4096, 64)})
+    assert elman.cooperative and not _chunked(elman)
+    monkeypatch.setenv(SCAN_CHUNKS_ENV, "0")  # the setting turns it off
+    assert not _lowered(LRU, lru).cooperative
+
+
+@pytest.mark.skipif(GPP is None, reason="g++ is not installed")
+def test_chunked_scans_in_the_host_harness(tmp_path, chunk_every_scan):
+    """Forward and every gradient step, printed as CUDA C, in one build (each step on the inputs the XLA lowering
+    of the steps before it gives); T = 37 (ragged chunks of 4), 300 (more chunks than the harness's threads, so a
+    thread takes several) and 1; float64 against jax.grad of lax.scan."""
+    from tullax.backends.xla.lower import lower as xla_lower
+
+    launches, steps = [], []
+
+    def record(step, step_env):
+        launches.append(launch_for(step, step_env, f"k{len(launches)}", False))
+        steps.append(step)
+        return np.asarray(xla_lower(step)(step_env))
+
+    problems = _problems(37) + _problems(300)[:1] + _problems(1)[:2]
+    for text, env, _ in problems:
+        _chain(text, env, record)
+    # every forward and adjoint scan chunked; the other gradient steps a thread per element
+    assert [_chunked(launch.kernel) for launch in launches] == [step.scan is not None for step in steps]
+    exe = build([(launch.kernel, launch.index_bits) for launch in launches], tmp_path)
+    outputs = iter(run(exe, list(enumerate(launches))))  # the second pass runs the same steps in the same order
+    for text, env, oracle in problems:
+        _check(text, env, oracle, lambda step, step_env: next(outputs))
+
+
+@pytest.mark.skipif(GPP is None, reason="g++ is not installed")
+def test_float32_chunks_keep_the_precision_of_the_serial_scan(tmp_path, monkeypatch):
+    """T = 4096 steps of the LRU in float32, lam close to 1 (0.99..0.999, a long memory), chunked (the products of
+    lam over a chunk and the carries reassociated): against NumPy in float64 its error stays within 1e-5 of the
+    largest |h| (measured: about 1e-6), no more than twice lax.scan's own float32 error plus 1e-6 of it."""
+    rng = np.random.default_rng(11)
+    env = {"lam": rng.uniform(0.99, 0.999, 3).astype(np.float32),
+           "x": rng.normal(size=(2, 4096, 3)).astype(np.float32), "h0": rng.normal(size=(2, 3)).astype(np.float32)}
+    spec = compile_spec(LRU)[1]
+    launch = launch_for(spec, env, "lru32", False)
+    assert _chunked(launch.kernel)  # T = 4096 > the default 1024
+    got = run(build([(launch.kernel, launch.index_bits)], tmp_path), [(0, launch)])[0]
+    lam, x, h0 = (v.astype(np.float64) for v in env.values())
+    want = np.empty(x.shape)
+    h = h0
+    for t in range(x.shape[1]):
+        h = lam * h + x[:, t]
+        want[:, t] = h
+    scale = np.abs(want).max()
+    serial = np.abs(np.asarray(_lru(*env.values()), np.float64) - want).max()
+    error = np.abs(got.astype(np.float64) - want).max()
+    assert error <= 1e-5 * scale and error <= 2 * serial + 1e-6 * scale, (error, serial, scale)
+
+
+@pytest.mark.skipif(GPP is None, reason="g++ is not installed")
+def test_a_missing_barrier_between_the_passes_is_caught(tmp_path, chunk_every_scan):
+    spec = compile_spec(LRU)[1]
+    env = _lru_inputs(np.random.default_rng(8), "float64", B=2, T=300, N=3)
+    launch = launch_for(spec, env, "racy", False)
+    assert _chunked(launch.kernel)
+
+    def drop(source: str) -> str:  # the barrier before the carries are composed
+        head, kernel = source.split("// racy: ", 1)
+        assert kernel.count("__syncthreads();") == 2
+        return head + "// racy: " + kernel.replace("__syncthreads();", "", 1)
+
+    exe = build([(launch.kernel, launch.index_bits)], tmp_path, edit=drop)
+    assert_race_is_caught(exe, launch, np.asarray(_lru(*env.values())), "a chunked scan")
+
+
+def test_chunked_scans_in_the_julia_subset(chunk_every_scan):
+    """The same kernels printed for KernelAbstractions on a GPU (work-groups, @localmem, @synchronize), run by
+    the Julia-subset evaluator at T = 13 (chunks of 4, the last ragged): forward and gradients."""
+    julia_subset = pytest.importorskip("julia_subset")
+    from tullax.printers.julia import GPU_FLAVOUR, launcher_name, print_module
+
+    seen = []
+
+    def julia(step, step_env):
+        launch = launch_for(step, step_env, f"k{len(seen)}", False)
+        seen.append(_chunked(launch.kernel) == (step.scan is not None))
+        kernel = launch.kernel
+        args = []
+        for param, value in zip(parameters(kernel, launch.index_bits), launch.arguments):
+            if param.kind == "array":
+                args.append(value)
+            elif param.kind == "scalar":
+                args.append(np.asarray(value).item())
+            elif param.kind == "size":
+                args.append(int(value))
+        julia_subset.load_module(print_module([kernel], flavour=GPU_FLAVOUR)).call(
+            launcher_name(kernel), julia_subset.CPU_BACKEND, *args)
+        return args[0]
+
+    for text, env, oracle in _problems(13)[:2]:
+        _check(text, env, oracle, julia)
+    assert all(seen) and len(seen) >= 6
+
+
+@pytest.mark.slow
+def test_chunked_scans_compile_without_spills(chunk_every_scan):
+    """NVRTC for sm_90 and sm_80, float32 and float64: every chunked forward and adjoint scan of the three
+    problems, no register spill."""
+    from test_cuda_compile import ARCHS, BITS, NVRTC_MISSING
+
+    if NVRTC_MISSING:
+        pytest.skip(f"NVRTC cannot be loaded: {NVRTC_MISSING}")
+    from tullax.backends.cuda import compile as cuda_compile
+    from tullax.backends.xla.lower import lower as xla_lower
+    from tullax.printers.cuda import print_module
+
+    for dtype in BITS:
+        kernels = []
+
+        def record(step, step_env):
+            kernel = launch_for(step, step_env, f"k{len(kernels)}", False).kernel
+            kernels.extend([kernel] if _chunked(kernel) else [])
+            return np.asarray(xla_lower(step)(step_env))
+
+        for text, env, _ in _problems(37, dtype):
+            _chain(text, env, record)
+        assert len(kernels) == 6  # a forward and an adjoint scan each
+        for arch in ARCHS:
+            _, report = cuda_compile.compile_with_report(print_module([(k, BITS[dtype]) for k in kernels]), arch)
+            spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+            assert len(spills) >= len(kernels) and all(s == ("0", "0") for s in spills), report
