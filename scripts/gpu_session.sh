@@ -5,20 +5,27 @@
 # rich, pytest, cuda-bindings and NVRTC; /work/.library/device/KINDS.md) and runs tullax from this tree.
 #
 #   device run:  bash scripts/gpu_session.sh        (timeout_s 590; the steps' caps add up to 9 min 20 s)
+#   anywhere:    bash scripts/gpu_session.sh --dry-run   (no GPU: the chunked scan's schedules and NVRTC builds)
 #
-# Files in $OUT (8, what comes back at most): summary.md (the machine, each step's exit and seconds, the tables),
-# session.log (everything printed), tiles_on/, tiles_off/ and corpus/gpu-<device>.{json,md}. The steps run most
+# Files in $OUT (10, what comes back at most): summary.md (the machine, each step's exit and seconds, the tables),
+# session.log (everything printed), tiles_on/, tiles_off/ and corpus/gpu-<device>.{json,md}, scan/scan-gpu-<device>.
+# {json,md}. The steps run most
 # wanted first (the device timings with and without tiles, then the corpus); a step that fails or runs out of
 # time is recorded and the next one runs. The NVRTC builds are checked on the CPU by the suite, not here.
 # Nothing here changes the card's settings.
 set -u
+# --dry-run (any machine): what can be checked without a GPU, the chunked scan's schedules and NVRTC builds
+if [ "${1:-}" = "--dry-run" ]; then
+    PYTHONPATH=$PWD "${PYTHON:-python3}" benchmarks/scan_gpu.py --dry-run --lengths 1024 65536
+    exit $?
+fi
 # without a GPU nothing here can run: refuse before writing anything (a dry run on a CPU machine ends here)
 if ! nvidia-smi -L >/dev/null 2>&1; then
     echo "gpu_session.sh: no GPU here (nvidia-smi lists none): run it through the device tool on a lent GPU" >&2
     exit 2
 fi
 OUT=${OUT:-$PWD/gpu-session-out}
-mkdir -p "$OUT/tiles_on" "$OUT/tiles_off" "$OUT/corpus"
+mkdir -p "$OUT/tiles_on" "$OUT/tiles_off" "$OUT/scan" "$OUT/corpus"
 PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TULLAX_CACHE_DIR=/tmp/tullax-gpu-cache XLA_PYTHON_CLIENT_PREALLOCATE=false
 LOG=$OUT/session.log
@@ -59,15 +66,19 @@ step device_tiled 210 "$PY" benchmarks/gpu.py --parts device,timings --case-limi
     --cases "Dist K=784 I=1024 J=512,Dist I=J=4096 K=64,Linear,row logsumexp,conv2d" --out-dir "$OUT/tiles_on"
 
 # 3. The same for Dist, Linear and conv2d without the tiles (the schedules before them), on the same card.
-step device_untiled 110 env TULLAX_CUDA_TILES=0 "$PY" benchmarks/gpu.py --parts device,timings --case-limit 35 \
+step device_untiled 80 env TULLAX_CUDA_TILES=0 "$PY" benchmarks/gpu.py --parts device,timings --case-limit 35 \
     --cases "Dist K=784 I=1024 J=512,Linear,conv2d" --out-dir "$OUT/tiles_off"
 
-# 4. The corpus against XLA in float32 and float64 (every kernel, forward and gradients, backend='cuda').
-step corpus 90 "$PY" benchmarks/gpu.py --parts corpus --out-dir "$OUT/corpus"
+# 4. The chunked scan of a linear recurrence over few lanes (h = lam*h + x, 16 and 1024 lanes, T = 1024..65536)
+#    against a thread per lane walking t (device time, forward and adjoint) and lax.scan (forward and grad).
+step scan_chunks 60 "$PY" benchmarks/scan_gpu.py --rounds 2 --out-dir "$OUT/scan"
+
+# 5. The corpus against XLA in float32 and float64 (every kernel, forward and gradients, backend='cuda').
+step corpus 60 "$PY" benchmarks/gpu.py --parts corpus --out-dir "$OUT/corpus"
 
 {
     echo
-    for dir in tiles_on tiles_off corpus; do
+    for dir in tiles_on tiles_off scan corpus; do
         echo "## $dir"
         for md in "$OUT/$dir"/*.md; do [ -f "$md" ] && cat "$md"; done
         echo

@@ -224,7 +224,7 @@ def test_chunked_scans_compile_without_spills(chunk_every_scan):
 
         for text, env, _ in _problems(37, dtype):
             _chain(text, env, record)
-        assert len(kernels) == 6  # a forward and an adjoint scan each
+        assert len({k.spec_text for k in kernels}) == 6  # a forward and an adjoint scan each (some adjoints twice)
         for arch in ARCHS:
             _, report = cuda_compile.compile_with_report(print_module([(k, BITS[dtype]) for k in kernels]), arch)
             spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)

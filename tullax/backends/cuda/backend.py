@@ -14,9 +14,19 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
+from tullax import settings
 from tullax.backends import host
 from tullax.backends.base import Capabilities, Signature, device_pointer
-from tullax.backends.cuda.launch import START_GIVEN, START_ZERO, LaunchPlan, ParamBlock, device_lowering
+from tullax.backends.cuda.launch import (
+    SCAN_CHUNKS_ENV,
+    SPLIT_ENV,
+    START_GIVEN,
+    START_ZERO,
+    TILES_ENV,
+    LaunchPlan,
+    ParamBlock,
+    device_lowering,
+)
 from tullax.compiler.loops import LoopKernel
 from tullax.compiler.lower import lower
 from tullax.errors import BackendUnavailableError
@@ -61,6 +71,13 @@ _BUILT: dict[tuple, DeviceKernel] = {}
 _LOADED: dict[str, Any] = {}  # cache key -> loaded kernel: each cubin is loaded once per process
 
 
+def table_key(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]]) -> tuple:
+    """What a built kernel is kept under in this process: the call, and the settings that choose its schedule
+    (a process that changes one, as benchmarks/scan_gpu.py does, gets the other kernel)."""
+    return (spec, signature, tuple(sorted((name, tuple(shape)) for name, shape in shapes.items())),
+            tuple(settings.value(name) for name in (SPLIT_ENV, TILES_ENV, SCAN_CHUNKS_ENV)))
+
+
 def device_kernel(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]]) -> DeviceKernel:
     """The kernel of ``spec`` for ``signature`` and the call's shapes (inputs by name plus ``spec.out``),
     compiled (or read from the cache) and loaded; TullaxError when it does not compile."""
@@ -68,9 +85,9 @@ def device_kernel(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[i
     from tullax.backends.cuda.driver import driver, target_arch
     from tullax.backends.cuda.tile_sizes import tile_policy
 
-    table_key = (spec, signature, tuple(sorted((name, tuple(shape)) for name, shape in shapes.items())))
+    key = table_key(spec, signature, shapes)
     with _lock:
-        found = _BUILT.get(table_key)
+        found = _BUILT.get(key)
         if found is not None:
             return found
         start = time.perf_counter()
@@ -87,7 +104,7 @@ def device_kernel(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[i
             function = _LOADED[cubin.key] = cuda.load(cubin.image, KERNEL_NAME)
         load_ms = (time.perf_counter() - loaded) * 1e3
         _record(cubin, kernel, codegen_ms, load_ms, time.perf_counter() - start)
-        built = _BUILT[table_key] = DeviceKernel(kernel, plan, function, cuda)
+        built = _BUILT[key] = DeviceKernel(kernel, plan, function, cuda)
         return built
 
 
