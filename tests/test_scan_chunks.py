@@ -22,8 +22,9 @@ from test_cuda_host import launch_for
 
 from tullax.backends.base import Signature
 from tullax.backends.cuda.launch import SCAN_CHUNKS_ENV, device_lowering
-from tullax.compiler.loops import Barrier, Loop, Shared, parallel_nest, walk_stmts
-from tullax.compiler.scan_chunks import MAX_LANES, OFFSET
+from tullax.compiler import scan_chunks
+from tullax.compiler.loops import Barrier, Loop, parallel_nest
+from tullax.compiler.scan_chunks import GROUP, MAX_LANES, is_chunked
 from tullax.grad import gradients
 from tullax.grad.run import gradient_env, run_gradient
 from tullax.printers.cuda import parameters
@@ -44,8 +45,10 @@ def x64():
 
 @pytest.fixture
 def chunk_every_scan(monkeypatch):
-    """Chunk every linear scan however short (the tests' ``t`` are small)."""
+    """Chunk every linear scan however short (the tests' ``t`` are small), and group lanes however few blocks
+    remain (the tests' lanes are few): the LRU's 3 lanes in groups of 2 (the second ragged), Mamba's 2 in one."""
     monkeypatch.setenv(SCAN_CHUNKS_ENV, "1")
+    monkeypatch.setattr(scan_chunks, "MIN_BLOCKS", 1)
 
 
 def _problems(T: int, dtype: str = "float64"):
@@ -82,8 +85,7 @@ def _lowered(text, shapes, dtype="float64"):
     return device_lowering(spec, Signature.for_dtype(spec, dtype), shapes, "forward")[0]
 
 
-def _chunked(kernel) -> bool:
-    return kernel.cooperative and any(isinstance(s, Shared) and s.var == OFFSET for s in walk_stmts(kernel.body))
+_chunked = is_chunked
 
 
 def test_long_linear_scans_over_few_lanes_are_chunked(monkeypatch):
@@ -91,10 +93,12 @@ def test_long_linear_scans_over_few_lanes_are_chunked(monkeypatch):
     kernel = _lowered(LRU, lru)
     assert _chunked(kernel)
     loops, body = parallel_nest(kernel)
-    assert len(loops) == 2  # a block per (b, n) lane
+    assert [loop.var == GROUP for loop in loops] == [False, True]  # a block per batch row and 8 lanes of n
     passes = [s for s in body if isinstance(s, (Loop, Barrier))]
     assert [type(s) for s in passes] == [Loop, Barrier, Loop, Barrier, Loop]
     assert [s.lanes for s in passes if isinstance(s, Loop)] == [True, True, True]
+    few = _lowered(LRU, {"lam": (16,), "x": (1, 4096, 16), "h0": (1, 16)})  # 16 lanes: a block each
+    assert _chunked(few) and [loop.var == GROUP for loop in parallel_nest(few)[0]] == [False, False]
     assert _chunked(_lowered(RETURNS, {"r": (4, 65536), "gamma": (4, 65536)}))
     assert _chunked(_lowered(MAMBA, {"dt": (1, 2048, 4), "A": (4, 16), "B": (1, 2048, 16), "u": (1, 2048, 4)}))
     # short, many lanes, nonlinear, mixing: as before
@@ -106,6 +110,22 @@ def test_long_linear_scans_over_few_lanes_are_chunked(monkeypatch):
     assert elman.cooperative and not _chunked(elman)
     monkeypatch.setenv(SCAN_CHUNKS_ENV, "0")  # the setting turns it off
     assert not _lowered(LRU, lru).cooperative
+
+
+def test_the_schedule_is_named_and_a_built_kernel_is_kept_per_setting(monkeypatch):
+    """The cuda backend keeps built kernels per call AND per the settings that choose the schedule: a process
+    that turns the chunks off (benchmarks/scan_gpu.py) gets the other kernel, not the one built before."""
+    from tullax.backends.cuda.backend import table_key
+    from tullax.backends.cuda.display import shaped_module_source
+
+    spec = compile_spec(LRU)[1]
+    shapes = {"lam": (4,), "x": (2, 2048, 4), "h0": (2, 4)}
+    signature = Signature.for_dtype(spec, "float32")
+    assert "a block per lane, the scan in chunks over its threads" in shaped_module_source(spec, signature, shapes)
+    chunked = table_key(spec, signature, shapes)
+    monkeypatch.setenv(SCAN_CHUNKS_ENV, "0")
+    assert table_key(spec, signature, shapes) != chunked
+    assert "a thread per lane walking the scan" in shaped_module_source(spec, signature, shapes)
 
 
 @pytest.mark.skipif(GPP is None, reason="g++ is not installed")
@@ -127,6 +147,8 @@ def test_chunked_scans_in_the_host_harness(tmp_path, chunk_every_scan):
         _chain(text, env, record)
     # every forward and adjoint scan chunked; the other gradient steps a thread per element
     assert [_chunked(launch.kernel) for launch in launches] == [step.scan is not None for step in steps]
+    grouped = [any(loop.var == GROUP for loop in parallel_nest(launch.kernel)[0]) for launch in launches]
+    assert 0 < sum(grouped) < sum(map(_chunked, (launch.kernel for launch in launches)))  # LRU, Mamba; returns not
     exe = build([(launch.kernel, launch.index_bits) for launch in launches], tmp_path)
     outputs = iter(run(exe, list(enumerate(launches))))  # the second pass runs the same steps in the same order
     for text, env, oracle in problems:

@@ -18,7 +18,7 @@ so it takes the same form.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from tullax.compiler.loops import (
@@ -52,6 +52,9 @@ from tullax.spec.ir import Spec
 
 CHUNKS = 256  # the most chunks of one lane: the block's threads (the cuda printer's BLOCK_THREADS)
 MIN_CHUNK = 4  # the fewest steps of a chunk: below it the carries cost more than the chunk
+MIN_BLOCKS = 128  # lanes grouped into a block only while this many blocks remain (an H100 has 132 SMs)
+SECTOR = 32  # bytes: a group of lanes reads whole sectors
+GROUP = "tx_g"  # the loop over groups of lanes
 MAX_LANES = 8192  # beyond this many lanes a thread per lane already fills a GPU; the chunks would only add traffic
 SLOPE = "tx_slope"  # the composed slopes of the chunks (Shared), then nothing
 OFFSET = "tx_carry"  # the chunks' results from a zero state (Shared), then their incoming states
@@ -95,9 +98,10 @@ def chunked_scan(kernel: LoopKernel, spec: Spec, signature, sizes: Mapping[str, 
         return None
     start_state, step = found
     kernel, slope_lets, slope_value = slope
-    return replace(kernel, body=_nest(loops, _passes(walk, step, start_state, slope_lets,
-                                                     slope_value, kernel.output.dtype)),
-                   cooperative=True)
+    dtype = kernel.output.dtype
+    group = _group(loops, store, spec.scan.axis, lanes, dtype, env)
+    passes = _passes(walk, step, start_state, slope_lets, slope_value, dtype, group)
+    return replace(kernel, body=_nest(_grouped(loops, group), passes), cooperative=True)
 
 
 def _self_read(stmts: tuple[Stmt, ...], out: str) -> tuple[Expr, tuple[Stmt, ...]] | None:
@@ -197,41 +201,98 @@ def _nest(loops: tuple[Loop, ...], body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
     return body
 
 
+@dataclass(frozen=True)
+class Group:
+    """``width`` consecutive lanes of the result's contiguous last axis in one block (the loop over it, ``lane``,
+    replaced by one over groups of ``width``): a warp's threads read whole 32-byte sectors."""
+
+    lane: Loop
+    width: int
+
+
+def _group(loops: tuple[Loop, ...], store: Store, scan_axis: int, lanes: int, dtype: str,
+           env: dict[str, int]) -> Group | None:
+    """The widest group (a power of two, at most one sector of ``dtype``) that leaves at least ``MIN_BLOCKS``
+    blocks, where the result's last axis is a lane; else None (a block per lane)."""
+    if scan_axis == len(store.index) - 1:
+        return None
+    last = store.index[-1]
+    lane = next((loop for loop in loops if isinstance(last, Var) and loop.var == last.name), None)
+    if lane is None:
+        return None
+    extent = eval_int(lane.stop, env) - eval_int(lane.start, env)
+    width = SECTOR // (4 if dtype == "float32" else 8)
+    while width > 1 and (width > extent or lanes // width < MIN_BLOCKS):
+        width //= 2
+    return Group(lane, width) if width > 1 else None
+
+
+def _grouped(loops: tuple[Loop, ...], group: Group | None) -> tuple[Loop, ...]:
+    """The parallel nest with the grouped lane's loop over its groups."""
+    if group is None:
+        return loops
+    lane, width = group.lane, Const(group.width, INDEX)
+    groups = binop("//", binop("+", binop("-", lane.stop, lane.start), Const(group.width - 1, INDEX)), width)
+    return tuple(Loop(GROUP, Const(0, INDEX), groups, True, ()) if loop is lane else loop for loop in loops)
+
+
+def _in_group(group: Group | None, member: Expr, body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    """``body`` for the lane ``member`` of the block's group: the lane's variable bound, ragged groups guarded."""
+    if group is None:
+        return body
+    lane = group.lane
+    position = binop("+", lane.start, binop("+", binop("*", Var(GROUP, INDEX), Const(group.width, INDEX)), member))
+    return (Let(lane.var, position), If(binop("<", Var(lane.var, INDEX), lane.stop), body))
+
+
 def _passes(walk: Loop, step: tuple[Stmt, ...], start_state: Expr, slope_lets: tuple[Stmt, ...],
-            slope_value: Expr, dtype: str) -> tuple[Stmt, ...]:
-    """The three passes of one lane's block over the steps of ``walk`` (its variable runs upwards, in the order
-    of the recurrence; its body is ``step``, the state read from ``Var(STATE)``)."""
+            slope_value: Expr, dtype: str, group: Group | None) -> tuple[Stmt, ...]:
+    """The three passes of one block over the steps of ``walk`` (its variable runs upwards, in the order of the
+    recurrence; its body is ``step``, the state read from ``Var(STATE)``). The block's work item ``tx_q`` is
+    chunk ``tx_q // width`` of lane ``tx_q mod width`` of its group; the shared arrays are indexed by it."""
     index = lambda name: Var(name, INDEX)  # noqa: E731
+    width = group.width if group is not None else 1
+    chunks = CHUNKS // width
     one, zero = cast(Const(1.0, "float64"), dtype), cast(Const(0.0, "float64"), dtype)
     state, product = Var(STATE, dtype), Var(PRODUCT, dtype)
     steps = binop("-", walk.stop, walk.start)
-    length = binop("max", binop("//", binop("+", steps, Const(CHUNKS - 1, INDEX)), Const(CHUNKS, INDEX)),
+    length = binop("max", binop("//", binop("+", steps, Const(chunks - 1, INDEX)), Const(chunks, INDEX)),
                    Const(MIN_CHUNK, INDEX))
     count = binop("//", binop("+", steps, binop("-", index("tx_len"), Const(1, INDEX))), index("tx_len"))
-    chunk = [Let("tx_lo", binop("+", walk.start, binop("*", index("tx_c"), index("tx_len")))),
-             Let("tx_hi", binop("min", binop("+", index("tx_lo"), index("tx_len")), walk.stop))]
+    item = index("tx_q")
+    member = binop("mod", item, Const(width, INDEX))
+    chunk_of = item if width == 1 else binop("//", item, Const(width, INDEX))
+    chunk = (Let("tx_lo", binop("+", walk.start, binop("*", chunk_of, index("tx_len")))),
+             Let("tx_hi", binop("min", binop("+", index("tx_lo"), index("tx_len")), walk.stop)))
     (mine,) = [s for s in step if isinstance(s, Store)]
     new_state = Let(STATE, mine.value)
     lets = tuple(s for s in step if not isinstance(s, Store))
-    first = Loop("tx_c", Const(0, INDEX), index("tx_n"), False, tuple(chunk) + (
+    items = binop("*", index("tx_n"), Const(width, INDEX))
+    first = Loop("tx_q", Const(0, INDEX), items, False, _in_group(group, member, chunk + (
         Let(PRODUCT, one), Let(STATE, zero),
         Loop(walk.var, index("tx_lo"), index("tx_hi"), False, slope_lets + lets + (
             Let("tx_a", slope_value), Let(PRODUCT, binop("*", product, Var("tx_a", dtype))), new_state)),
-        Store(SLOPE, (index("tx_c"),), product), Store(OFFSET, (index("tx_c"),), state)), lanes=True)
+        Store(SLOPE, (item,), product), Store(OFFSET, (item,), state))), lanes=True)
     carry = Var("tx_in", dtype)
-    compose = Loop("tx_one", Const(0, INDEX), Const(1, INDEX), False, (
+    at = binop("+", binop("*", index("tx_c"), Const(width, INDEX)), index("tx_j"))
+    compose = Loop("tx_j", Const(0, INDEX), Const(width, INDEX), False, _in_group(group, index("tx_j"), (
         Let("tx_in", start_state),
         Loop("tx_c", Const(0, INDEX), index("tx_n"), False, (
-            Let("tx_local", Load(OFFSET, (index("tx_c"),), dtype)),
-            Store(OFFSET, (index("tx_c"),), carry),
-            Let("tx_in", binop("+", binop("*", Load(SLOPE, (index("tx_c"),), dtype), carry),
-                               Var("tx_local", dtype)))))), lanes=True)
-    last = Loop("tx_c", Const(0, INDEX), index("tx_n"), False, tuple(chunk) + (
-        Let(STATE, Load(OFFSET, (index("tx_c"),), dtype)),
-        Loop(walk.var, index("tx_lo"), index("tx_hi"), False, lets + (new_state, replace(mine, value=state)))),
+            Let("tx_local", Load(OFFSET, (at,), dtype)),
+            Store(OFFSET, (at,), carry),
+            Let("tx_in", binop("+", binop("*", Load(SLOPE, (at,), dtype), carry), Var("tx_local", dtype))))))),
+        lanes=True)
+    last = Loop("tx_q", Const(0, INDEX), items, False, _in_group(group, member, chunk + (
+        Let(STATE, Load(OFFSET, (item,), dtype)),
+        Loop(walk.var, index("tx_lo"), index("tx_hi"), False, lets + (new_state, replace(mine, value=state))))),
         lanes=True)
     return (Shared(SLOPE, CHUNKS, dtype), Shared(OFFSET, CHUNKS, dtype), Let("tx_len", length),
             Let("tx_n", count), first, Barrier(), compose, Barrier(), last)
 
 
-__all__ = ["CHUNKS", "MAX_LANES", "MIN_CHUNK", "chunked_scan"]
+def is_chunked(kernel: LoopKernel) -> bool:
+    """Whether ``kernel`` is a chunked scan (for what describes a schedule)."""
+    return kernel.cooperative and any(isinstance(s, Shared) and s.var == OFFSET for s in walk_stmts(kernel.body))
+
+
+__all__ = ["CHUNKS", "MAX_LANES", "MIN_CHUNK", "chunked_scan", "is_chunked"]

@@ -46,6 +46,7 @@ def shaped_module_source(spec: Spec, signature: Signature, shapes: Mapping[str, 
     from tullax.backends.cuda.launch import device_lowering
     from tullax.backends.cuda.tile_sizes import tile_policy
     from tullax.backends.host import kernel_steps
+    from tullax.compiler.scan_chunks import is_chunked
     from tullax.printers.cuda import print_module
 
     signature = signature.widened()
@@ -66,6 +67,7 @@ def shaped_module_source(spec: Spec, signature: Signature, shapes: Mapping[str, 
         schedule = (f"a block per {tile.rows}x{tile.cols} tile ({tile.thread_rows}x{tile.thread_cols} per thread, "
                     f"shared-memory chunks of {tile.chunk})" if tile is not None else
                     "a warp per output element (cooperative reduction)" if kernel.cooperative and kernel.warp else
+                    "a block per lane, the scan in chunks over its threads" if is_chunked(kernel) else
                     "a block per batch row walking the scan, a barrier per step" if kernel.cooperative
                     and step.spec.scan is not None else
                     "a block per output element (cooperative reduction)" if kernel.cooperative else
