@@ -251,3 +251,28 @@ def test_chunked_scans_compile_without_spills(chunk_every_scan):
             _, report = cuda_compile.compile_with_report(print_module([(k, BITS[dtype]) for k in kernels]), arch)
             spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
             assert len(spills) >= len(kernels) and all(s == ("0", "0") for s in spills), report
+
+
+@pytest.mark.skipif(GPP is None, reason="g++ is not installed")
+def test_grouped_lanes_read_whole_sectors():
+    """The memory-traffic tracer on one warp of the LRU's chunked kernel at 1024 lanes: the 8 lanes of n a group
+    holds read one 32-byte sector per chunk, so a warp request (4 chunks x 8 lanes) touches at most 4 sectors,
+    every byte of them used (a block per lane: 32 sectors, one per chunk, 4 bytes of each used)."""
+    from cuda_trace import trace
+
+    from tullax.backends.cuda.launch import plan_launch
+
+    rng = np.random.default_rng(0)
+    env = {"lam": rng.uniform(0.9, 0.99, 64).astype(np.float32),
+           "x": rng.normal(size=(16, 256, 64)).astype(np.float32), "h0": rng.normal(size=(16, 64)).astype(np.float32)}
+    spec = compile_spec(LRU)[1]
+    assert not _chunked(launch_for(spec, env, "lru", False).kernel)  # T = 256: below the default 1024 steps
+    shapes = {n: np.shape(v) for n, v in env.items()}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(SCAN_CHUNKS_ENV, "256")
+        launch = launch_for(spec, env, "lru", False)
+        plan = plan_launch(launch.kernel, spec, {**shapes, spec.out: (16, 256, 64)}, "float32")
+    assert _chunked(launch.kernel) and plan.grid == 16 * 8
+    (traffic,) = trace([(launch, plan.grid, plan.block)])
+    x = next(a for a in traffic.arrays if a.source == "x")
+    assert x.coalesced and x.max_sectors == 4, traffic.summary()
