@@ -12,7 +12,10 @@ few lanes and a long ``t`` nearly every thread of the GPU idles. Here, in three 
 3. each thread walks its chunks again from their incoming states, with the scan's own step, and stores them.
 
 Pass 3 is the serial recurrence itself within each chunk; only the chunk carries are reassociated (the products
-of ``a`` over a chunk, composed chunk by chunk), which is what docs/recurrences.md states. A reverse scan walks
+of ``a`` over a chunk, composed chunk by chunk), which is what docs/recurrences.md states. The products and the
+carries are float64 whatever the state's precision. Lanes along the result's contiguous last axis are grouped,
+up to a 32-byte sector of them a block (while ``MIN_BLOCKS`` blocks remain): the block's work item ``q`` is chunk
+``q // width`` of lane ``q mod width``, so a warp's loads read whole sectors. A reverse scan walks
 the chunks in its own order (``t`` downwards). The gradient's adjoint scan of a linear recurrence is linear too,
 so it takes the same form.
 """
@@ -253,8 +256,10 @@ def _passes(walk: Loop, step: tuple[Stmt, ...], start_state: Expr, slope_lets: t
     index = lambda name: Var(name, INDEX)  # noqa: E731
     width = group.width if group is not None else 1
     chunks = CHUNKS // width
-    one, zero = cast(Const(1.0, "float64"), dtype), cast(Const(0.0, "float64"), dtype)
-    state, product = Var(STATE, dtype), Var(PRODUCT, dtype)
+    wide = "float64"  # the slopes' products and the carries: float32's rounding of lam^L, composed over every
+    # chunk of a long memory (lam near 1), cost 40x lax.scan's error at T = 16384 (benchmarks/scan_chunks_precision.py)
+    one, zero = Const(1.0, wide), cast(Const(0.0, "float64"), dtype)
+    state, product = Var(STATE, dtype), Var(PRODUCT, wide)
     steps = binop("-", walk.stop, walk.start)
     length = binop("max", binop("//", binop("+", steps, Const(chunks - 1, INDEX)), Const(chunks, INDEX)),
                    Const(MIN_CHUNK, INDEX))
@@ -271,22 +276,23 @@ def _passes(walk: Loop, step: tuple[Stmt, ...], start_state: Expr, slope_lets: t
     first = Loop("tx_q", Const(0, INDEX), items, False, _in_group(group, member, chunk + (
         Let(PRODUCT, one), Let(STATE, zero),
         Loop(walk.var, index("tx_lo"), index("tx_hi"), False, slope_lets + lets + (
-            Let("tx_a", slope_value), Let(PRODUCT, binop("*", product, Var("tx_a", dtype))), new_state)),
-        Store(SLOPE, (item,), product), Store(OFFSET, (item,), state))), lanes=True)
-    carry = Var("tx_in", dtype)
+            Let("tx_a", slope_value), Let(PRODUCT, binop("*", product, cast(Var("tx_a", dtype), wide))),
+            new_state)),
+        Store(SLOPE, (item,), product), Store(OFFSET, (item,), cast(state, wide)))), lanes=True)
+    carry = Var("tx_in", wide)
     at = binop("+", binop("*", index("tx_c"), Const(width, INDEX)), index("tx_j"))
     compose = Loop("tx_j", Const(0, INDEX), Const(width, INDEX), False, _in_group(group, index("tx_j"), (
-        Let("tx_in", start_state),
+        Let("tx_in", cast(start_state, wide)),
         Loop("tx_c", Const(0, INDEX), index("tx_n"), False, (
-            Let("tx_local", Load(OFFSET, (at,), dtype)),
+            Let("tx_local", Load(OFFSET, (at,), wide)),
             Store(OFFSET, (at,), carry),
-            Let("tx_in", binop("+", binop("*", Load(SLOPE, (at,), dtype), carry), Var("tx_local", dtype))))))),
+            Let("tx_in", binop("+", binop("*", Load(SLOPE, (at,), wide), carry), Var("tx_local", wide))))))),
         lanes=True)
     last = Loop("tx_q", Const(0, INDEX), items, False, _in_group(group, member, chunk + (
-        Let(STATE, Load(OFFSET, (item,), dtype)),
+        Let(STATE, cast(Load(OFFSET, (item,), wide), dtype)),
         Loop(walk.var, index("tx_lo"), index("tx_hi"), False, lets + (new_state, replace(mine, value=state))))),
         lanes=True)
-    return (Shared(SLOPE, CHUNKS, dtype), Shared(OFFSET, CHUNKS, dtype), Let("tx_len", length),
+    return (Shared(SLOPE, CHUNKS, wide), Shared(OFFSET, CHUNKS, wide), Let("tx_len", length),
             Let("tx_n", count), first, Barrier(), compose, Barrier(), last)
 
 
