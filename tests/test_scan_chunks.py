@@ -13,21 +13,18 @@ from __future__ import annotations
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from cuda_harness import GPP, assert_race_is_caught, build, run
 from scan_cases import _lru, _lru_inputs, _mamba, _mamba_inputs, _returns, _returns_inputs
 from test_cuda_host import launch_for
+from test_scan_gpu import _chain, _check, run_in_julia_subset
 
 from tullax.backends.base import Signature
 from tullax.backends.cuda.launch import SCAN_CHUNKS_ENV, device_lowering
 from tullax.compiler import scan_chunks
 from tullax.compiler.loops import Barrier, Loop, parallel_nest
 from tullax.compiler.scan_chunks import GROUP, MAX_LANES, is_chunked
-from tullax.grad import gradients
-from tullax.grad.run import gradient_env, run_gradient
-from tullax.printers.cuda import parameters
 from tullax.spec.frontend import compile_spec
 
 LRU = "h[b,t,n] := lam[n]*h[b,t-1,n] + x[b,t,n]  (t scan from h0)"
@@ -57,25 +54,6 @@ def _problems(T: int, dtype: str = "float64"):
     return [(LRU, _lru_inputs(rng, dtype, B=2, T=T, N=3), _lru),
             (RETURNS, _returns_inputs(rng, dtype, B=2, T=T), _returns),
             (MAMBA, _mamba_inputs(rng, dtype, B=1, T=T, D=2, N=2), _mamba)]
-
-
-def _chain(text, env, execute):
-    """The forward result and the gradient of sum(h * weight) w.r.t. every input, each step by ``execute``."""
-    spec = compile_spec(text)[1]
-    result = execute(spec, env)
-    weight = np.random.default_rng(5).normal(size=np.shape(result))
-    genv = gradient_env(spec, env, result, weight)
-    grads = {g.wrt: run_gradient(g, spec, genv, execute) for g in gradients(spec)}
-    return result, grads, weight
-
-
-def _check(text, env, oracle, execute, rtol=1e-10):
-    got, grads, weight = _chain(text, env, execute)
-    names = list(env)
-    np.testing.assert_allclose(got, oracle(*env.values()), rtol=rtol, atol=rtol)
-    want = jax.grad(lambda *a: jnp.sum(oracle(*a) * weight), tuple(range(len(names))))(*env.values())
-    for name, expected in zip(names, want):
-        np.testing.assert_allclose(grads[name], expected, rtol=rtol, atol=rtol, err_msg=name)
 
 
 def _lowered(text, shapes, dtype="float64"):
@@ -200,25 +178,12 @@ def test_chunked_scans_in_the_julia_subset(chunk_every_scan):
     """The same kernels printed for KernelAbstractions on a GPU (work-groups, @localmem, @synchronize), run by
     the Julia-subset evaluator at T = 13 (chunks of 4, the last ragged): forward and gradients."""
     julia_subset = pytest.importorskip("julia_subset")
-    from tullax.printers.julia import GPU_FLAVOUR, launcher_name, print_module
-
     seen = []
 
     def julia(step, step_env):
-        launch = launch_for(step, step_env, f"k{len(seen)}", False)
-        seen.append(_chunked(launch.kernel) == (step.scan is not None))
-        kernel = launch.kernel
-        args = []
-        for param, value in zip(parameters(kernel, launch.index_bits), launch.arguments):
-            if param.kind == "array":
-                args.append(value)
-            elif param.kind == "scalar":
-                args.append(np.asarray(value).item())
-            elif param.kind == "size":
-                args.append(int(value))
-        julia_subset.load_module(print_module([kernel], flavour=GPU_FLAVOUR)).call(
-            launcher_name(kernel), julia_subset.CPU_BACKEND, *args)
-        return args[0]
+        result, kernel = run_in_julia_subset(julia_subset, step, step_env, f"k{len(seen)}")
+        seen.append(_chunked(kernel) == (step.scan is not None))
+        return result
 
     for text, env, oracle in _problems(13)[:2]:
         _check(text, env, oracle, julia)

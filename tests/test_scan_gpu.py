@@ -149,29 +149,36 @@ def test_a_missing_step_barrier_is_caught(tmp_path):
     assert_race_is_caught(exe, launch, np.asarray(oracle(*env.values())), "a scan step")
 
 
+def run_in_julia_subset(julia_subset, step, step_env, name: str):
+    """(the result, the kernel) of ``step`` on ``step_env``: the kernel the cuda backend launches for these shapes,
+    printed for KernelAbstractions on a GPU and run by the Julia-subset evaluator."""
+    from tullax.printers.julia import GPU_FLAVOUR, launcher_name, print_module
+
+    launch = launch_for(step, step_env, name, False)
+    kernel = launch.kernel
+    args = []
+    for param, value in zip(parameters(kernel, launch.index_bits), launch.arguments):
+        if param.kind == "array":
+            args.append(value)
+        elif param.kind == "scalar":
+            args.append(np.asarray(value).item())
+        elif param.kind == "size":
+            args.append(int(value))
+    julia_subset.load_module(print_module([kernel], flavour=GPU_FLAVOUR)).call(
+        launcher_name(kernel), julia_subset.CPU_BACKEND, *args)
+    return args[0], kernel
+
+
 def test_block_per_row_scans_in_the_julia_subset():
     """The same kernels printed for KernelAbstractions on a GPU (work-groups, @localmem, @synchronize), run by
     the Julia-subset evaluator: forward and gradients against jax.grad of lax.scan."""
     julia_subset = pytest.importorskip("julia_subset")
-    from tullax.printers.julia import GPU_FLAVOUR, launcher_name, print_module
-
     seen = []
 
     def julia(step, step_env):
-        launch = launch_for(step, step_env, f"k{len(seen)}", False)
-        seen.append(launch.kernel.cooperative == (step.scan is not None))
-        kernel = launch.kernel
-        args = []
-        for param, value in zip(parameters(kernel, launch.index_bits), launch.arguments):
-            if param.kind == "array":
-                args.append(value)
-            elif param.kind == "scalar":
-                args.append(np.asarray(value).item())
-            elif param.kind == "size":
-                args.append(int(value))
-        julia_subset.load_module(print_module([kernel], flavour=GPU_FLAVOUR)).call(
-            launcher_name(kernel), julia_subset.CPU_BACKEND, *args)
-        return args[0]
+        result, kernel = run_in_julia_subset(julia_subset, step, step_env, f"k{len(seen)}")
+        seen.append(kernel.cooperative == (step.scan is not None))
+        return result
 
     for text, env, oracle in _problems(N=6):  # a work-group is 256 work-items whatever N: rows of 6 suffice
         _check(text, env, oracle, julia)
