@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 from cuda_harness import GPP, assert_race_is_caught, build, run
-from scan_cases import _lru, _lru_inputs, _mamba, _mamba_inputs, _returns, _returns_inputs
+from scan_cases import _lru, _lru_inputs, _mamba, _mamba_inputs, _returns_inputs
 from test_cuda_host import launch_for
 from test_scan_gpu import _chain, _check, run_in_julia_subset
 
@@ -31,7 +31,7 @@ from tullax.compiler.scan_chunks import GROUP, MAX_LANES, is_chunked
 from tullax.spec.frontend import compile_spec
 
 LRU = "h[b,t,n] := lam[n]*h[b,t-1,n] + x[b,t,n]  (t scan from h0)"
-RETURNS = "G[b,t] := r[b,t] + gamma[b,t]*G[b,t+1]  (t scan reverse)"
+RETURNS = "G[b,t] := r[b,t] + gamma[b,t]*G[b,t+1]  (t scan reverse from g0)"
 MAMBA = "h[b,t,d,n] := exp(dt[b,t,d]*A[d,n])*h[b,t-1,d,n] + dt[b,t,d]*B[b,t,n]*u[b,t,d]  (t scan)"
 TANH = "h[b,t,n] := tanh(lam[n]*h[b,t-1,n] + x[b,t,n])  (t scan)"
 ELMAN = "h[b,t,n] := W[n,m]*h[b,t-1,m] |> tanh(_ + x[b,t,n])  (t scan)"
@@ -51,11 +51,20 @@ def chunk_every_scan(monkeypatch):
     monkeypatch.setattr(scan_chunks, "MIN_BLOCKS", 1)
 
 
+def _returns(r, gamma, g0):
+    def step(G, rg):
+        G = rg[0] + rg[1] * G
+        return G, G
+    return jax.lax.scan(step, g0, (r.T, gamma.T), reverse=True)[1].T
+
+
 def _problems(T: int, dtype: str = "float64"):
-    """(spec text, inputs, lax.scan oracle) at ``T`` steps: a forward scan from h0, a reverse one, Mamba's."""
+    """(spec text, inputs, lax.scan oracle) at ``T`` steps: a forward scan from h0, a reverse one from g0 (the
+    state after the end), Mamba's."""
     rng = np.random.default_rng(T)
+    returns = {**_returns_inputs(rng, dtype, B=2, T=T), "g0": rng.normal(size=2).astype(dtype)}
     return [(LRU, _lru_inputs(rng, dtype, B=2, T=T, N=3), _lru),
-            (RETURNS, _returns_inputs(rng, dtype, B=2, T=T), _returns),
+            (RETURNS, returns, _returns),
             (MAMBA, _mamba_inputs(rng, dtype, B=1, T=T, D=2, N=2), _mamba)]
 
 
@@ -80,7 +89,7 @@ def test_long_linear_scans_over_few_lanes_are_chunked(monkeypatch):
     assert [s.lanes for s in passes if isinstance(s, Loop)] == [True, True, True]
     few = _lowered(LRU, {"lam": (16,), "x": (1, 4096, 16), "h0": (1, 16)})  # 16 lanes: a block each
     assert _chunked(few) and [loop.var == GROUP for loop in parallel_nest(few)[0]] == [False, False]
-    assert _chunked(_lowered(RETURNS, {"r": (4, 65536), "gamma": (4, 65536)}))
+    assert _chunked(_lowered(RETURNS, {"r": (4, 65536), "gamma": (4, 65536), "g0": (4,)}))
     assert _chunked(_lowered(MAMBA, {"dt": (1, 2048, 4), "A": (4, 16), "B": (1, 2048, 16), "u": (1, 2048, 4)}))
     # short, many lanes, nonlinear, mixing: as before
     assert not _lowered(LRU, {"lam": (64,), "x": (16, 512, 64), "h0": (16, 64)}).cooperative
