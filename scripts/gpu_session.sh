@@ -53,13 +53,15 @@ step() {  # step NAME SECONDS COMMAND...: run with a time cap, log its exit stat
 step gpu_tests 150 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_gpu_device.py
 
 # 2. Device time of every kernel of the benchmark cases (CUDA events around pipelined launches, roofline) with
-#    the block tiles (Dist, Linear) and the window tiles (conv2d's forward and both gradients), and the
+#    the block tiles (Dist, Linear) and the window tiles (conv2d's forward and both gradients), the embedding
+#    (its gather and scatter in 32-bit indices, the gradient's output cleared on XLA's stream), and the
 #    forward/backward wall timings against XLA.
-step device_tiled 210 "$PY" benchmarks/gpu.py --parts device,timings --case-limit 40 \
-    --cases "Dist K=784 I=1024 J=512,Dist I=J=4096 K=64,Linear,row logsumexp,conv2d" --out-dir "$OUT/tiles_on"
+step device_tiled 230 "$PY" benchmarks/gpu.py --parts device,timings --case-limit 40 \
+    --cases "Dist K=784 I=1024 J=512,Dist I=J=4096 K=64,Linear,row logsumexp,conv2d,embedding" \
+    --out-dir "$OUT/tiles_on"
 
 # 3. The same for Dist, Linear and conv2d without the tiles (the schedules before them), on the same card.
-step device_untiled 110 env TULLAX_CUDA_TILES=0 "$PY" benchmarks/gpu.py --parts device,timings --case-limit 35 \
+step device_untiled 90 env TULLAX_CUDA_TILES=0 "$PY" benchmarks/gpu.py --parts device,timings --case-limit 35 \
     --cases "Dist K=784 I=1024 J=512,Linear,conv2d" --out-dir "$OUT/tiles_off"
 
 # 4. The corpus against XLA in float32 and float64 (every kernel, forward and gradients, backend='cuda').
