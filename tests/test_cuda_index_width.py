@@ -78,3 +78,37 @@ def test_indices_past_int32_fail_the_guard_in_a_32_bit_kernel(tmp_path):
     want = np.zeros((4, 3), np.float64)
     np.add.at(want, INDICES[valid], v[valid])
     np.testing.assert_allclose(got_scatter, want, rtol=1e-6)
+
+
+def test_the_embeddings_sass_has_no_64_bit_division(tmp_path):
+    """NVRTC for sm_90, the gather and its scatter gradient as the host plans them at the GPU benchmark's shapes
+    with int64 indices: 32-bit index arithmetic, so no 64-bit division (its I2F.U64 and the call into the
+    division routine) in the SASS; at 64 bits each had one (the gather 564 instructions on sm_80, now 262)."""
+    import re
+    import subprocess
+    from dataclasses import replace
+    from pathlib import Path
+
+    from test_cuda_compile import CUOBJDUMP, NVDISASM, NVRTC_MISSING
+
+    if NVRTC_MISSING or CUOBJDUMP is None or NVDISASM is None:
+        pytest.skip("NVRTC, cuobjdump or nvdisasm is not installed")
+    from tullax.backends.cuda import compile as cuda_compile
+
+    kernels = []
+    for text, dtypes, shapes in ((GATHER, ("float32", "int64"), {"W": (50000, 256), "ix": (16384,)}),
+                                 (SCATTER, ("float32", "float32", "int64"),
+                                  {"h": (50000, 256), "v": (16384, 256), "ix": (16384,)})):
+        spec = _spec(text)
+        shapes[spec.out] = tuple(s.eval(shapes) for s in spec.out_shape)
+        kernel, plan = device_lowering(spec, Signature(dtypes, "float32"), shapes, text.split("[")[0] + "_k")
+        kernels.append((replace(kernel, name=f"k{len(kernels)}"), plan.index_bits))
+    assert [bits for _, bits in kernels] == [32, 32]
+    path = tmp_path / "embedding.cubin"
+    path.write_bytes(cuda_compile.compile_with_report(print_module(kernels), "sm_90")[0])
+    sass = subprocess.run([CUOBJDUMP, "-sass", str(path)], capture_output=True, text=True, check=True,
+                          env={"PATH": str(Path(NVDISASM).parent)}).stdout
+    bodies = dict(re.findall(r"Function : (\w+)\n(.*?)(?=\n\s*Function : |\Z)", sass, re.S))
+    assert set(bodies) == {"k0", "k1"}
+    for name, body in bodies.items():
+        assert "I2F.U64" not in body and not re.search(r"\bCALL\b", body), name
