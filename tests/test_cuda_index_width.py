@@ -83,7 +83,7 @@ def test_indices_past_int32_fail_the_guard_in_a_32_bit_kernel(tmp_path):
 def test_the_embeddings_sass_has_no_64_bit_division(tmp_path):
     """NVRTC for sm_90, the gather and its scatter gradient as the host plans them at the GPU benchmark's shapes
     with int64 indices: 32-bit index arithmetic, so no 64-bit division (its I2F.U64 and the call into the
-    division routine) in the SASS; at 64 bits each had one (the gather 564 instructions on sm_80, now 262)."""
+    division routine) in the SASS, which each had at 64 bits."""
     import re
     import subprocess
     from dataclasses import replace
