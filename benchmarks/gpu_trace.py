@@ -19,7 +19,8 @@ outside the patch skip theirs) and a roofline estimate for each device of
 ``gpu_device.PEAKS`` named in ``DEVICES``: FLOPs (two per term) against (a) the compulsory bytes (inputs and
 output once) and (b) the tracer's sector bytes (block 0's 32-byte sectors times the grid, plus the output),
 both at the device's HBM bandwidth; (b) bounds the kernel's time from below when its sectors miss in L2.
-Estimates from the CPU trace, not measurements.
+Beside it, the estimate ``tullax explain --backend cuda`` prints (``tullax.backends.cuda.estimate``: the same
+roofline from the schedule alone, no trace). Estimates from the CPU trace, not measurements.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ from cuda_trace import trace  # noqa: E402
 from gpu_device import PEAKS, kernel_work  # noqa: E402
 from trace_cases import CASES, launches  # noqa: E402
 
+from tullax.backends.cuda.estimate import estimate  # noqa: E402
+from tullax.backends.cuda.launch import START_GIVEN, size_values  # noqa: E402
 from tullax.compiler.loops import parallel_nest  # noqa: E402
 from tullax.compiler.tiles import TilePolicy  # noqa: E402
 
@@ -66,6 +69,13 @@ def schedule_name(kernel) -> str:
     return "split sum" if kernel.split else "a thread per element (or register tile)"
 
 
+def model_us(kernel, plan, done: dict) -> dict:
+    """The schedule's own estimate (tullax.backends.cuda.estimate) at each device of DEVICES, in µs."""
+    shapes = {**done["shapes"], done["spec"].out: done["out_shape"]}
+    found = estimate(kernel, done["spec"], shapes, plan.grid, size_values(kernel, shapes), plan.start == START_GIVEN)
+    return {device: found.micros(*next((f, b) for name, f, b in PEAKS if name == device)) for device in DEVICES}
+
+
 def measure(cases) -> list[dict]:
     rows = []
     for when, tiles in SCHEDULES:
@@ -85,6 +95,7 @@ def measure(cases) -> list[dict]:
                 "flops": done["flops"], "compulsory_bytes": done["bytes"], "sector_bytes": sector_bytes,
                 "intensity": done["flops"] / sector_bytes,
                 "roofline": roofline(done["flops"], done["bytes"], sector_bytes),
+                "model_us": model_us(kernel, plan, done),
                 "shared_requests": shared.requests, "shared_wavefronts": shared.wavefronts,
                 "bank_conflicts": shared.conflicts, "max_bank_ways": shared.max_ways,
                 "shared_write_requests": counted.shared_writes.requests,
@@ -123,8 +134,9 @@ def markdown(rows: list[dict], command: str) -> str:
               "sectors x the grid + the output; µs at the peaks of benchmarks/gpu_device.py's PEAKS):", "",
               "| kernel | shared reads | wavefronts / read | bank conflicts | shared writes | wavefronts / write | "
               "write conflicts | GFLOP | MB compulsory | MB sectors | FLOP / sector byte | "
-              + " | ".join(f"{d} bound µs (flop, compulsory, sectors)" for d in DEVICES) + " |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(DEVICES)]
+              + " | ".join(f"{d} bound µs (flop, compulsory, sectors)" for d in DEVICES) + " | "
+              + " | ".join(f"{d} estimate µs (explain)" for d in DEVICES) + " |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (2 * len(DEVICES))]
     for kernel, found in by_kernel.items():
         row = found["after"]
         reads = row["shared_requests"]
@@ -136,7 +148,8 @@ def markdown(rows: list[dict], command: str) -> str:
         lines.append(f"| {kernel} | {reads} | {per} | {row['bank_conflicts']} | {writes} | {per_write} | "
                      f"{row['write_bank_conflicts']} | {row['flops'] / 1e9:.3f} | "
                      f"{row['compulsory_bytes'] / 1e6:.2f} | {row['sector_bytes'] / 1e6:.2f} | "
-                     f"{row['intensity']:.2f} | {bounds} |")
+                     f"{row['intensity']:.2f} | {bounds} | "
+                     + " | ".join(f"{row['model_us'][d]:.1f}" for d in DEVICES) + " |")
     lines += ["", "Ratios before / after:", ""]
     for kernel, found in by_kernel.items():
         b, a = found["before"], found["after"]

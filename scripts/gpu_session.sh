@@ -60,13 +60,15 @@ step() {  # step NAME SECONDS COMMAND...: run with a time cap, log its exit stat
 step gpu_tests 150 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_gpu_device.py
 
 # 2. Device time of every kernel of the benchmark cases (CUDA events around pipelined launches, roofline) with
-#    the block tiles (Dist, Linear) and the window tiles (conv2d's forward and both gradients), and the
+#    the block tiles (Dist, Linear) and the window tiles (conv2d's forward and both gradients), the embedding
+#    (its gather and scatter in 32-bit indices, the gradient's output cleared on XLA's stream), and the
 #    forward/backward wall timings against XLA.
-step device_tiled 210 "$PY" benchmarks/gpu.py --parts device,timings --case-limit 40 \
-    --cases "Dist K=784 I=1024 J=512,Dist I=J=4096 K=64,Linear,row logsumexp,conv2d" --out-dir "$OUT/tiles_on"
+step device_tiled 230 "$PY" benchmarks/gpu.py --parts device,timings --case-limit 40 \
+    --cases "Dist K=784 I=1024 J=512,Dist I=J=4096 K=64,Linear,row logsumexp,conv2d,embedding" \
+    --out-dir "$OUT/tiles_on"
 
 # 3. The same for Dist, Linear and conv2d without the tiles (the schedules before them), on the same card.
-step device_untiled 80 env TULLAX_CUDA_TILES=0 "$PY" benchmarks/gpu.py --parts device,timings --case-limit 35 \
+step device_untiled 70 env TULLAX_CUDA_TILES=0 "$PY" benchmarks/gpu.py --parts device,timings --case-limit 35 \
     --cases "Dist K=784 I=1024 J=512,Linear,conv2d" --out-dir "$OUT/tiles_off"
 
 # 4. The chunked scan of a linear recurrence over few lanes (h = lam*h + x, 16 and 1024 lanes, T = 1024..65536)
@@ -74,7 +76,7 @@ step device_untiled 80 env TULLAX_CUDA_TILES=0 "$PY" benchmarks/gpu.py --parts d
 step scan_chunks 60 "$PY" benchmarks/scan_gpu.py --rounds 2 --out-dir "$OUT/scan"
 
 # 5. The corpus against XLA in float32 and float64 (every kernel, forward and gradients, backend='cuda').
-step corpus 60 "$PY" benchmarks/gpu.py --parts corpus --out-dir "$OUT/corpus"
+step corpus 50 "$PY" benchmarks/gpu.py --parts corpus --out-dir "$OUT/corpus"
 
 {
     echo

@@ -131,7 +131,7 @@ def test_updates_and_scatters_start_from_the_given_array():
     assert plan_launch(kernel, spec, {"h": (3,), "ix": (6,), "v": (6,)}, "float64").start == START_GIVEN
 
 
-def test_index_width_is_64_bits_when_an_array_or_an_index_array_does_not_fit():
+def test_index_width_is_64_bits_when_an_array_does_not_fit():
     spec, kernel = case_kernel("dist")
     big = {"W": (64, 2**26), "X": (64, 8), "D": (2**26, 8)}
     assert plan_launch(kernel, spec, big, "float32").index_bits == 64
@@ -140,7 +140,8 @@ def test_index_width_is_64_bits_when_an_array_or_an_index_array_does_not_fit():
     wide = lower(spec, tullax.backends.base.Signature(("float32", "int64"), "float32"))
     shapes = {"W": (4, 3), "ix": (6,), "out": (6, 3)}
     assert plan_launch(narrow, spec, shapes, "float32").index_bits == 32
-    assert plan_launch(wide, spec, shapes, "float32").index_bits == 64
+    # an int64 index array too: its value is used only under the guard (tests/test_cuda_index_width.py)
+    assert plan_launch(wide, spec, shapes, "float32").index_bits == 32
 
 
 def test_intervals_check_every_intermediate_value():
@@ -326,7 +327,7 @@ def test_the_lowering_and_the_planners_loop_candidate_take_one_path_choice(monke
 
     launched = []
 
-    def recorded(spec, backend_name, args, out_dtype, emit=None):
+    def recorded(spec, backend_name, args, out_dtype, emit=None, zero_start=False):
         launched.append(backend_name)
         return jnp.zeros(tuple(s.eval({n: tuple(a.shape) for n, a in zip(spec.input_names, args)})
                                for s in spec.out_shape), out_dtype)
@@ -425,12 +426,31 @@ def test_a_gradient_lowers_to_one_gpu_buffer_callback_per_gradient_kernel(gpu):
         (["tensor<4x5xf32>", "tensor<3x4xf32>", "tensor<3x5xf32>"], "tensor<3x5xf32>", False)]
 
 
-def test_a_scatter_gradient_adds_into_an_aliased_buffer_of_zeros(gpu):
+def test_a_scatter_gradient_clears_its_output_instead_of_taking_xlas_zeros(gpu):
+    """The embedding's gradient (``ΔW[ix[b],d] += Δout[b,d]``) starts from zeros: the callback is not handed a
+    zero array (which XLA would write, or copy where it cannot alias it); the kernel clears its output on XLA's
+    stream."""
     embedding = tullax.einsum_kernel("out[b,d] := W[ix[b],d]", backend="cuda")
     (call,) = gpu_calls(jax.grad(lambda w, ix: embedding(w, ix).sum()), jnp.ones((4, 3)), jnp.arange(5) % 4)
     operands, types, result, aliased = call
-    assert types[:3] == ["tensor<4x3xf32>", "tensor<5x3xf32>", "tensor<5xi32>"] and result == "tensor<4x3xf32>"
-    assert aliased  # the zeros (operand 0) are the output buffer
+    # Δout, ix and W (the step's inputs but the zeros, which came first)
+    assert types == ["tensor<5x3xf32>", "tensor<5xi32>", "tensor<4x3xf32>"] and result == "tensor<4x3xf32>"
+    assert not aliased
+
+
+def test_a_zero_start_launch_clears_the_output_then_reads_the_inputs_without_the_zeros(gpu):
+    spec = analysed("W[ix[b],d] += v[b,d]")
+    shapes = {"W": (4, 3), "ix": (5,), "v": (5, 3)}
+    signature = Signature(("float32", "int32", "float32"), "float32")
+    kernel = cuda.device_kernel(spec, signature, shapes, zero_start=True)
+    kernel(3, FakeBuffer(0x100), (FakeBuffer(0x200), FakeBuffer(0x300)))  # ix, v: no zeros
+    assert gpu.calls[0] == ("clear", 0x100, 4 * 3 * 4, 3) and gpu.calls[1][0] == "launch"
+    assert sorted(kernel._params.decoded()[:3]) == [0x100, 0x200, 0x300]
+    given = cuda.device_kernel(spec, signature, shapes)  # not known to be zeros: the given array is copied
+    gpu.calls.clear()
+    given(3, FakeBuffer(0x100), (FakeBuffer(0x400), FakeBuffer(0x200), FakeBuffer(0x300)))
+    assert gpu.calls[0] == ("copy", 0x100, 0x400, 4 * 3 * 4, 3)
+    assert sorted(given._params.decoded()[:3]) == [0x100, 0x200, 0x300]
 
 
 def test_vmap_lowers_to_one_batched_gpu_buffer_callback(gpu):

@@ -14,9 +14,12 @@ from corpus import CORPUS
 from cuda_harness import GPP, assert_race_is_caught, build, run, sanitizer_works
 from cuda_trace import trace
 from test_cuda_host import DTYPES, TOL, case_env, kernel_runs, launch_for
-from trace_cases import launches
+from trace_cases import launches, step_shapes
 
+from tullax.backends.cuda.estimate import estimate
+from tullax.backends.cuda.launch import size_values
 from tullax.backends.cuda.tile_sizes import TILE_SIZES
+from tullax.backends.host import kernel_steps
 from tullax.compiler.loops import THREAD, Barrier, Shared, VectorLoad, walk_stmts
 from tullax.compiler.tiles import FORCE_TILES, TilePolicy, vector_lanes
 from tullax.spec.examples import random_inputs
@@ -198,3 +201,21 @@ def test_the_tracer_shows_the_global_traffic_drop(traced, label):
     assert all(a.max_sectors <= 4 for a in after.arrays)
     sectors_before, sectors_after = before.sectors / before.outputs, after.sectors / after.outputs
     assert sectors_before / sectors_after >= per_before / per_after
+
+
+@pytest.mark.parametrize("label", sorted(HOISTED))
+def test_the_estimates_traffic_is_the_tracers(traced, label):
+    """The roofline estimate's global traffic (``tullax.backends.cuda.estimate``: the staged chunks of every
+    block and the loads hoisted out of it, from the schedule alone) against the tracer's: block 0's 32-byte
+    sectors times the grid, plus the output once: the same bytes."""
+    case = next(c for c in TRACED if label.startswith(c[0]))
+    full = dict(case[2])
+    for step, (found, launch, plan) in zip(kernel_steps(compile_spec(case[1])[1], "float32"), launches(*case)):
+        shapes = step_shapes(step.spec, full)
+        shapes[step.spec.out] = full[step.spec.out] = tuple(s.eval(shapes) for s in step.spec.out_shape)
+        if found == label:
+            break
+    model = estimate(launch.kernel, step.spec, shapes, plan.grid, size_values(launch.kernel, shapes)).traffic_bytes
+    after = traced["after", label]
+    counted = 32 * after.sectors * after.grid + 4 * np.prod(shapes[step.spec.out])
+    assert model == counted

@@ -14,8 +14,10 @@ import pytest
 from cuda_harness import GPP, assert_race_is_caught, build, run, sanitizer_works
 from cuda_trace import trace
 from test_cuda_host import TOL, launch_for
-from trace_cases import CASES, launches
+from trace_cases import CASES, launches, step_shapes
 
+from tullax.backends.cuda.estimate import estimate
+from tullax.backends.cuda.launch import size_values
 from tullax.backends.host import kernel_steps
 from tullax.compiler.loops import BlockTile, Shared, walk_stmts
 from tullax.compiler.tiles import TilePolicy
@@ -164,3 +166,21 @@ def test_the_tracer_shows_conv2d_coalesced_with_fewer_loads(traced, label):
     assert (before.sectors / before.outputs) / (after.sectors / after.outputs) >= 10
     if label != "conv2d gradient wrt k":  # one block holds every term of its outputs: at most 1 load per 8
         assert per_after <= TERMS / 8
+
+
+@pytest.mark.parametrize("label", ["conv2d forward", "conv2d gradient wrt x", "conv2d gradient wrt k"])
+def test_the_estimates_traffic_is_near_the_tracers(traced, label):
+    """The roofline estimate counts a window tile's copies as its patches' elements (halo included): at most the
+    tracer's sector bytes (block 0's sectors times the grid, plus the output), and at least 70% of them (patch
+    rows that start mid-sector cost the tracer whole sectors)."""
+    conv = next(case for case in CASES if case[0] == "conv2d")
+    full = dict(conv[2])
+    for step, (found, launch, plan) in zip(kernel_steps(compile_spec(conv[1])[1], "float32"), launches(*conv)):
+        shapes = step_shapes(step.spec, full)
+        shapes[step.spec.out] = full[step.spec.out] = tuple(s.eval(shapes) for s in step.spec.out_shape)
+        if found == label:
+            break
+    model = estimate(launch.kernel, step.spec, shapes, plan.grid, size_values(launch.kernel, shapes)).traffic_bytes
+    after = traced["after", label]
+    counted = 32 * after.sectors * after.grid + 4 * np.prod(shapes[step.spec.out])
+    assert 0.7 * counted <= model <= counted

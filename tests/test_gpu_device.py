@@ -199,6 +199,23 @@ def test_a_split_sum_clears_its_output_on_every_call():
         np.testing.assert_allclose(cuda(x), np.asarray(x, np.float64).sum(1), rtol=1e-4, atol=1e-2)
 
 
+def test_a_zero_start_gradient_clears_its_output_on_every_call():
+    """The embedding's gradient starts from zeros that XLA no longer hands over: the launch clears the output on
+    XLA's stream first (tullax.calls.device); without that, a reused buffer would keep the last call's sums. Its
+    int64 indices (x64 on) index in 32 bits under their guard."""
+    embedding = tullax.einsum_kernel("out[b,d] := W[ix[b],d]", backend="cuda")
+    grad = jax.jit(jax.grad(lambda w, ix, c: (embedding(w, ix) * c).sum()))
+    rng = np.random.default_rng(2)
+    W = jnp.asarray(rng.standard_normal((300, 40)), jnp.float32)
+    for _ in range(20):
+        ix = rng.integers(0, 300, size=500)
+        cot = rng.standard_normal((500, 40)).astype(np.float32)
+        want = np.zeros((300, 40))
+        np.add.at(want, ix, cot)
+        np.testing.assert_allclose(grad(W, jnp.asarray(ix, jnp.int64), jnp.asarray(cot)), want, rtol=1e-4,
+                                   atol=1e-4)
+
+
 def test_many_calls_on_fresh_buffers_stay_right():
     """XLA reuses buffers in stream order: a launch on another stream, or a stale address, shows here."""
     cuda = jax.jit(tullax.einsum_kernel(DIST, backend="cuda"))

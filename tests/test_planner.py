@@ -526,6 +526,36 @@ def test_a_close_call_is_raced_again_by_later_processes_and_a_clear_one_is_not(m
         planner.forget()
 
 
+def test_each_gpu_model_races_and_keeps_its_own_decision(monkeypatch, tmp_path):
+    """On a GPU the decision is kept under the GPU's model (``store.gpu_model``): a call raced on one model is
+    raced again on another (its tile sizes and bandwidth differ), and each model then reads its own decision.
+    Times on a scripted clock: the loops win on the first model, XLA's slices on the second."""
+    from tullax.planner import store
+
+    clock = ScriptedClock()
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    script = {"loops": 0.001, "xla:slices": 0.004}
+    _script_candidates(monkeypatch, lambda c: (lambda: clock.advance(script[c])) if c in script else None)
+    _, spec = compile_spec(CONV1D)
+    shapes, dtypes = {"x": (64, 8010), "w": (7,)}, {"x": "float32", "w": "float32"}
+
+    def process(model: str, slices_s: float) -> rules.Plan:  # a new process on a GPU of this model
+        planner.forget()
+        monkeypatch.setattr(store, "gpu_model", lambda: model)
+        script["xla:slices"] = slices_s
+        return planner.plan(spec, shapes, dtypes, clock=clock)
+
+    try:
+        assert process("NVIDIA H100 80GB HBM3", 0.004).form == "loops" and planner.STATS["timed"] == 1
+        assert process("NVIDIA H200", 0.0002).form == "slices" and planner.STATS["timed"] == 1
+        assert process("NVIDIA H100 80GB HBM3", 0.0002).form == "loops"
+        assert planner.STATS == {"timed": 0, "from_cache": 1}
+        assert process("NVIDIA H200", 0.004).form == "slices" and planner.STATS == {"timed": 0, "from_cache": 1}
+    finally:
+        planner.forget()
+
+
 def test_auto_builds_one_module_for_the_gradient_steps_that_may_run_on_the_loops(rules_only):
     """Under auto each gradient step is a kernel of its own; where the loop backend compiles the forward kernel
     and every step together (host C: the forward module and the steps module, at once), the steps must come from

@@ -52,10 +52,13 @@ def device_path(backend_name: str, platform: str) -> str:
     return HOST_COPY_PATH
 
 
-def device_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any, emit: Any = None) -> Any:
+def device_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any, emit: Any = None,
+                zero_start: bool = False) -> Any:
     """Run ``spec`` on the device buffers of ``args`` (jax values) on ``backend_name``'s device kernel; the
     result as a jax value of dtype ``out_dtype``. Called while lowering, with tracers. ``emit``: as
-    ``tullax.calls.host.host_call``'s."""
+    ``tullax.calls.host.host_call``'s. ``zero_start``: ``spec`` is a '+=' step whose given array (``args[0]``) is
+    zeros: a backend that clears its output on XLA's stream (``clears_output``) is not handed them, and XLA drops
+    the zeros it would otherwise write (and copy, where it could not alias them)."""
     import jax
     import numpy as np
     from jax.experimental.buffer_callback import buffer_callback
@@ -81,9 +84,15 @@ def device_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: A
                               f"with jax_enable_x64: enable it, or use backend='xla' for a {result.dtype.name} "
                               "result")
         wide_args = [a.astype(d) for a, d in zip(args, wide.in_dtypes)]
-        return device_call(spec, backend_name, wide_args, wide.out_dtype, emit).astype(result.dtype)
-    kernel = backends.resolve(backend_name).device_kernel(spec, signature, {**shapes, spec.out: result.shape})
-    aliases = {0: 0} if updates_in_place(spec, args, result) else None
+        return device_call(spec, backend_name, wide_args, wide.out_dtype, emit, zero_start).astype(result.dtype)
+    backend = backends.resolve(backend_name)
+    found_shapes = {**shapes, spec.out: result.shape}
+    kernel = backend.device_kernel(spec, signature, found_shapes, zero_start=True) \
+        if zero_start and spec.assign == "+=" and getattr(backend, "clears_output", False) else \
+        backend.device_kernel(spec, signature, found_shapes)
+    clears = getattr(kernel, "clears", False)
+    aliases = {0: 0} if not clears and updates_in_place(spec, args, result) else None
+    operands = args[1:] if clears else args  # the kernel clears its output; it never reads the zeros
     text = format_spec(spec)
 
     def run(ctx, out, *buffers):
@@ -91,9 +100,9 @@ def device_call(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: A
         stats.record_launch(text, backend_name, DEVICE_PATH)
 
     if emit is not None:
-        return emit(run, result, aliases, args)
+        return emit(run, result, aliases, operands)
     return buffer_callback(run, result, input_output_aliases=aliases,
-                           command_buffer_compatible=settings.value(COMMAND_BUFFER_ENV))(*args)
+                           command_buffer_compatible=settings.value(COMMAND_BUFFER_ENV))(*operands)
 
 
 __all__ = ["COMMAND_BUFFER_ENV", "DEVICE_PATH", "HostCopyWarning", "device_call", "device_path"]

@@ -49,7 +49,7 @@ def run_loops(spec: Spec, backend_name: str, args: Sequence[Any], out_dtype: Any
     if path == DEVICE_PATH:
         from tullax.calls.device import device_call
 
-        return device_call(spec, backend_name, args, out_dtype, emit=emit)
+        return device_call(spec, backend_name, args, out_dtype, emit=emit, zero_start=zero_start)
     from tullax.calls.host import host_call
 
     return host_call(spec, backend_name, args, out_dtype, path, zero_start, emit=emit)

@@ -22,13 +22,23 @@ def cache_key(call: Call) -> str:
     start = {"zero_start": True} if call.zero_start else {}  # a '+=' step on zeros is raced apart from one on data
     if call.algebra:  # a race with the opted-in expanded form is kept apart from one without it
         start["algebra"] = call.algebra
-    if on_gpu():  # a GPU's race is decided by the GPU, not by the host's cores
-        import jax
-
-        start["gpu"] = jax.devices()[0].device_kind
+    model = gpu_model()
+    if model is not None:  # a GPU's race is decided by the GPU, not by the host's cores
+        start["gpu"] = model
     return key_of(kind="plan", spec=format_spec(call.spec), shapes=sorted(call.shapes.items()),
                   dtypes=sorted(call.dtypes.items()), loops=call.loops, cores=os.cpu_count(),
                   threads=loop_threads(call.loops), **start)
+
+
+def gpu_model() -> str | None:
+    """The model of the GPU jax computes on (``device_kind``, e.g. "NVIDIA H100 80GB HBM3"), None on the CPU:
+    each model races its own schedules (tile sizes, cooperative reductions) against XLA's forms and keeps its
+    own decisions."""
+    if not on_gpu():
+        return None
+    import jax
+
+    return jax.devices()[0].device_kind
 
 
 def load(key: str) -> dict | None:

@@ -51,6 +51,7 @@ from __future__ import annotations
 from typing import ClassVar, Mapping, Sequence
 
 from tullax._version import __version__
+from tullax.compiler.intervals import loaded_index
 from tullax.compiler.loops import (
     INDEX,
     THREAD,
@@ -59,6 +60,7 @@ from tullax.compiler.loops import (
     Combine,
     Const,
     Expr,
+    Let,
     Loop,
     LoopKernel,
     Shared,
@@ -71,7 +73,7 @@ from tullax.compiler.loops import (
     walk_stmts,
 )
 from tullax.errors import TullaxError
-from tullax.printers.base import Place, Precedence
+from tullax.printers.base import LoopPrinter, Place, Precedence
 from tullax.printers.clike import (
     TYPEDEFS,
     CLikePrinter,
@@ -180,6 +182,14 @@ class CudaPrinter(CLikePrinter):
         if isinstance(stmt, Store) and self.cooperative and not self._lanes:  # a lanes loop's: each thread its own
             return [f"{pad}if (tx_thread == 0) {self.store(stmt)}{self.statement_end}"]
         return super().statement(stmt, place)
+
+    def let(self, stmt: Let) -> str:
+        loaded = loaded_index(stmt.value)
+        if loaded is None or self.index_type == INDEX_TYPES[64]:
+            return super().let(stmt)
+        # a loaded index keeps its array's own type in 32-bit kernels: exact until a guard bounds it, which the
+        # host checked (tullax.compiler.intervals: an int64 index past 2^31 must fail the guard, not wrap into it)
+        return f"{storage_type(loaded.dtype)} {LoopPrinter.let(self, stmt)}"
 
     def vector_load(self, stmt: VectorLoad, place: Place) -> list[str]:
         """One 8- or 16-byte shared read (LDS.64, LDS.128) where CUDA has the vector type, unpacked into the

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from tullax import settings
@@ -43,8 +44,11 @@ class DeviceKernel:
     """One compiled, loaded kernel and its launch for one call's shapes: ``kernel(stream, out, buffers)``
     enqueues the work on ``stream`` (the output's starting values, then the kernel) and returns at once."""
 
-    def __init__(self, kernel: LoopKernel, plan: LaunchPlan, function: Any, driver: Any):
+    def __init__(self, kernel: LoopKernel, plan: LaunchPlan, function: Any, driver: Any, zero_start: bool = False):
         self.kernel, self.plan = kernel, plan
+        # a zero-start step is handed its inputs without the zeros (input 0), which it clears on the stream instead
+        self.clears = zero_start
+        self._skip = 1 if zero_start else 0
         self._function, self._driver = function, driver
         self._params = ParamBlock(kernel, plan)
         self._lock = threading.Lock()  # the parameter block is shared: devices may call back on several threads
@@ -60,7 +64,8 @@ class DeviceKernel:
             self._driver.clear(target, plan.out_bytes, stream)
         if not plan.grid:
             return
-        pointers = [target if source is None else device_pointer(buffers[source]) for source in plan.pointers]
+        pointers = [target if source is None else device_pointer(buffers[source - self._skip])
+                    for source in plan.pointers]
         with self._lock:  # cuLaunchKernel copies the parameters before it returns
             self._params.set_pointers(pointers)
             self._driver.launch(self._function, plan.grid, plan.block, stream, self._params.address)
@@ -71,21 +76,26 @@ _BUILT: dict[tuple, DeviceKernel] = {}
 _LOADED: dict[str, Any] = {}  # cache key -> loaded kernel: each cubin is loaded once per process
 
 
-def table_key(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]]) -> tuple:
+def table_key(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]],
+              zero_start: bool = False) -> tuple:
     """What a built kernel is kept under in this process: the call, and the settings that choose its schedule
     (a process that changes one, as benchmarks/scan_gpu.py does, gets the other kernel)."""
     return (spec, signature, tuple(sorted((name, tuple(shape)) for name, shape in shapes.items())),
-            tuple(settings.value(name) for name in (SPLIT_ENV, TILES_ENV, SCAN_CHUNKS_ENV)))
+            tuple(settings.value(name) for name in (SPLIT_ENV, TILES_ENV, SCAN_CHUNKS_ENV)), zero_start)
 
 
-def device_kernel(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]]) -> DeviceKernel:
+def device_kernel(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]],
+                  zero_start: bool = False) -> DeviceKernel:
     """The kernel of ``spec`` for ``signature`` and the call's shapes (inputs by name plus ``spec.out``),
-    compiled (or read from the cache) and loaded; TullaxError when it does not compile."""
+    compiled (or read from the cache) and loaded; TullaxError when it does not compile. ``zero_start``: a '+='
+    step whose given array is zeros: the output is cleared on the stream (``cuMemsetD8Async``) before the launch,
+    and the kernel is called without the zeros."""
     from tullax.backends.cuda.compile import cached_cubin
     from tullax.backends.cuda.driver import driver, target_arch
     from tullax.backends.cuda.tile_sizes import tile_policy
 
-    key = table_key(spec, signature, shapes)
+    zero_start = zero_start and spec.assign == "+="
+    key = table_key(spec, signature, shapes, zero_start)
     with _lock:
         found = _BUILT.get(key)
         if found is not None:
@@ -93,6 +103,9 @@ def device_kernel(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[i
         start = time.perf_counter()
         # the block tile of this device's architecture (tullax.backends.cuda.tile_sizes)
         kernel, plan = device_lowering(spec, signature, shapes, KERNEL_NAME, tiles=tile_policy(target_arch()))
+        zero_start = zero_start and 0 not in plan.pointers  # a '+=' kernel reads its start through its output
+        if zero_start:
+            plan = replace(plan, start=START_ZERO)
         source = print_module([(kernel, plan.index_bits)])
         codegen_ms = (time.perf_counter() - start) * 1e3
         dtypes = [a.dtype for a in kernel.arrays]
@@ -104,7 +117,7 @@ def device_kernel(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[i
             function = _LOADED[cubin.key] = cuda.load(cubin.image, KERNEL_NAME)
         load_ms = (time.perf_counter() - loaded) * 1e3
         _record(cubin, kernel, codegen_ms, load_ms, time.perf_counter() - start)
-        built = _BUILT[key] = DeviceKernel(kernel, plan, function, cuda)
+        built = _BUILT[key] = DeviceKernel(kernel, plan, function, cuda, zero_start)
         return built
 
 
@@ -138,6 +151,7 @@ class CudaBackend:
     name = NAME
     platform = PLATFORM
     capabilities = Capabilities(module_source=True, complex_numbers=False)
+    clears_output = True  # device_kernel(zero_start=True): a zero-start step's output cleared on XLA's stream
 
     def availability(self) -> tuple[bool, str]:
         from tullax.backends.cuda.compile import nvrtc_usable
@@ -155,8 +169,9 @@ class CudaBackend:
             "the cuda backend runs kernels on jax arrays on an NVIDIA GPU, launched by XLA; for NumPy inputs "
             "use a host backend (backend='auto', 'numba' or 'julia')")
 
-    def device_kernel(self, spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]]) -> DeviceKernel:
-        return device_kernel(spec, signature, shapes)
+    def device_kernel(self, spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]],
+                      zero_start: bool = False) -> DeviceKernel:
+        return device_kernel(spec, signature, shapes, zero_start)
 
     def generate_source(self, spec: Spec, signature: Signature) -> str:
         return print_module([(lower(spec, signature.widened(), name=KERNEL_NAME), DISPLAY_INDEX_BITS)])

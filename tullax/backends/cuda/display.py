@@ -1,7 +1,8 @@
 """The CUDA module of a spec as the backend would launch it at given extents: ``generate_source(spec,
 backend="cuda", ranges=...)`` with every index's range given prints, for the shapes those ranges imply, the
 kernel ``device_lowering`` selects for each step (block-tiled, cooperative, split or one thread per element,
-with the index width the host would pick) and its launch, so the schedule for those shapes can be read without a GPU."""
+with the index width the host would pick), its launch and a roofline estimate of its device time
+(``tullax.backends.cuda.estimate``), so the schedule for those shapes can be read without a GPU."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -43,7 +44,8 @@ def shaped_module_source(spec: Spec, signature: Signature, shapes: Mapping[str, 
 
     from tullax import settings
     from tullax.backends.cuda.driver import ARCH_ENV
-    from tullax.backends.cuda.launch import device_lowering
+    from tullax.backends.cuda.estimate import describe, estimate
+    from tullax.backends.cuda.launch import START_GIVEN, device_lowering, size_values
     from tullax.backends.cuda.tile_sizes import tile_policy
     from tullax.backends.host import kernel_steps
     from tullax.compiler.scan_chunks import is_chunked
@@ -51,7 +53,8 @@ def shaped_module_source(spec: Spec, signature: Signature, shapes: Mapping[str, 
 
     signature = signature.widened()
     # TULLAX_CUDA_ARCH's block tiles when set; no device is asked (printing works without one)
-    tiles = tile_policy(settings.value(ARCH_ENV) or None)
+    arch = settings.value(ARCH_ENV) or None
+    tiles = tile_policy(arch)
     known = dict(shapes)
     kernels, launches = [], []
     steps = kernel_steps(spec, signature.out_dtype)
@@ -76,6 +79,8 @@ def shaped_module_source(spec: Spec, signature: Signature, shapes: Mapping[str, 
                     "a thread per output element or tile")
         launches.append(f"// {step.name} ({step.label}): grid {plan.grid} x block {plan.block}, {schedule}, "
                         f"{plan.index_bits}-bit indices")
+        found = estimate(kernel, step.spec, its, plan.grid, size_values(kernel, its), plan.start == START_GIVEN)
+        launches.append(f"//   {describe(found, signature.out_dtype, arch)}")
         kernels.append((kernel, plan.index_bits))
     first, rest = print_module(kernels).split("\n", 1)  # the generated-by line stays first
     shown = ", ".join(f"{n} {tuple(s)}" for n, s in shapes.items())
