@@ -185,7 +185,8 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool, row_tile: i
         swapped = None
         if len(spec.free) == len(rows) + 1 and spec.redop == "+" and spec.finalizer is None and len(spec.reduced) == 1:
             plain = lower(spec, signature, name, share=False, block_sums=False)
-            swapped = row_axpy(plain, len(rows))
+            # its output row held in registers across j (``_row_strips``): a term per pass, else four
+            swapped = row_axpy(plain, len(rows), jam=not (given is None and row_tile > 1 and ROW_STRIP_VECTORS))
             if swapped is not None:  # the row's contraction with its sum outside (``tullax.compiler.fuse_axpy``)
                 kernel, loops = plain, parallel_nest(plain)[0]
                 by_index = _loop_of_index(kernel, spec.free, parallel_nest(plain)[1], st.number)
