@@ -4,9 +4,13 @@
 the wall time waits on the scheduler). Prints jnp / fused (> 1: the fused program is faster) and writes
 benchmarks/results/programs-forward-cpu.json. ``--before-row-tile 1``: a third subject, the fused program built
 with ``tullax.compiler.fuse.ROW_TILE`` set to 1 (a row per iteration: the form before row tiles), in the same
-rounds (before / fused > 1: the row tiles are faster).
+rounds (before / fused > 1: the row tiles are faster). ``--before-registers 1``: the third subject is the fused
+program without its register schedules (``tullax.compiler.fuse.ROW_STRIP_VECTORS = 0``: the values' output rows
+not held in registers, the scores' constant factor in every term; ``tullax.printers.c.FOLD_EIGHT = False``: a tile's
+sums folded one by one).
 
     PYTHONPATH=$PWD python benchmarks/programs_cpu.py [--rounds 150] [--out FILE] [--before-row-tile 1]
+        [--before-registers 1]
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "programs-forward-cpu.json"))
     parser.add_argument("--before-row-tile", type=int, default=0)
+    parser.add_argument("--before-registers", type=int, default=0)
     args = parser.parse_args(argv)
     os.environ.setdefault("TULLAX_CACHE_DIR", tempfile.mkdtemp(prefix="tullax-programs-cpu-"))
     here = os.path.dirname(os.path.abspath(__file__))
@@ -35,18 +40,23 @@ def main(argv: list[str] | None = None) -> int:
 
     from tullax.api.program import ProgramKernel
     from tullax.compiler import fuse
+    from tullax.printers import c as cprinter
 
     results = []
     for name, text, oracle, inputs in cases(np.random.default_rng(0)):
         subjects = {"fused": jax.jit(ProgramKernel(text, backend="c")), "jnp": jax.jit(oracle)}
-        if args.before_row_tile:
+        if args.before_row_tile or args.before_registers:
             subjects["before"] = jax.jit(ProgramKernel(text, backend="c"))
         for label, fn in subjects.items():
-            tile, fuse.ROW_TILE = fuse.ROW_TILE, (args.before_row_tile if label == "before" else fuse.ROW_TILE)
+            saved = fuse.ROW_TILE, fuse.ROW_STRIP_VECTORS, cprinter.FOLD_EIGHT
+            if label == "before" and args.before_row_tile:
+                fuse.ROW_TILE = args.before_row_tile
+            if label == "before" and args.before_registers:
+                fuse.ROW_STRIP_VECTORS, cprinter.FOLD_EIGHT = 0, False
             try:  # fused (and compiled) at the first call
                 jax.block_until_ready(fn(*inputs))
             finally:
-                fuse.ROW_TILE = tile
+                fuse.ROW_TILE, fuse.ROW_STRIP_VECTORS, cprinter.FOLD_EIGHT = saved
         cpu: dict = {label: [] for label in subjects}
         labels = list(subjects)
         for r in range(args.rounds):
@@ -66,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
               f"  before {row['before_cpu_ms']:.3f} ms  jnp/before x{row['cpu_jnp_over_before']:.2f}  "
               f"before/fused x{row['cpu_before_over_fused']:.2f}"), flush=True)
     record = {"backend": "c", "dtype": "float32", "rounds": args.rounds, "before_row_tile": args.before_row_tile,
+              "before_registers": args.before_registers,
               "cpus": os.cpu_count(),
               "load_average": os.getloadavg(), "jax": jax.__version__, "results": results}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

@@ -3,9 +3,11 @@ benchmarks/programs.py w.r.t. every array input, jitted, for the program under `
 same with its gradient tails off (``before``: the inputs no gradient program covers run the unfused statements'
 gradients, as before the tails) and jnp written by hand, alternating call by call in ONE process (the order
 swapped every round), the median CPU time of each (every thread's). Prints jnp / fused and before / fused (> 1: the
-fused gradient is faster) and writes benchmarks/results/programs-grad-cpu.json.
+fused gradient is faster) and writes benchmarks/results/programs-grad-cpu.json. ``--before-registers 1``: ``before``
+is the fused gradient (tails on) without the fused rows' register schedules (``tullax.compiler.fuse.
+ROW_STRIP_VECTORS = 0``, ``tullax.printers.c.FOLD_EIGHT = False``: see benchmarks/programs_cpu.py).
 
-    PYTHONPATH=$PWD python benchmarks/programs_grad_cpu.py [--rounds 100] [--out FILE]
+    PYTHONPATH=$PWD python benchmarks/programs_grad_cpu.py [--rounds 100] [--out FILE] [--before-registers 1]
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "programs-grad-cpu.json"))
+    parser.add_argument("--before-registers", type=int, default=0)
     args = parser.parse_args(argv)
     os.environ.setdefault("TULLAX_CACHE_DIR", tempfile.mkdtemp(prefix="tullax-programs-grad-cpu-"))
     here = os.path.dirname(os.path.abspath(__file__))
@@ -33,12 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     from programs import cases
 
     from tullax.api.program import ProgramKernel
+    from tullax.compiler import fuse
+    from tullax.printers import c as cprinter
 
     rng = np.random.default_rng(0)
     results = []
     for name, text, oracle, inputs in cases(rng):
         before = ProgramKernel(text, backend="c", fuse="grad")
-        before.fusion.tails = False
+        before.fusion.tails = bool(args.before_registers)
         programs = {"fused": ProgramKernel(text, backend="c", fuse="grad"), "before": before, "jnp": oracle}
         weight = rng.normal(size=np.shape(oracle(*inputs))).astype(np.float32)
         wrt = tuple(range(len(inputs)))
@@ -46,7 +51,14 @@ def main(argv: list[str] | None = None) -> int:
                     for label, f in programs.items()}
         want = subjects["jnp"](*inputs)
         for label, fn in subjects.items():  # compile, and check against jnp
-            for g, w in zip(fn(*inputs), want):
+            saved = fuse.ROW_STRIP_VECTORS, cprinter.FOLD_EIGHT
+            if label == "before" and args.before_registers:
+                fuse.ROW_STRIP_VECTORS, cprinter.FOLD_EIGHT = 0, False
+            try:
+                found = fn(*inputs)
+            finally:
+                fuse.ROW_STRIP_VECTORS, cprinter.FOLD_EIGHT = saved
+            for g, w in zip(found, want):
                 assert np.abs(np.asarray(g) - np.asarray(w)).max() <= 1e-3 * max(1.0, np.abs(w).max()), (name, label)
         cpu: dict = {label: [] for label in subjects}
         labels = list(subjects)
@@ -65,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
               f"jnp {row['jnp_cpu_ms']:.3f} ms  jnp/fused x{row['cpu_jnp_over_fused']:.2f}  "
               f"jnp/before x{row['cpu_jnp_over_before']:.2f}  before/fused x{row['cpu_before_over_fused']:.2f}",
               flush=True)
-    record = {"backend": "c", "dtype": "float32", "rounds": args.rounds, "cpus": os.cpu_count(),
+    record = {"backend": "c", "dtype": "float32", "rounds": args.rounds, "before_registers": args.before_registers,
+              "cpus": os.cpu_count(),
               "load_average": os.getloadavg(), "jax": jax.__version__, "results": results}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     return 0

@@ -39,20 +39,24 @@ from tullax.compiler.loops import (
 )
 
 
-def factor_sums(kernel: LoopKernel) -> LoopKernel:
-    """``kernel`` with the invariant factors of every loop of the pattern (module doc) taken out of its sum."""
+def factor_sums(kernel: LoopKernel, each: bool = False) -> LoopKernel:
+    """``kernel`` with the invariant factors of every loop of the pattern (module doc) taken out of its sum.
+    ``each``: accumulations whose rests differ (a register tile's dot products, attention's scores
+    ``q[i,d]*k[j,d]*0.125``) each sum their own rest and multiply by their invariant factors once after, where
+    every accumulation has one: a multiply per term fewer."""
     taken = {s.var for s in walk_stmts(kernel.body) if hasattr(s, "var")}
-    return replace(kernel, body=_rewrite(kernel.body, taken))
+    return replace(kernel, body=_rewrite(kernel.body, taken, each))
 
 
-def _rewrite(stmts: tuple[Stmt, ...], taken: set[str]) -> tuple[Stmt, ...]:
+def _rewrite(stmts: tuple[Stmt, ...], taken: set[str], each: bool = False) -> tuple[Stmt, ...]:
     out: list[Stmt] = []
     for stmt in stmts:
         if isinstance(stmt, Loop):
-            loop = replace(stmt, body=_rewrite(stmt.body, taken))
-            out += _factored(loop, taken) or [loop]
+            loop = replace(stmt, body=_rewrite(stmt.body, taken, each))
+            out += _factored(loop, taken, each) or [loop]
         elif isinstance(stmt, If):
-            out.append(replace(stmt, then=_rewrite(stmt.then, taken), orelse=_rewrite(stmt.orelse, taken)))
+            out.append(replace(stmt, then=_rewrite(stmt.then, taken, each),
+                               orelse=_rewrite(stmt.orelse, taken, each)))
         else:
             out.append(stmt)
     return tuple(out)
@@ -79,7 +83,7 @@ def _product(factors: list[Expr], sign: int, dtype: str) -> Expr:
     return UnOp("neg", value, dtype) if sign < 0 else value
 
 
-def _factored(loop: Loop, taken: set[str]) -> list[Stmt] | None:
+def _factored(loop: Loop, taken: set[str], each: bool = False) -> list[Stmt] | None:
     if loop.parallel or loop.reduce_parallel or not loop.body:
         return None
     if not all(isinstance(s, Accum) and s.op == "+" and is_float(s.value.dtype) for s in loop.body):
@@ -93,6 +97,8 @@ def _factored(loop: Loop, taken: set[str]) -> list[Stmt] | None:
         rest = [f for f in factors if expr_vars(f) & varying]
         split.append((stmt, sign, invariant, rest))
     rests = {tuple(rest) for _, _, _, rest in split}
+    if each and len(rests) == len(split) > 1 and all(rest and invariant for _, _, invariant, rest in split):
+        return _factored_each(loop, split, taken)
     if len(rests) != 1 or not next(iter(rests)) or not any(invariant for _, _, invariant, _ in split):
         return None
     dtype = split[0][0].value.dtype
@@ -104,6 +110,19 @@ def _factored(loop: Loop, taken: set[str]) -> list[Stmt] | None:
     after = [Accum(stmt.var, "+", _product(invariant + [Var(total, dtype)], sign, dtype))
              for stmt, sign, invariant, _ in split]
     return [Let(total, Const(0.0, dtype)), summed, *after]
+
+
+def _factored_each(loop: Loop, split: list, taken: set[str]) -> list[Stmt] | None:
+    """Each accumulation summing its own rest (``factor_sums(each=True)``)."""
+    if len({stmt.value.dtype for stmt, _, _, _ in split}) != 1:
+        return None
+    dtype = split[0][0].value.dtype
+    totals = [_fresh(f"{loop.var}_s", taken) for _ in split]
+    summed = replace(loop, body=tuple(Accum(total, "+", _product(rest, 1, dtype))
+                                      for total, (_, _, _, rest) in zip(totals, split)))
+    after = [Accum(stmt.var, "+", _product(invariant + [Var(total, dtype)], sign, dtype))
+             for total, (stmt, sign, invariant, _) in zip(totals, split)]
+    return [*(Let(total, Const(0.0, dtype)) for total in totals), summed, *after]
 
 
 def _fresh(name: str, taken: set[str]) -> str:

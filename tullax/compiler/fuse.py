@@ -54,6 +54,10 @@ SHARED_BYTES = 48 * 1024 - 64 * 8
 # rows a CPU thread runs at once where a row's contraction reads a matrix that every row reads (attention's keys
 # and values): the rows' copies share those loads (a 2 x 4 register tile of its scores)
 ROW_TILE = 2
+# vectors per row segment of a row's contraction held in registers across its sum (``tullax.compiler.strips``):
+# attention's values, two rows of 64 float32 in 16 vector accumulators, each load of v shared by both rows; 0:
+# neither these strips nor the tile's constant factors taken out of its dot products (the form before them)
+ROW_STRIP_VECTORS = 8
 
 
 class NotFusable(TullaxError):
@@ -143,6 +147,7 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool, row_tile: i
           rows: tuple[str, ...] | None = None) -> Fused:
     """``rows`` given (a scan program's step, ``tullax.compiler.scan_program``): every statement fuses, its
     register tiles dropped (a step computes one position of ``t``)."""
+    from tullax.compiler.factor import factor_sums
     from tullax.compiler.fuse_axpy import row_axpy, row_tiles
     from tullax.compiler.jam import RegisterTile, register_tiles
     from tullax.compiler.lower import lower
@@ -159,6 +164,7 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool, row_tile: i
     compute = dtype
     agree: list[tuple[Expr, Expr]] = []
     shared_loads = False  # a row contraction whose reads other rows share (tile the rows)
+    strips: list[Loop] = []  # the output's other index of a row's contraction turned inside out (``row_axpy``)
     for st in program.statements:
         spec = st.spec
         signature = Signature(tuple(INDEX_DTYPE if i.kind == "index" else dtype for i in spec.inputs), dtype)
@@ -179,7 +185,8 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool, row_tile: i
         swapped = None
         if len(spec.free) == len(rows) + 1 and spec.redop == "+" and spec.finalizer is None and len(spec.reduced) == 1:
             plain = lower(spec, signature, name, share=False, block_sums=False)
-            swapped = row_axpy(plain, len(rows))
+            # its output row held in registers across j (``_row_strips``): a term per pass, else four
+            swapped = row_axpy(plain, len(rows), jam=not (given is None and row_tile > 1 and ROW_STRIP_VECTORS))
             if swapped is not None:  # the row's contraction with its sum outside (``tullax.compiler.fuse_axpy``)
                 kernel, loops = plain, parallel_nest(plain)[0]
                 by_index = _loop_of_index(kernel, spec.free, parallel_nest(plain)[1], st.number)
@@ -204,6 +211,8 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool, row_tile: i
         for a, b in zip(outer, here):  # bounds read off other arrays' shapes must agree at call time
             agree.extend((x, y) for x, y in ((a.start, b.start), (a.stop, b.stop)) if x != y)
         work = tuple(rename.stmt(s) for s in (inner if swapped is None else swapped))
+        if swapped is not None:
+            strips.append(rename.stmt(replace(loops[-1], body=())))
         for loop in reversed(loops[len(rows):] if swapped is None else ()):  # the output's other indices: serial
             work = (replace(rename.stmt(replace(loop, body=())), parallel=False, body=work),)  # loops inside the row
         body.extend(work)
@@ -216,7 +225,22 @@ def _fuse(program: Program, dtype: str, name: str, block_sums: bool, row_tile: i
                         nest, compute)
     if shared_loads and row_tile > 1:
         kernel = register_tiles(kernel, [(row_vars[-1], RegisterTile(rows[-1], row_tile))])
+    if given is None and row_tile > 1 and ROW_STRIP_VECTORS:
+        kernel = _row_strips(factor_sums(kernel, each=True), strips)
     return Fused(kernel, rows, program.outputs, tuple(agree), program)
+
+
+def _row_strips(kernel: LoopKernel, strips: list[Loop]) -> LoopKernel:
+    """``kernel`` with each row's contraction turned inside out (``row_axpy``: ``for j: for e: out[.., e] +=
+    ...``) run in chunks of ``e`` whose output row segments stay in vector registers across the sum over ``j``
+    (``tullax.compiler.strips``: each element adds the same terms in the same order)."""
+    from tullax.compiler.strips import STRIP_VECTORS, register_strips, strip_width
+
+    width = strip_width(kernel.compute_dtype) // STRIP_VECTORS * ROW_STRIP_VECTORS
+    for loop in strips if width else ():
+        found = register_strips(kernel, loop.var, loop.start, loop.stop, width)
+        kernel = kernel if found is None else found
+    return kernel
 
 
 def _loop_of_index(kernel: LoopKernel, free: tuple[str, ...], inner: tuple[Stmt, ...], number: int) -> dict[str, str]:

@@ -38,10 +38,11 @@ from tullax.compiler.loops import (
 from tullax.compiler.reduction_jam import jam_reductions
 
 
-def row_axpy(kernel: LoopKernel, rows: int) -> tuple[Stmt, ...] | None:
+def row_axpy(kernel: LoopKernel, rows: int, jam: bool = True) -> tuple[Stmt, ...] | None:
     """The per-row work of ``kernel`` (lowered without blocked sums or register tiles; its parallel nest the
     ``rows`` row loops and one more, ``e``) with its sum's loop outside ``e``'s, or None where it does not apply:
-    the output row cleared, then ``for j: for e: out[.., e] += term``."""
+    the output row cleared, then ``for j: for e: out[.., e] += term``. ``jam=False``: a term per pass over the row
+    (where the row stays in registers across j, ``tullax.compiler.strips``: a multiply-add per term)."""
     loops, inner = parallel_nest(kernel)
     if len(loops) != rows + 1 or len(inner) != 3:
         return None
@@ -69,7 +70,7 @@ def row_axpy(kernel: LoopKernel, rows: int) -> tuple[Stmt, ...] | None:
     add = replace(e, parallel=False, body=(*(s for s in lets if s.var in moving),
                                            Store(out.name, store.index, accum.value, "add")))
     swapped = (clear, replace(loop, body=(*(s for s in lets if s.var not in moving), add)))
-    return jam_reductions(replace(kernel, body=swapped)).body
+    return jam_reductions(replace(kernel, body=swapped)).body if jam else swapped if jam else swapped
 
 
 TILE = 4  # dot products of a row at a time: their vector sum lanes fill the registers the printers vectorise into

@@ -95,6 +95,7 @@ PREFETCH_BYTES = 16384
 _OMP_REDUCTIONS = {"+": "+", "*": "*"}  # OpenMP's own; max/min are the prelude's NaN-propagating ones
 _LANE_SUMS = {"+": "add", "*": "mul"}  # the sum/product lanes' folds (the prelude's ``tx_vfoldadd_f32``)
 _IDENTITY = {"+": "-0.0", "*": "1.0"}
+FOLD_EIGHT = True  # a register tile's eight float32 sums fold together (False: one by one, as before; benchmarks)
 
 
 def parameters(kernel: LoopKernel) -> tuple[Parameter, ...]:
@@ -312,12 +313,19 @@ class CPrinter(ComplexC, CLikePrinter):
             lines.append(if_pad + "}")
             if lanes > width:
                 lines += [f"{if_pad}if ({var}_top < {var}_tail) {{", *block(f"{var}_top", width, deep), if_pad + "}"]
-        for a in accums:
+        eight = FOLD_EIGHT and not self.plain and width == 8 and len(accums) % 8 == 0 and all(
+            a.op == "+" for a in accums)
+        for a in accums if not eight else ():
             each = f"for (int k = 0; k < {width}; ++k) " if self.plain else ""
             lines += [f"{if_pad}{each}{a.var}_l0{'[k]' if each else ''} {a.op}= {a.var}_l{c}{'[k]' if each else ''};"
                       for c in chains[1:]]
             fold = "tx_pfold" if self.plain else "tx_vfold"
             lines.append(f"{if_pad}{a.var} = {fold}{_LANE_SUMS[a.op]}_{suffix}({a.var}_l0, {a.var});")
+        for group in range(0, len(accums) if eight else 0, 8):  # a register tile's sums (attention's scores)
+            folded, some = f"{var}_fold", accums[group:group + 8]  # eight at a time: fewer shuffles, the same sums
+            lines += [f"{if_pad}{{", f"{if_pad}{self.indent}const {vector} {folded} = tx_vfold8add_{suffix}("
+                      f"{', '.join(f'{a.var}_l0' for a in some)}, ({vector}){{{', '.join(a.var for a in some)}}});",
+                      *(f"{if_pad}{self.indent}{a.var} = {folded}[{k}];" for k, a in enumerate(some)), if_pad + "}"]
         if direct is not None:  # the vectors took every iteration; a shorter loop: half vectors, or one by one
             short = Loop(var, loop.start, loop.stop, False, loop.body)
             return [*lines, *half_row(direct, lanes_loop, inner_pad, self.expr), inner_pad + "} else {",

@@ -73,6 +73,17 @@ def _lane_helpers(dtype: str) -> str:
                      f"{storage_type(dtype)} acc) {{")
         lines += [f"    l = l {sign} TX_SHUFFLE(l, {mask}, {half});" for half in halves]
         lines += [f"    return acc {sign} l[0];", "}"]
+    if lanes == 8:  # eight sums' lanes folded at once: each lane's additions exactly tx_vfoldadd's, in vectors
+        vs = ", ".join(f"{vector} l{t}" for t in range(8))
+        lo, hi = "0, 1, 2, 3, 8, 9, 10, 11", "4, 5, 6, 7, 12, 13, 14, 15"
+        lines += [f"static inline {vector} tx_vfold8add_{suffix}({vs}, {vector} acc) {{",
+                  *(f"    const {vector} a{t} = TX_SHUFFLE2(l{t}, l{t + 1}, {mask}, {lo}) + "
+                    f"TX_SHUFFLE2(l{t}, l{t + 1}, {mask}, {hi});" for t in range(0, 8, 2)),
+                  *(f"    const {vector} b{t} = TX_SHUFFLE2(a{t}, a{t + 2}, {mask}, 0, 1, 8, 9, 4, 5, 12, 13) + "
+                    f"TX_SHUFFLE2(a{t}, a{t + 2}, {mask}, 2, 3, 10, 11, 6, 7, 14, 15);" for t in (0, 4)),
+                  f"    const {vector} c = TX_SHUFFLE2(b0, b4, {mask}, 0, 2, 4, 6, 8, 10, 12, 14) + "
+                  f"TX_SHUFFLE2(b0, b4, {mask}, 1, 3, 5, 7, 9, 11, 13, 15);",
+                  f"    return acc + TX_SHUFFLE(c, {mask}, 0, 2, 1, 3, 4, 6, 5, 7);", "}"]
     # an unaligned vector read (``c_vector``): a local of an inline function, so it never stays on the stack
     lines += [f"static inline {vector} tx_vload_{suffix}(const {storage_type(dtype)}* p) {{",
               f"    {vector} v;", "    memcpy(&v, p, sizeof(v));", "    return v;", "}"]
@@ -84,8 +95,10 @@ LANE_PRELUDE = """
 // and a mask of the lanes that saw one; the fold of the lanes into the accumulator
 #if defined(__clang__) || __GNUC__ >= 12
 #define TX_SHUFFLE(v, mask, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#define TX_SHUFFLE2(a, b, mask, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 #else
 #define TX_SHUFFLE(v, mask, ...) __builtin_shuffle(v, (mask){__VA_ARGS__})
+#define TX_SHUFFLE2(a, b, mask, ...) __builtin_shuffle(a, b, (mask){__VA_ARGS__})
 #endif
 """ + "".join(_lane_helpers(dtype) for dtype in HELPER_TYPES)
 

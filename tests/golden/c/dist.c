@@ -195,8 +195,10 @@ static inline tx_i64 tx_powi_i64(tx_i64 x, int n) {
 // and a mask of the lanes that saw one; the fold of the lanes into the accumulator
 #if defined(__clang__) || __GNUC__ >= 12
 #define TX_SHUFFLE(v, mask, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#define TX_SHUFFLE2(a, b, mask, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 #else
 #define TX_SHUFFLE(v, mask, ...) __builtin_shuffle(v, (mask){__VA_ARGS__})
+#define TX_SHUFFLE2(a, b, mask, ...) __builtin_shuffle(a, b, (mask){__VA_ARGS__})
 #endif
 typedef float tx_v8_f32 __attribute__((vector_size(32)));
 typedef tx_i32 tx_m8_f32 __attribute__((vector_size(32)));
@@ -249,6 +251,16 @@ static inline float tx_vfoldmul_f32(tx_v8_f32 l, float acc) {
     l = l * TX_SHUFFLE(l, tx_m8_f32, 2, 3, 0, 1, 6, 7, 4, 5);
     l = l * TX_SHUFFLE(l, tx_m8_f32, 1, 0, 3, 2, 5, 4, 7, 6);
     return acc * l[0];
+}
+static inline tx_v8_f32 tx_vfold8add_f32(tx_v8_f32 l0, tx_v8_f32 l1, tx_v8_f32 l2, tx_v8_f32 l3, tx_v8_f32 l4, tx_v8_f32 l5, tx_v8_f32 l6, tx_v8_f32 l7, tx_v8_f32 acc) {
+    const tx_v8_f32 a0 = TX_SHUFFLE2(l0, l1, tx_m8_f32, 0, 1, 2, 3, 8, 9, 10, 11) + TX_SHUFFLE2(l0, l1, tx_m8_f32, 4, 5, 6, 7, 12, 13, 14, 15);
+    const tx_v8_f32 a2 = TX_SHUFFLE2(l2, l3, tx_m8_f32, 0, 1, 2, 3, 8, 9, 10, 11) + TX_SHUFFLE2(l2, l3, tx_m8_f32, 4, 5, 6, 7, 12, 13, 14, 15);
+    const tx_v8_f32 a4 = TX_SHUFFLE2(l4, l5, tx_m8_f32, 0, 1, 2, 3, 8, 9, 10, 11) + TX_SHUFFLE2(l4, l5, tx_m8_f32, 4, 5, 6, 7, 12, 13, 14, 15);
+    const tx_v8_f32 a6 = TX_SHUFFLE2(l6, l7, tx_m8_f32, 0, 1, 2, 3, 8, 9, 10, 11) + TX_SHUFFLE2(l6, l7, tx_m8_f32, 4, 5, 6, 7, 12, 13, 14, 15);
+    const tx_v8_f32 b0 = TX_SHUFFLE2(a0, a2, tx_m8_f32, 0, 1, 8, 9, 4, 5, 12, 13) + TX_SHUFFLE2(a0, a2, tx_m8_f32, 2, 3, 10, 11, 6, 7, 14, 15);
+    const tx_v8_f32 b4 = TX_SHUFFLE2(a4, a6, tx_m8_f32, 0, 1, 8, 9, 4, 5, 12, 13) + TX_SHUFFLE2(a4, a6, tx_m8_f32, 2, 3, 10, 11, 6, 7, 14, 15);
+    const tx_v8_f32 c = TX_SHUFFLE2(b0, b4, tx_m8_f32, 0, 2, 4, 6, 8, 10, 12, 14) + TX_SHUFFLE2(b0, b4, tx_m8_f32, 1, 3, 5, 7, 9, 11, 13, 15);
+    return acc + TX_SHUFFLE(c, tx_m8_f32, 0, 2, 1, 3, 4, 6, 5, 7);
 }
 static inline tx_v8_f32 tx_vload_f32(const float* p) {
     tx_v8_f32 v;
@@ -349,6 +361,16 @@ static inline tx_i32 tx_vfoldmul_i32(tx_v8_i32 l, tx_i32 acc) {
     l = l * TX_SHUFFLE(l, tx_m8_i32, 2, 3, 0, 1, 6, 7, 4, 5);
     l = l * TX_SHUFFLE(l, tx_m8_i32, 1, 0, 3, 2, 5, 4, 7, 6);
     return acc * l[0];
+}
+static inline tx_v8_i32 tx_vfold8add_i32(tx_v8_i32 l0, tx_v8_i32 l1, tx_v8_i32 l2, tx_v8_i32 l3, tx_v8_i32 l4, tx_v8_i32 l5, tx_v8_i32 l6, tx_v8_i32 l7, tx_v8_i32 acc) {
+    const tx_v8_i32 a0 = TX_SHUFFLE2(l0, l1, tx_m8_i32, 0, 1, 2, 3, 8, 9, 10, 11) + TX_SHUFFLE2(l0, l1, tx_m8_i32, 4, 5, 6, 7, 12, 13, 14, 15);
+    const tx_v8_i32 a2 = TX_SHUFFLE2(l2, l3, tx_m8_i32, 0, 1, 2, 3, 8, 9, 10, 11) + TX_SHUFFLE2(l2, l3, tx_m8_i32, 4, 5, 6, 7, 12, 13, 14, 15);
+    const tx_v8_i32 a4 = TX_SHUFFLE2(l4, l5, tx_m8_i32, 0, 1, 2, 3, 8, 9, 10, 11) + TX_SHUFFLE2(l4, l5, tx_m8_i32, 4, 5, 6, 7, 12, 13, 14, 15);
+    const tx_v8_i32 a6 = TX_SHUFFLE2(l6, l7, tx_m8_i32, 0, 1, 2, 3, 8, 9, 10, 11) + TX_SHUFFLE2(l6, l7, tx_m8_i32, 4, 5, 6, 7, 12, 13, 14, 15);
+    const tx_v8_i32 b0 = TX_SHUFFLE2(a0, a2, tx_m8_i32, 0, 1, 8, 9, 4, 5, 12, 13) + TX_SHUFFLE2(a0, a2, tx_m8_i32, 2, 3, 10, 11, 6, 7, 14, 15);
+    const tx_v8_i32 b4 = TX_SHUFFLE2(a4, a6, tx_m8_i32, 0, 1, 8, 9, 4, 5, 12, 13) + TX_SHUFFLE2(a4, a6, tx_m8_i32, 2, 3, 10, 11, 6, 7, 14, 15);
+    const tx_v8_i32 c = TX_SHUFFLE2(b0, b4, tx_m8_i32, 0, 2, 4, 6, 8, 10, 12, 14) + TX_SHUFFLE2(b0, b4, tx_m8_i32, 1, 3, 5, 7, 9, 11, 13, 15);
+    return acc + TX_SHUFFLE(c, tx_m8_i32, 0, 2, 1, 3, 4, 6, 5, 7);
 }
 static inline tx_v8_i32 tx_vload_i32(const tx_i32* p) {
     tx_v8_i32 v;
