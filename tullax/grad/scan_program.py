@@ -58,10 +58,13 @@ class ScanAdjoint:
 
     def statements(self) -> list[str]:
         """What ``explain`` prints: the adjoint's statements, then the flat program whose gradients run."""
-        return ["  reverse scan (one kernel; locals recomputed per step):"] + [
-            f"    {line}" for line in self.adjoint.split("\n")] + [
-            f"  then every input's gradient: the gradients of (with Δ{self.out} := {self.seed} + {self.state} at "
-            f"the next step)"] + [f"    {line}" for line in self.flat.split("\n")] + (
+        back = "one step on" if self.reverse else "one step back"
+        first = f" ({self.init} at the first step)" if self.init else " (0 at the first step)"
+        return [f"  {self.previous} is {self.out} {back}{first}; the reverse scan, one kernel, locals recomputed per "
+                f"step:"] + [f"    {line}" for line in self.adjoint.split("\n")] + [
+            f"  then every input's gradient at once: the gradients of this flat program at the cotangent "
+            f"{self.seed} + {self.state} one step {'back' if self.reverse else 'on'}:"] + [
+            f"    {line}" for line in self.flat.split("\n")] + (
             [f"  Δ{self.init}: {self.state} at the first step"] if self.init else [])
 
 
