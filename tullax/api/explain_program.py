@@ -56,7 +56,8 @@ def _scan_gradient_lines(program: Program) -> list[str]:
         adjoint = derive_scan_adjoint(program)
     except TullaxError as why:
         return [f"gradients: JAX's derivative of that lax.scan ({str(why).splitlines()[0]})"]
-    return ["gradients (reverse mode on c, numba, xla and auto; forward mode differentiates the lax.scan):"
+    return ["gradients: by default JAX's derivative of that lax.scan; with fuse='grad' reverse mode (c, numba, xla, "
+            "auto) runs the derived adjoint (forward mode still differentiates the lax.scan):"
             ] + adjoint.statements()
 
 

@@ -44,15 +44,17 @@ class ProgramKernel:
         if fuse not in (True, False, "grad"):
             raise ShapeError(f"fuse= takes True (the forward fused), 'grad' (reverse-mode gradients fused too) or "
                              f"False, not {fuse!r}")
-        self.fusion = (FusedProgram(self.program, fused_on, gradients=fuse == "grad" and not skip, ranges=ranges,
+        self.fusion = (FusedProgram(self.program, fused_on, gradients=fuse == "grad" and not skip
+                                    and self.program.step is None, ranges=ranges,
                                     make_kernel=lambda text: ProgramKernel(text, backend=fused_on, ranges=ranges))
                        if fuse and fused_on in FUSED_BACKENDS else None)
         # under auto the program is planned as one unit: the fused kernel against the program's XLA lowering
         self._xla = ProgramKernel(source, backend="xla", ranges=ranges, nograd=nograd) if (
             backend == "auto" and self.fusion is not None) else None
         self.plans: dict[tuple, tuple[str, list]] = {}  # call shapes and dtypes -> (winner, timings)
-        # a scan program's reverse mode: its derived adjoint's kernels (``tullax.api.scan_adjoint``)
-        self.gradient = _scan_gradient(self.program, backend, ranges, frozenset(skip))
+        # a scan program's reverse mode with fuse='grad': its derived adjoint's kernels (``tullax.api.scan_adjoint``;
+        # by default JAX differentiates the lax.scan lowering, faster while the parallel part runs unfused)
+        self.gradient = _scan_gradient(self.program, backend, ranges, frozenset(skip)) if fuse == "grad" else None
 
     @property
     def inputs(self) -> tuple[str, ...]:

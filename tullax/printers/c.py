@@ -70,6 +70,7 @@ from tullax.printers.c_lanes import (
 )
 from tullax.printers.c_math_strips import math_strip_loop, math_strip_plan
 from tullax.printers.c_mvec import MVEC_DECLARATIONS
+from tullax.printers.c_nest_strips import nest_strip_loop, nest_strip_plan
 from tullax.printers.c_packed import packed_source
 from tullax.printers.c_plain import plain_prelude
 from tullax.printers.c_strips import register_strips
@@ -156,6 +157,8 @@ class CPrinter(ComplexC, CLikePrinter):
             return [self.simd_pragma(loop, place), *super().loop(loop, place)]
         if not self.plain and (strip := math_strip_plan(loop)) is not None:
             return math_strip_loop(self, loop, place, strip)
+        if not self.plain and (nest := nest_strip_plan(loop)) is not None:
+            return nest_strip_loop(self, loop, place, nest)
         if not loop.reduce_parallel:
             return super().loop(loop, place)
         dtypes = dict(place.declared)
