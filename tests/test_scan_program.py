@@ -6,7 +6,7 @@ case and backend, shared by the tests here; small shapes."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import jax
@@ -253,7 +253,6 @@ def test_printed_julia_of_the_scan_kernel_in_the_subset_evaluator(name):
 def test_printed_cuda_of_the_scan_kernels_in_the_host_harness(tmp_path):
     """A thread per lane walking t (the GPU form: issue 7024's hidden layer computed inside the output's sum, no
     row buffer), every case in one build."""
-    from dataclasses import replace
 
     from cuda_harness import GPP, Launch, build, run
 
@@ -390,3 +389,29 @@ def test_the_gpu_form_refuses_a_row_buffer_read_by_two_loops():
     with pytest.raises(NotFusable, match="GPU thread per lane holds no buffer"):
         fuse_scan_program(program, "float64", gpu=True)
     assert any(isinstance(s, Buffer) for s in walk_stmts(fuse_scan_program(program, "float64").kernel.body))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_steps_short_sums_of_sigmoids_run_on_vector_lanes_and_long_ones_as_written(dtype, monkeypatch):
+    """Issue 7024's hidden layer (12 units, each a sum of 3 sigmoids, every step): on c the step computes the
+    sums' terms for a strip of units in an omp simd loop over the units (glibc's vector expf) before summing them
+    in order (``tullax.printers.c_nest_strips``); within libmvec's ulps of the scalar kernel. A sum longer than
+    the strip holds (10 features) runs as written, in the same compiled module."""
+    from tullax.printers import c
+
+    _, fused = _fused("mlp7024", dtype)
+    source = c.print_module([fused.kernel])
+    strip = source[source.index("_nn = "):]
+    assert "_terms[128];" in strip and "#pragma omp simd\n" in strip and "} else {" in strip
+    monkeypatch.setattr(c, "nest_strip_plan", lambda loop: None)
+    assert "_terms[" not in c.print_module([fused.kernel])
+    monkeypatch.undo()
+    for features in (3, 10):
+        case = replace(BY_NAME["mlp7024"], shapes=((features + 1, 5), (2, 9, features), (5,), (2,)))
+        args = _inputs(case, dtype)
+        program = analyze_program(case.spec)
+        values = dict(zip(program.inputs, args))
+        shapes = fused.shapes({n: np.shape(v) for n, v in values.items()})
+        out = np.full(shapes[fused.output], np.nan, dtype)
+        host_program("c", fused.kernel)(out, values, shapes)
+        _close(out, _oracle(case, args), dtype)
