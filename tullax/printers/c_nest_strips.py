@@ -136,4 +136,31 @@ def nest_strip_loop(printer: CLikePrinter, loop: Loop, place: CPlace, plan: Nest
     return lines + [f"{pad}{step}}}", f"{pad}}}"]
 
 
-__all__ = ["NEST", "STRIP", "NestStrip", "nest_strip_loop", "nest_strip_plan"]
+def vector_math(lets, accums) -> bool:
+    """Whether a sum loop's Lets or terms call a libmvec function."""
+    return any(isinstance(n, Call) and n.fn in FUNCTIONS and FUNCTIONS[n.fn].libmvec
+               for s in (*lets, *accums) for n in walk_expr(s.value))
+
+
+def vector_rest(printer: CLikePrinter, rest: Loop, width: int, private: str, place: CPlace) -> list[str]:
+    """The remainder of a sum on vector lanes (fewer than ``width`` iterations) whose terms call a libmvec
+    function: the terms into an array by an ``omp simd`` loop (the vector clone), then added one by one in order,
+    as the scalar loop adds them (issue 7024's output layer: 12 units, 8 on lanes, 4 scalar ``expf`` every step)."""
+    pad, step = printer.indent * place.depth, printer.indent
+    v, start, stop = rest.var, printer.expr(rest.start), printer.expr(rest.stop)
+    lets = [s for s in rest.body if isinstance(s, Let)]
+    accums = [s for s in rest.body if isinstance(s, Accum)]
+    declared = dict(place.declared)
+    lines = [f"{pad}{{"] + [f"{pad}{step}{printer.type_name(declared[a.var])} {a.var}_r[{width}];" for a in accums]
+    lines += [f"{pad}{step}#pragma omp simd{private}",
+              f"{pad}{step}for (tx_i64 {v} = {start}; {v} < {stop}; ++{v}) {{",
+              *printer.block(lets, replace(place, depth=place.depth + 2)),
+              *(f"{pad}{step * 2}{a.var}_r[{v} - {start}] = {printer.expr(a.value)};" for a in accums),
+              f"{pad}{step}}}",
+              f"{pad}{step}for (tx_i64 {v} = {start}; {v} < {stop}; ++{v}) {{",
+              *(f"{pad}{step * 2}{a.var} {a.op}= {a.var}_r[{v} - {start}];" for a in accums),
+              f"{pad}{step}}}", f"{pad}}}"]
+    return lines
+
+
+__all__ = ["NEST", "STRIP", "NestStrip", "nest_strip_loop", "nest_strip_plan", "vector_math", "vector_rest"]
