@@ -369,6 +369,10 @@ def test_reverse_mode_runs_the_derived_adjoint_kernels_not_jaxs_derivative_of_th
             second = jax.grad(lambda w: (jax.grad(lambda v: (kernel(v, *args[1:]) ** 2).sum())(w) ** 2).sum())
             want = jax.grad(lambda w: (jax.grad(lambda v: (case.oracle(v, *args[1:]) ** 2).sum())(w) ** 2).sum())
             _close(second(args[0]), np.asarray(want(args[0])), "float64")
+            ws = jnp.stack([args[0], 0.5 * args[0]])  # vmap of the derived gradient
+            got = jax.vmap(jax.grad(lambda w: (kernel(w, *args[1:]) ** 2).sum()))(ws)
+            _close(got, np.asarray(jax.vmap(jax.grad(lambda w: (case.oracle(w, *args[1:]) ** 2).sum()))(ws)),
+                   "float64")
 
 
 def test_a_nograd_input_of_a_derived_adjoint_gets_no_gradient():
