@@ -7,7 +7,8 @@ measures the other jobs' load. Operations: forward, and ``grad`` of the trajecto
 Prints medians and ratios (lax.scan / tullax: > 1 means tullax is faster) and writes benchmarks/results/loop7024.json.
 
 ``tullax-before`` is the same kernel as it was before the step's math ran on vector lanes
-(``tullax.printers.c_nest_strips``, switched off while it compiles), measured in the same run;
+(``tullax.printers.c_nest_strips``: the strips and the vector remainders, switched off while it compiles),
+measured in the same run;
 ``tullax-adjoint`` is the kernel with ``fuse="grad"``, whose gradient is the derived reverse-scan adjoint
 (``tullax.grad.scan_program``: one reverse-scan kernel, then the flat program's gradient kernels).
 
@@ -54,9 +55,9 @@ def cpu_time(fn, *args) -> float:
 
 
 def _compiled(fn, args, old_printer: bool):
-    """``fn(*args)``, compiled first; ``old_printer``: with the C printer's nest strips off while the fused
-    kernel compiles (the printed module is kept per kernel in the process: forgotten after, so the next
-    subject compiles its own)."""
+    """``fn(*args)``, compiled first; ``old_printer``: with the C printer's nest strips and vector remainders off
+    while the fused kernel compiles (the printed module is kept per kernel in the process: forgotten after, so the
+    next subject compiles its own)."""
     import jax
 
     from tullax.backends import program_host
@@ -64,12 +65,12 @@ def _compiled(fn, args, old_printer: bool):
 
     if not old_printer:
         return jax.block_until_ready(fn(*args))
-    plan = c.nest_strip_plan
-    c.nest_strip_plan = lambda loop: None
+    plan, rest = c.nest_strip_plan, c.vector_math
+    c.nest_strip_plan, c.vector_math = (lambda loop: None), (lambda lets, accums: False)
     try:
         return jax.block_until_ready(fn(*args))
     finally:
-        c.nest_strip_plan = plan
+        c.nest_strip_plan, c.vector_math = plan, rest
         program_host.host_program.cache_clear()
 
 
