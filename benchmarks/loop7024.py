@@ -6,6 +6,12 @@ each call timed by the process's CPU time (user + system, every thread): on a sh
 measures the other jobs' load. Operations: forward, and ``grad`` of the trajectory's sum w.r.t. W1, W2 and y0.
 Prints medians and ratios (lax.scan / tullax: > 1 means tullax is faster) and writes benchmarks/results/loop7024.json.
 
+``tullax-before`` is the same kernel as it was before the step's math ran on vector lanes
+(``tullax.printers.c_nest_strips``: the strips and the vector remainders, switched off while it compiles),
+measured in the same run;
+``tullax-adjoint`` is the kernel with ``fuse="grad"``, whose gradient is the derived reverse-scan adjoint
+(``tullax.grad.scan_program``: one reverse-scan kernel, then the flat program's gradient kernels).
+
     PYTHONPATH=$PWD python benchmarks/loop7024.py [--rounds 15] [--steps 8000] [--batch 1]
 """
 from __future__ import annotations
@@ -48,6 +54,26 @@ def cpu_time(fn, *args) -> float:
     return time.process_time() - start
 
 
+def _compiled(fn, args, old_printer: bool):
+    """``fn(*args)``, compiled first; ``old_printer``: with the C printer's nest strips and vector remainders off
+    while the fused kernel compiles (the printed module is kept per kernel in the process: forgotten after, so the
+    next subject compiles its own)."""
+    import jax
+
+    from tullax.backends import program_host
+    from tullax.printers import c
+
+    if not old_printer:
+        return jax.block_until_ready(fn(*args))
+    plan, rest = c.nest_strip_plan, c.vector_math
+    c.nest_strip_plan, c.vector_math = (lambda loop: None), (lambda lets, accums: False)
+    try:
+        return jax.block_until_ready(fn(*args))
+    finally:
+        c.nest_strip_plan, c.vector_math = plan, rest
+        program_host.host_program.cache_clear()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -69,19 +95,26 @@ def main(argv: list[str] | None = None) -> int:
     W2 = jnp.asarray(rng.normal(size=(12,)) * 0.5, jnp.float32)
     y0 = jnp.zeros((opts.batch,), jnp.float32)
     args = (W1, u, W2, y0)
+    before = tullax.einsum_kernel(SPEC, backend=opts.backend)
     subjects = {"tullax": tullax.einsum_kernel(SPEC, backend=opts.backend),
                 "tullax-xla": tullax.einsum_kernel(SPEC, backend="xla"),
-                "lax.scan": by_hand}
+                "lax.scan": by_hand, "tullax-before": before,
+                "tullax-adjoint": tullax.einsum_kernel(SPEC, backend=opts.backend, fuse="grad")}
     fns = {}
     for name, fn in subjects.items():
         fns[("forward", name)] = jax.jit(fn)
         fns[("grad", name)] = jax.jit(jax.grad(lambda W1, u, W2, y0, fn=fn: fn(W1, u, W2, y0).sum(), (0, 2, 3)))
     want = np.asarray(fns[("forward", "lax.scan")](*args))
-    for (op, name), fn in fns.items():  # compile, and check every subject computes the same
-        got = fn(*args)
+    want_grad = fns[("grad", "lax.scan")](*args)
+    for key in sorted(fns, key=lambda key: key[1] != "tullax-before"):  # compile (before first), check
+        got = _compiled(fns[key], args, old_printer=key[1] == "tullax-before")
+        op, name = key
         if op == "forward":
             err = float(np.abs(np.asarray(got) - want).max())
-            assert err < 1e-3, (name, err)
+        else:
+            err = max(float(np.abs(np.asarray(g) - np.asarray(w)).max() / (1 + np.abs(np.asarray(w)).max()))
+                      for g, w in zip(got, want_grad))
+        assert err < 1e-3, (key, err)
     times: dict[tuple[str, str], list[float]] = {key: [] for key in fns}
     for _ in range(opts.rounds):
         for key, fn in fns.items():
@@ -91,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         med = {name: statistics.median(times[(op, name)]) for name in subjects}
         row = {"op": op, **{f"{name} ms": round(1e3 * v, 3) for name, v in med.items()},
                "lax.scan / tullax": round(med["lax.scan"] / med["tullax"], 2),
-               "lax.scan / tullax-xla": round(med["lax.scan"] / med["tullax-xla"], 2)}
+               "lax.scan / tullax-xla": round(med["lax.scan"] / med["tullax-xla"], 2),
+               "lax.scan / tullax-before": round(med["lax.scan"] / med["tullax-before"], 2),
+               "tullax-before / tullax": round(med["tullax-before"] / med["tullax"], 2),
+               "lax.scan / tullax-adjoint": round(med["lax.scan"] / med["tullax-adjoint"], 2)}
         rows.append(row)
         print(json.dumps(row))
     record = {"spec": SPEC.strip(), "steps": opts.steps, "batch": opts.batch, "backend": opts.backend,

@@ -91,3 +91,25 @@ def test_the_gradients_of_a_gaussian_kernel_sum_through_the_strips(dtype: str):
         scale = np.nanmax(np.abs(want[grad.wrt]), initial=1.0)
         np.testing.assert_allclose(got, want[grad.wrt], rtol=tol, atol=tol * scale, err_msg=grad.wrt)
     assert np.isnan(run_gradient(next(g for g in gradients(spec) if g.wrt == "y"), spec, genv, run)[9]).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_remainder_of_a_sum_of_exps_on_lanes_runs_its_exps_on_vectors(dtype: str):
+    """A row sum of exps on vector lanes whose length is no multiple of the lanes: the remainder's exps in an
+    ``omp simd`` loop into an array (``c_nest_strips.vector_rest``), added one by one in order; NaN, inf and -0.0
+    in the remainder reach the sums as in NumPy."""
+    spec = analysed("s[i] := exp(x[i,j])")
+    source = module_source(spec, dtype)
+    forward = source[source.index("void forward("):source.index("void forward_packed(")]
+    rest = forward[forward.index("_r["):]
+    assert "#pragma omp simd" in rest[:rest.index("}")] and ("expf(" if dtype == "float32" else "exp(") in rest
+    x = np.random.default_rng(8).uniform(-3, 3, (5, 21))  # 16 on lanes, then a remainder of 5
+    x[1, 19] = np.nan
+    x[2, 18] = np.inf
+    x[3, 20] = -np.inf
+    x[4, 17:] = -0.0
+    env = {"x": x.astype(dtype)}
+    got = run_host(BACKEND, spec, env, dtype)
+    want = np.exp(env["x"].astype(np.float64)).sum(1)
+    assert np.isnan(got[1]) and np.isinf(got[2])
+    np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == "float32" else 1e-13)

@@ -6,7 +6,7 @@ case and backend, shared by the tests here; small shapes."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import jax
@@ -253,7 +253,6 @@ def test_printed_julia_of_the_scan_kernel_in_the_subset_evaluator(name):
 def test_printed_cuda_of_the_scan_kernels_in_the_host_harness(tmp_path):
     """A thread per lane walking t (the GPU form: issue 7024's hidden layer computed inside the output's sum, no
     row buffer), every case in one build."""
-    from dataclasses import replace
 
     from cuda_harness import GPP, Launch, build, run
 
@@ -306,6 +305,86 @@ def test_explain_prints_the_scan_step():
     text = tullax.explain(MLP)
     assert "scan step:  statements 1-2, (t scan from y0)" in text
     assert "ONE sequential loop over t" in text and "3 terms every step would recompute" in text
+    # the derived adjoint's statements: the locals recomputed, their cotangents, the reverse scan
+    assert "    local gy[b,t] := Δy[b,t] + cy[b,t+1]\n    local Δa[b,t,j] := gy[b,t]*(sigmoid(" in text
+    assert "    cy[b,t] := Δyprev[b,t]   (t scan reverse)" in text and "  Δy0: cy at the first step" in text
+    assert "the step reads its state 2 steps back" in tullax.explain(BY_NAME["second_order"].spec)
+
+
+def _has_scan(jaxpr) -> bool:
+    """Whether a lax.scan runs anywhere in ``jaxpr`` (sub-jaxprs of calls, custom rules and control flow too)."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            return True
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns") and _has_scan(inner):
+                    return True
+    return False
+
+
+# a local read by two statements and the previous state read by both: cotangents summed in the adjoint
+TWO_READERS = "local a[b,t] := tanh(y[b,t-1]*w[b,t])\ny[b,t] := a[b,t]*x[b,t] + 0.5*y[b,t-1]*a[b,t]   (t scan from h0)"
+
+
+def _two_readers(w, x, h0):
+    def step(prev, wx):
+        a = jnp.tanh(prev * wx[0])
+        new = a * wx[1] + 0.5 * prev * a
+        return new, new
+    return jnp.moveaxis(jax.lax.scan(step, h0, (jnp.moveaxis(w, 1, 0), jnp.moveaxis(x, 1, 0)))[1], 0, 1)
+
+
+@pytest.mark.parametrize("backend", ["c", "numba"])
+@pytest.mark.parametrize("name", ["mlp7024", "reverse", "two_readers"])
+def test_reverse_mode_runs_the_derived_adjoint_kernels_not_jaxs_derivative_of_the_lax_scan(name, backend):
+    """With fuse='grad', the gradient of a scan program whose step reads its previous state is tullax's derived
+    adjoint (by default JAX differentiates the lax.scan lowering, faster while the parallel part is unfused): one fused
+    reverse-scan kernel (the locals recomputed per step), then the flat program's gradient kernels; no lax.scan
+    anywhere in grad's jaxpr (JAX differentiating the lowering runs one). Every input, eager and jit, f64 and
+    f32, against jax.grad of the hand-written lax.scan; and a second order (grad of grad) through them."""
+    case = BY_NAME.get(name) or Case(name, TWO_READERS, _two_readers, ((3, 6), (3, 6), (3,)), False)
+    kernel = tullax.einsum_kernel(case.spec, backend=backend, fuse="grad")
+    assert kernel.gradient.adjoint is not None
+    if name in BY_NAME:  # by default: JAX's derivative of the lax.scan lowering
+        assert _kernel(name, backend).gradient is None
+    with jax.enable_x64(True):
+        for dtype in ("float64", "float32"):
+            args = [jnp.asarray(a) for a in _inputs(case, dtype, seed=5)]
+            argnums = tuple(range(len(args)))
+            weights = np.random.default_rng(6).normal(size=_oracle(case, args).shape)
+            loss = jax.grad(lambda *a: (kernel(*a) * weights).sum(), argnums)
+            wide = [jnp.asarray(a, jnp.float64) for a in args]
+            expected = jax.grad(lambda *a: (case.oracle(*a) * weights).sum(), argnums)(*wide)
+            assert not _has_scan(jax.make_jaxpr(loss)(*args).jaxpr)
+            for got in (loss(*args), jax.jit(loss)(*args)):
+                for g, w, a in zip(got, expected, args):
+                    assert g.dtype == a.dtype
+                    _close(g, np.asarray(w), dtype)
+        adjoint, _ = kernel.gradient.kernels()
+        assert adjoint.fusion.fused("float64") is not None  # the reverse scan is one loop kernel
+        if name == "two_readers" and backend == "c":
+            args = [jnp.asarray(a) for a in _inputs(case, "float64", seed=7)]
+            second = jax.grad(lambda w: (jax.grad(lambda v: (kernel(v, *args[1:]) ** 2).sum())(w) ** 2).sum())
+            want = jax.grad(lambda w: (jax.grad(lambda v: (case.oracle(v, *args[1:]) ** 2).sum())(w) ** 2).sum())
+            _close(second(args[0]), np.asarray(want(args[0])), "float64")
+            ws = jnp.stack([args[0], 0.5 * args[0]])  # vmap of the derived gradient
+            got = jax.vmap(jax.grad(lambda w: (kernel(w, *args[1:]) ** 2).sum()))(ws)
+            _close(got, np.asarray(jax.vmap(jax.grad(lambda w: (case.oracle(w, *args[1:]) ** 2).sum()))(ws)),
+                   "float64")
+
+
+def test_a_nograd_input_of_a_derived_adjoint_gets_no_gradient():
+    case = BY_NAME["reverse"]
+    kernel = tullax.einsum_kernel(case.spec, backend="c", nograd="x", fuse="grad")
+    with jax.enable_x64(True):
+        args = [jnp.asarray(a) for a in _inputs(case, "float64")]
+        got = jax.grad(lambda *a: kernel(*a).sum(), (0, 1, 2))(*args)
+        want = jax.grad(lambda *a: case.oracle(*a).sum(), (0, 2))(*args)
+    assert kernel.gradient.adjoint is not None and float(jnp.abs(got[1]).max()) == 0.0
+    _close(got[0], np.asarray(want[0]), "float64")
+    _close(got[2], np.asarray(want[1]), "float64")
 
 
 def test_the_gpu_form_refuses_a_row_buffer_read_by_two_loops():
@@ -314,3 +393,29 @@ def test_the_gpu_form_refuses_a_row_buffer_read_by_two_loops():
     with pytest.raises(NotFusable, match="GPU thread per lane holds no buffer"):
         fuse_scan_program(program, "float64", gpu=True)
     assert any(isinstance(s, Buffer) for s in walk_stmts(fuse_scan_program(program, "float64").kernel.body))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_steps_short_sums_of_sigmoids_run_on_vector_lanes_and_long_ones_as_written(dtype, monkeypatch):
+    """Issue 7024's hidden layer (12 units, each a sum of 3 sigmoids, every step): on c the step computes the
+    sums' terms for a strip of units in an omp simd loop over the units (glibc's vector expf) before summing them
+    in order (``tullax.printers.c_nest_strips``); within libmvec's ulps of the scalar kernel. A sum longer than
+    the strip holds (10 features) runs as written, in the same compiled module."""
+    from tullax.printers import c
+
+    _, fused = _fused("mlp7024", dtype)
+    source = c.print_module([fused.kernel])
+    strip = source[source.index("_nn = "):]
+    assert "_terms[128];" in strip and "#pragma omp simd\n" in strip and "} else {" in strip
+    monkeypatch.setattr(c, "nest_strip_plan", lambda loop: None)
+    assert "_terms[" not in c.print_module([fused.kernel])
+    monkeypatch.undo()
+    for features in (3, 10):
+        case = replace(BY_NAME["mlp7024"], shapes=((features + 1, 5), (2, 9, features), (5,), (2,)))
+        args = _inputs(case, dtype)
+        program = analyze_program(case.spec)
+        values = dict(zip(program.inputs, args))
+        shapes = fused.shapes({n: np.shape(v) for n, v in values.items()})
+        out = np.full(shapes[fused.output], np.nan, dtype)
+        host_program("c", fused.kernel)(out, values, shapes)
+        _close(out, _oracle(case, args), dtype)

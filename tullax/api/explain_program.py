@@ -45,8 +45,20 @@ def _scan_step_lines(program: Program, dtype: str) -> list[str]:
         how = f"not fused ({why}): the program's lax.scan lowering runs"
     return [f"scan step:  statements 1-{step.number}, {step.spec.scan.clause()} (depth {program.step.scan.depth})",
             f"  {how}", "  xla: one lax.scan whose step runs the statements in order",
-            "gradients: JAX's derivative of that lax.scan (jvp, grad, vmap); a derived reverse-scan adjoint "
-            "kernel is not built yet"]
+            ] + _scan_gradient_lines(program)
+
+
+def _scan_gradient_lines(program: Program) -> list[str]:
+    """The derived reverse-scan adjoint's statements (``tullax.grad.scan_program``), or why JAX differentiates."""
+    from tullax.grad.scan_program import derive_scan_adjoint
+
+    try:
+        adjoint = derive_scan_adjoint(program)
+    except TullaxError as why:
+        return [f"gradients: JAX's derivative of that lax.scan ({str(why).splitlines()[0]})"]
+    return ["gradients: by default JAX's derivative of that lax.scan; with fuse='grad' reverse mode (c, numba, xla, "
+            "auto) runs the derived adjoint (forward mode still differentiates the lax.scan):"
+            ] + adjoint.statements()
 
 
 def _fusion_lines(program: Program, dtype: str) -> list[str]:

@@ -44,13 +44,17 @@ class ProgramKernel:
         if fuse not in (True, False, "grad"):
             raise ShapeError(f"fuse= takes True (the forward fused), 'grad' (reverse-mode gradients fused too) or "
                              f"False, not {fuse!r}")
-        self.fusion = (FusedProgram(self.program, fused_on, gradients=fuse == "grad" and not skip, ranges=ranges,
+        self.fusion = (FusedProgram(self.program, fused_on, gradients=fuse == "grad" and not skip
+                                    and self.program.step is None, ranges=ranges,
                                     make_kernel=lambda text: ProgramKernel(text, backend=fused_on, ranges=ranges))
                        if fuse and fused_on in FUSED_BACKENDS else None)
         # under auto the program is planned as one unit: the fused kernel against the program's XLA lowering
         self._xla = ProgramKernel(source, backend="xla", ranges=ranges, nograd=nograd) if (
             backend == "auto" and self.fusion is not None) else None
         self.plans: dict[tuple, tuple[str, list]] = {}  # call shapes and dtypes -> (winner, timings)
+        # a scan program's reverse mode with fuse='grad': its derived adjoint's kernels (``tullax.api.scan_adjoint``;
+        # by default JAX differentiates the lax.scan lowering, faster while the parallel part runs unfused)
+        self.gradient = _scan_gradient(self.program, backend, ranges, frozenset(skip)) if fuse == "grad" else None
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -75,6 +79,16 @@ class ProgramKernel:
 
     def __call__(self, *args: Any, **named: Any) -> Any:
         env = _bind(self.program, args, named)
+        if self.gradient is not None and self.gradient.adjoint is not None:
+            from tullax.api.fused_call import _forward_mode
+
+            names = self.program.inputs
+            values = [env[n] for n in names]
+            if not _forward_mode(values):
+                return self.gradient.call(lambda *given: self._forward(dict(zip(names, given))), values)
+        return self._forward(env)
+
+    def _forward(self, env: dict[str, Any]) -> Any:
         if self.fusion is not None and self._planned(env) != "xla":
             found = self.fusion.call(env, self._unfused, self.grad_specs if self.fusion.gradients else None)
             if found is not None:
@@ -110,6 +124,17 @@ class ProgramKernel:
             env[st.out] = kernel(*(env[name] for name in st.reads))
         found = tuple(env[name] for name in self.program.outputs)
         return found[0] if len(found) == 1 else found
+
+
+def _scan_gradient(program: Program, backend: str, ranges: Mapping | None, skip: frozenset[str]) -> Any:
+    """A scan program's derived reverse mode on the host backends and xla (None elsewhere: JAX differentiates
+    the lax.scan lowering); its kernels run on ``backend`` (auto: c)."""
+    from tullax.api.scan_adjoint import ADJOINT_BACKENDS, ScanProgramGradient
+
+    if program.step is None or backend not in ADJOINT_BACKENDS:
+        return None
+    on = "c" if backend == "auto" else backend
+    return ScanProgramGradient(program, lambda text: ProgramKernel(text, backend=on, ranges=ranges), ranges, skip)
 
 
 def _scan_lowering(program: Program, skip: set[str]) -> Any:

@@ -70,6 +70,7 @@ from tullax.printers.c_lanes import (
 )
 from tullax.printers.c_math_strips import math_strip_loop, math_strip_plan
 from tullax.printers.c_mvec import MVEC_DECLARATIONS
+from tullax.printers.c_nest_strips import nest_strip_loop, nest_strip_plan, vector_math, vector_rest
 from tullax.printers.c_packed import packed_source
 from tullax.printers.c_plain import plain_prelude
 from tullax.printers.c_strips import register_strips
@@ -157,6 +158,8 @@ class CPrinter(ComplexC, CLikePrinter):
             return [self.simd_pragma(loop, place), *super().loop(loop, place)]
         if not self.plain and (strip := math_strip_plan(loop)) is not None:
             return math_strip_loop(self, loop, place, strip)
+        if not self.plain and (nest := nest_strip_plan(loop)) is not None:
+            return nest_strip_loop(self, loop, place, nest)
         if not loop.reduce_parallel:
             return super().loop(loop, place)
         dtypes = dict(place.declared)
@@ -332,6 +335,9 @@ class CPrinter(ComplexC, CLikePrinter):
                     *super().loop(short, CPlace(place.depth + 2, place.declared)), inner_pad + "}", pad + "}"]
         lines.append(inner_pad + "}")
         rest = Loop(var, Var(f"{var}_tail", INDEX), loop.stop, False, loop.body)
+        if not self.plain and vector_math(lets, accums):  # the remainder's terms on vectors, added one by one
+            return lines + vector_rest(self, rest, width, private, CPlace(place.depth + 1, place.declared)) + [
+                pad + "}"]
         return lines + super().loop(rest, CPlace(place.depth + 1, place.declared)) + [pad + "}"]
 
     def _lane_block(self, var: str, lets: Sequence[Let], accums: Sequence[Accum], chains: range, width: int,

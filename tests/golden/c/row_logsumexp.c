@@ -584,8 +584,15 @@ void forward(
                 accs_part_l0 += accs_part_l1;
                 accs_part = tx_vfoldadd_f32(accs_part_l0, accs_part);
             }
-            for (tx_i64 i1 = i1_tail; i1 < n2; ++i1) {
-                accs_part += expf(a1[i0 * a1_e1 + i1] - shift);
+            {
+                float accs_part_r[8];
+                #pragma omp simd
+                for (tx_i64 i1 = i1_tail; i1 < n2; ++i1) {
+                    accs_part_r[i1 - i1_tail] = expf(a1[i0 * a1_e1 + i1] - shift);
+                }
+                for (tx_i64 i1 = i1_tail; i1 < n2; ++i1) {
+                    accs_part += accs_part_r[i1 - i1_tail];
+                }
             }
         }
         if (n0 > 512) {
@@ -625,8 +632,15 @@ void forward(
                         accs_part_l0 += accs_part_l1;
                         accs_part = tx_vfoldadd_f32(accs_part_l0, accs_part);
                     }
-                    for (tx_i64 i1 = i1_tail; i1 < blk_hi; ++i1) {
-                        accs_part += expf(a1[i0 * a1_e1 + i1] - shift);
+                    {
+                        float accs_part_r[8];
+                        #pragma omp simd
+                        for (tx_i64 i1 = i1_tail; i1 < blk_hi; ++i1) {
+                            accs_part_r[i1 - i1_tail] = expf(a1[i0 * a1_e1 + i1] - shift);
+                        }
+                        for (tx_i64 i1 = i1_tail; i1 < blk_hi; ++i1) {
+                            accs_part += accs_part_r[i1 - i1_tail];
+                        }
                     }
                 }
                 accs += ((double)accs_part);
