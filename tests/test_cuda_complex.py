@@ -4,7 +4,8 @@ build, tests/cuda_harness.py) against jnp and NumPy in complex128, and compiled 
 * Every function the registry computes on complex values (one kernel, a column per function, as
   tests/test_c_complex.py does on c), complex64 and complex128, small arguments included.
 * IEEE special values of products and quotients as jnp's (the textbook product; Annex G division, as XLA's).
-* The complex corpus of tests/test_complex.py and the complex S5/LRU scan, forward and every gradient step, each
+* The complex corpus of tests/test_complex.py, the complex S5/LRU scan and a complex state mixing its lanes (a
+  block per row, its rows in shared memory; forward only), forward and every gradient step, each
   step on the inputs the XLA lowering of the steps before it gives, against that lowering of the same step; the
   scan's forward and gradients also against ``lax.scan`` (``jax.vjp`` of the oracle: the transpose, jax's convention).
 Before the change the CUDA printer refused every complex kernel (a TullaxError naming xla, c and numba).
@@ -37,6 +38,7 @@ SPECIAL_A = [complex(_INF, _INF), complex(_INF, 0), complex(_NAN, _INF), complex
 SPECIAL_B = [complex(1, 0), complex(1, 0), complex(2, 1), complex(0, 0), complex(1, 1), complex(0, 0),
              complex(0, _INF), complex(_INF, _INF), complex(3, 0)]
 SPECIAL = "y[i,k] := ifelse(k == 0, a[i]*b[i], a[i]/b[i])  (k in 0:2)"
+MIXING = "h[b,t,n] := W[n,m]*h[b,t-1,m] + x[b,t,n]  (t scan)"
 pytestmark = pytest.mark.skipif(GPP is None, reason="g++ is not installed")
 
 
@@ -105,6 +107,10 @@ def harness(tmp_path_factory):
             spec = compile_spec(text)[1]
             rec.chain(text, dict(zip(spec.input_names, _inputs(kinds, "complex128"))))
         lru = {dtype: rec.chain(LRU.spec, _lru_inputs(dtype)) for dtype in ("complex64", "complex128")}
+        rng = np.random.default_rng(2)  # a state that mixes its lanes: a block per row, its rows in shared memory
+        mixing = {"W": (rng.normal(size=(5, 5)) + 1j * rng.normal(size=(5, 5))) / 5,
+                  "x": rng.normal(size=(2, 4, 5)) - 1j * rng.normal(size=(2, 4, 5))}
+        rec(compile_spec(MIXING)[1], mixing, MIXING)  # forward only: its complex adjoint is a SpecError today
         kernels = [(launch.kernel, launch.index_bits) for launch in rec.launches]
         exe = build(kernels, tmp_path_factory.mktemp("cx"), sanitize=False)  # no atomics here: races are moot
         outputs = run(exe, list(enumerate(rec.launches)))
@@ -137,9 +143,11 @@ def test_special_values_of_products_and_quotients_follow_jnp(harness):
 
 
 def test_corpus_and_scan_steps_match_the_xla_lowering(harness):
-    """Every forward kernel and gradient step of the complex corpus and the LRU scan (complex64 and complex128)."""
+    """Every forward kernel and gradient step of the complex corpus, the LRU scan (complex64 and complex128) and
+    the mixing scan's forward (a block per row: a cooperative kernel, its state rows tx_c128 in shared memory)."""
     rec, outputs, _ = harness
     assert len(outputs) > 40
+    assert [launch.kernel.cooperative for launch, label in zip(rec.launches, rec.labels) if label == MIXING] == [True]
     for label, got, want in zip(rec.labels, outputs, rec.want):
         assert got.dtype == want.dtype, label
         tol = 3e-4 if got.dtype in (np.complex64, np.float32) else 1e-10

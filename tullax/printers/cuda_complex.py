@@ -79,7 +79,7 @@ def _definitions(dtype: str) -> str:
     return f"""\
 struct alignas({8 if dtype == "complex64" else 16}) {t} {{
     {r} re, im;
-    {d} {t}() : re({zero}), im({zero}) {{}}
+    {t}() = default;  // trivial: a __shared__ array of them may not have a constructor to run
     {d} {t}(float x) : re(x), im({zero}) {{}}
     {d} {t}(double x) : re(({r})x), im({zero}) {{}}
     {d} {t}(int x) : re(({r})x), im({zero}) {{}}
