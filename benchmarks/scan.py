@@ -52,7 +52,7 @@ def subjects(backend: str):
     return {"tullax": kernel, "lax.scan": scan, "associative_scan": associative}
 
 
-def operations(fn, weight):
+def operations(fn, weight, complex_lam: bool = False):
     import jax
     import jax.numpy as jnp
 
@@ -62,11 +62,15 @@ def operations(fn, weight):
     def final(lam, x, h0):  # the batch-mean final state: n outputs (a jacobian of every h[b,t,n] is 64 GB)
         return jnp.real(fn(lam, x, h0)[:, -1, :].mean(0))
 
+    def parts(lam, x, h0):  # a complex lam as its real and imaginary parts: jax's jacobians take real inputs
+        return final(jax.lax.complex(lam[0], lam[1]), x, h0)
+
+    jac = parts if complex_lam else final
     return {
         "forward": jax.jit(fn),
         "grad": jax.jit(jax.grad(loss, (0, 1, 2))),
-        "jacrev_lam": jax.jit(jax.jacrev(final, 0)),
-        "jacfwd_lam": jax.jit(jax.jacfwd(final, 0)),
+        "jacrev_lam": jax.jit(jax.jacrev(jac, 0)),
+        "jacfwd_lam": jax.jit(jax.jacfwd(jac, 0)),
     }
 
 
@@ -77,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="c")
     parser.add_argument("--lengths", type=int, nargs="*", default=[64, 256, 1024])
     parser.add_argument("--complex", action="store_true",
-                        help="a complex64 lam (S5's diagonal): forward and grad (jax's jacobians need real inputs)")
+                        help="a complex64 lam (S5's diagonal); the jacobians are w.r.t. its real and imaginary parts "
+                             "(jax's jacobians take real inputs): a (2, n) input, lax.complex inside")
     parser.add_argument("--cpu", action="store_true", help="time by process CPU time, not the wall clock")
     parser.add_argument("--host-inputs", action="store_true",
                         help="pass NumPy arrays (each call then copies x into a device buffer first, as for every "
@@ -103,18 +108,20 @@ def main(argv: list[str] | None = None) -> int:
         x = rng.normal(size=(batch, T, n)).astype(np.float32)
         h0 = rng.normal(size=(batch, n)).astype(np.float32)
         weight = rng.normal(size=(batch, T, n)).astype(np.float32)
+        lam_parts = np.stack([lam.real, lam.imag]).astype(np.float32) if args.complex else lam
         if not args.host_inputs:  # a program's inputs are device arrays: time the scans, not the host copies
-            lam_in, x, h0 = (jax.device_put(a) for a in (lam, x, h0))
+            lam_in, lam_parts, x, h0 = (jax.device_put(a) for a in (lam, lam_parts, x, h0))
         else:
             lam_in = lam
         calls = {}
         for name, fn in subjects(args.backend).items():
-            for op, f in operations(fn, weight).items():
-                if (args.complex and op.startswith("jac")) or op not in args.ops:  # jax's jacobians: real inputs
+            for op, f in operations(fn, weight, args.complex).items():
+                if op not in args.ops:
                     continue
-                calls[(name, op)] = (lambda f=f: jax.block_until_ready(f(lam_in, x, h0)))
+                a = lam_parts if (args.complex and op.startswith("jac")) else lam_in
+                calls[(name, op)] = (lambda f=f, a=a: jax.block_until_ready(f(a, x, h0)))
         reference = {op: np.asarray(calls[("lax.scan", op)]()[0] if op == "grad" else calls[("lax.scan", op)]())
-                     for op in ("forward", "grad") if op in args.ops}
+                     for op in ("forward", "grad", "jacrev_lam", "jacfwd_lam") if op in args.ops}
         for (name, op), call in calls.items():  # compile, and check every subject against lax.scan
             value = call()
             if op in reference:

@@ -375,6 +375,17 @@ def test_tiling_makes_the_innermost_loop_contiguous():
     assert "tile" not in [lp.var for lp in loops(guarded)]
 
 
+def test_a_complex_tile_adds_one_term_per_update():
+    """The complex LRU scan's Δlam (a sum over b and t of complex products into 64 lanes): GCC vectorises the
+    tile loop adding one complex product per element, not four jammed together (``reduction_jam``), which ran
+    as a scalar loop ~9x slower (its values: tests/test_scan_complex.py's gradients on c)."""
+    spec = analysed("Δlam[n] := g[b,t,n]*h[b,t,n]")
+    kernel = lower(spec, signature(spec, "complex64"), tile=True)
+    assert "tile" in [lp.var for lp in loops(kernel)]
+    assert not any(lp.var.endswith("_q") for lp in loops(kernel))
+    assert any(lp.var.endswith("_q") for lp in loops(lower(spec, signature(spec, "float32"), tile=True)))
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("k", [0, 1, 3, 4, 5, 8, 11, 515, 1030])
 def test_a_tile_adds_four_reduction_terms_per_update_and_the_rest_one_by_one(k: int, dtype: str):

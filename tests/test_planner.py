@@ -890,8 +890,8 @@ def test_explain_shows_the_stored_decision_of_a_gather_whose_index_array_jax_mak
 
 def test_auto_passes_complex_calls_to_a_loop_backend_that_takes_them(monkeypatch, tmp_path):
     """auto sends a complex call only to a loop backend that computes with complex numbers, eagerly, under jit or
-    in the planner (a bug before Capabilities.complex_numbers, when host C had no complex type; the cuda printer
-    still has none)."""
+    in the planner (a bug before Capabilities.complex_numbers, when host C had no complex type; the cuda backend
+    launches none yet)."""
     from tullax import backends
 
     complex_loops = rules.loop_backend(["complex64"])

@@ -107,3 +107,29 @@ def test_complex_specs_run_on_c_and_auto_may_pick_it():
     forward = source[source.index("void forward("):]
     assert "float _Complex* restrict" in forward and "tx_cmul_c64(" in forward
     assert "tx_v8_f32" not in forward and "omp simd" not in forward
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_printed_julia_of_the_complex_scan_in_the_subset_evaluator(dtype):
+    """No Julia here: the printed Julia (ComplexF32/ComplexF64) of the forward scan and of every gradient step,
+    each on the inputs the XLA lowering of the steps before it gives, run by the Julia-subset evaluator, against
+    that lowering of the same step."""
+    pytest.importorskip("tree_sitter_julia")
+    from test_julia_printer import run_julia
+
+    from tullax.backends.xla.lower import lower as xla_lower
+    from tullax.grad import gradients
+    from tullax.grad.run import gradient_env, run_gradient
+    from tullax.spec.frontend import compile_spec
+
+    def checked(step, env):
+        want = np.asarray(xla_lower(step)(env))
+        _close(run_julia(step, env), want, dtype)
+        return want
+
+    spec = compile_spec(LRU.spec)[1]
+    env = dict(zip(spec.input_names, _inputs(dtype)))
+    result = checked(spec, env)
+    genv = gradient_env(spec, env, result, np.asarray(np.ones(result.shape) * (0.5 - 1j), dtype))
+    for grad in gradients(spec, frozenset(env)):
+        run_gradient(grad, spec, genv, checked)

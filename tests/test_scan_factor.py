@@ -2,7 +2,7 @@
 only at lane indices (``lam[n]``, a scalar, ``A[d,n]``, the initial state) run ONE sensitivity scan and a jnp
 product, where they ran a scan batched over every basis tangent (n trajectories); checked against the
 independent ``lax.scan`` oracles of tests/scan_cases.py in float64 on c, numba, xla and auto; the kernels a
-jacobian runs; and the inputs that do not factor (mixing states, inputs along the scan, complex values)."""
+jacobian runs (complex lam included); and the inputs that do not factor (mixing states, inputs along the scan)."""
 from __future__ import annotations
 
 import jax
@@ -159,3 +159,22 @@ def test_whole_copy_takes_only_an_unchanged_whole_array():
     assert whole_copy(spec("dx[i,j] := 2*g[i,j]"), {"g": g}) is None
     assert whole_copy(spec("dx[i,j] := g[i,j]  (i in 0:size(x,0))"), {"g": g, "x": x}) == "g"
     assert whole_copy(spec("dx[i,j] := g[i,j]  (i in 0:size(x,0))"), {"g": g, "x": x[:1]}) is None  # a part
+
+
+@pytest.mark.parametrize("backend", [c_param()])
+def test_jacobians_wrt_a_complex_lam_factor_and_match_lax_scan(backend):
+    """S5's complex lam, differentiated through its real and imaginary parts (jax's jacobians take real inputs):
+    its tangent is complex-linear in lam's, so it factors like a real one (it ran the batched scan, 2n
+    trajectories); the jacobians agree with lax.scan's."""
+    case = BY_NAME["lru"]
+    lam, x, h0 = _inputs(case)
+    lam = lam * np.exp(0.3j * np.arange(1, lam.size + 1))
+    kernel = tullax.einsum_kernel(case.spec, backend=backend)
+
+    def final(fn):
+        return lambda parts: jnp.real(fn(jax.lax.complex(parts[0], parts[1]), x, h0)[:, -1].mean(0))
+
+    parts = np.stack([lam.real, lam.imag])
+    for jac in (jax.jacfwd, jax.jacrev):
+        assert max(_kernel_ranks(jac(final(kernel)), parts)) == 3, jac.__name__
+        _close(jax.jit(jac(final(kernel)))(parts), jac(final(case.oracle))(parts))

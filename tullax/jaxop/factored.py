@@ -16,13 +16,9 @@ from tullax.grad.factor import lane_factor
 
 def factored_inputs(op: Any, live: tuple, operands: Sequence[Any], dims: Sequence[Any]) -> dict[int, tuple]:
     """{input position: its axes in the result} for the live inputs whose batched tangents factor; empty where
-    the primals are batched or a value is complex."""
-    import jax.numpy as jnp
-
+    the primals are batched. A complex recurrence factors alike: its tangent is complex-linear in the input's."""
     n = len(op.spec.inputs)
     if op.spec.scan is None or any(d is not None for d in dims[:n + 1]):
-        return {}
-    if any(jnp.iscomplexobj(v) for v in operands):
         return {}
     positions = [i for i, keep in enumerate(live) if keep]
     found = {}
@@ -42,8 +38,7 @@ def batched_factors(op: Any, wanted: Sequence[int], args: Sequence[Any], out: An
     tracer = _batch_tracer()
     if op.spec.scan is None or tracer is None or not isinstance(ct, tracer):
         return {}
-    if any(isinstance(v, tracer) for v in (*args, out)) or any(
-            jnp.iscomplexobj(v) for v in (*args, out, ct)):
+    if any(isinstance(v, tracer) for v in (*args, out)):
         return {}
     found = {}
     for pos in wanted:

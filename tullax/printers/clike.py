@@ -83,14 +83,6 @@ def storage_type(dtype: str, backend: str = "cuda") -> str:
                           "and integer index arrays") from None
 
 
-def refuse_complex(dtypes: set[str], backend: str) -> None:
-    """The CUDA C printer has no complex type (the host C printer has C99's, ``c_complex``): say which backends
-    run complex specs."""
-    if any(str(d).startswith("complex") for d in dtypes):
-        raise TullaxError(f"the {backend} backend has no complex numbers (its C printer has no complex type): run "
-                          "complex64/complex128 specs on backend='xla' (on the GPU too), 'c' or 'numba'")
-
-
 @dataclass(frozen=True)
 class Parameter:
     """One kernel parameter: ``kind`` is ``array`` (a pointer to the elements of array parameter ``array``),
@@ -302,4 +294,4 @@ def _instantiate(function: str, dtype: str) -> str:
 
 
 __all__ = ["C_TYPES", "CLikePrinter", "CPlace", "FLOAT_SUFFIX", "HELPERS", "POWER", "Parameter", "TYPE_SUFFIX",
-           "extent_name", "format_float", "helper_definitions", "refuse_complex", "storage_type"]
+           "extent_name", "format_float", "helper_definitions", "storage_type"]

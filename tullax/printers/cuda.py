@@ -82,9 +82,9 @@ from tullax.printers.clike import (
     extent_name,
     format_float,
     helper_definitions,
-    refuse_complex,
     storage_type,
 )
+from tullax.printers.cuda_complex import CUDA_COMPLEX_PRELUDE, CUDA_COMPLEX_TYPES, ComplexCuda
 from tullax.printers.launch import launch_nest
 
 INDEX_BITS = (32, 64)
@@ -95,15 +95,20 @@ INDEX_TYPES = {32: "tx_i32", 64: "tx_i64"}
 BLOCK_THREADS = 256
 MIN_BLOCKS_PER_SM = 1
 
+def element_type(dtype: str) -> str:
+    """The CUDA type of an element of ``dtype``: the C types, and the prelude's ``tx_c64``/``tx_c128``."""
+    return CUDA_COMPLEX_TYPES.get(str(dtype)) or storage_type(dtype)
+
+
 def parameters(kernel: LoopKernel, index_bits: int) -> tuple[Parameter, ...]:
     """Every parameter of the printed kernel, in order: arrays, scalars, sizes, extents."""
     index = INDEX_TYPES[index_bits]
     params = []
     for arr in kernel.arrays:
         qualifier = "const " if arr.role == "in" else ""
-        params.append(Parameter(arr.name, "array", arr.dtype, f"{qualifier}{storage_type(arr.dtype)}*", arr.name))
+        params.append(Parameter(arr.name, "array", arr.dtype, f"{qualifier}{element_type(arr.dtype)}*", arr.name))
     for sc in kernel.scalars:
-        params.append(Parameter(f"{sc.name}_at", "scalar", sc.dtype, f"const {storage_type(sc.dtype)}*", sc.name))
+        params.append(Parameter(f"{sc.name}_at", "scalar", sc.dtype, f"const {element_type(sc.dtype)}*", sc.name))
     params += [Parameter(size.name, "size", INDEX, index) for size in kernel.sizes]
     for arr in kernel.arrays:
         for axis in range(1, arr.rank):
@@ -117,9 +122,10 @@ _THREAD = Var("tx_thread", INDEX)  # the thread's position in its block, declare
 CudaPlace = CPlace  # the name the CUDA tests and callers know
 
 
-class CudaPrinter(CLikePrinter):
+class CudaPrinter(ComplexCuda, CLikePrinter):
     """Loop-IR expressions and statements as CUDA C++ with ``index_bits``-bit index arithmetic: the shared C
-    printer, with the helpers as templates and ``atomicAdd`` for colliding scatter stores."""
+    printer, with the helpers as templates and ``atomicAdd`` for colliding scatter stores; complex values as the
+    prelude's structs (``tullax.printers.cuda_complex``)."""
 
     backend = "cuda"
     store_forms: ClassVar[Mapping[str, str]] = {"set": "{target} = {value}", "add": "{target} += {value}",
@@ -216,8 +222,6 @@ class CudaPrinter(CLikePrinter):
 # =============================================================================================
 def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
     """The ``extern "C" __global__`` function of ``kernel``."""
-    dtypes = {kernel.compute_dtype, *(a.dtype for a in kernel.arrays), *(s.dtype for s in kernel.scalars)}
-    refuse_complex(dtypes, "cuda")
     buffers = [s for s in walk_stmts(kernel.body) if isinstance(s, Buffer)]
     if any(not s.shared for s in buffers):
         raise TullaxError(f"internal error: {kernel.name} holds a row buffer in a thread per row; on a GPU a row "
@@ -231,7 +235,7 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
              f'extern "C" __global__ void __launch_bounds__({BLOCK_THREADS}, {MIN_BLOCKS_PER_SM}) {kernel.name}('
              f'\n    {declarations})',
              "{"]
-    lines += [f"    const {storage_type(s.dtype)} {s.name} = *{s.name}_at;" for s in kernel.scalars]
+    lines += [f"    const {element_type(s.dtype)} {s.name} = *{s.name}_at;" for s in kernel.scalars]
     loops, body = launch_nest(kernel)
     if not loops:  # a scalar result: one thread does everything
         lines.append("    if (blockIdx.x == 0 && threadIdx.x == 0) {")
@@ -249,14 +253,14 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
                   f"    for ({index} tx_flat = ({index}(blockIdx.x) * {index}(blockDim.x) + {index}(threadIdx.x)) "
                   "/ 32; tx_flat < tx_total; tx_flat += tx_stride) {"]
     elif kernel.tile is not None:  # a block per tile: the grid-stride loop over blocks, shared arrays declared once
-        lines += [f"    TX_SHARED({storage_type(s.dtype)}, {s.var}, {s.length});"
+        lines += [f"    TX_SHARED({element_type(s.dtype)}, {s.var}, {s.length});"
                   for s in walk_stmts(kernel.body) if isinstance(s, Shared)]
         lines += [f"    const {index} {THREAD} = {index}(threadIdx.x);  // the thread's position in its block",
                   f"    for ({index} tx_flat = {index}(blockIdx.x); tx_flat < tx_total; tx_flat += "
                   f"{index}(gridDim.x)) {{"]
     elif kernel.cooperative:  # a block per element: the grid-stride loop over blocks, the same for all its threads
         lines += ["    TX_SHARED(double, tx_red, 64);  // up to two partials per warp (a double holds any float type)",
-                  *(f"    TX_SHARED({storage_type(s.dtype)}, {s.var}, {s.length});"
+                  *(f"    TX_SHARED({element_type(s.dtype)}, {s.var}, {s.length});"
                     for s in walk_stmts(kernel.body) if isinstance(s, Shared)),
                   *(["    TX_DYNAMIC_SHARED(tx_dynamic);  // the row buffers: shared_buffer_bytes, set at launch"]
                     if buffers else []),
@@ -297,6 +301,11 @@ template <> __device__ __forceinline__ float tx_inf_of<float>() { return tx_inf_
 template <> __device__ __forceinline__ double tx_inf_of<double>() { return tx_inf_f64(); }
 
 """ + helper_definitions("__device__ __forceinline__") + """
+// a warp shuffle of any value: complex values shuffle their two parts (their overloads, cuda_complex)
+template <typename T> __device__ __forceinline__ T tx_shfl_xor(unsigned mask, T v, int offset) {
+    return __shfl_xor_sync(mask, v, offset);
+}
+""" + CUDA_COMPLEX_PRELUDE + """
 // Block-cooperative reductions: every thread's v combined by op over the block in a fixed order, the total
 // returned to every thread. A xor-shuffle tree in each warp; lane 0 of each warp leaves its result in red (32
 // shared slots); then every warp runs the same tree over the warps' results (identity past the last warp), so
@@ -310,7 +319,7 @@ struct tx_op_add { template <typename T> __device__ static T apply(T a, T b) { r
 struct tx_op_max { template <typename T> __device__ static T apply(T a, T b) { return tx_max<T>(a, b); } };
 struct tx_op_min { template <typename T> __device__ static T apply(T a, T b) { return tx_min<T>(a, b); } };
 template <typename Op, typename T> __device__ __forceinline__ T tx_warp_combine(T v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    for (int offset = 16; offset > 0; offset >>= 1) v = Op::apply(v, tx_shfl_xor(0xffffffffu, v, offset));
     return v;
 }
 template <typename Op, typename T> __device__ __forceinline__ T tx_block_combine(T v, T identity, T* red) {
@@ -379,4 +388,4 @@ def print_module(kernels: Sequence[tuple[LoopKernel, int]]) -> str:
 
 
 __all__ = ["BLOCK_THREADS", "INDEX_BITS", "CudaPlace", "CudaPrinter", "Parameter", "extent_name", "format_float",
-           "kernel_function", "parameters", "print_module", "storage_type"]
+           "element_type", "kernel_function", "parameters", "print_module", "storage_type"]

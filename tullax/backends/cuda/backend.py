@@ -30,7 +30,7 @@ from tullax.backends.cuda.launch import (
 )
 from tullax.compiler.loops import LoopKernel
 from tullax.compiler.lower import lower
-from tullax.errors import BackendUnavailableError
+from tullax.errors import BackendUnavailableError, TullaxError
 from tullax.printers.cuda import print_module
 from tullax.spec.ir import Spec
 
@@ -171,6 +171,10 @@ class CudaBackend:
 
     def device_kernel(self, spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]],
                       zero_start: bool = False) -> DeviceKernel:
+        if any(str(d).startswith("complex") for d in (*signature.in_dtypes, signature.out_dtype)):
+            # the printed CUDA C has complex types (printers.cuda_complex, checked on the CPU); no GPU has run them
+            raise TullaxError("the cuda backend does not launch complex kernels yet (its printed CUDA C has them, "
+                              "tullax.generate_source shows it, but no GPU has run them): use backend='xla' on a GPU")
         return device_kernel(spec, signature, shapes, zero_start)
 
     def generate_source(self, spec: Spec, signature: Signature) -> str:
