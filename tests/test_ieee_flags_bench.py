@@ -5,8 +5,8 @@ GCC folds to 0 under -fno-signed-zeros, is not."""
 from __future__ import annotations
 
 import pytest
+from loop_backends import c_unavailable
 
-from tests.loop_backends import c_unavailable
 from tullax.backends.base import Signature
 from tullax.spec.frontend import compile_spec
 
