@@ -30,7 +30,9 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -91,11 +93,32 @@ def build(spec, signature: Signature, variant: str):
             os.environ[c_compile.CFLAGS_ENV] = saved
 
 
-def execute(variant: str, kernels: dict):
-    """``execute(step, env)`` on ``variant``'s kernels (built once per step)."""
+def same_code(spec, signature: Signature) -> bool:
+    """Whether the C that ships for ``spec`` compiles to the same assembly under the old fast-math flags as under
+    ours (the same source, the same scheduling flags, ``-S``): where it does, the IEEE flags cost that kernel
+    nothing, and a ratio measured beside it is the printing change's, the scheduling's or the machine's."""
+    _, source = c_backend._recipe(c_backend.FORWARD).generate(spec, signature)
+    with tempfile.TemporaryDirectory(prefix="tullax-ieee-asm-") as scratch:
+        path = Path(scratch) / "kernel.c"
+        path.write_text(source, encoding="utf-8")
+        texts = []
+        for extra in ((), c_compile.OLD_FAST_FLAGS):
+            out = path.with_suffix(f".{len(extra)}.s")
+            subprocess.run([c_compile.compiler(), *c_compile.flags(), *extra, "-S", "-o", str(out), str(path)],
+                           check=True, capture_output=True)
+            texts.append([line for line in out.read_text().splitlines()
+                          if not line.startswith(("\t.file", "\t.ident"))])
+    return texts[0] == texts[1]
+
+
+def execute(variant: str, kernels: dict, touched: list | None = None):
+    """``execute(step, env)`` on ``variant``'s kernels (built once per step); each step run and its signature are
+    appended to ``touched`` where given."""
     def run(step, env):
         inputs = [np.asarray(env[name]) for name in step.input_names]
         signature = Signature(tuple(v.dtype.name for v in inputs), "float32")
+        if touched is not None:
+            touched.append((step, signature))
         key = (variant, step, signature)
         if key not in kernels:
             kernels[key] = build(step, signature, variant)
@@ -159,8 +182,10 @@ def measure(case, repeat: int, cpu: bool = False) -> dict:
             jobs[f"grad {grad.wrt}"] = lambda run, grad=grad: run_gradient(grad, spec, genv, run)
     found = {}
     for job, call in jobs.items():
-        runs = {variant: execute(variant, kernels) for variant in VARIANTS}
+        touched: list = []
+        runs = {variant: execute(variant, kernels, touched if variant == "after" else None) for variant in VARIANTS}
         results = {variant: call(run) for variant, run in runs.items()}  # builds, and checks they agree
+        same = all(same_code(step, signature) for step, signature in dict.fromkeys(touched))
         for variant, value in results.items():
             np.testing.assert_allclose(value, results["after"], rtol=2e-3, atol=2e-3 * np.abs(value).max(),
                                        err_msg=f"{case.name} {job} {variant}")
@@ -168,9 +193,11 @@ def measure(case, repeat: int, cpu: bool = False) -> dict:
         batch = max(1, min(50, round(BATCH_MS / max(one, 1e-3))))  # a round of at least BATCH_MS: less clock noise
         found[job] = summarise(interleaved(runs, call, repeat, cpu, seed=len(found), batch=batch))
         found[job]["batch"] = batch
+        found[job]["same_code"] = same
         r = found[job]
         print(f"{case.name:22s} {job:10s} " + " ".join(f"{v} {t:8.3f}" for v, t in r["median_ms"].items())
-              + f" ms (median)  after/before {r['after/before']:.2f} [{r['paired_q1']:.2f}-{r['paired_q3']:.2f}]",
+              + f" ms (median)  after/before {r['after/before']:.2f} [{r['paired_q1']:.2f}-{r['paired_q3']:.2f}]"
+              + ("  (same code under both flags)" if same else ""),
               flush=True)
     return found
 
@@ -205,17 +232,21 @@ def main() -> None:
              "then shuffled order, each timed call after an untimed call of the same variant. after/before: the "
              "ratio of the medians (< 1: faster now; what the IEEE flags cost as shipped); paired: the median and "
              "quartiles of the ratio within each round (less moved by a load change between rounds); no-simd/before: "
-             "what dropping the fast-math flags alone costs. "
+             "what dropping the fast-math flags alone costs; same code: whether the C that ships compiles to the "
+             "same assembly under the old fast-math flags as under ours (`-S`, the same scheduling flags; yes: the "
+             "IEEE flags cost that kernel nothing, and its after/before is the printing's, the scheduling's or the "
+             "machine's). "
              f"Geometric mean after/before: {record['geomean_after_over_before']:.3f}.", "",
-             "| case | kernel | before | no-simd | after | after/before | paired [q1-q3] | no-simd/before |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| case | kernel | before | no-simd | after | after/before | paired [q1-q3] | no-simd/before "
+             "| same code |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for case, jobs in results.items():
         for job, r in jobs.items():
             med, best = r["median_ms"], r["ms"]
             cells = " | ".join(f"{med[v]:.3f} ({best[v]:.3f})" for v in VARIANTS)
             lines.append(f"| {case} | {job} | {cells} | {r['after/before']:.2f} "
                          f"| {r['paired_median']:.2f} [{r['paired_q1']:.2f}-{r['paired_q3']:.2f}] "
-                         f"| {r['no-simd/before']:.2f} |")
+                         f"| {r['no-simd/before']:.2f} | {'yes' if r['same_code'] else 'no'} |")
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print(f"geomean after/before {record['geomean_after_over_before']:.3f}; wrote {RESULTS / name}.json/.md")
 
