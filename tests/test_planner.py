@@ -1105,10 +1105,10 @@ def test_a_process_whose_kept_decisions_are_all_xla_loads_no_loop_module(monkeyp
     spec, values = _conv2d_small()
     planner.forget()
     try:
-        assert planner._steps_may_run_on(LOOP_BACKEND, spec, values, "float32")  # nothing decided yet
+        assert planner._steps_loops(spec, values, "float32") == LOOP_BACKEND  # nothing decided yet
         jax.jit(jax.grad(lambda *v: jnp.sum(tullax.einsum_kernel(CONV2D)(*v)), argnums=(0, 1)))(*values)
         planner.forget()  # a new process: the decisions come from the compile cache
-        assert not planner._steps_may_run_on(LOOP_BACKEND, spec, values, "float32")
+        assert planner._steps_loops(spec, values, "float32") is None
         built = []
         from tullax import backends
 
@@ -1123,7 +1123,7 @@ def test_a_process_whose_kept_decisions_are_all_xla_loads_no_loop_module(monkeyp
         _, step = compile_spec("Δk[o,c,p,q] := Δy[n,o,h,w]*x[n,c,h+p,w+q]")
         planner.plan(step, {"Δy": (2, 16, 18, 18), "x": (2, 16, 20, 20)}, {"Δy": "float32", "x": "float32"})
         planner.forget()
-        assert planner._steps_may_run_on(LOOP_BACKEND, spec, values, "float32")
+        assert planner._steps_loops(spec, values, "float32") == LOOP_BACKEND
     finally:
         planner.forget()
 
