@@ -7,7 +7,8 @@ and, for a close call, the candidates a race times) or None where it does not ap
    look for a loop backend, so its first call neither probes the C compiler nor imports a loop backend.
 1. ``tiny``: a call below the serial work threshold (``tullax.backends.workload``) is not timed: the loops where
    their module is compiled once with every gradient step and loaded from the compile cache by later processes
-   (``Capabilities.whole_module_cached``), else XLA in its best form, traced into the jitted program.
+   (``Capabilities.whole_module_cached``) and is compiled already (``loops_ready``), else XLA in its best form,
+   traced into the jitted program. On a new compile cache (``nothing_compiled``) no loop backend is looked up.
 2. ``no loop backend``: XLA, in its best form.
 3. ``gather``: a pure gather (one read through an index array, copied): XLA's gather, untimed; memory-bound on
    any candidate, and XLA fuses the copy into the program around it.
