@@ -137,14 +137,3 @@ def test_a_tiny_auto_call_on_a_new_cache_runs_on_xla_and_starts_nothing_of_the_c
     (tmp_path / "ran").unlink()
     out = _run_auto(tmp_path, spec)
     assert "plans: [('c', 'tiny', False)]" in out and "'compiled': 0" in out and "compiler ran: False" in out, out
-
-
-@pytest.mark.parametrize("spec, by_rule", [
-    ("s[b] := x[b,i]*W[i,j]*y[b,j]", True), ("C[i,j] := A[i,k]*B[k,j]", True),
-    ("s := x[i]*W[i,j]*x[j]", False),  # x read twice: its gradient step is a sum of two products
-    ("D[i,j] := (W[k,i]-X[k,j])^2", False), ("y[i] := x[i]*2", False)])
-def test_einsum_by_rule(spec, by_rule):
-    from tullax.spec.contraction import einsum_by_rule
-    from tullax.spec.frontend import compile_spec
-
-    assert einsum_by_rule(compile_spec(spec)[1]) is by_rule
