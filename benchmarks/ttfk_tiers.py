@@ -4,8 +4,11 @@ bench corpus does not hold, against the ``xla`` backend's own cold time.
 Each run is a new process with a new empty compile cache (``TULLAX_CACHE_DIR``): jax and tullax are imported and
 the tiny inputs made before the clock starts, as ``make bench``'s TTFK phase does; then the kernel is made, and
 its ``jax.jit`` forward and ``jax.jit`` VJP w.r.t. every float input are called once each (``ttfk``). Then, in the
-same process, once every optimised build has landed (``finish_step_builds``), the steady state: the median of
-``--calls`` calls of the jitted forward and VJP at larger shapes (the optimised kernels, switched in).
+same process, after a first call at larger shapes and once every optimised build has landed
+(``finish_step_builds``), the steady state: the median of ``--calls`` calls of the jitted forward and VJP at those
+shapes (the optimised kernels, switched in). Also the process's CPU time over the TTFK window, its C compiler's
+processes' (``os.times``, 10 ms steps) and how many modules it imported then: on a loaded machine the wall times
+swing with the load, the CPU times much less.
 
 Configurations, interleaved within each round (the machine is shared): ``xla``; ``c`` and ``auto`` with
 ``TULLAX_C_TIERS=off`` (every module waits for the optimising compiler) and ``on`` (after); with ``--before DIR``
@@ -57,19 +60,25 @@ def child(job: dict) -> dict:
 
     _, spec = compile_spec(job["spec"])
     args, cotangent = device_inputs(spec, job["shapes"], "float32", 0)
+    modules = len(sys.modules)
+    began = os.times()
     start = time.perf_counter()
     subject = Subject(job["spec"], None, job["backend"])
     block(subject.fwd(*args))
     forward = time.perf_counter()
     block(subject.bwd(cotangent, *args))
     end = time.perf_counter()
-    if job["backend"] != "xla":
-        from tullax.backends.c.backend import finish_step_builds
-
-        finish_step_builds()
+    ended = os.times()
+    cpu = {"cpu_ms": (ended.user + ended.system - began.user - began.system) * 1e3,
+           "compiler_cpu_ms": (ended.children_user + ended.children_system - began.children_user
+                               - began.children_system) * 1e3, "modules": len(sys.modules) - modules}
     big, big_cotangent = device_inputs(spec, job["big"], "float32", 1)
     block(subject.fwd(*big))
     block(subject.bwd(big_cotangent, *big))
+    if job["backend"] != "xla" and "tullax.backends.c.backend" in sys.modules:  # the optimised builds, switched in
+        from tullax.backends.c.backend import finish_step_builds
+
+        finish_step_builds()
     steady = {}
     for name, call in (("fwd", lambda: subject.fwd(*big)), ("bwd", lambda: subject.bwd(big_cotangent, *big))):
         times = []
@@ -79,7 +88,7 @@ def child(job: dict) -> dict:
             times.append((time.perf_counter() - began) * 1e3)
         steady[name] = statistics.median(times)
     return {"ttfk_ms": (end - start) * 1e3, "fwd_ms": (forward - start) * 1e3, "steady_fwd_ms": steady["fwd"],
-            "steady_bwd_ms": steady["bwd"]}
+            "steady_bwd_ms": steady["bwd"], **cpu}
 
 
 def run_child(job: dict, tiers: str, code: Path = REPO) -> dict:
@@ -125,13 +134,19 @@ def main() -> None:
     record = {"before": args.before, "reps": args.reps, "calls": args.calls, "cores": os.cpu_count(),
               "load_after": os.getloadavg(), "specs": {n: HELD_OUT[n][0] for n in args.specs}, "results": results}
     Path(args.out).write_text(json.dumps(record, indent=1))
-    print("\n| spec | config | TTFK best ms | TTFK median ms | best / xla best | steady fwd ms | steady bwd ms |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("\n| spec | config | TTFK best ms | TTFK median ms | best / xla best | CPU best ms (+ compiler) | "
+          "CPU best / xla's | modules | steady fwd ms | steady bwd ms |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, runs in results.items():
         xla = min(r["ttfk_ms"] for r in runs["xla tiers=off"])
+        xla_cpu = min(r.get("cpu_ms", float("nan")) + r.get("compiler_cpu_ms", 0) for r in runs["xla tiers=off"])
         for config, found in runs.items():
             ttfk = [r["ttfk_ms"] for r in found]
+            cpu = min(found, key=lambda r: r.get("cpu_ms", float("nan")) + r.get("compiler_cpu_ms", 0))
+            whole = cpu.get("cpu_ms", float("nan")) + cpu.get("compiler_cpu_ms", 0)
             print(f"| {name} | {config} | {min(ttfk):.0f} | {statistics.median(ttfk):.0f} | {min(ttfk) / xla:.2f} | "
+                  f"{cpu.get('cpu_ms', float('nan')):.0f} (+{cpu.get('compiler_cpu_ms', 0):.0f}) | "
+                  f"{whole / xla_cpu:.2f} | {cpu.get('modules', '')} | "
                   f"{statistics.median(r['steady_fwd_ms'] for r in found):.2f} | "
                   f"{statistics.median(r['steady_bwd_ms'] for r in found):.2f} |")
 

@@ -292,8 +292,9 @@ def test_the_ttfk_timeline_records_the_backend_the_race_and_every_compile(tmp_pa
     its spans would silently vanish from the timeline: this test would see it."""
     from benchmarks.ttfk_timeline import run_child, totals
 
+    # above the serial work threshold: a tiny call on a new cache runs on XLA and never looks at the loops
     job = {"spec": NORM, "ranges": None, "shapes": {"x": [4, 4]}, "check_shapes": {"x": [4, 4]},
-           "ttfk_shapes": {"x": [4, 4]}, "idiomatic": None, "backend": "auto", "dtype": "float32", "repeat": 1,
+           "ttfk_shapes": {"x": [1024, 512]}, "idiomatic": None, "backend": "auto", "dtype": "float32", "repeat": 1,
            "seed": 0}
     cold, warm = run_child(job, str(tmp_path)), run_child(job, str(tmp_path))
     labels = [label for _, _, label, _ in cold["spans"]]

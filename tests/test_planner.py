@@ -277,30 +277,51 @@ def test_a_planned_kernel_equals_the_loop_kernel_and_jnp(text, shapes, rules_onl
     _check(text, shapes)
 
 
-@pytest.mark.parametrize("cached_modules", [True, False])
-def test_tiny_calls_run_untimed_on_cached_loops_else_on_xla_and_larger_ones_on_the_loops(rules_only, monkeypatch,
-                                                                                          cached_modules):
-    """A tiny call goes to loops whose module (with every gradient step) later processes load compiled (host C):
-    XLA would compile its form again in every process. Without such a loop backend (Numba), to XLA."""
-    monkeypatch.setattr(rules, "whole_module_cached", lambda loops: cached_modules)
+@pytest.mark.parametrize("whole_modules, compiled", [(True, True), (True, False), (False, False)])
+def test_tiny_calls_run_untimed_on_compiled_loops_else_on_xla_and_larger_ones_on_the_loops(
+        rules_only, monkeypatch, whole_modules, compiled):
+    """A tiny call goes to loops whose module (with every gradient step) is compiled already, here or in the
+    compile cache (host C): XLA would compile its form again in every process. Where it is not compiled yet
+    (issue 45 item 5: the probe, lowering and a compile cost a cold first call several times XLA's compile), or
+    without such a loop backend (Numba), to XLA."""
+    monkeypatch.setattr(rules, "whole_module_cached", lambda loops: whole_modules)
+    monkeypatch.setattr(rules, "loops_ready", lambda loops, spec, dtypes, whole=False: compiled)
+    monkeypatch.setattr(rules, "nothing_compiled", lambda: False)
     _, spec = compile_spec(DIST)
     dtypes = {"W": "float32", "X": "float32"}
     tiny = planner.plan(spec, {"W": (6, 5), "X": (6, 4)}, dtypes)
-    expected = (LOOP_BACKEND, "loops", "tiny") if cached_modules else ("xla", "grid", "tiny")
+    expected = (LOOP_BACKEND, "loops", "tiny") if compiled else ("xla", "grid", "tiny")
     assert (tiny.backend, tiny.form, tiny.rule) == expected
+    assert ("not compiled here" in tiny.reason) == (whole_modules and not compiled)
     large = planner.plan(spec, {"W": (64, 40), "X": (64, 30)}, dtypes)
     assert (large.backend, large.rule) == (LOOP_BACKEND, "loops")
     # a tiny contraction stays on XLA's einsum either way
     _, linear = compile_spec(LINEAR)
     found = planner.plan(linear, {"W": (6, 5), "X": (6, 4)}, dtypes)
     assert (found.backend, found.form) == ("xla", "einsum")
-    # a tiny pure gather, whose rule is XLA's gather, takes the cached loops too: XLA's gather compiled in every
+    # a tiny pure gather, whose rule is XLA's gather, takes compiled loops too: XLA's gather compiled in every
     # process cost the embedding's warm TTFK 150 ms (186 -> 333 ms in make bench)
     _, embed = compile_spec(EMBED)
     tiny_gather = planner.plan(embed, {"W": (30, 8), "ix": (16,)}, {"W": "float32", "ix": "int32"})
-    assert (tiny_gather.backend, tiny_gather.rule) == ((LOOP_BACKEND, "tiny") if cached_modules else ("xla", "tiny"))
+    assert (tiny_gather.backend, tiny_gather.rule) == ((LOOP_BACKEND, "tiny") if compiled else ("xla", "tiny"))
     large_gather = planner.plan(embed, {"W": (300, 64), "ix": (5000,)}, {"W": "float32", "ix": "int32"})
     assert (large_gather.backend, large_gather.form, large_gather.rule) == ("xla", "grid", "gather")
+
+
+def test_a_tiny_call_on_a_new_cache_names_no_loop_backend(rules_only, monkeypatch, tmp_path):
+    """A new compile cache holds no compiled module: a tiny call's plan is XLA's, decided without looking a loop
+    backend up (no import, probe or warm-up for it), and the next call that may run on the loops names one."""
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path / "new"))
+    monkeypatch.setattr(rules, "nothing_compiled", lambda: True)
+    asked = []
+    monkeypatch.setattr(planner, "loops_for", lambda *a, **k: asked.append(a) or LOOP_BACKEND)
+    _, spec = compile_spec(DIST)
+    dtypes = {"W": "float32", "X": "float32"}
+    tiny = planner.plan(spec, {"W": (6, 5), "X": (6, 4)}, dtypes)
+    assert (tiny.backend, tiny.form, tiny.rule) == ("xla", "grid", "tiny") and "not compiled here" in tiny.reason
+    assert asked == []
+    large = planner.plan(spec, {"W": (64, 40), "X": (64, 30)}, dtypes)
+    assert (large.backend, large.rule) == (LOOP_BACKEND, "loops") and asked
 
 
 def test_a_small_close_call_is_not_timed(monkeypatch, tmp_path):
@@ -750,7 +771,8 @@ def test_timed_decisions_persist_in_the_compile_cache_across_processes(tmp_path)
     assert "timed: xla:conv" in printed
 
 
-def test_explain_prints_the_plan_and_why():
+def test_explain_prints_the_plan_and_why(monkeypatch):
+    monkeypatch.setattr(rules, "loops_ready", lambda loops, spec, dtypes, whole=False: False)  # not compiled yet
     text = tullax.explain(MIXED)
     plan = text[text.index("plan (backend='auto'"):]
     assert f"forward: C[i,j] := W[k,i]*X[k,j] + b[i]\n    -> {LOOP_BACKEND}: loops:" in plan
@@ -759,8 +781,13 @@ def test_explain_prints_the_plan_and_why():
     assert "close call, timed on first use where cheap: xla:conv, xla:conv-padded, xla:slices, loops" in conv
     shaped = tullax.explain(CONV1D, shapes={"x": (2, 50), "w": (3,)})
     assert "gradient wrt x: Δx[b,m] := Δy[b,pad(m-k)]*w[k]  [Δy 2x48, w 3, x 2x50]" in shaped
+    assert "rule 'tiny'" in shaped and "-> xla (conv): tiny:" in shaped  # 2x48x3 is below the serial threshold
+    # where the loops' module is compiled already (here or in the compile cache), a tiny call runs on it
+    monkeypatch.setattr(rules, "loops_ready", lambda loops, spec, dtypes, whole=False: True)
+    monkeypatch.setattr(rules, "nothing_compiled", lambda: False)
+    shaped = tullax.explain(CONV1D, shapes={"x": (2, 50), "w": (3,)})
     tiny = f"-> {LOOP_BACKEND}: tiny:" if rules.whole_module_cached(LOOP_BACKEND) else "-> xla (conv): tiny:"
-    assert "rule 'tiny'" in shaped and tiny in shaped  # 2x48x3 is below the serial threshold
+    assert tiny in shaped
     with pytest.raises(tullax.ShapeError, match="no shape given for w"):
         tullax.explain(CONV1D, shapes={"x": (2, 50)})
 
@@ -1135,10 +1162,10 @@ def test_a_process_whose_kept_decisions_are_all_xla_loads_no_loop_module(monkeyp
     spec, values = _conv2d_small()
     planner.forget()
     try:
-        assert planner._steps_may_run_on(LOOP_BACKEND, spec, values, "float32")  # nothing decided yet
+        assert planner._steps_loops(spec, values, "float32") == LOOP_BACKEND  # nothing decided yet
         jax.jit(jax.grad(lambda *v: jnp.sum(tullax.einsum_kernel(CONV2D)(*v)), argnums=(0, 1)))(*values)
         planner.forget()  # a new process: the decisions come from the compile cache
-        assert not planner._steps_may_run_on(LOOP_BACKEND, spec, values, "float32")
+        assert planner._steps_loops(spec, values, "float32") is None
         built = []
         from tullax import backends
 
@@ -1153,7 +1180,7 @@ def test_a_process_whose_kept_decisions_are_all_xla_loads_no_loop_module(monkeyp
         _, step = compile_spec("Δk[o,c,p,q] := Δy[n,o,h,w]*x[n,c,h+p,w+q]")
         planner.plan(step, {"Δy": (2, 16, 18, 18), "x": (2, 16, 20, 20)}, {"Δy": "float32", "x": "float32"})
         planner.forget()
-        assert planner._steps_may_run_on(LOOP_BACKEND, spec, values, "float32")
+        assert planner._steps_loops(spec, values, "float32") == LOOP_BACKEND
     finally:
         planner.forget()
 

@@ -9,7 +9,6 @@ from typing import Any, Iterable, Mapping
 from tullax.api.options import finish, make_options, stop_gradients
 from tullax.errors import TullaxError, with_spec_context
 from tullax.spec.arguments import as_numpy_inputs, bind_inputs, check_call, result_dtype, weak_dtypes
-from tullax.spec.contraction import einsum_by_rule
 from tullax.spec.frontend import compile_spec
 from tullax.spec.ir import Spec
 
@@ -26,8 +25,6 @@ class Kernel:
             backends.warm_up(backend)  # the C compiler's probe compiles while the spec is analysed
         self.source = spec
         self.canonical, self.ir = compile_spec(spec, ranges)
-        if backend == "auto" and not einsum_by_rule(self.ir):  # XLA's einsum by rule: no loop backend is built
-            backends.warm_up(backend)
         try:
             self.options = make_options(self.canonical, self.ir, init, nograd, algebra, backend)
         except TullaxError as err:

@@ -60,6 +60,11 @@ def get(name: str) -> Backend:
     return backend
 
 
+def loaded() -> tuple[Backend, ...]:
+    """The backends this process has made so far (a built-in one is made on first use)."""
+    return tuple(_REGISTRY.values())
+
+
 def capabilities(backend: Backend) -> Capabilities:
     """What ``backend`` declares it can do beyond the Backend protocol's three methods. The built-in backends
     all declare it; a backend registered from outside tullax without a ``capabilities`` attribute (a plain

@@ -60,7 +60,8 @@ class Capabilities:
     # ``build(spec)`` compiles the forward kernel and every gradient step together (host C: two modules at once,
     # so a gradient step of a spec built here costs nothing more), and a later process loads them compiled from
     # the compile cache in milliseconds. ``auto`` then sends a tiny call to these loops rather than to XLA, which
-    # compiles its form again in every process.
+    # compiles its form again in every process, where ``ready(spec, signature, whole=False)`` says that the
+    # kernel (``whole``: and its gradient steps) runs without a compile.
     whole_module_cached: bool = False
     # ``availability_now()``: its availability without waiting for a slow check (the C compiler's probe): False
     # where that is known to fail, else True; ``build`` waits for the check and raises where it fails. Resolving

@@ -28,7 +28,6 @@ from tullax import settings
 from tullax.backends.base import HostKernel, Shapes, Signature
 from tullax.errors import TullaxError
 from tullax.runtime import forks
-from tullax.runtime.cache import CompileCache, cache_key, get_cache
 from tullax.spec.ir import Spec
 from tullax.spec.sizes import Sym
 from tullax.spec.text import format_spec
@@ -36,6 +35,7 @@ from tullax.spec.text import format_spec
 if TYPE_CHECKING:  # the loop IR only where a kernel is lowered: a warm process running XLA never imports it
     from tullax.compiler.interface import KernelInterface
     from tullax.compiler.loops import LoopKernel
+    from tullax.runtime.cache import CompileCache  # the cache only where a module is built: not for kernel_steps
 
 # =============================================================================================
 # Two LLVMs in one process
@@ -122,6 +122,8 @@ def module_source(spec: Spec, signature: Signature, lower: Callable[[Spec, Signa
 def module_key(spec: Spec, signature: Signature, backend: str, options: Mapping[str, Any]) -> str:
     """The compile-cache key of the module of ``spec`` for ``signature`` on ``backend`` (printed with
     ``options``)."""
+    from tullax.runtime.cache import cache_key
+
     return cache_key(spec=format_spec(spec), ranges=[(n, str(r.lo), str(r.hi)) for n, r in spec.ranges],
                      inputs=[(i.name, i.kind, i.rank) for i in spec.inputs], in_dtypes=list(signature.in_dtypes),
                      out_dtype=signature.out_dtype, backend=backend, options=options)
@@ -168,6 +170,8 @@ def build_module(recipe: ModuleRecipe, spec: Spec, signature: Signature) -> Host
     store (a full disk) has no path and is loaded from memory. A recipe with ``load_cached`` skips generating
     on a hit: its key alone determines the source."""
     key = module_key(spec, signature, recipe.backend, recipe.options)
+    from tullax.runtime.cache import get_cache
+
     cache = get_cache()
     # the index record of the entry, made when it is written: a module used only under jit runs no first host
     # call (which notes its timings), and a hit on an entry without a record was not counted
@@ -331,6 +335,8 @@ def record_first_run(generated: GeneratedModule, kind: str, *, ready_ms: float, 
     ttfk_field = "ttfk_warm_ms" if warm else "ttfk_cold_ms"
     ttfk = generated.codegen_ms + ready_ms + run_ms
     try:
+        from tullax.runtime.cache import get_cache
+
         get_cache().record_later(generated.key, spec=generated.kernel.spec_text, backend=generated.backend, kind=kind,
                            dtypes=[a.dtype for a in generated.kernel.arrays], parse_codegen_ms=generated.codegen_ms,
                            first_run_ms=run_ms, **{ready_field: ready_ms, ttfk_field: ttfk})

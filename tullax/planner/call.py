@@ -27,7 +27,6 @@ class Analysis:
     cuttable: Mapping[str, frozenset[tuple[str, int]]]
     pure_gather: bool
     indexed: bool
-    expandable: bool = False  # a polynomial body that multiplies out into contractions (``xla.expand``)
 
     @property
     def contraction(self) -> bool:
@@ -38,7 +37,7 @@ class Analysis:
 @functools.lru_cache(maxsize=1024)  # every plan of a kernel reads it: its rule, its race, its explanation
 def analyse(spec: Spec) -> Analysis:
     """The one analysis of ``spec`` the planner makes."""
-    from tullax.backends.xla import expand, recognise
+    from tullax.backends.xla import recognise
 
     terms = recognise.product_terms(spec) or ()
     return Analysis(
@@ -47,8 +46,7 @@ def analyse(spec: Spec) -> Analysis:
         factor_indices=tuple(recognise.factor_indices(f) for _, factors in terms for f in factors),
         cuttable=recognise.cuttable(spec),
         pure_gather=is_pure_gather(spec),
-        indexed=spec.is_scatter or any(isinstance(i, Indirect) for a in accesses(spec.body) for i in a.idx),
-        expandable=expand.applies(spec))
+        indexed=spec.is_scatter or any(isinstance(i, Indirect) for a in accesses(spec.body) for i in a.idx))
 
 
 def is_pure_gather(spec: Spec) -> bool:
@@ -72,6 +70,8 @@ class Call:
     zero_start: bool = False
     clock: Callable[[], float] = field(default=time.perf_counter, compare=False)
     algebra: str = ""  # "expand": the caller opted in to the expanded form (``einsum_kernel(algebra=...)``)
+    # a tiny call where no loop module can be compiled yet (``rules.nothing_compiled``): no loop backend looked up
+    cold: bool = field(default=False, compare=False)
 
     @classmethod
     def of(cls, spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], loops: str | None, zero_start: bool = False,
@@ -119,7 +119,11 @@ class Call:
 def expand_applies(spec: Spec, algebra: str) -> bool:
     """Whether the opt-in ``algebra`` ("expand") changes anything for ``spec``: elsewhere a call keeps its plain
     key, so a kernel the expansion does not reach shares its decisions with calls that did not opt in."""
-    return algebra == "expand" and analyse(spec).expandable
+    if algebra != "expand":  # asked only with the opt-in: the expansion is not cheap to look for
+        return False
+    from tullax.backends.xla.expand import applies
+
+    return applies(spec)
 
 
 def call_shapes_and_dtypes(spec: Spec, values: Iterable[Any]) -> tuple[dict, dict]:

@@ -26,10 +26,12 @@ from tullax.planner import race as racing
 from tullax.planner.call import Call, Shapes, call_shapes_and_dtypes, kernel_shapes
 from tullax.planner.rules import (
     LOOPS,
+    TINY_COLD,
     TINY_LOOPS,
     TINY_XLA,
     Plan,
     Rule,
+    always_einsum,
     as_plan,
     loop_backend,
     loops_for,
@@ -86,11 +88,29 @@ def known_plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], *, zero_st
 
 def call_for(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], zero_start: bool = False,
              clock: Callable[[], float] | None = None, algebra: str = "") -> Call:
-    """The call record of a call of ``spec``; its loop backend is the one ``auto`` uses for these dtypes."""
+    """The call record of a call of ``spec``; its loop backend is the one ``auto`` uses for these dtypes. A tiny
+    call does not wait for the C compiler's probe to name it: it runs on the loops only where their module is
+    compiled already (``_settle``), which needs no probe."""
     import time
 
-    return Call.of(spec, shapes, dtypes, loops_for(spec, (str(dtypes[n]) for n in spec.input_names)), zero_start,
-                   clock or time.perf_counter, algebra)
+    names = [str(dtypes[n]) for n in spec.input_names]
+    call = Call.of(spec, shapes, dtypes, None, zero_start, clock or time.perf_counter, algebra)
+    if tiny(call) and not always_einsum(spec) and rules.nothing_compiled():
+        return replace(call, cold=True)  # no loop backend named: nothing of them is imported or started
+    call = replace(call, loops=loops_for(spec, names, wait=False))
+    if call.loops is None or tiny(call):
+        return call
+    from tullax import backends
+
+    backends.warm_up("auto")  # the c backend's imports beside the probe this call may wait for (once per process)
+    return replace(call, loops=loops_for(spec, names))
+
+
+def tiny(call: Call) -> bool:
+    """Whether ``call`` is below the serial work threshold (rule ``tiny``: it is never timed)."""
+    from tullax.backends.workload import serial_threshold
+
+    return call.work < serial_threshold()
 
 
 def _close(call: Call, rule: Rule) -> tuple[str, ...]:
@@ -124,14 +144,16 @@ class _Race:
 def _settle(call: Call, timing: bool, untimed: str = "timing is off", *, counted: bool = True) -> "Plan | _Race":
     """The plan of a call decided without timing (by rule, or kept in the compile cache), else the race that
     decides it."""
-    from tullax.backends.workload import serial_threshold
-
     loops = call.loops
     rule = rule_for(call.spec, loops)
-    if loops is not None and call.work < serial_threshold():
-        if rule.for_tiny == LOOPS and rules.whole_module_cached(loops):
+    if call.cold:
+        return as_plan(f"xla:{call.analysis.forms[0]}", loops, TINY_COLD)
+    if loops is not None and tiny(call):
+        if rule.for_tiny != LOOPS or not rules.whole_module_cached(loops):
+            return as_plan(f"xla:{call.analysis.forms[0]}", loops, TINY_XLA)
+        if rules.loops_ready(loops, call.spec, call.dtypes):
             return as_plan(LOOPS, loops, TINY_LOOPS)
-        return as_plan(f"xla:{call.analysis.forms[0]}", loops, TINY_XLA)
+        return as_plan(f"xla:{call.analysis.forms[0]}", loops, TINY_COLD)
     close = tuple(c for c in _close(call, rule) if usable(call, c))
     if len(close) < 2:
         return as_plan(rule.default, loops, rule)
@@ -329,7 +351,6 @@ def build_gradient_module(spec: Spec, args: Iterable[Any], out_dtype: str) -> No
     from tullax.backends.base import Signature
     from tullax.backends.host import kernel_steps
     from tullax.errors import TullaxError
-    from tullax.planner.rules import always_einsum
 
     args = list(args)
     try:
@@ -337,8 +358,8 @@ def build_gradient_module(spec: Spec, args: Iterable[Any], out_dtype: str) -> No
             return  # pure contractions never run on the loops
     except TullaxError:
         pass  # the steps report it
-    loops = loop_backend(str(getattr(a, "dtype", "")) for a in args if hasattr(a, "dtype"))
-    if not rules.whole_module_cached(loops) or not _steps_may_run_on(loops, spec, args, out_dtype):
+    loops = _steps_loops(spec, args, out_dtype)
+    if not rules.whole_module_cached(loops):
         return
     try:
         backends.resolve(loops).build(spec, Signature.of_values(args, out_dtype))
@@ -346,11 +367,12 @@ def build_gradient_module(spec: Spec, args: Iterable[Any], out_dtype: str) -> No
         return
 
 
-def _steps_may_run_on(loops: str, spec: Spec, args: list, out_dtype: str) -> bool:
-    """Whether some gradient step of ``spec`` called on ``args`` may run on the loop backend ``loops``: its plan
-    without timing (a decision kept in the compile cache, or a rule that times nothing) is the loops, or a race
-    that includes them is still to be timed. A warm process whose kept decisions are all XLA's thus loads no
-    loop module."""
+def _steps_loops(spec: Spec, args: list, out_dtype: str) -> str | None:
+    """The loop backend some gradient step of ``spec`` called on ``args`` may run on, else None: its plan without
+    timing (a decision kept in the compile cache, or a rule that times nothing) is the loops, or a race that
+    includes them is still to be timed, or it is tiny and the module of ``spec`` with its steps is compiled
+    already. A warm process whose kept decisions are all XLA's thus loads no loop module, and a tiny call on a
+    new compile cache names no loop backend."""
     import numpy as np
 
     from tullax.backends.host import kernel_steps
@@ -359,19 +381,27 @@ def _steps_may_run_on(loops: str, spec: Spec, args: list, out_dtype: str) -> boo
 
     shapes, dtypes = call_shapes_and_dtypes(spec, args)
     if any(np.dtype(d).kind == "c" for d in dtypes.values()):  # complex inputs derive steps of their own
-        return any(rule.default == LOOPS or LOOPS in rule.close
-                   for rule in (rule_for(step.spec, loops) for step in kernel_steps(spec, out_dtype)[1:]))
+        loops = loop_backend(dtypes.values(), wait=False)
+        may = any(rule.default == LOOPS or LOOPS in rule.close
+                  for rule in (rule_for(step.spec, loops) for step in kernel_steps(spec, out_dtype)[1:]))
+        return loops if may else None
     try:
         steps = kernel_shapes(spec, shapes)[1:]
-    except TullaxError:
-        return True  # the steps will report it; building the module costs only time
+    except TullaxError:  # the steps will report it; building the module costs only time
+        return loop_backend(dtypes.values(), wait=False)
     from_zeros = zero_start_steps(spec)
+    whole = None  # whether the module of spec and its steps is compiled already (asked once, where it matters)
     for _, step, step_shapes in steps:
         step_dtypes = {name: dtypes.get(name, out_dtype) for name in step.input_names}
-        call = Call.of(step, step_shapes, step_dtypes, loops, step in from_zeros)
-        if _peek(call).backend != "xla":
-            return True
-    return False
+        call = call_for(step, step_shapes, step_dtypes, step in from_zeros)  # as the step's own plan is made
+        found = _peek(call)
+        if found.backend != "xla":
+            return found.backend
+        if found.reason == TINY_COLD.reason and call.loops is not None:  # named: something is compiled somewhere
+            whole = rules.loops_ready(call.loops, spec, dtypes, whole=True) if whole is None else whole
+            if whole:
+                return call.loops
+    return None
 
 
 def forget() -> None:

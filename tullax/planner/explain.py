@@ -29,7 +29,8 @@ def explain_lines(spec: Spec, shapes: Shapes | None = None, dtype: str = "float3
     loops = loop_backend((dtype,))
     where = "a GPU" if on_gpu() else "the CPU"
     lines = [f"plan (backend='auto' on {where}; loop backend: {loops or 'none'}):"]
-    tiny_on = "its rule's default, untimed" if rules.whole_module_cached(loops) else "XLA"
+    tiny_on = ("its rule's default, untimed, where the loops' module is compiled already (else XLA)"
+               if rules.whole_module_cached(loops) else "XLA")
     lines.append(f"  (a call below {serial_threshold()} estimated operations runs on {tiny_on}: rule 'tiny')")
     if shapes is None:
         for step in kernel_steps(spec):

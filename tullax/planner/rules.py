@@ -7,7 +7,8 @@ and, for a close call, the candidates a race times) or None where it does not ap
    look for a loop backend, so its first call neither probes the C compiler nor imports a loop backend.
 1. ``tiny``: a call below the serial work threshold (``tullax.backends.workload``) is not timed: the loops where
    their module is compiled once with every gradient step and loaded from the compile cache by later processes
-   (``Capabilities.whole_module_cached``), else XLA in its best form, traced into the jitted program.
+   (``Capabilities.whole_module_cached``) and is compiled already (``loops_ready``), else XLA in its best form,
+   traced into the jitted program. On a new compile cache (``nothing_compiled``) no loop backend is looked up.
 2. ``no loop backend``: XLA, in its best form.
 3. ``gather``: a pure gather (one read through an index array, copied): XLA's gather, untimed; memory-bound on
    any candidate, and XLA fuses the copy into the program around it.
@@ -31,7 +32,7 @@ contractions (``tullax.backends.xla.expand``) also races ``xla:expanded`` (``dec
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from tullax.backends.gpu_select import on_gpu
 from tullax.planner import tuning
@@ -179,11 +180,16 @@ def rule_for(spec: Spec, loops: str | None = "numba") -> Rule:
     raise AssertionError("the last rule applies to every spec")
 
 
-TINY_LOOPS = Rule("tiny", "below the serial work threshold, not timed: the loop kernel, compiled once with every "
-                  "gradient step and loaded from the compile cache by later processes (XLA would compile its form "
-                  "again in each)", LOOPS)
+TINY_LOOPS = Rule("tiny", "below the serial work threshold, not timed: the loop kernel, its module (with every "
+                  "gradient step) compiled already, here or in the compile cache (XLA would compile its form again)",
+                  LOOPS)
 TINY_XLA = Rule("tiny", "below the serial work threshold: XLA inside the jitted program costs no host callback per "
                 "call and compiles no loop kernel", "xla")
+# the loops' module is not compiled yet: compiling it (the C compiler's probe, lowering, a compile) would cost the
+# first call several times XLA's compile of its form, and a call this small gains nothing on the loops
+TINY_COLD = Rule("tiny", "below the serial work threshold, not timed: XLA inside the jitted program; the loops' "
+                 "module is not compiled here or in the compile cache, and compiling it would cost this call more "
+                 "than XLA compiling its form", "xla")
 
 
 def usable(call: Call, candidate: str) -> bool:
@@ -230,11 +236,14 @@ def as_plan(candidate: str, loops: str | None, rule: Rule, **extra: Any) -> Plan
 # ---------------------------------------------------------------------------------------------
 # The loop backend
 # ---------------------------------------------------------------------------------------------
-def loop_backend(dtypes: Iterable[str] = ()) -> str | None:
+def loop_backend(dtypes: Iterable[str] = (), wait: bool = True) -> str | None:
     """The loop backend ``auto`` uses here for a call with these ``dtypes`` (the first usable of Julia, host C
     and Numba that takes them, as ``backends.resolve``), or None when none is. Where jax computes on a GPU: the
     GPU's own loop backend (``gpu_select``: julia-cuda or cuda), whose kernels run on XLA's buffers; None
-    without one (a host backend would copy every input to the host and back: XLA's forms run instead)."""
+    without one (a host backend would copy every input to the host and back: XLA's forms run instead).
+    ``wait=False``: a backend that answers only after a slow check (``availability_now``: the C compiler's probe)
+    is named without asking it, nor starting the check: a caller that runs it only where its ``ready`` says so
+    (a tiny call) compiles nothing."""
     from tullax import backends
     from tullax.errors import BackendUnavailableError
 
@@ -252,7 +261,9 @@ def loop_backend(dtypes: Iterable[str] = ()) -> str | None:
             continue
         try:
             found = backends.get(name)
-            if backends.takes(found, dtypes) and found.availability()[0]:
+            if not backends.takes(found, dtypes):
+                continue
+            if (not wait and backends.capabilities(found).availability_now) or found.availability()[0]:
                 return name
         except BackendUnavailableError:
             continue
@@ -264,10 +275,10 @@ def always_einsum(spec: Spec) -> bool:
     return analyse(spec).contraction
 
 
-def loops_for(spec: Spec, dtypes: Iterable[str] = ()) -> str | None:
-    """``loop_backend(dtypes)`` for a kernel whose plan may run on the loops; None for a pure contraction
+def loops_for(spec: Spec, dtypes: Iterable[str] = (), wait: bool = True) -> str | None:
+    """``loop_backend(dtypes, wait)`` for a kernel whose plan may run on the loops; None for a pure contraction
     (``always_einsum``): its first call then neither probes the C compiler nor imports a loop backend."""
-    return None if always_einsum(spec) else loop_backend(dtypes)
+    return None if always_einsum(spec) else loop_backend(dtypes, wait)
 
 
 def whole_module_cached(loops: str | None) -> bool:
@@ -282,3 +293,35 @@ def whole_module_cached(loops: str | None) -> bool:
         return backends.capabilities(backends.get(loops)).whole_module_cached
     except BackendUnavailableError:
         return False
+
+
+def loops_ready(loops: str | None, spec: Spec, dtypes: Mapping[str, str], whole: bool = False) -> bool:
+    """Whether the loop backend ``loops`` runs ``spec`` on inputs of these ``dtypes`` (by name) without compiling
+    anything (``whole``: its gradient steps too): only a backend that builds whole modules and keeps them
+    compiled (``whole_module_cached``) says so, where its module is built in this process or held compiled in
+    the compile cache (its ``ready``)."""
+    if not whole_module_cached(loops):
+        return False
+    import jax
+    import numpy as np
+
+    from tullax import backends
+    from tullax.backends.base import Signature
+    from tullax.spec.shapes import result_dtype
+
+    def canonical(dtype: Any) -> str:  # as the kernel's jax arrays have it
+        return np.dtype(jax.dtypes.canonicalize_dtype(dtype)).name
+
+    in_dtypes = tuple(canonical(dtypes[name]) for name in spec.input_names)
+    signature = Signature(in_dtypes, canonical(result_dtype(spec, in_dtypes)))
+    return bool(backends.get(loops).ready(spec, signature, whole))
+
+
+def nothing_compiled() -> bool:
+    """Whether no loop module can run without a compile, known without naming a loop backend: this process has
+    loaded no backend that builds whole modules, and the compile cache holds no entry (a new cache). A tiny
+    call then runs on XLA, and nothing of the loop backends is imported, probed or started for it."""
+    from tullax import backends
+    from tullax.runtime.cache_root import holds_entries
+
+    return not any(backends.capabilities(b).whole_module_cached for b in backends.loaded()) and not holds_entries()

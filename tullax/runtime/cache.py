@@ -37,8 +37,6 @@ import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import platformdirs
-
 from tullax import settings
 from tullax._version import __version__
 from tullax.errors import TullaxError
@@ -58,8 +56,8 @@ from tullax.runtime.cache_files import (
 from tullax.runtime.cache_index import CacheIndex, Records
 from tullax.runtime.cache_later import DeferredUpdates, Pending
 from tullax.runtime.cache_locks import CacheLocks
+from tullax.runtime.cache_root import CACHE_DIR_ENV, ENTRIES, default_cache_dir
 
-CACHE_DIR_ENV = "TULLAX_CACHE_DIR"
 LOCK_TIMEOUT_ENV = "TULLAX_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 600.0  # a cold Julia GPU compile can take minutes; waiting is cheaper than compiling
 
@@ -67,7 +65,7 @@ __all__ = ["CACHE_DIR_ENV", "CacheWarning", "Checked", "CompileCache", "cache_ke
            "get_cache"]
 
 _MANIFEST_FILE = "manifest.json"
-_SUBDIRECTORIES = ("entries", "locks")
+_SUBDIRECTORIES = (ENTRIES, "locks")
 # What record() accepts besides spec/backend/kind: descriptive fields, and any timing named "<what>_ms".
 _DESCRIPTIVE_FIELDS = frozenset({"dtypes", "ranks", "shapes", "options"})
 _TIMING_SUFFIX = "_ms"
@@ -127,12 +125,6 @@ def _checked_name(name: str, what: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ the directory
-
-
-def default_cache_dir() -> Path:
-    """``TULLAX_CACHE_DIR`` when set, else the platform's user cache directory."""
-    configured = settings.value(CACHE_DIR_ENV)
-    return Path(configured).expanduser() if configured else Path(platformdirs.user_cache_dir("tullax"))
 
 
 def _lock_timeout_from_env() -> float:

@@ -26,14 +26,3 @@ def is_contraction(spec: Spec) -> bool:
             return False
     return True
 
-
-def einsum_by_rule(spec: Spec) -> bool:
-    """Whether ``backend="auto"`` runs ``spec`` and every gradient step of it as XLA's einsum by rule, whatever
-    the shapes: a pure contraction that reads every index and each array once (each step is then the product of
-    the cotangent and the other factors, a contraction too; an array read twice makes a step a sum of two)."""
-    if spec.scan is not None or not is_contraction(spec):
-        return False
-    reads = factors(spec.body)
-    names = [read.array for read in reads]
-    used = {i.plain for read in reads for i in read.idx}
-    return len(set(names)) == len(names) and set(spec.free) | set(spec.reduced) <= used

@@ -443,6 +443,32 @@ class CBackend:
             if steps is not None:  # the steps module's compiler may take this core now
                 steps.forward_built.set()
 
+    def ready(self, spec: Spec, signature: Signature, whole: bool = False) -> bool:
+        """Whether ``build(spec, signature)`` compiles nothing: its kernel is built here (a forward module, or a
+        gradient step of a steps module loaded or building here), or the compile cache holds its module
+        compiled; ``whole``: the steps module of ``spec`` too. Never runs the compiler's probe."""
+        wide = signature.widened()
+        if _BUILDER.built(spec, wide, NAME) is not None or (spec, wide) in _FAST:
+            if not whole or not has_gradients(wide):
+                return True
+            with _STEPS_LOCK:
+                if (spec, wide) in _STEP_BUILDS:
+                    return True
+        elif not whole:
+            with _STEPS_LOCK:
+                builds = list(_STEP_BUILDS.values()) if (spec, wide) not in _STEPS else None
+            if builds is None:
+                return True
+            for build in builds:  # its keys are known once the steps are derived (as ``_built_step`` waits)
+                if build.known.wait() and (spec, wide) in build.keys:
+                    return True
+        answer = c_compile.probe_answer()
+        if (answer is not None and not answer[0]) or not c_compile.probe_known():
+            return False  # no usable compiler, or a compile cache no process probed it with: it holds no module
+        parts = (FORWARD, STEPS) if whole and has_gradients(wide) else (FORWARD,)
+        return all((get_cache().entry_path(host.module_key(spec, wide, NAME, _recipe(part).options))
+                    / KERNELS_FILE).is_file() for part in parts)
+
     def generate_source(self, spec: Spec, signature: Signature) -> str:
         return generate(spec, signature.widened())[1]
 
