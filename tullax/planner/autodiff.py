@@ -1,0 +1,136 @@
+"""The gradient of a differentiated ``auto`` call as a whole (``gradient_plan``): tullax's derived gradient steps
+(``derived``: each step planned on its own, or with the forward as one XLA program by ``decide.joint_plans``), or
+JAX's own autodiff of the forward kernel's XLA form (``autodiff:<form>``).
+
+Why a candidate of its own: a derived step reads only the forward's inputs and result, so it computes again what
+the forward computed per element (a logsumexp's ``exp(x - l)``: ``Δx[i,j] := Δl[i]*exp(x[i,j] - l[i])``). JAX's
+autodiff of the forward's XLA form keeps such values from the forward as residuals, and its backward reads them.
+Neither wins everywhere (a residual is memory written and read again; a recomputed body may be cheaper than
+that), so the two whole gradients (forward and backward, jitted) are raced, as a close call's candidates are.
+
+The rule: specs that the derivation rules alone may differentiate stay ``derived`` without a race (a recurrence,
+an index array or scatter, an update of a given array, a max/min reduction whose ties the derived gradient
+shares as tullax defines it, a pure contraction whose steps are contractions with nothing to keep, complex or
+integer inputs). The race runs when the differentiated call is traced (the structure of the program depends
+on it), is not timed below ``UNTIMED_WORK``, above ``SLICE_WORK`` or with timing off (``derived``, today's plan),
+and is kept in the compile cache. The ``xla`` backend never takes this path: its derived
+gradient is the oracle of the derivation rules."""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Iterable, Mapping
+
+from tullax.planner import store, tuning
+from tullax.planner.call import Call, Shapes
+from tullax.planner.race import time_runs
+from tullax.planner.rules import Plan, loops_for
+from tullax.spec.ir import Indirect, Spec, accesses
+
+DERIVED = "derived"
+AUTODIFF = "autodiff:"  # + the forward's XLA form
+RULE = "gradient"
+_REASON = ("the derived gradient steps recompute from the forward's inputs and result what JAX's autodiff of the "
+           "forward's XLA form keeps from the forward (its residuals): the two whole gradients are raced")
+
+# this process's decisions, by (spec, shapes, dtypes, out dtype, inputs differentiated, loop backend)
+_MEMO: dict[tuple, Plan] = {}
+_LOCK = threading.Lock()
+STATS = {"timed": 0}
+
+# what a race times, given by the caller that can run the candidates (``tullax.jaxop.autodiff``): the candidates'
+# runs on inputs of these shapes and dtypes (None: it cannot run)
+MakeRuns = Callable[[Shapes, Mapping[str, str], tuple[str, ...]], Mapping[str, Callable[[], None] | None]]
+
+
+def refusal(spec: Spec, dtypes: Mapping[str, str]) -> str | None:
+    """Why the gradient of ``spec`` is the derived steps without a race, or None where JAX's autodiff of its
+    forward's XLA form is a candidate."""
+    from tullax.planner.call import analyse
+
+    if spec.scan is not None:
+        return "a recurrence: its adjoint runs as a kernel of its own"
+    if spec.assign != ":=" or spec.is_scatter:
+        return "it updates or scatters into an array"
+    if any(isinstance(i, Indirect) for a in accesses(spec.body) for i in a.idx):
+        return "it reads through an index array: its derived gradient drops out-of-range elements"
+    if spec.redop in ("max", "min", "*"):
+        return f"a ({spec.redop}) reduction: the derived gradient defines its ties and zeros"
+    if any(not str(dtypes[name]).startswith(("float", "bfloat")) for name in spec.input_names):
+        return "an input is not real floating point"
+    found = analyse(spec)
+    if found.contraction or not found.forms:
+        return "a pure contraction: its gradient steps are contractions, with nothing for a forward to keep"
+    return None
+
+
+def _call(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str]) -> Call:
+    return Call.of(spec, shapes, dtypes, loops_for(spec, (str(dtypes[n]) for n in spec.input_names)))
+
+
+def gradient_plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dtype: str, wrt: Iterable[str],
+                  make_runs: MakeRuns | None = None, *, timing: bool | None = None) -> Plan:
+    """How a call of ``spec`` differentiated w.r.t. the inputs ``wrt`` computes its gradient: ``Plan(form=DERIVED)``
+    or ``Plan("xla", "autodiff:<form>")``. This process's decision, else the compile cache's, else a race of the
+    candidates run by ``make_runs`` (None, or ``timing`` False: no race, ``derived``; such a plan is not kept)."""
+    call = _call(spec, shapes, dtypes)
+    wrt = tuple(sorted(wrt))
+    memo_key = (call.key, out_dtype, wrt)
+    found = _MEMO.get(memo_key)
+    if found is not None:
+        return found
+    why = refusal(spec, call.dtypes)
+    if why is not None:
+        return Plan(DERIVED, DERIVED, RULE, f"the derived gradient steps: {why}")
+    key = store.cache_key(call, gradient=(out_dtype, wrt))
+    stored = store.load(key)
+    close = (DERIVED, AUTODIFF + call.analysis.forms[0])
+    if stored is not None and stored.get("candidate") in close:
+        return _MEMO.setdefault(memo_key, _as_plan(stored["candidate"], str(stored.get("reason", _REASON)), tuple(
+            (c, float(ms)) for c, ms in stored.get("timings_ms", [])), "cache"))
+    timing = tuning.timing_enabled() if timing is None else timing
+    untimed = ("timing is off" if not timing or make_runs is None else
+               f"below {tuning.UNTIMED_WORK} estimated operations" if call.work < tuning.UNTIMED_WORK else "")
+    if not untimed and call.work > tuning.SLICE_WORK:
+        untimed = "too much work to time two whole gradients"
+    if untimed:
+        return _as_plan(DERIVED, f"{_REASON} (not timed: {untimed}: the derived steps)", (), "rules")
+    with _LOCK:
+        found = _MEMO.get(memo_key)
+        if found is None:
+            found = _MEMO[memo_key] = _race(key, call, close, make_runs)
+    return found
+
+
+def _race(key: str, call: Call, close: tuple[str, ...], make_runs: MakeRuns) -> Plan:
+    timings = time_runs(make_runs(call.shapes, call.dtypes, close), tuning.TIMING_RUNS, call.clock)
+    STATS["timed"] += 1
+    valid = {c: ms for c, ms in timings if ms is not None}
+    best = min(valid, key=lambda c: (valid[c], c != DERIVED)) if valid else DERIVED
+    reason = _REASON
+    listed = tuple(valid.items())
+    if valid:
+        store.store(key, call, {"candidate": best, "timings_ms": [list(t) for t in listed], "reason": reason})
+    return _as_plan(best, reason, listed, "timed")
+
+
+def _as_plan(candidate: str, reason: str, timings: tuple, source: str) -> Plan:
+    if candidate.startswith(AUTODIFF):
+        return Plan("xla", candidate, RULE, reason, timings, source)
+    return Plan(DERIVED, DERIVED, RULE, reason, timings, source)
+
+
+def known_gradient_plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dtype: str,
+                        wrt: Iterable[str]) -> Plan:
+    """The plan ``gradient_plan`` would follow without timing (this process's decision, the compile cache's, or
+    the rule): what ``tullax explain`` shows."""
+    return gradient_plan(spec, shapes, dtypes, out_dtype, wrt, None, timing=False)
+
+
+def forget() -> None:
+    """Drop this process's decisions (tests: a new process in all but name)."""
+    with _LOCK:
+        _MEMO.clear()
+        STATS.update(timed=0)
+
+
+__all__ = ["DERIVED", "AUTODIFF", "gradient_plan", "known_gradient_plan", "refusal", "forget"]
