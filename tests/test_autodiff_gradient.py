@@ -1,0 +1,152 @@
+"""``auto``'s gradient as JAX's autodiff of the forward's XLA form (``tullax.planner.autodiff``,
+``tullax.jaxop.autodiff``): raced against the derived steps; where it is chosen, the backward reads what the
+forward kept (a logsumexp's exponentials) instead of computing it again, and everything above it (jit, vmap,
+higher orders, forward mode) still works. The decisions are put where another process's race would leave them
+(the compile cache), so each test knows what runs."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tullax
+from tullax.planner import autodiff, decide, store, tuning
+from tullax.spec.frontend import compile_spec
+
+LSE = "(logsumexp) l[i] := x[i,j]"
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """An empty compile cache of its own, no timing, and no decision of this process."""
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(tuning.TIMING_ENV, "0")
+    decide.forget()
+    yield
+    decide.forget()
+
+
+def _decide(text: str, shapes: dict, dtype: str, candidate: str) -> None:
+    """Keep ``candidate`` as the decision of the gradient of ``text`` w.r.t. every input, as a race would."""
+    _, spec = compile_spec(text)
+    dtypes = {name: dtype for name in spec.input_names}
+    call = autodiff._call(spec, shapes, dtypes)
+    wrt = tuple(sorted(spec.input_names))
+    store.store(store.cache_key(call, gradient=(dtype, wrt)), call, {"candidate": candidate, "timings_ms": []})
+
+
+def _primitives(fn, *args) -> list[str]:
+    found = []
+
+    def visit(jaxpr):
+        for eqn in jaxpr.eqns:
+            found.append(eqn.primitive.name)
+            for value in eqn.params.values():
+                inner = getattr(value, "jaxpr", None)
+                if inner is not None:
+                    visit(getattr(inner, "jaxpr", inner))
+
+    visit(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
+def _loss(kernel):
+    return lambda a: jnp.sum(jnp.sin(kernel(a)))
+
+
+def _jnp_loss(a):
+    return jnp.sum(jnp.sin(jax.nn.logsumexp(a, axis=1)))
+
+
+def test_logsumexp_gradient_under_autodiff_computes_its_exponentials_once(fresh):
+    """Chosen, the gradient is jnp code whose backward multiplies the forward's exp(x - max) by the cotangent:
+    one exponential per element, no tullax kernel; the derived plan runs tullax's kernels (forward and
+    Δx := Δl*exp(x - l), a second exponential), as does the xla backend, the derivation rules' oracle."""
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((64, 96)), jnp.float32)
+    _decide(LSE, {"x": (64, 96)}, "float32", "autodiff:grid")
+    kernel = tullax.einsum_kernel(LSE)
+    found = _primitives(jax.grad(_loss(kernel)), x)
+    assert "tullax_kernel" not in found and found.count("exp") == 1, found
+    np.testing.assert_allclose(jax.jit(jax.grad(_loss(kernel)))(x), jax.grad(_jnp_loss)(x), rtol=1e-5, atol=1e-6)
+    oracle = _primitives(jax.grad(_loss(tullax.einsum_kernel(LSE, backend="xla"))), x)
+    assert "tullax_kernel" in oracle
+
+    decide.forget()
+    _decide(LSE, {"x": (64, 96)}, "float32", "derived")
+    assert "tullax_kernel" in _primitives(jax.grad(_loss(tullax.einsum_kernel(LSE))), x)
+
+
+def test_the_gradient_race_times_both_whole_gradients_and_keeps_its_decision(monkeypatch, tmp_path):
+    """With timing on, a differentiated logsumexp races its derived steps against JAX's autodiff of its XLA form
+    (both run), keeps the decision in the compile cache (a later process reads it, untimed), and explain
+    shows it. Either may win: the values are jnp's either way."""
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(tuning.TIMING_ENV, "1")
+    monkeypatch.setattr(tuning, "UNTIMED_WORK", 0)
+    decide.forget()
+    try:
+        x = jnp.asarray(np.random.default_rng(1).standard_normal((48, 80)), jnp.float32)
+        kernel = tullax.einsum_kernel(LSE)
+        got = jax.jit(jax.grad(_loss(kernel)))(x)
+        np.testing.assert_allclose(got, jax.grad(_jnp_loss)(x), rtol=1e-5, atol=1e-6)
+        assert autodiff.STATS["timed"] == 1
+        (found,) = autodiff._MEMO.values()
+        assert found.source == "timed" and dict(found.timings_ms).keys() == {"derived", "autodiff:grid"}
+        decide.forget()
+        monkeypatch.setenv(tuning.TIMING_ENV, "0")
+        shown = "\n".join(tullax.explain(LSE, shapes={"x": (48, 80)}).splitlines()[-1:])
+        assert "gradient (differentiated w.r.t. every input)" in shown and found.form in shown, shown
+        assert "decision from the compile cache" in shown and autodiff.STATS["timed"] == 0
+    finally:
+        decide.forget()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_autodiff_logsumexp_gradient_equals_jnp_with_infinite_and_nan_rows(fresh, dtype):
+    """Rows of -inf (the result -inf, a zero gradient), one -inf entry, a NaN, +inf: as jnp's gradient."""
+    with jax.enable_x64(dtype == "float64"):
+        x = np.random.default_rng(2).standard_normal((6, 5)).astype(dtype)
+        x[1] = -np.inf
+        x[2, 3] = -np.inf
+        x[3, 0] = np.nan
+        x[4, 2] = np.inf
+        x = jnp.asarray(x)
+        _decide(LSE, {"x": (6, 5)}, dtype, "autodiff:grid")
+        kernel = tullax.einsum_kernel(LSE)
+        assert "tullax_kernel" not in _primitives(jax.grad(_loss(kernel)), x)
+        np.testing.assert_allclose(jax.jit(kernel)(x), jax.nn.logsumexp(x, axis=1))
+        got = jax.jit(jax.grad(_loss(kernel)))(x)
+        assert got.dtype == x.dtype
+        np.testing.assert_allclose(got, jax.grad(_jnp_loss)(x), rtol=1e-6, atol=1e-7, equal_nan=True)
+
+
+def test_autodiff_gradient_composes_with_higher_orders_vmap_jit_and_forward_mode(fresh):
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((4, 6)), jnp.float32)
+    _decide(LSE, {"x": (4, 6)}, "float32", "autodiff:grid")
+    kernel = tullax.einsum_kernel(LSE)
+    lse = _loss(kernel)
+    tol = {"rtol": 2e-5, "atol": 2e-6}
+    np.testing.assert_allclose(jax.jit(jax.hessian(lse))(x), jax.hessian(_jnp_loss)(x), **tol)
+    third = jax.grad(lambda a: jnp.sum(jax.grad(lambda b: jnp.sum(jax.grad(lse)(b) ** 2))(a)))
+    third_jnp = jax.grad(lambda a: jnp.sum(jax.grad(lambda b: jnp.sum(jax.grad(_jnp_loss)(b) ** 2))(a)))
+    np.testing.assert_allclose(jax.jit(third)(x), third_jnp(x), **tol)
+    t = jnp.ones_like(x)
+    np.testing.assert_allclose(jax.jvp(jax.jit(kernel), (x,), (t,))[1],
+                               jax.jvp(lambda a: jax.nn.logsumexp(a, axis=1), (x,), (t,))[1], **tol)
+    stacked = jnp.stack([x, 2 * x, -x])
+    want = jax.vmap(jax.grad(_jnp_loss))(stacked)
+    np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(lse)))(stacked), want, **tol)
+    np.testing.assert_allclose(jax.jit(jax.grad(lambda s: jnp.sum(jax.vmap(lse)(s))))(stacked), want, **tol)
+
+
+def test_kernels_the_rules_keep_on_derived_steps_never_race(fresh):
+    """A max (ties), an index array, a pure contraction: the derived steps, whatever timing would say."""
+    for text, dtypes in [("(max) y[i] := x[i,j]", {"x": "float32"}),
+                         ("y[b,d] := W[ix[b],d]*s[b]", {"W": "float32", "ix": "int32", "s": "float32"}),
+                         ("y[i,j] := A[i,k]*B[k,j]", {"A": "float32", "B": "float32"}),
+                         ("(logsumexp) l[i] := x[i,j]", {"x": "complex64"})]:
+        _, spec = compile_spec(text)
+        assert autodiff.refusal(spec, dtypes) is not None, text
+    _, spec = compile_spec(LSE)
+    assert autodiff.refusal(spec, {"x": "float32"}) is None
