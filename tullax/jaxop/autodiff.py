@@ -14,9 +14,11 @@ from typing import Any, Callable, Mapping, Sequence
 DERIVED_ONLY = "derived"  # ``KernelOp.gradient``: the derived steps, whatever the planner would choose
 
 
-def autodiff_jvp(op: Any, primals: Sequence[Any], tangents: Sequence[Any], live: Sequence[bool]) -> tuple | None:
+def autodiff_jvp(op: Any, primals: Sequence[Any], tangents: Sequence[Any], live: Sequence[bool],
+                 apply: Callable[..., Any]) -> tuple | None:
     """(result, tangent) from JAX's JVP of the forward's XLA form where the planner chose it for this call of the
-    'auto' kernel ``op`` differentiated w.r.t. the ``live`` inputs; None: the derived gradient steps."""
+    'auto' kernel ``op`` differentiated w.r.t. the ``live`` inputs; None: the derived gradient steps. ``apply``:
+    ``tullax.jaxop.primitives.apply`` (the module above this one), what the race's derived candidate calls."""
     if op.requested != "auto" or op.gradient == DERIVED_ONLY:
         return None
     from tullax.planner.autodiff import AUTODIFF, gradient_plan, refusal
@@ -28,7 +30,7 @@ def autodiff_jvp(op: Any, primals: Sequence[Any], tangents: Sequence[Any], live:
     positions = tuple(i for i, keep in enumerate(live) if keep)
     wrt = [op.spec.inputs[i].name for i in positions]
     found = gradient_plan(op.spec, shapes, dtypes, op.out_dtype, wrt,
-                          lambda s, d, close: _runs(op, positions, s, d, close))
+                          lambda s, d, close: _runs(op, positions, s, d, close, apply))
     if not found.form.startswith(AUTODIFF):
         return None
     import jax
@@ -54,7 +56,7 @@ def _forward(spec: Any, form: str, out_dtype: str, primals: Sequence[Any],
 
 
 def _runs(op: Any, positions: Sequence[int], shapes: Mapping[str, tuple], dtypes: Mapping[str, str],
-          close: Sequence[str]) -> dict[str, Callable[[], None] | None]:
+          close: Sequence[str], apply: Callable[..., Any]) -> dict[str, Callable[[], None] | None]:
     """Each candidate's run: the whole gradient (forward and backward) of a call of ``op.spec`` on random inputs of
     these ``shapes`` and ``dtypes`` and a random cotangent, jitted, compiled and run once; None where it cannot run."""
     import numpy as np
@@ -74,15 +76,13 @@ def _runs(op: Any, positions: Sequence[int], shapes: Mapping[str, tuple], dtypes
         if candidate.startswith(AUTODIFF):
             make = partial(_forward, spec, candidate[len(AUTODIFF):], op.out_dtype)
         else:
-            make = _derived_forward(spec)
+            make = _derived_forward(spec, apply)
         runs[candidate] = _prepared(make, positions, given[:-1], given[-1])
     return runs
 
 
-def _derived_forward(spec: Any) -> Callable[..., Callable[..., Any]]:
+def _derived_forward(spec: Any, apply: Callable[..., Any]) -> Callable[..., Callable[..., Any]]:
     """Like ``_forward``, the kernel as ``auto`` runs it, with its derived gradient steps."""
-    from tullax.jaxop.primitives import apply
-
     def make(values: Sequence[Any], positions: Sequence[int]) -> Callable[..., Any]:
         def forward(*chosen: Any) -> Any:
             given = list(values)

@@ -419,7 +419,7 @@ def _kernel_jvp(primals, tangents, *, op: KernelOp):
         return out, _zero_tangent(out)
     from tullax.jaxop.autodiff import autodiff_jvp
 
-    found = autodiff_jvp(op, primals, tangents, live)  # JAX's JVP of the forward's XLA form, where planned so
+    found = autodiff_jvp(op, primals, tangents, live, apply)  # JAX's JVP of the forward's XLA form, where planned so
     if found is not None:
         return found
     if op.requested == "auto" and op.path != "xla":  # one XLA program with its gradient steps, where they fit
