@@ -19,8 +19,8 @@ def autodiff_jvp(op: Any, primals: Sequence[Any], tangents: Sequence[Any], live:
     """(result, tangent) from JAX's JVP of the forward's XLA form where the planner chose it for this call of the
     'auto' kernel ``op`` differentiated w.r.t. the ``live`` inputs; None: the derived gradient steps. ``apply``:
     ``tullax.jaxop.primitives.apply`` (the module above this one), what the race's derived candidate calls."""
-    if op.requested != "auto" or op.gradient == DERIVED_ONLY:
-        return None
+    if op.requested != "auto" or op.gradient == DERIVED_ONLY or op.algebra:
+        return None  # with the opt-in (``algebra``), the expanded steps the caller asked for
     from tullax.planner.autodiff import AUTODIFF, gradient_plan, refusal
     from tullax.planner.call import call_shapes_and_dtypes
 
