@@ -34,7 +34,7 @@ _REASON = ("the derived gradient steps recompute from the forward's inputs and r
 
 # this process's decisions, by (spec, shapes, dtypes, out dtype, inputs differentiated, loop backend)
 _MEMO: dict[tuple, Plan] = {}
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # reentrant: a race traces kernels that may plan their own gradients
 STATS = {"timed": 0}
 
 # what a race times, given by the caller that can run the candidates (``tullax.jaxop.autodiff``): the candidates'
