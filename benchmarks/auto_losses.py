@@ -110,7 +110,13 @@ def child(rounds: int) -> dict:
                      "cpu_auto_ratio": cpu_ms["jnp"] / cpu_ms["auto"], "cpu_c_ratio": cpu_ms["jnp"] / cpu_ms["c"]})
     plans = sorted({(getattr(key[0], "text", None) or str(key[0])[:160], p.backend, p.form, p.source,
                      tuple(p.timings_ms)) for key, p in decide._MEMO.items()})
-    return {"rows": rows, "plans": [list(p) for p in plans]}
+    try:  # how each differentiated call computes its gradient (a tree from before planner.autodiff has none)
+        from tullax.planner import autodiff
+    except ImportError:
+        autodiff = None
+    gradient_plans = [] if autodiff is None else [[str(key[0][0].out), p.form, p.source, list(p.timings_ms)]
+                                                  for key, p in autodiff._MEMO.items()]
+    return {"rows": rows, "plans": [list(p) for p in plans], "gradient_plans": gradient_plans}
 
 
 def main() -> None:
