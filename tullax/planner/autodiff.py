@@ -105,7 +105,12 @@ def _race(key: str, call: Call, close: tuple[str, ...], make_runs: MakeRuns) -> 
     """Race the candidates; while the runner-up is within ``CLOSE_RATIO`` of the winner, race them again (up to
     ``CONFIRMING_RACES`` races, in this process: the decision sets the program's structure at once), keeping each
     candidate's best: a busy spell on a shared host can decide one race of two whole gradients."""
+    from tullax.runtime import own_compiles
+
     runs = make_runs(call.shapes, call.dtypes, close)
+    # the derived candidate's loop kernels may still run on their fast tier while the optimised build compiles
+    # (and a compiler beside the race slows what it times): the race times what the program will run
+    own_compiles.wait()
     valid: dict[str, float] = {}
     races = 0
     while races < tuning.CONFIRMING_RACES:
