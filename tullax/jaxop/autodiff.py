@@ -12,6 +12,9 @@ from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
 DERIVED_ONLY = "derived"  # ``KernelOp.gradient``: the derived steps, whatever the planner would choose
+# untimed runs of each candidate before the race: a whole gradient's first runs through host callbacks (a loop
+# team starting, its buffers' first touch) took 5-10x its later ones, and a race of a few runs timed only those
+WARM_RUNS = 4
 
 
 def autodiff_jvp(op: Any, primals: Sequence[Any], tangents: Sequence[Any], live: Sequence[bool],
@@ -112,7 +115,8 @@ def _prepared(make: Callable[..., Callable[..., Any]], positions: Sequence[int],
             with jax.ensure_compile_time_eval():
                 jax.block_until_ready(compiled(values, cotangent))
 
-        run()
+        for _ in range(WARM_RUNS):
+            run()
         return run
     except Exception:  # noqa: BLE001 - a candidate that cannot run here is simply not chosen
         return None

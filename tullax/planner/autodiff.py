@@ -22,7 +22,6 @@ from typing import Callable, Iterable, Mapping
 
 from tullax.planner import store, tuning
 from tullax.planner.call import Call, Shapes
-from tullax.planner.race import time_runs
 from tullax.planner.rules import Plan, loops_for
 from tullax.spec.ir import Indirect, Spec, accesses
 
@@ -31,6 +30,12 @@ AUTODIFF = "autodiff:"  # + the forward's XLA form
 RULE = "gradient"
 _REASON = ("the derived gradient steps recompute from the forward's inputs and result what JAX's autodiff of the "
            "forward's XLA form keeps from the forward (its residuals): the two whole gradients are raced")
+
+# the race: a whole gradient takes milliseconds and a shared host's busy spells tens of them, so each candidate's
+# best over many interleaved runs (benchmarks/lse_grad_reuse.py: races of TIMING_RUNS rounds chose either way)
+RACE_ROUNDS = 24
+MIN_ROUNDS = 6
+RACE_BUDGET_S = 1.0
 
 # this process's decisions, by (spec, shapes, dtypes, out dtype, inputs differentiated, loop backend)
 _MEMO: dict[tuple, Plan] = {}
@@ -102,31 +107,28 @@ def gradient_plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dty
 
 
 def _race(key: str, call: Call, close: tuple[str, ...], make_runs: MakeRuns) -> Plan:
-    """Race the candidates; while the runner-up is within ``CLOSE_RATIO`` of the winner, race them again (up to
-    ``CONFIRMING_RACES`` races, in this process: the decision sets the program's structure at once), keeping each
-    candidate's best: a busy spell on a shared host can decide one race of two whole gradients."""
+    """The best time of each candidate over ``RACE_ROUNDS`` interleaved rounds of one run each (fewer past
+    ``RACE_BUDGET_S``, at least ``MIN_ROUNDS``), after this process's compiles in flight ended: the derived
+    candidate's loop kernels may still run their fast tier while the optimised build compiles."""
     from tullax.runtime import own_compiles
 
-    runs = make_runs(call.shapes, call.dtypes, close)
-    # the derived candidate's loop kernels may still run on their fast tier while the optimised build compiles
-    # (and a compiler beside the race slows what it times): the race times what the program will run
+    runs = {c: run for c, run in make_runs(call.shapes, call.dtypes, close).items() if run is not None}
     own_compiles.wait()
-    valid: dict[str, float] = {}
-    races = 0
-    while races < tuning.CONFIRMING_RACES:
-        races += 1
-        for candidate, ms in time_runs(runs, tuning.TIMING_RUNS, call.clock):
-            if ms is not None:
-                valid[candidate] = min(ms, valid.get(candidate, ms))
-        if len(valid) < 2 or max(valid.values()) >= tuning.CLOSE_RATIO * min(valid.values()):
+    best = {c: float("inf") for c in runs}
+    began = call.clock()
+    for round_ in range(RACE_ROUNDS):
+        if round_ >= MIN_ROUNDS and call.clock() - began > RACE_BUDGET_S:
             break
+        for candidate in (runs if round_ % 2 == 0 else reversed(list(runs))):  # neither always runs after the other
+            start = call.clock()
+            runs[candidate]()
+            best[candidate] = min(best[candidate], (call.clock() - start) * 1e3)
     STATS["timed"] += 1
-    best = min(valid, key=lambda c: (valid[c], c != DERIVED)) if valid else DERIVED
-    reason = _REASON + (f" (the best times of {races} races)" if races > 1 else "")
-    listed = tuple(valid.items())
-    if valid:
-        store.store(key, call, {"candidate": best, "timings_ms": [list(t) for t in listed], "reason": reason})
-    return _as_plan(best, reason, listed, "timed")
+    chosen = min(best, key=lambda c: (best[c], c != DERIVED)) if best else DERIVED
+    listed = tuple(best.items())
+    if best:
+        store.store(key, call, {"candidate": chosen, "timings_ms": [list(t) for t in listed], "reason": _REASON})
+    return _as_plan(chosen, _REASON, listed, "timed")
 
 
 def _as_plan(candidate: str, reason: str, timings: tuple, source: str) -> Plan:
