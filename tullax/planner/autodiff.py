@@ -9,11 +9,12 @@ Neither wins everywhere (a residual is memory written and read again; a recomput
 that), so the two whole gradients (forward and backward, jitted) are raced, as a close call's candidates are.
 
 The rule: specs that the derivation rules alone may differentiate stay ``derived`` without a race (a recurrence,
-an index array or scatter, an update of a given array, a max/min reduction whose ties the derived gradient
-shares as tullax defines it, a pure contraction whose steps are contractions with nothing to keep, complex or
-integer inputs). The race runs when the differentiated call is traced (the structure of the program depends
-on it), is not timed below ``UNTIMED_WORK``, above ``SLICE_WORK`` or with timing off (``derived``, today's plan),
-and is kept in the compile cache. The ``xla`` backend never takes this path: its derived
+an index array or scatter, an update of a given array, a max/min/product reduction whose ties and zeros the
+derived gradient treats as tullax defines them, a pure contraction whose steps are contractions with nothing to
+keep, complex or integer inputs). The race runs when the differentiated call is traced (the structure of the
+program depends on it: unlike a kernel's own race, which waits for a lowering on this host, an export traced with
+timing on races it here), is not timed below ``UNTIMED_WORK``, above ``SLICE_WORK`` or with timing off
+(``derived``, today's plan), and is kept in the compile cache. The ``xla`` backend never takes this path: its derived
 gradient is the oracle of the derivation rules."""
 from __future__ import annotations
 
