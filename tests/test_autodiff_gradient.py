@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tullax
+from tullax.jaxop.autodiff import SCOPE
 from tullax.planner import autodiff, decide, store, tuning
 from tullax.spec.frontend import compile_spec
 
@@ -32,8 +33,13 @@ def _decide(text: str, shapes: dict, dtype: str, candidate: str) -> None:
     _, spec = compile_spec(text)
     dtypes = {name: dtype for name in spec.input_names}
     call = autodiff._call(spec, shapes, dtypes)
-    wrt = tuple(sorted(spec.input_names))
-    store.store(store.cache_key(call, gradient=(dtype, wrt)), call, {"candidate": candidate, "timings_ms": []})
+    store.store(autodiff.decision_key(call, dtype, spec.input_names, "cpu"), call,
+                {"candidate": candidate, "timings_ms": []})
+
+
+def _lowered(fn, *args, platform: str = "cpu") -> str:
+    """``fn`` jitted and lowered for ``platform`` from this CPU host, with its locations (the ops' names)."""
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text(debug_info=True)
 
 
 def _primitives(fn, *args) -> list[str]:
@@ -66,8 +72,9 @@ def test_logsumexp_gradient_under_autodiff_computes_its_exponentials_once(fresh)
     x = jnp.asarray(np.random.default_rng(0).standard_normal((64, 96)), jnp.float32)
     _decide(LSE, {"x": (64, 96)}, "float32", "autodiff:grid")
     kernel = tullax.einsum_kernel(LSE)
-    found = _primitives(jax.grad(_loss(kernel)), x)
-    assert "tullax_kernel" not in found and found.count("exp") == 1, found
+    cpu = _lowered(jax.grad(_loss(kernel)), x)
+    assert SCOPE in cpu and "tullax_kernel" not in cpu and "custom_call" not in cpu
+    assert cpu.count("stablehlo.exponential ") == 1, cpu
     np.testing.assert_allclose(jax.jit(jax.grad(_loss(kernel)))(x), jax.grad(_jnp_loss)(x), rtol=1e-5, atol=1e-6)
     oracle = _primitives(jax.grad(_loss(tullax.einsum_kernel(LSE, backend="xla"))), x)
     assert "tullax_kernel" in oracle
@@ -75,6 +82,20 @@ def test_logsumexp_gradient_under_autodiff_computes_its_exponentials_once(fresh)
     decide.forget()
     _decide(LSE, {"x": (64, 96)}, "float32", "derived")
     assert "tullax_kernel" in _primitives(jax.grad(_loss(tullax.einsum_kernel(LSE))), x)
+
+
+def test_autodiff_chosen_on_the_cpu_stays_out_of_a_cuda_lowering_traced_here(fresh):
+    """The decision was timed on this host's CPU: the JVP rule puts JAX's autodiff in the CPU branch of
+    ``lax.platform_dependent`` and the derived steps in the default one, so a lowering for cuda from this host
+    holds the derived steps (tullax's kernels as XLA code: the second exponential) and no plan timed on the CPU,
+    and the CPU's lowering holds only the autodiff branch."""
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((64, 96)), jnp.float32)
+    _decide(LSE, {"x": (64, 96)}, "float32", "autodiff:grid")
+    grad = jax.grad(_loss(tullax.einsum_kernel(LSE)))
+    cuda = _lowered(grad, x, platform="cuda")
+    assert SCOPE not in cuda and "tullax_kernel" in cuda and "custom_call" not in cuda
+    assert cuda.count("stablehlo.exponential ") == 2, cuda
+    assert SCOPE in _lowered(grad, x)
 
 
 def test_the_gradient_race_times_both_whole_gradients_and_keeps_its_decision(monkeypatch, tmp_path):
@@ -114,7 +135,7 @@ def test_autodiff_logsumexp_gradient_equals_jnp_with_infinite_and_nan_rows(fresh
         x = jnp.asarray(x)
         _decide(LSE, {"x": (6, 5)}, dtype, "autodiff:grid")
         kernel = tullax.einsum_kernel(LSE)
-        assert "tullax_kernel" not in _primitives(jax.grad(_loss(kernel)), x)
+        assert "tullax_kernel" not in _lowered(jax.grad(_loss(kernel)), x)
         np.testing.assert_allclose(jax.jit(kernel)(x), jax.nn.logsumexp(x, axis=1))
         got = jax.jit(jax.grad(_loss(kernel)))(x)
         assert got.dtype == x.dtype

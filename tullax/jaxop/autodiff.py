@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
+SCOPE = "tullax_autodiff_gradient"
 DERIVED_ONLY = "derived"  # ``KernelOp.gradient``: the derived steps, whatever the planner would choose
 # untimed runs of each candidate before the race: a whole gradient's first runs through host callbacks (a loop
 # team starting, its buffers' first touch) took 5-10x its later ones, and a race of a few runs timed only those
@@ -18,13 +19,17 @@ WARM_RUNS = 4
 
 
 def autodiff_jvp(op: Any, primals: Sequence[Any], tangents: Sequence[Any], live: Sequence[bool],
-                 apply: Callable[..., Any]) -> tuple | None:
-    """(result, tangent) from JAX's JVP of the forward's XLA form where the planner chose it for this call of the
-    'auto' kernel ``op`` differentiated w.r.t. the ``live`` inputs; None: the derived gradient steps. ``apply``:
+                 apply: Callable[..., Any], derived: Callable[..., tuple]) -> tuple | None:
+    """(result, tangent) of this call of the 'auto' kernel ``op`` differentiated w.r.t. the ``live`` inputs where
+    the planner chose JAX's JVP of the forward's XLA form on this process's platform P (the race ran there):
+    ``lax.platform_dependent`` with that JVP for P and ``derived`` (the derived steps' JVP, given the primals and
+    the live tangents) for every other platform, so a lowering for another platform (an export traced here for
+    cuda) keeps what it planned without a race timed here, and a lowering for P holds only P's branch (JAX drops
+    the other when it lowers). None: the derived gradient steps everywhere. ``apply``:
     ``tullax.jaxop.primitives.apply`` (the module above this one), what the race's derived candidate calls."""
     if op.requested != "auto" or op.gradient == DERIVED_ONLY or op.algebra:
         return None  # with the opt-in (``algebra``), the expanded steps the caller asked for
-    from tullax.planner.autodiff import AUTODIFF, gradient_plan, refusal
+    from tullax.planner.autodiff import AUTODIFF, gradient_plan, race_platform, refusal
     from tullax.planner.call import call_shapes_and_dtypes
 
     shapes, dtypes = call_shapes_and_dtypes(op.spec, primals)
@@ -32,14 +37,22 @@ def autodiff_jvp(op: Any, primals: Sequence[Any], tangents: Sequence[Any], live:
         return None
     positions = tuple(i for i, keep in enumerate(live) if keep)
     wrt = [op.spec.inputs[i].name for i in positions]
+    platform = race_platform()
     found = gradient_plan(op.spec, shapes, dtypes, op.out_dtype, wrt,
-                          lambda s, d, close: _runs(op, positions, s, d, close, apply))
+                          lambda s, d, close: _runs(op, positions, s, d, close, apply), platform=platform)
     if not found.form.startswith(AUTODIFF):
         return None
     import jax
 
-    forward = _forward(op.spec, found.form[len(AUTODIFF):], op.out_dtype, primals, positions)
-    return jax.jvp(forward, tuple(primals[i] for i in positions), tuple(tangents[i] for i in positions))
+    form = found.form[len(AUTODIFF):]
+
+    def autodiff(values: Sequence[Any], live_tangents: Sequence[Any]) -> tuple:
+        forward = _forward(op.spec, form, op.out_dtype, values, positions)
+        with jax.named_scope(SCOPE):  # the branch's name in a lowering's locations and a profile
+            return jax.jvp(forward, tuple(values[i] for i in positions), tuple(live_tangents))
+
+    live_tangents = [tangents[i] for i in positions]
+    return jax.lax.platform_dependent(list(primals), live_tangents, **{platform: autodiff}, default=derived)
 
 
 def _forward(spec: Any, form: str, out_dtype: str, primals: Sequence[Any],

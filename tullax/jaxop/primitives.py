@@ -419,9 +419,15 @@ def _kernel_jvp(primals, tangents, *, op: KernelOp):
         return out, _zero_tangent(out)
     from tullax.jaxop.autodiff import autodiff_jvp
 
-    found = autodiff_jvp(op, primals, tangents, live, apply)  # JAX's JVP of the forward's XLA form, where planned so
+    # JAX's JVP of the forward's XLA form on the platform whose race chose it, the derived steps elsewhere
+    found = autodiff_jvp(op, primals, tangents, live, apply, partial(_derived_jvp, op=op, live=live))
     if found is not None:
         return found
+    return _derived_jvp(primals, [t for t, keep in zip(tangents, live) if keep], op=op, live=live)
+
+
+def _derived_jvp(primals, live_tangents, *, op: KernelOp, live: tuple):
+    """(result, tangent) of the derived gradient steps, given the tangents of the ``live`` inputs."""
     if op.requested == "auto" and op.path != "xla":  # one XLA program with its gradient steps, where they fit
         joined, joint = _joint_plans(op.spec, primals, op.out_dtype, [i for i, keep in enumerate(live) if keep],
                                      op.algebra)
@@ -430,7 +436,6 @@ def _kernel_jvp(primals, tangents, *, op: KernelOp):
         elif joint:
             op = replace(op, joint=joint, pending=True)
     out = _prims().kernel.bind(*primals, op=op)
-    live_tangents = [t for t, keep in zip(tangents, live) if keep]
     return out, _prims().linear.bind(*primals, out, *live_tangents, op=op, live=live)
 
 

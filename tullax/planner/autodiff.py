@@ -69,25 +69,38 @@ def refusal(spec: Spec, dtypes: Mapping[str, str]) -> str | None:
     return None
 
 
+def race_platform() -> str:
+    """The platform a race here runs on (the default device's), as ``lax.platform_dependent`` names it."""
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return device.platform
+    return "rocm" if "rocm" in str(getattr(device.client, "platform_version", "")).lower() else "cuda"
+
+
 def _call(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str]) -> Call:
     return Call.of(spec, shapes, dtypes, loops_for(spec, (str(dtypes[n]) for n in spec.input_names)))
 
 
 def gradient_plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dtype: str, wrt: Iterable[str],
-                  make_runs: MakeRuns | None = None, *, timing: bool | None = None) -> Plan:
+                  make_runs: MakeRuns | None = None, *, timing: bool | None = None, platform: str | None = None
+                  ) -> Plan:
     """How a call of ``spec`` differentiated w.r.t. the inputs ``wrt`` computes its gradient: ``Plan(form=DERIVED)``
-    or ``Plan("xla", "autodiff:<form>")``. This process's decision, else the compile cache's, else a race of the
-    candidates run by ``make_runs`` (None, or ``timing`` False: no race, ``derived``; such a plan is not kept)."""
+    or ``Plan("xla", "autodiff:<form>")``, for ``platform`` (the one ``make_runs``' candidates run on; default
+    ``race_platform()``). This process's decision, else the compile cache's, else a race of the candidates run by
+    ``make_runs`` (None, or ``timing`` False: no race, ``derived``; such a plan is not kept)."""
     call = _call(spec, shapes, dtypes)
     wrt = tuple(sorted(wrt))
-    memo_key = (call.key, out_dtype, wrt)
+    platform = platform or race_platform()
+    memo_key = (call.key, out_dtype, wrt, platform)
     found = _MEMO.get(memo_key)
     if found is not None:
         return found
     why = refusal(spec, call.dtypes)
     if why is not None:
         return Plan(DERIVED, DERIVED, RULE, f"the derived gradient steps: {why}")
-    key = store.cache_key(call, gradient=(out_dtype, wrt))
+    key = decision_key(call, out_dtype, wrt, platform)
     stored = store.load(key)
     close = (DERIVED, AUTODIFF + call.analysis.forms[0])
     if stored is not None and stored.get("candidate") in close:
@@ -105,6 +118,11 @@ def gradient_plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dty
         if found is None:
             found = _MEMO[memo_key] = _race(key, call, close, make_runs)
     return found
+
+
+def decision_key(call: Call, out_dtype: str, wrt: Iterable[str], platform: str) -> str:
+    """The compile cache's key of the decision for ``call``'s gradient w.r.t. ``wrt`` timed on ``platform``."""
+    return store.cache_key(call, gradient=(out_dtype, tuple(sorted(wrt)), platform))
 
 
 def _race(key: str, call: Call, close: tuple[str, ...], make_runs: MakeRuns) -> Plan:
@@ -139,10 +157,10 @@ def _as_plan(candidate: str, reason: str, timings: tuple, source: str) -> Plan:
 
 
 def known_gradient_plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dtype: str,
-                        wrt: Iterable[str]) -> Plan:
+                        wrt: Iterable[str], platform: str | None = None) -> Plan:
     """The plan ``gradient_plan`` would follow without timing (this process's decision, the compile cache's, or
-    the rule): what ``tullax explain`` shows."""
-    return gradient_plan(spec, shapes, dtypes, out_dtype, wrt, None, timing=False)
+    the rule) on ``platform`` (default: this process's): what ``tullax explain`` shows."""
+    return gradient_plan(spec, shapes, dtypes, out_dtype, wrt, None, timing=False, platform=platform)
 
 
 def forget() -> None:
@@ -152,4 +170,5 @@ def forget() -> None:
         STATS.update(timed=0)
 
 
-__all__ = ["DERIVED", "AUTODIFF", "gradient_plan", "known_gradient_plan", "refusal", "forget"]
+__all__ = ["DERIVED", "AUTODIFF", "gradient_plan", "decision_key", "race_platform", "known_gradient_plan", "refusal",
+           "forget"]
