@@ -171,3 +171,39 @@ def test_kernels_the_rules_keep_on_derived_steps_never_race(fresh):
         assert autodiff.refusal(spec, dtypes) is not None, text
     _, spec = compile_spec(LSE)
     assert autodiff.refusal(spec, {"x": "float32"}) is None
+
+
+def test_a_close_gradient_race_is_raced_again_by_the_next_process(monkeypatch, tmp_path):
+    """As a kernel's close call: a decision whose runner-up came within CLOSE_RATIO is raced again by the next
+    process with timing on (the best per candidate over the races kept) until CONFIRMING_RACES races stand
+    behind it or one is clear; with timing off, or once settled, it is followed untimed."""
+    monkeypatch.setenv("TULLAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "UNTIMED_WORK", 0)
+    _, spec = compile_spec(LSE)
+    call = autodiff._call(spec, {"x": (48, 80)}, {"x": "float32"})
+    key = autodiff.decision_key(call, "float32", ["x"], autodiff.race_platform())
+    # two earlier races, autodiff ahead by a hair (best times no run here can beat: the merged race keeps them)
+    prior = [["derived", 1e-6], ["autodiff:grid", 0.9e-6]]
+    store.store(key, call, {"candidate": "autodiff:grid", "timings_ms": [], "bests": prior,
+                            "races": tuning.CONFIRMING_RACES - 1, "settled": False})
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((48, 80)), jnp.float32)
+
+    def grad(a):  # traced anew each time: a decision is taken when the call is traced
+        return jax.grad(_loss(tullax.einsum_kernel(LSE)))(a)
+
+    decide.forget()
+    try:
+        monkeypatch.setenv(tuning.TIMING_ENV, "0")
+        # untimed: the decision as it stands
+        assert SCOPE in _lowered(lambda a: grad(a), x) and autodiff.STATS["timed"] == 0
+        decide.forget()
+        monkeypatch.setenv(tuning.TIMING_ENV, "1")
+        assert SCOPE in _lowered(lambda a: grad(a), x) and autodiff.STATS["timed"] == 1  # raced again
+        kept = store.load(key)
+        assert kept["candidate"] == "autodiff:grid" and kept["races"] == tuning.CONFIRMING_RACES, kept
+        assert kept["settled"] and kept["bests"] == prior, kept
+        decide.forget()
+        assert SCOPE in _lowered(lambda a: grad(a), x) and autodiff.STATS["timed"] == 0  # settled: not raced again
+        np.testing.assert_allclose(jax.jit(grad)(x), jax.grad(_jnp_loss)(x), rtol=1e-5, atol=1e-6)
+    finally:
+        decide.forget()

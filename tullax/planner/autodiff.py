@@ -103,10 +103,15 @@ def gradient_plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dty
     key = decision_key(call, out_dtype, wrt, platform)
     stored = store.load(key)
     close = (DERIVED, AUTODIFF + call.analysis.forms[0])
-    if stored is not None and stored.get("candidate") in close:
+    timing = tuning.timing_enabled() if timing is None else timing
+    if stored is not None and stored.get("candidate") not in close:
+        stored = None
+    # a close call (the runner-up within CLOSE_RATIO) is raced again by the next processes with timing on, each
+    # keeping the best per candidate, until CONFIRMING_RACES races stand behind it: as a kernel's close call
+    again = store.to_confirm(stored) if stored is not None and timing and make_runs is not None else None
+    if stored is not None and again is None:
         return _MEMO.setdefault(memo_key, _as_plan(stored["candidate"], str(stored.get("reason", _REASON)), tuple(
             (c, float(ms)) for c, ms in stored.get("timings_ms", [])), "cache"))
-    timing = tuning.timing_enabled() if timing is None else timing
     untimed = ("timing is off" if not timing or make_runs is None else
                f"below {tuning.UNTIMED_WORK} estimated operations" if call.work < tuning.UNTIMED_WORK else "")
     if not untimed and call.work > tuning.SLICE_WORK:
@@ -116,7 +121,7 @@ def gradient_plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dty
     with _LOCK:
         found = _MEMO.get(memo_key)
         if found is None:
-            found = _MEMO[memo_key] = _race(key, call, close, make_runs)
+            found = _MEMO[memo_key] = _race(key, call, close, make_runs, *(again or ((), 0)))
     return found
 
 
@@ -125,10 +130,12 @@ def decision_key(call: Call, out_dtype: str, wrt: Iterable[str], platform: str) 
     return store.cache_key(call, gradient=(out_dtype, tuple(sorted(wrt)), platform))
 
 
-def _race(key: str, call: Call, close: tuple[str, ...], make_runs: MakeRuns) -> Plan:
+def _race(key: str, call: Call, close: tuple[str, ...], make_runs: MakeRuns, prior: tuple = (),
+          races: int = 0) -> Plan:
     """The best time of each candidate over ``RACE_ROUNDS`` interleaved rounds of one run each (fewer past
     ``RACE_BUDGET_S``, at least ``MIN_ROUNDS``), after this process's compiles in flight ended: the derived
-    candidate's loop kernels may still run their fast tier while the optimised build compiles."""
+    candidate's loop kernels may still run their fast tier while the optimised build compiles. ``prior``: the best
+    times of the ``races`` earlier races of a close call (``store.to_confirm``), kept where better."""
     from tullax.runtime import own_compiles
 
     runs = {c: run for c, run in make_runs(call.shapes, call.dtypes, close).items() if run is not None}
@@ -143,11 +150,23 @@ def _race(key: str, call: Call, close: tuple[str, ...], make_runs: MakeRuns) -> 
             runs[candidate]()
             best[candidate] = min(best[candidate], (call.clock() - start) * 1e3)
     STATS["timed"] += 1
-    chosen = min(best, key=lambda c: (best[c], c != DERIVED)) if best else DERIVED
+    if not best:
+        return _as_plan(DERIVED, _REASON, (), "timed")
+    for candidate, ms in prior:
+        if candidate in best:
+            best[candidate] = min(best[candidate], ms)
+    races += 1
+    chosen = min(best, key=lambda c: (best[c], c != DERIVED))
+    runner_up = min((ms for c, ms in best.items() if c != chosen), default=float("inf"))
+    settled = runner_up >= tuning.CLOSE_RATIO * best[chosen] or races >= tuning.CONFIRMING_RACES
+    reason = _REASON + (f" (the best times of {races} races, each in its own process)" if races > 1 else "")
+    if not settled:
+        reason += f" (a close call: raced again by the next process, up to {tuning.CONFIRMING_RACES} races)"
     listed = tuple(best.items())
-    if best:
-        store.store(key, call, {"candidate": chosen, "timings_ms": [list(t) for t in listed], "reason": _REASON})
-    return _as_plan(chosen, _REASON, listed, "timed")
+    bests = [list(t) for t in listed]
+    store.store(key, call, {"candidate": chosen, "timings_ms": bests, "reason": reason, "bests": bests,
+                            "races": races, "settled": settled})
+    return _as_plan(chosen, reason, listed, "timed")
 
 
 def _as_plan(candidate: str, reason: str, timings: tuple, source: str) -> Plan:
