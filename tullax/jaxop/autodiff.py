@@ -1,8 +1,10 @@
 """``auto``'s gradient as JAX's autodiff of the forward kernel's XLA form, where the planner chose it for the
 differentiated call (``tullax.planner.autodiff``): the JVP rule of the tullax primitive returns JAX's JVP of that
-form, so reverse mode keeps the form's residuals (a logsumexp's ``exp(x - max)``) from the forward for the
-backward, as jnp's own gradient does, instead of derived steps that compute them again. Everything above the
-rule (jit, vmap, higher orders, forward mode) differentiates plain JAX code from there on.
+form on the platform whose race chose it (``lax.platform_dependent``: the derived steps on every other platform,
+whose lowering keeps what it planned before), so reverse mode keeps the form's residuals (a logsumexp's
+``exp(x - max)``) from the forward for the backward, as jnp's own gradient does, instead of derived steps that
+compute them again. Everything above the rule (jit, vmap, higher orders, forward mode) differentiates
+``platform_dependent``'s branches from there on, and a lowering for one platform holds that platform's branch only.
 
 The race's two candidates are the whole gradient of the call, jitted: the forward and the derived steps as
 ``auto`` plans them (the primitive, with this rule off: ``KernelOp.gradient``), and JAX's VJP of the form."""

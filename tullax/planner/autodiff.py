@@ -11,11 +11,18 @@ that), so the two whole gradients (forward and backward, jitted) are raced, as a
 The rule: specs that the derivation rules alone may differentiate stay ``derived`` without a race (a recurrence,
 an index array or scatter, an update of a given array, a max/min/product reduction whose ties and zeros the
 derived gradient treats as tullax defines them, a pure contraction whose steps are contractions with nothing to
-keep, complex or integer inputs). The race runs when the differentiated call is traced (the structure of the
-program depends on it: unlike a kernel's own race, which waits for a lowering on this host, an export traced with
-timing on races it here), is not timed below ``UNTIMED_WORK``, above ``SLICE_WORK`` or with timing off
-(``derived``, today's plan), and is kept in the compile cache. The ``xla`` backend never takes this path: its derived
-gradient is the oracle of the derivation rules."""
+keep, complex or integer inputs). The race runs when the differentiated call is traced, since the program's
+structure depends on it (a kernel's own race waits for a lowering on this host instead), on this process's
+platform P (``race_platform``), and its decision holds for P alone: where it is autodiff, the JVP rule emits
+``lax.platform_dependent`` with autodiff for P and the derived steps for every other platform, so a lowering for
+another platform (an export traced on a CPU host for cuda) keeps the derived steps, planned as before and timed on
+nothing here, and JAX drops the branch a lowering does not run. Tracing cannot tell which platforms the program will
+be lowered for, so an export for another platform alone still pays for the race (``TULLAX_PLAN_TIMING=0`` skips
+it). Not timed below ``UNTIMED_WORK``, above ``SLICE_WORK`` or with timing off (``derived``, today's plan). The
+decision is kept in the compile cache by platform; a close one (the runner-up within ``CLOSE_RATIO``) is raced
+again by the next processes, the best per candidate kept, until ``CONFIRMING_RACES`` races stand behind it, as a
+kernel's close call. The ``xla`` backend never takes this path: its derived gradient is the oracle of the
+derivation rules."""
 from __future__ import annotations
 
 import threading
