@@ -83,7 +83,13 @@ def race_platform() -> str:
     device = jax.devices()[0]
     if device.platform != "gpu":
         return device.platform
-    return "rocm" if "rocm" in str(getattr(device.client, "platform_version", "")).lower() else "cuda"
+    for name in ("cuda", "rocm"):  # jax names a GPU's devices "gpu"; platform_dependent wants the concrete name
+        try:
+            if device in jax.devices(name):
+                return name
+        except RuntimeError:  # no such backend here
+            continue
+    return "cuda"
 
 
 def _call(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str]) -> Call:
