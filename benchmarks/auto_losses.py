@@ -29,6 +29,24 @@ RSTD = "r[b] := (x[b,i] - m[b])^2 |> 1 / sqrt(_ / size(x,1) + 1e-5)"
 NORM = "y[b,i] := (x[b,i] - m[b])*r[b]*g[i] + beta[i]"
 LSE = "(logsumexp) l[i] := x[i,j]"
 MAXPOOL = "(max) y[n,c,h,w] := x[n,c,2h+p,2w+q] (p in 0:2) (q in 0:2)"
+# programs (benchmarks/programs.py), differentiated: their statements' kernels race as any auto kernel's do
+SOFTMAX = """
+(max) local m[r,i] := s[r,i,j]
+local z[r,i] := exp(s[r,i,j] - m[r,i])
+p[r,i,j] := exp(s[r,i,j] - m[r,i]) / z[r,i]
+"""
+LAYERNORM = """
+local mu[b]  := x[b,j] |> _ / size(x,1)
+local var[b] := (x[b,j] - mu[b])^2 |> _ / size(x,1)
+y[b,j] := (x[b,j] - mu[b]) / sqrt(var[b] + 1e-5) * g[j] + beta[j]
+"""
+ATTENTION = """
+local s[b,i,j] := q[b,i,d] * k[b,j,d] * 0.125
+(max) local m[b,i] := s[b,i,j]
+local z[b,i] := exp(s[b,i,j] - m[b,i])
+local p[b,i,j] := exp(s[b,i,j] - m[b,i]) / z[b,i]
+o[b,i,e] := p[b,i,j] * v[b,j,e]
+"""
 
 
 def _cases(backend: str | None):
@@ -47,8 +65,13 @@ def _cases(backend: str | None):
     beta = jnp.asarray(rng.standard_normal(512), jnp.float32)
     xl = jnp.asarray(rng.standard_normal((2048, 1024)), jnp.float32)
     xp = jnp.asarray(rng.standard_normal((8, 32, 64, 64)), jnp.float32)
+    xs = jnp.asarray(rng.standard_normal((32, 128, 128)), jnp.float32)
+    xg = jnp.asarray(rng.standard_normal((512, 1024)), jnp.float32)
+    gg, bg = (jnp.asarray(rng.standard_normal(1024), jnp.float32) for _ in range(2))
+    qkv = [jnp.asarray(rng.standard_normal((8, 128, 64)), jnp.float32) for _ in range(3)]
     if backend:
         patchify, mean, rstd, norm, lse, pool = k(PATCHIFY), k(MEAN), k(RSTD), k(NORM), k(LSE), k(MAXPOOL)
+        softmax, program_layernorm, attention = k(SOFTMAX), k(LAYERNORM), k(ATTENTION)
 
         def layernorm(x, g, beta):
             m = mean(x)
@@ -69,11 +92,25 @@ def _cases(backend: str | None):
             n, c, hh, ww = x.shape
             return x.reshape(n, c, hh // 2, 2, ww // 2, 2).max(axis=(3, 5))
 
-    def grad(f):
-        return jax.grad(lambda a: jnp.sum(jnp.sin(f(a))))
+        def softmax(s):
+            e = jnp.exp(s - s.max(-1, keepdims=True))
+            return e / e.sum(-1, keepdims=True)
+
+        def program_layernorm(x, g, beta):
+            mu = x.mean(1, keepdims=True)
+            return (x - mu) / jnp.sqrt(((x - mu) ** 2).mean(1, keepdims=True) + 1e-5) * g + beta
+
+        def attention(q, k, v):
+            return jnp.einsum("bij,bje->bie", softmax(jnp.einsum("bid,bjd->bij", q, k) * 0.125), v)
+
+    def grad(f, argnums=0):
+        return jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums)
 
     return [("patchify gradient", grad(patchify), (x4,)), ("LayerNorm", layernorm, (xn, g, beta)),
-            ("logsumexp gradient", grad(lse), (xl,)), ("MaxPool gradient", grad(pool), (xp,))]
+            ("logsumexp gradient", grad(lse), (xl,)), ("MaxPool gradient", grad(pool), (xp,)),
+            ("softmax gradient", grad(softmax), (xs,)),
+            ("LayerNorm gradient", grad(program_layernorm, (0, 1, 2)), (xg, gg, bg)),
+            ("attention gradient", grad(attention, (0, 1, 2)), tuple(qkv))]
 
 
 def child(rounds: int) -> dict:
@@ -91,8 +128,11 @@ def child(rounds: int) -> dict:
             start = time.perf_counter()
             jax.block_until_ready(fn(*args))
             first[name] = time.perf_counter() - start
-        want = np.asarray(jitted["jnp"](*args))
-        error = {n: float(np.max(np.abs(np.asarray(f(*args)) - want)) / (np.max(np.abs(want)) or 1.0))
+        def flat(value):  # one array of every leaf (a gradient w.r.t. several inputs is a tuple)
+            return np.concatenate([np.ravel(np.asarray(v)) for v in jax.tree.leaves(value)])
+
+        want = flat(jitted["jnp"](*args))
+        error = {n: float(np.max(np.abs(flat(f(*args)) - want)) / (np.max(np.abs(want)) or 1.0))
                  for n, f in jitted.items()}
         times: dict[str, list[float]] = {name: [] for name in jitted}
         cpu: dict[str, list[float]] = {name: [] for name in jitted}
@@ -110,7 +150,13 @@ def child(rounds: int) -> dict:
                      "cpu_auto_ratio": cpu_ms["jnp"] / cpu_ms["auto"], "cpu_c_ratio": cpu_ms["jnp"] / cpu_ms["c"]})
     plans = sorted({(getattr(key[0], "text", None) or str(key[0])[:160], p.backend, p.form, p.source,
                      tuple(p.timings_ms)) for key, p in decide._MEMO.items()})
-    return {"rows": rows, "plans": [list(p) for p in plans]}
+    try:  # how each differentiated call computes its gradient (a tree from before planner.autodiff has none)
+        from tullax.planner import autodiff
+    except ImportError:
+        autodiff = None
+    gradient_plans = [] if autodiff is None else [[str(key[0][0].out), p.form, p.source, list(p.timings_ms)]
+                                                  for key, p in autodiff._MEMO.items()]
+    return {"rows": rows, "plans": [list(p) for p in plans], "gradient_plans": gradient_plans}
 
 
 def main() -> None:

@@ -4,6 +4,9 @@ keeps ``exp(x - max)`` from the forward and multiplies it by the cotangent; tull
 logsumexp with a custom VJP that recomputes ``exp(x - l)`` as tullax's does, beside jnp's own gradient and
 tullax's (xla, c, auto), and each gradient step alone, in one process, interleaved; median and best ms of wall
 and process CPU time (every thread's). Ratios: jnp's own gradient over each (above 1, faster than jnp).
+``auto`` races its derived steps against JAX's autodiff of the forward's XLA form (``tullax.planner.autodiff``);
+"auto gradient, derived steps" is the same kernel with that race off (the plan before it: the before/after
+of one run).
 
     .venv/bin/python benchmarks/lse_grad_reuse.py [--rounds 40] [--out FILE.json]
 """
@@ -55,10 +58,20 @@ def main() -> None:
     def grad(fn):
         return jax.jit(jax.grad(lambda a: jnp.sum(jnp.sin(fn(a)))))
 
+    from tullax.jaxop.autodiff import DERIVED_ONLY
+    from tullax.jaxop.primitives import apply
+    from tullax.planner import autodiff
+
     kernels = {b: tullax.einsum_kernel(LSE, backend=b) for b in ("xla", "c", "auto")}
+    derived_only = kernels["auto"].ir  # 'auto' with its gradient as derived steps, whatever the race says
+
+    def derived(a):
+        return apply(derived_only, "auto", [a], gradient=DERIVED_ONLY)
+
     cases = {"jnp gradient": (grad(lambda a: jax.nn.logsumexp(a, axis=1)), (x,)),
              "jnp gradient, exp recomputed": (grad(recomputed), (x,)),
              **{f"{b} gradient": (grad(k), (x,)) for b, k in kernels.items()},
+             "auto gradient, derived steps": (grad(derived), (x,)),
              "jnp forward": (jax.jit(lambda a: jax.nn.logsumexp(a, axis=1)), (x,)),
              "jnp Δx step (exp recomputed)": (jax.jit(lambda d, a, m: d[:, None] * jnp.exp(a - m[:, None])),
                                               (dl, x, l_)),
@@ -86,9 +99,12 @@ def main() -> None:
               f"{row['cpu_ratio']:.2f} CPU", flush=True)
     plans = sorted({(str(key[0].out), p.backend, p.form, p.source, tuple(p.timings_ms))
                     for key, p in decide._MEMO.items()})
+    gradient_plans = [[str(key[0][0].out), p.form, p.source, list(p.timings_ms)] for key, p in autodiff._MEMO.items()]
+    print("auto gradient plans:", gradient_plans)
     Path(args.out).write_text(json.dumps({"rounds": args.rounds, "cpus": os.cpu_count(),
                                           "load": os.getloadavg(), "rows": rows,
-                                          "auto_plans": [list(p) for p in plans]}, indent=1) + "\n",
+                                          "auto_plans": [list(p) for p in plans],
+                                          "auto_gradient_plans": gradient_plans}, indent=1) + "\n",
                               encoding="utf-8")
 
 

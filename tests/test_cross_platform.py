@@ -125,24 +125,46 @@ def test_auto_races_only_when_lowered_for_this_host(monkeypatch) -> None:
 def test_a_differentiated_auto_kernel_races_nothing_while_traced_for_export(monkeypatch) -> None:
     """The joint plan of a differentiated call (the forward and its gradient steps as one XLA program) needs the
     races of all its kernels: traced for an export it raced them all; now its kernels are traced with the joint
-    call pending, decided when the program is lowered to run here."""
+    call pending, decided when the program is lowered to run here. The gradient as a whole (``planner.autodiff``:
+    the derived steps or JAX's autodiff of the forward's form) is decided when the call is traced, timed on this
+    host's platform, and holds for that platform alone: here an earlier process decided it (autodiff on this CPU,
+    then the derived steps), and a lowering for cuda from this CPU host keeps the derived steps either way."""
     from jax import export
 
-    from tullax.planner import decide, store, tuning
+    from tullax.jaxop.autodiff import SCOPE
+    from tullax.planner import autodiff, decide, store, tuning
+    from tullax.spec.frontend import compile_spec
 
     monkeypatch.setenv(tuning.TIMING_ENV, "1")
-    monkeypatch.setattr(store, "load", lambda key: None)  # no decision of an earlier run: it must be raced
+    _, spec = compile_spec(DIST)
+    shapes = {"W": (64, 300), "X": (64, 200)}
+    call = autodiff._call(spec, shapes, {"W": "float32", "X": "float32"})
+    gradient_key = autodiff.decision_key(call, "float32", ["W", "X"], "cpu")
+    decided = {"candidate": "autodiff:grid"}
+    # no decision of an earlier run for the kernels: they must be raced
+    monkeypatch.setattr(store, "load", lambda key: dict(decided) if key == gradient_key else None)
     monkeypatch.setattr(store, "store", lambda *args, **kwargs: None)
     decide.forget()
     try:
         kernel = tullax.einsum_kernel(DIST, backend="auto")
         rng = np.random.default_rng(1)
-        W, X = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((64, 300), (64, 200)))
-        grad = jax.jit(jax.grad(lambda W, X: jnp.sum(kernel(W, X) ** 2), (0, 1)))
+        W, X = (jnp.asarray(rng.standard_normal(shapes[n]), jnp.float32) for n in ("W", "X"))
+
+        def gradient():
+            return jax.jit(jax.grad(lambda W, X: jnp.sum(kernel(W, X) ** 2), (0, 1)))
+
+        cpu = gradient().trace(W, X).lower().as_text(debug_info=True)
+        assert SCOPE in cpu and "tullax_kernel" not in cpu  # the decision timed on this CPU, for the CPU
+        cuda = gradient().trace(W, X).lower(lowering_platforms=("cuda",)).as_text(debug_info=True)
+        assert SCOPE not in cuda, "the cuda lowering holds a decision timed on the CPU"
+        assert "tullax_kernel" in cuda, "the cuda lowering lost the derived steps"
+        decided["candidate"] = autodiff.DERIVED
+        decide.forget()
         checks = [export.DisabledSafetyCheck.custom_call("tullax_c_kernel")]
-        export.export(grad, platforms=("cpu",), disabled_checks=checks)(W, X)
+        export.export(gradient(), platforms=("cpu",), disabled_checks=checks)(W, X)
         assert decide.STATS["timed"] == 0, "a race was timed while tracing a differentiated call for export"
-        got = grad(W, X)
+        assert autodiff.STATS["timed"] == 0
+        got = gradient()(W, X)
         assert decide.STATS["timed"] >= 1
         want = jax.grad(lambda W, X: jnp.sum(((W[:, :, None] - X[:, None, :]) ** 2).sum(0) ** 2), (0, 1))(W, X)
         for g, w in zip(got, want):

@@ -106,6 +106,7 @@ PLANNER_LAYERS = (
     ("tullax.planner.rules", "tullax.planner.store"),
     ("tullax.planner.candidates",),
     ("tullax.planner.race",),
+    ("tullax.planner.autodiff",),
     ("tullax.planner.decide",),
     ("tullax.planner.explain",),
 )

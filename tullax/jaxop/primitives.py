@@ -78,12 +78,15 @@ class KernelOp:
     # gradient steps as one XLA program) needs a race: the call's (forward spec, shapes, dtypes, out dtype,
     # inputs differentiated), decided with the race when it is lowered for this host (``_settled``)
     joint: tuple = ()
+    # "derived": an 'auto' kernel's gradient is its derived steps, never JAX's autodiff of its XLA form
+    # (``tullax.jaxop.autodiff``: what that planner's race times it against)
+    gradient: str = ""
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_hash", hash((self.spec, self.backend, self.out_dtype, self.path, self.form,
                                                 self.requested, self.zero_start, self.algebra, self.pending,
-                                                self.joint)))
+                                                self.joint, self.gradient)))
 
     @property
     def steps_backend(self) -> str:
@@ -108,15 +111,16 @@ class KernelOp:
 
 
 def apply(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | None = None,
-          zero_start: bool = False, algebra: str = "", joint: tuple = ()) -> Any:
+          zero_start: bool = False, algebra: str = "", joint: tuple = (), gradient: str = "") -> Any:
     """Run ``spec`` on jax values (arrays, tracers or numbers, one per input) on backend ``backend_name``
     (``auto`` with ``xla_form``: on XLA in that form, as the planner decided for it). ``zero_start``: ``spec``
     is a '+=' gradient step and ``values[0]`` the zeros it starts from. ``algebra="expand"``: the expanded form
     of a polynomial body is a candidate (``auto``), or the form (``xla``), where it applies. ``joint``: the
-    differentiated call a gradient step belongs to (``KernelOp.joint``). Everything is checked here, at trace
-    time."""
+    differentiated call a gradient step belongs to (``KernelOp.joint``); ``gradient``: ``KernelOp.gradient``.
+    Everything is checked here, at trace time."""
     args = prepare_inputs(spec, values)
-    op = _joint(_kernel_op(spec, backend_name, values, xla_form, zero_start, algebra), joint)
+    op = replace(_joint(_kernel_op(spec, backend_name, values, xla_form, zero_start, algebra), joint),
+                 gradient=gradient)
     args = _same_variance(_weak_in_precision(spec, values, args, op.out_dtype))
     half = [item.kind in ("array", "scalar") and a.dtype.name in HALF for item, a in zip(spec.inputs, args)]
     if not any(half):
@@ -126,8 +130,9 @@ def apply(spec: Spec, backend_name: str, values: Sequence[Any], xla_form: str | 
     # compare the recomputed float32 body with the result, which a half result no longer equals.
     args = [a.astype("float32") if h else a for a, h in zip(args, half)]
     wide = [a if h else v for a, v, h in zip(args, values, half)]
-    return _prims().kernel.bind(*args, op=_joint(_kernel_op(spec, backend_name, wide, xla_form, zero_start,
-                                                            algebra), joint)).astype(op.out_dtype)
+    return _prims().kernel.bind(*args, op=replace(_joint(_kernel_op(spec, backend_name, wide, xla_form, zero_start,
+                                                                    algebra), joint), gradient=gradient)
+                                ).astype(op.out_dtype)
 
 
 def _joint(op: KernelOp, joint: tuple) -> KernelOp:
@@ -412,6 +417,17 @@ def _kernel_jvp(primals, tangents, *, op: KernelOp):
     if not any(live):
         out = _prims().kernel.bind(*primals, op=op)
         return out, _zero_tangent(out)
+    from tullax.jaxop.autodiff import autodiff_jvp
+
+    # JAX's JVP of the forward's XLA form on the platform whose race chose it, the derived steps elsewhere
+    found = autodiff_jvp(op, primals, tangents, live, apply, partial(_derived_jvp, op=op, live=live))
+    if found is not None:
+        return found
+    return _derived_jvp(primals, [t for t, keep in zip(tangents, live) if keep], op=op, live=live)
+
+
+def _derived_jvp(primals, live_tangents, *, op: KernelOp, live: tuple):
+    """(result, tangent) of the derived gradient steps, given the tangents of the ``live`` inputs."""
     if op.requested == "auto" and op.path != "xla":  # one XLA program with its gradient steps, where they fit
         joined, joint = _joint_plans(op.spec, primals, op.out_dtype, [i for i, keep in enumerate(live) if keep],
                                      op.algebra)
@@ -420,7 +436,6 @@ def _kernel_jvp(primals, tangents, *, op: KernelOp):
         elif joint:
             op = replace(op, joint=joint, pending=True)
     out = _prims().kernel.bind(*primals, op=op)
-    live_tangents = [t for t, keep in zip(tangents, live) if keep]
     return out, _prims().linear.bind(*primals, out, *live_tangents, op=op, live=live)
 
 

@@ -21,7 +21,7 @@ import threading
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterable, Mapping
 
-from tullax.planner import candidates, rules, store, tuning
+from tullax.planner import autodiff, candidates, rules, store, tuning
 from tullax.planner import race as racing
 from tullax.planner.call import Call, Shapes, call_shapes_and_dtypes, kernel_shapes
 from tullax.planner.rules import (
@@ -410,6 +410,7 @@ def forget() -> None:
         _MEMO.clear()
         STATS.update(timed=0, from_cache=0)
     candidates.forget_ahead()
+    autodiff.forget()
 
 
 def as_dict(found: Plan) -> dict:

@@ -41,7 +41,7 @@ def explain_lines(spec: Spec, shapes: Shapes | None = None, dtype: str = "float3
             lines.append(f"  {step.label}: {text(step.spec)}")
             lines.append(f"    -> {chosen.label}: {rule.name}: {rule.reason}{close}")
             lines += expansion_line(step.spec, algebra)
-        return lines
+        return lines + gradient_line(spec, dtype)
     # the dtype jax gives an integer index array (int32 unless x64 is on): the key a real call's decision is
     # stored under
     import jax
@@ -66,7 +66,26 @@ def explain_lines(spec: Spec, shapes: Shapes | None = None, dtype: str = "float3
         moved = ", ".join(text(k) for k, p in joined.items() if decide.JOINED in p.reason)
         lines.append(f"  differentiated w.r.t. every input: one XLA program (each kernel runs on XLA or its loops won "
                      f"by less than {tuning.JOINT_MARGIN}x); moved to XLA: {moved}")
-    return lines
+    return lines + gradient_line(spec, dtype, shapes, forward_dtypes, wrt)
+
+
+def gradient_line(spec: Spec, dtype: str, shapes: Shapes | None = None, dtypes: dict | None = None,
+                  wrt: list | None = None) -> list[str]:
+    """How a differentiated call computes its gradient (``planner.autodiff``): the derived steps above, or JAX's
+    autodiff of the forward's XLA form; with ``shapes``, the decision known for them."""
+    from tullax.planner import autodiff
+
+    if dtypes is None or shapes is None:
+        dtypes = {item.name: dtype for item in spec.inputs}
+        why = autodiff.refusal(spec, dtypes)
+        if why is not None:
+            return [f"  gradient (differentiated): the derived steps above: {why}"]
+        from tullax.planner.call import analyse
+
+        return [f"  gradient (differentiated): the derived steps above, or JAX's autodiff of the forward's XLA form "
+                f"(autodiff:{analyse(spec).forms[0]}), keeping its residuals: raced on first use where timed"]
+    found = autodiff.known_gradient_plan(spec, shapes, dtypes, dtype, wrt or [])
+    return [f"  gradient (differentiated w.r.t. every input): {describe(found)}"]
 
 
 def expansion_line(spec: Spec, algebra: str, shapes: Shapes | None = None) -> list[str]:

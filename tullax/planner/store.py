@@ -12,14 +12,17 @@ from tullax.planner.call import Call
 PLAN_FILE = "plan.json"
 
 
-def cache_key(call: Call) -> str:
+def cache_key(call: Call, gradient: tuple = ()) -> str:
     """The key of the call's decision: spec, shapes, dtypes, loop backend, and what sets the speed of a race (the
-    machine's cores and threads; on a GPU, its model)."""
+    machine's cores and threads; on a GPU, its model). ``gradient``: the key of the decision how the call's
+    gradient is computed (``planner.autodiff``: its result dtype and the inputs differentiated), kept apart."""
     from tullax.backends.threads import loop_threads
     from tullax.runtime.cache import cache_key as key_of
     from tullax.spec.text import format_spec
 
     start = {"zero_start": True} if call.zero_start else {}  # a '+=' step on zeros is raced apart from one on data
+    if gradient:
+        start["gradient"] = list(gradient)
     if call.algebra:  # a race with the opted-in expanded form is kept apart from one without it
         start["algebra"] = call.algebra
     model = gpu_model()
