@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Iterable, Mapping
 
-from tullax.planner import store, tuning
+from tullax.planner import rules, store, tuning
 from tullax.planner.call import Call, Shapes
 from tullax.planner.rules import Plan, loops_for
 from tullax.spec.ir import Indirect, Spec, accesses
@@ -103,6 +103,15 @@ def gradient_plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dty
     or ``Plan("xla", "autodiff:<form>")``, for ``platform`` (the one ``make_runs``' candidates run on; default
     ``race_platform()``). This process's decision, else the compile cache's, else a race of the candidates run by
     ``make_runs`` (None, or ``timing`` False: no race, ``derived``; such a plan is not kept)."""
+    # the rule first; and a call too small to race on a new compile cache (which holds no decision either)
+    # names no loop backend: its first run imports, probes and starts nothing of the c backend (decide.call_of)
+    bare = Call.of(spec, shapes, dtypes, None)
+    why = refusal(spec, bare.dtypes)
+    if why is not None:
+        return Plan(DERIVED, DERIVED, RULE, f"the derived gradient steps: {why}")
+    if bare.work < tuning.UNTIMED_WORK and rules.nothing_compiled():
+        return _as_plan(DERIVED, f"{_REASON} (not timed: below {tuning.UNTIMED_WORK} estimated operations: the "
+                        "derived steps)", (), "rules")
     call = _call(spec, shapes, dtypes)
     wrt = tuple(sorted(wrt))
     platform = platform or race_platform()
@@ -110,9 +119,6 @@ def gradient_plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dty
     found = _MEMO.get(memo_key)
     if found is not None:
         return found
-    why = refusal(spec, call.dtypes)
-    if why is not None:
-        return Plan(DERIVED, DERIVED, RULE, f"the derived gradient steps: {why}")
     key = decision_key(call, out_dtype, wrt, platform)
     stored = store.load(key)
     close = (DERIVED, AUTODIFF + call.analysis.forms[0])
