@@ -203,6 +203,10 @@ _ALL = (
     _setting("TULLAX_CUDA_TILES", "a flag", True, "on", _FLAG,
              "Whether matmul-like kernels (Dist, Linear and their gradients) run as shared-memory block tiles "
              "(benchmarks/gpu_device.py compares both).", "cuda modules (the source changes)", _flag),
+    _setting("TULLAX_CUDA_VECTORS", "a flag", True, "on", _FLAG,
+             "Whether elementwise kernels run 16-byte vector lanes (4 float32 or 2 float64 outputs per thread, "
+             "each input read and the output written as one vector where the arrays are aligned).",
+             "cuda modules (the source changes)", _flag),
     _setting("TULLAX_CUDA_COMMAND_BUFFER", "a flag", False, "off", _FLAG,
              "Marks device kernels `command_buffer_compatible`, so XLA may capture them in CUDA graphs.",
              "the traced operation", _flag),
