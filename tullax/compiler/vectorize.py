@@ -41,6 +41,7 @@ from tullax.compiler.loops import (
     VectorLoad,
     VectorStore,
     binop,
+    children,
     const,
     eval_int,
     expr_vars,
@@ -48,8 +49,9 @@ from tullax.compiler.loops import (
     parallel_nest,
     walk_expr,
     walk_stmts,
+    with_children,
 )
-from tullax.compiler.rewrite import substitute, substitute_stmts
+from tullax.compiler.rewrite import substitute
 
 LANES = {"float32": 4, "float64": 2}  # 16 bytes of each
 ENV = "TULLAX_CUDA_VECTORS"  # 0: never vector lanes
@@ -74,70 +76,121 @@ def vectorize(kernel: LoopKernel, sizes: Mapping[str, int],
     if extent <= 0 or extent % lanes:
         return None
     along = Var(inner.var, INDEX)
+    moving = {inner.var}  # v and the Lets that move with it
 
     def runs_along(array: str, index: tuple[Expr, ...], dtype: str) -> bool:
         shape = lengths.get(array)
         return (array in arrays and shape is not None and index[-1] == along and LANES.get(dtype) == lanes
-                and all(inner.var not in expr_vars(i) for i in index[:-1]) and shape[-1] % lanes == 0)
+                and not any(expr_vars(i) & moving for i in index[:-1]) and shape[-1] % lanes == 0)
 
+    # Lets that do not move with v run once per run (a gather's row index ix[b]); the rest once per lane
+    invariant: list[Let] = []
+    variant: list[Stmt] = []
+    for stmt in body[:-1]:
+        assert isinstance(stmt, Let)
+        if expr_vars(stmt.value) & moving:
+            variant.append(stmt)
+            moving.add(stmt.var)
+        else:
+            invariant.append(stmt)
+    work = (*variant, store)
     if not runs_along(store.array, store.index, out.dtype):
         return None
-    reads: dict[Load, int] = {}
-    for stmt in body:
-        for part in walk_expr(stmt.value):  # type: ignore[union-attr]
-            if isinstance(part, Load) and inner.var in expr_vars(part):
-                if not runs_along(part.array, part.index, part.dtype):
+    if not any(isinstance(part, Load) and inner.var in expr_vars(part)
+               for stmt in work for part in walk_expr(stmt.value)):  # type: ignore[union-attr]
+        return None  # nothing to read in vectors: the store alone gains little, keep the plain kernel
+    # a checked read (a gather's W[ix[b],d] under ix[b]'s range check) is read in a vector only under its check
+    # as an If, each branch its own lanes; its condition must not move with v
+    checks: list[Expr] = []
+    for stmt in work:
+        for select in walk_expr(stmt.value):  # type: ignore[union-attr]
+            if isinstance(select, Select) and any(
+                    isinstance(part, Load) and inner.var in expr_vars(part)
+                    for branch in (select.then, select.orelse) for part in walk_expr(branch)):
+                if expr_vars(select.cond) & moving:
                     return None
-                reads.setdefault(part, len(reads))
-    guarded = [part for stmt in body for select in walk_expr(stmt.value)  # type: ignore[union-attr]
-               if isinstance(select, Select) for branch in (select.then, select.orelse)
-               for part in walk_expr(branch) if isinstance(part, Load) and part in reads]
-    if guarded:  # a checked read is in range only where its check holds: never read ahead of it in a vector
+                checks.append(select.cond)
+    checks = list(dict.fromkeys(checks))
+    if len(checks) > 2:
         return None
-    if not reads:  # nothing to read in vectors: the store alone gains little, keep the plain kernel
-        return None
-    names = {load: tuple(f"{inner.var}_{n}_{k}" for k in range(lanes)) for load, n in reads.items()}
-    lets = {s.var: s.value.dtype for s in body if isinstance(s, Let)}
+    lets = {s.var: s.value.dtype for s in variant if isinstance(s, Let)}
 
-    def lane(k: int, vector: bool) -> tuple[tuple[Stmt, ...], Expr]:
-        """Lane ``k``'s Lets and stored value: its inputs the k-th part of each vector, or scalar reads at v + k."""
+    def lanes_of(stmts: tuple[Stmt, ...], k: int, reads: Mapping[Load, tuple[str, ...]] | None
+                 ) -> tuple[tuple[Stmt, ...], Expr]:
+        """Lane ``k``'s Lets and stored value: its inputs the k-th part of each vector (``reads``), or (None)
+        scalar reads at v + k."""
         renamed: dict[str, Expr] = {var: Var(f"{var}_{k}", dtype) for var, dtype in lets.items()}
-        stmts: list[Stmt] = []
-        for stmt in body:
-            value = stmt.value
-            if vector:
-                value = map_loads(value, lambda load: Var(names[load][k], load.dtype) if load in names else load)
-                if inner.var in expr_vars(value):  # v outside a vector read: no such kernel qualifies
-                    raise AssertionError(value)
+        found: list[Stmt] = []
+        for stmt in stmts:
+            value = stmt.value  # type: ignore[union-attr]
+            if reads is not None:
+                value = map_loads(value, lambda load: Var(reads[load][k], load.dtype) if load in reads else load)
             else:
                 value = substitute(value, {inner.var: binop("+", along, const(k))})
             value = substitute(value, renamed)
             if isinstance(stmt, Let):
-                stmts.append(Let(renamed[stmt.var].name, value))  # type: ignore[union-attr]
+                found.append(Let(renamed[stmt.var].name, value))  # type: ignore[union-attr]
             else:
-                return tuple(stmts), value
-        raise AssertionError(body)
+                return tuple(found), value
+        raise AssertionError(stmts)
 
-    try:
-        vector_lanes = [lane(k, True) for k in range(lanes)]
-    except AssertionError:
+    def vector_block(stmts: tuple[Stmt, ...], checks: list[Expr], tag: str) -> tuple[Stmt, ...] | None:
+        """``stmts`` (the variant Lets and the Store) in vectors, unswitched over ``checks``; None where some
+        read does not run along v, or v is used outside a vector read."""
+        if checks:
+            then = vector_block(_decided(stmts, checks[0], True), checks[1:], tag + "t")
+            orelse = vector_block(_decided(stmts, checks[0], False), checks[1:], tag + "f")
+            return None if then is None or orelse is None else (If(checks[0], then, orelse),)
+        loads: list[Load] = []
+        for stmt in stmts:
+            for part in walk_expr(stmt.value):  # type: ignore[union-attr]
+                if isinstance(part, Load) and inner.var in expr_vars(part):
+                    if not runs_along(part.array, part.index, part.dtype):
+                        return None
+                    loads.append(part)
+        for stmt in stmts:  # a read still under a Select is in range only where its check holds: never ahead of it
+            for select in walk_expr(stmt.value):  # type: ignore[union-attr]
+                if isinstance(select, Select) and any(part in loads for branch in (select.then, select.orelse)
+                                                      for part in walk_expr(branch)):
+                    return None
+        reads = {load: tuple(f"{inner.var}{tag}_{n}_{k}" for k in range(lanes))
+                 for n, load in enumerate(dict.fromkeys(loads))}
+        found: list[Stmt] = [VectorLoad(names, load.array, load.index, load.dtype) for load, names in reads.items()]
+        values = []
+        for k in range(lanes):
+            lets_k, value = lanes_of(stmts, k, reads)
+            if any(inner.var in expr_vars(e) for e in (value, *(s.value for s in lets_k))):  # type: ignore
+                return None  # v outside a vector read
+            found += lets_k
+            values.append(value)
+        return (*found, VectorStore(store.array, store.index, tuple(values), out.dtype))
+
+    vector = vector_block(work, checks, "")
+    if vector is None:
         return None
-    vector: list[Stmt] = [VectorLoad(names[load], load.array, load.index, load.dtype) for load in reads]
-    for stmts, _ in vector_lanes:
-        vector += stmts
-    vector.append(VectorStore(store.array, store.index, tuple(value for _, value in vector_lanes), out.dtype))
     scalar: list[Stmt] = []
     for k in range(lanes):
-        stmts, value = lane(k, False)
+        stmts, value = lanes_of(work, k, None)
         scalar += stmts
         scalar.append(Store(store.array, store.index[:-1] + (binop("+", along, const(k)),), value, "set"))
     run = Var(f"{inner.var}v", INDEX)  # the run's position: v = run * lanes
-    per_run = (Let(inner.var, binop("*", run, const(lanes))),
-               If(Var(ALIGNED, BOOL), tuple(vector), substitute_stmts(tuple(scalar), {})))
+    per_run = (Let(inner.var, binop("*", run, const(lanes))), *invariant,
+               If(Var(ALIGNED, BOOL), vector, tuple(scalar)))
     nest: Stmt = Loop(run.name, const(0), binop("//", inner.stop, const(lanes)), True, per_run)
     for loop in reversed(loops[:-1]):
         nest = replace(loop, body=(nest,))
     return replace(kernel, body=(nest,), vector=lanes)
+
+
+def _decided(stmts: tuple[Stmt, ...], check: Expr, holds: bool) -> tuple[Stmt, ...]:
+    """``stmts`` with every ``Select`` on ``check`` replaced by the branch ``holds`` picks."""
+    def decide(expr: Expr) -> Expr:
+        if isinstance(expr, Select) and expr.cond == check:
+            return decide(expr.then if holds else expr.orelse)
+        parts = children(expr)
+        return with_children(expr, tuple(decide(p) for p in parts)) if parts else expr
+
+    return tuple(replace(s, value=decide(s.value)) for s in stmts)  # type: ignore[union-attr]
 
 
 def vector_arrays(kernel: LoopKernel) -> tuple[str, ...]:
