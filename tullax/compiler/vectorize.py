@@ -156,6 +156,16 @@ def vectorize(kernel: LoopKernel, sizes: Mapping[str, int],
         reads = {load: tuple(f"{inner.var}{tag}_{n}_{k}" for k in range(lanes))
                  for n, load in enumerate(dict.fromkeys(loads))}
         found: list[Stmt] = [VectorLoad(names, load.array, load.index, load.dtype) for load, names in reads.items()]
+        # a broadcast (a load that does not move with v, outside any check) is read once for all lanes
+        checked = {part for stmt in stmts for select in walk_expr(stmt.value)  # type: ignore[union-attr]
+                   if isinstance(select, Select) for branch in (select.then, select.orelse)
+                   for part in walk_expr(branch)}
+        broadcasts = [part for stmt in stmts for part in walk_expr(stmt.value)  # type: ignore[union-attr]
+                      if isinstance(part, Load) and part not in checked and not expr_vars(part) & moving]
+        shared = {load: Var(f"{inner.var}{tag}_b{n}", load.dtype) for n, load in enumerate(dict.fromkeys(broadcasts))}
+        found += [Let(var.name, load) for load, var in shared.items()]
+        stmts = tuple(replace(stmt, value=map_loads(stmt.value, lambda load: shared.get(load, load)))  # type: ignore
+                      for stmt in stmts)
         values = []
         for k in range(lanes):
             lets_k, value = lanes_of(stmts, k, reads)
