@@ -6,7 +6,8 @@ an extent merely adds blocks), every warp of the block, float32, with the host's
 Per kernel and schedule: the launch, global loads per output element, 32-byte sectors per output element (the
 bytes the L1 fetches, /32), the coalescing ratio (bytes the loads use / bytes of the sectors they touch: 1.0 when
 a warp's 32 loads fill 4 sectors, 0.125 when each lane touches its own sector) and the most sectors one warp
-request touches. "before" is ``TULLAX_CUDA_TILES=0`` (the schedule the backend picked without block tiles).
+request touches. "before" is ``TULLAX_CUDA_TILES=0 TULLAX_CUDA_VECTORS=0`` (the schedule the backend picked without
+block tiles and vector lanes).
 
     PYTHONPATH=$PWD python benchmarks/gpu_trace.py            # Dist and Linear
     PYTHONPATH=$PWD python benchmarks/gpu_trace.py --all      # every GPU benchmark case
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -41,6 +43,7 @@ from tullax.backends.cuda.estimate import estimate  # noqa: E402
 from tullax.backends.cuda.launch import START_GIVEN, size_values  # noqa: E402
 from tullax.compiler.loops import parallel_nest  # noqa: E402
 from tullax.compiler.tiles import TilePolicy  # noqa: E402
+from tullax.compiler.vectorize import vector_arrays  # noqa: E402
 
 SCHEDULES = (("before", TilePolicy(min_outputs=1 << 62)), ("after", TilePolicy()))
 ITEMSIZE = 4  # float32
@@ -66,7 +69,17 @@ def schedule_name(kernel) -> str:
                 f"{tile.thread_rows}x{tile.thread_cols} per thread" + (", split-K" if kernel.split else ""))
     if kernel.cooperative:
         return "a warp per element" if kernel.warp else "a block per element"
+    if kernel.vector:
+        return f"vector lanes: {kernel.vector} elements per thread"
     return "split sum" if kernel.split else "a thread per element (or register tile)"
+
+
+def useful_bytes(kernel, counted) -> int:
+    """The bytes the traced loads deliver: 4 per load, and a vector read's other lanes (a request per warp of
+    32 vectors; tullax.compiler.vectorize)."""
+    vectors = set(vector_arrays(kernel))
+    extra = sum(a.requests for a in counted.arrays if a.array in vectors) * 32 * max(kernel.vector - 1, 0)
+    return (counted.loads + extra) * ITEMSIZE
 
 
 def model_us(kernel, plan, done: dict) -> dict:
@@ -79,6 +92,8 @@ def model_us(kernel, plan, done: dict) -> dict:
 def measure(cases) -> list[dict]:
     rows = []
     for when, tiles in SCHEDULES:
+        # "before" has neither block tiles nor vector lanes (tullax.compiler.vectorize)
+        os.environ["TULLAX_CUDA_VECTORS"] = "0" if when == "before" else "1"
         jobs, meta = [], []
         for case in cases:
             work = kernel_work(case[1], case[2])
@@ -105,7 +120,7 @@ def measure(cases) -> list[dict]:
                 "block": plan.block, "outputs_in_block": counted.outputs, "loads": counted.loads,
                 "loads_per_output": counted.loads / outputs, "sectors_per_output": sectors / outputs,
                 "bytes_per_output": 32 * sectors / outputs,
-                "coalescing": counted.loads * ITEMSIZE / (32 * sectors) if sectors else None,
+                "coalescing": useful_bytes(kernel, counted) / (32 * sectors) if sectors else None,
                 "max_sectors_per_request": max((a.max_sectors for a in counted.arrays), default=0),
                 "arrays": {a.source: {"requests": a.requests, "sectors": a.sectors, "lines": a.lines,
                                       "broadcasts": a.broadcasts} for a in counted.arrays},

@@ -24,6 +24,16 @@ template <typename T> struct tx_traced {
     }
 };
 
+// A printed vector read (tx_load_vec) of a traced input: ONE request record at the vector's first byte (an aligned
+// vector of at most 16 bytes lies in one 32-byte sector); the alignment test reads the real address
+template <typename V, typename T, typename I> V tx_load_vec(const tx_traced<T>& s, I i) {
+    tx_trace_list->push_back({s.array, (long long)i * (long long)sizeof(T)});
+    return *reinterpret_cast<const V*>(s.base + i);
+}
+template <typename T> bool tx_aligned16(const tx_traced<T>& p) {
+    return (reinterpret_cast<unsigned long long>(p.base) & 15ull) == 0;
+}
+
 // Shared-memory READS are recorded too, in a second list per thread: (element size, byte offset from the block's
 // shared memory), and WRITES in a third (exact per request where every lane writes as often as the others, as a
 // block tile's copy does; a window copy's lanes outside the patch skip theirs, which shifts the k-th write of

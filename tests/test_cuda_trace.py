@@ -38,9 +38,12 @@ def test_broadcast_and_contiguous_loads_are_counted_exactly(traffic):
     forward = traffic["Dist forward untiled"]
     assert forward.array("W").broadcasts == forward.array("W").requests
     assert forward.array("W").sectors == 1.0
-    # the elementwise row logsumexp gradient reads x along its rows: 32 lanes x 4 bytes = 4 sectors, one line
+    # the elementwise row logsumexp gradient reads x along its rows in vector lanes (tullax.compiler.vectorize):
+    # 32 lanes x 16 bytes = 16 sectors, four lines, each request covering 128 elements (the ideal)
     grad = traffic["row logsumexp gradient wrt x"]
-    assert grad.array("x").sectors == 4.0 and grad.array("x").lines == 1.0
+    assert grad.array("x").sectors == 16.0 and grad.array("x").lines == 4.0
+    # its row's l[i] and Δl[i] are read once for the thread's 4 lanes: one broadcast request each per warp
+    assert grad.array("l").requests == grad.array("l").broadcasts == 1 and grad.array("Δl").requests == 1
 
 
 # The hot loads still over 4 sectors per request (the row reductions' 32 sectors per request went with the

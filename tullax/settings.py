@@ -207,6 +207,10 @@ _ALL = (
              "The fewest steps along `t` at which a linear recurrence over few lanes (at most 8192) runs as a "
              "chunked scan on a GPU, a block per lane (tullax/compiler/scan_chunks.py), rather than a thread per "
              "lane walking `t`.", "cuda modules (the source changes)", _count),
+    _setting("TULLAX_CUDA_VECTORS", "a flag", True, "on", _FLAG,
+             "Whether elementwise kernels run 16-byte vector lanes (4 float32 or 2 float64 outputs per thread, "
+             "each input read and the output written as one vector where the arrays are aligned).",
+             "cuda modules (the source changes)", _flag),
     _setting("TULLAX_CUDA_COMMAND_BUFFER", "a flag", False, "off", _FLAG,
              "Marks device kernels `command_buffer_compatible`, so XLA may capture them in CUDA graphs.",
              "the traced operation", _flag),

@@ -42,8 +42,10 @@ from tullax.compiler.loops import (
     UnOp,
     Var,
     VectorLoad,
+    VectorStore,
     children,
     is_float,
+    statement_expressions,
 )
 from tullax.errors import TullaxError
 
@@ -118,8 +120,9 @@ def _block(stmts: tuple[Stmt, ...], env: dict[str, Interval], bound: Interval) -
                 _value(expr, env, bound)
         elif isinstance(stmt, Buffer):
             _value(stmt.length, env, bound)
-        elif isinstance(stmt, VectorLoad):
-            _value(stmt.start, env, bound)  # binds floats only
+        elif isinstance(stmt, (VectorLoad, VectorStore)):
+            for expr in statement_expressions(stmt):  # binds floats only
+                _value(expr, env, bound)
         elif isinstance(stmt, (Combine, Shared, Barrier)):
             continue  # floats only, or no values
         else:

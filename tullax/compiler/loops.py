@@ -67,6 +67,10 @@ Semantics printers must respect:
   aligned elements of a shared array into locals (one vector read where the target has one). CPU printers never
   receive such a kernel (only the cuda backend's launch planner makes one); the Julia printer prints it for
   KernelAbstractions.
+* ``LoopKernel.vector`` (``tullax.compiler.vectorize``, GPU printers only): each point of the innermost parallel
+  loop is a run of ``vector`` consecutive outputs along the output's last axis; under ``If(Var(ALIGNED))`` its
+  inputs are ``VectorLoad``s of kernel arrays and its output one ``VectorStore``, in the else the same lanes in
+  scalar reads and stores. ``Var(ALIGNED)`` is bound by the printer.
 """
 from __future__ import annotations
 
@@ -233,18 +237,35 @@ class Barrier:
 
 @dataclass(frozen=True)
 class VectorLoad:
-    """Block-tiled kernels: bind ``vars`` (new locals of ``dtype``) to ``len(vars)`` consecutive elements of the
-    ``Shared`` array ``array`` from position ``start``, a multiple of ``len(vars)`` (the stage guarantees it,
-    and a shared array starts 16-byte aligned): one vector read where the target has one (CUDA ``float4``,
-    ``double2``), else the same values as scalar reads."""
+    """Bind ``vars`` (new locals of ``dtype``) to ``len(vars)`` consecutive elements of ``array`` from the element
+    at ``index`` (one position per axis: a ``Shared`` array of a block-tiled kernel has one; a kernel array of a
+    vector-lane kernel, ``tullax.compiler.vectorize``, its rank, the run along its last axis): one vector read
+    where the target has one (CUDA ``float4``, ``double2``), else the same values as scalar reads. The stage
+    guarantees the first element's flat position is a multiple of ``len(vars)`` (a shared array starts 16-byte
+    aligned; a kernel array's vector reads stand under ``If(Var(ALIGNED))``)."""
 
     vars: tuple[str, ...]
     array: str
-    start: Expr
+    index: tuple[Expr, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class VectorStore:
+    """Vector-lane kernels (``tullax.compiler.vectorize``): set ``len(values)`` consecutive elements of kernel
+    array ``array`` along its last axis from the element at ``index`` (an aligned run, as ``VectorLoad``'s): one
+    vector write where the target has one, else scalar stores."""
+
+    array: str
+    index: tuple[Expr, ...]
+    values: tuple[Expr, ...]
     dtype: str
 
 
 THREAD = "thread"  # block-tiled kernels: the thread's position in its block, bound by the printer
+# vector-lane kernels: true where every array the kernel reads or writes in vectors starts 16-byte aligned, bound by
+# the printer (a bool); its If runs the vector reads, its else the same lanes in scalar reads
+ALIGNED = "aligned"
 
 
 @dataclass(frozen=True)
@@ -264,7 +285,7 @@ class BlockTile:
         return (self.rows // self.thread_rows) * (self.cols // self.thread_cols)
 
 
-Stmt = Union[Let, Accum, Store, If, Loop, Scratch, Buffer, Combine, Shared, Barrier, VectorLoad]
+Stmt = Union[Let, Accum, Store, If, Loop, Scratch, Buffer, Combine, Shared, Barrier, VectorLoad, VectorStore]
 
 
 @dataclass(frozen=True)
@@ -281,6 +302,7 @@ class LoopKernel:
     cooperative: bool = False  # one block per point of the parallel nest (``Loop.lanes``, ``Combine``)
     warp: bool = False  # with ``cooperative``: one warp per point instead of a block
     tile: BlockTile | None = None  # a block of tile.threads threads per point of the parallel nest
+    vector: int = 0  # vector-lane kernels (tullax.compiler.vectorize): the elements of a thread's run, else 0
 
     @property
     def interface(self) -> KernelInterface:
@@ -486,7 +508,9 @@ def statement_expressions(stmt: Stmt) -> tuple[Expr, ...]:
     if isinstance(stmt, Buffer):
         return (stmt.length,)
     if isinstance(stmt, VectorLoad):
-        return (stmt.start,)
+        return stmt.index
+    if isinstance(stmt, VectorStore):
+        return stmt.index + stmt.values
     if isinstance(stmt, (Scratch, Combine, Shared, Barrier)):
         return ()
     assert isinstance(stmt, Store), stmt

@@ -268,7 +268,7 @@ def _nest(loops: tuple[Loop, ...], pre: tuple[Let, ...], reduction: Loop, post: 
         for a in range(0, count, lanes):
             names = tuple(registers[s.name, a + n].name for n in range(lanes))
             start = layout.read_start(step, mine[s.side], a)
-            term_body.append(VectorLoad(names, s.name, start, s.load.dtype) if lanes > 1
+            term_body.append(VectorLoad(names, s.name, (start,), s.load.dtype) if lanes > 1
                              else Let(names[0], Load(s.name, (start,), s.load.dtype)))
     k_value = binop("+", first, step)
     for (a, b), ok in zip(copies, both):

@@ -46,6 +46,7 @@ from tullax.compiler.loops import (
     UnOp,
     Var,
     VectorLoad,
+    VectorStore,
     binop,
     const,
 )
@@ -135,6 +136,11 @@ class Place:
 # =============================================================================================
 # The printer
 # =============================================================================================
+def _along(index: tuple[Expr, ...], n: int) -> tuple[Expr, ...]:
+    """The position ``n`` elements further along the last axis."""
+    return index[:-1] + (binop("+", index[-1], const(n)),)
+
+
 class LoopPrinter(ABC):
     """Prints loop-IR expressions and statements from the class tables below; a target fills them in and
     implements the abstract hooks. Nothing here knows a target: no spelling, no layout, no library."""
@@ -279,6 +285,8 @@ class LoopPrinter(ABC):
                 line = self.barrier()
             case VectorLoad():
                 return self.vector_load(stmt, place)
+            case VectorStore():
+                return self.vector_store(stmt, place)
             case _:
                 raise TullaxError(f"internal error: no printer for the loop IR statement {stmt!r}")
         return [self.indent * place.depth + line + self.statement_end]
@@ -289,10 +297,16 @@ class LoopPrinter(ABC):
         raise TullaxError(f"internal error: {type(self).__name__} prints no block-tiled kernel (shared {stmt.var})")
 
     def vector_load(self, stmt: VectorLoad, place: Place) -> list[str]:
-        """Consecutive shared elements into locals: as scalar reads here; a printer with vector types overrides."""
-        lets = [Let(var, Load(stmt.array, (binop("+", stmt.start, const(n)),), stmt.dtype))
-                for n, var in enumerate(stmt.vars)]
+        """Consecutive elements (along the last axis) into locals: as scalar reads here; a printer with vector
+        types overrides."""
+        lets = [Let(var, Load(stmt.array, _along(stmt.index, n), stmt.dtype)) for n, var in enumerate(stmt.vars)]
         return [line for let in lets for line in self.statement(let, place)]
+
+    def vector_store(self, stmt: VectorStore, place: Place) -> list[str]:
+        """Consecutive elements (along the last axis) set: as scalar stores here; a printer with vector types
+        overrides."""
+        stores = [Store(stmt.array, _along(stmt.index, n), value) for n, value in enumerate(stmt.values)]
+        return [line for store in stores for line in self.statement(store, place)]
 
     def barrier(self) -> str:
         raise TullaxError(f"internal error: {type(self).__name__} prints no block-tiled kernel (a barrier)")

@@ -231,11 +231,15 @@ class CLikePrinter(LoopPrinter):
 
     def element(self, array: str, index: Sequence[Expr]) -> str:
         """``a[offset]`` with the row-major offset ``(i0 * a_e1 + i1) * a_e2 + i2``."""
+        return f"{array}[{self.expr(self.offset(array, index))}]"
+
+    def offset(self, array: str, index: Sequence[Expr]) -> Expr:
+        """The row-major flat position of ``array[index]``: ``(i0 * a_e1 + i1) * a_e2 + i2``."""
         offset: Expr = const(0)
         for axis, position in enumerate(index):
             scaled = binop("*", offset, Var(extent_name(array, axis), INDEX)) if axis else offset
             offset = binop("+", scaled, position)
-        return f"{array}[{self.expr(offset)}]"
+        return offset
 
 
 # =============================================================================================

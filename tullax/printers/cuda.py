@@ -53,6 +53,7 @@ from typing import ClassVar, Mapping, Sequence
 from tullax._version import __version__
 from tullax.compiler.intervals import loaded_index
 from tullax.compiler.loops import (
+    ALIGNED,
     INDEX,
     THREAD,
     Barrier,
@@ -68,10 +69,12 @@ from tullax.compiler.loops import (
     Store,
     Var,
     VectorLoad,
+    VectorStore,
     binop,
     const,
     walk_stmts,
 )
+from tullax.compiler.vectorize import vector_arrays
 from tullax.errors import TullaxError
 from tullax.printers.base import LoopPrinter, Place, Precedence
 from tullax.printers.clike import (
@@ -198,16 +201,26 @@ class CudaPrinter(ComplexCuda, CLikePrinter):
         return f"{storage_type(loaded.dtype)} {LoopPrinter.let(self, stmt)}"
 
     def vector_load(self, stmt: VectorLoad, place: Place) -> list[str]:
-        """One 8- or 16-byte shared read (LDS.64, LDS.128) where CUDA has the vector type, unpacked into the
-        locals; scalar reads otherwise."""
+        """One 8- or 16-byte read (shared: LDS.64, LDS.128; global: LDG.E.64, LDG.E.128) where CUDA has the vector
+        type, unpacked into the locals; scalar reads otherwise."""
         vector = _VECTORS.get((stmt.dtype, len(stmt.vars)))
         if vector is None:
             return super().vector_load(stmt, place)
         pad, kind = self.indent * place.depth, self.type_name(stmt.dtype)
         packed = f"{stmt.vars[0]}_v"
-        read = f"tx_load_vec<{vector}, {kind}>({stmt.array}, {self.expr(stmt.start)})"
+        read = f"tx_load_vec<{vector}, {kind}>({stmt.array}, {self.expr(self.offset(stmt.array, stmt.index))})"
         lines = [f"{pad}const {vector} {packed} = {read};"]
         return lines + [f"{pad}{kind} {var} = {packed}.{part};" for var, part in zip(stmt.vars, "xyzw")]
+
+    def vector_store(self, stmt: VectorStore, place: Place) -> list[str]:
+        """One 16-byte write (STG.E.128) where CUDA has the vector type; scalar stores otherwise."""
+        vector = _VECTORS.get((stmt.dtype, len(stmt.values)))
+        if vector is None:
+            return super().vector_store(stmt, place)
+        pad, kind = self.indent * place.depth, self.type_name(stmt.dtype)
+        values = ", ".join(self.expr(v) for v in stmt.values)
+        at = self.expr(self.offset(stmt.array, stmt.index))
+        return [f"{pad}tx_store_vec<{vector}, {kind}>({stmt.array}, {at}, {vector}{{{values}}});"]
 
     def helper_name(self, name: str, dtype: str) -> str:
         """Binary helpers get their template argument (an index operand and a literal would otherwise deduce two
@@ -282,6 +295,9 @@ def kernel_function(kernel: LoopKernel, index_bits: int) -> str:
         lines.append(f"        const {index} {loops[k].var} = {position};")
         if k:
             lines.append(f"        {rest} /= tx_ext{k};")
+    if kernel.vector:  # the vector reads and writes only where every array they touch is 16-byte aligned
+        tests = " && ".join(f"tx_aligned16({name})" for name in vector_arrays(kernel)) or "true"
+        lines.append(f"        const bool {ALIGNED} = {tests};")
     lines += printer.block(body, CudaPlace(2))
     lines += ["    }", "}"]
     return "\n".join(lines) + "\n"
@@ -314,6 +330,13 @@ template <typename T> __device__ __forceinline__ T tx_shfl_xor(unsigned mask, T 
 // start 16-byte aligned. T explicit: a traced shared array (the memory-traffic tracer) converts to T*.
 template <typename V, typename T, typename I> __device__ __forceinline__ V tx_load_vec(const T* p, I i) {
     return *reinterpret_cast<const V*>(p + i);
+}
+template <typename V, typename T, typename I> __device__ __forceinline__ void tx_store_vec(T* p, I i, V v) {
+    *reinterpret_cast<V*>(p + i) = v;
+}
+// Whether p is 16-byte aligned (a vector-lane kernel's test of its arrays, tullax.compiler.vectorize)
+template <typename T> __device__ __forceinline__ bool tx_aligned16(const T* p) {
+    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
 }
 struct tx_op_add { template <typename T> __device__ static T apply(T a, T b) { return a + b; } };
 struct tx_op_max { template <typename T> __device__ static T apply(T a, T b) { return tx_max<T>(a, b); } };

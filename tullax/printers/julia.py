@@ -60,6 +60,7 @@ from typing import Sequence
 
 from tullax._version import __version__
 from tullax.compiler.loops import (
+    ALIGNED,
     INDEX,
     LoopKernel,
     Var,
@@ -120,6 +121,8 @@ def kernel_function(kernel: LoopKernel, flavour: Flavour) -> str:
             position = binop("+", binop("-", Var(name, INDEX), const(1)), loop.start)
             lines.append(f"    {loop.var} = {printer.expr(position)}")
     lines.append("    @inbounds begin")
+    if kernel.vector:  # vector lanes (tullax.compiler.vectorize): printed here as scalar reads, so any address will do
+        lines.append(f"        {ALIGNED} = true")
     lines += printer.block(body, Place(2))
     lines.append("    end")
     lines.append("end")

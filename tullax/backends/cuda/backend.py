@@ -24,6 +24,7 @@ from tullax.backends.cuda.launch import (
     START_GIVEN,
     START_ZERO,
     TILES_ENV,
+    VECTORS_ENV,
     LaunchPlan,
     ParamBlock,
     device_lowering,
@@ -81,7 +82,7 @@ def table_key(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, 
     """What a built kernel is kept under in this process: the call, and the settings that choose its schedule
     (a process that changes one, as benchmarks/scan_gpu.py does, gets the other kernel)."""
     return (spec, signature, tuple(sorted((name, tuple(shape)) for name, shape in shapes.items())),
-            tuple(settings.value(name) for name in (SPLIT_ENV, TILES_ENV, SCAN_CHUNKS_ENV)), zero_start)
+            tuple(settings.value(name) for name in (SPLIT_ENV, TILES_ENV, SCAN_CHUNKS_ENV, VECTORS_ENV)), zero_start)
 
 
 def device_kernel(spec: Spec, signature: Signature, shapes: Mapping[str, tuple[int, ...]],

@@ -23,6 +23,8 @@ from tullax.compiler.scan_block import block_per_row as scan_block_per_row
 from tullax.compiler.scan_chunks import chunked_scan
 from tullax.compiler.split import SplitPolicy, split_sums
 from tullax.compiler.tiles import TilePolicy, block_tiles
+from tullax.compiler.vectorize import ENV as VECTORS_ENV
+from tullax.compiler.vectorize import vectorize
 from tullax.compiler.window_tiles import window_tiles
 from tullax.printers.cuda import BLOCK_THREADS, Parameter, parameters
 from tullax.printers.launch import ndrange_extents
@@ -113,9 +115,11 @@ def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, 
     for long rows over enough elements, a warp per element for medium rows over many
     (``tullax.compiler.cooperate``, as ``cooperation`` says); a plain sum over few output elements split over
     more threads (``tullax.compiler.split``); a block per element for long rows over few; the default lowering,
-    one thread per output element (or per register tile); for a recurrence, a thread per lane walking ``t``, or
-    where its state mixes the lanes a block per batch row (``tullax.compiler.scan_block``), or where it is linear,
-    long and over few lanes a block per lane with ``t`` in chunks (``tullax.compiler.scan_chunks``)."""
+    one thread per output element (or per register tile), or for an elementwise kernel per run of 16 bytes
+    (``tullax.compiler.vectorize``; off under ``TULLAX_CUDA_VECTORS=0``); for a recurrence, a thread per lane
+    walking ``t``, or where its state mixes the lanes a block per batch row (``tullax.compiler.scan_block``), or
+    where it is linear, long and over few lanes a block per lane with ``t`` in chunks
+    (``tullax.compiler.scan_chunks``)."""
     plain: LoopKernel | None = None
     sizes: dict[str, int] = {}
     # a recurrence's reductions run inside each sequential step of its one thread per lane
@@ -151,6 +155,9 @@ def device_lowering(spec: Spec, signature: Any, shapes: Mapping[str, tuple[int, 
         sizes = size_values(kernel, shapes)  # per row, a barrier per step
         kernel = (chunked_scan(kernel, spec, signature, sizes, lower, settings.value(SCAN_CHUNKS_ENV))
                   or scan_block_per_row(kernel, spec, sizes) or kernel)
+    elif settings.value(VECTORS_ENV):  # an elementwise kernel: runs of 16 bytes per thread
+        lengths = {a.name: tuple(shapes[a.source]) for a in kernel.arrays}
+        kernel = vectorize(kernel, size_values(kernel, shapes), lengths) or kernel
     return kernel, plan_launch(kernel, spec, shapes, signature.out_dtype)
 
 
