@@ -134,7 +134,8 @@ def _scan_gradient(program: Program, backend: str, ranges: Mapping | None, skip:
     if program.step is None or backend not in ADJOINT_BACKENDS:
         return None
     on = "c" if backend == "auto" else backend
-    return ScanProgramGradient(program, lambda text: ProgramKernel(text, backend=on, ranges=ranges), ranges, skip)
+    return ScanProgramGradient(program, lambda text, more=None: ProgramKernel(
+        text, backend=on, ranges={**(ranges or {}), **(more or {})} or None), ranges, skip)
 
 
 def _scan_lowering(program: Program, skip: set[str]) -> Any:
