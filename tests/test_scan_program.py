@@ -339,16 +339,17 @@ def _two_readers(w, x, h0):
 @pytest.mark.parametrize("backend", ["c", "numba"])
 @pytest.mark.parametrize("name", ["mlp7024", "reverse", "two_readers"])
 def test_reverse_mode_runs_the_derived_adjoint_kernels_not_jaxs_derivative_of_the_lax_scan(name, backend):
-    """With fuse='grad', the gradient of a scan program whose step reads its previous state is tullax's derived
-    adjoint (by default JAX differentiates the lax.scan lowering, faster while the parallel part is unfused): one fused
+    """With fuse='grad' (and by default on c), the gradient of a scan program whose step reads its previous state is
+    tullax's derived adjoint: one fused
     reverse-scan kernel (the locals recomputed per step), then the flat program's gradient kernels; no lax.scan
     anywhere in grad's jaxpr (JAX differentiating the lowering runs one). Every input, eager and jit, f64 and
     f32, against jax.grad of the hand-written lax.scan; and a second order (grad of grad) through them."""
     case = BY_NAME.get(name) or Case(name, TWO_READERS, _two_readers, ((3, 6), (3, 6), (3,)), False)
     kernel = tullax.einsum_kernel(case.spec, backend=backend, fuse="grad")
     assert kernel.gradient.adjoint is not None
-    if name in BY_NAME:  # by default: JAX's derivative of the lax.scan lowering
-        assert _kernel(name, backend).gradient is None
+    if name in BY_NAME:  # by default the derived adjoint on c; numba and fuse=False: JAX's derivative of the lax.scan
+        assert (_kernel(name, backend).gradient is not None) == (backend == "c")
+        assert tullax.einsum_kernel(case.spec, backend=backend, fuse=False).gradient is None
     with jax.enable_x64(True):
         for dtype in ("float64", "float32"):
             args = [jnp.asarray(a) for a in _inputs(case, dtype, seed=5)]
