@@ -1,6 +1,9 @@
 """A scan program's reverse mode through its derived adjoint (``tullax.grad.scan_program``): a ``custom_vjp``
 whose backward runs the adjoint program (one reverse-scan kernel: the step's locals recomputed per step) and then
-the gradients of the flat program with the adjoint's cotangent (parallel kernels over every step at once).
+the gradients of the flat program with the adjoint's cotangent, over every step at once: its gradient tails over the
+scan's rows (``tullax.api.fused_grad.gradient_tails``: one row program for the locals and their cotangents, a
+statement per partial), the weights' unary terms hoisted (``tullax.api.hoist_terms``); JAX's VJP of the flat kernel
+where the tails do not cover every input.
 
 Forward mode (``jvp``, ``jacfwd``, a Hessian's outer ``jacfwd``), whose tracers a ``custom_vjp`` cannot take,
 and the programs whose adjoint is not derived run the forward unwrapped: JAX differentiates its ``lax.scan``
