@@ -119,7 +119,10 @@ class ScanProgramGradient:
         from tullax.api.fused_call import _tails
 
         tails = self.tails(tuple(wrt), {n: tuple(env[n].shape) for n in wrt}) if wrt else None
-        found = _tails(tails[0], {**fixed, a.seed: g, **tails[1].values(env)}, wrt) if tails else {}
+        try:
+            found = _tails(tails[0], {**fixed, a.seed: g, **tails[1].values(env)}, wrt) if tails else {}
+        except TullaxError:  # a tail's kernel refusing these shapes at trace time: the flat kernel's VJP instead
+            found = {}
         if len(found) != len(wrt):  # no tails: the flat kernel's VJP, its statements' gradients one by one
             found = dict(zip(wrt, jax.vjp(run, *(fixed[n] for n in wrt))[1](g)))
         if a.init and a.init not in self.skip:
