@@ -339,16 +339,17 @@ def _two_readers(w, x, h0):
 @pytest.mark.parametrize("backend", ["c", "numba"])
 @pytest.mark.parametrize("name", ["mlp7024", "reverse", "two_readers"])
 def test_reverse_mode_runs_the_derived_adjoint_kernels_not_jaxs_derivative_of_the_lax_scan(name, backend):
-    """With fuse='grad', the gradient of a scan program whose step reads its previous state is tullax's derived
-    adjoint (by default JAX differentiates the lax.scan lowering, faster while the parallel part is unfused): one fused
+    """With fuse='grad' (and by default on c), the gradient of a scan program whose step reads its previous state is
+    tullax's derived adjoint: one fused
     reverse-scan kernel (the locals recomputed per step), then the flat program's gradient kernels; no lax.scan
     anywhere in grad's jaxpr (JAX differentiating the lowering runs one). Every input, eager and jit, f64 and
     f32, against jax.grad of the hand-written lax.scan; and a second order (grad of grad) through them."""
     case = BY_NAME.get(name) or Case(name, TWO_READERS, _two_readers, ((3, 6), (3, 6), (3,)), False)
     kernel = tullax.einsum_kernel(case.spec, backend=backend, fuse="grad")
     assert kernel.gradient.adjoint is not None
-    if name in BY_NAME:  # by default: JAX's derivative of the lax.scan lowering
-        assert _kernel(name, backend).gradient is None
+    if name in BY_NAME:  # by default the derived adjoint on c; numba and fuse=False: JAX's derivative of the lax.scan
+        assert (_kernel(name, backend).gradient is not None) == (backend == "c")
+        assert tullax.einsum_kernel(case.spec, backend=backend, fuse=False).gradient is None
     with jax.enable_x64(True):
         for dtype in ("float64", "float32"):
             args = [jnp.asarray(a) for a in _inputs(case, dtype, seed=5)]
@@ -419,3 +420,40 @@ def test_the_steps_short_sums_of_sigmoids_run_on_vector_lanes_and_long_ones_as_w
         out = np.full(shapes[fused.output], np.nan, dtype)
         host_program("c", fused.kernel)(out, values, shapes)
         _close(out, _oracle(case, args), dtype)
+
+
+def test_hoisted_terms_are_a_weights_unary_calls_at_plain_or_shifted_indices():
+    from tullax.api.hoist_terms import hoist_terms
+
+    got = hoist_terms(["Δw[m,j] := d[b,t,j]*softplus(w[m,j])*u[b,t,pad(m-1)]*tanh(u[b,t,m])",
+                       "x[b,t,i] := d[b,t,j]*softplus(w[pad(i+1),j])*sigmoid(w[i+1,j])"], ("b", "t"), ("w", "u", "d"))
+    # a padded read stays (softplus of the zero outside w is not zero); a row-indexed input stays
+    assert got.texts == ("Δw[m,j] := d[b,t,j]*softplus_w[m,j]*u[b,t,pad(m-1)]*tanh(u[b,t,m])",
+                         "x[b,t,i] := d[b,t,j]*softplus(w[pad(i+1),j])*sigmoid_w[i+1,j]")
+    assert got.arrays == {"softplus_w": ("softplus", "w"), "sigmoid_w": ("sigmoid", "w")}
+
+
+@pytest.mark.parametrize("backend", ["c", "numba", "xla"])
+def test_the_flat_gradient_is_one_row_program_and_a_statement_per_partial_with_the_weights_terms_hoisted(backend):
+    """The derived adjoint's parallel part, issue 7024's loop: the flat program's gradient tails over the scan's
+    rows (``tullax.api.fused_grad.gradient_tails``): the step's local and its cotangent once per row, then one
+    statement per partial, each reading the weights' softplus computed once over the weight, not at every step
+    (JAX's VJP of the flat kernel recomputed them in every statement's gradient). Eager and jit, f64 and f32,
+    against jax.grad of the hand-written lax.scan."""
+    case = BY_NAME["mlp7024"]
+    kernel = tullax.einsum_kernel(case.spec, backend=backend, fuse="grad")
+    with jax.enable_x64(True):
+        for dtype in ("float64", "float32"):
+            args = [jnp.asarray(a) for a in _inputs(case, dtype, seed=3)]
+            loss = jax.grad(lambda *a: (kernel(*a) ** 2).sum(), (0, 1, 2, 3))
+            wide = [jnp.asarray(a, jnp.float64) for a in args]
+            expected = jax.grad(lambda *a: (case.oracle(*a) ** 2).sum(), (0, 1, 2, 3))(*wide)
+            for got in (loss(*args), jax.jit(loss)(*args)):
+                for g, w, a in zip(got, expected, args):
+                    assert g.dtype == a.dtype
+                    _close(g, np.asarray(w), dtype)
+    (found,) = {k: v for k, v in kernel.gradient._tails.items() if v is not None}.values()
+    (rows, outputs, partials), hoisted = found
+    assert outputs == ("a", "Δa") and {n: len(p) for n, p in partials.items()} == {"W1": 2, "u": 1, "W2": 1}
+    assert set(hoisted.arrays) == {"softplus_W1", "softplus_W2", "sigmoid_W1", "sigmoid_W2"}
+    assert "softplus(W" not in rows.source and "softplus(W" not in partials["W2"][0].source

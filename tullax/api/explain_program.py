@@ -56,8 +56,8 @@ def _scan_gradient_lines(program: Program) -> list[str]:
         adjoint = derive_scan_adjoint(program)
     except TullaxError as why:
         return [f"gradients: JAX's derivative of that lax.scan ({str(why).splitlines()[0]})"]
-    return ["gradients: by default JAX's derivative of that lax.scan; with fuse='grad' reverse mode (c, numba, xla, "
-            "auto) runs the derived adjoint (forward mode still differentiates the lax.scan):"
+    return ["gradients: reverse mode runs the derived adjoint on c and auto (with fuse='grad' on numba and xla too; "
+            "fuse=False, and forward mode, differentiate the lax.scan):"
             ] + adjoint.statements()
 
 

@@ -14,6 +14,8 @@ from tullax.api.kernel import Kernel
 from tullax.errors import ShapeError
 from tullax.spec.program import Program, analyze_program, statement_ranges
 
+DEFAULT_ADJOINT_BACKENDS = ("c", "auto")  # a scan program's derived adjoint without fuse='grad'
+
 
 class ProgramKernel:
     """A compiled program. Call it with its external inputs positionally (in order of first appearance) or by
@@ -52,9 +54,11 @@ class ProgramKernel:
         self._xla = ProgramKernel(source, backend="xla", ranges=ranges, nograd=nograd) if (
             backend == "auto" and self.fusion is not None) else None
         self.plans: dict[tuple, tuple[str, list]] = {}  # call shapes and dtypes -> (winner, timings)
-        # a scan program's reverse mode with fuse='grad': its derived adjoint's kernels (``tullax.api.scan_adjoint``;
-        # by default JAX differentiates the lax.scan lowering, faster while the parallel part runs unfused)
-        self.gradient = _scan_gradient(self.program, backend, ranges, frozenset(skip)) if fuse == "grad" else None
+        # a scan program's reverse mode: its derived adjoint's kernels (``tullax.api.scan_adjoint``), by default on
+        # c and auto (where it was measured faster than JAX's derivative of the lax.scan lowering), with
+        # fuse='grad' on numba and xla too
+        self.gradient = _scan_gradient(self.program, backend, ranges, frozenset(skip)) if (
+            fuse == "grad" or (fuse and backend in DEFAULT_ADJOINT_BACKENDS)) else None
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -134,7 +138,8 @@ def _scan_gradient(program: Program, backend: str, ranges: Mapping | None, skip:
     if program.step is None or backend not in ADJOINT_BACKENDS:
         return None
     on = "c" if backend == "auto" else backend
-    return ScanProgramGradient(program, lambda text: ProgramKernel(text, backend=on, ranges=ranges), ranges, skip)
+    return ScanProgramGradient(program, lambda text, more=None: ProgramKernel(
+        text, backend=on, ranges={**(ranges or {}), **(more or {})} or None), ranges, skip)
 
 
 def _scan_lowering(program: Program, skip: set[str]) -> Any:

@@ -19,8 +19,9 @@ step, then their cotangents, never arrays)::
     local cy1[b,t] := Δa[b,t,j]*(...)
     cy[b,t] := cy1[b,t]   (t scan reverse)
 
-Then every input's gradient is the flat program's, with ``g`` as its cotangent: all steps at once (parallel
-kernels reading ``g`` and the stored trajectory), and the initial state's is ``c[0]``. Steps that read their
+Then every input's gradient is the flat program's, with ``g`` as its cotangent: all steps at once (its gradient
+tails over the scan's rows, ``tullax.api.scan_adjoint``, reading ``g`` and the stored trajectory), and the initial
+state's is ``c[0]``. Steps that read their
 state further back than one step (depth > 1) are not derived here (``NotDerived``): JAX differentiates their
 ``lax.scan`` lowering.
 """
@@ -62,7 +63,8 @@ class ScanAdjoint:
         first = f" ({self.init} at the first step)" if self.init else " (0 at the first step)"
         return [f"  {self.previous} is {self.out} {back}{first}; the reverse scan, one kernel, locals recomputed per "
                 f"step:"] + [f"    {line}" for line in self.adjoint.split("\n")] + [
-            f"  then every input's gradient at once: the gradients of this flat program at the cotangent "
+            f"  then every input's gradient at once: this flat program's gradient tails over the rows (one row "
+            f"program, then a statement per partial; the weights' unary terms computed once) at the cotangent "
             f"{self.seed} + {self.state} one step {'back' if self.reverse else 'on'}:"] + [
             f"    {line}" for line in self.flat.split("\n")] + (
             [f"  Δ{self.init}: {self.state} at the first step"] if self.init else [])
