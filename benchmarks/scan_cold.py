@@ -1,7 +1,8 @@
 """The complex LRU gradient (``benchmarks/scan.py --complex``'s, T=1024 by default) timed in two rotations: tullax
 and lax.scan alone, and with associative_scan's gradient between them (``scan.py``'s rotation), which moves
 hundreds of MB and leaves the caches cold for the next call. Process CPU time, its system part (``getrusage``)
-and context switches, medians; results go to stdout (``--out``: a JSON file).
+and context switches, medians; then the gradient's kernels alone (forward, the adjoint scan, Δx) in the cold
+rotation. Results go to stdout (``--out``: a JSON line appended to a file).
 
     PYTHONPATH=$PWD python benchmarks/scan_cold.py [--T 1024] [--rounds 31] [--out FILE]
 """
@@ -28,8 +29,11 @@ def main() -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:0] = [here, os.path.dirname(here)]
     import jax
+    import jax.numpy as jnp
     import numpy as np
     from scan import operations, subjects
+
+    import tullax
 
     batch, n = 16, 64
     rng = np.random.default_rng(0)
@@ -61,6 +65,27 @@ def main() -> int:
         print(f"T={args.T} threads={record['threads']} [{key}] " + "  ".join(
             f"{name} {r['cpu_ms']:.3f} ms (sys {r['sys_ms']:.3f})" for name, r in row.items()) +
             f"  lax.scan/tullax x{row['lax.scan']['cpu_ms'] / row['tullax']['cpu_ms']:.2f}")
+    forward = tullax.einsum_kernel("h[b,t,n] := lam[n]*h[b,t-1,n] + x[b,t,n]  (t scan from h0)", backend="c")
+    adjoint = tullax.einsum_kernel("g[b,t,n] := d[b,t,n] + lam[n]*g[b,t+1,n]  (t scan reverse)", backend="c")
+    dx = tullax.einsum_kernel("dx[b,t,n] := real(g[b,t,n])", backend="c")
+    cotangent = jnp.asarray(weight.astype(lam.dtype))
+    parts = {"forward": (jax.jit(forward), (lam, x, h0)), "adjoint": (jax.jit(adjoint), (cotangent, lam)),
+             "dx": (jax.jit(dx), (adjoint(cotangent, lam),)),
+             "associative_scan": (grads["associative_scan"], (lam, x, h0))}
+    times = {name: [] for name in parts}
+    for f, a in parts.values():
+        jax.block_until_ready(f(*a))
+    for _ in range(args.rounds):
+        for name, (f, a) in parts.items():
+            before, start = resource.getrusage(resource.RUSAGE_SELF), time.process_time()
+            jax.block_until_ready(f(*a))
+            cpu, after = time.process_time() - start, resource.getrusage(resource.RUSAGE_SELF)
+            times[name].append((cpu, after.ru_stime - before.ru_stime))
+    record["parts_cold"] = {name: {"cpu_ms": 1e3 * statistics.median(t[0] for t in v),
+                                   "sys_ms": 1e3 * statistics.median(t[1] for t in v)} for name, v in times.items()}
+    record["GOMP_SPINCOUNT"] = os.environ.get("GOMP_SPINCOUNT", "")
+    print(f"T={args.T} threads={record['threads']} parts, cold: " + "  ".join(
+        f"{name} {r['cpu_ms']:.3f} ms (sys {r['sys_ms']:.3f})" for name, r in record["parts_cold"].items()))
     if args.out:
         with open(args.out, "a") as fh:
             fh.write(json.dumps(record) + "\n")
