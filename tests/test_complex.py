@@ -124,7 +124,7 @@ def test_a_finaliser_expression_on_complex_values_is_a_spec_error_the_function_f
     np.testing.assert_allclose(tullax.einsum_kernel("s[i] := x[i,j] |> abs", backend="xla")(x), [3, 3])
 
 
-@pytest.mark.parametrize("backend", ["xla", "c"])
+@pytest.mark.parametrize("backend", ["c", "numba", "xla"])
 def test_a_finaliser_linear_in_the_hole_on_complex_values_and_its_gradient(backend):
     """``_ + y[i]``, ``y[i] - _``, ``_ * y[i]``: holomorphic, so the finaliser's gradient is complex-correct
     (the adjoint of a recurrence that mixes its lanes is one); ``abs(_) + 1`` stays refused above."""
