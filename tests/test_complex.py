@@ -124,6 +124,30 @@ def test_a_finaliser_expression_on_complex_values_is_a_spec_error_the_function_f
     np.testing.assert_allclose(tullax.einsum_kernel("s[i] := x[i,j] |> abs", backend="xla")(x), [3, 3])
 
 
+@pytest.mark.parametrize("backend", ["c", "numba", "xla"])
+def test_a_finaliser_linear_in_the_hole_on_complex_values_and_its_gradient(backend):
+    """``_ + y[i]``, ``y[i] - _``, ``_ * y[i]``: holomorphic, so the finaliser's gradient is complex-correct
+    (the adjoint of a recurrence that mixes its lanes is one); ``abs(_) + 1`` stays refused above."""
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3)) + 1j * rng.normal(size=(2, 3))
+    y, w = (rng.normal(size=2) + 1j * rng.normal(size=2) for _ in range(2))
+    kernel = tullax.einsum_kernel("s[i] := x[i,j] |> -(y[i] - _ * y[i]) + _", backend=backend)
+
+    def loss(f):
+        return lambda x, y: jnp.sum(jnp.real(w * f(x, y)) + jnp.abs(f(x, y)) ** 2)
+
+    def want(x, y):
+        return -(y - x.sum(1) * y) + x.sum(1)
+    with jax.enable_x64(True):
+        np.testing.assert_allclose(kernel(x=x, y=y), want(x, y), rtol=1e-12)
+        for got, exp in zip(jax.grad(loss(lambda x, y: kernel(x=x, y=y)), (0, 1))(x, y),
+                            jax.grad(loss(want), (0, 1))(x, y)):
+            np.testing.assert_allclose(got, exp, rtol=1e-12)
+
+
 def test_the_cuda_printer_prints_complex_and_the_backend_refuses_to_launch_it():
     """The printed CUDA C has complex structs (run by the host harness: tests/test_cuda_complex.py); until a GPU
     has run them the cuda backend refuses a complex launch with a clear error."""

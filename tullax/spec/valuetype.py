@@ -101,6 +101,26 @@ def result_is_complex(spec: Spec, names: frozenset[str]) -> bool:
     return value or (spec.assign != ":=" and spec.out in names)
 
 
+def _has_hole(expr: Expr) -> bool:
+    return any(isinstance(node, Hole) for node in walk(expr))
+
+
+def _linear_in_hole(expr: Expr) -> bool:
+    """``_`` reaches ``expr`` through sums, differences, negation and products with ``_``-free factors only
+    (``_ + Δh[b,t,m]``, the adjoint of a recurrence that mixes its lanes): a holomorphic finaliser, whose
+    derivative w.r.t. ``_`` is a constant, so its gradient needs no complex-aware derivative of a function."""
+    if isinstance(expr, Hole) or not _has_hole(expr):
+        return True
+    if isinstance(expr, Unary):
+        return _linear_in_hole(expr.arg)
+    if isinstance(expr, Binary) and expr.op in ("+", "-"):
+        return _linear_in_hole(expr.lhs) and _linear_in_hole(expr.rhs)
+    if isinstance(expr, Binary) and expr.op == "*":
+        return (not _has_hole(expr.lhs) and _linear_in_hole(expr.rhs)) or \
+            (not _has_hole(expr.rhs) and _linear_in_hole(expr.lhs))
+    return False
+
+
 def check_complex(spec: Spec, names: frozenset[str]) -> None:
     """A SpecError for what has no meaning on complex values: orderings of them (comparisons, max/min, relu,
     sigmoid, softplus, a condition of ifelse, a (max)/(min)/(logsumexp) reduction) and a real-only finaliser."""
@@ -116,10 +136,11 @@ def check_complex(spec: Spec, names: frozenset[str]) -> None:
     if spec.finalizer is not None:
         inner = _finalizer_names(spec, names)
         if not (isinstance(spec.finalizer, Call) and len(spec.finalizer.args) == 1
-                and isinstance(spec.finalizer.args[0], Hole)) and any(
+                and isinstance(spec.finalizer.args[0], Hole)) and not _linear_in_hole(spec.finalizer) and any(
                 is_complex(node, inner) for node in walk(spec.finalizer)):
             raise SpecError(f"a finaliser expression on complex values ({format_expr(spec.finalizer)}) is not "
-                            "supported: write the function form (|> abs) or move the expression into the body")
+                            "supported: write the function form (|> abs), a form linear in _ (|> _ + b[i]) or move the "
+                            "expression into the body")
         check_complex(replace(spec, body=spec.finalizer, finalizer=None, redop="+"), inner)
     while stack:
         node = stack.pop()
