@@ -5,6 +5,8 @@ max/min reduction, in every row, in a scalar (prange) reduction, in a tiled redu
 functions. The reference is NumPy (np.max / np.maximum propagate NaN)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from loop_backends import every_backend, skip_unavailable
@@ -51,12 +53,18 @@ CASES = [
 ]
 
 
+def _tiers() -> str:
+    """The c tiers these tests run: the optimised build alone ("off"), unless the run names its own
+    (test_c_tiers runs this file on the fast tier alone, "only")."""
+    return os.environ.get("TULLAX_C_TIERS") or "off"
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("backend", every_backend())
 @pytest.mark.parametrize("spec, reference", CASES, ids=[c[0] for c in CASES])
 def test_nan_propagates(spec, reference, backend, dtype, monkeypatch):
     skip_unavailable(backend)
-    monkeypatch.setenv("TULLAX_C_TIERS", "off")  # c: the optimised build (its vector lanes), not the fast tier's
+    monkeypatch.setenv("TULLAX_C_TIERS", _tiers())  # c: the optimised build (its vector lanes), not the fast tier's
     kernel = tullax.einsum_kernel(spec, backend=backend)
     for x in _inputs():
         x = x.astype(dtype)
@@ -97,7 +105,7 @@ LENGTHS = (*range(1, 10), 12, 15, 16, 17, 23, 24, 25, 31, 32, 33)
 def test_a_row_max_or_min_keeps_nan_and_infinities_at_every_position_of_every_length(spec, reference, backend,
                                                                                      dtype, monkeypatch):
     skip_unavailable(backend)
-    monkeypatch.setenv("TULLAX_C_TIERS", "off")  # the optimised build's vector lanes, never the fast tier's loop
+    monkeypatch.setenv("TULLAX_C_TIERS", _tiers())  # the optimised build's vector lanes, not the fast tier's loop
     kernel = tullax.einsum_kernel(spec, backend=backend)
     for length in LENGTHS if backend != "xla" else (1, 9, 33):  # xla: no lanes of ours, and a trace per shape
         x = _every_position(length)
