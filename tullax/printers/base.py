@@ -133,6 +133,20 @@ class Place:
     depth: int
 
 
+class SharedLanes:
+    """For printers of cooperating threads: counts the enclosing ``lanes`` loops (whose iterations the threads
+    share) while a loop prints, so that a store outside all of them is made by one thread and one inside by each."""
+
+    lanes_depth = 0
+
+    def loop(self, loop: Loop, place: Place) -> list[str]:
+        self.lanes_depth += loop.lanes
+        try:
+            return super().loop(loop, place)  # type: ignore[misc]
+        finally:
+            self.lanes_depth -= loop.lanes
+
+
 # =============================================================================================
 # The printer
 # =============================================================================================

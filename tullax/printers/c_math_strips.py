@@ -44,6 +44,42 @@ class Strip:
     stored: frozenset[str]
 
 
+def calls_libmvec(expr) -> bool:
+    """Whether ``expr`` calls a function glibc's libmvec has a vector clone of."""
+    return any(isinstance(n, Call) and n.fn in FUNCTIONS and FUNCTIONS[n.fn].libmvec for n in walk_expr(expr))
+
+
+def bound_counts(stmts: list) -> dict[str, int]:
+    """How often each name is bound (by a Let, an Accum or a Loop) among ``stmts``."""
+    bound: dict[str, int] = {}
+    for stmt in stmts:
+        if isinstance(stmt, (Let, Accum, Loop)):
+            bound[stmt.var] = bound.get(stmt.var, 0) + 1
+    return bound
+
+
+def ready_lets(stmts, var: str, bound: dict[str, int], stored: set[str]) -> dict[str, Let]:
+    """The Lets among ``stmts`` (a loop's leading statements) computable ahead of their iteration of loop ``var``:
+    bound once, reading no array the loop stores to, and no name the loop binds but other such Lets."""
+    ready: dict[str, Let] = {}
+    for let in stmts:
+        if not isinstance(let, Let) or bound[let.var] != 1:
+            continue
+        if not any(isinstance(n, Load) and n.array in stored for n in walk_expr(let.value)) and all(
+                name in ready or name not in bound for name in expr_vars(let.value) - {var}):
+            ready[let.var] = let
+    return ready
+
+
+def lets_needed(ready: dict[str, Let], names: set[str]) -> tuple[Let, ...]:
+    """The Lets of ``ready`` that ``names`` need, directly or through each other, in order."""
+    needed = set(names) & set(ready)
+    for let in reversed(list(ready.values())):
+        if let.var in needed:
+            needed |= expr_vars(let.value) & set(ready)
+    return tuple(let for let in ready.values() if let.var in needed)
+
+
 def math_strip_plan(loop: Loop) -> Strip | None:
     """The ``Strip`` of ``loop``, or None where none applies: a serial loop that holds a loop of its own (the loops
     that print as vector lanes hold none), a leading float Let calling a libmvec function, and no statement but Let,
@@ -55,28 +91,12 @@ def math_strip_plan(loop: Loop) -> Strip | None:
                                                                                        for s in stmts):
         return None
     count = next((n for n, s in enumerate(loop.body) if not isinstance(s, Let)), len(loop.body))
-    lead: list[Let] = list(loop.body[:count])  # type: ignore[arg-type]
-    bound: dict[str, int] = {}
-    for stmt in stmts:
-        if isinstance(stmt, (Let, Accum, Loop)):
-            bound[stmt.var] = bound.get(stmt.var, 0) + 1
-    stored_arrays = {s.array for s in stmts if isinstance(s, Store)}
-    ready: dict[str, Let] = {}  # the leading Lets computable ahead of their iteration
-    for let in lead:
-        loads = [n for n in walk_expr(let.value) if isinstance(n, Load)]
-        names = expr_vars(let.value) - {loop.var}
-        if (bound[let.var] == 1 and not any(n.array in stored_arrays for n in loads)
-                and all(name in ready or name not in bound for name in names)):
-            ready[let.var] = let
-    stored = {let.var for let in ready.values() if let.value.dtype in FLOATS and any(
-        isinstance(n, Call) and n.fn in FUNCTIONS and FUNCTIONS[n.fn].libmvec for n in walk_expr(let.value))}
+    ready = ready_lets(loop.body[:count], loop.var, bound_counts(stmts),
+                       {s.array for s in stmts if isinstance(s, Store)})
+    stored = {let.var for let in ready.values() if let.value.dtype in FLOATS and calls_libmvec(let.value)}
     if not stored:
         return None
-    needed = set(stored)
-    for let in reversed(list(ready.values())):
-        if let.var in needed:
-            needed |= expr_vars(let.value) & set(ready)
-    return Strip(tuple(let for let in ready.values() if let.var in needed), frozenset(stored))
+    return Strip(lets_needed(ready, stored), frozenset(stored))
 
 
 def math_strip_loop(printer: CLikePrinter, loop: Loop, place: CPlace, plan: Strip) -> list[str]:
@@ -104,4 +124,5 @@ def math_strip_loop(printer: CLikePrinter, loop: Loop, place: CPlace, plan: Stri
     return lines + [f"{pad}}}"]
 
 
-__all__ = ["STRIP", "Strip", "math_strip_loop", "math_strip_plan"]
+__all__ = ["STRIP", "Strip", "bound_counts", "calls_libmvec", "lets_needed", "math_strip_loop", "math_strip_plan",
+           "ready_lets"]

@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from tullax.compiler.loops import (
     INDEX,
     Accum,
-    Call,
     Const,
     If,
     Let,
@@ -32,8 +31,8 @@ from tullax.compiler.loops import (
     walk_stmts,
 )
 from tullax.printers.base import LoopPrinter
+from tullax.printers.c_math_strips import bound_counts, calls_libmvec, lets_needed, ready_lets
 from tullax.printers.clike import CLikePrinter, CPlace
-from tullax.spec.functions import FUNCTIONS
 
 STRIP = 16  # outer iterations per strip: two vectors of float32
 NEST = 8  # the most inner iterations a strip holds terms for
@@ -70,23 +69,13 @@ def nest_strip_plan(loop: Loop) -> NestStrip | None:
             isinstance(s, Let) for s in inner_lets):
         return None
     values = [s.value for s in inner_lets] + [term.value]
-    if not any(isinstance(n, Call) and n.fn in FUNCTIONS and FUNCTIONS[n.fn].libmvec
-               for value in values for n in walk_expr(value)):
+    if not any(calls_libmvec(value) for value in values):
         return None
-    bound: dict[str, int] = {}
-    for stmt in stmts:
-        if isinstance(stmt, (Let, Accum, Loop)):
-            bound[stmt.var] = bound.get(stmt.var, 0) + 1
+    bound = bound_counts(stmts)
     if (expr_vars(inner.start) | expr_vars(inner.stop)) & (set(bound) | {loop.var}):
         return None
     stored = {s.array for s in stmts if isinstance(s, Store)}
-    ready: dict[str, Let] = {}  # the outer loop's leading Lets computable ahead of their iteration
-    for let in loop.body[:position]:
-        if not isinstance(let, Let):
-            continue
-        if bound[let.var] == 1 and not any(isinstance(n, Load) and n.array in stored for n in walk_expr(let.value)) \
-                and all(name in ready or name not in bound for name in expr_vars(let.value) - {loop.var}):
-            ready[let.var] = let
+    ready = ready_lets(loop.body[:position], loop.var, bound, stored)
     own = {let.var for let in inner_lets}
     if any(bound[name] != 1 for name in own):
         return None
@@ -96,11 +85,8 @@ def nest_strip_plan(loop: Loop) -> NestStrip | None:
         if not all(name in ready or name in own or name not in bound
                    for name in expr_vars(value) - {loop.var, inner.var}):
             return None
-    needed = set().union(*(expr_vars(v) for v in values)) & set(ready)
-    for let in reversed(list(ready.values())):
-        if let.var in needed:
-            needed |= expr_vars(let.value) & set(ready)
-    return NestStrip(position, tuple(let for let in ready.values() if let.var in needed), inner, term)
+    lets = lets_needed(ready, set().union(*(expr_vars(v) for v in values)))
+    return NestStrip(position, lets, inner, term)
 
 
 def nest_strip_loop(printer: CLikePrinter, loop: Loop, place: CPlace, plan: NestStrip) -> list[str]:
@@ -138,8 +124,7 @@ def nest_strip_loop(printer: CLikePrinter, loop: Loop, place: CPlace, plan: Nest
 
 def vector_math(lets, accums) -> bool:
     """Whether a sum loop's Lets or terms call a libmvec function."""
-    return any(isinstance(n, Call) and n.fn in FUNCTIONS and FUNCTIONS[n.fn].libmvec
-               for s in (*lets, *accums) for n in walk_expr(s.value))
+    return any(calls_libmvec(s.value) for s in (*lets, *accums))
 
 
 def vector_rest(printer: CLikePrinter, rest: Loop, width: int, private: str, place: CPlace) -> list[str]:

@@ -76,7 +76,7 @@ from tullax.compiler.loops import (
 )
 from tullax.compiler.vectorize import vector_arrays
 from tullax.errors import TullaxError
-from tullax.printers.base import LoopPrinter, Place, Precedence
+from tullax.printers.base import LoopPrinter, Place, Precedence, SharedLanes
 from tullax.printers.clike import (
     TYPEDEFS,
     CLikePrinter,
@@ -125,7 +125,7 @@ _THREAD = Var("tx_thread", INDEX)  # the thread's position in its block, declare
 CudaPlace = CPlace  # the name the CUDA tests and callers know
 
 
-class CudaPrinter(ComplexCuda, CLikePrinter):
+class CudaPrinter(SharedLanes, ComplexCuda, CLikePrinter):
     """Loop-IR expressions and statements as CUDA C++ with ``index_bits``-bit index arithmetic: the shared C
     printer, with the helpers as templates and ``atomicAdd`` for colliding scatter stores; complex values as the
     prelude's structs (``tullax.printers.cuda_complex``)."""
@@ -148,15 +148,7 @@ class CudaPrinter(ComplexCuda, CLikePrinter):
             raise TullaxError(f"internal error: index arithmetic is 32 or 64 bits, not {index_bits}")
         super().__init__(INDEX_TYPES[index_bits])
         self.cooperative, self.warp = cooperative, warp
-        self._lanes = 0  # depth of loops whose iterations the block's threads share
         self._dynamic: Expr = const(0)  # where the next row buffer starts in tx_dynamic (8-byte words)
-
-    def loop(self, loop: Loop, place: Place) -> list[str]:
-        self._lanes += loop.lanes
-        try:
-            return super().loop(loop, place)
-        finally:
-            self._lanes -= loop.lanes
 
     def loop_header(self, loop: Loop, place: Place) -> str:
         if not loop.lanes:
@@ -188,7 +180,7 @@ class CudaPrinter(ComplexCuda, CLikePrinter):
             kind = self.type_name(stmt.dtype)
             at, self._dynamic = self._dynamic, binop("+", self._dynamic, stmt.length)
             return [f"{pad}{kind}* {stmt.var} = ({kind}*)(tx_dynamic + {self.expr(at)});"]
-        if isinstance(stmt, Store) and self.cooperative and not self._lanes:  # a lanes loop's: each thread its own
+        if isinstance(stmt, Store) and self.cooperative and not self.lanes_depth:  # a lanes loop's: each thread its own
             return [f"{pad}if (tx_thread == 0) {self.store(stmt)}{self.statement_end}"]
         return super().statement(stmt, place)
 

@@ -43,7 +43,7 @@ from tullax.compiler.loops import (
     walk_stmts,
 )
 from tullax.errors import TullaxError
-from tullax.printers.base import Place, Precedence
+from tullax.printers.base import Place, Precedence, SharedLanes
 from tullax.printers.julia_syntax import GPU_FLAVOUR, JuliaPrinter, _kernel_params, julia_type, launcher_name
 from tullax.printers.launch import launch_nest, ndrange_extents
 
@@ -63,20 +63,12 @@ def cooperates(kernel: LoopKernel) -> bool:
     return kernel.tile is not None or kernel.cooperative
 
 
-class GroupPrinter(JuliaPrinter):
+class GroupPrinter(SharedLanes, JuliaPrinter):
     """The Julia printer plus the statements of cooperating work-items."""
 
     def __init__(self, kernel: LoopKernel):
         super().__init__(kernel)
         self.kernel, self.group = kernel, group_size(kernel)
-        self._lanes = 0  # depth of loops whose iterations the work-items share (a store in one: each its own)
-
-    def loop(self, loop: Loop, place: Place) -> list[str]:
-        self._lanes += loop.lanes
-        try:
-            return super().loop(loop, place)
-        finally:
-            self._lanes -= loop.lanes
 
     def loop_header(self, loop: Loop, place: Place) -> str:
         if not loop.lanes:
@@ -97,7 +89,7 @@ class GroupPrinter(JuliaPrinter):
             return [pad + line for line in self.combine(stmt)]
         if isinstance(stmt, Buffer) and stmt.shared:  # the group's, declared at the kernel's top
             return []
-        if isinstance(stmt, Store) and self.kernel.cooperative and not self._lanes:
+        if isinstance(stmt, Store) and self.kernel.cooperative and not self.lanes_depth:
             return [f"{pad}if (thread == 0)", f"{pad}{self.indent}{self.store(stmt)}", f"{pad}end"]
         return super().statement(stmt, place)
 
