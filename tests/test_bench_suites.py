@@ -109,6 +109,7 @@ def test_an_interrupted_run_keeps_the_suites_that_finished(tmp_path, monkeypatch
     assert "partial results" in (tmp_path / "t.md").read_text()
 
 
+@pytest.mark.slow  # three scripts in processes of their own, each importing jax and compiling its kernels
 @pytest.mark.skipif(not C_USABLE, reason="needs the c backend")
 def test_run_py_runs_every_suite_script_and_writes_its_rows(tmp_path, monkeypatch):
     """The real scripts in their own processes, at tiny sizes and one round (the registry's quick arguments
