@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and `tullax` importable from the checkout
@@ -89,9 +90,11 @@ def main(argv: list[str] | None = None) -> int:
                        ttfk=not args.no_ttfk)
     out_dir, name = Path(args.out_dir), args.name or ("latest-quick" if args.quick else "latest")
     saved: list[dict] = []  # the document after the last step: what an interrupted run still writes
+    started = time.time()
 
     def keep(doc: dict, complete: bool = False) -> None:
         doc["config"].update(quick=args.quick, suites=suites)
+        doc["elapsed_s"] = round(time.time() - started, 1)  # the cases' and the suites' so far
         doc.setdefault("suites", [])
         doc["complete"] = complete
         saved[:] = [doc]
@@ -101,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = run_cases(cases, config, show_progress=not args.quiet, unavailable=unavailable, on_update=keep)
         doc["config"].update(quick=args.quick, suites=suites)
         doc["suites"] = []
+        doc["cases_elapsed_s"] = doc["elapsed_s"]
         if suites:
             keep(doc)
 
