@@ -14,7 +14,7 @@ derived reverse-scan adjoint (``tullax.grad.scan_program``: one reverse-scan ker
 tails with the weights' terms hoisted); ``tullax-scan-derivative`` is the same fused forward with JAX's derivative of
 the program's ``lax.scan`` lowering as its gradient (the default before the derived adjoint was).
 
-    PYTHONPATH=$PWD python benchmarks/loop7024.py [--rounds 15] [--steps 8000] [--batch 1]
+    PYTHONPATH=$PWD python benchmarks/loop7024.py [--rounds 15] [--steps 8000] [--batch 1] [--subjects tullax ...]
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+SUBJECTS = ("tullax", "tullax-xla", "lax.scan", "tullax-before", "tullax-adjoint", "tullax-scan-derivative")
 SPEC = """
 local a[b,t,j] := sigmoid(softplus(W1[0,j])*y[b,t-1] + softplus(W1[i+1,j])*u[b,t,i])
 y[b,t] := sigmoid(a[b,t,j]*softplus(W2[j]))   (t scan from y0)
@@ -82,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8000)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--backend", default="c")
+    parser.add_argument("--subjects", nargs="*", default=list(SUBJECTS), choices=SUBJECTS,
+                        help="the subjects to time (lax.scan always: every ratio is against it)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "loop7024.json"))
     opts = parser.parse_args(argv)
 
@@ -97,13 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     W2 = jnp.asarray(rng.normal(size=(12,)) * 0.5, jnp.float32)
     y0 = jnp.zeros((opts.batch,), jnp.float32)
     args = (W1, u, W2, y0)
-    before = tullax.einsum_kernel(SPEC, backend=opts.backend)
-    subjects = {"tullax": tullax.einsum_kernel(SPEC, backend=opts.backend),
-                "tullax-xla": tullax.einsum_kernel(SPEC, backend="xla"),
-                "lax.scan": by_hand, "tullax-before": before,
-                "tullax-adjoint": tullax.einsum_kernel(SPEC, backend=opts.backend, fuse="grad"),
-                "tullax-scan-derivative": tullax.einsum_kernel(SPEC, backend=opts.backend)}
-    subjects["tullax-scan-derivative"].gradient = None  # reverse mode differentiates the lax.scan lowering
+    wanted = {*opts.subjects, "lax.scan"}
+    makers = {"tullax": lambda: tullax.einsum_kernel(SPEC, backend=opts.backend),
+              "tullax-xla": lambda: tullax.einsum_kernel(SPEC, backend="xla"),
+              "lax.scan": lambda: by_hand, "tullax-before": lambda: tullax.einsum_kernel(SPEC, backend=opts.backend),
+              "tullax-adjoint": lambda: tullax.einsum_kernel(SPEC, backend=opts.backend, fuse="grad"),
+              "tullax-scan-derivative": lambda: tullax.einsum_kernel(SPEC, backend=opts.backend)}
+    subjects = {name: make() for name, make in makers.items() if name in wanted}
+    if "tullax-scan-derivative" in subjects:
+        subjects["tullax-scan-derivative"].gradient = None  # reverse mode differentiates the lax.scan lowering
     fns = {}
     for name, fn in subjects.items():
         fns[("forward", name)] = jax.jit(fn)
@@ -126,17 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for op in ("forward", "grad"):
         med = {name: statistics.median(times[(op, name)]) for name in subjects}
-        row = {"op": op, **{f"{name} ms": round(1e3 * v, 3) for name, v in med.items()},
-               "lax.scan / tullax": round(med["lax.scan"] / med["tullax"], 2),
-               "lax.scan / tullax-xla": round(med["lax.scan"] / med["tullax-xla"], 2),
-               "lax.scan / tullax-before": round(med["lax.scan"] / med["tullax-before"], 2),
-               "tullax-before / tullax": round(med["tullax-before"] / med["tullax"], 2),
-               "lax.scan / tullax-adjoint": round(med["lax.scan"] / med["tullax-adjoint"], 2),
-               "lax.scan / tullax-scan-derivative": round(med["lax.scan"] / med["tullax-scan-derivative"], 2),
-               "tullax-scan-derivative / tullax": round(med["tullax-scan-derivative"] / med["tullax"], 2)}
+        row = {"op": op, **{f"{name} ms": round(1e3 * v, 3) for name, v in med.items()}}
+        for top, bottom in (("lax.scan", "tullax"), ("lax.scan", "tullax-xla"), ("lax.scan", "tullax-before"),
+                            ("tullax-before", "tullax"), ("lax.scan", "tullax-adjoint"),
+                            ("lax.scan", "tullax-scan-derivative"), ("tullax-scan-derivative", "tullax")):
+            if top in med and bottom in med:
+                row[f"{top} / {bottom}"] = round(med[top] / med[bottom], 2)
         rows.append(row)
         print(json.dumps(row))
     record = {"spec": SPEC.strip(), "steps": opts.steps, "batch": opts.batch, "backend": opts.backend,
+              "subjects": list(subjects),
               "rounds": opts.rounds, "dtype": "float32", "timer": "process CPU time, median",
               "load": os.getloadavg()[0], "machine": platform.machine(), "python": sys.version.split()[0],
               "jax": jax.__version__, "rows": rows}

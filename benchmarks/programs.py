@@ -8,7 +8,7 @@ program is faster), the same for the best of the rounds, and the ratio of the me
 thread's; on a machine shared with other work, where wall times wait on the scheduler), and writes them to
 benchmarks/results/programs.json.
 
-    PYTHONPATH=$PWD python benchmarks/programs.py [--rounds 15] [--backend c]
+    PYTHONPATH=$PWD python benchmarks/programs.py [--rounds 15] [--backend c] [--quick]
 """
 from __future__ import annotations
 
@@ -48,7 +48,14 @@ def _softmax(s):
     return e / e.sum(-1, keepdims=True)
 
 
-def cases(rng):
+# the inputs' shapes: default, and --quick (make bench --quick)
+SHAPES = {"layernorm": ((512, 1024), (1024,), (1024,)), "softmax": ((32, 128, 128),),
+          "attention": ((8, 128, 64),) * 3}
+QUICK_SHAPES = {"layernorm": ((128, 256), (256,), (256,)), "softmax": ((8, 64, 64),),
+                "attention": ((4, 64, 32),) * 3}
+
+
+def cases(rng, quick: bool = False):
     import jax.numpy as jnp
 
     def layernorm(x, g, beta):
@@ -59,19 +66,20 @@ def cases(rng):
     def attention(q, k, v):
         return jnp.einsum("bij,bje->bie", _softmax(jnp.einsum("bid,bjd->bij", q, k) * 0.125), v)
 
-    f32 = "float32"
-    return [
-        ("layernorm", LAYERNORM, layernorm, [rng.normal(size=(512, 1024)).astype(f32),
-                                             rng.normal(size=1024).astype(f32), rng.normal(size=1024).astype(f32)]),
-        ("softmax", SOFTMAX, _softmax, [rng.normal(size=(32, 128, 128)).astype(f32)]),
-        ("attention", ATTENTION, attention, [rng.normal(size=(8, 128, 64)).astype(f32) for _ in range(3)]),
-    ]
+    shapes = QUICK_SHAPES if quick else SHAPES
+    programs = {"layernorm": (LAYERNORM, layernorm), "softmax": (SOFTMAX, _softmax),
+                "attention": (ATTENTION, attention)}
+    return [(name, text, oracle, [rng.normal(size=shape).astype("float32") for shape in shapes[name]])
+            for name, (text, oracle) in programs.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--backend", default="c")
+    parser.add_argument("--quick", action="store_true", help="smaller inputs (make bench --quick)")
+    parser.add_argument("--programs", nargs="*", default=list(SHAPES), choices=list(SHAPES),
+                        help="the programs to time")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "programs.json"))
     args = parser.parse_args(argv)
     os.environ.setdefault("TULLAX_CACHE_DIR", tempfile.mkdtemp(prefix="tullax-programs-bench-"))
@@ -84,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 
     rng = np.random.default_rng(0)
     results = []
-    for name, text, oracle, inputs in cases(rng):
+    for name, text, oracle, inputs in cases(rng, args.quick):  # every case's inputs drawn, as in a full run
+        if name not in args.programs:
+            continue
         fused = ProgramKernel(text, backend=args.backend, fuse="grad")
         subjects = {"fused": fused, "jnp": oracle, "unfused": ProgramKernel(text, backend=args.backend, fuse=False)}
         dtype = np.asarray(inputs[0]).dtype.name
@@ -131,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"x{row['best_unfused_over_fused']:.2f}; cpu: x{row['cpu_jnp_over_fused']:.2f} / "
                   f"x{row['cpu_unfused_over_fused']:.2f}){'' if not why else '  [not fused: ' + why + ']'}",
                   flush=True)
-    record = {"backend": args.backend, "dtype": "float32", "rounds": args.rounds, "machine": platform.machine(),
-              "cpus": os.cpu_count(), "load_average": os.getloadavg(), "jax": jax.__version__,
-              "results": results}
+    record = {"backend": args.backend, "dtype": "float32", "rounds": args.rounds, "quick": args.quick,
+              "machine": platform.machine(), "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+              "jax": jax.__version__, "results": results}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     return 0
 

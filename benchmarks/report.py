@@ -1,4 +1,5 @@
-"""The suite's results: latest.json / latest.md / latest.png, and the targets of issue 3 checked as ratios.
+"""The suite's results: latest.json / latest.md / latest.png, and the targets of issues 3 and 14 (the cases) and 48
+and 50 (the suites, benchmarks/suites.py) checked as ratios.
 
     python benchmarks/report.py [RESULTS.json] [--check-targets]   # re-render (and check) a saved run
 """
@@ -14,6 +15,7 @@ from typing import Any, Callable
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and `tullax` importable from the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.suites import SuiteTarget, suite_verdicts, suites_markdown  # noqa: E402
 from tullax.benchmarking.comparators import COMPARATORS  # noqa: E402
 from tullax.benchmarking.report import (  # noqa: E402
     counted_slowdown,
@@ -125,18 +127,26 @@ TARGETS = (
 class Verdict:
     status: str  # PASS, FAIL, MISSING, or INFO for an informational row
     backend: str
-    target: Target
+    target: Target | SuiteTarget
     measured: str
 
 
 def check_targets(doc: dict) -> list[Verdict]:
-    """Every target for every tullax backend of the run. A missing measurement is MISSING, not a pass."""
+    """Every target for every tullax backend of the run, the cases' then the suites' (those of the suites that
+    ran). A missing measurement is MISSING, not a pass."""
     verdicts = []
-    for backend in [b for b in doc["config"]["backends"] if b not in COMPARATORS]:
-        for target in TARGETS:
-            if target.backends is None or backend in target.backends:
-                verdicts.append(_verdict(doc, backend, target))
+    if doc["cases"]:
+        for backend in [b for b in doc["config"]["backends"] if b not in COMPARATORS]:
+            for target in TARGETS:
+                if target.backends is None or backend in target.backends:
+                    verdicts.append(_verdict(doc, backend, target))
+    verdicts += [Verdict(*found) for found in suite_verdicts(doc.get("suites", []))]
     return verdicts
+
+
+def _issues(verdicts: list[Verdict]) -> str:
+    numbers = ["3", "14"] + (["48", "50"] if any(isinstance(v.target, SuiteTarget) for v in verdicts) else [])
+    return f"issues {', '.join(numbers[:-1])} and {numbers[-1]}"
 
 
 def _verdict(doc: dict, backend: str, target: Target) -> Verdict:
@@ -155,7 +165,7 @@ def _verdict(doc: dict, backend: str, target: Target) -> Verdict:
 
 
 def targets_markdown(verdicts: list[Verdict], quick: bool) -> str:
-    lines = ["## Targets (issues 3 and 14)", ""]
+    lines = [f"## Targets ({_issues(verdicts)})", ""]
     if quick:
         lines += ["Measured at --quick sizes; the targets are defined at the default sizes.", ""]
     lines += ["| result | backend | target | measured |", "|---|---|---|---|"]
@@ -167,8 +177,8 @@ def print_targets(verdicts: list[Verdict], console: Any, quick: bool) -> None:
     from rich.text import Text
 
     styles = {"PASS": "green", "FAIL": "red", "MISSING": "yellow", "INFO": "cyan"}
-    console.print(Text("targets of issues 3 and 14" + (" (quick sizes; defined at default sizes)" if quick else ""),
-                       style="bold"))
+    quick_note = " (quick sizes; defined at default sizes)" if quick else ""
+    console.print(Text(f"targets of {_issues(verdicts)}{quick_note}", style="bold"))
     if not verdicts:
         console.print(Text("no tullax backend was measured, so no target could be checked", style="red"))
     for verdict in verdicts:
@@ -178,14 +188,18 @@ def print_targets(verdicts: list[Verdict], console: Any, quick: bool) -> None:
 
 
 def save(doc: dict, out_dir: Path, name: str, chart: bool = True) -> list[Path]:
-    """Write NAME.json, NAME.md (with the targets) and NAME.png (unless ``chart`` is False) under out_dir;
-    returns the paths."""
+    """Write NAME.json, NAME.md (the cases, the suites' tables, the targets) and NAME.png (the cases' chart; none
+    when ``chart`` is False or no case ran) under out_dir; returns the paths."""
     quick = bool(doc["config"].get("quick"))
     paths = [out_dir / f"{name}.{ext}" for ext in ("json", "md", "png")]
     write_json(doc, paths[0])
-    extra = targets_markdown(check_targets(doc), quick) if len(doc["config"]["backends"]) > 1 else ""
-    paths[1].write_text(to_markdown(doc, title="tullax benchmarks", extra=extra))
-    if not chart:
+    verdicts = check_targets(doc)
+    extra = [suites_markdown(doc.get("suites", []))]
+    if len(doc["config"]["backends"]) > 1:
+        extra.append(targets_markdown(verdicts, quick))
+    title = "tullax benchmarks" + ("" if doc.get("complete", True) else " (partial results: the run was stopped)")
+    paths[1].write_text(to_markdown(doc, title=title, extra="\n\n".join(e for e in extra if e)))
+    if not chart or not doc["cases"]:
         return paths[:2]
     plot(doc, paths[2])
     return paths

@@ -103,21 +103,42 @@ def run_child(job: dict, cache_dir: str, timeout_s: float, extra_env: dict[str, 
     """Run one worker; its records arrive as they are printed. At the timeout the child is killed and
     what it had reported so far is kept."""
     env = {**os.environ, **extra_env, "TULLAX_CACHE_DIR": cache_dir, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "tullax.benchmarking.worker", json.dumps(job)]
+    records: list[dict] = []
+
+    def line(text: str) -> None:
+        if text.startswith(LINE_PREFIX):  # anything else is a library talking on stdout
+            record = json.loads(text[len(LINE_PREFIX):])
+            on_record(record)
+            if "phase" in record:
+                records.append(record)
+
+    child = run_process([sys.executable, "-m", "tullax.benchmarking.worker", json.dumps(job)], env, timeout_s, line)
+    return ChildResult(records, child.returncode, child.stderr_tail, child.wall_s)
+
+
+def run_process(command: Sequence[str], env: dict[str, str], timeout_s: float,
+                on_line: Callable[[str], None] = lambda line: None, cwd: str | None = None) -> ChildResult:
+    """Run ``command``, each line of its stdout handed to ``on_line`` as it is printed; at the timeout the process
+    is killed (``returncode`` None). The result's ``records`` are empty: ``on_line`` collects what it needs."""
     started = time.perf_counter()
     with tempfile.TemporaryFile(mode="w+") as stderr:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=cwd)
         lines: queue.Queue[str | None] = queue.Queue()
         reader = threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True)
         reader.start()
-        records, finished = _collect(lines, started + timeout_s, on_record)
+        try:
+            finished = _collect(lines, started + timeout_s, on_line)
+        except BaseException:  # Ctrl-C (or a failing on_line): no child left running on its own
+            process.kill()
+            process.wait()
+            raise
         if not finished:
             process.kill()
         returncode = process.wait()
         reader.join(timeout=5)
         stderr.seek(0)
         tail = stderr.read()[-STDERR_TAIL:]
-    return ChildResult(records, returncode if finished else None, tail, time.perf_counter() - started)
+    return ChildResult([], returncode if finished else None, tail, time.perf_counter() - started)
 
 
 def _pump(stream: Any, lines: queue.Queue) -> None:
@@ -126,20 +147,16 @@ def _pump(stream: Any, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-def _collect(lines: queue.Queue, deadline: float, on_record: Callable[[dict], None]) -> tuple[list[dict], bool]:
-    records = []
+def _collect(lines: queue.Queue, deadline: float, on_line: Callable[[str], None]) -> bool:
+    """Hand each line to ``on_line`` until the stream ends (True) or the deadline passes (False)."""
     while True:
         try:
             line = lines.get(timeout=max(deadline - time.perf_counter(), 0.0))
         except queue.Empty:
-            return records, False
+            return False
         if line is None:
-            return records, True
-        if line.startswith(LINE_PREFIX):  # anything else is a library talking on stdout
-            record = json.loads(line[len(LINE_PREFIX):])
-            on_record(record)
-            if "phase" in record:
-                records.append(record)
+            return True
+        on_line(line)
 
 
 # ------------------------------------------------------------------------------------------- one case
@@ -341,7 +358,7 @@ def run_cases(cases: Sequence[BenchCase], config: RunConfig, *, show_progress: b
             on_update(results_document([d for d in documents if "results" in d], config, unavailable, started,
                                        machine, complete=False))
 
-    with _progress(show_progress) as progress:
+    with progress_display(show_progress) as progress:
         per_case = len(config.backends) * rounds + (PLANNER in config.backends)  # + auto's head to head
 
         def say(line: str) -> None:
@@ -437,7 +454,7 @@ def row_summary(row: dict) -> str:
     return ", ".join(parts)
 
 
-def _progress(show: bool) -> Any:
+def progress_display(show: bool) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
