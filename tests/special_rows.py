@@ -13,12 +13,13 @@ import numpy as np
 ROW_REDUCTIONS = [("(max) m[i] := x[i,j]", lambda x: x.max(1), -1.0), ("(min) m[i] := x[i,j]", lambda x: x.min(1), 1.0)]
 
 
-def every_position(length: int) -> np.ndarray:
-    """Rows of ``length`` values: row r holds a NaN at position r, row length + r +inf, row 2*length + r -inf, and
-    a -0.0 beside it: every position of every lane, vector and remainder of a max/min row's lanes."""
-    x = np.random.default_rng(length).random((3 * length, length)) - 0.5
+def every_position(length: int, values: tuple[float, ...] = (np.nan, np.inf, -np.inf)) -> np.ndarray:
+    """Rows of ``length`` values: row r holds a NaN at position r, row length + r +inf, row 2*length + r -inf (or
+    each of ``values`` in turn), and a -0.0 beside it: every position of every lane, vector and remainder of a
+    max/min row's lanes."""
+    x = np.random.default_rng(length).random((len(values) * length, length)) - 0.5
     for r in range(length):
-        for block, value in enumerate((np.nan, np.inf, -np.inf)):
+        for block, value in enumerate(values):
             x[block * length + r, r] = value
             x[block * length + r, (r + 1) % length] = -0.0 if length > 1 else value
     return x
