@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 from loop_backends import every_backend, skip_unavailable
+from special_rows import ROW_REDUCTIONS, assert_zero_contract, every_position, signed_zero_rows
 from test_julia_printer import run_julia
 
 import tullax
@@ -83,42 +84,52 @@ def test_nan_propagates_in_the_printed_julia(spec, reference):
         np.testing.assert_allclose(run_julia(step, {"x": x}), want, rtol=1e-12, equal_nan=True, err_msg=spec)
 
 
-def _every_position(length: int) -> np.ndarray:
-    """Rows of ``length`` values: row r holds a NaN at position r, row length + r +inf, row 2*length + r -inf, and
-    a -0.0 beside it: every position of every lane, vector and remainder of a max/min row's lanes."""
-    x = np.random.default_rng(length).random((3 * length, length)) - 0.5
-    for r in range(length):
-        for block, value in enumerate((nan, np.inf, -np.inf)):
-            x[block * length + r, r] = value
-            x[block * length + r, (r + 1) % length] = -0.0 if length > 1 else value
-    return x
-
-
-ROW_REDUCTIONS = [("(max) m[i] := x[i,j]", lambda x: x.max(1)), ("(min) m[i] := x[i,j]", lambda x: x.min(1))]
 # lanes: blocks of 16 float32 (8 float64), then a vector of 8 (4), then the rest: every count of each around them
 LENGTHS = (*range(1, 10), 12, 15, 16, 17, 23, 24, 25, 31, 32, 33)
 
 
+def _row_lengths(backend: str) -> tuple[int, ...]:
+    return LENGTHS if backend != "xla" else (1, 9, 33)  # xla: no lanes of ours, and a trace per shape
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("backend", every_backend())
-@pytest.mark.parametrize("spec, reference", ROW_REDUCTIONS, ids=[c[0] for c in ROW_REDUCTIONS])
-def test_a_row_max_or_min_keeps_nan_and_infinities_at_every_position_of_every_length(spec, reference, backend,
-                                                                                     dtype, monkeypatch):
+@pytest.mark.parametrize("spec, reference, filler", ROW_REDUCTIONS, ids=[c[0] for c in ROW_REDUCTIONS])
+def test_a_row_max_or_min_keeps_nan_and_infinities_at_every_position_of_every_length(spec, reference, filler,
+                                                                                     backend, dtype, monkeypatch):
     skip_unavailable(backend)
     monkeypatch.setenv("TULLAX_C_TIERS", _tiers())  # the optimised build's vector lanes, not the fast tier's loop
     kernel = tullax.einsum_kernel(spec, backend=backend)
-    for length in LENGTHS if backend != "xla" else (1, 9, 33):  # xla: no lanes of ours, and a trace per shape
-        x = _every_position(length)
+    for length in _row_lengths(backend):
+        x = every_position(length)
         np.testing.assert_array_equal(np.asarray(kernel(x.astype(dtype))), reference(x).astype(dtype),
                                       err_msg=f"{spec} on {backend}, rows of {length}")
 
 
-@pytest.mark.parametrize("spec, reference", ROW_REDUCTIONS, ids=[c[0] for c in ROW_REDUCTIONS])
-def test_a_row_max_or_min_keeps_nan_and_infinities_at_every_position_in_the_printed_julia(spec, reference):
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("backend", every_backend())
+@pytest.mark.parametrize("spec, reference, filler", ROW_REDUCTIONS, ids=[c[0] for c in ROW_REDUCTIONS])
+def test_the_zero_a_row_max_or_min_returns_is_the_documented_one(spec, reference, filler, backend, dtype,
+                                                                 monkeypatch):
+    """docs/language.md: a max/min whose result is a zero is -0.0 where the row's zeros are all -0.0, +0.0 where
+    they are all +0.0, and a zero of either sign where both occur (the lanes and the plain loop meet them in
+    different orders)."""
+    skip_unavailable(backend)
+    monkeypatch.setenv("TULLAX_C_TIERS", _tiers())
+    kernel = tullax.einsum_kernel(spec, backend=backend)
+    for length in _row_lengths(backend):
+        x = signed_zero_rows(length, filler)
+        assert_zero_contract(kernel(x.astype(dtype)), x, f"{spec} on {backend} {dtype}, rows of {length}")
+
+
+@pytest.mark.parametrize("spec, reference, filler", ROW_REDUCTIONS, ids=[c[0] for c in ROW_REDUCTIONS])
+def test_a_row_max_or_min_keeps_nan_and_infinities_at_every_position_in_the_printed_julia(spec, reference, filler):
     step = compile_spec(spec)[1]
     for length in LENGTHS[:10]:
-        x = _every_position(length)
+        x = every_position(length)
         np.testing.assert_array_equal(run_julia(step, {"x": x}), reference(x), err_msg=f"{spec}, rows of {length}")
+        zeros = signed_zero_rows(length, filler)
+        assert_zero_contract(run_julia(step, {"x": zeros}), zeros, f"{spec} in the printed Julia, rows of {length}")
 
 
 # ---------------------------------------------------------------------------------------------
