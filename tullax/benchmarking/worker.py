@@ -242,6 +242,7 @@ def _timed_phase(job: dict, state: dict, which: str) -> dict:
         return {"skipped": "no input is differentiable"}
     call = _phase_call(subject, which, args, cotangent)
     planned_before = set(_planned(job))
+    gradients_before = set(_gradients_planned(job))
     start = time.perf_counter()
     call()  # the warm-up: tracing, compiling and the first run
     first_ms = (time.perf_counter() - start) * 1e3
@@ -260,7 +261,10 @@ def _timed_phase(job: dict, state: dict, which: str) -> dict:
     return {f"{which}_ms": best_ms, f"first_{which}_ms": first_ms, f"{which}_runs": runs, **program,
             "rss_before_mb": state["rss_before_mb"], "peak_rss_mb": peak_rss_mb(),
             **({f"{which}_plans": [f"{key[0].out}: {_described(found)}" for key, found in _planned(job).items()
-                                   if key not in planned_before]} if job["backend"] == "auto" else {})}
+                                   if key not in planned_before]
+                + [f"{key[0][0].out} (whole gradient w.r.t. {', '.join(key[2])}): {_described(found)}"
+                   for key, found in _gradients_planned(job).items() if key not in gradients_before]}
+               if job["backend"] == "auto" else {})}
 
 
 def builds_landed() -> None:
@@ -286,6 +290,17 @@ def _planned(job: dict) -> dict:
     from tullax.planner import decide as planner
 
     return dict(planner._MEMO)
+
+
+def _gradients_planned(job: dict) -> dict:
+    """Under ``auto``: this process's decisions on a differentiated call's whole gradient (the derived steps or
+    JAX's autodiff of the forward's XLA form, ``tullax.planner.autodiff``), by (call key, out dtype, inputs
+    differentiated, platform); a gradient the rule decides without a race is not among them."""
+    if job["backend"] != "auto" or "tullax.planner.autodiff" not in sys.modules:
+        return {}
+    from tullax.planner import autodiff
+
+    return dict(autodiff._MEMO)
 
 
 def best_of(call: Callable[[], Any], repeat: int) -> tuple[float, int]:
