@@ -263,7 +263,7 @@ def machine_line(doc: dict) -> str:
     return (f"{machine['cpu']}, {machine['usable_cores']} cores, {machine.get('memory_gib')} GiB; "
             f"Python {machine['python']}, {versions}{julia}; {machine['date']}"
             f"{', commit ' + machine['git_commit'] if machine.get('git_commit') else ''}. "
-            f"{config['dtype']}, best of {config['repeat']}+ runs after a warm-up"
+            f"{config['dtype']}, best of {config['repeat']}+ runs after a warm-up and any compile it started"
             f"{_processes(config.get('timing_processes', 1))}"
             f"{', quick sizes' if config.get('quick') else ''}.")
 

@@ -242,9 +242,11 @@ def _timed_phase(job: dict, state: dict, which: str) -> dict:
         return {"skipped": "no input is differentiable"}
     call = _phase_call(subject, which, args, cotangent)
     planned_before = set(_planned(job))
+    gradients_before = set(_gradients_planned(job))
     start = time.perf_counter()
     call()  # the warm-up: tracing, compiling and the first run
     first_ms = (time.perf_counter() - start) * 1e3
+    builds_landed()
     best_ms, runs = best_of(call, job["repeat"])
     program = {}
     # after the timings: it traces and lowers the function again (the compiled program comes from jax's cache)
@@ -259,7 +261,19 @@ def _timed_phase(job: dict, state: dict, which: str) -> dict:
     return {f"{which}_ms": best_ms, f"first_{which}_ms": first_ms, f"{which}_runs": runs, **program,
             "rss_before_mb": state["rss_before_mb"], "peak_rss_mb": peak_rss_mb(),
             **({f"{which}_plans": [f"{key[0].out}: {_described(found)}" for key, found in _planned(job).items()
-                                   if key not in planned_before]} if job["backend"] == "auto" else {})}
+                                   if key not in planned_before]
+                + [f"{key[0][0].out} (whole gradient w.r.t. {', '.join(key[2])}): {_described(found)}"
+                   for key, found in _gradients_planned(job).items() if key not in gradients_before]}
+               if job["backend"] == "auto" else {})}
+
+
+def builds_landed() -> None:
+    """Until this process's compiles in flight have ended: a c module the compile cache does not hold serves its
+    first calls from the fast tier while the optimised build compiles (``TULLAX_C_TIERS``), and a row times the
+    kernels a warm process runs, never that tier (a cold process timing it moves the median of the processes)."""
+    from tullax.runtime import own_compiles
+
+    own_compiles.wait()
 
 
 def _described(found: Any) -> str:
@@ -276,6 +290,17 @@ def _planned(job: dict) -> dict:
     from tullax.planner import decide as planner
 
     return dict(planner._MEMO)
+
+
+def _gradients_planned(job: dict) -> dict:
+    """Under ``auto``: this process's decisions on a differentiated call's whole gradient (the derived steps or
+    JAX's autodiff of the forward's XLA form, ``tullax.planner.autodiff``), by (call key, out dtype, inputs
+    differentiated, platform); a gradient the rule decides without a race is not among them."""
+    if job["backend"] != "auto" or "tullax.planner.autodiff" not in sys.modules:
+        return {}
+    from tullax.planner import autodiff
+
+    return dict(autodiff._MEMO)
 
 
 def best_of(call: Callable[[], Any], repeat: int) -> tuple[float, int]:
@@ -307,6 +332,7 @@ def phase_h2h(job: dict, state: dict) -> dict:
         quickest = float("inf")
         for call in calls.values():  # compile, then one warm run timed to size the rounds
             call()
+            builds_landed()
             start = time.perf_counter()
             call()
             quickest = min(quickest, (time.perf_counter() - start) * 1e3)
