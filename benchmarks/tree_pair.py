@@ -7,22 +7,29 @@ call. Run it from two trees in alternating fresh processes (each tree on ``PYTHO
 
 It prints one line ``@@{json}``: the case, backend and tag; per phase the best and median wall ms and the median
 and best CPU ms; under ``auto`` the planner's decisions (kernels and whole gradient) the process made. It imports
-only what both the tree before issue 44 and today's hold (``tullax.benchmarking.worker``)."""
+only what both the tree before issue 44 and today's hold (``tullax.benchmarking.worker``); the case comes from
+this script's own ``cases.py``. ``two_trees.py`` pairs two long-lived workers round by round instead; this one
+measures each process afresh, which shows the spread between processes of the same code."""
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
-CASES = {
-    "Dist": ("D[i,j] := (W[k,i]-X[k,j])^2", {"W": (784, 1024), "X": (784, 512)}),
-    "conv1d": ("y[b,i] := x[b,i+k]*w[k]", {"x": (64, 16384), "w": (31,)}),
-    "embedding bag": ("out[seg[b],d] += W[ix[b],d]",
-                      {"out": (4096, 128), "W": (50000, 128), "ix": (65536,), "seg": (65536,)}),
-    "row logsumexp": ("(logsumexp) l[i] := x[i,j]", {"x": (4096, 4096)}),
-}
+
+def _case(name: str) -> tuple[str, dict]:
+    """The spec and full-size shapes of a case of ``benchmarks/cases.py`` (this script's own tree)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.cases import case_names, suite
+
+    if name not in case_names():
+        raise SystemExit(f"no case {name!r}: one of {', '.join(case_names())}")
+    case = suite(names=[name])[0]
+    return case.spec, case.shapes
 
 
 def _decisions(worker: Any) -> dict[str, list[str]]:
@@ -42,7 +49,7 @@ def _decisions(worker: Any) -> dict[str, list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("case", choices=sorted(CASES))
+    parser.add_argument("case")
     parser.add_argument("backend")
     parser.add_argument("tag")
     parser.add_argument("reps", type=int, nargs="?", default=20)
@@ -53,7 +60,7 @@ def main() -> None:
 
     from tullax.benchmarking import worker
 
-    spec, shapes = CASES[args.case]
+    spec, shapes = _case(args.case)
     subject = worker.Subject(spec, None, args.backend)
     values, cotangent = subject.inputs(shapes, "float32", 0)
     calls: dict[str, Callable[[], Any]]
