@@ -1,8 +1,9 @@
 """Attention as one fused program on the c backend (issue 50): its scores' eight dot products of a register tile
 fold together (``tx_vfold8add_f32``: each lane's additions those of ``tx_vfoldadd_f32``, bitwise), their constant
-factor multiplied once per sum (``factor_sums(each=True)``), and the values' output rows held in vector registers
-across the sum over j (``tullax.compiler.strips`` inside the fused row). Values against NumPy float64 at shapes
-that take the vector paths (whole and ragged chunks of e, tails of d and j), NaN and inf included."""
+factor multiplied once per sum (``factor_sums(each=True)``) and the tile's totals stored from one vector
+(``tullax.printers.c_fold_store``), and the values' output rows held in vector registers across the sum over j
+(``tullax.compiler.strips`` inside the fused row). Values against NumPy float64 at shapes that take the vector
+paths (whole and ragged chunks of e, tails of d and j, sums past one block), NaN and inf included."""
 from __future__ import annotations
 
 import ctypes
@@ -65,6 +66,22 @@ def test_the_scores_sum_their_products_and_scale_once_and_the_values_stay_in_reg
     assert "tx_vfold8add_f32(" in source[source.index("void program("):]
 
 
+def test_the_scores_totals_are_scaled_and_stored_from_one_vector():
+    """After the tile's fold, its eight sums times 0.125 go into their totals as one vector multiply-add, stored
+    from its lanes (``tullax.printers.c_fold_store``), where the blocked sums' guard (past 512 terms) does not
+    hold; the statements as written where it does."""
+    from tullax.printers.c import print_module
+
+    source = print_module([_fused("float32")[1].kernel])
+    lines = [line.strip() for line in source[source.index("void program("):].splitlines()]
+    at = next(n for n, line in enumerate(lines) if "_tot = (tx_v8_f32){" in line)
+    assert lines[at - 1].startswith("if (!(") and lines[at - 1].endswith("> 512)) {")
+    assert "} + 0.125f * (tx_v8_f32){" in lines[at]
+    assert [line.startswith("b_s[") for line in lines[at + 1:at + 17]] == [False] * 8 + [True] * 8
+    assert lines[at + 17] == "} else {"
+    assert sum("0.125f * i3_1_s" in line for line in lines[at + 18:at + 26]) == 8  # the guard's path as written
+
+
 def _factors(expr):
     if isinstance(expr, BinOp) and expr.op == "*":
         return _factors(expr.lhs) + _factors(expr.rhs)
@@ -72,7 +89,8 @@ def _factors(expr):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("shape", [(2, 9, 70, 21, 72), (1, 4, 16, 8, 64)], ids=["ragged", "whole"])
+@pytest.mark.parametrize("shape", [(2, 9, 70, 21, 72), (1, 4, 16, 8, 64), (1, 3, 9, 600, 16)],
+                         ids=["ragged", "whole", "blocked"])  # blocked: float32 sums past 512 terms
 def test_fused_attention_matches_numpy_float64_on_the_vector_paths(dtype, shape):
     b, i, j, d, e = shape
     rng = np.random.default_rng(5)

@@ -26,6 +26,7 @@ The mapping:
   (``tx_max_f32``), casts are C casts, infinities and NaN are GCC builtins. Register strips: ``c_strips``."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar, Iterator, Mapping, Sequence
 
 from tullax._version import __version__
@@ -60,6 +61,7 @@ from tullax.printers.c_complex import (
     refuse_plain,
     wants_scalar_loop,
 )
+from tullax.printers.c_fold_store import FoldStore, fold_store_lines, fold_store_plan
 from tullax.printers.c_lanes import (
     ELEMENT_BYTES,
     HELPER_TYPES,
@@ -97,6 +99,8 @@ _OMP_REDUCTIONS = {"+": "+", "*": "*"}  # OpenMP's own; max/min are the prelude'
 _LANE_SUMS = {"+": "add", "*": "mul"}  # the sum/product lanes' folds (the prelude's ``tx_vfoldadd_f32``)
 _IDENTITY = {"+": "-0.0", "*": "1.0"}
 FOLD_EIGHT = True  # a register tile's eight float32 sums fold together (False: one by one, as before; benchmarks)
+# a register tile's folded sums scaled into their totals and stored on vectors (``c_fold_store``; False: as written)
+FOLD_STORE = True
 
 
 def parameters(kernel: LoopKernel) -> tuple[Parameter, ...]:
@@ -142,6 +146,38 @@ class CPrinter(ComplexC, CLikePrinter):
 
     def cast(self, expr: Cast) -> str:
         return self.cast_text(expr.dtype, self.expr(expr.arg, Precedence.UNARY))
+
+    def block(self, stmts: Sequence[Stmt], place: Place) -> list[str]:
+        """``CLikePrinter.block``, with a register tile's sums after their lane loop on vectors (``c_fold_store``)."""
+        assert isinstance(place, CPlace)
+        lines: list[str] = []
+        at = 0
+        while at < len(stmts):
+            stmt = stmts[at]
+            lines += self.statement(stmt, place)
+            if isinstance(stmt, Let):
+                place = replace(place, declared=place.declared | {(stmt.var, stmt.value.dtype)})
+            plan = self._fold_store(stmts, at, place)
+            if plan is not None:
+                written = stmts[at + 1:at + 1 + plan.count]
+                dtype = dict(place.declared)[plan.sums[0]]
+                width = vector_lanes(dtype)
+                lines += fold_store_lines(self, plan, written, place, f"tx_v{width}_{TYPE_SUFFIX[dtype]}", width)
+                at += plan.count
+            at += 1
+        return lines
+
+    def _fold_store(self, stmts: Sequence[Stmt], at: int, place: CPlace) -> FoldStore | None:
+        loop = stmts[at]
+        if not FOLD_STORE or self.plain or not isinstance(loop, Loop) or loop.registers or wants_scalar_loop(loop):
+            return None
+        declared = dict(place.declared)
+        if not _sum_lanes(loop, declared):
+            return None
+        dtypes = {declared[s.var] for s in loop.body if isinstance(s, Accum)}
+        if len(dtypes) != 1 or next(iter(dtypes)) not in HELPER_TYPES:
+            return None
+        return fold_store_plan(stmts, at, declared, vector_lanes(next(iter(dtypes))))
 
     def loop(self, loop: Loop, place: Place) -> list[str]:
         assert isinstance(place, CPlace)
