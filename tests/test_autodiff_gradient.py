@@ -177,7 +177,7 @@ def test_a_tiny_call_on_a_new_cache_takes_jax_autodiff_of_its_xla_form_on_every_
     would each derived step, each computing the exponential again (three more here), each traced, planned and
     compiled on the first call. Its gradient is JAX's autodiff of the forward's XLA form instead, by a rule that
     holds on every platform: no tullax kernel and no platform branch traced, one exponential in the CPU's and in a
-    cuda lowering from this host. Where a loop module may be compiled, the derived steps as before."""
+    cuda lowering from this host. A polynomial body, or where a loop module may be compiled: the derived steps."""
     from tullax.planner import rules
 
     monkeypatch.setattr(rules, "nothing_compiled", lambda: True)
@@ -196,6 +196,11 @@ def test_a_tiny_call_on_a_new_cache_takes_jax_autodiff_of_its_xla_form_on_every_
     found = autodiff.gradient_plan(spec, {"x": (16, 3), "y": (12, 3), "w": (3,)},
                                    dict.fromkeys("xyw", "float32"), "float32", "xyw")
     assert (found.backend, found.form, found.rule) == ("xla", "autodiff:grid", "tiny"), found
+
+    # a polynomial body (Dist) keeps its derived steps, which factor into contractions: a smaller program
+    dist = tullax.einsum_kernel("D[i,j] := (W[k,i]-X[k,j])^2")
+    assert "tullax_kernel" in _primitives(jax.grad(lambda a, b: jnp.sum(dist(a, b)), argnums=(0, 1)), args[0].T,
+                                          args[1].T)
 
     decide.forget()
     monkeypatch.setattr(rules, "nothing_compiled", lambda: False)
