@@ -161,6 +161,53 @@ def test_autodiff_gradient_composes_with_higher_orders_vmap_jit_and_forward_mode
     np.testing.assert_allclose(jax.jit(jax.grad(lambda s: jnp.sum(jax.vmap(lse)(s))))(stacked), want, **tol)
 
 
+GAUSS = "D[i,j] := exp(-(x[i,k]-y[j,k])^2) * w[k]"
+
+
+def _gauss_loss(kernel):
+    return lambda x, y, w: jnp.sum(jnp.sin(kernel(x, y, w)))
+
+
+def _gauss_jnp(x, y, w):
+    return jnp.sum(jnp.sin(jnp.sum(jnp.exp(-(x[:, None, :] - y[None, :, :]) ** 2) * w, axis=-1)))
+
+
+def test_a_tiny_call_on_a_new_cache_takes_jax_autodiff_of_its_xla_form_on_every_platform(fresh, monkeypatch):
+    """Issue 45 item 5: a tiny call on a new compile cache runs its forward on XLA (rule tiny, TINY_COLD), and so
+    would each derived step, each computing the exponential again (three more here), each traced, planned and
+    compiled on the first call. Its gradient is JAX's autodiff of the forward's XLA form instead, by a rule that
+    holds on every platform: no tullax kernel and no platform branch traced, one exponential in the CPU's and in a
+    cuda lowering from this host. A polynomial body, or where a loop module may be compiled: the derived steps."""
+    from tullax.planner import rules
+
+    monkeypatch.setattr(rules, "nothing_compiled", lambda: True)
+    rng = np.random.default_rng(4)
+    args = [jnp.asarray(rng.standard_normal(s), jnp.float32) for s in [(16, 3), (12, 3), (3,)]]
+    grad = jax.grad(_gauss_loss(tullax.einsum_kernel(GAUSS)), argnums=(0, 1, 2))
+    traced = _primitives(grad, *args)
+    assert not any(p.startswith(("tullax_kernel", "platform_index", "cond")) for p in traced), traced
+    for platform in ("cpu", "cuda"):
+        lowered = _lowered(grad, *args, platform=platform)
+        assert lowered.count("stablehlo.exponential ") == 1 and "custom_call" not in lowered, lowered
+    want = jax.grad(_gauss_jnp, argnums=(0, 1, 2))(*args)
+    for got, expected in zip(jax.jit(grad)(*args), want):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    _, spec = compile_spec(GAUSS)
+    found = autodiff.gradient_plan(spec, {"x": (16, 3), "y": (12, 3), "w": (3,)},
+                                   dict.fromkeys("xyw", "float32"), "float32", "xyw")
+    assert (found.backend, found.form, found.rule) == ("xla", "autodiff:grid", "tiny"), found
+
+    # a polynomial body (Dist) keeps its derived steps, which factor into contractions: a smaller program
+    dist = tullax.einsum_kernel("D[i,j] := (W[k,i]-X[k,j])^2")
+    assert "tullax_kernel" in _primitives(jax.grad(lambda a, b: jnp.sum(dist(a, b)), argnums=(0, 1)), args[0].T,
+                                          args[1].T)
+
+    decide.forget()
+    monkeypatch.setattr(rules, "nothing_compiled", lambda: False)
+    assert "tullax_kernel" in _primitives(jax.grad(_gauss_loss(tullax.einsum_kernel(GAUSS)), argnums=(0, 1, 2)),
+                                          *args)
+
+
 def test_kernels_the_rules_keep_on_derived_steps_never_race(fresh):
     """A max (ties), an index array, a pure contraction: the derived steps, whatever timing would say."""
     for text, dtypes in [("(max) y[i] := x[i,j]", {"x": "float32"}),

@@ -85,6 +85,7 @@ jax.jit(jax.grad(lambda *a: kernel(*a).sum(), argnums=(0, 1, 2)))(x, w, y)[0].bl
 print("threads:", sorted(n for n in started if n.startswith("tullax-c")))
 print("c imported:", "tullax.backends.c" in sys.modules)
 print("compiler ran:", os.path.exists(os.environ["SLOWCC_MARK"]))
+print("gradient derived:", "tullax.grad" in sys.modules)
 from tullax.planner import decide
 print("plans:", sorted({(p.backend, p.rule, "not compiled" in p.reason) for p in decide._MEMO.values()}))
 if "tullax.backends.c.backend" in sys.modules:
@@ -130,6 +131,8 @@ def test_a_tiny_auto_call_on_a_new_cache_runs_on_xla_and_starts_nothing_of_the_c
     out = _run_auto(tmp_path, spec)
     assert "threads: []" in out and "c imported: False" in out and "compiler ran: False" in out, out
     assert "plans: [('xla', 'tiny', True)]" in out, out
+    # its gradient is JAX's autodiff of that XLA form (as the XLA reference's): no gradient step derived or traced
+    assert "gradient derived: False" in out, out
     assert not (tmp_path / "cache" / "entries").exists()  # nothing stored: the next process is as new
     # once a call that runs on the loops has compiled the module (forward and steps) into the cache, a new
     # process's tiny call loads it, compiling nothing

@@ -5,6 +5,8 @@ whose lowering keeps what it planned before), so reverse mode keeps the form's r
 ``exp(x - max)``) from the forward for the backward, as jnp's own gradient does, instead of derived steps that
 compute them again. Everything above the rule (jit, vmap, higher orders, forward mode) differentiates
 ``platform_dependent``'s branches from there on, and a lowering for one platform holds that platform's branch only.
+Where a rule that holds on every platform chose it (``COLD``: a tiny call on a new compile cache), the JVP is
+JAX's alone, and the derived steps are not traced.
 
 The race's two candidates are the whole gradient of the call, jitted: the forward and the derived steps as
 ``auto`` plans them (the primitive, with this rule off: ``KernelOp.gradient``), and JAX's VJP of the form."""
@@ -31,7 +33,7 @@ def autodiff_jvp(op: Any, primals: Sequence[Any], tangents: Sequence[Any], live:
     ``tullax.jaxop.primitives.apply`` (the module above this one), what the race's derived candidate calls."""
     if op.requested != "auto" or op.gradient == DERIVED_ONLY or op.algebra:
         return None  # with the opt-in (``algebra``), the expanded steps the caller asked for
-    from tullax.planner.autodiff import AUTODIFF, gradient_plan, race_platform, refusal
+    from tullax.planner.autodiff import AUTODIFF, COLD, gradient_plan, race_platform, refusal
     from tullax.planner.call import call_shapes_and_dtypes
 
     shapes, dtypes = call_shapes_and_dtypes(op.spec, primals)
@@ -54,6 +56,8 @@ def autodiff_jvp(op: Any, primals: Sequence[Any], tangents: Sequence[Any], live:
             return jax.jvp(forward, tuple(values[i] for i in positions), tuple(live_tangents))
 
     live_tangents = [tangents[i] for i in positions]
+    if found.rule == COLD:  # decided by a rule that holds on every platform: the derived steps are never traced
+        return autodiff(primals, live_tangents)
     return jax.lax.platform_dependent(list(primals), live_tangents, **{platform: autodiff}, default=derived)
 
 

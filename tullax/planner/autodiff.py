@@ -18,7 +18,11 @@ platform P (``race_platform``), and its decision holds for P alone: where it is 
 another platform (an export traced on a CPU host for cuda) keeps the derived steps, planned as before and timed on
 nothing here, and JAX drops the branch a lowering does not run. Tracing cannot tell which platforms the program will
 be lowered for, so an export for another platform alone still pays for the race (``TULLAX_PLAN_TIMING=0`` skips
-it). Not timed below ``UNTIMED_WORK``, above ``SLICE_WORK`` or with timing off (``derived``, today's plan). The
+it). Not timed below ``UNTIMED_WORK``, above ``SLICE_WORK`` or with timing off (``derived``, today's plan); but a
+call that rule ``tiny`` runs on XLA on a new compile cache (``rules.runs_cold``: the forward and every step on XLA,
+on any platform) whose body calls a function takes autodiff by rule, with no ``platform_dependent``: the program
+the XLA reference compiles, where each derived step would evaluate those functions again and cost a cold first call
+its tracing, planning and compile (a polynomial body keeps its steps, which factor into contractions). The
 decision is kept in the compile cache by platform; a close one (the runner-up within ``CLOSE_RATIO``) is raced
 again by the next processes, the best per candidate kept, until ``CONFIRMING_RACES`` races stand behind it, as a
 kernel's close call. The ``xla`` backend never takes this path: its derived gradient is the oracle of the
@@ -38,6 +42,18 @@ AUTODIFF = "autodiff:"  # + the forward's XLA form
 RULE = "gradient"
 _REASON = ("the derived gradient steps recompute from the forward's inputs and result what JAX's autodiff of the "
            "forward's XLA form keeps from the forward (its residuals): the two whole gradients are raced")
+
+# rule ``tiny`` on a new compile cache (``rules.TINY_COLD``): the forward and every derived step would run on XLA,
+# each step evaluating the functions of the forward's body again over its whole index space (a Gaussian distance's
+# three steps, three more exponentials of (x-y)^2), traced, planned and compiled; JAX's autodiff of the forward's
+# form is the program the XLA reference compiles, and the same on every platform (``lax.platform_dependent`` would
+# trace the derived steps all the same). A polynomial body's derived steps factor into contractions (Dist's: a
+# smaller program than JAX's autodiff of the broadcast form, compiled faster: benchmarks/ttfk_phases.py): kept.
+COLD = "tiny"
+_COLD_REASON = ("below the serial work threshold on a new compile cache, where the forward and its derived steps "
+                "would all run on XLA (rule tiny), each step evaluating the body's functions again: JAX's autodiff "
+                "of the forward's XLA form, one program that keeps them from the forward, on every platform "
+                "(not timed)")
 
 # the race: a whole gradient takes milliseconds and a shared host's busy spells tens of them, so each candidate's
 # best over many interleaved runs (benchmarks/lse_grad_reuse.py: races of TIMING_RUNS rounds chose either way)
@@ -76,6 +92,16 @@ def refusal(spec: Spec, dtypes: Mapping[str, str]) -> str | None:
     return None
 
 
+def recomputes_functions(spec: Spec) -> bool:
+    """Whether the body of ``spec`` (not its finaliser, whose derivative reads the result) calls a function
+    (``exp``, ``abs``, ...): its derived gradient steps evaluate it again over the whole index space, where JAX's
+    autodiff of the forward's form keeps it; a polynomial body's steps factor into contractions instead."""
+    from tullax.spec.ir import Call as FunctionCall
+    from tullax.spec.ir import walk
+
+    return any(isinstance(node, FunctionCall) for node in walk(spec.body))
+
+
 def race_platform() -> str:
     """The platform a race here runs on (the default device's), as ``lax.platform_dependent`` names it."""
     import jax
@@ -109,6 +135,8 @@ def gradient_plan(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], out_dty
     why = refusal(spec, bare.dtypes)
     if why is not None:
         return Plan(DERIVED, DERIVED, RULE, f"the derived gradient steps: {why}")
+    if rules.runs_cold(bare) and recomputes_functions(spec):
+        return Plan("xla", AUTODIFF + bare.analysis.forms[0], COLD, _COLD_REASON)
     if bare.work < tuning.UNTIMED_WORK and rules.nothing_compiled():
         return _as_plan(DERIVED, f"{_REASON} (not timed: below {tuning.UNTIMED_WORK} estimated operations: the "
                         "derived steps)", (), "rules")
@@ -208,5 +236,5 @@ def forget() -> None:
         STATS.update(timed=0)
 
 
-__all__ = ["DERIVED", "AUTODIFF", "gradient_plan", "decision_key", "race_platform", "known_gradient_plan", "refusal",
-           "forget"]
+__all__ = ["DERIVED", "AUTODIFF", "COLD", "gradient_plan", "decision_key", "race_platform", "known_gradient_plan",
+           "refusal", "recomputes_functions", "forget"]

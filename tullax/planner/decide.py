@@ -95,7 +95,7 @@ def call_for(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], zero_start: 
 
     names = [str(dtypes[n]) for n in spec.input_names]
     call = Call.of(spec, shapes, dtypes, None, zero_start, clock or time.perf_counter, algebra)
-    if tiny(call) and not always_einsum(spec) and rules.nothing_compiled():
+    if rules.runs_cold(call):
         return replace(call, cold=True)  # no loop backend named: nothing of them is imported or started
     call = replace(call, loops=loops_for(spec, names, wait=False))
     if call.loops is None or tiny(call):

@@ -317,6 +317,16 @@ def loops_ready(loops: str | None, spec: Spec, dtypes: Mapping[str, str], whole:
     return bool(backends.get(loops).ready(spec, signature, whole))
 
 
+def runs_cold(call: Call) -> bool:
+    """Whether rule ``tiny`` runs ``call`` on XLA without looking a loop backend up (``TINY_COLD``): below the
+    serial work threshold, not a pure contraction (its own rule's), and no loop module can run without a compile
+    (``nothing_compiled``). Nothing here depends on the platform: differentiated, such a call's gradient is JAX's
+    autodiff of the same XLA form on every platform (``planner.autodiff.gradient_plan``)."""
+    from tullax.backends.workload import serial_threshold
+
+    return call.work < serial_threshold() and not always_einsum(call.spec) and nothing_compiled()
+
+
 def nothing_compiled() -> bool:
     """Whether no loop module can run without a compile, known without naming a loop backend: this process has
     loaded no backend that builds whole modules, and the compile cache holds no entry (a new cache). A tiny
