@@ -281,11 +281,12 @@ def test_a_reverse_scan_walks_its_long_rows_by_descending_lines():
     kernel = lower(spec, Signature.for_dtype(spec, "complex64"), tile=True)
     branches = [s for s in walk_stmts(kernel.body) if isinstance(s, If)]
     assert len(branches) == 1, branches
-    (lines,) = branches[0].then
-    assert isinstance(lines, Loop) and isinstance(lines.body[0], Let)
-    line = lines.body[1]
-    assert isinstance(line, Loop) and line.start == Var(lines.body[0].var, "int64")
-    assert isinstance(branches[0].orelse[0], Loop) and branches[0].orelse[0].body == line.body  # short rows
+    (walk,), (plain,) = branches[0].then, branches[0].orelse  # t's loop with long rows, and as it was
+    lines = [s for s in walk_stmts(walk.body) if isinstance(s, Loop) and isinstance(s.body[0], Let)]
+    assert len(lines) == 1
+    line = lines[0].body[1]  # each line from its first element, the lines from the top one down
+    assert isinstance(line, Loop) and line.start == Var(lines[0].body[0].var, "int64")
+    assert [s.body for s in plain.body if isinstance(s, Loop)] == [line.body]  # short rows: the plain row loop
     forward = compile_spec(BY_NAME["lru"].spec)[1]
     assert not any(isinstance(s, If) for s in walk_stmts(
         lower(forward, Signature.for_dtype(forward, "complex64"), tile=True).body))

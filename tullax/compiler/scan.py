@@ -92,18 +92,25 @@ def lower_scan(spec: Spec, signature: Signature, lower, name: str = "kernel", co
                           f"plain nest")
     t_loop = by_var[t_var]
     stop = t_loop.stop
-    body = _swap_reads(inner, trajectory.name, out, init, scan, t_var, stop)
-    for loop in reversed([by_var[v] for v in var_of if v in mixing]):
-        body = (replace(loop, parallel=False, body=body),)
-        if scan.reverse and loop.var == row:
-            body = descending_lines(body[0], out.dtype)
-    if scan.reverse:  # t = start + stop - 1 - u, for u running upwards
-        u = t_var + "r"
-        top = binop("-", binop("+", t_loop.start, stop), Const(1, INDEX))
-        body = (Let(t_var, binop("-", top, Var(u, INDEX))),) + body
-        body = (Loop(u, t_loop.start, stop, False, body),)
-    else:
-        body = (replace(t_loop, parallel=False, body=body),)
+    step = _swap_reads(inner, trajectory.name, out, init, scan, t_var, stop)
+
+    def walk(lines: bool) -> tuple[Stmt, ...]:
+        """The t loop around the step's nest; ``lines``: its row by descending lines (``descending_lines``)."""
+        body = step
+        for loop in reversed([by_var[v] for v in var_of if v in mixing]):
+            body = (replace(loop, parallel=False, body=body),)
+            if lines and loop.var == row:
+                body = descending_lines(body[0], out.dtype)
+        if scan.reverse:  # t = start + stop - 1 - u, for u running upwards
+            u = t_var + "r"
+            top = binop("-", binop("+", t_loop.start, stop), Const(1, INDEX))
+            body = (Let(t_var, binop("-", top, Var(u, INDEX))),) + body
+            return (Loop(u, t_loop.start, stop, False, body),)
+        return (replace(t_loop, parallel=False, body=body),)
+
+    body = walk(False)
+    if scan.reverse and row is not None:  # a long row by descending lines, a short one as it was
+        body = (If(long_row(by_var[row], out.dtype), walk(True), body),)
     for loop in reversed([loop for loop in loops if loop.var != t_var and loop.var not in mixing]):
         body = (replace(loop, body=body),)
     return replace(kernel, arrays=arrays, body=body)
@@ -116,19 +123,21 @@ _ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "complex
 
 def descending_lines(loop: Loop, dtype: str) -> tuple[Stmt, ...]:
     """The row loop ``loop`` (independent iterations over ``dtype`` elements) as its cache lines from the top one
-    down, each line's iterations upwards, where the row spans ``DESCENDING_ROW_BYTES`` or more; else as it is."""
-    size = _ITEM_BYTES.get(dtype, 8)
-    width = Const(max(1, LINE_BYTES // size), INDEX)
-    extent = binop("-", loop.stop, loop.start)
-    count = binop("//", binop("+", extent, binop("-", width, Const(1, INDEX))), width)
+    down, each line's iterations upwards."""
+    width = Const(max(1, LINE_BYTES // _ITEM_BYTES.get(dtype, 8)), INDEX)
+    count = binop("//", binop("+", binop("-", loop.stop, loop.start), binop("-", width, Const(1, INDEX))), width)
     lo = Var(loop.var + "lo", INDEX)
     chunk = loop.var + "c"
     top = binop("-", binop("-", count, Const(1, INDEX)), Var(chunk, INDEX))
     line = Loop(loop.var, lo, binop("min", binop("+", lo, width), loop.stop), False, loop.body)
-    lines = Loop(chunk, Const(0, INDEX), count, False,
-                 (Let(lo.name, binop("+", loop.start, binop("*", top, width))), line))
-    long_row = binop(">=", binop("*", extent, Const(size, INDEX)), Const(DESCENDING_ROW_BYTES, INDEX))
-    return (If(long_row, (lines,), (loop,)),)
+    return (Loop(chunk, Const(0, INDEX), count, False,
+                 (Let(lo.name, binop("+", loop.start, binop("*", top, width))), line)),)
+
+
+def long_row(loop: Loop, dtype: str) -> Expr:
+    """Whether the row loop ``loop`` over ``dtype`` elements spans ``DESCENDING_ROW_BYTES`` or more."""
+    extent = binop("*", binop("-", loop.stop, loop.start), Const(_ITEM_BYTES.get(dtype, 8), INDEX))
+    return binop(">=", extent, Const(DESCENDING_ROW_BYTES, INDEX))
 
 
 def _mixing(spec: Spec, var_of: list[str | None]) -> set[str]:
@@ -198,4 +207,4 @@ def map_statement_expressions(stmt: Stmt, fix) -> Stmt:
     return stmt
 
 
-__all__ = ["descending_lines", "lower_scan", "map_statement_expressions", "rebuild_expression"]
+__all__ = ["descending_lines", "long_row", "lower_scan", "map_statement_expressions", "rebuild_expression"]
