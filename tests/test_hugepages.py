@@ -73,26 +73,3 @@ def test_a_large_buffer_is_marked_for_huge_pages_before_its_first_write(fresh_sw
     assert "hg" in _vm_flags(inside)
     buffer.fill(1)  # the advice changes no value
     assert int(buffer.sum(dtype=np.int64)) == buffer.size
-
-
-def test_a_c_kernel_under_jit_gets_huge_pages_for_its_large_result():
-    """The XLA FFI handler advises huge pages for a c kernel's result buffer of ``MIN_BYTES`` or more before the
-    kernel writes it (``tullax.backends.ffi``): XLA's large buffers often come back as fresh pages, each 4 KiB
-    faulting on first write (the complex LRU gradient's buffers after a program that freed hundreds of MB)."""
-    import jax
-    import jax.numpy as jnp
-
-    import tullax
-    from tullax.backends import ffi
-
-    if not hugepages.enabled():
-        pytest.skip(f"no transparent huge pages to advise here (mode {hugepages.thp_mode()!r})")
-    if not ffi.available()[0]:
-        pytest.skip("no XLA FFI handler here: c kernels run as buffer callbacks")
-    kernel = jax.jit(tullax.einsum_kernel("y[i,j] := x[i,j] * 2", backend="c"))
-    x = jnp.ones((1024, 2 * hugepages.MIN_BYTES // 4096), jnp.float32)  # 2 * MIN_BYTES of result
-    y = kernel(x)
-    start = y.unsafe_buffer_pointer()
-    inside = (start + hugepages.HUGE_PAGE - 1) & ~(hugepages.HUGE_PAGE - 1)
-    assert "hg" in _vm_flags(inside)
-    assert float(y.sum()) == 2.0 * y.size

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 
 from tullax.backends.c.load import load_library, threads
 from tullax.errors import TullaxError
-from tullax.runtime import forks, hugepages
+from tullax.runtime import forks
 
 TARGET = "tullax_c_kernel"
 LIBRARY_FILE = "handler.so"
@@ -57,7 +57,6 @@ HEADER = 5
 HANDLER_SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
-#include <sys/mman.h>
 #ifdef __TINYC__
 #include <stdatomic.h>  // tcc's: it defines GCC's __atomic_*_n builtins (the fast tier compiles this handler)
 #endif
@@ -70,38 +69,6 @@ typedef struct { tx_packed fn; int64_t identity; int64_t launches; } tx_slot;
 #define TX_HEADER @HEADER@
 static tx_slot tx_slots[TX_SLOTS];
 static int64_t tx_used;
-
-// Transparent huge pages for large result buffers (tullax.runtime.hugepages, as the buffer callback gives them):
-// XLA's buffers of many megabytes often come back from the system as fresh pages (glibc returns what a program
-// frees), and each 4 KiB page faults on the kernel's first write; advised, 512 of those faults are one. Set once
-// by Python (0: off, else the smallest buffer advised, in bytes).
-static int64_t tx_huge_bytes;
-
-void tullax_ffi_set_huge_pages(int64_t bytes) { __atomic_store_n(&tx_huge_bytes, bytes, __ATOMIC_RELEASE); }
-
-static int64_t tx_element_bytes(XLA_FFI_DataType dtype) {
-    switch (dtype) {
-    case XLA_FFI_DataType_S16: case XLA_FFI_DataType_U16: case XLA_FFI_DataType_F16: case XLA_FFI_DataType_BF16:
-        return 2;
-    case XLA_FFI_DataType_S32: case XLA_FFI_DataType_U32: case XLA_FFI_DataType_F32: return 4;
-    case XLA_FFI_DataType_S64: case XLA_FFI_DataType_U64: case XLA_FFI_DataType_F64: case XLA_FFI_DataType_C64:
-        return 8;
-    case XLA_FFI_DataType_C128: return 16;
-    default: return 1;
-    }
-}
-
-// Huge pages under the whole 2 MiB pages of a result buffer of at least tx_huge_bytes (the advice changes no value)
-static void tx_advise(const XLA_FFI_Buffer* buffer) {
-    const int64_t least = __atomic_load_n(&tx_huge_bytes, __ATOMIC_ACQUIRE);
-    if (least <= 0) return;
-    int64_t bytes = tx_element_bytes(buffer->dtype);
-    for (int64_t k = 0; k < buffer->rank; ++k) bytes *= buffer->dims[k];
-    if (bytes < least) return;
-    const uintptr_t huge = (uintptr_t)1 << 21, start = (uintptr_t)buffer->data;
-    const uintptr_t lo = (start + huge - 1) & ~(huge - 1), hi = (start + (uintptr_t)bytes) & ~(huge - 1);
-    if (hi > lo) madvise((void*)lo, hi - lo, MADV_HUGEPAGE);
-}
 
 // A new slot for `fn` (its identity: the hash the XLA program names it by), or -1 when the table is full.
 // Python calls it under its lock; the handler reads a slot only below tx_used, published after the slot.
@@ -250,7 +217,6 @@ XLA_FFI_Error* tullax_ffi_handler(XLA_FFI_CallFrame* frame) {
             if (frame->rets.size < 1 - operand || frame->rets.types[-operand] != XLA_FFI_RetType_BUFFER)
                 return tx_error(frame, "tullax: a c kernel's custom call has no result buffer");
             p[k] = ((XLA_FFI_Buffer*)frame->rets.rets[-operand])->data;
-            tx_advise((XLA_FFI_Buffer*)frame->rets.rets[-operand]);
         } else {
             if (operand < 1 || operand > frame->args.size || frame->args.types[operand - 1] != XLA_FFI_ArgType_BUFFER)
                 return tx_error(frame, "tullax: a c kernel's meta attribute names an operand the call lacks");
@@ -298,8 +264,6 @@ def _load_handler() -> tuple[Any, str]:
         lib.tullax_ffi_set_resolver.argtypes, lib.tullax_ffi_set_resolver.restype = [ctypes.c_void_p], None
         lib.tullax_ffi_replace.argtypes, lib.tullax_ffi_replace.restype = [ctypes.c_int64, ctypes.c_void_p], None
         lib.tullax_ffi_function.argtypes, lib.tullax_ffi_function.restype = [ctypes.c_int64], ctypes.c_void_p
-        lib.tullax_ffi_set_huge_pages.argtypes, lib.tullax_ffi_set_huge_pages.restype = [ctypes.c_int64], None
-        lib.tullax_ffi_set_huge_pages(hugepages.MIN_BYTES if hugepages.enabled() else 0)
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.tullax_ffi_handler), platform="cpu")
     except Exception as err:  # noqa: BLE001 - any failure here only means "keep the buffer callback"
         return None, f"the XLA FFI handler could not be built or registered: {err}"
