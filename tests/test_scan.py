@@ -13,7 +13,7 @@ from scan_cases import CASES
 
 import tullax
 from tullax.backends.base import Signature
-from tullax.compiler.loops import Loop, parallel_nest, walk_stmts
+from tullax.compiler.loops import If, Let, Loop, Var, parallel_nest, walk_stmts
 from tullax.compiler.lower import lower
 from tullax.errors import SpecError, TullaxError
 from tullax.grad import gradients
@@ -267,6 +267,55 @@ def _steps(case, dtype):
     for grad in gradients(spec):
         run_gradient(grad, spec, genv, record)
     return runs
+
+
+ADJOINT = "g[b,t,n] := d[b,t,n] + lam[n]*g[b,t+1,n]  (t scan reverse)"  # the LRU's adjoint, as derived
+
+
+def test_a_reverse_scan_walks_its_long_rows_by_descending_lines():
+    """A reverse scan's contiguous row, from 512 bytes on, is walked a cache line at a time from its top line down
+    (``compiler.scan.descending_lines``: rows walked upwards one after the other downwards left the prefetchers
+    fetching the row just done; the complex LRU's adjoint ran at about twice its forward's time); a forward scan
+    keeps its plain rows."""
+    spec = compile_spec(ADJOINT)[1]
+    kernel = lower(spec, Signature.for_dtype(spec, "complex64"), tile=True)
+    branches = [s for s in walk_stmts(kernel.body) if isinstance(s, If)]
+    assert len(branches) == 1, branches
+    (walk,), (plain,) = branches[0].then, branches[0].orelse  # t's loop with long rows, and as it was
+    lines = [s for s in walk_stmts(walk.body) if isinstance(s, Loop) and isinstance(s.body[0], Let)]
+    assert len(lines) == 1
+    line = lines[0].body[1]  # each line from its first element, the lines from the top one down
+    assert isinstance(line, Loop) and line.start == Var(lines[0].body[0].var, "int64")
+    assert [s.body for s in plain.body if isinstance(s, Loop)] == [line.body]  # short rows: the plain row loop
+    forward = compile_spec(BY_NAME["lru"].spec)[1]
+    assert not any(isinstance(s, If) for s in walk_stmts(
+        lower(forward, Signature.for_dtype(forward, "complex64"), tile=True).body))
+
+
+@pytest.mark.parametrize("dtype", ["complex128", "float64"])
+@pytest.mark.parametrize("backend", (c_param(), "numba"))
+def test_a_reverse_scan_over_long_and_short_rows(backend, dtype):
+    """The descending lines against a NumPy reverse recurrence: rows of 70 (a part line at the top) and of 5
+    (the plain loop)."""
+    kernel = tullax.einsum_kernel(ADJOINT, backend=backend)
+    rng = np.random.default_rng(3)
+    for n in (70, 5):
+        d = rng.normal(size=(2, 9, n)) + (1j * rng.normal(size=(2, 9, n)) if dtype == "complex128" else 0)
+        lam = rng.uniform(0.5, 1.0, n) * (np.exp(0.3j * np.arange(n)) if dtype == "complex128" else 1)
+        want = np.zeros_like(d)
+        for t in range(8, -1, -1):
+            want[:, t] = d[:, t] + (lam * want[:, t + 1] if t < 8 else 0)
+        _close(kernel(d.astype(dtype), lam.astype(dtype)), want)
+
+
+def test_printed_julia_of_a_reverse_scan_over_long_rows():
+    pytest.importorskip("tree_sitter_julia")
+    from test_julia_printer import run_julia
+
+    spec = compile_spec(ADJOINT)[1]
+    rng = np.random.default_rng(4)
+    env = {"d": rng.normal(size=(2, 5, 70)), "lam": rng.uniform(0.5, 1.0, 70)}
+    _close(run_julia(spec, env), _xla(spec, env))
 
 
 def _xla(step, step_env):

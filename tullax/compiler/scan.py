@@ -11,6 +11,13 @@ rearranged:
 
 The output array holds the state: a read of h̃ at a position along ``t`` inside the result reads the result
 already written there; one before the start (after the end, reverse) reads the initial state, or 0.
+
+A reverse scan whose contiguous row runs inside ``t`` walks memory downwards from row to row. Each row, walked
+upwards, looks like an ascending stream to the hardware prefetchers, which then fetch the lines after it: the row
+just done. Where a row spans ``DESCENDING_ROW_BYTES`` or more, the row is walked a cache line at a time from its
+top line down (each line's elements upwards, as one vector loop), so the lines come in one descending stream
+(the complex LRU's adjoint, 512-byte rows: about half the time of the ascending rows); shorter rows keep the
+plain loop (there the chunks cost more than they save).
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from tullax.compiler.loops import (
     INDEX,
     Const,
     Expr,
+    If,
     Let,
     Load,
     Loop,
@@ -73,8 +81,10 @@ def lower_scan(spec: Spec, signature: Signature, lower, name: str = "kernel", co
     t_var = var_of[scan.axis]
     mixing = _mixing(spec, var_of)
     lanes = [v for v in var_of if v is not None and v != t_var and v not in mixing]
+    row = None  # the contiguous row that runs inside t
     if contiguous and len(lanes) > 1 and var_of[-1] in lanes:
         mixing.add(var_of[-1])
+        row = var_of[-1]
     by_var = {loop.var: loop for loop in loops}
     if set(by_var) != set(v for v in var_of if v is not None) or any(
             expr_vars(loop.start) | expr_vars(loop.stop) & set(by_var) for loop in loops):
@@ -82,19 +92,52 @@ def lower_scan(spec: Spec, signature: Signature, lower, name: str = "kernel", co
                           f"plain nest")
     t_loop = by_var[t_var]
     stop = t_loop.stop
-    body = _swap_reads(inner, trajectory.name, out, init, scan, t_var, stop)
-    for loop in reversed([by_var[v] for v in var_of if v in mixing]):
-        body = (replace(loop, parallel=False, body=body),)
-    if scan.reverse:  # t = start + stop - 1 - u, for u running upwards
-        u = t_var + "r"
-        top = binop("-", binop("+", t_loop.start, stop), Const(1, INDEX))
-        body = (Let(t_var, binop("-", top, Var(u, INDEX))),) + body
-        body = (Loop(u, t_loop.start, stop, False, body),)
-    else:
-        body = (replace(t_loop, parallel=False, body=body),)
+    step = _swap_reads(inner, trajectory.name, out, init, scan, t_var, stop)
+
+    def walk(lines: bool) -> tuple[Stmt, ...]:
+        """The t loop around the step's nest; ``lines``: its row by descending lines (``descending_lines``)."""
+        body = step
+        for loop in reversed([by_var[v] for v in var_of if v in mixing]):
+            body = (replace(loop, parallel=False, body=body),)
+            if lines and loop.var == row:
+                body = descending_lines(body[0], out.dtype)
+        if scan.reverse:  # t = start + stop - 1 - u, for u running upwards
+            u = t_var + "r"
+            top = binop("-", binop("+", t_loop.start, stop), Const(1, INDEX))
+            body = (Let(t_var, binop("-", top, Var(u, INDEX))),) + body
+            return (Loop(u, t_loop.start, stop, False, body),)
+        return (replace(t_loop, parallel=False, body=body),)
+
+    body = walk(False)
+    if scan.reverse and row is not None:  # a long row by descending lines, a short one as it was
+        body = (If(long_row(by_var[row], out.dtype), walk(True), body),)
     for loop in reversed([loop for loop in loops if loop.var != t_var and loop.var not in mixing]):
         body = (replace(loop, body=body),)
     return replace(kernel, arrays=arrays, body=body)
+
+
+LINE_BYTES = 64  # a cache line
+DESCENDING_ROW_BYTES = 512  # rows from this long are walked line by line downwards (module doc)
+_ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "complex64": 8, "complex128": 16}
+
+
+def descending_lines(loop: Loop, dtype: str) -> tuple[Stmt, ...]:
+    """The row loop ``loop`` (independent iterations over ``dtype`` elements) as its cache lines from the top one
+    down, each line's iterations upwards."""
+    width = Const(max(1, LINE_BYTES // _ITEM_BYTES.get(dtype, 8)), INDEX)
+    count = binop("//", binop("+", binop("-", loop.stop, loop.start), binop("-", width, Const(1, INDEX))), width)
+    lo = Var(loop.var + "lo", INDEX)
+    chunk = loop.var + "c"
+    top = binop("-", binop("-", count, Const(1, INDEX)), Var(chunk, INDEX))
+    line = Loop(loop.var, lo, binop("min", binop("+", lo, width), loop.stop), False, loop.body)
+    return (Loop(chunk, Const(0, INDEX), count, False,
+                 (Let(lo.name, binop("+", loop.start, binop("*", top, width))), line)),)
+
+
+def long_row(loop: Loop, dtype: str) -> Expr:
+    """Whether the row loop ``loop`` over ``dtype`` elements spans ``DESCENDING_ROW_BYTES`` or more."""
+    extent = binop("*", binop("-", loop.stop, loop.start), Const(_ITEM_BYTES.get(dtype, 8), INDEX))
+    return binop(">=", extent, Const(DESCENDING_ROW_BYTES, INDEX))
 
 
 def _mixing(spec: Spec, var_of: list[str | None]) -> set[str]:
@@ -164,4 +207,4 @@ def map_statement_expressions(stmt: Stmt, fix) -> Stmt:
     return stmt
 
 
-__all__ = ["lower_scan", "map_statement_expressions", "rebuild_expression"]
+__all__ = ["descending_lines", "long_row", "lower_scan", "map_statement_expressions", "rebuild_expression"]
