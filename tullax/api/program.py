@@ -58,7 +58,7 @@ class ProgramKernel:
         self.plans: dict[tuple, tuple[str, list]] = {}  # call shapes and dtypes -> (winner, timings)
         # a scan program's reverse mode: its derived adjoint's kernels (``tullax.api.scan_adjoint``), by default on
         # c and auto (where it was measured faster than JAX's derivative of the lax.scan lowering), with
-        # fuse='grad' on numba and xla too
+        # fuse='grad' on numba and xla too (measured slower there: benchmarks/results/loop7024-adjoint-numba-xla.json)
         self.gradient = _scan_gradient(self.program, backend, ranges, frozenset(skip)) if (
             fuse == "grad" or (fuse and backend in DEFAULT_ADJOINT_BACKENDS)) else None
 
