@@ -211,8 +211,7 @@ def _tails(tails: Any, env: dict[str, Any], names: list[str]) -> dict[str, Any]:
         env.update(zip(outputs, found if len(outputs) > 1 else (found,)))
     result = {}
     for name in names:
-        # no partials: the row program computed the input's cotangent whole (``gradient_tails(in_rows=True)``)
-        terms = [kernel(**{n: env[n] for n in kernel.inputs}) for kernel in partials[name]] or [env[f"Δ{name}"]]
+        terms = [kernel(**{n: env[n] for n in kernel.inputs}) for kernel in partials[name]]
         want = jnp.shape(env[name]), jnp.result_type(env[name])
         if any((jnp.shape(t), jnp.result_type(t)) != want for t in terms):
             return {}

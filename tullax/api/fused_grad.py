@@ -41,7 +41,6 @@ class _Partial:
     raw: str
     local: str  # the local whose cotangent ``raw`` reads ("" where none)
     rowwise: bool
-    in_row: bool = False  # indexed by every row (it may sum over another index): a row program's output can be it
 
 
 def _reverse(program: Program, grad_specs: Sequence[Sequence[str]], rows: tuple[str, ...]
@@ -89,9 +88,9 @@ def _reverse(program: Program, grad_specs: Sequence[Sequence[str]], rows: tuple[
                         spec = compile_spec(f"{target}{index} := {value}", {i: 1 for i in names})[1]
                     except TullaxError as err:
                         raise NotFusable(f"statement {st.number}: {err}") from None
-                    in_row = set(rows) <= set(spec.free) and "|>" not in value and spec.finalizer is None
+                    rowwise = set(rows) <= set(spec.free) and not spec.reduced and "|>" not in value
                     partials.setdefault(name, []).append(
-                        _Partial(index, value, raw, st.out if st.local else "", in_row and not spec.reduced, in_row))
+                        _Partial(index, value, raw, st.out if st.local else "", rowwise))
     return lines, contributions, partials
 
 
@@ -119,23 +118,12 @@ class Tails:
 
     rows: str
     outputs: tuple[str, ...]
-    partials: dict[str, tuple[str, ...]]  # an input the row program computes whole (``in_rows``): none
-
-
-def _row_output(name: str, terms: Sequence[_Partial]) -> str | None:
-    """Input ``name``'s cotangent as one statement of the row program (its partials, under one index and each
-    indexed by every row, added), or None."""
-    if len({t.index for t in terms}) != 1 or not all(t.in_row for t in terms):
-        return None
-    return f"Δ{name}{terms[0].index} := " + " + ".join(f"({t.raw})" for t in terms)
+    partials: dict[str, tuple[str, ...]]
 
 
 def gradient_tails(program: Program, grad_specs: Sequence[Sequence[str]], rows: tuple[str, ...],
-                   inputs: Sequence[str], in_rows: bool = False) -> Tails | None:
-    """The tails (``Tails``) of ``inputs``, or None where one of them has no partial of the form taken.
-    ``in_rows``: an input whose partials are each indexed by every row (a scan adjoint's ``Δu[b,t,i]``, a sum
-    over ``j`` within its row) is an output of the row program itself (its partials then none), not a kernel of
-    its own."""
+                   inputs: Sequence[str]) -> Tails | None:
+    """The tails (``Tails``) of ``inputs``, or None where one of them has no partial of the form taken."""
     lines, contributions, partials = _reverse(program, grad_specs, rows)
     defined = {_defined(line): line for line in lines}
     forward = {st.out: st for st in program.statements if st.local}
@@ -158,10 +146,6 @@ def gradient_tails(program: Program, grad_specs: Sequence[Sequence[str]], rows: 
                 elif read in defined and read not in outputs:
                     outputs[read] = defined[read].replace("local ", "", 1)
             texts.append(f"Δ{name}{t.index} := {value}")
-        whole = _row_output(name, partials[name]) if in_rows else None
-        if whole is not None and f"Δ{name}" not in defined and name not in forward:
-            outputs[f"Δ{name}"] = whole
-            texts = []
         found[name] = tuple(texts)
     if not outputs:
         return Tails("", (), found)

@@ -46,9 +46,8 @@ class ScanProgramGradient:
 
     def tails(self, inputs: tuple[str, ...], shapes: Mapping[str, tuple[int, ...]]) -> Any:
         """The flat program's gradient tails of ``inputs`` over the scan's rows (``tullax.api.fused_grad``): one
-        row program (the step's locals and their cotangents, computed once per row for every input; an input's
-        cotangent too where each of its partials runs over every row: ``Δu[b,t,i]``) and each other input's
-        partials, one statement each; None where they do not cover every input (then JAX's VJP of the
+        row program (the step's locals and their cotangents, computed once per row for every input) and each
+        input's partials, one statement each; None where they do not cover every input (then JAX's VJP of the
         flat kernel runs). ``shapes``: every input's shape, which give a partial's own indices their ranges
         (``ΔW1[m,j]``, whose ``m`` no array is indexed by plainly)."""
         key = (inputs, tuple(sorted((n, tuple(shape)) for n, shape in shapes.items())))
@@ -61,14 +60,13 @@ class ScanProgramGradient:
             found = None
             try:
                 program = analyze_program(self.adjoint.flat, self.ranges)
-                tails = gradient_tails(program, flat.grad_specs, self.rows, inputs, in_rows=True)
+                tails = gradient_tails(program, flat.grad_specs, self.rows, inputs)
                 if tails is not None:
                     # a weight's softplus, the same at every step, computed once (``tullax.api.hoist_terms``)
                     order = [(name, k) for name, texts in tails.partials.items() for k in range(len(texts))]
                     # a weight read through pad where these shapes keep it inside (Δu's W1[pad(i+1),j]) read
                     # plainly, so that it is hoisted too
-                    lines = "\n".join(unpad(line, shapes) for line in tails.rows.split("\n")) if tails.rows else ""
-                    hoisted = hoist_terms([lines] + [unpad(tails.partials[n][k], shapes) for n, k in order],
+                    hoisted = hoist_terms([tails.rows] + [unpad(tails.partials[n][k], shapes) for n, k in order],
                                           self.rows, program.inputs)
                     rows, texts = hoisted.texts[0], dict(zip(order, hoisted.texts[1:]))
                     # the row program over the scan's rows: its outputs have an index more (``a[b,t,j]``)
