@@ -3,8 +3,9 @@ features, written as ONE tullax scan program (a local hidden layer recomputed pe
 against the same loop written by hand as ``lax.scan`` in jnp, and against the program's own XLA lowering (one
 ``lax.scan`` over its statements). All jitted, float32, in ONE process with the subjects alternating each round;
 each call timed by the process's CPU time (user + system, every thread): on a shared machine the wall clock
-measures the other jobs' load. Operations: forward, and ``grad`` of the trajectory's sum w.r.t. W1, W2 and y0.
-Prints medians and ratios (lax.scan / tullax: > 1 means tullax is faster) and writes benchmarks/results/loop7024.json.
+measures the other jobs' load. Operations: forward, and ``grad`` of the trajectory's sum w.r.t. W1, W2 and y0
+(``--with-u``: and u). Prints medians and ratios (lax.scan / tullax: > 1 means tullax is faster) and writes
+benchmarks/results/loop7024.json.
 
 ``tullax-before`` is the same kernel as it was before the step's math ran on vector lanes
 (``tullax.printers.c_nest_strips``: the strips and the vector remainders, switched off while it compiles),
@@ -14,7 +15,8 @@ derived reverse-scan adjoint (``tullax.grad.scan_program``: one reverse-scan ker
 tails with the weights' terms hoisted); ``tullax-scan-derivative`` is the same fused forward with JAX's derivative of
 the program's ``lax.scan`` lowering as its gradient (the default before the derived adjoint was).
 
-    PYTHONPATH=$PWD python benchmarks/loop7024.py [--rounds 15] [--steps 8000] [--batch 1] [--subjects tullax ...]
+    PYTHONPATH=$PWD python benchmarks/loop7024.py [--rounds 15] [--steps 8000] [--batch 1] [--with-u]
+        [--subjects tullax ...]
 """
 from __future__ import annotations
 
@@ -85,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="c")
     parser.add_argument("--subjects", nargs="*", default=list(SUBJECTS), choices=SUBJECTS,
                         help="the subjects to time (lax.scan always: every ratio is against it)")
+    parser.add_argument("--with-u", action="store_true", help="the gradient w.r.t. the features u too")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "loop7024.json"))
     opts = parser.parse_args(argv)
 
@@ -110,9 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     if "tullax-scan-derivative" in subjects:
         subjects["tullax-scan-derivative"].gradient = None  # reverse mode differentiates the lax.scan lowering
     fns = {}
+    wrt = (0, 1, 2, 3) if opts.with_u else (0, 2, 3)
     for name, fn in subjects.items():
         fns[("forward", name)] = jax.jit(fn)
-        fns[("grad", name)] = jax.jit(jax.grad(lambda W1, u, W2, y0, fn=fn: fn(W1, u, W2, y0).sum(), (0, 2, 3)))
+        fns[("grad", name)] = jax.jit(jax.grad(lambda W1, u, W2, y0, fn=fn: fn(W1, u, W2, y0).sum(), wrt))
     want = np.asarray(fns[("forward", "lax.scan")](*args))
     want_grad = fns[("grad", "lax.scan")](*args)
     for key in sorted(fns, key=lambda key: key[1] != "tullax-before"):  # compile (before first), check
@@ -140,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps(row))
     record = {"spec": SPEC.strip(), "steps": opts.steps, "batch": opts.batch, "backend": opts.backend,
-              "subjects": list(subjects),
+              "subjects": list(subjects), "grad wrt": ["W1", "u", "W2", "y0"] if opts.with_u else ["W1", "W2", "y0"],
               "rounds": opts.rounds, "dtype": "float32", "timer": "process CPU time, median",
               "load": os.getloadavg()[0], "machine": platform.machine(), "python": sys.version.split()[0],
               "jax": jax.__version__, "rows": rows}

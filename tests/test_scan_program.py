@@ -456,4 +456,36 @@ def test_the_flat_gradient_is_one_row_program_and_a_statement_per_partial_with_t
     (rows, outputs, partials), hoisted = found
     assert outputs == ("a", "Δa") and {n: len(p) for n, p in partials.items()} == {"W1": 2, "u": 1, "W2": 1}
     assert set(hoisted.arrays) == {"softplus_W1", "softplus_W2", "sigmoid_W1", "sigmoid_W2"}
-    assert "softplus(W" not in rows.source and "softplus(W" not in partials["W2"][0].source
+    # Δu's read of W1 through pad(i+1), inside W1 at these shapes, read plainly and hoisted too
+    assert "softplus(W" not in rows.source + "".join(k.source for ks in partials.values() for k in ks)
+    # the row program computes Δa itself (no share of it copied) and is ONE kernel over the scan's rows (b,t),
+    # though its sum over i is a contraction into its outputs' rows (b,t,j)
+    assert "Δa_" not in rows.source and len(rows.program.statements) == 2
+    if backend != "xla":
+        assert rows.fusion.fused("float32").rows == ("b", "t")
+    if backend == "c":  # the backward's kernels: the reverse scan, the row program, one per partial
+        args = [jnp.asarray(a) for a in _inputs(case, "float32", seed=3)]
+        calls = _kernel_calls(jax.make_jaxpr(jax.grad(lambda *a: kernel(*a).sum(), (0, 1, 2, 3)))(*args).jaxpr)
+        assert calls == 1 + 1 + 1 + 4, calls  # the forward too
+
+
+def _kernel_calls(jaxpr) -> int:
+    """The tullax kernels ``jaxpr`` calls (an FFI call or a kernel primitive), sub-jaxprs included."""
+    found = 0
+    for eqn in jaxpr.eqns:
+        found += eqn.primitive.name in ("ffi_call", "tullax_kernel", "pure_callback")
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += _kernel_calls(inner)
+    return found
+
+
+def test_a_padded_read_inside_the_array_at_the_calls_shapes_is_read_plainly():
+    from tullax.api.hoist_terms import unpad
+
+    text = "Δu[b,t,i] := d[b,t,j]*softplus(W1[pad(i+1),j])*u[b,t,i]*v[b,t,pad(i-1)]"
+    assert unpad(text, {"u": (2, 9, 3), "W1": (4, 5), "v": (2, 9, 3)}) == (
+        "Δu[b,t,i] := d[b,t,j]*softplus(W1[i+1,j])*u[b,t,i]*v[b,t,pad(i-1)]")  # i-1 leaves v at i = 0
+    assert unpad(text, {"u": (2, 9, 4), "W1": (4, 5), "v": (2, 9, 4)}) == text  # i+1 = 4 would leave W1

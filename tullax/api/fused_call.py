@@ -23,8 +23,9 @@ class FusedProgram:
     """The fused forms of one program on ``backend``, one per data dtype (or the reason it does not fuse)."""
 
     def __init__(self, program: Program, backend: str, gradients: bool = False, ranges: Any = None,
-                 make_kernel: Callable[[str], Any] | None = None):
+                 make_kernel: Callable[[str], Any] | None = None, rows: tuple[str, ...] | None = None):
         self.program, self.backend, self.gradients = program, backend, gradients
+        self.rows = rows  # the rows of the parallel nest, where the locals do not say (``fuse_program``'s)
         self.ranges = ranges
         self.make_kernel = make_kernel  # program text -> its kernel (the gradient programs' ProgramKernel)
         self._fused: dict[str, Fused | str] = {}
@@ -44,7 +45,7 @@ class FusedProgram:
                     # Numba compiles a row tile's copies for long (a gradient's row program: tens of seconds);
                     # the row tile is the c backend's
                     found = fuse_program(self.program, dtype, "program", ranges=self.ranges,
-                                         row_tile=None if self.backend == "c" else 1)
+                                         row_tile=None if self.backend == "c" else 1, rows=self.rows)
             except NotFusable as why:
                 found = str(why)
             self._fused[dtype] = found

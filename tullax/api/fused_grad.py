@@ -149,6 +149,7 @@ def gradient_tails(program: Program, grad_specs: Sequence[Sequence[str]], rows: 
         found[name] = tuple(texts)
     if not outputs:
         return Tails("", (), found)
+    lines = _single_shares(lines, outputs, contributions)
     returned = list(outputs.values())
     body = _needed([line for line in lines if _defined(line) not in outputs], returned)
     head = [line for line in _forward_locals(program, body + returned) if _defined(line) not in outputs]
@@ -158,6 +159,28 @@ def gradient_tails(program: Program, grad_specs: Sequence[Sequence[str]], rows: 
                                                                     if n not in forward_outputs]
     names = tuple(_defined(line) for line in text if not line.startswith("local "))
     return Tails("\n".join(text), names, found)
+
+
+def _single_shares(lines: list[str], outputs: dict[str, str], contributions: dict[str, list[str]]) -> list[str]:
+    """``lines`` without each local's only cotangent share that nothing else reads, ``outputs`` (changed in place)
+    computing that cotangent itself where it copied the share (``Δa[b,t,j] := Δa_2_0[b,t,j]``: a kernel of its
+    own wherever the row program does not fuse)."""
+    kept = list(lines)
+    for name in list(outputs):
+        local = name[1:]
+        if not name.startswith("Δ") or len(contributions.get(local, ())) != 1:
+            continue
+        share = contributions[local][0]
+        if share in outputs:
+            continue
+        (line,) = [line for line in kept if _defined(line) == share]
+        reads = re.compile(rf"(?<![\w.]){re.escape(share)}\[")
+        if any(reads.search(other.split(":=", 1)[1]) for other in kept if other is not line) or any(
+                reads.search(text.split(":=", 1)[1]) for key, text in outputs.items() if key != name):
+            continue
+        outputs[name] = name + line.replace("local ", "", 1).split(share, 1)[1]
+        kept.remove(line)
+    return kept
 
 
 def _defined(line: str) -> str:

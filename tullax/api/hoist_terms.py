@@ -33,6 +33,42 @@ class Hoisted:
         return found
 
 
+_PAD = re.compile(r"pad\(\s*([^\W\d]\w*)\s*(?:([+-])\s*(\d+))?\s*\)")
+
+
+def unpad(text: str, shapes: Mapping[str, tuple[int, ...]]) -> str:
+    """``text`` with each ``pad(i+c)`` index of an input read plainly where, at these input ``shapes``, it never
+    leaves the input's axis (``i``'s range the shortest axis ``i`` plainly indexes, the result's own included):
+    ``softplus(W1[pad(i+1),j])`` of ``Δu[b,t,i]`` is then a weight's call that ``hoist_terms`` computes once
+    (a padded read stays: softplus of the padding's zero is not zero)."""
+    head, _, body = text.partition(":=")
+    extent: dict[str, int] = {}
+    for found in _ACCESS.finditer(text):
+        array, index = found.group(1), [i.strip() for i in found.group(2).split(",")]
+        shape = shapes.get(array.removeprefix("Δ") if found.start() < len(head) else array)
+        for axis, name in enumerate(index):
+            if shape is not None and len(shape) == len(index) and name.isidentifier():
+                extent[name] = min(extent.get(name, shape[axis]), shape[axis])
+
+    def read(found: re.Match) -> str:
+        array, index = found.group(1), found.group(2).split(",")
+        shape = shapes.get(array)
+        if shape is None or len(shape) != len(index):
+            return found.group(0)
+
+        def plain(axis: int, part: str) -> str:
+            pad = _PAD.fullmatch(part.strip())
+            if pad is None or pad.group(1) not in extent:
+                return part
+            name, sign, step = pad.groups()
+            shift = int(step or 0) * (-1 if sign == "-" else 1)
+            inside = 0 <= shift and extent[name] - 1 + shift < shape[axis] and extent[name] > 0
+            return (name + (f"{sign}{step}" if sign else "")) if inside else part
+        return f"{array}[{','.join(plain(axis, part) for axis, part in enumerate(index))}]"
+
+    return head + ":=" + _ACCESS.sub(read, body) if body else text
+
+
 def hoist_terms(texts: Sequence[str], rows: Sequence[str], inputs: Sequence[str]) -> Hoisted:
     """``texts`` with every unary call on one element of an input that no text indexes by a row (a weight)
     replaced by a read of that call over the whole input."""
@@ -64,4 +100,4 @@ def hoist_terms(texts: Sequence[str], rows: Sequence[str], inputs: Sequence[str]
     return Hoisted(tuple(_CALL.sub(swap, t) for t in texts), arrays)
 
 
-__all__ = ["Hoisted", "hoist_terms"]
+__all__ = ["Hoisted", "hoist_terms", "unpad"]

@@ -19,10 +19,11 @@ DEFAULT_ADJOINT_BACKENDS = ("c", "auto")  # a scan program's derived adjoint wit
 
 class ProgramKernel:
     """A compiled program. Call it with its external inputs positionally (in order of first appearance) or by
-    name; it returns the non-local outputs (one output: the array, several: a tuple)."""
+    name; it returns the non-local outputs (one output: the array, several: a tuple). ``rows``: the indices the
+    fused kernel runs in parallel over, where its locals do not say (a scan adjoint's row program)."""
 
     def __init__(self, source: str, *, backend: str = "auto", ranges: Mapping | None = None,
-                 nograd: str | Iterable[str] = (), fuse: bool | str = True):
+                 nograd: str | Iterable[str] = (), fuse: bool | str = True, rows: tuple[str, ...] | None = None):
         self.source = source
         self.program: Program = analyze_program(source, ranges)
         skip = {nograd} if isinstance(nograd, str) else set(nograd)
@@ -48,7 +49,8 @@ class ProgramKernel:
                              f"False, not {fuse!r}")
         self.fusion = (FusedProgram(self.program, fused_on, gradients=fuse == "grad" and not skip
                                     and self.program.step is None, ranges=ranges,
-                                    make_kernel=lambda text: ProgramKernel(text, backend=fused_on, ranges=ranges))
+                                    make_kernel=lambda text: ProgramKernel(text, backend=fused_on, ranges=ranges),
+                                    rows=rows)
                        if fuse and fused_on in FUSED_BACKENDS else None)
         # under auto the program is planned as one unit: the fused kernel against the program's XLA lowering
         self._xla = ProgramKernel(source, backend="xla", ranges=ranges, nograd=nograd) if (
@@ -56,7 +58,7 @@ class ProgramKernel:
         self.plans: dict[tuple, tuple[str, list]] = {}  # call shapes and dtypes -> (winner, timings)
         # a scan program's reverse mode: its derived adjoint's kernels (``tullax.api.scan_adjoint``), by default on
         # c and auto (where it was measured faster than JAX's derivative of the lax.scan lowering), with
-        # fuse='grad' on numba and xla too
+        # fuse='grad' on numba and xla too (measured slower there: benchmarks/results/loop7024-adjoint-numba-xla.json)
         self.gradient = _scan_gradient(self.program, backend, ranges, frozenset(skip)) if (
             fuse == "grad" or (fuse and backend in DEFAULT_ADJOINT_BACKENDS)) else None
 
@@ -138,8 +140,8 @@ def _scan_gradient(program: Program, backend: str, ranges: Mapping | None, skip:
     if program.step is None or backend not in ADJOINT_BACKENDS:
         return None
     on = "c" if backend == "auto" else backend
-    return ScanProgramGradient(program, lambda text, more=None: ProgramKernel(
-        text, backend=on, ranges={**(ranges or {}), **(more or {})} or None), ranges, skip)
+    return ScanProgramGradient(program, lambda text, more=None, rows=None: ProgramKernel(
+        text, backend=on, ranges={**(ranges or {}), **(more or {})} or None, rows=rows), ranges, skip)
 
 
 def _scan_lowering(program: Program, skip: set[str]) -> Any:

@@ -48,12 +48,12 @@ class ScanProgramGradient:
         """The flat program's gradient tails of ``inputs`` over the scan's rows (``tullax.api.fused_grad``): one
         row program (the step's locals and their cotangents, computed once per row for every input) and each
         input's partials, one statement each; None where they do not cover every input (then JAX's VJP of the
-        flat kernel runs). ``shapes``: the inputs' shapes, which give a partial's own indices their ranges
+        flat kernel runs). ``shapes``: every input's shape, which give a partial's own indices their ranges
         (``ΔW1[m,j]``, whose ``m`` no array is indexed by plainly)."""
-        key = (inputs, tuple(tuple(shapes[n]) for n in inputs))
+        key = (inputs, tuple(sorted((n, tuple(shape)) for n, shape in shapes.items())))
         if key not in self._tails:
             from tullax.api.fused_grad import gradient_tails
-            from tullax.api.hoist_terms import hoist_terms
+            from tullax.api.hoist_terms import hoist_terms, unpad
             from tullax.spec.program import analyze_program
 
             flat = self.kernels()[1]
@@ -64,10 +64,13 @@ class ScanProgramGradient:
                 if tails is not None:
                     # a weight's softplus, the same at every step, computed once (``tullax.api.hoist_terms``)
                     order = [(name, k) for name, texts in tails.partials.items() for k in range(len(texts))]
-                    hoisted = hoist_terms([tails.rows] + [tails.partials[n][k] for n, k in order], self.rows,
-                                          program.inputs)
+                    # a weight read through pad where these shapes keep it inside (Δu's W1[pad(i+1),j]) read
+                    # plainly, so that it is hoisted too
+                    hoisted = hoist_terms([tails.rows] + [unpad(tails.partials[n][k], shapes) for n, k in order],
+                                          self.rows, program.inputs)
                     rows, texts = hoisted.texts[0], dict(zip(order, hoisted.texts[1:]))
-                    found = ((self.make_kernel(rows) if rows else None, tails.outputs,
+                    # the row program over the scan's rows: its outputs have an index more (``a[b,t,j]``)
+                    found = ((self.make_kernel(rows, rows=self.rows) if rows else None, tails.outputs,
                               {name: [self.make_kernel(texts[name, k], _own_ranges(texts[name, k], shapes[name]))
                                       for k in range(len(ts))] for name, ts in tails.partials.items()}), hoisted)
             except TullaxError:  # a partial of another form, or one that does not analyse
@@ -118,7 +121,7 @@ class ScanProgramGradient:
 
         from tullax.api.fused_call import _tails
 
-        tails = self.tails(tuple(wrt), {n: tuple(env[n].shape) for n in wrt}) if wrt else None
+        tails = self.tails(tuple(wrt), {n: tuple(jnp.shape(v)) for n, v in env.items()}) if wrt else None
         try:
             found = _tails(tails[0], {**fixed, a.seed: g, **tails[1].values(env)}, wrt) if tails else {}
         except TullaxError:  # a tail's kernel refusing these shapes at trace time: the flat kernel's VJP instead

@@ -107,7 +107,7 @@ def row_indices(program: Program, rows: tuple[str, ...] | None = None) -> tuple[
     rows to check the statements against (a scan program's: its scan statement's indices), else the shortest
     local's indices."""
     locals_ = [st for st in program.statements if st.local]
-    if not locals_:
+    if not locals_ and rows is None:
         raise NotFusable("no local to keep in registers")
     rows = rows if rows is not None else min((st.spec.free for st in locals_), key=len)
     for st in program.statements:
@@ -124,23 +124,26 @@ def row_indices(program: Program, rows: tuple[str, ...] | None = None) -> tuple[
 
 
 def fuse_program(program: Program, dtype: str, name: str = "program", block_sums: bool = True,
-                 ranges: Mapping | None = None, share: bool = True, row_tile: int | None = None) -> Fused:
+                 ranges: Mapping | None = None, share: bool = True, row_tile: int | None = None,
+                 rows: tuple[str, ...] | None = None) -> Fused:
     """The program as one loop kernel for data of ``dtype`` (a float dtype: inputs, locals and the result).
     ``block_sums=False``: float32 sums in one register (the GPU form, whose threads each sum a share).
     ``ranges``: the program's own (its terms shared, it is analysed again with them). ``share=False``: a
     repeated term computed where written (the GPU's block per row, whose threads hold no row buffer).
     ``row_tile``: rows per iteration of the parallel nest where a row contraction's loads are shared by them
-    (1: a row each, as the GPU's forms need; None: ``ROW_TILE``)."""
+    (1: a row each, as the GPU's forms need; None: ``ROW_TILE``). ``rows``: the rows to run in parallel over
+    where the locals do not say (a scan adjoint's row program, whose outputs have an index more than the scan's
+    rows: ``a[b,t,j]``, ``Δa[b,t,j]``); every statement fuses as in a scan's step (no register tiles)."""
     from tullax.compiler.fuse_terms import share_terms
 
     row_tile = ROW_TILE if row_tile is None else row_tile
     shared = share_terms(program, ranges) if share else None
     if shared is not None:
         try:
-            return _fuse(shared, dtype, name, block_sums, row_tile)
+            return _fuse(shared, dtype, name, block_sums, row_tile, rows)
         except NotFusable:
             pass
-    return _fuse(program, dtype, name, block_sums, row_tile)
+    return _fuse(program, dtype, name, block_sums, row_tile, rows)
 
 
 def _fuse(program: Program, dtype: str, name: str, block_sums: bool, row_tile: int = 1,
