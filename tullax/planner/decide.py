@@ -98,19 +98,12 @@ def call_for(spec: Spec, shapes: Shapes, dtypes: Mapping[str, str], zero_start: 
     if rules.runs_cold(call):
         return replace(call, cold=True)  # no loop backend named: nothing of them is imported or started
     call = replace(call, loops=loops_for(spec, names, wait=False))
-    if call.loops is None or tiny(call):
+    if call.loops is None or rules.tiny(call):
         return call
     from tullax import backends
 
     backends.warm_up("auto")  # the c backend's imports beside the probe this call may wait for (once per process)
     return replace(call, loops=loops_for(spec, names))
-
-
-def tiny(call: Call) -> bool:
-    """Whether ``call`` is below the serial work threshold (rule ``tiny``: it is never timed)."""
-    from tullax.backends.workload import serial_threshold
-
-    return call.work < serial_threshold()
 
 
 def _close(call: Call, rule: Rule) -> tuple[str, ...]:
@@ -148,7 +141,7 @@ def _settle(call: Call, timing: bool, untimed: str = "timing is off", *, counted
     rule = rule_for(call.spec, loops)
     if call.cold:
         return as_plan(f"xla:{call.analysis.forms[0]}", loops, TINY_COLD)
-    if loops is not None and tiny(call):
+    if loops is not None and rules.tiny(call):
         if rule.for_tiny != LOOPS or not rules.whole_module_cached(loops):
             return as_plan(f"xla:{call.analysis.forms[0]}", loops, TINY_XLA)
         if rules.loops_ready(loops, call.spec, call.dtypes):

@@ -322,9 +322,14 @@ def runs_cold(call: Call) -> bool:
     serial work threshold, not a pure contraction (its own rule's), and no loop module can run without a compile
     (``nothing_compiled``). Nothing here depends on the platform: differentiated, such a call's gradient is JAX's
     autodiff of the same XLA form on every platform (``planner.autodiff.gradient_plan``)."""
+    return tiny(call) and not always_einsum(call.spec) and nothing_compiled()
+
+
+def tiny(call: Call) -> bool:
+    """Whether ``call`` is below the serial work threshold (rule ``tiny``: it is never timed)."""
     from tullax.backends.workload import serial_threshold
 
-    return call.work < serial_threshold() and not always_einsum(call.spec) and nothing_compiled()
+    return call.work < serial_threshold()
 
 
 def nothing_compiled() -> bool:
