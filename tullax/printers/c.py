@@ -26,7 +26,6 @@ The mapping:
   (``tx_max_f32``), casts are C casts, infinities and NaN are GCC builtins. Register strips: ``c_strips``."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import ClassVar, Iterator, Mapping, Sequence
 
 from tullax._version import __version__
@@ -147,25 +146,15 @@ class CPrinter(ComplexC, CLikePrinter):
     def cast(self, expr: Cast) -> str:
         return self.cast_text(expr.dtype, self.expr(expr.arg, Precedence.UNARY))
 
-    def block(self, stmts: Sequence[Stmt], place: Place) -> list[str]:
-        """``CLikePrinter.block``, with a register tile's sums after their lane loop on vectors (``c_fold_store``)."""
-        assert isinstance(place, CPlace)
-        lines: list[str] = []
-        at = 0
-        while at < len(stmts):
-            stmt = stmts[at]
-            lines += self.statement(stmt, place)
-            if isinstance(stmt, Let):
-                place = replace(place, declared=place.declared | {(stmt.var, stmt.value.dtype)})
-            plan = self._fold_store(stmts, at, place)
-            if plan is not None:
-                written = stmts[at + 1:at + 1 + plan.count]
-                dtype = dict(place.declared)[plan.sums[0]]
-                width = vector_lanes(dtype)
-                lines += fold_store_lines(self, plan, written, place, f"tx_v{width}_{TYPE_SUFFIX[dtype]}", width)
-                at += plan.count
-            at += 1
-        return lines
+    def after_statement(self, stmts: Sequence[Stmt], at: int, place: CPlace) -> tuple[int, list[str]]:
+        """A register tile's sums after their lane loop ``stmts[at]``, on vectors (``c_fold_store``)."""
+        plan = self._fold_store(stmts, at, place)
+        if plan is None:
+            return 0, []
+        written = stmts[at + 1:at + 1 + plan.count]
+        dtype = dict(place.declared)[plan.sums[0]]
+        width = vector_lanes(dtype)
+        return plan.count, fold_store_lines(self, plan, written, place, f"tx_v{width}_{TYPE_SUFFIX[dtype]}", width)
 
     def _fold_store(self, stmts: Sequence[Stmt], at: int, place: CPlace) -> FoldStore | None:
         loop = stmts[at]

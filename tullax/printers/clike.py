@@ -192,12 +192,22 @@ class CLikePrinter(LoopPrinter):
 
     def block(self, stmts: Sequence[Stmt], place: Place) -> list[str]:
         assert isinstance(place, CPlace)
-        lines = []
-        for stmt in stmts:
+        lines: list[str] = []
+        at = 0
+        while at < len(stmts):
+            stmt = stmts[at]
             lines += self.statement(stmt, place)
             if isinstance(stmt, Let):
                 place = replace(place, declared=place.declared | {(stmt.var, stmt.value.dtype)})
+            taken, more = self.after_statement(stmts, at, place)
+            lines += more
+            at += 1 + taken
         return lines
+
+    def after_statement(self, stmts: Sequence[Stmt], at: int, place: CPlace) -> tuple[int, list[str]]:
+        """The statements after ``stmts[at]`` that this printer prints as one form with it: how many, and their
+        lines (none here)."""
+        return 0, []
 
     def statement(self, stmt: Stmt, place: Place) -> list[str]:
         assert isinstance(place, CPlace)
