@@ -39,11 +39,10 @@ def _decisions(worker: Any) -> dict[str, list[str]]:
     describe = getattr(worker, "_described", None)
     found["plans"] = [f"{key[0].out}: {describe(plan) if describe else plan.describe()}"
                       for key, plan in planned.items()]
-    try:
-        from tullax.planner import autodiff
-    except ImportError:  # the tree before the whole-gradient race
-        return found
-    found["gradient"] = [f"{plan.form} ({plan.source}): {plan.timings_ms}" for plan in autodiff._MEMO.values()]
+    gradients = getattr(worker, "_gradients_planned", None)  # absent from the tree before the whole-gradient race
+    if gradients is not None:
+        found["gradient"] = [f"{plan.form} ({plan.source}): {plan.timings_ms}"
+                             for plan in gradients({"backend": "auto"}).values()]
     return found
 
 

@@ -17,9 +17,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -85,15 +83,9 @@ def child(job: dict) -> dict:
 
 
 def run_child(job: dict, code: Path = REPO) -> dict:
-    with tempfile.TemporaryDirectory(prefix="tullax-ttfk-phases-") as cache:
-        env = {**os.environ, "TULLAX_CACHE_DIR": cache,
-               "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
-        done = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], env=env, capture_output=True,
-                              text=True, timeout=900, cwd=code)
-    for line in done.stdout.splitlines():
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK):])
-    raise SystemExit(f"the child failed:\n{done.stderr[-3000:]}")
+    from ttfk_tiers import run_script_child
+
+    return run_script_child(__file__, MARK, job, {}, code)
 
 
 def main() -> None:

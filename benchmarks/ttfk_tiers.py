@@ -92,14 +92,20 @@ def child(job: dict) -> dict:
 
 
 def run_child(job: dict, tiers: str, code: Path = REPO) -> dict:
-    with tempfile.TemporaryDirectory(prefix="tullax-ttfk-tiers-") as cache:
-        env = {**os.environ, "TULLAX_CACHE_DIR": cache, "TULLAX_C_TIERS": tiers,
+    return run_script_child(__file__, MARK, job, {"TULLAX_C_TIERS": tiers}, code)
+
+
+def run_script_child(script: str, mark: str, job: dict, env: dict[str, str], code: Path = REPO) -> dict:
+    """``script --child JOB`` in a new process on a new empty compile cache, with ``code`` first on the path and
+    ``env`` added: the record it printed after ``mark``."""
+    with tempfile.TemporaryDirectory(prefix="tullax-ttfk-") as cache:
+        env = {**os.environ, **env, "TULLAX_CACHE_DIR": cache,
                "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
-        done = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], env=env, capture_output=True,
+        done = subprocess.run([sys.executable, script, "--child", json.dumps(job)], env=env, capture_output=True,
                               text=True, timeout=900, cwd=code)
     for line in done.stdout.splitlines():
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK):])
+        if line.startswith(mark):
+            return json.loads(line[len(mark):])
     raise SystemExit(f"the child failed:\n{done.stderr[-3000:]}")
 
 
